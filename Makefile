@@ -1,0 +1,58 @@
+# Tessera: the two commands a new machine needs are `make demo` and `make test`.
+# Both create .venv when it is missing and (re)install when pyproject.toml changes.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+SEEDS  ?= 200
+SEED0  ?= 0
+
+export PYSPARK_PYTHON := $(abspath $(BIN)/python)
+export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
+
+.PHONY: venv demo test test-slow lint typecheck unit protos check-protos sim bench-raft clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	@touch $(STAMP)
+
+## The main job: until the master lands, the replicated-log demo (3 processes, leader killed).
+demo: venv
+	$(BIN)/python -m service.consensus.demo
+
+## Lint, type checks, then the default (fast) test run. CI runs this.
+test: venv lint typecheck
+	$(BIN)/python -m pytest -q
+
+lint: venv
+	$(BIN)/ruff check service spark_jobs tests bench protos
+	$(BIN)/ruff format --check service spark_jobs tests bench protos
+
+typecheck: venv
+	$(BIN)/mypy
+
+## The slow suites (many simulator seeds, long integration runs).
+test-slow: venv
+	$(BIN)/python -m pytest -q -m slow
+
+## Deterministic simulation: make sim SEEDS=10000 [SEED0=0]
+sim: venv
+	$(BIN)/python -m service.testing.sim_cli --seeds $(SEEDS) --first $(SEED0)
+
+protos: venv
+	$(BIN)/python protos/generate.py
+
+check-protos: venv
+	$(BIN)/python protos/generate.py --check
+
+bench-raft: venv
+	$(BIN)/python -m bench.raft_commit
+	$(BIN)/python -m bench.raft_failover
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
