@@ -245,9 +245,18 @@ class StepRequest(_message.Message):
     SRC_UUID_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     ADDRESSES_FIELD_NUMBER: _builtins.int
+    SRC_INSTANCE_FIELD_NUMBER: _builtins.int
+    DEST_INSTANCE_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     dest_uuid: _builtins.str
     src_uuid: _builtins.str
+    src_instance: _builtins.str
+    """Incarnation of the sender's data directory (a random id made when it was formatted). A
+    receiver that knew another incarnation of `src_uuid` refuses the batch: that node's disk
+    was wiped and it may have forgotten votes and acknowledged entries (seed 004, amnesia).
+    """
+    dest_instance: _builtins.str
+    """The incarnation the sender believes it is talking to ("" if it has not learned it yet)."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessagePB]: ...
     @_builtins.property
@@ -262,10 +271,12 @@ class StepRequest(_message.Message):
         src_uuid: _builtins.str = ...,
         messages: _abc.Iterable[Global___MessagePB] | None = ...,
         addresses: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        src_instance: _builtins.str = ...,
+        dest_instance: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "dest_uuid", b"dest_uuid", "group_id", b"group_id", "messages", b"messages", "src_uuid", b"src_uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "dest_instance", b"dest_instance", "dest_uuid", b"dest_uuid", "group_id", b"group_id", "messages", b"messages", "src_instance", b"src_instance", "src_uuid", b"src_uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -275,12 +286,17 @@ Global___StepRequest: _TypeAlias = StepRequest  # noqa: Y015
 class StepResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    INSTANCE_FIELD_NUMBER: _builtins.int
+    instance: _builtins.str
+    """the receiver's incarnation, so the sender can name it next time"""
     def __init__(
         self,
+        *,
+        instance: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance", b"instance"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,655 @@
+"""Configuration: frozen dataclasses loaded from TOML, checked before anything starts.
+
+Theory of operation
+-------------------
+Each process kind has one top-level config class (`DemoNodeConfig`, `MasterConfig`,
+`TServerConfig`); shared concerns are sections (`RaftSettings` as `[raft]`, `WalSettings` as
+`[wal]`, `RpcSettings` as `[rpc]`). Every setting is a typed dataclass field with its default, so
+the code is the reference and `conf/*.toml` mirror it (a test checks that they do).
+
+Loading (`load_config`, `from_mapping`) is generic over these classes and strict, because a
+misspelt setting that is silently ignored is a production incident waiting for its night:
+
+1. dotted `overrides` ("raft.heartbeat_interval_ms": 100) are applied to the parsed TOML;
+2. the mapping is walked against the dataclass fields: an unknown key, a missing required key or
+   a value of the wrong TOML type is a `ConfigError` naming the setting by its dotted path
+   ("peers[1].address"); a nested table becomes a nested dataclass, an array a tuple;
+3. `validate()` checks ranges and relations between settings (election timeout against
+   heartbeat, tick granularity, Raft batch size against the RPC message limit), again naming the
+   setting: "raft.heartbeat_interval_ms: must be > 0, got -5".
+
+Constructing a dataclass directly (tests, simulators) skips step 3 on purpose, so fixtures can
+use odd values; call `validate()` to opt in. Relative paths are relative to the working
+directory, as command-line flags are.
+
+Supported field types: bool, int, float, str, Path, NewTypes over them, enums (by value),
+nested dataclasses, `tuple[X, ...]` and `X | None` (an absent key; TOML has no null).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import enum
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, NoReturn, TypeVar
+
+from service.common.errors import InvalidArgument
+from service.common.ids import NodeId, validate_node_id
+
+__all__ = [
+    "LOG_LEVELS",
+    "ConfigError",
+    "DemoNodeConfig",
+    "MasterConfig",
+    "PeerSpec",
+    "RaftSettings",
+    "RpcSettings",
+    "TServerConfig",
+    "WalSettings",
+    "from_mapping",
+    "load_config",
+    "parse_override",
+    "split_host_port",
+    "to_mapping",
+]
+
+MiB = 1024 * 1024
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class ConfigError(InvalidArgument):
+    """A setting is unknown, missing, of the wrong type or out of range.
+
+    The message starts with the setting's dotted path; `key` holds that path alone.
+    """
+
+    code = "INVALID_CONFIG"
+
+    key: str | None
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def _fail(key: str, problem: str) -> NoReturn:
+    raise ConfigError(f"{key}: {problem}", key=key)
+
+
+class _Check:
+    """Range checks on one section, naming settings as `<section>.<field>`."""
+
+    def __init__(self, obj: object, section: str) -> None:
+        self._obj = obj
+        self._section = section
+
+    def key(self, name: str) -> str:
+        return f"{self._section}.{name}" if self._section else name
+
+    def that(self, ok: bool, name: str, problem: str) -> None:
+        if not ok:
+            _fail(self.key(name), problem)
+
+    def positive(self, *names: str) -> None:
+        for name in names:
+            value = getattr(self._obj, name)
+            self.that(value > 0, name, f"must be > 0, got {value!r}")
+
+    def non_negative(self, *names: str) -> None:
+        for name in names:
+            value = getattr(self._obj, name)
+            self.that(value >= 0, name, f"must be >= 0, got {value!r}")
+
+    def at_most(self, name: str, limit: int) -> None:
+        value = getattr(self._obj, name)
+        self.that(value <= limit, name, f"must be <= {limit}, got {value!r}")
+
+    def log_level(self, name: str) -> None:
+        value = getattr(self._obj, name)
+        self.that(
+            value.upper() in LOG_LEVELS,
+            name,
+            f"must be one of {', '.join(LOG_LEVELS)}, got {value!r}",
+        )
+
+    def address(self, name: str, value: str, *, port_zero_ok: bool) -> None:
+        try:
+            _, port = split_host_port(value)
+        except InvalidArgument as e:
+            _fail(self.key(name), e.message)
+        self.that(port_zero_ok or port != 0, name, f"needs a fixed port, got {value!r}")
+
+    def node_id(self, name: str, value: str) -> None:
+        try:
+            validate_node_id(value)
+        except InvalidArgument as e:
+            _fail(self.key(name), e.message)
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """("host", port) from "host:port" or "[v6]:port"; InvalidArgument naming the value."""
+    host, sep, port_text = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise InvalidArgument(f"expected host:port with a port in 0-65535, got {address!r}")
+    return host, int(port_text)
+
+
+# --- sections --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RaftSettings:
+    """`[raft]`: timing, flow control and log compaction of every Raft group on the node.
+
+    The pure core counts ticks, not milliseconds: the shell calls `tick()` every
+    `tick_interval_ms`, the leader heartbeats every `heartbeat_ticks` ticks and a follower
+    campaigns after a randomized timeout in [election_ticks, 2 * election_ticks) (etcd-io/raft).
+    """
+
+    heartbeat_interval_ms: int = 500
+    """Leader heartbeat period (Kudu's raft_heartbeat_interval_ms)."""
+    election_timeout_ms: int = 1500
+    """Base follower timeout before an election: 3 missed heartbeats, as Kudu's
+    leader_failure_max_missed_heartbeat_periods. Randomized up to twice this."""
+    tick_interval_ms: int = 100
+    """Granularity of Raft time; must divide both periods above."""
+    pre_vote: bool = True
+    """Run a pre-vote round first so a partitioned node cannot inflate terms (thesis 9.6)."""
+    check_quorum: bool = True
+    """A leader that has not heard from a quorum for an election timeout steps down."""
+    max_inflight_msgs: int = 256
+    """Append messages in flight per follower before the leader waits for acks."""
+    max_inflight_bytes: int = 16 * MiB
+    """Bytes of entries in flight per follower before the leader waits for acks."""
+    max_entries_per_msg_bytes: int = 1 * MiB
+    """Batch limit for one append message (one larger entry is still sent alone)."""
+    snapshot_interval_entries: int = 10000
+    """Take a snapshot after this many entries were applied since the last one."""
+    snapshot_catchup_entries: int = 5000
+    """Entries kept in the log behind a snapshot so slow followers catch up without one."""
+    lease_reads: bool = False
+    """Serve linearizable reads from a leader lease instead of a ReadIndex round trip; relies
+    on bounded clock drift, so it is off by default and needs check_quorum."""
+
+    @property
+    def heartbeat_ticks(self) -> int:
+        return self.heartbeat_interval_ms // self.tick_interval_ms
+
+    @property
+    def election_ticks(self) -> int:
+        return self.election_timeout_ms // self.tick_interval_ms
+
+    def validate(self, section: str = "raft") -> None:
+        c = _Check(self, section)
+        c.positive(
+            "tick_interval_ms",
+            "heartbeat_interval_ms",
+            "election_timeout_ms",
+            "max_inflight_msgs",
+            "max_inflight_bytes",
+            "max_entries_per_msg_bytes",
+            "snapshot_interval_entries",
+        )
+        c.non_negative("snapshot_catchup_entries")
+        tick = self.tick_interval_ms
+        for name in ("heartbeat_interval_ms", "election_timeout_ms"):
+            value = getattr(self, name)
+            c.that(
+                value % tick == 0,
+                name,
+                f"must be a multiple of {c.key('tick_interval_ms')} ({tick}), got {value}",
+            )
+        c.that(
+            self.election_timeout_ms > 2 * self.heartbeat_interval_ms,
+            "election_timeout_ms",
+            f"must be > 2 * {c.key('heartbeat_interval_ms')} ({2 * self.heartbeat_interval_ms})"
+            f" so one lost heartbeat does not start an election, got {self.election_timeout_ms}",
+        )
+        c.that(
+            self.max_entries_per_msg_bytes <= self.max_inflight_bytes,
+            "max_entries_per_msg_bytes",
+            f"must be <= {c.key('max_inflight_bytes')} ({self.max_inflight_bytes}),"
+            f" got {self.max_entries_per_msg_bytes}",
+        )
+        c.that(
+            not self.lease_reads or self.check_quorum,
+            "lease_reads",
+            f"requires {c.key('check_quorum')} = true (a lease is only safe if a leader that"
+            " lost its quorum steps down)",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WalSettings:
+    """`[wal]`: the write-ahead log's segment files (seed 003)."""
+
+    segment_size_mb: int = 64
+    """Roll to a new segment file at this size (Kudu's log_segment_size_mb)."""
+    preallocate: bool = True
+    """Preallocate each segment so appends within it can use fdatasync (seed 003)."""
+    fsync: bool = True
+    """fdatasync once per group commit. False loses acknowledged writes on power loss: tests
+    and benchmarks only."""
+
+    MAX_SEGMENT_SIZE_MB: ClassVar[int] = 4096
+
+    @property
+    def segment_size_bytes(self) -> int:
+        return self.segment_size_mb * MiB
+
+    def validate(self, section: str = "wal") -> None:
+        c = _Check(self, section)
+        c.positive("segment_size_mb")
+        c.at_most("segment_size_mb", self.MAX_SEGMENT_SIZE_MB)
+
+
+@dataclass(frozen=True, slots=True)
+class RpcSettings:
+    """`[rpc]`: gRPC limits shared by servers and channels."""
+
+    max_message_bytes: int = 64 * MiB
+    """Largest message sent or received (gRPC's own default is 4 MiB)."""
+
+    MAX_MESSAGE_BYTES: ClassVar[int] = 2**31 - 1
+
+    def grpc_options(self) -> list[tuple[str, int]]:
+        """Options for `grpc.aio.server(options=...)` and `grpc.aio.insecure_channel`."""
+        return [
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+        ]
+
+    def validate(self, section: str = "rpc") -> None:
+        c = _Check(self, section)
+        c.positive("max_message_bytes")
+        c.at_most("max_message_bytes", self.MAX_MESSAGE_BYTES)
+
+
+def _validate_sections(raft: RaftSettings, wal: WalSettings, rpc: RpcSettings) -> None:
+    raft.validate("raft")
+    wal.validate("wal")
+    rpc.validate("rpc")
+    if raft.max_entries_per_msg_bytes >= rpc.max_message_bytes:
+        _fail(
+            "raft.max_entries_per_msg_bytes",
+            f"must be < rpc.max_message_bytes ({rpc.max_message_bytes}) so an append fits in"
+            f" one RPC, got {raft.max_entries_per_msg_bytes}",
+        )
+
+
+# --- process configs -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSpec:
+    """One `[[peers]]` entry: a voter of the initial configuration."""
+
+    uuid: NodeId
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class DemoNodeConfig:
+    """One node of the replicated key-value demo (`conf/raft-demo.toml`).
+
+    `peers` is the initial voter set, used only to bootstrap an empty data_dir; afterwards the
+    configuration is the one in the log. A node started with no peers waits to be added (it
+    joins as a learner, seed 004).
+    """
+
+    uuid: NodeId
+    """This node's permanent id; a node that lost its data must take a new one (seed 004)."""
+    data_dir: Path
+    """WAL, consensus metadata and snapshots live here."""
+    rpc_bind: str = "127.0.0.1:0"
+    """host:port to listen on; port 0 picks a free port."""
+    peers: tuple[PeerSpec, ...] = ()
+    log_level: str = "INFO"
+    raft: RaftSettings = field(default_factory=RaftSettings)
+    wal: WalSettings = field(default_factory=WalSettings)
+    rpc: RpcSettings = field(default_factory=RpcSettings)
+
+    def validate(self) -> None:
+        c = _Check(self, "")
+        c.node_id("uuid", self.uuid)
+        c.address("rpc_bind", self.rpc_bind, port_zero_ok=True)
+        c.log_level("log_level")
+        uuids: set[str] = set()
+        addresses: set[str] = set()
+        for i, peer in enumerate(self.peers):
+            c.node_id(f"peers[{i}].uuid", peer.uuid)
+            c.address(f"peers[{i}].address", peer.address, port_zero_ok=False)
+            c.that(peer.uuid not in uuids, f"peers[{i}].uuid", f"duplicate uuid {peer.uuid!r}")
+            c.that(
+                peer.address not in addresses,
+                f"peers[{i}].address",
+                f"duplicate address {peer.address!r}",
+            )
+            uuids.add(peer.uuid)
+            addresses.add(peer.address)
+        _validate_sections(self.raft, self.wal, self.rpc)
+
+
+def _check_addresses(c: _Check, name: str, addresses: tuple[str, ...]) -> None:
+    seen: set[str] = set()
+    for i, address in enumerate(addresses):
+        c.address(f"{name}[{i}]", address, port_zero_ok=False)
+        c.that(address not in seen, f"{name}[{i}]", f"duplicate address {address!r}")
+        seen.add(address)
+
+
+@dataclass(frozen=True, slots=True)
+class MasterConfig:
+    """A master (`conf/master.toml`). Defaults follow Kudu's flags where one exists.
+
+    The master's uuid is not configured: it is generated when data_dir is first formatted and
+    kept there (seed 004: a wiped node must come back under a new uuid).
+    """
+
+    data_dir: Path
+    """sys.catalog's WAL, consensus metadata and the instance file (the node uuid)."""
+    rpc_bind: str = "0.0.0.0:7051"
+    advertised_address: str | None = None
+    """host:port other nodes use to reach this master; unset: derived from rpc_bind."""
+    master_addresses: tuple[str, ...] = ()
+    """Every master's host:port, this one included; empty for a single master."""
+    log_level: str = "INFO"
+    unresponsive_timeout_ms: int = 60_000
+    """A tablet server that has not heartbeated for this long is considered dead and its
+    replicas are re-replicated (Kudu's tserver_unresponsive_timeout_ms)."""
+    default_num_replicas: int = 3
+    """Replication factor of a table that does not choose one."""
+    max_num_replicas: int = 7
+    """Largest replication factor a table may ask for."""
+    max_create_tablets_per_ts: int = 60
+    """CreateTable refuses more tablets than this times the number of live tablet servers."""
+    table_locations_ttl_ms: int = 300_000
+    """How long clients may cache tablet locations returned by GetTableLocations."""
+    bg_task_interval_ms: int = 1000
+    """Period of the background task that retries pending side effects (seed 001)."""
+    raft: RaftSettings = field(default_factory=RaftSettings)
+    wal: WalSettings = field(default_factory=WalSettings)
+    rpc: RpcSettings = field(default_factory=RpcSettings)
+
+    def validate(self) -> None:
+        c = _Check(self, "")
+        c.address("rpc_bind", self.rpc_bind, port_zero_ok=True)
+        if self.advertised_address is not None:
+            c.address("advertised_address", self.advertised_address, port_zero_ok=False)
+            c.that(
+                not self.master_addresses or self.advertised_address in self.master_addresses,
+                "advertised_address",
+                f"{self.advertised_address!r} is not one of master_addresses",
+            )
+        _check_addresses(c, "master_addresses", self.master_addresses)
+        c.log_level("log_level")
+        c.positive(
+            "unresponsive_timeout_ms",
+            "default_num_replicas",
+            "max_num_replicas",
+            "max_create_tablets_per_ts",
+            "table_locations_ttl_ms",
+            "bg_task_interval_ms",
+        )
+        for name in ("default_num_replicas", "max_num_replicas"):
+            value = getattr(self, name)
+            c.that(value % 2 == 1, name, f"must be odd (a majority must survive), got {value}")
+        c.that(
+            self.default_num_replicas <= self.max_num_replicas,
+            "default_num_replicas",
+            f"must be <= max_num_replicas ({self.max_num_replicas}),"
+            f" got {self.default_num_replicas}",
+        )
+        _validate_sections(self.raft, self.wal, self.rpc)
+
+
+@dataclass(frozen=True, slots=True)
+class TServerConfig:
+    """A tablet server (`conf/tserver.toml`). Defaults follow Kudu's flags where one exists.
+
+    Like the master, its uuid lives in data_dir, not here.
+    """
+
+    data_dir: Path
+    """Tablet WALs, consensus metadata, row data and the instance file (the node uuid)."""
+    rpc_bind: str = "0.0.0.0:7050"
+    advertised_address: str | None = None
+    """host:port masters and clients use to reach this server; unset: derived from rpc_bind."""
+    master_addresses: tuple[str, ...] = ("127.0.0.1:7051",)
+    """Every master's host:port; the server heartbeats to all of them (seed 001)."""
+    log_level: str = "INFO"
+    heartbeat_interval_ms: int = 1000
+    """Period of heartbeats (with tablet reports) to each master."""
+    heartbeat_rpc_timeout_ms: int = 15_000
+    """Deadline of one heartbeat RPC."""
+    heartbeat_max_failures_before_backoff: int = 3
+    """Consecutive failed heartbeats to a master before backing off from it."""
+    scanner_ttl_ms: int = 60_000
+    """An idle scanner is expired after this long."""
+    num_tablets_to_copy_simultaneously: int = 10
+    """Concurrent tablet copies this server runs as the destination (seed 004)."""
+    raft: RaftSettings = field(default_factory=RaftSettings)
+    wal: WalSettings = field(default_factory=WalSettings)
+    rpc: RpcSettings = field(default_factory=RpcSettings)
+
+    def validate(self) -> None:
+        c = _Check(self, "")
+        c.address("rpc_bind", self.rpc_bind, port_zero_ok=True)
+        if self.advertised_address is not None:
+            c.address("advertised_address", self.advertised_address, port_zero_ok=False)
+        c.that(bool(self.master_addresses), "master_addresses", "must name at least one master")
+        _check_addresses(c, "master_addresses", self.master_addresses)
+        c.log_level("log_level")
+        c.positive(
+            "heartbeat_interval_ms",
+            "heartbeat_rpc_timeout_ms",
+            "heartbeat_max_failures_before_backoff",
+            "scanner_ttl_ms",
+            "num_tablets_to_copy_simultaneously",
+        )
+        _validate_sections(self.raft, self.wal, self.rpc)
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+_TOML_TYPE = {
+    bool: "boolean",
+    int: "integer",
+    float: "float",
+    str: "string",
+    list: "array",
+    tuple: "array",
+    dict: "table",
+}
+
+
+def _describe(value: object) -> str:
+    kind = next((n for t, n in _TOML_TYPE.items() if isinstance(value, t)), type(value).__name__)
+    text = repr(value)
+    return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _build(cls: type[T], data: object, prefix: str) -> T:
+    if not isinstance(data, Mapping):
+        _fail(prefix or "<config>", f"expected a table, got {_describe(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean {_join(prefix, close[0])!r}?)" if close else ""
+            _fail(_join(prefix, str(key)), f"unknown setting{hint}")
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        key = _join(prefix, name)
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], key)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            _fail(key, "required setting is missing")
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: object, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None and len(options) < len(typing.get_args(tp)):
+            return None
+        if len(options) != 1:
+            raise TypeError(f"{key}: unsupported field type {tp!r}")
+        return _convert(options[0], value, key)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) != 2 or args[1] is not Ellipsis:
+            raise TypeError(f"{key}: unsupported field type {tp!r}")
+        if not isinstance(value, list | tuple):
+            _fail(key, f"expected an array, got {_describe(value)}")
+        return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+    supertype = getattr(tp, "__supertype__", None)
+    if supertype is not None:  # a NewType
+        return tp(_convert(supertype, value, key))
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _build(tp, value, key)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            allowed = ", ".join(repr(m.value) for m in tp)
+            _fail(key, f"expected one of {allowed}, got {_describe(value)}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        _fail(key, f"expected a boolean, got {_describe(value)}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        _fail(key, f"expected an integer, got {_describe(value)}")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        _fail(key, f"expected a float, got {_describe(value)}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        _fail(key, f"expected a string, got {_describe(value)}")
+    if tp is Path:
+        if isinstance(value, Path):
+            return value
+        if isinstance(value, str) and value:
+            return Path(value)
+        _fail(key, f"expected a non-empty path string, got {_describe(value)}")
+    raise TypeError(f"{key}: unsupported field type {tp!r}")
+
+
+def _apply_overrides(data: dict[str, Any], overrides: Mapping[str, object]) -> None:
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        if not all(parts):
+            _fail(dotted, "malformed setting name")
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                _fail(".".join(parts[: i + 1]), "is a setting, not a section")
+            node = child
+        node[parts[-1]] = value
+
+
+def from_mapping(
+    cls: type[T],
+    data: Mapping[str, object],
+    overrides: Mapping[str, object] | None = None,
+    *,
+    validate: bool = True,
+) -> T:
+    """An instance of the config dataclass `cls` from parsed TOML (nested dicts and lists).
+
+    `overrides` maps dotted setting names to values and wins over `data`. Raises ConfigError
+    naming the setting on any unknown key, missing required key, wrong type or (unless
+    `validate` is false) out-of-range value.
+    """
+    raw: dict[str, Any] = copy.deepcopy(dict(data))
+    if overrides:
+        _apply_overrides(raw, overrides)
+    config = _build(cls, raw, "")
+    if validate:
+        check = getattr(config, "validate", None)
+        if callable(check):
+            check()
+    return config
+
+
+def load_config(cls: type[T], path: str | Path, overrides: Mapping[str, object] | None = None) -> T:
+    """Load, override and validate a config file. Errors name the setting and the file."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config: {e.strerror or e}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from e
+    try:
+        return from_mapping(cls, data, overrides)
+    except ConfigError as e:
+        raise ConfigError(f"{e.message} (in {path})", key=e.key) from None
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """("raft.pre_vote", False) from "raft.pre_vote=false", for `--set` style flags.
+
+    The value is read as a TOML value ("100", "true", '["a:1", "b:2"]'); anything that is not
+    valid TOML is taken as a bare string, so "rpc_bind=127.0.0.1:7051" needs no quotes.
+    """
+    key, sep, value_text = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"{text!r}: expected setting=value", key=key or None)
+    try:
+        value: object = tomllib.loads(f"v = {value_text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = value_text.strip()
+    return key, value
+
+
+def to_mapping(config: object) -> dict[str, Any]:
+    """The TOML-shaped mapping of a config dataclass (the inverse of `from_mapping`).
+
+    Paths become strings, tuples lists, enums their values; None settings are left out.
+    """
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"expected a config dataclass instance, got {type(config).__name__}")
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = _plain(getattr(config, f.name))
+        if value is not None:
+            out[f.name] = value
+    return out
+
+
+def _plain(value: object) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_mapping(value)
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value

@@ -1,0 +1,270 @@
+"""The replicated key-value demo server: the smallest state machine on the consensus layer.
+
+    python -m service.consensus.demo_server --conf conf/raft-demo.toml [--set key=value ...]
+    tessera raft-demo serve --conf conf/raft-demo.toml
+
+One process = one Raft node of the group "kv": a gRPC server with the KvDemo API (Put, Get,
+Status, ChangeConfig, TransferLeader) and the consensus transport (Step) on one port. Used by
+`make demo`, the benchmarks and the integration tests. With `--ready-file F` it writes
+{"address", "pid", "uuid"} to F once it serves, so launchers can bind port 0.
+
+Exit codes: 0 after SIGTERM/SIGINT, 3 when the node stopped on a storage failure, 2 for a
+configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+
+from service.common.config import DemoNodeConfig, load_config, parse_override
+from service.common.errors import InvalidArgument, TesseraError, rpc_errors
+from service.common.logging import setup_logging
+from service.consensus.fs import RealFileSystem
+from service.consensus.node import NodeSettings, RaftNode
+from service.consensus.raft_store import RaftStore
+from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
+from service.pb import consensus_pb2_grpc, kvdemo_pb2, kvdemo_pb2_grpc
+from service.raft import ConfigChangeType, NodeId, RaftConfig
+
+log = logging.getLogger(__name__)
+
+GROUP = "kv"
+MAX_KEY_BYTES = 1024
+MAX_VALUE_BYTES = 1 << 20
+_PUT = b"P"
+
+
+class KvStateMachine:
+    """A map of string keys to byte values. Entries: b"P" + u16 key length + key + value."""
+
+    def __init__(self) -> None:
+        self.kv: dict[str, bytes] = {}
+
+    @staticmethod
+    def encode_put(key: str, value: bytes) -> bytes:
+        k = key.encode()
+        return _PUT + len(k).to_bytes(2, "little") + k + value
+
+    def apply(self, index: int, data: bytes) -> object:
+        if data[:1] == _PUT:
+            n = int.from_bytes(data[1:3], "little")
+            self.kv[data[3 : 3 + n].decode()] = data[3 + n :]
+        return index
+
+    def snapshot(self) -> bytes:
+        return json.dumps({k: v.hex() for k, v in self.kv.items()}).encode()
+
+    def restore(self, data: bytes) -> None:
+        self.kv = {k: bytes.fromhex(v) for k, v in json.loads(data).items()} if data else {}
+
+
+def settings_from(config: DemoNodeConfig) -> NodeSettings:
+    r = config.raft
+    return NodeSettings(
+        tick_interval_s=r.tick_interval_ms / 1000,
+        heartbeat_ticks=r.heartbeat_ticks,
+        election_ticks=r.election_ticks,
+        pre_vote=r.pre_vote,
+        check_quorum=r.check_quorum,
+        lease_reads=r.lease_reads,
+        max_size_per_msg=r.max_entries_per_msg_bytes,
+        max_inflight_msgs=r.max_inflight_msgs,
+        max_inflight_bytes=r.max_inflight_bytes,
+        snapshot_interval_entries=r.snapshot_interval_entries,
+        snapshot_catchup_entries=r.snapshot_catchup_entries,
+    )
+
+
+def _deadline(context: grpc.aio.ServicerContext, default: float = 10.0) -> float:
+    remaining = context.time_remaining()
+    return default if remaining is None else max(0.001, remaining - 0.05)
+
+
+class KvDemoServicer(kvdemo_pb2_grpc.KvDemoServicer):
+    """Thin: validate, delegate to the node, return."""
+
+    def __init__(self, node: RaftNode, sm: KvStateMachine, address: str) -> None:
+        self.node = node
+        self.sm = sm
+        self.address = address
+
+    @rpc_errors
+    async def Put(
+        self, request: kvdemo_pb2.PutRequest, context: grpc.aio.ServicerContext
+    ) -> kvdemo_pb2.PutResponse:
+        _check_key(request.key)
+        if len(request.value) > MAX_VALUE_BYTES:
+            raise InvalidArgument(
+                f"value of {len(request.value)} bytes exceeds the {MAX_VALUE_BYTES}-byte limit"
+            )
+        data = KvStateMachine.encode_put(request.key, request.value)
+        index = await self.node.propose(data, timeout=_deadline(context))
+        assert isinstance(index, int)
+        return kvdemo_pb2.PutResponse(index=index)
+
+    @rpc_errors
+    async def Get(
+        self, request: kvdemo_pb2.GetRequest, context: grpc.aio.ServicerContext
+    ) -> kvdemo_pb2.GetResponse:
+        _check_key(request.key)
+        index = await self.node.read(timeout=_deadline(context))
+        value = self.sm.kv.get(request.key)
+        return kvdemo_pb2.GetResponse(found=value is not None, value=value or b"", index=index)
+
+    @rpc_errors
+    async def Status(
+        self, request: kvdemo_pb2.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> kvdemo_pb2.StatusResponse:
+        st = self.node.status()
+        lead_addr = (
+            self.address if st.lead == self.node.uuid else self.node.transport.address_of(st.lead)
+        )
+        return kvdemo_pb2.StatusResponse(
+            uuid=self.node.uuid,
+            role=st.role.value,
+            term=st.term,
+            leader_uuid=st.lead,
+            leader_address=lead_addr or "",
+            commit_index=st.commit,
+            applied_index=self.node.applied,
+            voters=sorted(st.config.voters),
+            learners=sorted(st.config.learners),
+            config_index=st.committed_config.index,
+        )
+
+    @rpc_errors
+    async def ChangeConfig(
+        self, request: kvdemo_pb2.ChangeConfigRequest, context: grpc.aio.ServicerContext
+    ) -> kvdemo_pb2.ChangeConfigResponse:
+        try:
+            ctype = ConfigChangeType(request.type)
+        except ValueError:
+            allowed = ", ".join(t.value for t in ConfigChangeType)
+            raise InvalidArgument(
+                f"unknown change type {request.type!r}; use one of {allowed}"
+            ) from None
+        if not request.uuid:
+            raise InvalidArgument("uuid is required")
+        index = await self.node.change_config(
+            ctype,
+            NodeId(request.uuid),
+            address=request.address or None,
+            expected_index=request.expected_config_index,
+            timeout=_deadline(context),
+        )
+        return kvdemo_pb2.ChangeConfigResponse(config_index=index)
+
+    @rpc_errors
+    async def TransferLeader(
+        self, request: kvdemo_pb2.TransferLeaderRequest, context: grpc.aio.ServicerContext
+    ) -> kvdemo_pb2.TransferLeaderResponse:
+        await self.node.transfer_leadership(NodeId(request.uuid), timeout=_deadline(context, 5))
+        return kvdemo_pb2.TransferLeaderResponse()
+
+
+def _check_key(key: str) -> None:
+    if not key:
+        raise InvalidArgument("key must not be empty")
+    if len(key.encode()) > MAX_KEY_BYTES:
+        raise InvalidArgument(f"key of {len(key.encode())} bytes exceeds {MAX_KEY_BYTES} bytes")
+
+
+async def serve(config: DemoNodeConfig, ready_file: Path | None = None) -> int:
+    fs = RealFileSystem()
+    data_dir = str(config.data_dir)
+    uuid = NodeId(config.uuid)
+    incarnations = Incarnations(fs, data_dir, uuid)
+    transport = GrpcTransport(
+        uuid, incarnations=incarnations, max_message_bytes=config.rpc.max_message_bytes
+    )
+    addresses: dict[str, str] = {p.uuid: p.address for p in config.peers}
+    bootstrap = RaftConfig(frozenset(NodeId(p.uuid) for p in config.peers))
+    store, recovered = RaftStore.open(
+        fs,
+        os.path.join(data_dir, "raft"),
+        uuid,
+        bootstrap_config=bootstrap,
+        addresses=addresses,
+        segment_bytes=config.wal.segment_size_bytes,
+        preallocate=config.wal.preallocate,
+        fsync=config.wal.fsync,
+    )
+    sm = KvStateMachine()
+    node = RaftNode(
+        group_id=GROUP,
+        uuid=uuid,
+        store=store,
+        recovered=recovered,
+        state_machine=sm,
+        transport=transport,
+        settings=settings_from(config),
+    )
+    transport.register(GROUP, node.step, node.report_unreachable)
+    server = grpc.aio.server(options=config.rpc.grpc_options())
+    port = server.add_insecure_port(config.rpc_bind)
+    if port == 0:
+        raise OSError(f"could not bind {config.rpc_bind}")
+    host = config.rpc_bind.rsplit(":", 1)[0]
+    address = f"{host}:{port}"
+    consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(ConsensusServicer(transport), server)
+    kvdemo_pb2_grpc.add_KvDemoServicer_to_server(KvDemoServicer(node, sm, address), server)
+    await server.start()
+    await node.start()
+    log.info("node %s serving on %s (data %s)", uuid, address, data_dir)
+    if ready_file is not None:
+        tmp = ready_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"address": address, "pid": os.getpid(), "uuid": uuid}))
+        tmp.replace(ready_file)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stop_task = asyncio.create_task(stop.wait())
+    fatal_task = asyncio.create_task(node.fatal_event.wait())
+    await asyncio.wait({stop_task, fatal_task}, return_when=asyncio.FIRST_COMPLETED)
+    code = 3 if node.fatal is not None else 0
+    log.info("node %s shutting down (%s)", uuid, "fatal" if code else "signal")
+    # Order: stop taking requests, stop the node (fails waiters, closes the WAL), then the
+    # transport's senders.
+    await server.stop(grace=1.0)
+    await node.aclose()
+    await transport.aclose()
+    for t in (stop_task, fatal_task):
+        t.cancel()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Tessera replicated key-value demo node")
+    p.add_argument("--conf", required=True, type=Path, help="node config (toml)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config setting, e.g. --set raft.lease_reads=true",
+    )
+    p.add_argument("--ready-file", type=Path, help="write {address,pid,uuid} here when serving")
+    args = p.parse_args(argv)
+    try:
+        overrides = dict(parse_override(s) for s in args.set)
+        config = load_config(DemoNodeConfig, args.conf, overrides)
+    except TesseraError as e:
+        print(f"tessera: {e.message}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level, node=config.uuid)
+    return asyncio.run(serve(config, args.ready_file))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,545 @@
+"""RaftNode: the one asyncio task that owns a RawNode, its store and its state machine.
+
+Theory of operation
+-------------------
+Everything that touches the RawNode happens in `_run`, one loop iteration at a time:
+
+  1. step every message the transport delivered since the last iteration;
+  2. append every proposal queued since then, as ONE batch (group commit: however many clients
+     proposed while the previous fsync ran, the next Ready carries them all and costs one fsync);
+  3. tick the core for every tick interval that has passed;
+  4. handle Readys in etcd-io/raft's order: persist (WAL append + one fdatasync, in a worker
+     thread so the event loop keeps accepting requests), send, apply, advance.
+
+Other coroutines talk to the task only through `_inbox`, `_proposals` and futures, so the core
+needs no locks. `propose` resolves when the entry is *applied*, with the state machine's result;
+if another entry was committed at its index (a new leader overwrote it) it fails with `Aborted`:
+it definitely did not take effect. If leadership is lost before that is known, the future stays
+pending until the entry's fate is applied or the caller's deadline passes (then the outcome is
+unknown, which is what DEADLINE_EXCEEDED means to a client).
+
+`read()` is a linearizable read barrier: a ReadIndex (or a lease), then wait until the state
+machine has applied that index.
+
+A write or fsync failure is fatal (never retry an fsync): the node stops, fails every waiter,
+and `fatal` is set for the process to exit; it restarts from what is really on disk.
+
+Shutdown order: stop accepting (closed flag), cancel the loop task, fail waiters, close the WAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from service.common.errors import (
+    Aborted,
+    CasMismatch,
+    ConfigChangeRejected,
+    InvalidArgument,
+    IOFatal,
+    NotTheLeader,
+    ServiceUnavailable,
+    Timeout,
+)
+from service.consensus.raft_store import RaftStore, Recovered, StoreIOError
+from service.consensus.wal import WalCorruption, WalIOError
+from service.raft import (
+    ConfigChange,
+    ConfigChangeRefused,
+    ConfigChangeType,
+    Entry,
+    EntryType,
+    Message,
+    NodeId,
+    ProposalDropped,
+    RaftConfig,
+    RaftOptions,
+    RawNode,
+    Ready,
+    Role,
+    Status,
+    config_after,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class StateMachine(Protocol):
+    def apply(self, index: int, data: bytes) -> object:
+        """Apply a committed entry; the result goes back to the proposer."""
+        ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+
+class Sender(Protocol):
+    """What the node needs from a transport."""
+
+    def send(self, group_id: str, messages: list[Message]) -> None: ...
+
+    def set_address(self, node: str, address: str) -> None: ...
+
+    def address_of(self, node: str) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    tick_interval_s: float = 0.1
+    heartbeat_ticks: int = 5
+    election_ticks: int = 15
+    pre_vote: bool = True
+    check_quorum: bool = True
+    lease_reads: bool = False
+    max_size_per_msg: int = 1 << 20
+    max_inflight_msgs: int = 256
+    max_inflight_bytes: int = 16 << 20
+    snapshot_interval_entries: int = 10_000
+    snapshot_catchup_entries: int = 5_000
+    max_batch: int = 4096
+    auto_promote: bool = True
+
+
+@dataclass(frozen=True)
+class LeaderChange:
+    leader: NodeId
+    term: int
+    role: Role
+
+
+class RaftNode:
+    def __init__(
+        self,
+        *,
+        group_id: str,
+        uuid: NodeId,
+        store: RaftStore,
+        recovered: Recovered,
+        state_machine: StateMachine,
+        transport: Sender,
+        settings: NodeSettings,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.group_id = group_id
+        self.uuid = uuid
+        self.store = store
+        self.storage = recovered.storage
+        self.sm = state_machine
+        self.transport = transport
+        self.settings = settings
+        snap = recovered.applied_snapshot
+        if snap is not None:
+            state_machine.restore(snap.data)
+        self.applied = snap.meta.index if snap is not None else 0
+        self.applied_config: RaftConfig = snap.meta.config if snap else recovered.bootstrap_config
+        self.last_snapshot_index = self.applied
+        for node, addr in recovered.addresses.items():
+            transport.set_address(node, addr)
+        self._promotable: set[NodeId] = set()
+        opts = RaftOptions(
+            id=uuid,
+            election_tick=settings.election_ticks,
+            heartbeat_tick=settings.heartbeat_ticks,
+            pre_vote=settings.pre_vote,
+            check_quorum=settings.check_quorum,
+            lease_reads=settings.lease_reads,
+            max_size_per_msg=settings.max_size_per_msg,
+            max_inflight_msgs=settings.max_inflight_msgs,
+            max_inflight_bytes=settings.max_inflight_bytes,
+            applied=self.applied,
+        )
+        self.raw = RawNode(opts, self.storage, rng or random.Random(), recovered.bootstrap_config)
+        self._inbox: list[Message] = []
+        self._proposals: list[tuple[bytes, asyncio.Future[object]]] = []
+        self._control: list[Callable[[], None]] = []
+        self._wakeup = asyncio.Event()
+        self._waiting: dict[int, tuple[int, asyncio.Future[object]]] = {}
+        self._reads: dict[bytes, asyncio.Future[int]] = {}
+        self._read_index: dict[bytes, int] = {}
+        self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._read_seq = 0
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.fatal: BaseException | None = None
+        self.fatal_event = asyncio.Event()
+        self.listeners: list[Callable[[LeaderChange], None]] = []
+        self._status = self.raw.status()
+        self.metrics = {"proposals": 0, "batches": 0, "fsyncs": 0, "fsync_seconds": 0.0}
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"raft-{self.group_id}-{self.uuid}")
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._fail_all(ServiceUnavailable("node is shutting down"))
+        self.store.close()
+
+    # -- inputs from other coroutines ---------------------------------------------------------
+
+    def step(self, messages: list[Message]) -> None:
+        """Called by the transport; never blocks."""
+        if self._closed:
+            return
+        self._inbox.extend(messages)
+        self._wakeup.set()
+
+    def report_unreachable(self, peer: str) -> None:
+        """Called by the transport when a send to `peer` failed."""
+        if not self._closed:
+            self._control.append(lambda: self.raw.report_unreachable(NodeId(peer)))
+            self._wakeup.set()
+
+    def _check_open(self) -> None:
+        if self.fatal is not None:
+            raise IOFatal(f"node stopped after a storage failure: {self.fatal}")
+        if self._closed:
+            raise ServiceUnavailable("node is shutting down")
+
+    def _not_leader(self) -> NotTheLeader:
+        lead = self._status.lead
+        return NotTheLeader(
+            f"{self.uuid} is not the leader of {self.group_id}",
+            leader_uuid=lead or None,
+            leader_address=self.transport.address_of(lead) if lead else None,
+        )
+
+    async def propose(self, data: bytes, timeout: float | None = None) -> object:
+        """Replicate `data`; returns the state machine's result once applied here."""
+        self._check_open()
+        if self._status.role is not Role.LEADER:
+            raise self._not_leader()
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._proposals.append((data, fut))
+        self._wakeup.set()
+        return await self._wait(fut, timeout, "proposal")
+
+    async def read(self, timeout: float | None = None) -> int:
+        """Linearizable read barrier: returns an applied index that reflects every write
+        acknowledged before this call started."""
+        self._check_open()
+        if self._status.role is not Role.LEADER:
+            raise self._not_leader()
+        self._read_seq += 1
+        ctx = f"{self.uuid}:{self._read_seq}".encode()
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._reads[ctx] = fut
+
+        def issue() -> None:
+            try:
+                self.raw.read_index(ctx)
+            except ProposalDropped:
+                self._reads.pop(ctx, None)
+                if not fut.done():
+                    fut.set_exception(self._not_leader())
+
+        self._control.append(issue)
+        self._wakeup.set()
+        index = await self._wait(fut, timeout, "read")
+        await self.wait_applied(index, timeout)
+        return index
+
+    async def wait_applied(self, index: int, timeout: float | None = None) -> None:
+        if self.applied >= index:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._applied_waiters.append((index, fut))
+        await self._wait(fut, timeout, "apply")
+
+    async def change_config(
+        self,
+        type: ConfigChangeType,
+        node: NodeId,
+        *,
+        address: str | None = None,
+        expected_index: int,
+        timeout: float | None = None,
+    ) -> int:
+        """One membership change with compare-and-set; returns the new config's index."""
+        self._check_open()
+        if type is ConfigChangeType.ADD_LEARNER and not address:
+            raise InvalidArgument(f"adding {node} needs its address")
+        ctx = json.dumps({"address": address or "", "promote": True}).encode()
+        cc = ConfigChange(type, node, expected_index, ctx)
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+
+        def issue() -> None:
+            try:
+                index, term = self.raw.propose_config_change(cc)
+            except ProposalDropped:
+                fut.set_exception(self._not_leader())
+                return
+            except ConfigChangeRefused as e:
+                cls = CasMismatch if "stale config" in str(e) else ConfigChangeRejected
+                fut.set_exception(cls(str(e)))
+                return
+            self._waiting[index] = (term, fut)
+
+        self._control.append(issue)
+        self._wakeup.set()
+        await self._wait(fut, timeout, "config change")
+        return self.applied_config.index
+
+    async def transfer_leadership(self, target: NodeId, timeout: float = 5.0) -> None:
+        self._check_open()
+        if self._status.role is not Role.LEADER:
+            raise self._not_leader()
+        if target not in self._status.config.voters:
+            raise InvalidArgument(f"{target} is not a voter of {self.group_id}")
+        self._control.append(lambda: self.raw.transfer_leader(target))
+        self._wakeup.set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._status.lead == target:
+                return
+            await asyncio.sleep(self.settings.tick_interval_s)
+        raise Timeout(f"leadership did not move to {target} within {timeout}s")
+
+    def status(self) -> Status:
+        return self._status
+
+    async def _wait(self, fut: asyncio.Future[T], timeout: float | None, what: str) -> T:
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            raise Timeout(f"{what} did not complete within {timeout}s; outcome unknown") from None
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        tick = self.settings.tick_interval_s
+        next_tick = time.monotonic() + tick
+        try:
+            while True:
+                timeout = max(0.0, next_tick - time.monotonic())
+                if not (self._inbox or self._proposals or self._control):
+                    try:
+                        await asyncio.wait_for(self._wakeup.wait(), timeout)
+                    except TimeoutError:
+                        pass
+                self._wakeup.clear()
+                inbox, self._inbox = self._inbox, []
+                for m in inbox:
+                    self.raw.step(m)
+                control, self._control = self._control, []
+                for fn in control:
+                    fn()
+                self._propose_batch()
+                now = time.monotonic()
+                if now >= next_tick:
+                    self.raw.tick()
+                    next_tick = max(next_tick + tick, now)  # never burst to catch up
+                    self._maybe_promote()
+                while self.raw.has_ready():
+                    await self._handle_ready(self.raw.ready())
+                self._status = self.raw.status()
+        except asyncio.CancelledError:
+            raise
+        except (WalIOError, StoreIOError, WalCorruption, OSError) as e:
+            log.critical("%s/%s: storage failure, stopping: %s", self.group_id, self.uuid, e)
+            self.fatal = e
+            self._fail_all(IOFatal(f"storage failure: {e}"))
+            self.fatal_event.set()
+        except Exception as e:  # a bug: stop loudly rather than run on with broken state
+            log.exception("%s/%s: raft loop crashed", self.group_id, self.uuid)
+            self.fatal = e
+            self._fail_all(IOFatal(f"raft loop crashed: {e!r}"))
+            self.fatal_event.set()
+
+    def _propose_batch(self) -> None:
+        if not self._proposals:
+            return
+        batch = self._proposals[: self.settings.max_batch]
+        self._proposals = self._proposals[self.settings.max_batch :]
+        if self._proposals:
+            self._wakeup.set()
+        try:
+            first, term = self.raw.propose_batch([d for d, _ in batch])
+        except ProposalDropped:
+            err = self._not_leader()
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(err)
+            return
+        for i, (_, fut) in enumerate(batch):
+            self._waiting[first + i] = (term, fut)
+        self.metrics["proposals"] += len(batch)
+        self.metrics["batches"] += 1
+
+    async def _handle_ready(self, rd: Ready) -> None:
+        # 1. persist: the snapshot, cmeta (term/vote) and WAL, one fdatasync for everything.
+        self._learn_addresses(rd.entries)
+        if rd.must_sync or rd.snapshot is not None:
+            t0 = time.perf_counter()
+            await asyncio.to_thread(self.store.persist, rd)
+            self.metrics["fsyncs"] += 1
+            self.metrics["fsync_seconds"] += time.perf_counter() - t0
+        else:
+            self.store.persist(rd)  # commit-index-only: buffered, no fsync needed
+        RaftStore.apply_to_memory(self.storage, rd)
+        # 2. send, only now that what the messages promise is durable.
+        if rd.messages:
+            self.transport.send(self.group_id, rd.messages)
+        # 3. apply.
+        if rd.soft_state is not None:
+            ss = rd.soft_state
+            self._on_soft_state(ss.leader, ss.term, ss.role)
+        if rd.snapshot is not None:
+            self.sm.restore(rd.snapshot.data)
+            self.applied = rd.snapshot.meta.index
+            self.applied_config = rd.snapshot.meta.config
+            self.last_snapshot_index = self.applied
+            for index in [i for i in self._waiting if i <= self.applied]:
+                _, fut = self._waiting.pop(index)
+                if not fut.done():
+                    fut.set_exception(Aborted("outcome lost in a snapshot install; retry"))
+        for e in rd.committed_entries:
+            self._apply(e)
+        for rs in rd.read_states:
+            read = self._reads.pop(rs.context, None)
+            if read is not None and not read.done():
+                read.set_result(rs.index)
+        self.raw.advance(rd)
+        self._wake_applied()
+        await self._maybe_snapshot()
+
+    def _learn_addresses(self, entries: list[Entry]) -> None:
+        for e in entries:
+            if e.type is EntryType.CONFIG:
+                cc = ConfigChange.decode(e.data)
+                if cc.context:
+                    ctx = json.loads(cc.context)
+                    if ctx.get("address"):
+                        self.transport.set_address(cc.node, ctx["address"])
+                        self.store.add_addresses({cc.node: ctx["address"]})
+                    if cc.type is ConfigChangeType.ADD_LEARNER and ctx.get("promote"):
+                        self._promotable.add(cc.node)
+
+    def _apply(self, e: Entry) -> None:
+        result: object = None
+        if e.type is EntryType.NORMAL and e.data:
+            result = self.sm.apply(e.index, e.data)
+        elif e.type is EntryType.CONFIG:
+            self.applied_config = config_after(self.applied_config, e.type, e.data, e.index)
+            result = self.applied_config.index
+            log.info("%s/%s: config %s", self.group_id, self.uuid, _fmt_config(self.applied_config))
+        self.applied = e.index
+        waiting = self._waiting.pop(e.index, None)
+        if waiting is not None:
+            term, fut = waiting
+            if fut.done():
+                return
+            if term == e.term:
+                fut.set_result(result)
+            else:
+                fut.set_exception(
+                    Aborted(f"entry {e.index} was overwritten by a new leader; not applied")
+                )
+
+    def _wake_applied(self) -> None:
+        if not self._applied_waiters:
+            return
+        still = []
+        for index, fut in self._applied_waiters:
+            if index <= self.applied:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                still.append((index, fut))
+        self._applied_waiters = still
+
+    def _on_soft_state(self, leader: NodeId, term: int, role: Role) -> None:
+        was_leader = self._status.role is Role.LEADER
+        self._status = self.raw.status()
+        if was_leader and role is not Role.LEADER:
+            err = self._not_leader()
+            for read in self._reads.values():
+                if not read.done():
+                    read.set_exception(err)
+            self._reads.clear()
+        log.info(
+            "%s/%s: term %d, role %s, leader %s",
+            self.group_id,
+            self.uuid,
+            term,
+            role.value,
+            leader or "-",
+        )
+        change = LeaderChange(leader, term, role)
+        for fn in list(self.listeners):
+            try:
+                fn(change)
+            except Exception:
+                log.exception("leader-change listener failed")
+
+    async def _maybe_snapshot(self) -> None:
+        s = self.settings
+        if self.applied - self.last_snapshot_index < s.snapshot_interval_entries:
+            return
+        data = self.sm.snapshot()
+        snap = self.storage.create_snapshot(self.applied, self.applied_config, data)
+        await asyncio.to_thread(self.store.compact, self.storage, snap, s.snapshot_catchup_entries)
+        self.last_snapshot_index = self.applied
+        log.info(
+            "%s/%s: snapshot at %d (%d bytes)", self.group_id, self.uuid, self.applied, len(data)
+        )
+
+    def _maybe_promote(self) -> None:
+        """Seed 004: the leader promotes a PRE_VOTER once its log has caught up."""
+        if not self.settings.auto_promote or self.raw.raft.state is not Role.LEADER:
+            return
+        raft = self.raw.raft
+        if raft.pending_configs or raft.pending_conf_index > raft.log.committed:
+            return
+        for node in sorted(raft.config.learners & self._promotable):
+            pr = raft.prs.get(node)
+            if pr is not None and pr.match >= raft.log.committed:
+                cc = ConfigChange(ConfigChangeType.PROMOTE, node, raft.committed_config.index)
+                try:
+                    self.raw.propose_config_change(cc)
+                    self._promotable.discard(node)
+                    log.info(
+                        "%s/%s: promoting caught-up learner %s", self.group_id, self.uuid, node
+                    )
+                except (ConfigChangeRefused, ProposalDropped):
+                    pass
+                return
+
+    def _fail_all(self, err: Exception) -> None:
+        for _, fut in self._proposals:
+            if not fut.done():
+                fut.set_exception(err)
+        self._proposals.clear()
+        for _, fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._waiting.clear()
+        for read in self._reads.values():
+            if not read.done():
+                read.set_exception(err)
+        self._reads.clear()
+        for _, f in self._applied_waiters:
+            if not f.done():
+                f.set_exception(err)
+        self._applied_waiters.clear()
+
+
+def _fmt_config(c: RaftConfig) -> str:
+    learners = f" learners {sorted(c.learners)}" if c.learners else ""
+    return f"#{c.index} voters {sorted(c.voters)}{learners}"

@@ -1,0 +1,302 @@
+"""gRPC transport for Raft messages: per-peer batching, bounded queues, reconnect with backoff.
+
+Theory of operation
+-------------------
+One `GrpcTransport` per server process, shared by every Raft group the process hosts (a tablet
+server runs hundreds): messages are keyed by group id.
+
+Sending: `send()` never blocks the node's loop. Messages go into a bounded per-peer queue; one
+sender task per peer drains it, packs everything queued for one (peer, group) into one
+`StepRequest` (batching), and calls `Step`. Raft tolerates loss, so when a queue is full the
+newest messages are dropped (and counted) instead of growing memory without bound. On an RPC
+failure the sender backs off exponentially (50 ms .. 2 s), tells the group the peer is
+unreachable (so its progress drops back to probing), and discards what it could not send.
+
+Receiving: `ConsensusServicer.Step` checks the envelope before anything reaches a core:
+  * `dest_uuid` must be this server's uuid (seed 004: never act on a message meant for another
+    incarnation or node) -> FAILED_PRECONDITION;
+  * the sender's incarnation must match what this server recorded for that uuid: a node whose
+    data directory was wiped comes back with the same uuid but a new incarnation, and must not
+    vote or acknowledge entries it has forgotten -> FAILED_PRECONDITION;
+  * every message must decode and be addressed consistently (codec) -> INVALID_ARGUMENT;
+  * the group must exist here -> NOT_FOUND.
+Oversized requests are refused by gRPC itself (RESOURCE_EXHAUSTED) via max_receive_message_length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import posixpath
+import uuid as uuidlib
+from collections import defaultdict
+from collections.abc import Callable
+
+import grpc
+
+from service.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    WrongDestination,
+    rpc_errors,
+)
+from service.consensus.codec import CodecError, message_from_pb, message_to_pb
+from service.consensus.fs import FileSystem
+from service.pb import consensus_pb2 as pb
+from service.pb import consensus_pb2_grpc as pb_grpc
+from service.raft import Message, NodeId
+
+log = logging.getLogger(__name__)
+
+STEP_TIMEOUT_S = 5.0
+MAX_QUEUE = 4096
+
+
+class Incarnations:
+    """This server's incarnation id and the ones it has seen for each peer uuid, persisted.
+
+    The incarnation is a random id created when the data directory is formatted. Peers are
+    remembered on first contact (trust on first use) and never forgotten: a peer that comes
+    back with another incarnation has lost its disk and is refused until it is given a new
+    uuid (seed 004, "Failure of a disk with consensus metadata")."""
+
+    def __init__(self, fs: FileSystem, directory: str, own_uuid: str) -> None:
+        self.fs = fs
+        self.path = posixpath.join(directory, "incarnations.json")
+        fs.makedirs(directory)
+        if fs.exists(self.path):
+            data = json.loads(fs.read_bytes(self.path))
+            if data["uuid"] != own_uuid:
+                raise FailedPrecondition(
+                    f"{directory} belongs to node {data['uuid']}, not {own_uuid}"
+                )
+            self.own = str(data["own"])
+            self.peers: dict[str, str] = dict(data["peers"])
+        else:
+            self.own = uuidlib.uuid4().hex
+            self.peers = {}
+            self._save(own_uuid)
+        self.uuid = own_uuid
+
+    def _save(self, own_uuid: str) -> None:
+        body = {"uuid": own_uuid, "own": self.own, "peers": self.peers}
+        self.fs.write_atomic(self.path, json.dumps(body, sort_keys=True).encode())
+
+    def check(self, peer: str, incarnation: str) -> None:
+        """Raise if `peer` is a different incarnation than the one we know; learn it if new."""
+        if not incarnation:
+            raise InvalidArgument(f"request from {peer} does not name its incarnation")
+        known = self.peers.get(peer)
+        if known is None:
+            self.peers[peer] = incarnation
+            self._save(self.uuid)
+        elif known != incarnation:
+            raise FailedPrecondition(
+                f"node {peer} came back with a different data directory (incarnation "
+                f"{incarnation}, expected {known}): it may have forgotten votes and entries, so "
+                f"it is refused; wipe it fully and give it a new uuid"
+            )
+
+
+class _Peer:
+    def __init__(self, transport: GrpcTransport, node: str) -> None:
+        self.t = transport
+        self.node = node
+        self.queue: asyncio.Queue[tuple[str, Message]] = asyncio.Queue(MAX_QUEUE)
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: pb_grpc.ConsensusServiceStub | None = None
+        self.address: str | None = None
+        self.dest_incarnation = ""
+        self.task: asyncio.Task[None] | None = None
+        self.failures = 0
+
+    def connect(self) -> pb_grpc.ConsensusServiceStub | None:
+        address = self.t.addresses.get(self.node)
+        if address is None:
+            return None
+        if address != self.address or self.stub is None:
+            if self.channel is not None:
+                self.t._closing.add(asyncio.ensure_future(self.channel.close(None)))
+            self.channel = grpc.aio.insecure_channel(address, options=self.t.channel_options)
+            self.stub = pb_grpc.ConsensusServiceStub(self.channel)
+            self.address = address
+        return self.stub
+
+    async def run(self) -> None:
+        while True:
+            first = await self.queue.get()
+            batch = [first]
+            while not self.queue.empty() and len(batch) < 1024:
+                batch.append(self.queue.get_nowait())
+            by_group: dict[str, list[Message]] = defaultdict(list)
+            for group, m in batch:
+                by_group[group].append(m)
+            for group, msgs in by_group.items():
+                await self._send(group, msgs)
+
+    async def _send(self, group: str, msgs: list[Message]) -> None:
+        stub = self.connect()
+        if stub is None:
+            self.t.dropped += len(msgs)
+            self.t.report_unreachable(group, self.node)
+            return
+        req = pb.StepRequest(
+            group_id=group,
+            dest_uuid=self.node,
+            src_uuid=self.t.uuid,
+            src_instance=self.t.incarnations.own if self.t.incarnations else "",
+            dest_instance=self.dest_incarnation,
+        )
+        req.messages.extend(message_to_pb(m) for m in msgs)
+        for n, addr in self.t.addresses.items():
+            req.addresses[n] = addr
+        try:
+            resp = await stub.Step(req, timeout=STEP_TIMEOUT_S)  # type: ignore[misc]
+            if resp.instance:
+                self.dest_incarnation = resp.instance
+            self.failures = 0
+            self.t.sent += len(msgs)
+        except grpc.aio.AioRpcError as e:
+            self.failures += 1
+            self.t.dropped += len(msgs)
+            self.t.report_unreachable(group, self.node)
+            if self.failures in (1, 10) or self.failures % 100 == 0:
+                log.warning(
+                    "send to %s at %s failed (%d in a row): %s %s",
+                    self.node,
+                    self.address,
+                    self.failures,
+                    e.code().name,
+                    e.details(),
+                )
+            await asyncio.sleep(min(2.0, 0.05 * 2 ** min(self.failures, 6)))
+
+
+class GrpcTransport:
+    def __init__(
+        self,
+        uuid: str,
+        *,
+        incarnations: Incarnations | None,
+        max_message_bytes: int = 64 << 20,
+    ) -> None:
+        self.uuid = uuid
+        self.incarnations = incarnations
+        self.addresses: dict[str, str] = {}
+        self.channel_options = [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
+        self.max_message_bytes = max_message_bytes
+        self._peers: dict[str, _Peer] = {}
+        self._closing: set[asyncio.Future[None]] = set()
+        self._groups: dict[str, Callable[[list[Message]], None]] = {}
+        self._unreachable: dict[str, Callable[[str], None]] = {}
+        self.sent = 0
+        self.dropped = 0
+        self.received = 0
+
+    # -- wiring ---------------------------------------------------------------------------------
+
+    def register(
+        self,
+        group_id: str,
+        deliver: Callable[[list[Message]], None],
+        unreachable: Callable[[str], None] | None = None,
+    ) -> None:
+        self._groups[group_id] = deliver
+        if unreachable is not None:
+            self._unreachable[group_id] = unreachable
+
+    def unregister(self, group_id: str) -> None:
+        self._groups.pop(group_id, None)
+        self._unreachable.pop(group_id, None)
+
+    def set_address(self, node: str, address: str) -> None:
+        if node != self.uuid:
+            self.addresses[node] = address
+
+    def address_of(self, node: str) -> str | None:
+        return self.addresses.get(node)
+
+    def report_unreachable(self, group: str, node: str) -> None:
+        cb = self._unreachable.get(group)
+        if cb is not None:
+            cb(node)
+
+    async def aclose(self) -> None:
+        for p in self._peers.values():
+            if p.task is not None:
+                p.task.cancel()
+        for p in self._peers.values():
+            if p.task is not None:
+                try:
+                    await p.task
+                except (asyncio.CancelledError, Exception):
+                    pass
+            if p.channel is not None:
+                await p.channel.close(None)
+        self._peers.clear()
+
+    # -- sending --------------------------------------------------------------------------------
+
+    def send(self, group_id: str, messages: list[Message]) -> None:
+        for m in messages:
+            peer = self._peers.get(m.to)
+            if peer is None:
+                peer = self._peers[m.to] = _Peer(self, m.to)
+                peer.task = asyncio.create_task(peer.run(), name=f"raft-send-{m.to}")
+            try:
+                peer.queue.put_nowait((group_id, m))
+            except asyncio.QueueFull:
+                self.dropped += 1
+
+    # -- receiving ------------------------------------------------------------------------------
+
+    def deliver(self, req: pb.StepRequest) -> None:
+        if req.dest_uuid != self.uuid:
+            raise WrongDestination(f"message for node {req.dest_uuid!r} reached node {self.uuid!r}")
+        if not req.src_uuid:
+            raise InvalidArgument("step request without src_uuid")
+        if self.incarnations is not None:
+            if req.dest_instance and req.dest_instance != self.incarnations.own:
+                raise WrongDestination(
+                    f"message for incarnation {req.dest_instance} of {self.uuid}, this is "
+                    f"{self.incarnations.own}: the sender talks to a previous life of this node"
+                )
+            self.incarnations.check(req.src_uuid, req.src_instance)
+        deliver = self._groups.get(req.group_id)
+        if deliver is None:
+            raise NotFound(f"no raft group {req.group_id!r} on node {self.uuid}")
+        try:
+            msgs = [message_from_pb(m, to=req.dest_uuid, frm=req.src_uuid) for m in req.messages]
+        except CodecError as e:
+            raise InvalidArgument(f"malformed raft message from {req.src_uuid}: {e}") from e
+        for node, addr in req.addresses.items():
+            if node not in self.addresses and node != self.uuid:
+                self.addresses[node] = addr
+        self.received += len(msgs)
+        deliver(msgs)
+
+
+class ConsensusServicer(pb_grpc.ConsensusServiceServicer):
+    """Thin servicer: validate the envelope (in the transport) and hand over."""
+
+    def __init__(self, transport: GrpcTransport) -> None:
+        self.transport = transport
+
+    @rpc_errors
+    async def Step(
+        self, request: pb.StepRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StepResponse:
+        self.transport.deliver(request)
+        inc = self.transport.incarnations
+        return pb.StepResponse(instance=inc.own if inc else "")
+
+
+def node_id(s: str) -> NodeId:
+    return NodeId(s)

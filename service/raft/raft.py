@@ -1,0 +1,870 @@
+"""The Raft state machine: elections, replication, membership, reads (pure, deterministic).
+
+Theory of operation
+-------------------
+`Raft` is a deterministic function of the messages it is stepped with, the ticks it is given
+and the injected `random.Random` (for election timeouts). It never does I/O: outgoing messages
+accumulate in `self.msgs`, new log entries in the unstable part of `self.log`, and `RawNode`
+packages them into a `Ready` for the caller (see `types.Ready` for the processing order that
+makes this safe: persist, then send, then apply).
+
+Elections (Raft §5.2, thesis §9.6): followers that miss the leader for a randomized timeout
+in [election_tick, 2*election_tick) first run a *pre-vote* (a trial election at term+1 that
+changes no state), and only if a quorum would vote for them start a real election. With
+*check-quorum* a leader steps down when it has not heard from a quorum within an election
+timeout, and followers ignore votes while they have a live leader ("leader stickiness"), so a
+partitioned or removed node cannot depose a healthy leader.
+
+Commit (Figure 8): a leader only commits entries of its own term by counting replicas; earlier
+entries commit indirectly. It appends an empty no-op on election so that happens promptly.
+
+Membership (thesis §4.1, seed 004): one server at a time. The effective configuration is the
+latest one in the log, committed or not, and a node reverts when that entry is truncated. A
+leader accepts a change only when no other is uncommitted (including before its own no-op
+commits: the single-server bug fix from the raft-dev list), and only if it names the index of
+the committed config it replaces (compare-and-set). New members join as learners and are
+promoted by a later change once caught up. Removing or demoting the current leader is refused:
+transfer leadership first (Kudu's rule).
+
+Reads (thesis §6.4): ReadIndex records the commit index, confirms leadership with a heartbeat
+round, and releases a ReadState once a quorum answered; the caller serves the read after
+applying up to that index. An optional lease serves it at once while a quorum acknowledged a
+heartbeat sent less than `election_tick - 1` ticks ago (followers ignore votes for a full
+election timeout after hearing from the leader, so no other leader can exist in that window).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from enum import Enum
+
+from service.raft.log import RaftLog
+from service.raft.progress import Inflights, Progress, ProgressState
+from service.raft.storage import Compacted, Storage, Unavailable
+from service.raft.types import (
+    NO_NODE,
+    ConfigChange,
+    ConfigChangeType,
+    Entry,
+    EntryType,
+    HardState,
+    Message,
+    MessageType,
+    NodeId,
+    RaftConfig,
+    ReadState,
+    Role,
+    Snapshot,
+    SoftState,
+)
+
+TRANSFER_CONTEXT = b"transfer"
+"""Context of a VOTE sent after TIMEOUT_NOW: voters must not ignore it as "in lease"."""
+
+
+@dataclass(frozen=True, slots=True)
+class RaftOptions:
+    id: NodeId
+    election_tick: int = 10
+    heartbeat_tick: int = 1
+    pre_vote: bool = True
+    check_quorum: bool = True
+    max_size_per_msg: int = 1 << 20
+    max_inflight_msgs: int = 256
+    max_inflight_bytes: int = 16 << 20
+    max_committed_bytes_per_ready: int | None = 16 << 20
+    lease_reads: bool = False
+    applied: int = 0
+    """Index the caller's state machine has applied already (on restart)."""
+
+    def validate(self) -> None:
+        if not self.id:
+            raise ValueError("raft id must not be empty")
+        if self.heartbeat_tick <= 0:
+            raise ValueError(f"heartbeat_tick must be > 0, got {self.heartbeat_tick}")
+        if self.election_tick <= self.heartbeat_tick:
+            raise ValueError(
+                f"election_tick ({self.election_tick}) must exceed heartbeat_tick "
+                f"({self.heartbeat_tick})"
+            )
+        if self.max_inflight_msgs <= 0:
+            raise ValueError(f"max_inflight_msgs must be > 0, got {self.max_inflight_msgs}")
+
+
+class ProposalDropped(Exception):
+    """The proposal was not appended: not the leader, or a leadership transfer is running."""
+
+    def __init__(self, message: str, leader: NodeId = NO_NODE) -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
+class ConfigChangeRefused(Exception):
+    """A membership change was refused: stale expected index (CAS), one already pending, or
+    an invalid change for the current config."""
+
+
+class VoteResult(Enum):
+    PENDING = "PENDING"
+    WON = "WON"
+    LOST = "LOST"
+
+
+@dataclass(slots=True)
+class _ReadIndexStatus:
+    index: int
+    acks: set[NodeId] = field(default_factory=set)
+
+
+class Raft:
+    """Mutable Raft state for one node of one group. Owned by exactly one `RawNode`."""
+
+    def __init__(
+        self,
+        options: RaftOptions,
+        storage: Storage,
+        rng: random.Random,
+        bootstrap_config: RaftConfig | None = None,
+    ) -> None:
+        options.validate()
+        self.id = options.id
+        self.opts = options
+        self.rng = rng
+        self.log = RaftLog(storage, options.max_committed_bytes_per_ready)
+        hs, snap_config = storage.initial_state()
+
+        self.term = hs.term
+        self.vote = hs.vote
+        self.lead = NO_NODE
+        self.state = Role.FOLLOWER
+        self.msgs: list[Message] = []
+        self.read_states: list[ReadState] = []
+        self.votes: dict[NodeId, bool] = {}
+        self.prs: dict[NodeId, Progress] = {}
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.randomized_election_timeout = options.election_tick
+        self.tick_count = 0
+        self.lead_transferee = NO_NODE
+        self.last_transfer_tick = -(10**9)
+        self.pending_conf_index = 0
+        self._read_pending: dict[bytes, _ReadIndexStatus] = {}
+        self._read_queue: list[bytes] = []
+        self._reads_awaiting_commit: list[bytes] = []
+
+        # Membership: committed config plus uncommitted config entries in log order.
+        base = snap_config or bootstrap_config or RaftConfig(frozenset())
+        self.committed_config = base
+        self.pending_configs: list[tuple[int, RaftConfig]] = []
+        self.config = base
+        if hs.commit:
+            if not (self.log.committed <= hs.commit <= self.log.last_index()):
+                raise ValueError(
+                    f"hard state commit {hs.commit} outside log "
+                    f"[{self.log.committed}, {self.log.last_index()}]"
+                )
+            self.log.committed = hs.commit
+        self._scan_configs(self.log.first_index())
+        self._commit_configs()
+        applied = max(options.applied, self.log.first_index() - 1)
+        if applied:
+            self.log.applied_to(min(applied, self.log.committed))
+        self._reconfigure(self._effective_config())
+        self.become_follower(self.term, NO_NODE)
+
+    # -- small helpers -----------------------------------------------------------------------
+
+    def hard_state(self) -> HardState:
+        return HardState(self.term, self.vote, self.log.committed)
+
+    def soft_state(self) -> SoftState:
+        return SoftState(self.lead, self.role(), self.term)
+
+    def role(self) -> Role:
+        if self.state in (Role.LEADER, Role.CANDIDATE, Role.PRE_CANDIDATE):
+            return self.state
+        if self.id in self.config.voters:
+            return Role.FOLLOWER
+        if self.id in self.config.learners:
+            return Role.LEARNER
+        return Role.NON_PARTICIPANT
+
+    def promotable(self) -> bool:
+        return self.id in self.config.voters
+
+    def _send(self, m: Message) -> None:
+        self.msgs.append(m)
+
+    def _msg(self, type: MessageType, to: NodeId, **kw: object) -> Message:
+        kw.setdefault("term", self.term)
+        return Message(type=type, to=to, frm=self.id, **kw)  # type: ignore[arg-type]
+
+    # -- membership --------------------------------------------------------------------------
+
+    def _effective_config(self) -> RaftConfig:
+        return self.pending_configs[-1][1] if self.pending_configs else self.committed_config
+
+    def _scan_configs(self, from_index: int) -> None:
+        """Entries from `from_index` on were (re)written: rebuild the uncommitted configs."""
+        self.pending_configs = [(i, c) for i, c in self.pending_configs if i < from_index]
+        lo = max(from_index, self.log.first_index(), self.committed_config.index + 1)
+        last = self.log.last_index()
+        current = self._effective_config()
+        while lo <= last:
+            batch = self.log.slice(lo, last + 1, 8 << 20)
+            for e in batch:
+                if e.type is EntryType.CONFIG:
+                    current = ConfigChange.decode(e.data).apply_to(current, e.index)
+                    self.pending_configs.append((e.index, current))
+            lo = batch[-1].index + 1
+
+    def _commit_configs(self) -> None:
+        """Move configs at or below the commit index into `committed_config`."""
+        while self.pending_configs and self.pending_configs[0][0] <= self.log.committed:
+            self.committed_config = self.pending_configs.pop(0)[1]
+
+    def _log_written(self, first_index: int) -> None:
+        """Entries from `first_index` on were appended or replaced."""
+        before = self.config
+        self._scan_configs(first_index)
+        after = self._effective_config()
+        if after != before:
+            self._reconfigure(after)
+
+    def _commit_changed(self) -> None:
+        self._commit_configs()
+        if self.state is Role.LEADER and self._reads_awaiting_commit and self._committed_in_term():
+            waiting, self._reads_awaiting_commit = self._reads_awaiting_commit, []
+            for ctx in waiting:
+                self._read_index(ctx)
+
+    def _reconfigure(self, config: RaftConfig) -> None:
+        self.config = config
+        last = self.log.last_index()
+        for node in list(self.prs):
+            if node not in config.members:
+                del self.prs[node]
+        for node in config.members:
+            pr = self.prs.get(node)
+            if pr is None:
+                pr = Progress(
+                    match=0,
+                    next=last + 1,
+                    inflights=Inflights(self.opts.max_inflight_msgs, self.opts.max_inflight_bytes),
+                )
+                if node == self.id:
+                    pr.match = last
+                self.prs[node] = pr
+            pr.is_learner = node in config.learners
+        if self.state is Role.LEADER:
+            if self.lead_transferee and self.lead_transferee not in config.voters:
+                self._abort_transfer()
+            if self.id not in config.voters:
+                # Unreachable through this node's own proposals (removing the leader is
+                # refused); kept as a guard for configs appended by a previous leader.
+                self.become_follower(self.term, NO_NODE)
+                return
+            self.maybe_commit()  # a smaller quorum may already hold more entries
+        if self.state in (Role.CANDIDATE, Role.PRE_CANDIDATE) and not self.promotable():
+            self.become_follower(self.term, NO_NODE)
+
+    # -- state transitions -------------------------------------------------------------------
+
+    def _reset(self, term: int) -> None:
+        if term != self.term:
+            self.term = term
+            self.vote = NO_NODE
+        self.lead = NO_NODE
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.randomized_election_timeout = self.opts.election_tick + self.rng.randrange(
+            self.opts.election_tick
+        )
+        self._abort_transfer()
+        self.votes = {}
+        last = self.log.last_index()
+        for node, pr in self.prs.items():
+            pr.reset_state(ProgressState.PROBE)
+            pr.match = last if node == self.id else 0
+            pr.next = last + 1
+            pr.recent_active = False
+            pr.lease_tick = -(10**9)
+        self.pending_conf_index = 0
+        self._read_pending.clear()
+        self._read_queue.clear()
+        self._reads_awaiting_commit.clear()
+
+    def become_follower(self, term: int, lead: NodeId) -> None:
+        self._reset(term)
+        self.lead = lead
+        self.state = Role.FOLLOWER
+
+    def become_pre_candidate(self) -> None:
+        # A pre-candidate changes neither term nor vote (thesis §9.6).
+        self.votes = {}
+        self.lead = NO_NODE
+        self.state = Role.PRE_CANDIDATE
+
+    def become_candidate(self) -> None:
+        self._reset(self.term + 1)
+        self.vote = self.id
+        self.state = Role.CANDIDATE
+
+    def become_leader(self) -> None:
+        self._reset(self.term)
+        self.lead = self.id
+        self.state = Role.LEADER
+        me = self.prs.get(self.id)
+        if me is not None:
+            me.become_replicate()
+            me.match = self.log.last_index()
+            me.recent_active = True
+        # No config change until this term's no-op commits (single-server change safety).
+        self.pending_conf_index = self.log.last_index() + 1
+        self._append_entries([Entry(term=0, index=0)])
+
+    # -- ticks -------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        self.tick_count += 1
+        if self.state is Role.LEADER:
+            self._tick_heartbeat()
+        else:
+            self._tick_election()
+
+    def _tick_election(self) -> None:
+        self.election_elapsed += 1
+        if self.promotable() and self.election_elapsed >= self.randomized_election_timeout:
+            self.election_elapsed = 0
+            self.step(Message(MessageType.HUP, frm=self.id))
+
+    def _tick_heartbeat(self) -> None:
+        self.heartbeat_elapsed += 1
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.opts.election_tick:
+            self.election_elapsed = 0
+            if self.opts.check_quorum:
+                self.step(Message(MessageType.CHECK_QUORUM, frm=self.id))
+            if self.state is Role.LEADER and self.lead_transferee:
+                self._abort_transfer()  # the transfer did not finish within an election timeout
+        if self.state is not Role.LEADER:
+            return
+        if self.heartbeat_elapsed >= self.opts.heartbeat_tick:
+            self.heartbeat_elapsed = 0
+            self.step(Message(MessageType.BEAT, frm=self.id))
+
+    # -- elections ---------------------------------------------------------------------------
+
+    def _hup(self, transfer: bool = False) -> None:
+        if self.state is Role.LEADER or not self.promotable():
+            return
+        if self.opts.pre_vote and not transfer:
+            self._campaign(pre=True, transfer=False)
+        else:
+            self._campaign(pre=False, transfer=transfer)
+
+    def _campaign(self, pre: bool, transfer: bool) -> None:
+        if pre:
+            self.become_pre_candidate()
+            vote_type, term = MessageType.PRE_VOTE, self.term + 1
+        else:
+            self.become_candidate()
+            vote_type, term = MessageType.VOTE, self.term
+        if self._poll(self.id, True) is VoteResult.WON:
+            # A single-voter group wins at once.
+            if pre:
+                self._campaign(pre=False, transfer=transfer)
+            else:
+                self.become_leader()
+            return
+        ctx = TRANSFER_CONTEXT if transfer else b""
+        for node in sorted(self.config.voters):
+            if node == self.id:
+                continue
+            self._send(
+                self._msg(
+                    vote_type,
+                    node,
+                    term=term,
+                    index=self.log.last_index(),
+                    log_term=self.log.last_term(),
+                    context=ctx,
+                )
+            )
+
+    def _poll(self, node: NodeId, granted: bool) -> VoteResult:
+        self.votes.setdefault(node, granted)
+        yes = sum(1 for n in self.config.voters if self.votes.get(n) is True)
+        no = sum(1 for n in self.config.voters if self.votes.get(n) is False)
+        q = self.config.quorum()
+        if yes >= q:
+            return VoteResult.WON
+        if no > len(self.config.voters) - q:
+            return VoteResult.LOST
+        return VoteResult.PENDING
+
+    def _handle_vote_request(self, m: Message) -> None:
+        resp_type = (
+            MessageType.VOTE_RESP if m.type is MessageType.VOTE else MessageType.PRE_VOTE_RESP
+        )
+        can_vote = (
+            self.vote == m.frm
+            or (self.vote == NO_NODE and self.lead == NO_NODE)
+            or (m.type is MessageType.PRE_VOTE and m.term > self.term)
+        )
+        if can_vote and self.log.is_up_to_date(m.index, m.log_term):
+            # Grant with the message's term: for a pre-vote that is the future term.
+            self._send(self._msg(resp_type, m.frm, term=m.term))
+            if m.type is MessageType.VOTE:
+                self.election_elapsed = 0
+                self.vote = m.frm
+        else:
+            self._send(self._msg(resp_type, m.frm, term=self.term, reject=True))
+
+    # -- the step function -------------------------------------------------------------------
+
+    def step(self, m: Message) -> None:
+        if m.term == 0:
+            pass  # local message
+        elif m.term > self.term:
+            if m.type in (MessageType.VOTE, MessageType.PRE_VOTE):
+                force = m.context == TRANSFER_CONTEXT
+                # With lease reads, a node that just started does not know whether a leader
+                # holds a lease that counts on it: it waits one election timeout before voting.
+                in_lease = self.opts.check_quorum and (
+                    (self.lead != NO_NODE and self.election_elapsed < self.opts.election_tick)
+                    or (self.opts.lease_reads and self.tick_count < self.opts.election_tick)
+                )
+                if not force and in_lease:
+                    return  # leader stickiness (thesis §4.2.3): we have a live leader
+            if m.type is MessageType.PRE_VOTE or (
+                m.type is MessageType.PRE_VOTE_RESP and not m.reject
+            ):
+                pass  # pre-vote traffic never changes our term
+            elif m.type in (MessageType.APP, MessageType.HEARTBEAT, MessageType.SNAP):
+                self.become_follower(m.term, m.frm)
+            else:
+                self.become_follower(m.term, NO_NODE)
+        elif m.term < self.term:
+            if (self.opts.check_quorum or self.opts.pre_vote) and m.type in (
+                MessageType.HEARTBEAT,
+                MessageType.APP,
+            ):
+                # A deposed leader would otherwise never learn of the new term (its pre-votes
+                # are refused): tell it, so it steps down.
+                self._send(self._msg(MessageType.APP_RESP, m.frm))
+            elif m.type is MessageType.PRE_VOTE:
+                self._send(self._msg(MessageType.PRE_VOTE_RESP, m.frm, reject=True))
+            return
+
+        if m.type is MessageType.HUP:
+            self._hup()
+        elif m.type in (MessageType.VOTE, MessageType.PRE_VOTE):
+            self._handle_vote_request(m)
+        elif self.state is Role.LEADER:
+            self._step_leader(m)
+        elif self.state in (Role.CANDIDATE, Role.PRE_CANDIDATE):
+            self._step_candidate(m)
+        else:
+            self._step_follower(m)
+
+    # -- leader ------------------------------------------------------------------------------
+
+    def _step_leader(self, m: Message) -> None:
+        t = m.type
+        if t is MessageType.BEAT:
+            self._bcast_heartbeat(b"")
+            return
+        if t is MessageType.CHECK_QUORUM:
+            if not self._quorum_active():
+                self.become_follower(self.term, NO_NODE)
+                return
+            for node, pr in self.prs.items():
+                pr.recent_active = node == self.id
+            return
+        found = self.prs.get(m.frm)
+        if found is None:
+            return  # not a member (any more)
+        pr = found
+        if t is MessageType.APP_RESP:
+            self._handle_append_response(m, pr)
+        elif t is MessageType.HEARTBEAT_RESP:
+            pr.recent_active = True
+            pr.probe_sent = False
+            pr.lease_tick = max(pr.lease_tick, m.index)
+            if pr.state is ProgressState.REPLICATE and pr.inflights.full():
+                pr.inflights.free_first_one()
+            if pr.match < self.log.last_index():
+                self._send_append(m.frm)
+            if m.context:
+                self._read_index_ack(m.context, m.frm)
+        elif t is MessageType.SNAP_STATUS:
+            if pr.state is not ProgressState.SNAPSHOT:
+                return
+            if m.reject:
+                pr.pending_snapshot = 0
+            pr.become_probe()
+            pr.probe_sent = True  # wait for the next heartbeat response before probing
+        elif t is MessageType.UNREACHABLE:
+            if pr.state is ProgressState.REPLICATE:
+                pr.become_probe()
+        elif t is MessageType.TRANSFER_LEADER:
+            self._handle_transfer(m.frm, pr)
+
+    def _handle_append_response(self, m: Message, pr: Progress) -> None:
+        pr.recent_active = True
+        if m.reject:
+            hint = m.reject_hint
+            if m.log_term > 0:
+                hint = self.log.find_conflict_by_term(hint, m.log_term)
+            if pr.maybe_decr_to(m.index, hint):
+                if pr.state is ProgressState.REPLICATE:
+                    pr.become_probe()
+                self._send_append(m.frm)
+            return
+        old_paused = pr.is_paused()
+        if not pr.maybe_update(m.index):
+            return
+        if pr.state is ProgressState.PROBE:
+            pr.become_replicate()
+        elif pr.state is ProgressState.SNAPSHOT and pr.match >= pr.pending_snapshot:
+            pr.become_probe()
+            pr.become_replicate()
+        elif pr.state is ProgressState.REPLICATE:
+            pr.inflights.free_le(m.index)
+        if self.maybe_commit():
+            self._bcast_append()
+        elif old_paused:
+            self._send_append(m.frm)
+        # Fill the pipeline while the window allows (flow control by count and bytes).
+        while self._send_append(m.frm, send_if_empty=False):
+            pass
+        if m.frm == self.lead_transferee and pr.match == self.log.last_index():
+            self._send(self._msg(MessageType.TIMEOUT_NOW, m.frm))
+
+    def maybe_commit(self) -> bool:
+        """Advance commit to the highest index replicated on a quorum of voters, if that
+        entry is from the current term (Figure 8)."""
+        voters = self.config.voters
+        if not voters:
+            return False
+        matches = sorted((self.prs[n].match for n in voters if n in self.prs), reverse=True)
+        q = self.config.quorum()
+        if len(matches) < q:
+            return False
+        if self.log.maybe_commit(matches[q - 1], self.term):
+            self._commit_changed()
+            return True
+        return False
+
+    def _quorum_active(self) -> bool:
+        active = sum(
+            1
+            for n in self.config.voters
+            if n == self.id or (n in self.prs and self.prs[n].recent_active)
+        )
+        return active >= self.config.quorum()
+
+    def _append_entries(self, entries: list[Entry]) -> int:
+        last = self.log.last_index()
+        stamped = [
+            Entry(term=self.term, index=last + 1 + i, type=e.type, data=e.data)
+            for i, e in enumerate(entries)
+        ]
+        self.log.append(stamped)
+        self._log_written(stamped[0].index)
+        me = self.prs.get(self.id)
+        if me is not None:
+            me.maybe_update(self.log.last_index())
+        self.maybe_commit()
+        return self.log.last_index()
+
+    def _send_append(self, to: NodeId, send_if_empty: bool = True) -> bool:
+        """Send the follower what it lacks (entries, or a snapshot). Returns whether sent."""
+        pr = self.prs[to]
+        if pr.is_paused():
+            return False
+        try:
+            prev_term = self.log.term(pr.next - 1)
+            ents = self.log.entries_from(pr.next, self.opts.max_size_per_msg)
+        except Compacted:
+            return self._send_snapshot(to, pr)
+        except Unavailable:
+            return False
+        if not ents and not send_if_empty:
+            return False
+        self._send(
+            self._msg(
+                MessageType.APP,
+                to,
+                index=pr.next - 1,
+                log_term=prev_term,
+                entries=tuple(ents),
+                commit=self.log.committed,
+            )
+        )
+        if ents:
+            if pr.state is ProgressState.REPLICATE:
+                last = ents[-1].index
+                pr.optimistic_update(last)
+                pr.inflights.add(last, sum(e.size() for e in ents))
+            elif pr.state is ProgressState.PROBE:
+                pr.probe_sent = True
+        elif pr.state is ProgressState.PROBE:
+            pr.probe_sent = True
+        return True
+
+    def _send_snapshot(self, to: NodeId, pr: Progress) -> bool:
+        if not pr.recent_active:
+            return False  # do not ship a snapshot to a node we have not heard from
+        snap = self.log.snapshot()
+        if snap.meta.index == 0:
+            return False
+        self._send(self._msg(MessageType.SNAP, to, snapshot=snap))
+        pr.become_snapshot(snap.meta.index)
+        return True
+
+    def _bcast_append(self) -> None:
+        for node in self.prs:
+            if node != self.id:
+                self._send_append(node)
+
+    def _bcast_heartbeat(self, ctx: bytes) -> None:
+        for node, pr in self.prs.items():
+            if node == self.id:
+                continue
+            self._send(
+                self._msg(
+                    MessageType.HEARTBEAT,
+                    node,
+                    commit=min(pr.match, self.log.committed),
+                    index=self.tick_count,
+                    context=ctx,
+                )
+            )
+
+    # -- proposals (called by RawNode) -------------------------------------------------------
+
+    def propose(self, data: bytes, type: EntryType = EntryType.NORMAL) -> tuple[int, int]:
+        """Append a proposal; returns its (index, term). Raises ProposalDropped."""
+        if self.state is not Role.LEADER:
+            raise ProposalDropped(f"not the leader (leader is {self.lead or 'unknown'})", self.lead)
+        if self.lead_transferee:
+            raise ProposalDropped(
+                f"leadership transfer to {self.lead_transferee} in progress", self.lead
+            )
+        index = self._append_entries([Entry(term=0, index=0, type=type, data=data)])
+        self._bcast_append()
+        return index, self.term
+
+    def propose_batch(self, datas: list[bytes]) -> tuple[int, int]:
+        """Append several proposals as one batch; returns (first index, term)."""
+        if self.state is not Role.LEADER:
+            raise ProposalDropped(f"not the leader (leader is {self.lead or 'unknown'})", self.lead)
+        if self.lead_transferee:
+            raise ProposalDropped(
+                f"leadership transfer to {self.lead_transferee} in progress", self.lead
+            )
+        first = self.log.last_index() + 1
+        self._append_entries([Entry(term=0, index=0, data=d) for d in datas])
+        self._bcast_append()
+        return first, self.term
+
+    def propose_config_change(self, cc: ConfigChange) -> tuple[int, int]:
+        if self.state is not Role.LEADER:
+            raise ProposalDropped(f"not the leader (leader is {self.lead or 'unknown'})", self.lead)
+        if self.pending_conf_index > self.log.committed or self.pending_configs:
+            raise ConfigChangeRefused(
+                "a configuration change is already pending (or this leader's first entry has "
+                "not committed yet); retry after it commits"
+            )
+        if cc.expected_index != self.committed_config.index:
+            raise ConfigChangeRefused(
+                f"stale config: change names committed config {cc.expected_index}, "
+                f"current committed config is {self.committed_config.index}"
+            )
+        cfg = self.config
+        n = cc.node
+        if cc.type is ConfigChangeType.ADD_LEARNER and n in cfg.members:
+            raise ConfigChangeRefused(f"{n} is already a member")
+        if cc.type is ConfigChangeType.PROMOTE and n not in cfg.learners:
+            raise ConfigChangeRefused(f"{n} is not a learner")
+        if cc.type is ConfigChangeType.DEMOTE and n not in cfg.voters:
+            raise ConfigChangeRefused(f"{n} is not a voter")
+        if cc.type is ConfigChangeType.REMOVE and n not in cfg.members:
+            raise ConfigChangeRefused(f"{n} is not a member")
+        if cc.type in (ConfigChangeType.REMOVE, ConfigChangeType.DEMOTE) and n == self.id:
+            raise ConfigChangeRefused(f"{n} is the leader: transfer leadership first")
+        index, term = self.propose(cc.encode(), EntryType.CONFIG)
+        self.pending_conf_index = index
+        return index, term
+
+    # -- leadership transfer (thesis §3.10) --------------------------------------------------
+
+    def _handle_transfer(self, target: NodeId, pr: Progress) -> None:
+        if target == self.id or target not in self.config.voters:
+            return
+        if self.lead_transferee == target:
+            return
+        self._abort_transfer()
+        self.lead_transferee = target
+        self.last_transfer_tick = self.tick_count
+        self.election_elapsed = 0  # the transfer must finish within one election timeout
+        if pr.match == self.log.last_index():
+            self._send(self._msg(MessageType.TIMEOUT_NOW, target))
+        else:
+            self._send_append(target)
+
+    def _abort_transfer(self) -> None:
+        self.lead_transferee = NO_NODE
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def _committed_in_term(self) -> bool:
+        return self.log.term_or_zero(self.log.committed) == self.term
+
+    def lease_valid(self) -> bool:
+        if not (self.opts.lease_reads and self.opts.check_quorum and self.state is Role.LEADER):
+            return False
+        if (
+            self.lead_transferee
+            or self.tick_count - self.last_transfer_tick < 2 * self.opts.election_tick
+        ):
+            return False
+        horizon = self.tick_count - (self.opts.election_tick - 1)
+        fresh = sum(
+            1
+            for n in self.config.voters
+            if n == self.id or (n in self.prs and self.prs[n].lease_tick > horizon)
+        )
+        return fresh >= self.config.quorum()
+
+    def read_index(self, ctx: bytes) -> None:
+        if self.state is not Role.LEADER:
+            raise ProposalDropped(f"not the leader (leader is {self.lead or 'unknown'})", self.lead)
+        if not ctx or ctx in self._read_pending or ctx in self._reads_awaiting_commit:
+            raise ValueError("read contexts must be non-empty and unique")
+        self._read_index(ctx)
+
+    def _read_index(self, ctx: bytes) -> None:
+        if not self._committed_in_term():
+            # The commit index is only known to be current once this term's no-op commits.
+            self._reads_awaiting_commit.append(ctx)
+            return
+        if self.config.voters == {self.id} or self.lease_valid():
+            self.read_states.append(ReadState(self.log.committed, ctx))
+            return
+        self._read_pending[ctx] = _ReadIndexStatus(self.log.committed, {self.id})
+        self._read_queue.append(ctx)
+        self._bcast_heartbeat(ctx)
+
+    def _read_index_ack(self, ctx: bytes, frm: NodeId) -> None:
+        status = self._read_pending.get(ctx)
+        if status is None:
+            return
+        status.acks.add(frm)
+        if sum(1 for n in self.config.voters if n in status.acks) < self.config.quorum():
+            return
+        # Confirming leadership for this request confirms it for every earlier one too.
+        while self._read_queue:
+            c = self._read_queue.pop(0)
+            st = self._read_pending.pop(c)
+            self.read_states.append(ReadState(st.index, c))
+            if c == ctx:
+                break
+
+    # -- candidate and follower --------------------------------------------------------------
+
+    def _step_candidate(self, m: Message) -> None:
+        t = m.type
+        if t is MessageType.APP:
+            self.become_follower(m.term, m.frm)
+            self._handle_append(m)
+        elif t is MessageType.HEARTBEAT:
+            self.become_follower(m.term, m.frm)
+            self._handle_heartbeat(m)
+        elif t is MessageType.SNAP:
+            self.become_follower(m.term, m.frm)
+            self._handle_snapshot(m)
+        elif (t is MessageType.PRE_VOTE_RESP and self.state is Role.PRE_CANDIDATE) or (
+            t is MessageType.VOTE_RESP and self.state is Role.CANDIDATE
+        ):
+            result = self._poll(m.frm, not m.reject)
+            if result is VoteResult.WON:
+                if self.state is Role.PRE_CANDIDATE:
+                    self._campaign(pre=False, transfer=False)
+                else:
+                    self.become_leader()
+                    self._bcast_append()
+            elif result is VoteResult.LOST:
+                self.become_follower(self.term, NO_NODE)
+
+    def _step_follower(self, m: Message) -> None:
+        t = m.type
+        if t in (MessageType.APP, MessageType.HEARTBEAT, MessageType.SNAP):
+            self.election_elapsed = 0
+            self.lead = m.frm
+            if t is MessageType.APP:
+                self._handle_append(m)
+            elif t is MessageType.HEARTBEAT:
+                self._handle_heartbeat(m)
+            else:
+                self._handle_snapshot(m)
+        elif t is MessageType.TIMEOUT_NOW:
+            self._hup(transfer=True)
+
+    def _handle_append(self, m: Message) -> None:
+        if m.index < self.log.committed:
+            self._send(self._msg(MessageType.APP_RESP, m.frm, index=self.log.committed))
+            return
+        result = self.log.maybe_append(m.index, m.log_term, m.commit, list(m.entries))
+        if result is not None:
+            last_new, written_from = result
+            if written_from:
+                self._log_written(written_from)
+            self._commit_changed()
+            self._send(self._msg(MessageType.APP_RESP, m.frm, index=last_new))
+            return
+        hint = self.log.find_conflict_by_term(min(m.index, self.log.last_index()), m.log_term)
+        self._send(
+            self._msg(
+                MessageType.APP_RESP,
+                m.frm,
+                index=m.index,
+                reject=True,
+                reject_hint=hint,
+                log_term=self.log.term_or_zero(hint),
+            )
+        )
+
+    def _handle_heartbeat(self, m: Message) -> None:
+        if m.commit > self.log.committed and m.commit <= self.log.last_index():
+            self.log.commit_to(m.commit)
+            self._commit_changed()
+        self._send(self._msg(MessageType.HEARTBEAT_RESP, m.frm, index=m.index, context=m.context))
+
+    def _handle_snapshot(self, m: Message) -> None:
+        assert m.snapshot is not None
+        if self._restore(m.snapshot):
+            self._send(self._msg(MessageType.APP_RESP, m.frm, index=self.log.last_index()))
+        else:
+            self._send(self._msg(MessageType.APP_RESP, m.frm, index=self.log.committed))
+
+    def _restore(self, snap: Snapshot) -> bool:
+        meta = snap.meta
+        if meta.index <= self.log.committed:
+            return False
+        if self.log.match_term(meta.index, meta.term):
+            # We already have the snapshot's last entry: just fast-forward the commit index.
+            self.log.commit_to(meta.index)
+            self._commit_changed()
+            return False
+        self.log.restore(snap)
+        self.committed_config = meta.config
+        self.pending_configs = []
+        self._reconfigure(meta.config)
+        for node, pr in self.prs.items():
+            pr.match = meta.index if node == self.id else 0
+            pr.next = meta.index + 1
+        return True

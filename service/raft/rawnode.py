@@ -1,0 +1,196 @@
+"""RawNode: the thread-unsafe, I/O-free handle on one Raft node (etcd-io/raft's RawNode).
+
+The owner (one asyncio task in `service/consensus/node.py`, or the simulator) drives it:
+
+    node.tick()                       every tick interval
+    node.step(message)                for every message received from a peer
+    node.propose(data) -> (index, term)
+    while node.has_ready():
+        rd = node.ready()
+        persist rd.snapshot, rd.entries, rd.hard_state   (fsync if rd.must_sync)
+        send rd.messages
+        apply rd.snapshot, rd.committed_entries
+        node.advance(rd)
+
+`propose` returns the index and term the entry was appended at, so the caller can match it
+with what is later applied: if the entry applied at that index has another term, the proposal
+was overwritten and definitely did not take effect.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from service.raft.progress import ProgressState
+from service.raft.raft import Raft, RaftOptions
+from service.raft.storage import Storage
+from service.raft.types import (
+    EMPTY_HARD_STATE,
+    LOCAL_MESSAGES,
+    ConfigChange,
+    EntryType,
+    HardState,
+    Message,
+    MessageType,
+    NodeId,
+    RaftConfig,
+    Ready,
+    Role,
+    SoftState,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PeerProgress:
+    match: int
+    next: int
+    state: ProgressState
+    recent_active: bool
+    is_learner: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    id: NodeId
+    term: int
+    vote: NodeId
+    commit: int
+    applied: int
+    last_index: int
+    lead: NodeId
+    role: Role
+    config: RaftConfig
+    committed_config: RaftConfig
+    progress: dict[NodeId, PeerProgress]
+    lead_transferee: NodeId
+
+
+class RawNode:
+    def __init__(
+        self,
+        options: RaftOptions,
+        storage: Storage,
+        rng: random.Random,
+        bootstrap_config: RaftConfig | None = None,
+    ) -> None:
+        self.raft = Raft(options, storage, rng, bootstrap_config)
+        self._prev_soft: SoftState = self.raft.soft_state()
+        hs, _ = storage.initial_state()
+        self._prev_hard: HardState = hs if hs != EMPTY_HARD_STATE else EMPTY_HARD_STATE
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        self.raft.tick()
+
+    def campaign(self) -> None:
+        self.raft.step(Message(MessageType.HUP, frm=self.raft.id))
+
+    def propose(self, data: bytes) -> tuple[int, int]:
+        return self.raft.propose(data)
+
+    def propose_batch(self, datas: list[bytes]) -> tuple[int, int]:
+        return self.raft.propose_batch(datas)
+
+    def propose_config_change(self, cc: ConfigChange) -> tuple[int, int]:
+        return self.raft.propose_config_change(cc)
+
+    def read_index(self, ctx: bytes) -> None:
+        self.raft.read_index(ctx)
+
+    def transfer_leader(self, target: NodeId) -> None:
+        self.raft.step(Message(MessageType.TRANSFER_LEADER, frm=target))
+
+    def step(self, m: Message) -> None:
+        """Step a message received from the network. Local message types are refused."""
+        if m.type in LOCAL_MESSAGES:
+            raise ValueError(f"{m.type.value} is a local message and cannot be received")
+        self.raft.step(m)
+
+    def report_unreachable(self, node: NodeId) -> None:
+        self.raft.step(Message(MessageType.UNREACHABLE, frm=node))
+
+    def report_snapshot(self, node: NodeId, ok: bool) -> None:
+        self.raft.step(Message(MessageType.SNAP_STATUS, frm=node, reject=not ok))
+
+    # -- outputs --------------------------------------------------------------------------------
+
+    def has_ready(self) -> bool:
+        r = self.raft
+        return bool(
+            r.soft_state() != self._prev_soft
+            or r.hard_state() != self._prev_hard
+            or r.log.unstable
+            or r.log.unstable_snapshot is not None
+            or r.msgs
+            or r.read_states
+            or r.log.has_next_committed()
+        )
+
+    def ready(self) -> Ready:
+        r = self.raft
+        rd = Ready(
+            entries=list(r.log.unstable),
+            snapshot=r.log.unstable_snapshot,
+            committed_entries=r.log.next_committed(),
+            messages=r.msgs,
+            read_states=r.read_states,
+        )
+        r.msgs = []
+        r.read_states = []
+        soft = r.soft_state()
+        if soft != self._prev_soft:
+            rd.soft_state = soft
+            self._prev_soft = soft
+        hs = r.hard_state()
+        if hs != self._prev_hard:
+            rd.hard_state = hs
+            rd.must_sync = hs.term != self._prev_hard.term or hs.vote != self._prev_hard.vote
+            self._prev_hard = hs
+        if rd.entries or rd.snapshot is not None:
+            rd.must_sync = True
+        return rd
+
+    def advance(self, rd: Ready) -> None:
+        log = self.raft.log
+        if rd.snapshot is not None:
+            log.stable_snap_to(rd.snapshot.meta.index)
+            log.applied_to(max(log.applied, rd.snapshot.meta.index))
+        if rd.entries:
+            last = rd.entries[-1]
+            log.stable_to(last.index, last.term)
+        if rd.committed_entries:
+            log.applied_to(rd.committed_entries[-1].index)
+
+    # -- introspection --------------------------------------------------------------------------
+
+    def status(self) -> Status:
+        r = self.raft
+        progress: dict[NodeId, PeerProgress] = {}
+        if r.state is Role.LEADER:
+            progress = {
+                n: PeerProgress(p.match, p.next, p.state, p.recent_active, p.is_learner)
+                for n, p in r.prs.items()
+            }
+        return Status(
+            id=r.id,
+            term=r.term,
+            vote=r.vote,
+            commit=r.log.committed,
+            applied=r.log.applied,
+            last_index=r.log.last_index(),
+            lead=r.lead,
+            role=r.role(),
+            config=r.config,
+            committed_config=r.committed_config,
+            progress=progress,
+            lead_transferee=r.lead_transferee,
+        )
+
+
+def config_after(config: RaftConfig, entry_type: EntryType, data: bytes, index: int) -> RaftConfig:
+    """The config after applying a committed entry (the shell tracks its applied config)."""
+    if entry_type is EntryType.CONFIG:
+        return ConfigChange.decode(data).apply_to(config, index)
+    return config

@@ -1,0 +1,312 @@
+"""Pre-vote, check-quorum, membership changes (seed 004), ReadIndex and leases, leadership
+transfer, snapshots and flow control: each rule exercised on the real core."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.raft import (
+    ConfigChange,
+    ConfigChangeRefused,
+    ConfigChangeType,
+    MessageType,
+    NodeId,
+    ProposalDropped,
+    Role,
+)
+from service.testing.raft_harness import Cluster
+
+# -- pre-vote and check-quorum (thesis §9.6, §6.2) ---------------------------------------------
+
+
+def test_prevote_partitioned_node_does_not_inflate_its_term() -> None:
+    c = Cluster(["a", "b", "c"], pre_vote=True)
+    c.elect("a")
+    c.isolate("c")
+    c.tick("c", 100)
+    assert c.node("c").raft.term == c.node("a").raft.term
+    c.heal()
+    c.tick_all(5)
+    assert c.leader() == "a"  # rejoining did not depose the healthy leader
+
+
+def test_without_prevote_partitioned_node_disrupts_on_rejoin() -> None:
+    c = Cluster(["a", "b", "c"], pre_vote=False, check_quorum=False)
+    c.elect("a")
+    c.isolate("c")
+    c.tick("c", 100)
+    assert c.node("c").raft.term > c.node("a").raft.term  # the problem pre-vote solves
+
+
+def test_check_quorum_leader_steps_down_when_isolated() -> None:
+    c = Cluster(["a", "b", "c"], check_quorum=True)
+    c.elect("a")
+    c.isolate("a")
+    c.tick("a", 25)
+    assert c.role("a") is Role.FOLLOWER
+
+
+def test_leader_stickiness_follower_ignores_votes_while_leader_alive() -> None:
+    c = Cluster(["a", "b", "c"], pre_vote=False, check_quorum=True)
+    c.elect("a")
+    term = c.node("a").raft.term
+    c.isolate("a")
+    c.cut -= {(NodeId("a"), NodeId("b")), (NodeId("b"), NodeId("a"))}  # a still reaches b
+    c.node("c").campaign()
+    c.stabilize()
+    assert c.node("b").raft.term == term  # b ignored c's vote request: it has a live leader
+    assert c.leader() == "a"
+
+
+# -- membership: one server at a time, learners first, compare-and-set (seed 004) ----------------
+
+
+def test_add_learner_catches_up_then_promote_to_voter() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    for i in range(10):
+        c.propose("a", b"k=%d" % i)
+    c.add_node("d")
+    c.change("a", ConfigChangeType.ADD_LEARNER, "d")
+    c.tick("a", 2)
+    assert c.role("d") is Role.LEARNER
+    assert c.committed_data("d") == c.committed_data("a")
+    assert c.node("a").raft.config.quorum() == 2  # learners do not count
+    c.change("a", ConfigChangeType.PROMOTE, "d")
+    c.tick("a", 2)
+    assert c.role("d") is Role.FOLLOWER
+    assert c.node("a").raft.config.voters == {"a", "b", "c", "d"}
+    assert c.node("a").raft.config.quorum() == 3
+
+
+def test_config_change_compare_and_set_refuses_stale_expected_index() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.add_node("d")
+    c.change("a", ConfigChangeType.ADD_LEARNER, "d")
+    with pytest.raises(ConfigChangeRefused, match="stale config"):
+        c.node("a").propose_config_change(
+            ConfigChange(ConfigChangeType.PROMOTE, NodeId("d"), expected_index=0)
+        )
+
+
+def test_only_one_config_change_pending() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.add_node("d")
+    c.add_node("e")
+    c.isolate("b")
+    c.isolate("c")  # the first change cannot commit
+    a = c.node("a")
+    a.propose_config_change(ConfigChange(ConfigChangeType.ADD_LEARNER, NodeId("d"), 0))
+    with pytest.raises(ConfigChangeRefused, match="pending"):
+        a.propose_config_change(ConfigChange(ConfigChangeType.ADD_LEARNER, NodeId("e"), 0))
+
+
+def test_new_leader_refuses_config_change_before_its_noop_commits() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.isolate("b")
+    c.isolate("c")
+    a = c.node("a").raft
+    a.become_candidate()
+    a.become_leader()  # leader by fiat, its no-op cannot commit while isolated
+    with pytest.raises(ConfigChangeRefused):
+        a.propose_config_change(ConfigChange(ConfigChangeType.REMOVE, NodeId("c"), 0))
+
+
+def test_removing_the_leader_is_refused() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    with pytest.raises(ConfigChangeRefused, match="transfer leadership"):
+        c.change("a", ConfigChangeType.REMOVE, "a")
+
+
+def test_removed_node_becomes_non_participant_and_quorum_shrinks() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.change("a", ConfigChangeType.REMOVE, "c")
+    c.tick("a", 2)
+    assert c.node("a").raft.config.voters == {"a", "b"}
+    c.isolate("c")
+    c.propose("a", b"k=after")
+    assert c.committed_data("b")[-1] == b"k=after"
+    assert c.node("c").raft.role() in (Role.NON_PARTICIPANT, Role.FOLLOWER)
+
+
+def test_config_takes_effect_when_appended_and_reverts_when_truncated() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.add_node("d")
+    c.isolate("a")
+    a = c.node("a").raft
+    a.propose_config_change(ConfigChange(ConfigChangeType.ADD_LEARNER, NodeId("d"), 0))
+    c.stabilize()
+    assert "d" in a.config.learners  # in effect on append, before commit (thesis §4.1)
+    c.tick_all(40)  # b or c becomes leader in a new term; a learns and truncates
+    c.heal()
+    c.tick_all(5)
+    assert "d" not in c.node("a").raft.config.members
+    assert c.node("a").raft.config.index == 0
+
+
+# -- reads ----------------------------------------------------------------------------------------
+
+
+def test_read_index_released_after_quorum_heartbeat() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.propose("a", b"x=1")
+    c.node("a").read_index(b"r1")
+    c.stabilize()
+    rs = c.nodes[NodeId("a")].read_states
+    assert [(r.context, r.index) for r in rs] == [(b"r1", c.node("a").raft.log.committed)]
+
+
+def test_read_index_not_released_by_isolated_leader() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.isolate("a")
+    c.node("a").read_index(b"r1")
+    c.stabilize()
+    assert c.nodes[NodeId("a")].read_states == []
+
+
+def test_read_index_waits_for_noop_of_current_term() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.isolate("b")
+    c.isolate("c")
+    a = c.node("a").raft
+    a.become_candidate()
+    a.become_leader()
+    c.node("a").read_index(b"r1")
+    c.stabilize()
+    assert c.nodes[NodeId("a")].read_states == []
+    c.heal()
+    c.tick("a", 1)
+    c.stabilize()
+    assert [r.context for r in c.nodes[NodeId("a")].read_states] == [b"r1"]
+
+
+def test_read_index_on_follower_is_refused_with_leader_hint() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    with pytest.raises(ProposalDropped) as e:
+        c.node("b").read_index(b"r")
+    assert e.value.leader == "a"
+
+
+def test_lease_read_served_without_heartbeat_round_only_while_lease_is_fresh() -> None:
+    c = Cluster(["a", "b", "c"], lease_reads=True, election_tick=10)
+    c.tick_all(35)  # with leases, fresh nodes wait an election timeout before voting
+    lead = c.leader()
+    assert lead is not None
+    c.tick(lead, 1)  # a heartbeat round refreshes the lease
+    c.delivered.clear()
+    c.node(lead).read_index(b"lease")
+    assert c.node(lead).raft.read_states  # served at once...
+    assert not c.delivered  # ...without a heartbeat round
+    c.isolate(lead)
+    for _ in range(9):
+        c.node(lead).tick()
+    c.stabilize()
+    c.node(lead).raft.read_states.clear()
+    assert c.role(lead) is Role.LEADER
+    c.node(lead).read_index(b"late")
+    assert not c.node(lead).raft.read_states  # lease expired: no read without a quorum round
+
+
+def test_lease_reads_restarted_node_waits_before_voting() -> None:
+    c = Cluster(["a", "b", "c"], lease_reads=True, pre_vote=False)
+    c.node("a").campaign()
+    c.stabilize()
+    assert c.role("a") is not Role.LEADER  # b and c just started: they may back someone's lease
+
+
+# -- leadership transfer (thesis §3.10) ------------------------------------------------------------
+
+
+def test_leadership_transfer_to_up_to_date_follower() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.propose("a", b"x=1")
+    c.node("a").transfer_leader(NodeId("c"))
+    c.stabilize()
+    assert c.leader() == "c"
+    assert c.role("a") is Role.FOLLOWER
+
+
+def test_leadership_transfer_catches_up_lagging_target_first() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.isolate("c")
+    for i in range(5):
+        c.propose("a", b"x=%d" % i)
+    c.heal()
+    c.node("a").transfer_leader(NodeId("c"))
+    c.stabilize()
+    assert c.leader() == "c"
+    assert c.committed_data("c")[:5] == [b"x=%d" % i for i in range(5)]
+
+
+def test_proposals_dropped_during_transfer() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.isolate("c")
+    c.node("a").transfer_leader(NodeId("c"))
+    with pytest.raises(ProposalDropped, match="transfer"):
+        c.node("a").propose(b"x=1")
+    c.tick("a", 12)  # the transfer times out after an election timeout
+    c.heal()
+    c.node("a").propose(b"x=2")
+
+
+# -- snapshots and log compaction -------------------------------------------------------------------
+
+
+def test_lagging_follower_catches_up_by_snapshot_after_compaction() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.isolate("c")
+    for i in range(50):
+        c.propose("a", b"k%d=%d" % (i, i))
+    c.compact("a")
+    assert c.node("a").raft.log.first_index() > 2
+    c.heal()
+    c.tick("a", 3)
+    snaps = [m for m in c.delivered if m.type is MessageType.SNAP and m.to == "c"]
+    assert len(snaps) == 1
+    assert c.nodes[NodeId("c")].kv == c.nodes[NodeId("a")].kv
+    c.propose("a", b"after=1")
+    assert c.nodes[NodeId("c")].kv[b"after"] == b"1"
+
+
+def test_restart_recovers_from_snapshot_and_log() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    for i in range(20):
+        c.propose("a", b"k%d=%d" % (i, i))
+    c.compact("b", 10)
+    c.restart("b")
+    b = c.node("b").raft
+    assert b.log.first_index() == 11 and b.log.last_index() == c.node("a").raft.log.last_index()
+    c.tick_all(3)
+    assert c.leader() == "a"
+
+
+# -- replication pipeline and flow control ------------------------------------------------------------
+
+
+def test_replicate_state_pipelines_bounded_by_inflight_window() -> None:
+    c = Cluster(["a", "b", "c"], max_inflight_msgs=4, max_size_per_msg=1)
+    c.elect("a")
+    c.isolate("b")  # b's responses never arrive: the window must stop the flood
+    c.cut -= {(NodeId("a"), NodeId("b"))}
+    c.cut.add((NodeId("b"), NodeId("a")))
+    before = len([m for m in c.delivered if m.type is MessageType.APP and m.to == "b"])
+    a = c.node("a")
+    for i in range(20):
+        a.propose(b"x=%d" % i)
+    c.stabilize()
+    sent = [m for m in c.delivered if m.type is MessageType.APP and m.to == "b"][before:]
+    assert 0 < len(sent) <= 4
+    assert c.committed_data("c")[-1] == b"x=19"  # c (with a) still commits everything
