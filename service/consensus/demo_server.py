@@ -32,7 +32,7 @@ from service.consensus.fs import RealFileSystem
 from service.consensus.node import NodeSettings, RaftNode
 from service.consensus.raft_store import RaftStore
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
-from service.pb import consensus_pb2_grpc, kvdemo_pb2, kvdemo_pb2_grpc
+from service.pb import kvdemo_pb2, kvdemo_pb2_grpc
 from service.raft import ConfigChangeType, NodeId, RaftConfig
 
 log = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ async def serve(config: DemoNodeConfig, ready_file: Path | None = None) -> int:
         raise OSError(f"could not bind {config.rpc_bind}")
     host = config.rpc_bind.rsplit(":", 1)[0]
     address = f"{host}:{port}"
-    consensus_pb2_grpc.add_ConsensusServiceServicer_to_server(ConsensusServicer(transport), server)
+    ConsensusServicer(transport).add_to_server(server)
     kvdemo_pb2_grpc.add_KvDemoServicer_to_server(KvDemoServicer(node, sm, address), server)
     await server.start()
     await node.start()

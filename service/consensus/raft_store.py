@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import google_crc32c
 
-from service.consensus.cmeta import ConsensusMetadata, CmetaStore
+from service.consensus.cmeta import CmetaStore, ConsensusMetadata
 from service.consensus.codec import snapshot_from_pb, snapshot_to_pb
 from service.consensus.fs import FileSystem
 from service.consensus.wal import Wal

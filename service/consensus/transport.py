@@ -34,6 +34,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from service.common.errors import (
     FailedPrecondition,
@@ -283,19 +284,39 @@ class GrpcTransport:
         deliver(msgs)
 
 
-class ConsensusServicer(pb_grpc.ConsensusServiceServicer):
-    """Thin servicer: validate the envelope (in the transport) and hand over."""
+class ConsensusServicer:
+    """Thin servicer: parse, validate the envelope (in the transport) and hand over.
+
+    Registered with a raw-bytes deserializer (`add_to_server`) so that garbage on the wire is
+    answered with INVALID_ARGUMENT naming the problem, not gRPC's generic INTERNAL."""
 
     def __init__(self, transport: GrpcTransport) -> None:
         self.transport = transport
 
     @rpc_errors
-    async def Step(
-        self, request: pb.StepRequest, context: grpc.aio.ServicerContext
-    ) -> pb.StepResponse:
-        self.transport.deliver(request)
+    async def Step(self, request: bytes, context: grpc.aio.ServicerContext) -> pb.StepResponse:
+        req = pb.StepRequest()
+        try:
+            req.ParseFromString(request)
+        except DecodeError as e:
+            raise InvalidArgument(f"undecodable StepRequest ({len(request)} bytes): {e}") from e
+        self.transport.deliver(req)
         inc = self.transport.incarnations
         return pb.StepResponse(instance=inc.own if inc else "")
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        handler = grpc.unary_unary_rpc_method_handler(
+            self.Step,
+            request_deserializer=None,
+            response_serializer=pb.StepResponse.SerializeToString,
+        )
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    "tessera.consensus.ConsensusService", {"Step": handler}
+                ),
+            )
+        )
 
 
 def node_id(s: str) -> NodeId:
