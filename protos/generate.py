@@ -13,8 +13,8 @@ version produces different bytes, which --check reports as drift.
 from __future__ import annotations
 
 import argparse
-import os
 import filecmp
+import os
 import shutil
 import sys
 import tempfile
@@ -62,10 +62,12 @@ def main(argv: list[str] | None = None) -> int:
             if p.suffix in {".py", ".pyi"} and p.name != "__init__.py"
         }
         if args.check:
-            drift = sorted(
-                (names ^ committed)
-                | {n for n in names & committed if not filecmp.cmp(Path(tmp) / OUT_PKG / n, target / n, shallow=False)}
-            )
+            differ = {
+                n
+                for n in names & committed
+                if not filecmp.cmp(Path(tmp) / OUT_PKG / n, target / n, shallow=False)
+            }
+            drift = sorted((names ^ committed) | differ)
             if drift:
                 print("generated protobuf code drifted; run `make protos`:", *drift, sep="\n  ")
                 return 1

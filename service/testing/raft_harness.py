@@ -83,7 +83,8 @@ class Cluster:
         node = RawNode(opts, storage, random.Random(seed), config)
         st = NodeState(node, storage)
         snap = storage.snapshot()
-        st.applied_config = snap.meta.config if snap.meta.index else (config or RaftConfig(frozenset()))
+        empty = RaftConfig(frozenset())
+        st.applied_config = snap.meta.config if snap.meta.index else (config or empty)
         return st
 
     # -- topology ---------------------------------------------------------------------------
@@ -217,7 +218,8 @@ class Cluster:
         st.storage.compact(idx)
 
     def committed_data(self, nid: str) -> list[bytes]:
-        return [e.data for e in self.nodes[NodeId(nid)].applied if e.data and e.type is EntryType.NORMAL]
+        applied = self.nodes[NodeId(nid)].applied
+        return [e.data for e in applied if e.data and e.type is EntryType.NORMAL]
 
 
 def encode_kv(kv: dict[bytes, bytes]) -> bytes:

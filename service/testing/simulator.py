@@ -44,7 +44,6 @@ from service.raft import (
     EntryType,
     MemoryStorage,
     Message,
-    MessageType,
     NodeId,
     ProposalDropped,
     RaftConfig,
@@ -99,7 +98,7 @@ class SimResult:
         return not self.violations
 
 
-# -- the state machine: a KV map -------------------------------------------------------------------
+# -- the state machine: a KV map --------------------------------------------------------------
 
 
 def encode_put(key: str, value: bytes) -> bytes:
@@ -123,7 +122,7 @@ def kv_digest(kv: dict[str, bytes]) -> str:
     return hashlib.blake2b(encode_kv(kv), digest_size=8).hexdigest()
 
 
-# -- a node ------------------------------------------------------------------------------------------
+# -- a node -----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -294,7 +293,7 @@ class SimNode:
         self.reads.clear()
 
 
-# -- the world -----------------------------------------------------------------------------------------
+# -- the world --------------------------------------------------------------------------------
 
 
 class Simulator:
@@ -533,12 +532,12 @@ class Simulator:
     # -- clients ------------------------------------------------------------------------------
 
     def leader(self) -> NodeId | None:
-        best = None
-        for nid, n in self.nodes.items():
-            if n is not None and n.node.raft.state is Role.LEADER:
-                if best is None or n.node.raft.term > self.nodes[best].node.raft.term:  # type: ignore[union-attr]
-                    best = nid
-        return best
+        leaders = [
+            (n.node.raft.term, nid)
+            for nid, n in self.nodes.items()
+            if n is not None and n.node.raft.state is Role.LEADER
+        ]
+        return max(leaders)[1] if leaders else None
 
     def client_idle(self, client: int) -> None:
         self.client_busy[client] = False
@@ -638,26 +637,30 @@ class Simulator:
         for _ in range(3000):
             self.step()
             members = self._final_members()
-            applied = [self.nodes[n].applied for n in members]  # type: ignore[union-attr]
+            applied = [self.live(n).applied for n in members]
             leader = self.leader()
             if leader is not None and min(applied) >= target:
-                lead_commit = self.nodes[leader].node.raft.log.committed  # type: ignore[union-attr]
+                lead_commit = self.live(leader).node.raft.log.committed
                 if all(a >= lead_commit for a in applied) and not any(
-                    self.nodes[n].puts or self.nodes[n].reads
-                    for n in self.ids  # type: ignore[union-attr]
+                    self.live(n).puts or self.live(n).reads for n in self.ids
                 ):
                     return
         self.violate(
             "liveness",
             f"group did not converge after healing (committed up to {target}, applied "
-            f"{ {n: self.nodes[n].applied for n in self.ids} })",  # type: ignore[union-attr]
+            f"{ {n: self.live(n).applied for n in self.ids} })",
         )
+
+    def live(self, nid: NodeId) -> SimNode:
+        node = self.nodes[nid]
+        assert node is not None, f"{nid} is down"
+        return node
 
     def _final_members(self) -> list[NodeId]:
         leader = self.leader()
         if leader is None:
             return list(self.ids)
-        return sorted(self.nodes[leader].node.raft.config.members)  # type: ignore[union-attr]
+        return sorted(self.live(leader).node.raft.config.members)
 
 
 def run_seed(seed: int, **kw: object) -> SimResult:

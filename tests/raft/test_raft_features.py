@@ -16,7 +16,7 @@ from service.raft import (
 )
 from service.testing.raft_harness import Cluster
 
-# -- pre-vote and check-quorum (thesis §9.6, §6.2) ---------------------------------------------
+# -- pre-vote and check-quorum (thesis §9.6, §6.2) --------------------------------------------
 
 
 def test_prevote_partitioned_node_does_not_inflate_its_term() -> None:
@@ -58,7 +58,7 @@ def test_leader_stickiness_follower_ignores_votes_while_leader_alive() -> None:
     assert c.leader() == "a"
 
 
-# -- membership: one server at a time, learners first, compare-and-set (seed 004) ----------------
+# -- membership: one server at a time, learners first, compare-and-set (seed 004) -------------
 
 
 def test_add_learner_catches_up_then_promote_to_voter() -> None:
@@ -149,7 +149,7 @@ def test_config_takes_effect_when_appended_and_reverts_when_truncated() -> None:
     assert c.node("a").raft.config.index == 0
 
 
-# -- reads ----------------------------------------------------------------------------------------
+# -- reads ------------------------------------------------------------------------------------
 
 
 def test_read_index_released_after_quorum_heartbeat() -> None:
@@ -222,7 +222,7 @@ def test_lease_reads_restarted_node_waits_before_voting() -> None:
     assert c.role("a") is not Role.LEADER  # b and c just started: they may back someone's lease
 
 
-# -- leadership transfer (thesis §3.10) ------------------------------------------------------------
+# -- leadership transfer (thesis §3.10) -------------------------------------------------------
 
 
 def test_leadership_transfer_to_up_to_date_follower() -> None:
@@ -260,7 +260,7 @@ def test_proposals_dropped_during_transfer() -> None:
     c.node("a").propose(b"x=2")
 
 
-# -- snapshots and log compaction -------------------------------------------------------------------
+# -- snapshots and log compaction -------------------------------------------------------------
 
 
 def test_lagging_follower_catches_up_by_snapshot_after_compaction() -> None:
@@ -293,7 +293,7 @@ def test_restart_recovers_from_snapshot_and_log() -> None:
     assert c.leader() == "a"
 
 
-# -- replication pipeline and flow control ------------------------------------------------------------
+# -- replication pipeline and flow control ----------------------------------------------------
 
 
 def test_replicate_state_pipelines_bounded_by_inflight_window() -> None:

@@ -1,0 +1,171 @@
+"""The `tessera` command.
+
+    tessera raft-demo serve --conf conf/raft-demo.toml [--set key=value ...]
+    tessera raft-demo run [--dir DIR] [--clients 64] [--seconds 3]
+    tessera raft-demo status --addresses HOST:PORT,... [--format plain|json]
+    tessera raft-demo put --addresses HOST:PORT,... KEY VALUE
+    tessera raft-demo get --addresses HOST:PORT,... KEY
+    tessera sim [--seeds N] [--first S] [--seed X --verbose]
+
+Later issues add `cluster`, `table`, `tablet`, `tserver`, `master`, `replica` and `jobs`.
+Exit codes: 0 success, 1 failure, 2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+import grpc
+
+from service.common.errors import TesseraError, from_grpc
+
+
+def _addresses(text: str) -> list[str]:
+    out = [a.strip() for a in text.split(",") if a.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError("expected HOST:PORT[,HOST:PORT...]")
+    return out
+
+
+async def _status(addresses: list[str], fmt: str) -> int:
+    from service.consensus.demo_client import KvClient
+
+    kv = KvClient(addresses)
+    rows = []
+    code = 0
+    for a in addresses:
+        try:
+            st = await kv.status(a)
+            rows.append(
+                {
+                    "address": a,
+                    "uuid": st.uuid,
+                    "role": st.role,
+                    "term": st.term,
+                    "leader": st.leader_uuid,
+                    "commit": st.commit_index,
+                    "applied": st.applied_index,
+                    "voters": list(st.voters),
+                    "learners": list(st.learners),
+                }
+            )
+        except grpc.aio.AioRpcError as e:
+            rows.append({"address": a, "error": from_grpc(e).message})
+            code = 1
+    await kv.aclose()
+    if fmt == "json":
+        print(json.dumps(rows, indent=2))
+        return code
+    print(f"{'address':<22} {'uuid':<10} {'role':<16} {'term':>5} {'commit':>8} {'applied':>8}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['address']:<22} unreachable: {r['error']}")
+        else:
+            print(
+                f"{r['address']:<22} {r['uuid']:<10} {r['role']:<16} {r['term']:>5} "
+                f"{r['commit']:>8} {r['applied']:>8}"
+            )
+    return code
+
+
+async def _put(addresses: list[str], key: str, value: str) -> int:
+    from service.consensus.demo_client import KvClient
+
+    kv = KvClient(addresses)
+    try:
+        index = await kv.put(key, value.encode())
+        print(f"ok: {key} written at index {index}")
+    finally:
+        await kv.aclose()
+    return 0
+
+
+async def _get(addresses: list[str], key: str) -> int:
+    from service.consensus.demo_client import KvClient
+
+    kv = KvClient(addresses)
+    try:
+        value = await kv.get(key)
+    finally:
+        await kv.aclose()
+    if value is None:
+        print(f"{key}: not found", file=sys.stderr)
+        return 1
+    print(value.decode(errors="replace"))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tessera", description="Tessera command line")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("raft-demo", help="the replicated key-value demo on the consensus layer")
+    dsub = demo.add_subparsers(dest="action", required=True)
+    serve = dsub.add_parser("serve", help="run one demo node in the foreground")
+    serve.add_argument("--conf", required=True)
+    serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    serve.add_argument("--ready-file")
+    run = dsub.add_parser("run", help="3 local nodes, a leader killed under load, a summary")
+    run.add_argument("--dir")
+    run.add_argument("--clients", type=int, default=64)
+    run.add_argument("--seconds", type=float, default=3.0)
+    status = dsub.add_parser("status", help="role, term and indexes of each node")
+    status.add_argument("--addresses", type=_addresses, required=True)
+    status.add_argument("--format", choices=["plain", "json"], default="plain")
+    put = dsub.add_parser("put", help="write KEY=VALUE through the leader")
+    put.add_argument("--addresses", type=_addresses, required=True)
+    put.add_argument("key")
+    put.add_argument("value")
+    get = dsub.add_parser("get", help="linearizable read of KEY")
+    get.add_argument("--addresses", type=_addresses, required=True)
+    get.add_argument("key")
+
+    sim = sub.add_parser("sim", help="run the deterministic Raft simulator")
+    sim.add_argument("--seeds", type=int, default=200)
+    sim.add_argument("--first", type=int, default=0)
+    sim.add_argument("--seed", type=int)
+    sim.add_argument("--verbose", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "sim":
+            from service.testing import sim_cli
+
+            sargs = ["--seeds", str(args.seeds), "--first", str(args.first)]
+            if args.seed is not None:
+                sargs = ["--seed", str(args.seed)] + (["--verbose"] if args.verbose else [])
+            return sim_cli.main(sargs)
+        if args.action == "serve":
+            from service.consensus import demo_server
+
+            fwd = ["--conf", args.conf] + [x for s in args.set for x in ("--set", s)]
+            if args.ready_file:
+                fwd += ["--ready-file", args.ready_file]
+            return demo_server.main(fwd)
+        if args.action == "run":
+            from service.consensus import demo
+
+            fwd = ["--clients", str(args.clients), "--seconds", str(args.seconds)]
+            if args.dir:
+                fwd += ["--dir", args.dir]
+            return demo.main(fwd)
+        if args.action == "status":
+            return asyncio.run(_status(args.addresses, args.format))
+        if args.action == "put":
+            return asyncio.run(_put(args.addresses, args.key, args.value))
+        if args.action == "get":
+            return asyncio.run(_get(args.addresses, args.key))
+    except TesseraError as e:
+        print(f"tessera: {e.message}", file=sys.stderr)
+        return 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
