@@ -32,13 +32,14 @@ from typing import Any
 
 import google_crc32c
 
+from service.common.errors import Corruption
 from service.consensus.fs import FileSystem
 from service.raft.types import NO_NODE, NodeId, RaftConfig
 
 CMETA_FORMAT_VERSION = 1
 
 
-class CmetaCorruption(Exception):
+class CmetaCorruption(Corruption):
     """The consensus metadata file is damaged or of an unknown format; the node must stop."""
 
 

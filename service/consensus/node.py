@@ -401,8 +401,12 @@ class RaftNode:
             ss = rd.soft_state
             self._on_soft_state(ss.leader, ss.term, ss.role)
         if rd.snapshot is not None:
-            log.info("%s/%s: installing snapshot at index %d from the leader", self.group_id,
-                     self.uuid, rd.snapshot.meta.index)
+            log.info(
+                "%s/%s: installing snapshot at index %d from the leader",
+                self.group_id,
+                self.uuid,
+                rd.snapshot.meta.index,
+            )
             self.sm.restore(rd.snapshot.data)
             self.applied = rd.snapshot.meta.index
             self.applied_config = rd.snapshot.meta.config

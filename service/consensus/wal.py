@@ -68,6 +68,7 @@ from dataclasses import dataclass
 
 import google_crc32c
 
+from service.common.errors import Corruption, IOFatal
 from service.consensus.fs import AppendFile, FileSystem
 from service.raft.types import EMPTY_HARD_STATE, Entry, EntryType, HardState, NodeId
 
@@ -98,11 +99,11 @@ _crc = google_crc32c.value
 _crc_extend = google_crc32c.extend
 
 
-class WalCorruption(Exception):
+class WalCorruption(Corruption):
     """The log on disk is damaged before its tail (or is inconsistent); the node must stop."""
 
 
-class WalIOError(Exception):
+class WalIOError(IOFatal):
     """A disk write, fsync or delete failed; the Wal refuses all further work."""
 
 
