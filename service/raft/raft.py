@@ -286,7 +286,7 @@ class Raft:
         last = self.log.last_index()
         for node, pr in self.prs.items():
             pr.reset_state(ProgressState.PROBE)
-            pr.match = last if node == self.id else 0
+            pr.match = self.persisted_index() if node == self.id else 0
             pr.next = last + 1
             pr.recent_active = False
             pr.lease_tick = -(10**9)
@@ -318,7 +318,7 @@ class Raft:
         me = self.prs.get(self.id)
         if me is not None:
             me.become_replicate()
-            me.match = self.log.last_index()
+            me.match = self.persisted_index()
             me.recent_active = True
         # No config change until this term's no-op commits (single-server change safety).
         self.pending_conf_index = self.log.last_index() + 1
@@ -574,11 +574,24 @@ class Raft:
         ]
         self.log.append(stamped)
         self._log_written(stamped[0].index)
-        me = self.prs.get(self.id)
-        if me is not None:
-            me.maybe_update(self.log.last_index())
-        self.maybe_commit()
+        # The leader's own copy counts toward a quorum only once it is durable: see
+        # `on_persisted` (this is what lets the caller send appends before its own fsync).
         return self.log.last_index()
+
+    def persisted_index(self) -> int:
+        """Last index known durable here (entries before the unstable ones)."""
+        if self.log.unstable:
+            return self.log.unstable_offset - 1
+        return self.log.last_index()
+
+    def on_persisted(self, index: int) -> None:
+        """The caller made entries up to `index` durable. A leader acknowledges itself now
+        (thesis §10.2.1: the leader's disk write runs in parallel with replication)."""
+        if self.state is not Role.LEADER:
+            return
+        me = self.prs.get(self.id)
+        if me is not None and me.maybe_update(index) and self.maybe_commit():
+            self._bcast_append()
 
     def _send_append(self, to: NodeId, send_if_empty: bool = True) -> bool:
         """Send the follower what it lacks (entries, or a snapshot). Returns whether sent."""

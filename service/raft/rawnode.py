@@ -78,6 +78,8 @@ class RawNode:
         self._prev_soft: SoftState = self.raft.soft_state()
         hs, _ = storage.initial_state()
         self._prev_hard: HardState = hs if hs != EMPTY_HARD_STATE else EMPTY_HARD_STATE
+        self._prev_persisted_term = hs.term
+        self._prev_persisted_vote = hs.vote
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -150,6 +152,21 @@ class RawNode:
             self._prev_hard = hs
         if rd.entries or rd.snapshot is not None:
             rd.must_sync = True
+        # A leader's messages never acknowledge its own unpersisted entries (it acknowledges
+        # itself in advance()), so unless this Ready changes term or vote they may be sent
+        # while the entries are being written.
+        term_or_vote_changed = (
+            rd.hard_state is not None
+            and rd.must_sync
+            and (
+                rd.hard_state.term != self._prev_persisted_term
+                or rd.hard_state.vote != self._prev_persisted_vote
+            )
+        )
+        rd.send_before_persist = r.state is Role.LEADER and not term_or_vote_changed
+        if rd.hard_state is not None:
+            self._prev_persisted_term = rd.hard_state.term
+            self._prev_persisted_vote = rd.hard_state.vote
         return rd
 
     def advance(self, rd: Ready) -> None:
@@ -160,6 +177,8 @@ class RawNode:
         if rd.entries:
             last = rd.entries[-1]
             log.stable_to(last.index, last.term)
+            if log.match_term(last.index, last.term):
+                self.raft.on_persisted(last.index)
         if rd.committed_entries:
             log.applied_to(rd.committed_entries[-1].index)
 

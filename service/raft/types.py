@@ -261,7 +261,8 @@ class Ready:
 
     1. persist `snapshot` (if any), then `entries`, then `hard_state` (if any); fsync when
        `must_sync` is true;
-    2. send `messages` (only after step 1: votes and appends depend on durable state);
+    2. send `messages` (only after step 1: votes and acknowledgements depend on durable
+       state), unless `send_before_persist` allows sending them before or during step 1;
     3. apply `snapshot` to the state machine, then `committed_entries` in order;
     4. call `RawNode.advance(ready)`.
     """
@@ -274,6 +275,9 @@ class Ready:
     committed_entries: list[Entry] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     must_sync: bool = False
+    send_before_persist: bool = False
+    """True when `messages` may be sent before step 1 completes (a leader whose term and vote
+    did not change: its appends overlap its own fsync, thesis §10.2.1)."""
 
     def contains_updates(self) -> bool:
         return bool(

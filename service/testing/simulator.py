@@ -185,6 +185,9 @@ class SimNode:
         sim = self.sim
         while self.node.has_ready():
             rd = self.node.ready()
+            if rd.send_before_persist:
+                for m in rd.messages:  # a leader's appends overlap its own fsync
+                    sim.send(m)
             # 1. persist (possibly crashing half-way: WAL written, not synced)
             if rd.entries and sim.rng.random() < sim.opts.crash / 4:
                 self.store.wal.append(rd.entries, rd.hard_state)
@@ -203,8 +206,9 @@ class SimNode:
             if rd.soft_state is not None:
                 self._soft(rd.soft_state.role, rd.soft_state.term)
             # 2. send
-            for m in rd.messages:
-                sim.send(m)
+            if not rd.send_before_persist:
+                for m in rd.messages:
+                    sim.send(m)
             # 3. apply
             if rd.snapshot is not None:
                 self.kv = decode_kv(rd.snapshot.data)

@@ -356,6 +356,8 @@ def test_figure8_leader_does_not_commit_old_term_entry_by_counting() -> None:
     r.step(Message(MessageType.APP_RESP, to=NodeId("a"), frm=NodeId("b"), term=r.term, index=2))
     assert r.log.committed == 1  # index 2 (term 2) is on a majority but not committed
     r.step(Message(MessageType.APP_RESP, to=NodeId("a"), frm=NodeId("b"), term=r.term, index=3))
+    assert r.log.committed == 1  # b has index 3, but the leader's own copy is not durable yet
+    r.on_persisted(3)  # the caller's advance() after the fsync
     assert r.log.committed == 3
 
 
