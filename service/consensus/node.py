@@ -24,7 +24,10 @@ machine has applied that index.
 A write or fsync failure is fatal (never retry an fsync): the node stops, fails every waiter,
 and `fatal` is set for the process to exit; it restarts from what is really on disk.
 
-Shutdown order: stop accepting (closed flag), cancel the loop task, fail waiters, close the WAL.
+Shutdown order: stop accepting (closed flag), let the loop task finish the iteration under way
+and stop, fail waiters, close the WAL. The task is not cancelled: a cancel would leave a persist
+running in its worker thread while the WAL is closed under it, and on Python 3.11 `wait_for`
+swallows a cancel that races with the wakeup event, so the task would never stop.
 """
 
 from __future__ import annotations
@@ -183,7 +186,7 @@ class RaftNode:
     async def aclose(self) -> None:
         self._closed = True
         if self._task is not None:
-            self._task.cancel()
+            self._wakeup.set()  # the loop sees the closed flag at its next iteration
             try:
                 await self._task
             except (asyncio.CancelledError, Exception):
@@ -326,7 +329,7 @@ class RaftNode:
         tick = self.settings.tick_interval_s
         next_tick = time.monotonic() + tick
         try:
-            while True:
+            while not self._closed:
                 timeout = max(0.0, next_tick - time.monotonic())
                 if not (self._inbox or self._proposals or self._control):
                     try:
@@ -384,7 +387,11 @@ class RaftNode:
 
     async def _handle_ready(self, rd: Ready) -> None:
         # 1. persist: the snapshot, cmeta (term/vote) and WAL, one fdatasync for everything.
+        # A leader's appends go out first, so followers write while the leader writes.
         self._learn_addresses(rd.entries)
+        early = rd.send_before_persist and bool(rd.messages)
+        if early:
+            self.transport.send(self.group_id, rd.messages)
         if rd.must_sync or rd.snapshot is not None:
             t0 = time.perf_counter()
             await asyncio.to_thread(self.store.persist, rd)
@@ -394,7 +401,7 @@ class RaftNode:
             self.store.persist(rd)  # commit-index-only: buffered, no fsync needed
         RaftStore.apply_to_memory(self.storage, rd)
         # 2. send, only now that what the messages promise is durable.
-        if rd.messages:
+        if rd.messages and not early:
             self.transport.send(self.group_id, rd.messages)
         # 3. apply.
         if rd.soft_state is not None:

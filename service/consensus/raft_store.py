@@ -89,6 +89,8 @@ class RaftStore:
         self.fsync = fsync
         self._cmeta_store = CmetaStore(fs, posixpath.join(directory, "cmeta"))
         self._snapshot_path = posixpath.join(directory, "snapshot")
+        self._failed: BaseException | None = None
+        """Set by the first write or fsync failure: from then on every write is refused."""
 
     # -- opening --------------------------------------------------------------------------------
 
@@ -149,6 +151,11 @@ class RaftStore:
                 # the snapshot (log matching at its last index), as Raft's restore would.
                 at = [e for e in entries if e.index == idx]
                 entries = [e for e in entries if e.index > idx] if at and at[0].term == term else []
+                # Roll the marker forward, so that the WAL's log is the one kept here (the
+                # WAL drops the same entries): otherwise its next append would not connect.
+                wal.mark_snapshot(idx, term)
+                if fsync:
+                    wal.sync()
             else:
                 entries = [e for e in entries if e.index > idx]
         storage.append(entries)
@@ -176,15 +183,18 @@ class RaftStore:
 
     def save_snapshot(self, snap: Snapshot) -> None:
         """Make `snap` the durable snapshot, then mark it in the WAL (not synced here)."""
+        self._check_usable()
         body = snapshot_to_pb(snap).SerializeToString()
         header = _SNAP_HEADER.pack(_SNAP_MAGIC, google_crc32c.value(body), len(body))
         try:
             self.fs.write_atomic(self._snapshot_path, header + body)
         except OSError as e:
+            self._failed = e
             raise StoreIOError(f"{self._snapshot_path}: {e}") from e
         self.wal.mark_snapshot(snap.meta.index, snap.meta.term)
 
     def save_cmeta(self, **changes: object) -> None:
+        self._check_usable()
         fields = {
             "term": self.cmeta.term,
             "vote": self.cmeta.vote,
@@ -198,6 +208,7 @@ class RaftStore:
             try:
                 self._cmeta_store.save(meta)
             except OSError as e:
+                self._failed = e
                 raise StoreIOError(f"{self._cmeta_store.path}: {e}") from e
             self.cmeta = meta
 
@@ -209,6 +220,7 @@ class RaftStore:
     def persist(self, rd: Ready) -> None:
         """Make a Ready's snapshot, hard state and entries durable (blocking; may run in a
         worker thread while nothing else touches this store)."""
+        self._check_usable()
         if rd.snapshot is not None:
             self.save_snapshot(rd.snapshot)
         hs = rd.hard_state
@@ -232,6 +244,7 @@ class RaftStore:
     def compact(self, storage: MemoryStorage, snap: Snapshot, keep_entries: int) -> None:
         """After a local snapshot: drop log entries the snapshot covers, keeping
         `keep_entries` before it for followers that are slightly behind."""
+        self._check_usable()
         self.save_snapshot(snap)
         if self.fsync:
             self.wal.sync()
@@ -242,6 +255,16 @@ class RaftStore:
 
     def close(self) -> None:
         self.wal.close()
+
+    def _check_usable(self) -> None:
+        """Never retry after a failed write or fsync (of cmeta, the snapshot or the WAL): the
+        node must restart from what is really on disk."""
+        if self._failed is not None or self.wal.failed:
+            cause = self._failed or "a WAL write or fsync failed"
+            raise StoreIOError(
+                f"{self.directory}: refusing writes after an earlier I/O error ({cause}); "
+                "the node must restart"
+            ) from self._failed
 
     def node_id(self) -> NodeId:
         return NodeId(self.uuid)

@@ -153,6 +153,8 @@ class _Peer:
         req.messages.extend(message_to_pb(m) for m in msgs)
         for n, addr in self.t.addresses.items():
             req.addresses[n] = addr
+        if self.t.own_address:
+            req.addresses[self.t.uuid] = self.t.own_address
         try:
             resp = await stub.Step(req, timeout=STEP_TIMEOUT_S)  # type: ignore[misc]
             if resp.instance:
@@ -186,6 +188,9 @@ class GrpcTransport:
         self.uuid = uuid
         self.incarnations = incarnations
         self.addresses: dict[str, str] = {}
+        self.own_address: str | None = None
+        """This server's address, sent with every request so that a receiver that knows nobody
+        (a learner booted with no peers) can answer."""
         self.channel_options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -218,7 +223,9 @@ class GrpcTransport:
         self._unreachable.pop(group_id, None)
 
     def set_address(self, node: str, address: str) -> None:
-        if node != self.uuid:
+        if node == self.uuid:
+            self.own_address = address
+        else:
             self.addresses[node] = address
 
     def address_of(self, node: str) -> str | None:
@@ -269,7 +276,6 @@ class GrpcTransport:
                     f"message for incarnation {req.dest_instance} of {self.uuid}, this is "
                     f"{self.incarnations.own}: the sender talks to a previous life of this node"
                 )
-            self.incarnations.check(req.src_uuid, req.src_instance)
         deliver = self._groups.get(req.group_id)
         if deliver is None:
             raise NotFound(f"no raft group {req.group_id!r} on node {self.uuid}")
@@ -277,6 +283,9 @@ class GrpcTransport:
             msgs = [message_from_pb(m, to=req.dest_uuid, frm=req.src_uuid) for m in req.messages]
         except CodecError as e:
             raise InvalidArgument(f"malformed raft message from {req.src_uuid}: {e}") from e
+        if self.incarnations is not None:
+            # Learned (and pinned) only from a request that is otherwise valid.
+            self.incarnations.check(req.src_uuid, req.src_instance)
         for node, addr in req.addresses.items():
             if node not in self.addresses and node != self.uuid:
                 self.addresses[node] = addr

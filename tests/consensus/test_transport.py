@@ -1,0 +1,463 @@
+"""The gRPC transport: envelope checks in `deliver()`, the servicer over real gRPC on loopback,
+and two transports talking to each other (incarnations learned and enforced both ways)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+
+from service.common.errors import (
+    CODE_KEY,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    WrongDestination,
+    from_grpc,
+)
+from service.consensus.codec import message_to_pb
+from service.consensus.fs import RealFileSystem
+from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
+from service.pb import consensus_pb2 as pb
+from service.raft.types import Entry, Message, MessageType, NodeId
+
+A, B, C = NodeId("uuid-a"), NodeId("uuid-b"), NodeId("uuid-c")
+GROUP = "g1"
+STEP = "/tessera.consensus.ConsensusService/Step"
+
+
+class Inbox:
+    """A group's delivery callbacks, recording what they were given."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Message]] = []
+        self.unreachable: list[str] = []
+
+    def deliver(self, msgs: list[Message]) -> None:
+        self.batches.append(msgs)
+
+    def report_unreachable(self, node: str) -> None:
+        self.unreachable.append(node)
+
+    @property
+    def messages(self) -> list[Message]:
+        return [m for b in self.batches for m in b]
+
+
+def make_transport(tmp_path: Path, uuid: str, sub: str | None = None) -> GrpcTransport:
+    directory = os.path.join(str(tmp_path), sub or uuid)
+    return GrpcTransport(uuid, incarnations=Incarnations(RealFileSystem(), directory, uuid))
+
+
+def heartbeat(to: str = B, frm: str = A, term: int = 3) -> Message:
+    return Message(
+        MessageType.HEARTBEAT, to=NodeId(to), frm=NodeId(frm), term=term, commit=2, context=b"c"
+    )
+
+
+def request(
+    receiver: GrpcTransport,
+    msgs: Sequence[Message] = (),
+    *,
+    src: str = A,
+    src_instance: str = "inc-a-1",
+    dest: str | None = None,
+    dest_instance: str = "",
+    group: str = GROUP,
+) -> pb.StepRequest:
+    req = pb.StepRequest(
+        group_id=group,
+        dest_uuid=receiver.uuid if dest is None else dest,
+        src_uuid=src,
+        src_instance=src_instance,
+        dest_instance=dest_instance,
+    )
+    req.messages.extend(message_to_pb(m) for m in msgs)
+    return req
+
+
+# --- deliver(): the envelope checks ---------------------------------------------------------------
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> tuple[GrpcTransport, Inbox]:
+    t = make_transport(tmp_path, B)
+    inbox = Inbox()
+    t.register(GROUP, inbox.deliver, inbox.report_unreachable)
+    return t, inbox
+
+
+def test_deliver_hands_a_valid_batch_to_the_group(receiver: tuple[GrpcTransport, Inbox]) -> None:
+    t, inbox = receiver
+    msgs = [heartbeat(), heartbeat(term=4)]
+    req = request(t, msgs)
+    req.addresses[A] = "10.0.0.1:1"
+    req.addresses[B] = "10.0.0.2:1"  # our own address as the sender knows it: not recorded
+    t.deliver(req)
+    assert inbox.batches == [msgs]
+    assert t.received == 2
+    assert t.address_of(A) == "10.0.0.1:1"
+    assert t.address_of(B) is None
+
+
+def test_wrong_dest_uuid_is_refused_before_anything_is_learned(
+    receiver: tuple[GrpcTransport, Inbox],
+) -> None:
+    t, inbox = receiver
+    with pytest.raises(WrongDestination, match="uuid-c"):
+        t.deliver(request(t, [heartbeat(to=C)], dest=C))
+    assert inbox.batches == []
+    assert t.incarnations is not None
+    assert t.incarnations.peers == {}  # a misaddressed request teaches us nothing
+
+
+def test_wrong_dest_instance_is_refused(receiver: tuple[GrpcTransport, Inbox]) -> None:
+    t, inbox = receiver
+    assert t.incarnations is not None
+    with pytest.raises(WrongDestination, match="previous life"):
+        t.deliver(request(t, [heartbeat()], dest_instance="an-older-incarnation"))
+    assert inbox.batches == []
+    # Naming the right incarnation (or none yet) is accepted.
+    t.deliver(request(t, [heartbeat()], dest_instance=t.incarnations.own))
+    t.deliver(request(t, [heartbeat()], dest_instance=""))
+    assert len(inbox.batches) == 2
+
+
+def test_first_contact_learns_and_persists_the_peer_incarnation(tmp_path: Path) -> None:
+    t = make_transport(tmp_path, B)
+    inbox = Inbox()
+    t.register(GROUP, inbox.deliver)
+    t.deliver(request(t, [heartbeat()], src_instance="inc-a-1"))
+    t.deliver(request(t, [heartbeat()], src_instance="inc-a-1"))  # same life: fine
+    assert len(inbox.batches) == 2
+
+    # A restarted server (a new Incarnations over the same directory) still knows A's life,
+    # and its own incarnation did not change.
+    again = Incarnations(RealFileSystem(), os.path.join(str(tmp_path), B), B)
+    assert t.incarnations is not None
+    assert again.own == t.incarnations.own
+    assert again.peers == {A: "inc-a-1"}
+    with pytest.raises(FailedPrecondition, match="different data directory") as ei:
+        again.check(A, "inc-a-2")
+    assert type(ei.value) is FailedPrecondition
+    again.check(A, "inc-a-1")
+
+    # The same through the transport: the wiped peer's batch never reaches the group.
+    t2 = GrpcTransport(B, incarnations=again)
+    inbox2 = Inbox()
+    t2.register(GROUP, inbox2.deliver)
+    with pytest.raises(FailedPrecondition, match="different data directory"):
+        t2.deliver(request(t2, [heartbeat()], src_instance="inc-a-2"))
+    assert inbox2.batches == []
+
+
+def test_incarnations_directory_of_another_node_is_refused(tmp_path: Path) -> None:
+    d = os.path.join(str(tmp_path), "dir")
+    Incarnations(RealFileSystem(), d, B)
+    with pytest.raises(FailedPrecondition, match="belongs to node uuid-b"):
+        Incarnations(RealFileSystem(), d, C)
+
+
+def test_two_formats_get_different_incarnations(tmp_path: Path) -> None:
+    one = Incarnations(RealFileSystem(), os.path.join(str(tmp_path), "1"), B)
+    two = Incarnations(RealFileSystem(), os.path.join(str(tmp_path), "2"), B)
+    assert one.own and two.own and one.own != two.own
+
+
+def test_missing_src_instance_is_invalid(receiver: tuple[GrpcTransport, Inbox]) -> None:
+    t, inbox = receiver
+    with pytest.raises(InvalidArgument, match="does not name its incarnation"):
+        t.deliver(request(t, [heartbeat()], src_instance=""))
+    assert inbox.batches == []
+    assert t.incarnations is not None and t.incarnations.peers == {}
+
+
+def test_missing_src_uuid_is_invalid(receiver: tuple[GrpcTransport, Inbox]) -> None:
+    t, inbox = receiver
+    with pytest.raises(InvalidArgument, match="without src_uuid"):
+        t.deliver(request(t, [], src=""))
+    assert inbox.batches == []
+
+
+def test_unknown_group_is_not_found(receiver: tuple[GrpcTransport, Inbox]) -> None:
+    t, inbox = receiver
+    with pytest.raises(NotFound, match="no raft group 'other'"):
+        t.deliver(request(t, [heartbeat()], group="other"))
+    assert inbox.batches == []
+    t.unregister(GROUP)
+    with pytest.raises(NotFound):
+        t.deliver(request(t, [heartbeat()]))
+
+
+def test_malformed_message_is_invalid_and_nothing_is_delivered(
+    receiver: tuple[GrpcTransport, Inbox],
+) -> None:
+    t, inbox = receiver
+    good = message_to_pb(heartbeat())
+    bad = message_to_pb(heartbeat())
+    bad.term = 0
+    req = request(t)
+    req.messages.extend([good, bad])  # one bad message spoils the whole batch
+    req.addresses[C] = "10.0.0.3:1"
+    with pytest.raises(
+        InvalidArgument, match=r"malformed raft message from uuid-a: .*without a term"
+    ):
+        t.deliver(req)
+    assert inbox.batches == []
+    assert t.received == 0
+    assert t.address_of(C) is None
+
+
+def test_message_addressed_inside_the_batch_to_another_node_is_invalid(
+    receiver: tuple[GrpcTransport, Inbox],
+) -> None:
+    t, inbox = receiver
+    with pytest.raises(InvalidArgument, match="inside a batch"):
+        t.deliver(request(t, [heartbeat(to=C)]))  # envelope says B, message says C
+    with pytest.raises(InvalidArgument, match="inside a batch"):
+        t.deliver(request(t, [heartbeat(frm=C)]))  # envelope says A sent it, message says C
+    assert inbox.batches == []
+
+
+def test_send_without_an_address_drops_and_reports_unreachable(tmp_path: Path) -> None:
+    async def main() -> None:
+        t = make_transport(tmp_path, A)
+        inbox = Inbox()
+        t.register(GROUP, inbox.deliver, inbox.report_unreachable)
+        t.send(GROUP, [heartbeat(to=B)])
+        await eventually(lambda: inbox.unreachable == [B])
+        assert t.dropped == 1 and t.sent == 0
+        await t.aclose()
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    asyncio.run(main())
+
+
+# --- over real gRPC -------------------------------------------------------------------------------
+
+
+async def eventually(pred: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    transport: GrpcTransport, options: Sequence[tuple[str, Any]] = ()
+) -> AsyncIterator[str]:
+    server = grpc.aio.server(options=list(options))
+    port = server.add_insecure_port("127.0.0.1:0")
+    assert port
+    ConsensusServicer(transport).add_to_server(server)
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+async def raw_step(address: str, payload: bytes) -> pb.StepResponse:
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.unary_unary(
+            STEP, request_serializer=None, response_deserializer=pb.StepResponse.FromString
+        )
+        resp: pb.StepResponse = await call(payload, timeout=10)
+        return resp
+
+
+async def raw_step_error(address: str, payload: bytes) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        await raw_step(address, payload)
+    return ei.value
+
+
+def test_grpc_envelope_errors_travel_with_their_codes(tmp_path: Path) -> None:
+    async def main() -> None:
+        t = make_transport(tmp_path, B)
+        inbox = Inbox()
+        t.register(GROUP, inbox.deliver)
+        async with serving(t) as address:
+            # Garbage: INVALID_ARGUMENT naming the problem, not gRPC's generic INTERNAL.
+            e = await raw_step_error(address, b"\x0a\xff\x01garbage")
+            assert e.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "undecodable StepRequest" in (e.details() or "")
+            err = from_grpc(e)
+            assert type(err) is InvalidArgument
+
+            # Wrong uuid: FAILED_PRECONDITION carrying WRONG_DESTINATION.
+            wrong = request(t, [heartbeat(to=C)], dest=C).SerializeToString()
+            e = await raw_step_error(address, wrong)
+            assert e.code() is grpc.StatusCode.FAILED_PRECONDITION
+            assert (CODE_KEY, "WRONG_DESTINATION") in list(e.trailing_metadata() or ())
+            assert type(from_grpc(e)) is WrongDestination
+
+            # Unknown group and malformed message.
+            e = await raw_step_error(
+                address, request(t, [heartbeat()], group="x").SerializeToString()
+            )
+            assert e.code() is grpc.StatusCode.NOT_FOUND
+            assert type(from_grpc(e)) is NotFound
+            e = await raw_step_error(address, request(t, [heartbeat(term=0)]).SerializeToString())
+            assert e.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert type(from_grpc(e)) is InvalidArgument
+
+            # A good request is answered with the receiver's incarnation.
+            resp = await raw_step(address, request(t, [heartbeat()]).SerializeToString())
+            assert t.incarnations is not None
+            assert resp.instance == t.incarnations.own
+            assert inbox.messages == [heartbeat()]
+        await t.aclose()
+
+    asyncio.run(main())
+
+
+def test_grpc_oversized_request_is_resource_exhausted(tmp_path: Path) -> None:
+    async def main() -> None:
+        t = make_transport(tmp_path, B)
+        inbox = Inbox()
+        t.register(GROUP, inbox.deliver)
+        async with serving(t, [("grpc.max_receive_message_length", 1024)]) as address:
+            big = Message(
+                MessageType.APP,
+                to=B,
+                frm=A,
+                term=2,
+                index=0,
+                entries=(Entry(2, 1, data=b"x" * 10_000),),
+            )
+            payload = request(t, [big]).SerializeToString()
+            assert len(payload) > 10_000
+            e = await raw_step_error(address, payload)
+            assert e.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert type(from_grpc(e)) is ResourceExhausted
+            # Under the limit the same server accepts.
+            await raw_step(address, request(t, [heartbeat()]).SerializeToString())
+        assert inbox.messages == [heartbeat()]
+        await t.aclose()
+
+    asyncio.run(main())
+
+
+def test_two_transports_exchange_messages_and_learn_incarnations(tmp_path: Path) -> None:
+    async def main() -> None:
+        ta, tb = make_transport(tmp_path, A), make_transport(tmp_path, B)
+        in_a, in_b = Inbox(), Inbox()
+        ta.register(GROUP, in_a.deliver, in_a.report_unreachable)
+        tb.register(GROUP, in_b.deliver, in_b.report_unreachable)
+        assert ta.incarnations is not None and tb.incarnations is not None
+        async with serving(ta) as addr_a, serving(tb) as addr_b:
+            ta.set_address(B, addr_b)
+            tb.set_address(A, addr_a)
+
+            app = Message(
+                MessageType.APP,
+                to=B,
+                frm=A,
+                term=2,
+                index=0,
+                commit=1,
+                entries=(Entry(1, 1), Entry(2, 2, data=b"hello")),
+            )
+            ta.send(GROUP, [app, heartbeat()])
+            await eventually(lambda: len(in_b.messages) == 2 and ta.sent == 2)
+            assert in_b.messages == [app, heartbeat()]
+            assert tb.incarnations.peers == {A: ta.incarnations.own}
+            # The reply direction, through B's own sender.
+            resp = Message(MessageType.HEARTBEAT_RESP, to=A, frm=B, term=3, context=b"c")
+            tb.send(GROUP, [resp])
+            await eventually(lambda: in_a.messages == [resp])
+            assert ta.incarnations.peers == {B: tb.incarnations.own}
+
+            # B loses its disk: same uuid, new data directory, new incarnation, new port.
+            wiped = make_transport(tmp_path, B, sub="b-wiped")
+            in_wiped = Inbox()
+            wiped.register(GROUP, in_wiped.deliver)
+            assert wiped.incarnations is not None
+            assert wiped.incarnations.own != tb.incarnations.own
+            async with serving(wiped) as addr_wiped:
+                # A learned B's first incarnation, so the wiped B refuses what A sends it
+                # (dest_instance names the old life) and A reports B unreachable.
+                ta.set_address(B, addr_wiped)
+                ta.send(GROUP, [heartbeat(term=4)])
+                await eventually(lambda: in_a.unreachable == [B])
+                assert ta.dropped == 1
+                assert in_wiped.batches == []
+
+                # A sender that never met B's old life is accepted: the refusal above was
+                # A's learned incarnation at work, not something else about the request.
+                tc = make_transport(tmp_path, C)
+                tc.set_address(B, addr_wiped)
+                tc.send(GROUP, [heartbeat(to=B, frm=C)])
+                await eventually(lambda: in_wiped.messages == [heartbeat(to=B, frm=C)])
+                await tc.aclose()
+        await ta.aclose()
+        await tb.aclose()
+        await wiped.aclose()
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    asyncio.run(main())
+
+
+def test_a_wiped_sender_is_refused_by_a_peer_that_knew_it(tmp_path: Path) -> None:
+    async def main() -> None:
+        ta, tb = make_transport(tmp_path, A), make_transport(tmp_path, B)
+        in_b = Inbox()
+        tb.register(GROUP, in_b.deliver)
+        async with serving(tb) as addr_b:
+            ta.set_address(B, addr_b)
+            ta.send(GROUP, [heartbeat()])
+            await eventually(lambda: len(in_b.messages) == 1)
+            await ta.aclose()
+
+            wiped_a = make_transport(tmp_path, A, sub="a-wiped")
+            in_wiped_a = Inbox()
+            wiped_a.register(GROUP, in_wiped_a.deliver, in_wiped_a.report_unreachable)
+            wiped_a.set_address(B, addr_b)
+            wiped_a.send(GROUP, [heartbeat(term=9)])
+            await eventually(lambda: in_wiped_a.unreachable == [B])
+            assert len(in_b.messages) == 1  # the amnesiac's heartbeat never reached B's group
+            await wiped_a.aclose()
+        await tb.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_node_that_knows_nobody_can_answer_a_sender(tmp_path: Path) -> None:
+    """A learner booted with no peers (added later with ADD_LEARNER) knows no address: it must
+    learn the leader's from the leader's own requests, or it can never acknowledge anything."""
+
+    async def main() -> None:
+        ta, td = make_transport(tmp_path, A), make_transport(tmp_path, "uuid-d")
+        in_a, in_d = Inbox(), Inbox()
+        ta.register(GROUP, in_a.deliver)
+        td.register(GROUP, in_d.deliver, in_d.report_unreachable)
+        async with serving(ta) as addr_a, serving(td) as addr_d:
+            # What RaftNode does on start: every recorded address, its own included.
+            ta.set_address(A, addr_a)
+            ta.set_address(B, "127.0.0.1:1")
+            ta.set_address("uuid-d", addr_d)
+            ta.send(GROUP, [heartbeat(to="uuid-d")])
+            await eventually(lambda: len(in_d.messages) == 1)
+            assert td.address_of(B) == "127.0.0.1:1"  # third parties, learned from the request
+            assert td.address_of(A) == addr_a  # and the sender itself
+            resp = Message(MessageType.HEARTBEAT_RESP, to=A, frm=NodeId("uuid-d"), term=3)
+            td.send(GROUP, [resp])
+            await eventually(lambda: in_a.messages == [resp] or bool(in_d.unreachable))
+            assert in_d.unreachable == []
+            assert in_a.messages == [resp]
+        await ta.aclose()
+        await td.aclose()
+
+    asyncio.run(main())
