@@ -270,12 +270,12 @@ class GrpcTransport:
             raise WrongDestination(f"message for node {req.dest_uuid!r} reached node {self.uuid!r}")
         if not req.src_uuid:
             raise InvalidArgument("step request without src_uuid")
-        if self.incarnations is not None:
-            if req.dest_instance and req.dest_instance != self.incarnations.own:
-                raise WrongDestination(
-                    f"message for incarnation {req.dest_instance} of {self.uuid}, this is "
-                    f"{self.incarnations.own}: the sender talks to a previous life of this node"
-                )
+        inc = self.incarnations
+        if inc is not None and req.dest_instance and req.dest_instance != inc.own:
+            raise WrongDestination(
+                f"message for incarnation {req.dest_instance} of {self.uuid}, this is "
+                f"{self.incarnations.own}: the sender talks to a previous life of this node"
+            )
         deliver = self._groups.get(req.group_id)
         if deliver is None:
             raise NotFound(f"no raft group {req.group_id!r} on node {self.uuid}")
