@@ -1,0 +1,223 @@
+"""etcd baseline: a 3-member etcd 3.4 cluster on loopback, driven by bench.loadgen.
+
+    .venv/bin/python -m bench.etcd_baseline [--clients 64] [--seconds 10]
+
+`ensure_etcd()` finds the `etcd` binary; when it is missing it runs `apt-get update` and
+`apt-get install -y etcd-server` (Debian's package, etcd 3.4), echoing what apt does. If that
+fails the caller gets `None` and reports etcd as skipped.
+
+`EtcdCluster` starts three members on free 127.0.0.1 ports, data directories under one temporary
+directory, with etcd's defaults: every WAL write is fsynced (etcd has no switch to turn that
+off in 3.4 short of `--unsafe-no-fsync`, which is not used), `--heartbeat-interval 100` and
+`--election-timeout 1000` (etcd's documented defaults, spelled out), snapshot count and backend
+quota at their defaults. `stop()` sends SIGTERM, then SIGKILL to whatever is left, and removes
+the data directories, so no process or file is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.loadgen import LoadResult, LoadSpec, etcd_is_leader, log, run_load
+from service.testing.demo_cluster import free_ports
+
+HEARTBEAT_MS = 100  # etcd's default --heartbeat-interval
+ELECTION_MS = 1000  # etcd's default --election-timeout
+
+
+def etcd_version(binary: str) -> str:
+    r = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    return r.stdout.splitlines()[0] if r.stdout else "unknown"
+
+
+def ensure_etcd(install: bool = True) -> str | None:
+    """Path of the etcd binary, installing Debian's etcd-server if needed; None if unavailable."""
+    found = shutil.which("etcd")
+    if found or not install:
+        return found
+    if not shutil.which("apt-get"):
+        log("etcd: binary not found and apt-get is not available; etcd is skipped")
+        return None
+    log("etcd: binary not found; installing Debian's etcd-server with apt-get")
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "etcd-server"]):
+        log(f"etcd: $ {' '.join(cmd)}")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        try:
+            r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except OSError as e:
+            log(f"etcd: could not run {cmd[0]}: {e}; etcd is skipped")
+            return None
+        for line in r.stdout.decode(errors="replace").splitlines():
+            log(f"etcd:   {line}")
+        if r.returncode != 0:
+            log(f"etcd: `{' '.join(cmd)}` failed with exit code {r.returncode}; etcd is skipped")
+            return None
+    found = shutil.which("etcd")
+    if not found:
+        log("etcd: etcd-server installed but no `etcd` on PATH; etcd is skipped")
+    return found
+
+
+class EtcdCluster:
+    def __init__(self, binary: str, base: Path | None = None, size: int = 3) -> None:
+        self.binary = binary
+        self.base = Path(tempfile.mkdtemp(prefix="etcd-bench-")) if base is None else base
+        self.size = size
+        ports = free_ports(2 * size)
+        self.names = [f"etcd-{i}" for i in range(1, size + 1)]
+        self.client_ports = ports[:size]
+        self.peer_ports = ports[size:]
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"127.0.0.1:{p}" for p in self.client_ports]
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {n: p.pid for n, p in self.procs.items()}
+
+    def start(self, timeout: float = 30.0) -> None:
+        initial = ",".join(
+            f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports, strict=True)
+        )
+        for name, cport, pport in zip(self.names, self.client_ports, self.peer_ports, strict=True):
+            client_url = f"http://127.0.0.1:{cport}"
+            peer_url = f"http://127.0.0.1:{pport}"
+            args = [
+                self.binary,
+                f"--name={name}",
+                f"--data-dir={self.base / name}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster={initial}",
+                "--initial-cluster-state=new",
+                "--initial-cluster-token=tessera-bench",
+                f"--heartbeat-interval={HEARTBEAT_MS}",
+                f"--election-timeout={ELECTION_MS}",
+                "--logger=zap",
+                "--log-level=warn",
+            ]
+            logf = (self.base / f"{name}.log").open("ab")
+            self.procs[name] = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT)
+            logf.close()
+        self.wait_healthy(timeout)
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for name, address in zip(self.names, self.addresses, strict=True):
+            while True:
+                proc = self.procs[name]
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited: {self.log_tail(name)}")
+                try:
+                    with urllib.request.urlopen(f"http://{address}/health", timeout=1) as r:
+                        if json.loads(r.read()).get("health") == "true":
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} not healthy after {timeout}s")
+                time.sleep(0.1)
+
+    def leader(self) -> str | None:
+        for address in self.addresses:
+            try:
+                if etcd_is_leader(address):
+                    return address
+            except OSError:
+                continue
+        return None
+
+    def log_tail(self, name: str) -> str:
+        try:
+            return (self.base / f"{name}.log").read_text(errors="replace")[-2000:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> EtcdCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run(
+    clients: int = 64,
+    seconds: float = 10.0,
+    warmup: float = 2.0,
+    value_size: int = 16,
+    procs: int = 1,
+    install: bool = True,
+) -> LoadResult | None:
+    """One measurement of etcd; None when etcd is not available (skipped)."""
+    binary = ensure_etcd(install)
+    if binary is None:
+        return None
+    log(f"etcd: {etcd_version(binary)} at {binary}; 3 members, fsync on (etcd default)")
+    with EtcdCluster(binary) as cluster:
+        spec = LoadSpec(
+            kind="etcd",
+            addresses=tuple(cluster.addresses),
+            clients=clients,
+            seconds=seconds,
+            warmup=warmup,
+            value_size=value_size,
+            procs=procs,
+            label="etcd",
+        )
+        return asyncio.run(run_load(spec, server_pids=cluster.pids))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="etcd 3-member baseline under bench.loadgen")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--procs", type=int, default=1)
+    args = p.parse_args(argv)
+    r = run(args.clients, args.seconds, args.warmup, procs=args.procs)
+    if r is None:
+        print("etcd: skipped (not installed)")
+        return 0
+    print(
+        f"etcd: {r.rate:.0f} puts/s, p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, "
+        f"errors {r.errors}, load generator {r.loadgen_cores:.2f} cores, "
+        f"servers {sum(r.server_cores.values()):.2f} cores"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Replicated-commit throughput: Tessera against etcd and PySyncObj, measured in one run.
+
+    .venv/bin/python -m bench.raft_commit [--clients 64] [--seconds 10] [--skip-etcd]
+                                          [--skip-pysyncobj]          (or: make bench-raft)
+
+Each system runs as 3 real processes on loopback, one system at a time, and the same load
+generator (bench/loadgen.py: 64 concurrent clients, distinct keys, 16-byte values, 2 s warm-up,
+10 s measured, puts sent to the leader) drives each of them:
+
+  tessera    3 KV demo nodes (service.consensus.demo_server via DemoCluster), conf/raft-demo.toml
+             as shipped: wal.fsync = true (one fdatasync per group commit).
+  etcd       3 etcd 3.4 members (Debian's etcd-server), defaults: fsync of every WAL write.
+  pysyncobj  3 PySyncObj 0.3.17 nodes with a gRPC front end, library defaults; its journal is
+             never fsynced (it cannot be configured to), so it is not durable on acknowledgement.
+
+stdout: a table (puts/s, p50/p99 latency, errors, fsync, the load generator's CPU and the
+servers' CPU in cores during the measured window) and, last, exactly one line
+
+    raft-commit: tessera X/s, etcd Y/s, pysyncobj Z/s, tessera/etcd R
+
+with X, Y, Z integers (0 for a skipped system) and R = X / Y with two decimals (0.00 when etcd
+was skipped). Progress goes to stderr. The machine may be shared: the load average is printed
+with the table, and numbers are indicative, best compared within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import etcd_baseline, pysyncobj_baseline
+from bench.loadgen import KvDemoTarget, LoadResult, LoadSpec, log, run_load
+from service.testing.demo_cluster import DemoCluster
+
+
+@dataclass
+class Row:
+    system: str
+    fsync: str
+    result: LoadResult | None  # None: skipped
+    note: str = ""
+
+
+async def _find_leader(addresses: list[str]) -> str:
+    target = KvDemoTarget(addresses)
+    try:
+        await target.ready(30.0)
+        assert target.leader is not None
+        return target.leader
+    finally:
+        await target.aclose()
+
+
+def run_tessera(
+    clients: int, seconds: float, warmup: float, value_size: int, procs: int
+) -> LoadResult:
+    base = Path(tempfile.mkdtemp(prefix="tessera-bench-"))
+    cluster = DemoCluster(base, 3, overrides={"wal.fsync": "true"})
+    log("tessera: 3 KV demo nodes (conf/raft-demo.toml), wal.fsync=true")
+    try:
+        cluster.start()
+        leader = asyncio.run(_find_leader(cluster.addresses))
+        pids = {}
+        for uuid, node in cluster.nodes.items():
+            assert node.proc is not None
+            name = f"{uuid} (leader)" if node.address == leader else uuid
+            pids[name] = node.proc.pid
+        spec = LoadSpec(
+            kind="kvdemo",
+            addresses=tuple(cluster.addresses),
+            clients=clients,
+            seconds=seconds,
+            warmup=warmup,
+            value_size=value_size,
+            procs=procs,
+            label="tessera",
+        )
+        return asyncio.run(run_load(spec, server_pids=pids))
+    finally:
+        cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _fmt(x: float, spec: str) -> str:
+    return "-" if math.isnan(x) else format(x, spec)
+
+
+def table(rows: list[Row]) -> str:
+    head = (
+        f"{'system':<10} {'puts/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
+        f"{'fsync':>5} {'loadgen':>8} {'servers':>8} {'busiest':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        r = row.result
+        if r is None:
+            lines.append(f"{row.system:<10} {'skipped':>8}  {row.note}")
+            continue
+        busiest = max(r.server_cores.values(), default=math.nan)
+        lines.append(
+            f"{row.system:<10} {r.rate:8.0f} {_fmt(r.p50_ms, '8.2f')} {_fmt(r.p99_ms, '8.2f')} "
+            f"{r.errors:6d} {row.fsync:>5} {r.loadgen_cores:8.2f} "
+            f"{sum(r.server_cores.values()):8.2f} {_fmt(busiest, '8.2f')}"
+        )
+    lines.append(
+        "loadgen/servers/busiest: CPU cores used during the measured window by the load "
+        "generator, by all 3 server processes, and by the busiest one"
+    )
+    for row in rows:
+        if row.result is not None and row.result.server_cores:
+            per = ", ".join(f"{k} {v:.2f}" for k, v in row.result.server_cores.items())
+            lines.append(f"  {row.system}: {per}")
+        if row.result is not None and row.result.error_kinds:
+            lines.append(f"  {row.system} errors: {row.result.error_kinds}")
+    return "\n".join(lines)
+
+
+def final_line(rows: list[Row]) -> str:
+    rate = {row.system: (row.result.rate if row.result else 0.0) for row in rows}
+    t, e, p = (round(rate.get(s, 0.0)) for s in ("tessera", "etcd", "pysyncobj"))
+    ratio = rate.get("tessera", 0.0) / rate["etcd"] if rate.get("etcd") else 0.0
+    return f"raft-commit: tessera {t}/s, etcd {e}/s, pysyncobj {p}/s, tessera/etcd {ratio:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description="Raft commit throughput: Tessera vs etcd vs PySyncObj, same load, same run"
+    )
+    p.add_argument("--clients", type=int, default=64, help="concurrent puts in flight")
+    p.add_argument("--seconds", type=float, default=10.0, help="measured window per system")
+    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured load before the window")
+    p.add_argument("--value-size", type=int, default=16)
+    p.add_argument("--procs", type=int, default=1, help="load generator processes")
+    p.add_argument("--skip-etcd", action="store_true")
+    p.add_argument("--skip-pysyncobj", action="store_true")
+    args = p.parse_args(argv)
+    common = (args.clients, args.seconds, args.warmup, args.value_size, args.procs)
+    load = os.getloadavg()
+    log(
+        f"raft-commit: {args.clients} clients, {args.value_size}-byte values, "
+        f"{args.warmup:g} s warm-up + {args.seconds:g} s measured per system, "
+        f"{args.procs} load generator process(es); load average {load[0]:.2f}"
+    )
+    rows = [Row("tessera", "on", run_tessera(*common))]
+    if args.skip_etcd:
+        rows.append(Row("etcd", "on", None, "(--skip-etcd)"))
+    else:
+        r = etcd_baseline.run(*common)
+        rows.append(Row("etcd", "on", r, "" if r else "(etcd not available)"))
+    if args.skip_pysyncobj:
+        rows.append(Row("pysyncobj", "off", None, "(--skip-pysyncobj)"))
+    else:
+        rows.append(Row("pysyncobj", "off", pysyncobj_baseline.run(*common)))
+    print(
+        f"{args.clients} clients, {args.value_size}-byte values, {args.seconds:g} s measured, "
+        f"3 processes per system on loopback, {os.cpu_count()} CPUs, load average before the "
+        f"run {load[0]:.2f}"
+    )
+    print(table(rows))
+    print(final_line(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Smoke test of the Raft commit benchmark: a short real run (Tessera + PySyncObj processes on
+loopback, etcd skipped) must end with the machine-readable summary line and leave no process
+behind. Slow (about 15 s), so only in `make test-slow`."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FINAL = re.compile(
+    r"raft-commit: tessera (\d+)/s, etcd (\d+)/s, pysyncobj (\d+)/s, tessera/etcd (\d+\.\d\d)"
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def _bench_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [
+        line
+        for line in out.splitlines()
+        if "bench.pysyncobj_node" in line or "bench.loadgen" in line
+    ]
+
+
+def test_raft_commit_prints_the_summary_line() -> None:
+    before = _bench_processes()
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.raft_commit",
+            "--seconds",
+            "1",
+            "--warmup",
+            "0.5",
+            "--clients",
+            "8",
+            "--skip-etcd",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.strip().splitlines()
+    m = FINAL.fullmatch(lines[-1])
+    assert m is not None, r.stdout
+    tessera, etcd, pysyncobj, ratio = m.groups()
+    assert int(tessera) > 0 and int(pysyncobj) > 0
+    assert (etcd, ratio) == ("0", "0.00")  # skipped
+    assert any(line.startswith("tessera ") for line in lines)
+    assert _bench_processes() == before
