@@ -153,14 +153,18 @@ class RaftSettings:
 
     The pure core counts ticks, not milliseconds: the shell calls `tick()` every
     `tick_interval_ms`, the leader heartbeats every `heartbeat_ticks` ticks and a follower
-    campaigns after a randomized timeout in [election_ticks, 2 * election_ticks) (etcd-io/raft).
+    campaigns after a randomized timeout in [election_ticks, election_ticks + jitter_ticks).
     """
 
     heartbeat_interval_ms: int = 500
     """Leader heartbeat period (Kudu's raft_heartbeat_interval_ms)."""
     election_timeout_ms: int = 1500
     """Base follower timeout before an election: 3 missed heartbeats, as Kudu's
-    leader_failure_max_missed_heartbeat_periods. Randomized up to twice this."""
+    leader_failure_max_missed_heartbeat_periods."""
+    election_jitter_ms: int = 500
+    """Random extra wait added to the election timeout so followers rarely campaign at once.
+    Kudu-like default: up to one heartbeat interval (etcd uses a whole election timeout, which
+    makes failover slower)."""
     tick_interval_ms: int = 100
     """Granularity of Raft time; must divide both periods above."""
     pre_vote: bool = True
@@ -189,12 +193,17 @@ class RaftSettings:
     def election_ticks(self) -> int:
         return self.election_timeout_ms // self.tick_interval_ms
 
+    @property
+    def election_jitter_ticks(self) -> int:
+        return self.election_jitter_ms // self.tick_interval_ms
+
     def validate(self, section: str = "raft") -> None:
         c = _Check(self, section)
         c.positive(
             "tick_interval_ms",
             "heartbeat_interval_ms",
             "election_timeout_ms",
+            "election_jitter_ms",
             "max_inflight_msgs",
             "max_inflight_bytes",
             "max_entries_per_msg_bytes",
@@ -202,7 +211,7 @@ class RaftSettings:
         )
         c.non_negative("snapshot_catchup_entries")
         tick = self.tick_interval_ms
-        for name in ("heartbeat_interval_ms", "election_timeout_ms"):
+        for name in ("heartbeat_interval_ms", "election_timeout_ms", "election_jitter_ms"):
             value = getattr(self, name)
             c.that(
                 value % tick == 0,

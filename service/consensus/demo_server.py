@@ -73,6 +73,7 @@ def settings_from(config: DemoNodeConfig) -> NodeSettings:
         tick_interval_s=r.tick_interval_ms / 1000,
         heartbeat_ticks=r.heartbeat_ticks,
         election_ticks=r.election_ticks,
+        election_jitter_ticks=r.election_jitter_ticks,
         pre_vote=r.pre_vote,
         check_quorum=r.check_quorum,
         lease_reads=r.lease_reads,

@@ -100,6 +100,7 @@ class NodeSettings:
     tick_interval_s: float = 0.1
     heartbeat_ticks: int = 5
     election_ticks: int = 15
+    election_jitter_ticks: int | None = None
     pre_vote: bool = True
     check_quorum: bool = True
     lease_reads: bool = False
@@ -152,6 +153,7 @@ class RaftNode:
             id=uuid,
             election_tick=settings.election_ticks,
             heartbeat_tick=settings.heartbeat_ticks,
+            election_jitter_tick=settings.election_jitter_ticks,
             pre_vote=settings.pre_vote,
             check_quorum=settings.check_quorum,
             lease_reads=settings.lease_reads,
@@ -386,12 +388,17 @@ class RaftNode:
         self.metrics["batches"] += 1
 
     async def _handle_ready(self, rd: Ready) -> None:
-        # 1. persist: the snapshot, cmeta (term/vote) and WAL, one fdatasync for everything.
-        # A leader's appends go out first, so followers write while the leader writes.
+        """etcd-io/raft's order: persist, send, apply, advance. A leader (send_before_persist)
+        sends its appends first, so followers write while it writes, and applies what is
+        already committed before waiting for its own fsync: a leader's committed entries are
+        durable here already (it acknowledges itself only after persisting)."""
         self._learn_addresses(rd.entries)
-        early = rd.send_before_persist and bool(rd.messages)
+        early = rd.send_before_persist
         if early:
-            self.transport.send(self.group_id, rd.messages)
+            if rd.messages:
+                self.transport.send(self.group_id, rd.messages)
+            self._apply_ready(rd)
+        # 1. persist: the snapshot, cmeta (term/vote) and WAL, one fdatasync for everything.
         if rd.must_sync or rd.snapshot is not None:
             t0 = time.perf_counter()
             await asyncio.to_thread(self.store.persist, rd)
@@ -400,10 +407,16 @@ class RaftNode:
         else:
             self.store.persist(rd)  # commit-index-only: buffered, no fsync needed
         RaftStore.apply_to_memory(self.storage, rd)
-        # 2. send, only now that what the messages promise is durable.
-        if rd.messages and not early:
-            self.transport.send(self.group_id, rd.messages)
-        # 3. apply.
+        if not early:
+            # 2. send, only now that what the messages promise is durable; 3. apply.
+            if rd.messages:
+                self.transport.send(self.group_id, rd.messages)
+            self._apply_ready(rd)
+        self.raw.advance(rd)
+        self._wake_applied()
+        await self._maybe_snapshot()
+
+    def _apply_ready(self, rd: Ready) -> None:
         if rd.soft_state is not None:
             ss = rd.soft_state
             self._on_soft_state(ss.leader, ss.term, ss.role)
@@ -428,9 +441,7 @@ class RaftNode:
             read = self._reads.pop(rs.context, None)
             if read is not None and not read.done():
                 read.set_result(rs.index)
-        self.raw.advance(rd)
         self._wake_applied()
-        await self._maybe_snapshot()
 
     def _learn_addresses(self, entries: list[Entry]) -> None:
         for e in entries:

@@ -274,7 +274,7 @@ class GrpcTransport:
         if inc is not None and req.dest_instance and req.dest_instance != inc.own:
             raise WrongDestination(
                 f"message for incarnation {req.dest_instance} of {self.uuid}, this is "
-                f"{self.incarnations.own}: the sender talks to a previous life of this node"
+                f"{inc.own}: the sender talks to a previous life of this node"
             )
         deliver = self._groups.get(req.group_id)
         if deliver is None:

@@ -68,6 +68,8 @@ class RaftOptions:
     id: NodeId
     election_tick: int = 10
     heartbeat_tick: int = 1
+    election_jitter_tick: int | None = None
+    """Randomized timeout is election_tick + [0, jitter); None means election_tick (etcd)."""
     pre_vote: bool = True
     check_quorum: bool = True
     max_size_per_msg: int = 1 << 20
@@ -278,9 +280,8 @@ class Raft:
         self.lead = NO_NODE
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
-        self.randomized_election_timeout = self.opts.election_tick + self.rng.randrange(
-            self.opts.election_tick
-        )
+        jitter = self.opts.election_jitter_tick or self.opts.election_tick
+        self.randomized_election_timeout = self.opts.election_tick + self.rng.randrange(jitter)
         self._abort_transfer()
         self.votes = {}
         last = self.log.last_index()
