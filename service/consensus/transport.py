@@ -26,12 +26,13 @@ Oversized requests are refused by gRPC itself (RESOURCE_EXHAUSTED) via max_recei
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import posixpath
 import uuid as uuidlib
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -112,18 +113,38 @@ class _Peer:
         self.dest_incarnation = ""
         self.task: asyncio.Task[None] | None = None
         self.failures = 0
+        self.stream: grpc.aio.StreamUnaryCall | None = None
+        self.stream_ok = False  # a unary Step succeeded since the last (re)connect or failure
+        self._watchers: set[asyncio.Task[None]] = set()
 
     def connect(self) -> pb_grpc.ConsensusServiceStub | None:
         address = self.t.addresses.get(self.node)
         if address is None:
             return None
         if address != self.address or self.stub is None:
+            self.close_stream()
             if self.channel is not None:
                 self.t._closing.add(asyncio.ensure_future(self.channel.close(None)))
             self.channel = grpc.aio.insecure_channel(address, options=self.t.channel_options)
             self.stub = pb_grpc.ConsensusServiceStub(self.channel)
             self.address = address
         return self.stub
+
+    def close_stream(self) -> None:
+        self.stream_ok = False
+        if self.stream is not None:
+            self.stream.cancel()
+            self.stream = None
+
+    async def _watch(self, stream: grpc.aio.StreamUnaryCall, group: str) -> None:
+        """The server ends a stream only on an error (or shutdown): treat it as a failed send."""
+        try:
+            await stream
+        except asyncio.CancelledError:
+            return
+        except grpc.aio.AioRpcError as e:
+            if self.stream is stream and e.code() is not grpc.StatusCode.CANCELLED:
+                await self._failed(group, 1, e)
 
     async def run(self) -> None:
         while True:
@@ -156,25 +177,49 @@ class _Peer:
         if self.t.own_address:
             req.addresses[self.t.uuid] = self.t.own_address
         try:
-            resp = await stub.Step(req, timeout=STEP_TIMEOUT_S)  # type: ignore[misc]
-            if resp.instance:
+            if not self.stream_ok:
+                # First contact, or after a reconnect or failure: a unary call, whose answer
+                # names the peer's incarnation (the request names the one we knew, if any, so
+                # a wiped peer refuses it); then the stream.
+                resp = await stub.Step(req, timeout=STEP_TIMEOUT_S)  # type: ignore[misc]
                 self.dest_incarnation = resp.instance
+                self.stream_ok = True
+            else:
+                if self.stream is None:
+                    stream: grpc.aio.StreamUnaryCall = stub.StepStream()  # type: ignore[call-arg,assignment]
+                    self.stream = stream
+                    watcher = asyncio.create_task(self._watch(stream, group))
+                    self._watchers.add(watcher)
+                    watcher.add_done_callback(self._watchers.discard)
+                assert self.stream is not None
+                await asyncio.wait_for(self.stream.write(req), STEP_TIMEOUT_S)
             self.failures = 0
             self.t.sent += len(msgs)
-        except grpc.aio.AioRpcError as e:
-            self.failures += 1
-            self.t.dropped += len(msgs)
-            self.t.report_unreachable(group, self.node)
-            if self.failures in (1, 10) or self.failures % 100 == 0:
-                log.warning(
-                    "send to %s at %s failed (%d in a row): %s %s",
-                    self.node,
-                    self.address,
-                    self.failures,
-                    e.code().name,
-                    e.details(),
-                )
-            await asyncio.sleep(min(2.0, 0.05 * 2 ** min(self.failures, 6)))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError) as e:
+            await self._failed(group, len(msgs), e)
+
+    async def _failed(self, group: str, n: int, e: BaseException) -> None:
+        stream = self.stream
+        self.close_stream()  # the next send re-handshakes with a unary Step
+        if stream is not None and not isinstance(e, grpc.aio.AioRpcError):
+            # A write on a stream the server ended: its status says why.
+            with contextlib.suppress(Exception):
+                code = await asyncio.wait_for(stream.code(), 1.0)
+                details = await stream.details()
+                e = RuntimeError(f"{code.name} {details}")
+        self.failures += 1
+        self.t.dropped += n
+        self.t.report_unreachable(group, self.node)
+        if self.failures in (1, 10) or self.failures % 100 == 0:
+            what = f"{e.code().name} {e.details()}" if isinstance(e, grpc.aio.AioRpcError) else e
+            log.warning(
+                "send to %s at %s failed (%d in a row): %s",
+                self.node,
+                self.address,
+                self.failures,
+                what,
+            )
+        await asyncio.sleep(min(2.0, 0.05 * 2 ** min(self.failures, 6)))
 
 
 class GrpcTransport:
@@ -238,6 +283,9 @@ class GrpcTransport:
 
     async def aclose(self) -> None:
         for p in self._peers.values():
+            p.close_stream()
+            for w in p._watchers:
+                w.cancel()
             if p.task is not None:
                 p.task.cancel()
         for p in self._peers.values():
@@ -313,18 +361,32 @@ class ConsensusServicer:
         inc = self.transport.incarnations
         return pb.StepResponse(instance=inc.own if inc else "")
 
+    @rpc_errors
+    async def StepStream(
+        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> pb.StepResponse:
+        async for raw in request_iterator:
+            req = pb.StepRequest()
+            try:
+                req.ParseFromString(raw)
+            except DecodeError as e:
+                raise InvalidArgument(f"undecodable StepRequest ({len(raw)} bytes): {e}") from e
+            self.transport.deliver(req)
+        inc = self.transport.incarnations
+        return pb.StepResponse(instance=inc.own if inc else "")
+
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        handler = grpc.unary_unary_rpc_method_handler(
-            self.Step,
-            request_deserializer=None,
-            response_serializer=pb.StepResponse.SerializeToString,
-        )
+        serialize = pb.StepResponse.SerializeToString
+        handlers = {
+            "Step": grpc.unary_unary_rpc_method_handler(
+                self.Step, request_deserializer=None, response_serializer=serialize
+            ),
+            "StepStream": grpc.stream_unary_rpc_method_handler(
+                self.StepStream, request_deserializer=None, response_serializer=serialize
+            ),
+        }
         server.add_generic_rpc_handlers(
-            (
-                grpc.method_handlers_generic_handler(
-                    "tessera.consensus.ConsensusService", {"Step": handler}
-                ),
-            )
+            (grpc.method_handlers_generic_handler("tessera.consensus.ConsensusService", handlers),)
         )
 
 

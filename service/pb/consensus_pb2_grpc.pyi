@@ -34,11 +34,23 @@ class ConsensusServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ConsensusServiceAsyncStub: ...
     Step: _grpc.UnaryUnaryMultiCallable[_consensus_pb2.StepRequest, _consensus_pb2.StepResponse]
+    """One batch; also the first contact with a peer (its answer names the peer's incarnation)."""
+    StepStream: _grpc.StreamUnaryMultiCallable[_consensus_pb2.StepRequest, _consensus_pb2.StepResponse]
+    """The steady state: one long-lived stream per peer, one StepRequest per batch, in order.
+    Far cheaper per batch than a unary call. The server ends it with an error status on the
+    first bad batch (the same checks as Step) and the sender reconnects with backoff.
+    """
 
 @_typing.type_check_only
 class ConsensusServiceAsyncStub(ConsensusServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Step: _aio.UnaryUnaryMultiCallable[_consensus_pb2.StepRequest, _consensus_pb2.StepResponse]  # type: ignore[assignment]
+    """One batch; also the first contact with a peer (its answer names the peer's incarnation)."""
+    StepStream: _aio.StreamUnaryMultiCallable[_consensus_pb2.StepRequest, _consensus_pb2.StepResponse]  # type: ignore[assignment]
+    """The steady state: one long-lived stream per peer, one StepRequest per batch, in order.
+    Far cheaper per batch than a unary call. The server ends it with an error status on the
+    first bad batch (the same checks as Step) and the sender reconnects with backoff.
+    """
 
 class ConsensusServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -46,6 +58,18 @@ class ConsensusServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _consensus_pb2.StepRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_consensus_pb2.StepResponse, _abc.Awaitable[_consensus_pb2.StepResponse]]: ...
+    ) -> _typing.Union[_consensus_pb2.StepResponse, _abc.Awaitable[_consensus_pb2.StepResponse]]:
+        """One batch; also the first contact with a peer (its answer names the peer's incarnation)."""
+
+    @_abc_1.abstractmethod
+    def StepStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_consensus_pb2.StepRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_consensus_pb2.StepResponse, _abc.Awaitable[_consensus_pb2.StepResponse]]:
+        """The steady state: one long-lived stream per peer, one StepRequest per batch, in order.
+        Far cheaper per batch than a unary call. The server ends it with an error status on the
+        first bad batch (the same checks as Step) and the sender reconnects with backoff.
+        """
 
 def add_ConsensusServiceServicer_to_server(servicer: ConsensusServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
