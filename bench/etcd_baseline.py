@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from bench.loadgen import LoadResult, LoadSpec, etcd_is_leader, log, run_load
 from service.testing.demo_cluster import free_ports
+from service.testing.processes import terminate_all
 
 HEARTBEAT_MS = 100  # etcd's default --heartbeat-interval
 ELECTION_MS = 1000  # etcd's default --election-timeout
@@ -149,16 +149,7 @@ class EtcdCluster:
             return ""
 
     def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        terminate_all(self.procs.values())
         shutil.rmtree(self.base, ignore_errors=True)
 
     def __enter__(self) -> EtcdCluster:

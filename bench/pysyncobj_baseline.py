@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 from bench.loadgen import ROOT, KvDemoTarget, LoadResult, LoadSpec, log, run_load
 from bench.pysyncobj_node import FSYNC
 from service.testing.demo_cluster import free_ports
+from service.testing.processes import terminate_all
 
 
 class PySyncObjCluster:
@@ -89,16 +89,7 @@ class PySyncObjCluster:
             await target.aclose()
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        terminate_all(self.procs)
         shutil.rmtree(self.base, ignore_errors=True)
 
     def __enter__(self) -> PySyncObjCluster:

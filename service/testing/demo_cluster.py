@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from service.testing.processes import terminate_all
+
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONF = ROOT / "conf" / "raft-demo.toml"
 
@@ -148,19 +150,7 @@ class DemoCluster:
         self.wait_ready([uuid])
 
     def stop(self) -> None:
-        for node in self.nodes.values():
-            if node.alive:
-                assert node.proc is not None
-                node.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for node in self.nodes.values():
-            if node.proc is None:
-                continue
-            try:
-                node.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                node.proc.kill()
-                node.proc.wait()
+        terminate_all(n.proc for n in self.nodes.values() if n.proc is not None)
 
     def exit_codes(self) -> dict[str, int | None]:
         return {u: (n.proc.poll() if n.proc else None) for u, n in self.nodes.items()}
