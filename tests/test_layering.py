@@ -14,6 +14,7 @@ PURE_PACKAGES = [
     "service/common/schema.py",
     "service/common/keys.py",
     "service/common/partition.py",
+    "service/master/placement_policy.py",
 ]
 FORBIDDEN_MODULES = {
     "asyncio",

@@ -1,0 +1,1 @@
+"""The master: sys.catalog, catalog manager, tablet server registry, placement (issue 3)."""
