@@ -1,0 +1,729 @@
+"""The records of sys.catalog as values, and their protobuf form (master.proto).
+
+Theory of operation
+-------------------
+sys.catalog is a set of rows keyed by (entry type, id), each one serialized record, as in Kudu's
+sys.catalog tablet (seeds 000 and 001): a table, a tablet, the root CA (seed 000's IPKI) or a
+token signing key (seed 000's TSK). This module holds
+
+* the records as frozen dataclasses (`TableRecord`, `TabletRecord`, `CertAuthorityRecord`,
+  `TokenSigningKeyRecord`) with their states as enums, and `RowKey`, a row's key;
+* the codec between them and master.proto. Encoding takes valid values. Decoding takes whatever
+  a replicated entry or a snapshot holds and returns a *validated* record, or raises
+  InvalidArgument naming the record by its id and the field by its path ("tablet 'ab12...':
+  partition.partition_key_start: does not agree ..."). `sys_catalog` decodes every record it
+  applies, so a record that is stored is a record that decodes;
+* `CatalogWrite`, the value the catalog manager builds for one logical operation (seed 001: one
+  operation = one replicated entry), and its encoding, the payload of that entry.
+
+Only this module and `sys_catalog` know master.proto's record messages (protobuf at the edges).
+
+Validation here concerns one record alone: ids in canonical form, a decodable schema and
+partitioning, known states, a sane consensus state. Rules that relate a record to the rest of
+the catalog (a tablet's table exists, names are unique, REMOVED is final) are `sys_catalog`'s,
+checked at apply time against the replicated state.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from service.common.errors import InvalidArgument
+from service.common.ids import NodeId, TableId, TabletId, validate_node_id, validate_uuid
+from service.common.partition import Partition, PartitionSchema
+from service.common.schema import MAX_NAME_BYTES, Schema
+from service.common.schema_codec import (
+    partition_from_pb,
+    partition_schema_from_pb,
+    partition_schema_to_pb,
+    partition_to_pb,
+    schema_from_pb,
+    schema_to_pb,
+)
+from service.pb import master_pb2 as pb
+
+__all__ = [
+    "CA_ENTRY_ID",
+    "CatalogWrite",
+    "CertAuthorityRecord",
+    "ConsensusState",
+    "Delete",
+    "EntryType",
+    "HostPort",
+    "Insert",
+    "MemberType",
+    "Precondition",
+    "RaftPeer",
+    "Record",
+    "RequestId",
+    "RowKey",
+    "RowOp",
+    "TableRecord",
+    "TableState",
+    "TabletRecord",
+    "TabletState",
+    "TokenSigningKeyRecord",
+    "Update",
+    "Upsert",
+    "consensus_state_from_pb",
+    "consensus_state_to_pb",
+    "key_from_pb",
+    "key_to_pb",
+    "record_from_pb",
+    "record_key",
+    "record_to_pb",
+    "request_id_from_pb",
+    "request_id_to_pb",
+    "table_from_pb",
+    "table_to_pb",
+    "tablet_from_pb",
+    "tablet_to_pb",
+    "tsk_entry_id",
+]
+
+CA_ENTRY_ID = "root-ca"
+"""The id of the one cert-authority row."""
+
+
+# --- keys and enums --------------------------------------------------------------------------
+
+
+class EntryType(enum.Enum):
+    """What a row holds. Values are EntryTypePB's: they order rows in snapshots and dumps."""
+
+    TABLE = pb.ENTRY_TYPE_TABLE
+    TABLET = pb.ENTRY_TYPE_TABLET
+    CERT_AUTHORITY = pb.ENTRY_TYPE_CERT_AUTHORITY
+    TOKEN_SIGNING_KEY = pb.ENTRY_TYPE_TOKEN_SIGNING_KEY
+
+    @property
+    def noun(self) -> str:
+        return self.name.lower().replace("_", " ")
+
+
+@dataclass(frozen=True)
+class RowKey:
+    """A row's key, (entry type, id). Rows are ordered by `sort_key`: entry type number, id."""
+
+    entry_type: EntryType
+    entry_id: str
+
+    @property
+    def sort_key(self) -> tuple[int, str]:
+        return (self.entry_type.value, self.entry_id)
+
+    def __str__(self) -> str:
+        return f"{self.entry_type.noun} {self.entry_id!r}"
+
+
+class TableState(enum.Enum):
+    PREPARING = pb.TableRecordPB.PREPARING
+    RUNNING = pb.TableRecordPB.RUNNING
+    ALTERING = pb.TableRecordPB.ALTERING
+    REMOVED = pb.TableRecordPB.REMOVED
+
+
+class TabletState(enum.Enum):
+    PREPARING = pb.TabletRecordPB.PREPARING
+    CREATING = pb.TabletRecordPB.CREATING
+    RUNNING = pb.TabletRecordPB.RUNNING
+    REPLACED = pb.TabletRecordPB.REPLACED
+    DELETED = pb.TabletRecordPB.DELETED
+
+    @property
+    def is_terminal(self) -> bool:
+        """REPLACED and DELETED tablets never serve again (their records stay, seed 001)."""
+        return self in (TabletState.REPLACED, TabletState.DELETED)
+
+
+class MemberType(enum.Enum):
+    VOTER = pb.VOTER
+    NON_VOTER = pb.NON_VOTER
+
+
+def tsk_entry_id(key_seq: int) -> str:
+    """A signing key's row id: 20 zero-padded digits, so id order is key_seq order."""
+    return f"{key_seq:020d}"
+
+
+# --- consensus state -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class RaftPeer:
+    uuid: NodeId
+    member_type: MemberType
+    last_known_addr: HostPort | None = None
+    promote: bool = False  # NON_VOTER only: promote once caught up (seed 004's PRE_VOTER)
+
+
+@dataclass(frozen=True)
+class ConsensusState:
+    """A tablet's committed consensus state: term, leader, and the committed config with the
+    op index that produced it (seed 004's compare-and-set token for config changes)."""
+
+    term: int
+    config_index: int
+    peers: tuple[RaftPeer, ...]
+    leader_uuid: NodeId | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "peers", tuple(self.peers))
+
+    @property
+    def voters(self) -> tuple[NodeId, ...]:
+        return tuple(p.uuid for p in self.peers if p.member_type is MemberType.VOTER)
+
+    def peer(self, uuid: str) -> RaftPeer | None:
+        return next((p for p in self.peers if p.uuid == uuid), None)
+
+
+# --- records ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableRecord:
+    """A table's row. `schema.version` is the table's schema version."""
+
+    table_id: TableId
+    name: str
+    schema: Schema
+    partition_schema: PartitionSchema
+    state: TableState
+    num_replicas: int
+    created_time_us: int = 0
+    altered_time_us: int = 0
+    owner: str = ""
+    state_msg: str = ""
+    fully_applied_schema: Schema | None = None  # while ALTERING (Kudu's fully_applied_schema)
+
+    @property
+    def schema_version(self) -> int:
+        return self.schema.version
+
+    @property
+    def is_removed(self) -> bool:
+        return self.state is TableState.REMOVED
+
+
+@dataclass(frozen=True)
+class TabletRecord:
+    """A tablet's row. `consensus` is absent while PREPARING, present once replicas are chosen."""
+
+    tablet_id: TabletId
+    table_id: TableId
+    partition: Partition
+    state: TabletState
+    consensus: ConsensusState | None = None
+    reported_schema_version: int = 0
+    replaced_by: TabletId | None = None
+    replaces: TabletId | None = None
+    created_time_us: int = 0
+    state_msg: str = ""
+
+
+@dataclass(frozen=True)
+class CertAuthorityRecord:
+    """The internal root CA (seed 000, IPKI). The key never appears in a repr."""
+
+    certificate_pem: bytes
+    private_key_pem: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class TokenSigningKeyRecord:
+    """A token signing key (seed 000, TSK). The key never appears in a repr."""
+
+    key_seq: int
+    expire_time_us: int
+    private_key_der: bytes = field(repr=False)
+
+
+Record: TypeAlias = TableRecord | TabletRecord | CertAuthorityRecord | TokenSigningKeyRecord
+
+
+def record_key(record: Record) -> RowKey:
+    """The key of the row that holds `record`."""
+    if isinstance(record, TableRecord):
+        return RowKey(EntryType.TABLE, record.table_id)
+    if isinstance(record, TabletRecord):
+        return RowKey(EntryType.TABLET, record.tablet_id)
+    if isinstance(record, CertAuthorityRecord):
+        return RowKey(EntryType.CERT_AUTHORITY, CA_ENTRY_ID)
+    return RowKey(EntryType.TOKEN_SIGNING_KEY, tsk_entry_id(record.key_seq))
+
+
+# --- field checks ----------------------------------------------------------------------------
+
+
+def _canonical_uuid(value: str, path: str) -> str:
+    """`value` if it is a uuid in canonical form (32 lowercase hex digits): two spellings of one
+    id must never make two rows."""
+    try:
+        canonical = validate_uuid(value)
+    except InvalidArgument:
+        canonical = None
+    if canonical != value:
+        raise InvalidArgument(f"{path}: {value!r} is not a uuid in canonical form (32 hex digits)")
+    return value
+
+
+def _optional_uuid(value: str, path: str) -> str | None:
+    return _canonical_uuid(value, path) if value else None
+
+
+def _enum(cls: type[enum.Enum], value: int, path: str) -> enum.Enum:
+    try:
+        return cls(value)
+    except ValueError:
+        raise InvalidArgument(f"{path}: unknown or missing state {value}") from None
+
+
+def _non_negative(value: int, path: str) -> int:
+    if value < 0:
+        raise InvalidArgument(f"{path}: must be >= 0, got {value}")
+    return value
+
+
+def _at(prefix: str, e: InvalidArgument) -> InvalidArgument:
+    return InvalidArgument(f"{prefix}: {e.message}")
+
+
+# --- consensus state codec -------------------------------------------------------------------
+
+
+def host_port_from_pb(p: pb.HostPortPB, path: str) -> HostPort:
+    if not p.host:
+        raise InvalidArgument(f"{path}.host: missing")
+    if not 1 <= p.port <= 65535:
+        raise InvalidArgument(f"{path}.port: {p.port} is not a port (1..65535)")
+    return HostPort(p.host, p.port)
+
+
+def consensus_state_to_pb(c: ConsensusState) -> pb.ConsensusStatePB:
+    out = pb.ConsensusStatePB(current_term=c.term, leader_uuid=c.leader_uuid or "")
+    out.committed_config.opid_index = c.config_index
+    for peer in c.peers:
+        p = out.committed_config.peers.add(
+            permanent_uuid=peer.uuid,
+            member_type=peer.member_type.value,
+            promote=peer.promote,
+        )
+        if peer.last_known_addr is not None:
+            p.last_known_addr.host = peer.last_known_addr.host
+            p.last_known_addr.port = peer.last_known_addr.port
+    return out
+
+
+def consensus_state_from_pb(
+    p: pb.ConsensusStatePB, path: str = "consensus_state"
+) -> ConsensusState:
+    """The committed part of a consensus state, validated (`pending_config` is not read)."""
+    peers: list[RaftPeer] = []
+    seen: set[str] = set()
+    cfg = p.committed_config
+    if not cfg.peers:
+        raise InvalidArgument(f"{path}.committed_config.peers: missing")
+    for i, peer in enumerate(cfg.peers):
+        at = f"{path}.committed_config.peers[{i}]"
+        try:
+            uuid = validate_node_id(peer.permanent_uuid)
+        except InvalidArgument as e:
+            raise _at(f"{at}.permanent_uuid", e) from None
+        if uuid in seen:
+            raise InvalidArgument(f"{at}.permanent_uuid: peer {uuid!r} listed twice")
+        seen.add(uuid)
+        member = _enum(MemberType, peer.member_type, f"{at}.member_type")
+        assert isinstance(member, MemberType)
+        if peer.promote and member is not MemberType.NON_VOTER:
+            raise InvalidArgument(f"{at}.promote: only a NON_VOTER can be promoted")
+        addr = (
+            host_port_from_pb(peer.last_known_addr, f"{at}.last_known_addr")
+            if peer.HasField("last_known_addr")
+            else None
+        )
+        peers.append(RaftPeer(uuid, member, addr, peer.promote))
+    if not any(peer.member_type is MemberType.VOTER for peer in peers):
+        raise InvalidArgument(f"{path}.committed_config: no VOTER")
+    leader = NodeId(p.leader_uuid) if p.leader_uuid else None
+    if leader is not None and not any(
+        peer.uuid == leader and peer.member_type is MemberType.VOTER for peer in peers
+    ):
+        raise InvalidArgument(f"{path}.leader_uuid: {leader!r} is not a VOTER of the config")
+    return ConsensusState(p.current_term, cfg.opid_index, tuple(peers), leader)
+
+
+# --- record codecs ---------------------------------------------------------------------------
+
+
+def table_to_pb(t: TableRecord) -> pb.TableRecordPB:
+    """Encodes a valid record (the partition schema is validated against the schema)."""
+    out = pb.TableRecordPB(
+        table_id=t.table_id,
+        name=t.name,
+        schema=schema_to_pb(t.schema),
+        partition_schema=partition_schema_to_pb(t.partition_schema, t.schema),
+        schema_version=t.schema.version,
+        state=t.state.value,
+        num_replicas=t.num_replicas,
+        created_time_us=t.created_time_us,
+        altered_time_us=t.altered_time_us,
+        owner=t.owner,
+        state_msg=t.state_msg,
+    )
+    if t.fully_applied_schema is not None:
+        out.fully_applied_schema.CopyFrom(schema_to_pb(t.fully_applied_schema))
+    return out
+
+
+def table_from_pb(p: pb.TableRecordPB) -> TableRecord:
+    """A validated table record; InvalidArgument naming the table and the field."""
+    table_id = TableId(_canonical_uuid(p.table_id, "table.table_id"))
+    where = f"table {table_id!r}"
+    try:
+        if not p.name:
+            raise InvalidArgument("name: missing")
+        if len(p.name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+            raise InvalidArgument(f"name: longer than {MAX_NAME_BYTES} bytes")
+        state = _enum(TableState, p.state, "state")
+        assert isinstance(state, TableState)
+        if not p.HasField("schema"):
+            raise InvalidArgument("schema: missing")
+        schema = schema_from_pb(p.schema, "schema")
+        if p.schema_version != schema.version:
+            raise InvalidArgument(
+                f"schema_version: {p.schema_version} differs from schema.version {schema.version}"
+            )
+        if not p.HasField("partition_schema"):
+            raise InvalidArgument("partition_schema: missing")
+        partition_schema = partition_schema_from_pb(p.partition_schema, schema, "partition_schema")
+        if p.num_replicas < 1:
+            raise InvalidArgument(f"num_replicas: must be >= 1, got {p.num_replicas}")
+        fully_applied = None
+        if p.HasField("fully_applied_schema"):
+            fully_applied = schema_from_pb(p.fully_applied_schema, "fully_applied_schema")
+            if fully_applied.version >= schema.version:
+                raise InvalidArgument(
+                    f"fully_applied_schema: version {fully_applied.version} is not older than "
+                    f"the schema's {schema.version}"
+                )
+        return TableRecord(
+            table_id=table_id,
+            name=p.name,
+            schema=schema,
+            partition_schema=partition_schema,
+            state=state,
+            num_replicas=p.num_replicas,
+            created_time_us=_non_negative(p.created_time_us, "created_time_us"),
+            altered_time_us=_non_negative(p.altered_time_us, "altered_time_us"),
+            owner=p.owner,
+            state_msg=p.state_msg,
+            fully_applied_schema=fully_applied,
+        )
+    except InvalidArgument as e:
+        raise _at(where, e) from None
+
+
+def tablet_to_pb(t: TabletRecord) -> pb.TabletRecordPB:
+    out = pb.TabletRecordPB(
+        tablet_id=t.tablet_id,
+        table_id=t.table_id,
+        partition=partition_to_pb(t.partition),
+        state=t.state.value,
+        state_msg=t.state_msg,
+        reported_schema_version=t.reported_schema_version,
+        replaced_by_tablet_id=t.replaced_by or "",
+        replaces_tablet_id=t.replaces or "",
+        created_time_us=t.created_time_us,
+    )
+    if t.consensus is not None:
+        out.consensus_state.CopyFrom(consensus_state_to_pb(t.consensus))
+    return out
+
+
+def tablet_from_pb(p: pb.TabletRecordPB) -> TabletRecord:
+    """A validated tablet record; InvalidArgument naming the tablet and the field."""
+    tablet_id = TabletId(_canonical_uuid(p.tablet_id, "tablet.tablet_id"))
+    where = f"tablet {tablet_id!r}"
+    try:
+        table_id = TableId(_canonical_uuid(p.table_id, "table_id"))
+        state = _enum(TabletState, p.state, "state")
+        assert isinstance(state, TabletState)
+        if not p.HasField("partition"):
+            raise InvalidArgument("partition: missing")
+        partition = partition_from_pb(p.partition, "partition")
+        consensus = None
+        if p.HasField("consensus_state"):
+            if p.consensus_state.HasField("pending_config"):
+                raise InvalidArgument("consensus_state.pending_config: a record holds no pending")
+            consensus = consensus_state_from_pb(p.consensus_state, "consensus_state")
+        if state is TabletState.PREPARING and consensus is not None:
+            raise InvalidArgument("consensus_state: a PREPARING tablet has no replicas yet")
+        if state in (TabletState.CREATING, TabletState.RUNNING) and consensus is None:
+            raise InvalidArgument(f"consensus_state: missing for a {state.name} tablet")
+        replaced_by = _optional_uuid(p.replaced_by_tablet_id, "replaced_by_tablet_id")
+        replaces = _optional_uuid(p.replaces_tablet_id, "replaces_tablet_id")
+        if replaced_by is not None and state is not TabletState.REPLACED:
+            raise InvalidArgument(f"replaced_by_tablet_id: set on a {state.name} tablet")
+        if tablet_id in (replaced_by, replaces):
+            raise InvalidArgument("a tablet cannot replace itself")
+        return TabletRecord(
+            tablet_id=tablet_id,
+            table_id=table_id,
+            partition=partition,
+            state=state,
+            consensus=consensus,
+            reported_schema_version=p.reported_schema_version,
+            replaced_by=TabletId(replaced_by) if replaced_by else None,
+            replaces=TabletId(replaces) if replaces else None,
+            created_time_us=_non_negative(p.created_time_us, "created_time_us"),
+            state_msg=p.state_msg,
+        )
+    except InvalidArgument as e:
+        raise _at(where, e) from None
+
+
+def cert_authority_to_pb(c: CertAuthorityRecord) -> pb.CertAuthorityRecordPB:
+    return pb.CertAuthorityRecordPB(
+        certificate_pem=c.certificate_pem, private_key_pem=c.private_key_pem
+    )
+
+
+def cert_authority_from_pb(p: pb.CertAuthorityRecordPB) -> CertAuthorityRecord:
+    if not p.certificate_pem:
+        raise InvalidArgument("cert authority: certificate_pem: missing")
+    if not p.private_key_pem:
+        raise InvalidArgument("cert authority: private_key_pem: missing")
+    return CertAuthorityRecord(p.certificate_pem, p.private_key_pem)
+
+
+def tsk_to_pb(k: TokenSigningKeyRecord) -> pb.TokenSigningKeyRecordPB:
+    return pb.TokenSigningKeyRecordPB(
+        key_seq=k.key_seq, expire_time_us=k.expire_time_us, private_key_der=k.private_key_der
+    )
+
+
+def tsk_from_pb(p: pb.TokenSigningKeyRecordPB) -> TokenSigningKeyRecord:
+    where = f"token signing key {p.key_seq}"
+    if p.key_seq < 0:
+        raise InvalidArgument(f"{where}: key_seq must be >= 0")
+    if p.expire_time_us <= 0:
+        raise InvalidArgument(f"{where}: expire_time_us: missing")
+    if not p.private_key_der:
+        raise InvalidArgument(f"{where}: private_key_der: missing")
+    return TokenSigningKeyRecord(p.key_seq, p.expire_time_us, p.private_key_der)
+
+
+RecordPB: TypeAlias = (
+    pb.TableRecordPB | pb.TabletRecordPB | pb.CertAuthorityRecordPB | pb.TokenSigningKeyRecordPB
+)
+
+# The oneof field that carries each record type in CatalogRowOpPB and CatalogRowPB.
+_FIELD = {
+    EntryType.TABLE: "table",
+    EntryType.TABLET: "tablet",
+    EntryType.CERT_AUTHORITY: "cert_authority",
+    EntryType.TOKEN_SIGNING_KEY: "token_signing_key",
+}
+_ENTRY_OF_FIELD = {v: k for k, v in _FIELD.items()}
+_MESSAGE = {
+    EntryType.TABLE: pb.TableRecordPB,
+    EntryType.TABLET: pb.TabletRecordPB,
+    EntryType.CERT_AUTHORITY: pb.CertAuthorityRecordPB,
+    EntryType.TOKEN_SIGNING_KEY: pb.TokenSigningKeyRecordPB,
+}
+
+
+def record_to_pb(record: Record) -> RecordPB:
+    if isinstance(record, TableRecord):
+        return table_to_pb(record)
+    if isinstance(record, TabletRecord):
+        return tablet_to_pb(record)
+    if isinstance(record, CertAuthorityRecord):
+        return cert_authority_to_pb(record)
+    return tsk_to_pb(record)
+
+
+def record_from_pb(entry_type: EntryType, message: RecordPB) -> Record:
+    """The validated record of `entry_type` held by `message` (of the matching type)."""
+    if entry_type is EntryType.TABLE:
+        assert isinstance(message, pb.TableRecordPB)
+        return table_from_pb(message)
+    if entry_type is EntryType.TABLET:
+        assert isinstance(message, pb.TabletRecordPB)
+        return tablet_from_pb(message)
+    if entry_type is EntryType.CERT_AUTHORITY:
+        assert isinstance(message, pb.CertAuthorityRecordPB)
+        return cert_authority_from_pb(message)
+    assert isinstance(message, pb.TokenSigningKeyRecordPB)
+    return tsk_from_pb(message)
+
+
+def record_message(entry_type: EntryType) -> type[RecordPB]:
+    """The protobuf message class of an entry type's records."""
+    return _MESSAGE[entry_type]
+
+
+def record_field(entry_type: EntryType) -> str:
+    """The oneof field name carrying an entry type's records."""
+    return _FIELD[entry_type]
+
+
+def entry_type_of_field(name: str) -> EntryType:
+    return _ENTRY_OF_FIELD[name]
+
+
+def key_to_pb(key: RowKey) -> pb.CatalogKeyPB:
+    return pb.CatalogKeyPB(entry_type=key.entry_type.value, entry_id=key.entry_id)
+
+
+def key_from_pb(p: pb.CatalogKeyPB, path: str = "key") -> RowKey:
+    entry_type = _enum(EntryType, p.entry_type, f"{path}.entry_type")
+    assert isinstance(entry_type, EntryType)
+    if not p.entry_id:
+        raise InvalidArgument(f"{path}.entry_id: missing")
+    return RowKey(entry_type, p.entry_id)
+
+
+# --- writes ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestId:
+    """A client's request id (exactly-once DDL). `first_incomplete_seq_no`: every request of
+    this client below it has been answered, so its result may be forgotten."""
+
+    client_id: str
+    seq_no: int
+    first_incomplete_seq_no: int = 0
+    attempt_no: int = 0
+
+    def __str__(self) -> str:
+        return f"({self.client_id!r}, {self.seq_no})"
+
+
+def request_id_to_pb(r: RequestId) -> pb.RequestIdPB:
+    return pb.RequestIdPB(
+        client_id=r.client_id,
+        seq_no=r.seq_no,
+        first_incomplete_seq_no=r.first_incomplete_seq_no,
+        attempt_no=r.attempt_no,
+    )
+
+
+def request_id_from_pb(p: pb.RequestIdPB, path: str = "request_id") -> RequestId:
+    if not p.client_id:
+        raise InvalidArgument(f"{path}.client_id: missing")
+    if len(p.client_id) > 128:
+        raise InvalidArgument(f"{path}.client_id: longer than 128 characters")
+    if p.seq_no < 1:
+        raise InvalidArgument(f"{path}.seq_no: must be >= 1")
+    if p.first_incomplete_seq_no > p.seq_no:
+        raise InvalidArgument(
+            f"{path}.first_incomplete_seq_no: {p.first_incomplete_seq_no} is above seq_no "
+            f"{p.seq_no}, which is not complete yet"
+        )
+    return RequestId(p.client_id, p.seq_no, p.first_incomplete_seq_no, p.attempt_no)
+
+
+@dataclass(frozen=True)
+class Insert:
+    """Write a row that must not exist yet (a new table, tablet, CA or signing key)."""
+
+    record: Record
+
+
+@dataclass(frozen=True)
+class Update:
+    """Replace a row that must exist."""
+
+    record: Record
+
+
+@dataclass(frozen=True)
+class Upsert:
+    """Write a row whether or not it exists."""
+
+    record: Record
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Remove a row that must exist. Tables and tablets are never deleted (seed 001, app. A)."""
+
+    key: RowKey
+
+
+RowOp: TypeAlias = Insert | Update | Upsert | Delete
+
+_KIND = {
+    Insert: pb.CatalogRowOpPB.INSERT,
+    Update: pb.CatalogRowOpPB.UPDATE,
+    Upsert: pb.CatalogRowOpPB.UPSERT,
+}
+
+
+@dataclass(frozen=True)
+class Precondition:
+    """Compare-and-set: the row's version must be `version` at apply time; 0 = must not exist.
+
+    A row's version is the log index of the entry that last wrote it (`sys_catalog.Row`).
+    """
+
+    key: RowKey
+    version: int
+
+    @classmethod
+    def absent(cls, key: RowKey) -> Precondition:
+        return cls(key, 0)
+
+
+@dataclass(frozen=True)
+class CatalogWrite:
+    """One logical catalog operation: the payload of ONE replicated entry (seed 001).
+
+    `response` is the serialized RPC response remembered for `request_id`, returned to a retry
+    of the same request id instead of running the operation again.
+    """
+
+    ops: tuple[RowOp, ...] = ()
+    expected: tuple[Precondition, ...] = ()
+    request_id: RequestId | None = None
+    operation: str = ""
+    response: bytes = b""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ops", tuple(self.ops))
+        object.__setattr__(self, "expected", tuple(self.expected))
+
+    def to_pb(self) -> pb.CatalogWritePB:
+        out = pb.CatalogWritePB(operation=self.operation, response=self.response)
+        for op in self.ops:
+            p = out.ops.add()
+            if isinstance(op, Delete):
+                p.kind = pb.CatalogRowOpPB.DELETE
+                p.key.CopyFrom(key_to_pb(op.key))
+                continue
+            p.kind = _KIND[type(op)]
+            entry_type = record_key(op.record).entry_type
+            getattr(p, _FIELD[entry_type]).CopyFrom(record_to_pb(op.record))
+        for cond in self.expected:
+            out.expected.add(key=key_to_pb(cond.key), version=cond.version)
+        if self.request_id is not None:
+            out.request_id.CopyFrom(request_id_to_pb(self.request_id))
+        return out
+
+    def encode(self) -> bytes:
+        """The bytes to propose as one Raft entry."""
+        return self.to_pb().SerializeToString(deterministic=True)

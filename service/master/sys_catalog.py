@@ -1,0 +1,772 @@
+"""sys.catalog: the master's replicated state machine of catalog rows.
+
+Theory of operation
+-------------------
+Every master holds a `SysCatalogState`: the rows of sys.catalog (tables, tablets, the root CA,
+token signing keys; seed 000), keyed by (entry type, id) as in Kudu's sys.catalog tablet, plus
+the table of remembered client request ids. It is built ONLY by applying committed entries, in
+log order, each one `CatalogWritePB`: one logical operation in one entry (seed 001: CreateTable
+is the table and all its tablets, never two replications). It implements the consensus layer's
+`StateMachine` protocol (`apply`, `snapshot`, `restore`); `RaftNode` owns it and calls it from
+its one task, so no locks are needed, and readers on the same event loop see only whole writes.
+
+`apply(index, data)` is deterministic: a function of the state and the entry only. No clock
+(times travel inside the records), no randomness, no iteration over unordered containers in
+anything that reaches the output. Every replica therefore reaches the same state and the same
+answer for every entry, and a snapshot is the same bytes on every replica.
+
+An entry is applied in this fixed order:
+
+  1. the index must exceed the last applied one (otherwise a bug: `Internal` is raised and the
+     node stops); `applied_index` becomes `index` whatever happens next;
+  2. remembered request results older than the retention window are forgotten (below);
+  3. the payload is decoded (garbage is refused);
+  4. if the write carries a request id already applied, the remembered result is returned and
+     nothing is applied again (exactly-once DDL after failover: a client that retries on the new
+     leader gets the original answer, not ALREADY_EXISTS or NOT_FOUND); a request id older than
+     what is remembered is refused as stale;
+  5. every precondition (`expected`: row version equal, or row absent) is checked: a
+     compare-and-set evaluated at apply time, identically on every replica, so a write built by
+     a deposed leader from stale state is refused rather than applied (seed 001's fencing);
+  6. every op is decoded and validated (`catalog_records`), and staged against the current rows:
+     INSERT needs an absent row, UPDATE and DELETE an existing one, a key appears once;
+  7. the catalog invariants are checked on the staged result (below);
+  8. only then are the rows written, each with `version = index`; the request id and its
+     response are remembered;
+  9. listeners are told (`add_listener`), the catalog manager's cue to commit the change to its
+     copy-on-write caches ("commit in memory after replication", seed 001's contract, step 5).
+
+A write refused in steps 3-7 changes nothing at all, its request id included, and comes back as
+an `ApplyResult` with a `Refusal` (an error code and a message naming the offending id). The
+refusal means "this attempt did not happen" (seed 002: before its commit point an operation
+leaves no trace), so a client may retry the request, and a new leader may re-run it.
+
+Invariants protected at apply (each refusal names the id):
+
+* ids are unique per entry type; INSERT never overwrites; ids are canonical uuids;
+* every tablet names a table that exists; a REMOVED table gets no new tablets; a tablet never
+  moves to another table and its partition never changes;
+* live (non-REMOVED) table names are unique;
+* REMOVED is final for a table, REPLACED and DELETED are final for a tablet (DELETED may follow
+  REPLACED); a table's schema version never decreases; a tablet's committed consensus state never
+  goes back (term, config op index);
+* table and tablet rows are never deleted: seed 001's appendix A keeps the persistent state of
+  deleted tables and tablets forever, so that a tablet the master has no record of is never one
+  it deleted, and such tablets are never deleted by the master. Only CA and signing-key rows
+  (purged when expired) can be deleted.
+
+Rows are kept as frozen dataclasses (decoded and validated once, at apply) together with the
+exact bytes of their record: the snapshot writes those bytes back, so it needs no re-encoding
+(re-encoding a decoded schema could canonicalize it differently) and round-trips exactly.
+
+Request ids
+-----------
+A result is remembered per (client id, seq no) with the index it took effect at. The table is
+bounded, deterministically (the bounds are constructor arguments, written into every snapshot,
+and must be equal on every replica; `restore` refuses a snapshot made with other bounds):
+
+* per client, at most `max_results_per_client` results: beyond, the lowest seq no is forgotten;
+* a result is forgotten once `request_retention_entries` log entries have been applied after
+  it (age measured in log index, never in time); a client whose last result is forgotten is
+  forgotten altogether;
+* a client's `first_incomplete_seq_no` lets the results below it be forgotten early.
+
+Forgetting a result raises the client's low-water mark: a retry of a forgotten request is
+refused as stale (FAILED_PRECONDITION) rather than executed twice. Once a whole client is
+forgotten (no request of it for the retention window), a very late retry would run again; the
+catalog manager's preconditions (name taken, row versions) still stop most such repeats.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeAlias, TypeVar, cast
+
+from google.protobuf.message import DecodeError
+
+from service.common.errors import (
+    Aborted,
+    AlreadyExists,
+    Corruption,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    TesseraError,
+    error_class,
+)
+from service.master.catalog_records import (
+    CA_ENTRY_ID,
+    CertAuthorityRecord,
+    EntryType,
+    Record,
+    RequestId,
+    RowKey,
+    TableRecord,
+    TabletRecord,
+    TabletState,
+    TokenSigningKeyRecord,
+    entry_type_of_field,
+    key_from_pb,
+    record_from_pb,
+    record_key,
+    record_message,
+    request_id_from_pb,
+)
+from service.pb import master_pb2 as pb
+
+__all__ = [
+    "DEFAULT_MAX_RESULTS_PER_CLIENT",
+    "DEFAULT_REQUEST_RETENTION_ENTRIES",
+    "SNAPSHOT_FORMAT_VERSION",
+    "ApplyResult",
+    "CatalogChange",
+    "Listener",
+    "Refusal",
+    "RememberedResult",
+    "Restored",
+    "Row",
+    "SysCatalogState",
+]
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FORMAT_VERSION = 1
+DEFAULT_REQUEST_RETENTION_ENTRIES = 100_000
+"""Log entries after which a remembered request result is forgotten. A retry after a failover
+comes seconds later; DDL is rare next to tablet-report writes, and even those rarely reach
+100,000 entries in minutes. Memory is bounded by one result per entry in the window."""
+DEFAULT_MAX_RESULTS_PER_CLIENT = 256
+"""Results remembered per client: more than any client keeps in flight."""
+
+_R = TypeVar("_R", covariant=True)
+
+
+@dataclass(frozen=True)
+class Row(Generic[_R]):
+    """A row: its key, its version (the log index of the entry that last wrote it), its record."""
+
+    key: RowKey
+    version: int
+    record: _R
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a write was refused: a `TesseraError` code and a message naming the offending id."""
+
+    code: str
+    message: str
+
+    @classmethod
+    def of(cls, err: TesseraError) -> Refusal:
+        return cls(err.code, err.message)
+
+    def exception(self) -> TesseraError:
+        """The error to raise for this refusal (the class registered for `code`)."""
+        return (error_class(self.code) or Internal)(self.message)
+
+
+@dataclass(frozen=True)
+class RememberedResult:
+    client_id: str
+    seq_no: int
+    index: int  # the log index at which the request took effect
+    operation: str
+    response: bytes
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What applying one entry did; also what `RaftNode.propose` resolves to.
+
+    Exactly one of: refused (`refusal` set, nothing changed); a retry of an applied request
+    (`duplicate_of` = the index it took effect at, nothing changed, `response` remembered);
+    applied (`written` rows with their new versions, `deleted` keys, `response` of the write).
+    """
+
+    index: int
+    refusal: Refusal | None = None
+    written: tuple[Row[Record], ...] = ()
+    deleted: tuple[RowKey, ...] = ()
+    response: bytes = b""
+    request_id: RequestId | None = None
+    operation: str = ""
+    duplicate_of: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.refusal is None
+
+    def raise_for_refusal(self) -> None:
+        if self.refusal is not None:
+            raise self.refusal.exception()
+
+
+@dataclass(frozen=True)
+class Restored:
+    """The whole state was replaced by a snapshot at `applied_index`: reload everything."""
+
+    applied_index: int
+
+
+CatalogChange: TypeAlias = ApplyResult | Restored
+Listener: TypeAlias = Callable[[CatalogChange], None]
+
+
+@dataclass
+class _Client:
+    low_water: int = 0  # seq nos below are forgotten
+    results: dict[int, RememberedResult] = field(default_factory=dict)
+
+
+class _RequestTable:
+    """Remembered request results and their bounds (module docstring, "Request ids")."""
+
+    def __init__(self, retention_entries: int, max_per_client: int) -> None:
+        if retention_entries < 1 or max_per_client < 1:
+            raise InvalidArgument("request-id bounds must be >= 1")
+        self.retention_entries = retention_entries
+        self.max_per_client = max_per_client
+        self.clients: dict[str, _Client] = {}
+        # (index, client, seq) in apply order; entries of results already forgotten by other
+        # rules stay until they reach the front (checked against the result's index there).
+        self._by_index: deque[tuple[int, str, int]] = deque()
+
+    def lookup(self, req: RequestId, operation: str) -> RememberedResult | None:
+        client = self.clients.get(req.client_id)
+        if client is None:
+            return None
+        found = client.results.get(req.seq_no)
+        if found is not None:
+            if found.operation != operation:
+                raise InvalidArgument(
+                    f"request id {req} was used for {found.operation or 'another operation'}, "
+                    f"not {operation or 'this one'}"
+                )
+            return found
+        if req.seq_no < client.low_water:
+            raise FailedPrecondition(
+                f"request id {req} is stale: results of client {req.client_id!r} below seq_no "
+                f"{client.low_water} are forgotten, so its outcome is unknown"
+            )
+        return None
+
+    def remember(self, req: RequestId, index: int, operation: str, response: bytes) -> None:
+        client = self.clients.setdefault(req.client_id, _Client())
+        if req.first_incomplete_seq_no > client.low_water:
+            client.low_water = req.first_incomplete_seq_no
+            for seq in [s for s in client.results if s < client.low_water]:
+                del client.results[seq]
+        client.results[req.seq_no] = RememberedResult(
+            req.client_id, req.seq_no, index, operation, response
+        )
+        self._by_index.append((index, req.client_id, req.seq_no))
+        while len(client.results) > self.max_per_client:
+            lowest = min(client.results)
+            del client.results[lowest]
+            client.low_water = max(client.low_water, lowest + 1)
+
+    def expire(self, index: int) -> None:
+        """Forget results that took effect `retention_entries` or more entries before `index`."""
+        cutoff = index - self.retention_entries
+        q = self._by_index
+        while q and q[0][0] <= cutoff:
+            at, client_id, seq = q.popleft()
+            client = self.clients.get(client_id)
+            if client is None:
+                continue
+            found = client.results.get(seq)
+            if found is None or found.index != at:
+                continue
+            del client.results[seq]
+            client.low_water = max(client.low_water, seq + 1)
+            if not client.results:
+                del self.clients[client_id]
+
+    def to_pb(self) -> list[pb.ClientRequestsPB]:
+        out = []
+        for client_id in sorted(self.clients):
+            client = self.clients[client_id]
+            entry = pb.ClientRequestsPB(client_id=client_id, low_water_seq_no=client.low_water)
+            for seq in sorted(client.results):
+                r = client.results[seq]
+                entry.results.add(
+                    seq_no=seq, index=r.index, operation=r.operation, response=r.response
+                )
+            out.append(entry)
+        return out
+
+    def load(self, clients: Iterable[pb.ClientRequestsPB]) -> None:
+        self.clients = {}
+        ordered: list[tuple[int, str, int]] = []
+        for c in clients:
+            if not c.client_id or c.client_id in self.clients or not c.results:
+                raise Corruption(f"snapshot: bad request-id entry for client {c.client_id!r}")
+            client = _Client(low_water=c.low_water_seq_no)
+            for r in c.results:
+                client.results[r.seq_no] = RememberedResult(
+                    c.client_id, r.seq_no, r.index, r.operation, r.response
+                )
+                ordered.append((r.index, c.client_id, r.seq_no))
+            self.clients[c.client_id] = client
+        ordered.sort()
+        self._by_index = deque(ordered)
+
+
+@dataclass
+class _Staged:
+    key: RowKey
+    record: Record | None  # None: delete
+    data: bytes  # the record's serialized bytes, as stored
+    old: Row[Record] | None
+
+
+class SysCatalogState:
+    """The rows of sys.catalog and the request-id table, built only by `apply` (module docstring).
+
+    Invariants on the fields (hold between calls):
+      * `_rows[t][i].key == RowKey(t, i)`; `_data[key]` is the serialized record of that row;
+      * `_tablets_by_table[t]` is exactly the set of tablet ids whose record names table `t`;
+      * `_live_names[n] == t` iff table `t` is not REMOVED and is named `n`;
+      * every row's version <= `_applied_index`.
+    """
+
+    def __init__(
+        self,
+        *,
+        request_retention_entries: int = DEFAULT_REQUEST_RETENTION_ENTRIES,
+        max_results_per_client: int = DEFAULT_MAX_RESULTS_PER_CLIENT,
+    ) -> None:
+        self._requests = _RequestTable(request_retention_entries, max_results_per_client)
+        self._rows: dict[EntryType, dict[str, Row[Record]]] = {t: {} for t in EntryType}
+        self._data: dict[RowKey, bytes] = {}
+        self._tablets_by_table: dict[str, set[str]] = {}
+        self._live_names: dict[str, str] = {}
+        self._applied_index = 0
+        self._listeners: list[Listener] = []
+
+    # --- StateMachine ------------------------------------------------------------------------
+
+    def apply(self, index: int, data: bytes) -> ApplyResult:
+        """Apply the committed entry at `index` (module docstring for the order of steps)."""
+        if index <= self._applied_index:
+            raise Internal(
+                f"sys.catalog: entry {index} applied after entry {self._applied_index}: entries "
+                "must be applied once each, in log order"
+            )
+        self._applied_index = index
+        self._requests.expire(index)
+        req: RequestId | None = None
+        operation = ""
+        try:
+            try:
+                write = pb.CatalogWritePB.FromString(data)
+            except DecodeError:
+                raise InvalidArgument(f"entry {index}: not a CatalogWritePB") from None
+            operation = write.operation
+            if write.HasField("request_id"):
+                req = request_id_from_pb(write.request_id)
+                seen = self._requests.lookup(req, operation)
+                if seen is not None:
+                    return ApplyResult(
+                        index,
+                        response=seen.response,
+                        request_id=req,
+                        operation=operation,
+                        duplicate_of=seen.index,
+                    )
+            self._check_preconditions(write.expected)
+            staged = self._stage(write.ops)
+            self._check_invariants(staged)
+        except TesseraError as e:
+            log.info("sys.catalog: entry %d (%s) refused: %s", index, operation or "-", e)
+            return ApplyResult(index, refusal=Refusal.of(e), request_id=req, operation=operation)
+        written, deleted = self._commit(index, staged)
+        if req is not None:
+            self._requests.remember(req, index, operation, write.response)
+        result = ApplyResult(
+            index,
+            written=written,
+            deleted=deleted,
+            response=write.response,
+            request_id=req,
+            operation=operation,
+        )
+        self._notify(result)
+        return result
+
+    def snapshot(self) -> bytes:
+        """The whole state, request ids included, in canonical order: equal states make equal
+        bytes on every replica."""
+        snap = pb.SysCatalogSnapshotPB(
+            format_version=SNAPSHOT_FORMAT_VERSION,
+            applied_index=self._applied_index,
+            request_retention_entries=self._requests.retention_entries,
+            max_results_per_client=self._requests.max_per_client,
+        )
+        for row in self._sorted_rows():
+            snap.rows.add(
+                entry_type=row.key.entry_type.value,
+                entry_id=row.key.entry_id,
+                version=row.version,
+                record=self._data[row.key],
+            )
+        snap.clients.extend(self._requests.to_pb())
+        return snap.SerializeToString(deterministic=True)
+
+    def restore(self, data: bytes) -> None:
+        """Replace the whole state with a snapshot's. A snapshot that does not decode, or whose
+        records do not validate, is `Corruption` (it was written by `snapshot`); one made with
+        other request-id bounds is refused (the replicas would diverge). Atomic: on error the
+        state is unchanged."""
+        try:
+            snap = pb.SysCatalogSnapshotPB.FromString(data)
+        except DecodeError:
+            raise Corruption("sys.catalog snapshot does not decode") from None
+        if snap.format_version != SNAPSHOT_FORMAT_VERSION:
+            raise Corruption(f"sys.catalog snapshot format {snap.format_version} unknown")
+        mine = (self._requests.retention_entries, self._requests.max_per_client)
+        theirs = (snap.request_retention_entries, snap.max_results_per_client)
+        if mine != theirs:
+            raise FailedPrecondition(
+                f"sys.catalog snapshot was made with request-id bounds {theirs}, this master "
+                f"uses {mine}: replicas must agree"
+            )
+        fresh = SysCatalogState(request_retention_entries=mine[0], max_results_per_client=mine[1])
+        try:
+            for i, row in enumerate(snap.rows):
+                fresh._load_row(i, row)
+            fresh._requests.load(snap.clients)
+            fresh._check_loaded(snap.applied_index)
+        except InvalidArgument as e:
+            raise Corruption(f"sys.catalog snapshot: {e.message}") from None
+        fresh._applied_index = snap.applied_index
+        self._requests = fresh._requests
+        self._rows = fresh._rows
+        self._data = fresh._data
+        self._tablets_by_table = fresh._tablets_by_table
+        self._live_names = fresh._live_names
+        self._applied_index = fresh._applied_index
+        self._notify(Restored(self._applied_index))
+
+    # --- reads -------------------------------------------------------------------------------
+    # Each returns immutable values; lists are fresh copies, safe to keep across awaits.
+
+    @property
+    def applied_index(self) -> int:
+        """The index of the last entry applied (or of the snapshot restored)."""
+        return self._applied_index
+
+    def __len__(self) -> int:
+        return sum(len(rows) for rows in self._rows.values())
+
+    def row(self, key: RowKey) -> Row[Record] | None:
+        return self._get(key)
+
+    def rows(self) -> Iterator[Row[Record]]:
+        """Every row in key order (entry type, id), from a copy taken at the call."""
+        return iter(self._sorted_rows())
+
+    def tables(self, *, include_removed: bool = True) -> list[Row[TableRecord]]:
+        """Tables by id; REMOVED ones too unless `include_removed` is false."""
+        rows = cast(list[Row[TableRecord]], self._of_type(EntryType.TABLE))
+        return [r for r in rows if include_removed or not r.record.is_removed]
+
+    def table(self, table_id: str) -> Row[TableRecord] | None:
+        return self._table(table_id)
+
+    def table_by_name(self, name: str) -> Row[TableRecord] | None:
+        """The live (non-REMOVED) table named `name`."""
+        table_id = self._live_names.get(name)
+        return self._table(table_id) if table_id is not None else None
+
+    def tablets_of(self, table_id: str) -> list[Row[TabletRecord]]:
+        """The table's tablets, every state, by (partition_key_start, tablet id)."""
+        rows = [self._tablet(t) for t in self._tablets_by_table.get(table_id, ())]
+        present = [r for r in rows if r is not None]
+        present.sort(key=lambda r: (r.record.partition.partition_key_start, r.record.tablet_id))
+        return present
+
+    def tablet(self, tablet_id: str) -> Row[TabletRecord] | None:
+        return self._tablet(tablet_id)
+
+    def cert_authority(self) -> Row[CertAuthorityRecord] | None:
+        row = self._rows[EntryType.CERT_AUTHORITY].get(CA_ENTRY_ID)
+        return cast(Row[CertAuthorityRecord] | None, row)
+
+    def signing_keys(self) -> list[Row[TokenSigningKeyRecord]]:
+        """Token signing keys by key_seq (expired ones included until purged)."""
+        return cast(list[Row[TokenSigningKeyRecord]], self._of_type(EntryType.TOKEN_SIGNING_KEY))
+
+    def remembered(self, client_id: str, seq_no: int) -> RememberedResult | None:
+        """The remembered result of a request id, if any: the catalog manager answers a retry
+        from it without proposing anything."""
+        client = self._requests.clients.get(client_id)
+        return client.results.get(seq_no) if client is not None else None
+
+    # --- listeners ---------------------------------------------------------------------------
+
+    def add_listener(self, fn: Listener) -> Callable[[], None]:
+        """Call `fn` after every applied write (an `ApplyResult`, not for refusals or retries)
+        and every restore (`Restored`), in registration order, from the applying task. Returns
+        a function that removes it. An exception from a listener is logged and does not undo
+        or stop the apply: the rows are committed; the listener's copy can be rebuilt."""
+        self._listeners.append(fn)
+
+        def remove() -> None:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+        return remove
+
+    def _notify(self, change: CatalogChange) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn(change)
+            except Exception:
+                log.exception("sys.catalog listener failed")
+
+    # --- apply steps -------------------------------------------------------------------------
+
+    def _check_preconditions(self, expected: Iterable[pb.CatalogPreconditionPB]) -> None:
+        seen: set[RowKey] = set()
+        for i, cond in enumerate(expected):
+            key = key_from_pb(cond.key, f"expected[{i}].key")
+            if key in seen:
+                raise InvalidArgument(f"expected[{i}]: {key} has two preconditions")
+            seen.add(key)
+            row = self._get(key)
+            actual = row.version if row is not None else 0
+            if actual != cond.version:
+                want = "absent" if cond.version == 0 else f"at version {cond.version}"
+                have = "absent" if row is None else f"at version {actual}"
+                raise Aborted(f"precondition failed: {key} expected {want}, is {have}")
+
+    def _stage(self, ops: Iterable[pb.CatalogRowOpPB]) -> list[_Staged]:
+        staged: list[_Staged] = []
+        seen: set[RowKey] = set()
+        for i, op in enumerate(ops):
+            path = f"ops[{i}]"
+            which = op.WhichOneof("record")
+            record: Record | None = None
+            data = b""
+            if op.kind == pb.CatalogRowOpPB.DELETE:
+                if which != "key":
+                    raise InvalidArgument(f"{path}: a DELETE names its row by key")
+                key = key_from_pb(op.key, f"{path}.key")
+            elif op.kind in (
+                pb.CatalogRowOpPB.INSERT,
+                pb.CatalogRowOpPB.UPDATE,
+                pb.CatalogRowOpPB.UPSERT,
+            ):
+                if which is None or which == "key":
+                    raise InvalidArgument(f"{path}: record missing")
+                entry_type = entry_type_of_field(which)
+                message = getattr(op, which)
+                assert isinstance(message, record_message(entry_type))
+                record = record_from_pb(entry_type, message)
+                key = record_key(record)
+                data = message.SerializeToString(deterministic=True)
+            else:
+                raise InvalidArgument(f"{path}.kind: unknown or missing kind {op.kind}")
+            if key in seen:
+                raise InvalidArgument(f"{path}: {key} appears twice in one write")
+            seen.add(key)
+            old = self._get(key)
+            if op.kind == pb.CatalogRowOpPB.INSERT and old is not None:
+                raise AlreadyExists(f"{key} already exists (version {old.version})")
+            if op.kind in (pb.CatalogRowOpPB.UPDATE, pb.CatalogRowOpPB.DELETE) and old is None:
+                raise NotFound(f"{key} does not exist")
+            if record is None and key.entry_type in (EntryType.TABLE, EntryType.TABLET):
+                raise FailedPrecondition(
+                    f"{key} cannot be deleted: table and tablet records are kept forever "
+                    "(seed 001, appendix A); mark it REMOVED or DELETED instead"
+                )
+            if old is not None and record is not None:
+                _check_transition(old.record, record)
+            staged.append(_Staged(key, record, data, old))
+        return staged
+
+    def _check_invariants(self, staged: list[_Staged]) -> None:
+        new_tables = {s.key.entry_id: s.record for s in staged if isinstance(s.record, TableRecord)}
+        new_tablets = {
+            s.key.entry_id: s.record for s in staged if isinstance(s.record, TabletRecord)
+        }
+
+        def table_after(table_id: str) -> TableRecord | None:
+            if table_id in new_tables:
+                return new_tables[table_id]
+            row = self._table(table_id)
+            return row.record if row is not None else None
+
+        def tablet_after(tablet_id: str) -> TabletRecord | None:
+            if tablet_id in new_tablets:
+                return new_tablets[tablet_id]
+            row = self._tablet(tablet_id)
+            return row.record if row is not None else None
+
+        for s in staged:
+            t = s.record
+            if not isinstance(t, TabletRecord):
+                continue
+            table = table_after(t.table_id)
+            if table is None:
+                raise NotFound(f"tablet {t.tablet_id!r} names unknown table {t.table_id!r}")
+            if s.old is None and table.is_removed:
+                raise FailedPrecondition(
+                    f"tablet {t.tablet_id!r}: table {t.table_id!r} is REMOVED; it gets no new "
+                    "tablets"
+                )
+            for what, other_id in (("replaced_by", t.replaced_by), ("replaces", t.replaces)):
+                if other_id is None:
+                    continue
+                other = tablet_after(other_id)
+                if other is None:
+                    raise NotFound(f"tablet {t.tablet_id!r}: {what} names unknown {other_id!r}")
+                if other.table_id != t.table_id:
+                    raise InvalidArgument(
+                        f"tablet {t.tablet_id!r}: {what} {other_id!r} belongs to another table"
+                    )
+
+        # Live names after the write: the tables written give up their old names, then claim
+        # their new ones (so two tables may swap names in one write). O(tables written).
+        freed = set()
+        for table_id in new_tables:
+            old_row = self._table(table_id)
+            if old_row is not None and self._live_names.get(old_row.record.name) == table_id:
+                freed.add(old_row.record.name)
+        claimed: dict[str, str] = {}
+        for table_id, table in new_tables.items():
+            if table.is_removed:
+                continue
+            holder = claimed.get(table.name)
+            if holder is None and table.name not in freed:
+                holder = self._live_names.get(table.name)
+            if holder is not None and holder != table_id:
+                raise AlreadyExists(
+                    f"table {table_id!r}: name {table.name!r} is taken by table {holder!r}"
+                )
+            claimed[table.name] = table_id
+
+    def _commit(
+        self, index: int, staged: list[_Staged]
+    ) -> tuple[tuple[Row[Record], ...], tuple[RowKey, ...]]:
+        """Write the staged rows. Nothing here may fail: the write was fully checked."""
+        written: list[Row[Record]] = []
+        deleted: list[RowKey] = []
+        for s in staged:
+            if s.old is not None and isinstance(s.old.record, TableRecord):
+                old_name = s.old.record.name
+                if self._live_names.get(old_name) == s.key.entry_id:
+                    del self._live_names[old_name]
+            if s.record is None:
+                del self._rows[s.key.entry_type][s.key.entry_id]
+                del self._data[s.key]
+                deleted.append(s.key)
+                continue
+            row: Row[Record] = Row(s.key, index, s.record)
+            self._rows[s.key.entry_type][s.key.entry_id] = row
+            self._data[s.key] = s.data
+            self._index_row(s.record)
+            written.append(row)
+        return tuple(written), tuple(deleted)
+
+    def _index_row(self, record: Record) -> None:
+        if isinstance(record, TableRecord):
+            if not record.is_removed:
+                self._live_names[record.name] = record.table_id
+        elif isinstance(record, TabletRecord):
+            self._tablets_by_table.setdefault(record.table_id, set()).add(record.tablet_id)
+
+    # --- restore helpers ---------------------------------------------------------------------
+
+    def _load_row(self, i: int, row: pb.SysCatalogRowPB) -> None:
+        key = key_from_pb(pb.CatalogKeyPB(entry_type=row.entry_type, entry_id=row.entry_id))
+        if self._get(key) is not None:
+            raise InvalidArgument(f"rows[{i}]: {key} appears twice")
+        try:
+            message = record_message(key.entry_type).FromString(row.record)
+        except DecodeError:
+            raise InvalidArgument(f"rows[{i}]: {key}: record does not decode") from None
+        record = record_from_pb(key.entry_type, message)
+        if record_key(record) != key:
+            raise InvalidArgument(f"rows[{i}]: {key} holds the record of {record_key(record)}")
+        self._rows[key.entry_type][key.entry_id] = Row(key, row.version, record)
+        self._data[key] = row.record
+        self._index_row(record)
+
+    def _check_loaded(self, applied_index: int) -> None:
+        for row in self._sorted_rows():
+            key = row.key
+            if row.version > applied_index or row.version < 1:
+                raise InvalidArgument(f"{key}: version {row.version} outside 1..{applied_index}")
+            if isinstance(row.record, TabletRecord) and self._table(row.record.table_id) is None:
+                raise InvalidArgument(f"{key} names unknown table {row.record.table_id!r}")
+        live = [r for r in self.tables() if not r.record.is_removed]
+        if len(live) != len(self._live_names):
+            raise InvalidArgument("two live tables share a name")
+
+    # --- lookups -----------------------------------------------------------------------------
+
+    # Rows of each entry type hold records of that type (apply and restore check it), which is
+    # what makes the casts below sound.
+
+    def _get(self, key: RowKey) -> Row[Record] | None:
+        return self._rows[key.entry_type].get(key.entry_id)
+
+    def _of_type(self, entry_type: EntryType) -> list[Row[Record]]:
+        rows = self._rows[entry_type]
+        return [rows[i] for i in sorted(rows)]
+
+    def _sorted_rows(self) -> list[Row[Record]]:
+        return [row for t in sorted(EntryType, key=lambda t: t.value) for row in self._of_type(t)]
+
+    def _table(self, table_id: str) -> Row[TableRecord] | None:
+        return cast(Row[TableRecord] | None, self._rows[EntryType.TABLE].get(table_id))
+
+    def _tablet(self, tablet_id: str) -> Row[TabletRecord] | None:
+        return cast(Row[TabletRecord] | None, self._rows[EntryType.TABLET].get(tablet_id))
+
+
+def _check_transition(old: Record, new: Record) -> None:
+    """Rules on how one row may change (module docstring, invariants)."""
+    if isinstance(old, TableRecord) and isinstance(new, TableRecord):
+        where = f"table {old.table_id!r}"
+        if old.is_removed and not new.is_removed:
+            raise FailedPrecondition(f"{where} is REMOVED; it cannot become {new.state.name}")
+        if new.schema.version < old.schema.version:
+            raise FailedPrecondition(
+                f"{where}: schema version {new.schema.version} is older than the recorded "
+                f"{old.schema.version}"
+            )
+        if new.created_time_us != old.created_time_us:
+            raise InvalidArgument(f"{where}: created_time_us is fixed at creation")
+    elif isinstance(old, TabletRecord) and isinstance(new, TabletRecord):
+        where = f"tablet {old.tablet_id!r}"
+        if new.table_id != old.table_id:
+            raise InvalidArgument(
+                f"{where} belongs to table {old.table_id!r}; it cannot move to {new.table_id!r}"
+            )
+        if new.partition != old.partition:
+            raise InvalidArgument(f"{where}: its partition is fixed at creation")
+        if old.state is TabletState.DELETED and new.state is not TabletState.DELETED:
+            raise FailedPrecondition(f"{where} is DELETED; it cannot become {new.state.name}")
+        if old.state is TabletState.REPLACED and not new.state.is_terminal:
+            raise FailedPrecondition(f"{where} is REPLACED; it cannot become {new.state.name}")
+        if old.consensus is not None:
+            if new.consensus is None:
+                raise InvalidArgument(f"{where}: its consensus state cannot be cleared")
+            # One tablet id is one Raft group: its term and committed config only move on.
+            if (
+                new.consensus.term < old.consensus.term
+                or new.consensus.config_index < old.consensus.config_index
+            ):
+                raise FailedPrecondition(
+                    f"{where}: consensus state (term {new.consensus.term}, config op index "
+                    f"{new.consensus.config_index}) is older than the recorded (term "
+                    f"{old.consensus.term}, config op index {old.consensus.config_index})"
+                )
