@@ -247,6 +247,9 @@ class RaftNode:
         self._reads[ctx] = fut
 
         def issue() -> None:
+            if fut.done():  # the caller gave up already
+                self._reads.pop(ctx, None)
+                return
             try:
                 self.raw.read_index(ctx)
             except ProposalDropped:
@@ -285,6 +288,8 @@ class RaftNode:
         fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
 
         def issue() -> None:
+            if fut.done():  # the caller gave up before the change was proposed: skip it
+                return
             try:
                 index, term = self.raw.propose_config_change(cc)
             except ProposalDropped:
@@ -320,8 +325,12 @@ class RaftNode:
         return self._status
 
     async def _wait(self, fut: asyncio.Future[T], timeout: float | None, what: str) -> T:
+        # asyncio.timeout (not wait_for + shield): no extra task or futures per call, on the
+        # hot path of every proposal. A timed-out or cancelled waiter cancels `fut`; the loop
+        # skips futures that are already done.
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            async with asyncio.timeout(timeout):
+                return await fut
         except TimeoutError:
             raise Timeout(f"{what} did not complete within {timeout}s; outcome unknown") from None
 
@@ -335,7 +344,8 @@ class RaftNode:
                 timeout = max(0.0, next_tick - time.monotonic())
                 if not (self._inbox or self._proposals or self._control):
                     try:
-                        await asyncio.wait_for(self._wakeup.wait(), timeout)
+                        async with asyncio.timeout(timeout):  # no task per iteration
+                            await self._wakeup.wait()
                     except TimeoutError:
                         pass
                 self._wakeup.clear()
