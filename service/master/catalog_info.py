@@ -1,0 +1,770 @@
+"""The catalog in memory: copy-on-write TableInfo/TabletInfo and the maps the master serves from.
+
+Theory of operation
+-------------------
+Seed 000 keeps "all the table and tablet information in-memory in copy-on-write TableInfo /
+TabletInfo objects" and three hash maps beside them; seed 001 lists the maps a multi-master
+design keeps and fixes what they got wrong. Here:
+
+* `TabletInfo` and `TableInfo` each hold ONE committed row of sys.catalog (`Row`: key, version,
+  frozen record). The record is an immutable dataclass, so copy-on-write costs nothing: a writer
+  builds the new record with `dataclasses.replace` under the info's lock; that "dirty copy" is a
+  local value, never stored in the info. It is replicated as part of ONE `CatalogWrite`, and
+  only once sys.catalog has applied it does `CatalogMaps.on_applied` swap the committed row in
+  (seed 001's contract, steps 2-5). Readers read `info.row` / `info.record` and so only ever
+  see committed data, whatever writer is waiting in replication.
+* `CatalogMaps` holds, as seed 001 lists them:
+    - table id -> TableInfo, every table, REMOVED ones included (their records are kept
+      forever, seed 001 appendix A);
+    - live table name -> TableInfo (REMOVED tables left out, so a name can be reused);
+    - tablet id -> TabletInfo, every tablet, REPLACED and DELETED ones included;
+    - per table, every tablet of it (`TableInfo.tablets`) and the partition index
+      partition-key-start -> tablet (`TableInfo.index`, "[tablet-start-key] -> TabletInfo" of
+      seed 000) holding the tablets that own their partition now (PREPARING, CREATING,
+      RUNNING). GetTableLocations is one bisect in it.
+  Beside them, derived the same way: the tablets waiting for assignment (PREPARING or
+  CREATING) and, per tablet server, its replicas per table (for placement).
+* There is NO per-tablet replica-location cache. Seed 001 (KUDU-1353): such a cache, filled only
+  by tablet reports, is empty on a new leader, and AlterTable, GetTableLocations and DeleteTable
+  then misbehave. Locations are derived from the tablet record's committed consensus state
+  (`TabletInfo.locations`, memoized per committed row: it is a pure function of the row, not a
+  second source of truth). A replica's address is its peer's `last_known_addr` in that config
+  (recorded from the server's registration at assignment, refreshed by reports); only when the
+  record has none is the tablet server registry asked. Kudu resolves every replica through the
+  registry instead, which survives a server re-registering at a new address, but
+  `TSManager.get` copies a snapshot (about 3.6 us), too slow for the ~30 replicas of one
+  GetTableLocations answer within its 100 us goal.
+
+Building the maps. `CatalogMaps.rebuild(state)` builds everything from sys.catalog's rows: a new
+leader does it before it serves (seed 002: replay, then serve). `on_applied(result)` commits one
+applied write: the catalog manager registers it as sys.catalog's listener, so it runs on every
+master, followers included, from the applying task, before `RaftNode.propose` returns to the
+proposer. So followers' maps stay warm, and a writer finds its change committed in memory when
+its replication returns. Within one write, tablet rows are committed before table rows (seed
+001, contract step 5: "tablet mutations must come first"); a new table becomes reachable
+through the id and name maps only after its tablets are attached to it. Everything is
+deterministic in the rows: an incrementally maintained `CatalogMaps` equals one rebuilt from
+the same state (`==`), which the tests check.
+
+Locks. Every TableInfo and TabletInfo has an `asyncio.Lock`, held by a writer from building
+its new records until the replicated write has been committed in memory (or has failed).
+Readers never take them. The order, which every writer follows so no two can deadlock:
+
+  1. table locks before tablet locks (seed 001, contract step 1);
+  2. several tables: in table id order; several tablets: in tablet id order.
+
+Reads. The lookups clients make (a table by id or name, its schema and creation status, the
+tablets of a partition-key range with their replicas, tablets by id) are pure functions of the
+maps at the end of this module; the catalog manager checks readiness and arguments and calls
+them. GetTableLocations behaves as Kudu's: if a tablet in the range is not RUNNING yet
+(PREPARING, CREATING) the whole call fails with `TabletNotRunning` (SERVICE_UNAVAILABLE on the
+wire) and the client retries; a tablet is never returned without its replicas.
+
+Ownership: one asyncio event loop owns the maps. `on_applied` and `rebuild` never await, so a
+reader that does not await in the middle of a lookup sees whole writes only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import enum
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
+
+from service.common.errors import InvalidArgument, NotFound, ServiceUnavailable, TesseraError
+from service.common.ids import NodeId, TableId, TabletId, validate_uuid
+from service.common.partition import Partition, PartitionSchema
+from service.common.schema import Schema
+from service.master.catalog_records import (
+    HostPort,
+    MemberType,
+    TableRecord,
+    TableState,
+    TabletRecord,
+    TabletState,
+)
+from service.master.sys_catalog import ApplyResult, Row, SysCatalogState
+
+__all__ = [
+    "HOSTED_STATES",
+    "LIVE_TABLET_STATES",
+    "AlterTableStatus",
+    "CatalogMaps",
+    "CreateTableStatus",
+    "MapsDelta",
+    "PartitionIndex",
+    "ReplicaLocation",
+    "ReplicaRole",
+    "TableIdentifier",
+    "TableInfo",
+    "TableLocations",
+    "TableSchemaInfo",
+    "TableSummary",
+    "TabletInfo",
+    "TabletLocations",
+    "TabletLocationsResult",
+    "TabletNotRunning",
+    "alter_status",
+    "create_status",
+    "list_tables",
+    "resolve_table",
+    "table_locations",
+    "table_schema",
+    "tablet_locations",
+]
+
+LIVE_TABLET_STATES = frozenset({TabletState.PREPARING, TabletState.CREATING, TabletState.RUNNING})
+"""States of a tablet that owns its partition (in its table's partition index)."""
+HOSTED_STATES = frozenset({TabletState.CREATING, TabletState.RUNNING})
+"""States in which the peers of a tablet's committed config host (or are creating) replicas:
+these count in the per-server replica counts placement ranks by."""
+_PENDING_STATES = frozenset({TabletState.PREPARING, TabletState.CREATING})
+
+
+# --- locations -------------------------------------------------------------------------------
+
+
+class ReplicaRole(enum.Enum):
+    """A replica's role as the committed consensus state says (RaftRolePB's names)."""
+
+    LEADER = "LEADER"
+    FOLLOWER = "FOLLOWER"
+    LEARNER = "LEARNER"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLocation:
+    """One replica of a tablet, as a client routes to it."""
+
+    ts_uuid: NodeId
+    role: ReplicaRole
+    member_type: MemberType
+    address: HostPort | None
+    """The peer's last known address from the committed config; None when the record has none
+    (the catalog manager then asks the tablet server registry)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TabletLocations:
+    """Where a tablet's replicas are, derived from its committed record alone."""
+
+    tablet_id: TabletId
+    table_id: TableId
+    partition: Partition
+    state: TabletState
+    replicas: tuple[ReplicaLocation, ...]
+    config_index: int
+    """The committed config's op index (seed 004's compare-and-set token); 0 without one."""
+
+
+def _locations_of(record: TabletRecord) -> TabletLocations:
+    replicas: tuple[ReplicaLocation, ...] = ()
+    config_index = 0
+    cs = record.consensus
+    if cs is not None:
+        config_index = cs.config_index
+        out = []
+        for peer in cs.peers:
+            if peer.uuid == cs.leader_uuid:
+                role = ReplicaRole.LEADER
+            elif peer.member_type is MemberType.VOTER:
+                role = ReplicaRole.FOLLOWER
+            else:
+                role = ReplicaRole.LEARNER
+            out.append(ReplicaLocation(peer.uuid, role, peer.member_type, peer.last_known_addr))
+        replicas = tuple(out)
+    return TabletLocations(
+        record.tablet_id, record.table_id, record.partition, record.state, replicas, config_index
+    )
+
+
+# --- the infos -------------------------------------------------------------------------------
+
+
+class TabletInfo:
+    """One tablet: its committed row (copy-on-write, module docstring) and its lock.
+
+    Invariants: `row.key` names this tablet and never changes table or partition (sys.catalog
+    refuses both); `row` is replaced only by `CatalogMaps` after sys.catalog applied the new
+    one; `_locations` is None or `_locations_of(row.record)`.
+    """
+
+    __slots__ = ("_locations", "_lock", "_row", "tablet_id")
+
+    def __init__(self, row: Row[TabletRecord]) -> None:
+        self.tablet_id: TabletId = row.record.tablet_id
+        self._row = row
+        self._locations: TabletLocations | None = None
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def row(self) -> Row[TabletRecord]:
+        """The committed row."""
+        return self._row
+
+    @property
+    def record(self) -> TabletRecord:
+        return self._row.record
+
+    @property
+    def version(self) -> int:
+        """The committed row's version: what a write's precondition on this tablet names."""
+        return self._row.version
+
+    @property
+    def table_id(self) -> TableId:
+        return self._row.record.table_id
+
+    @property
+    def state(self) -> TabletState:
+        return self._row.record.state
+
+    @property
+    def partition(self) -> Partition:
+        return self._row.record.partition
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """The tablet's write lock (created on first use: most tablets are never locked)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    def locations(self) -> TabletLocations:
+        """Replica locations from the committed consensus state (memoized per committed row)."""
+        loc = self._locations
+        if loc is None:
+            loc = self._locations = _locations_of(self._row.record)
+        return loc
+
+    def _commit(self, row: Row[TabletRecord]) -> None:
+        self._row = row
+        self._locations = None
+
+    def __repr__(self) -> str:
+        return f"TabletInfo({self.tablet_id!r}, {self.state.name}, v{self.version})"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionIndex:
+    """A table's live tablets sorted by (partition_key_start, tablet id): the bisect map of
+    seed 000. Immutable: rebuilt when a tablet joins or leaves the live set, so a reader that
+    took it keeps a consistent list. `starts[i]`/`ends[i]` are `tablets[i]`'s partition keys
+    (partitions never change, so they can be kept beside the infos)."""
+
+    starts: tuple[bytes, ...] = ()
+    ends: tuple[bytes, ...] = ()
+    tablets: tuple[TabletInfo, ...] = ()
+
+    @classmethod
+    def of(cls, tablets: Iterable[TabletInfo]) -> PartitionIndex:
+        ordered = sorted(tablets, key=lambda t: (t.partition.partition_key_start, t.tablet_id))
+        return cls(
+            tuple(t.partition.partition_key_start for t in ordered),
+            tuple(t.partition.partition_key_end for t in ordered),
+            tuple(ordered),
+        )
+
+    def __len__(self) -> int:
+        return len(self.tablets)
+
+    def overlapping(self, start: bytes, end: bytes, limit: int) -> list[TabletInfo]:
+        """At most `limit` tablets, by start key, whose partition meets [start, end) (b"" end:
+        unbounded), beginning with the one containing `start` if any (a range hole skipped)."""
+        if end and start >= end:
+            return []  # an empty range
+        starts = self.starts
+        i = bisect.bisect_right(starts, start) - 1
+        if i < 0:
+            i = 0
+        else:
+            e = self.ends[i]
+            if e and e <= start:
+                i += 1  # start falls in a hole after tablet i
+        n = len(starts)
+        stop = n if not end else bisect.bisect_left(starts, end, i)
+        stop = min(stop, i + limit)
+        return list(self.tablets[i:stop]) if i < stop else []
+
+    def ids(self) -> tuple[tuple[bytes, TabletId], ...]:
+        return tuple((t.partition.partition_key_start, t.tablet_id) for t in self.tablets)
+
+
+class TableInfo:
+    """One table: its committed row, its tablets, its partition index and its lock.
+
+    Invariants: `_tablets` holds every tablet of the table the maps know, any state;
+    `_live` those in LIVE_TABLET_STATES; `_index` is `PartitionIndex.of(_live.values())`
+    whenever control is outside `CatalogMaps` (rebuilt once per write that changes `_live`).
+    """
+
+    __slots__ = ("_index", "_live", "_lock", "_row", "_tablets", "table_id")
+
+    def __init__(self, row: Row[TableRecord]) -> None:
+        self.table_id: TableId = row.record.table_id
+        self._row = row
+        self._tablets: dict[TabletId, TabletInfo] = {}
+        self._live: dict[TabletId, TabletInfo] = {}
+        self._index = PartitionIndex()
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def row(self) -> Row[TableRecord]:
+        return self._row
+
+    @property
+    def record(self) -> TableRecord:
+        return self._row.record
+
+    @property
+    def version(self) -> int:
+        return self._row.version
+
+    @property
+    def name(self) -> str:
+        return self._row.record.name
+
+    @property
+    def is_removed(self) -> bool:
+        return self._row.record.is_removed
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """The table's write lock: taken before any of its tablets' locks."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    @property
+    def tablets(self) -> Mapping[TabletId, TabletInfo]:
+        """Every tablet of the table, any state (read-only view; do not keep across awaits)."""
+        return self._tablets
+
+    @property
+    def index(self) -> PartitionIndex:
+        """The live tablets by partition key start (an immutable snapshot)."""
+        return self._index
+
+    def live_tablets(self) -> tuple[TabletInfo, ...]:
+        """The tablets owning their partition now, by partition key."""
+        return self._index.tablets
+
+    def __repr__(self) -> str:
+        return f"TableInfo({self.table_id!r}, {self.name!r}, {self.record.state.name})"
+
+
+# --- the maps --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MapsDelta:
+    """What one `on_applied` changed, for the catalog manager's follow-ups (tasks, counts)."""
+
+    tablets: tuple[tuple[TabletRecord | None, TabletRecord], ...] = ()
+    """(committed before or None if new, committed now), in write order."""
+    tables: tuple[tuple[TableRecord | None, TableRecord], ...] = ()
+    servers: frozenset[str] = frozenset()
+    """Tablet servers whose replica counts changed."""
+
+
+class CatalogMaps:
+    """The maps of seed 001 (module docstring), built from sys.catalog and kept by `on_applied`.
+
+    Invariants (between calls):
+      * `tables_by_id[t].table_id == t`, every table row present;
+      * `tables_by_name[n]` is the table named `n` iff it is not REMOVED;
+      * `tablets_by_id[x]` for every tablet row; it sits in `tables_by_id[its table].tablets`;
+      * `pending` = ids of tablets in PREPARING or CREATING;
+      * `_replicas[u][t]` = number of tablets of table `t` in HOSTED_STATES whose committed
+        config has peer `u` (only positive counts are kept).
+    """
+
+    def __init__(self) -> None:
+        self.tables_by_id: dict[TableId, TableInfo] = {}
+        self.tables_by_name: dict[str, TableInfo] = {}
+        self.tablets_by_id: dict[TabletId, TabletInfo] = {}
+        self.pending: set[TabletId] = set()
+        self._replicas: dict[str, dict[str, int]] = {}
+
+    @classmethod
+    def rebuild(cls, state: SysCatalogState) -> CatalogMaps:
+        """Everything from sys.catalog's rows (a new leader, a restored snapshot)."""
+        maps = cls()
+        for table_row in state.tables():
+            table = TableInfo(table_row)
+            maps.tables_by_id[table.table_id] = table
+            if not table.is_removed:
+                maps.tables_by_name[table.name] = table
+            for tablet_row in state.tablets_of(table.table_id):
+                tablet = TabletInfo(tablet_row)
+                maps._attach(table, tablet)
+                maps._count(tablet.record, +1)
+            table._index = PartitionIndex.of(table._live.values())
+        return maps
+
+    # --- commit ------------------------------------------------------------------------------
+
+    def on_applied(self, result: ApplyResult) -> MapsDelta:
+        """Commit the rows of one applied write into memory: tablets first, then tables.
+
+        Refusals and answered retries changed nothing and are ignored. Rows of other entry
+        types (CA, signing keys) are not kept here.
+        """
+        if not result.ok or result.duplicate_of is not None:
+            return MapsDelta()
+        tablet_rows: list[Row[TabletRecord]] = []
+        table_rows: list[Row[TableRecord]] = []
+        for row in result.written:
+            if isinstance(row.record, TabletRecord):
+                tablet_rows.append(cast(Row[TabletRecord], row))
+            elif isinstance(row.record, TableRecord):
+                table_rows.append(cast(Row[TableRecord], row))
+        if not tablet_rows and not table_rows:
+            return MapsDelta()
+        # New tables are staged, not yet reachable: their tablets attach to them first.
+        staged = {
+            r.record.table_id: TableInfo(r)
+            for r in table_rows
+            if r.record.table_id not in self.tables_by_id
+        }
+        servers: set[str] = set()
+        reindex: dict[TableId, TableInfo] = {}
+        tablet_changes: list[tuple[TabletRecord | None, TabletRecord]] = []
+        for row in tablet_rows:
+            rec = row.record
+            table = self.tables_by_id.get(rec.table_id) or staged[rec.table_id]
+            info = self.tablets_by_id.get(rec.tablet_id)
+            old = info.record if info is not None else None
+            if old is not None:
+                servers |= self._count(old, -1)
+            if info is None:
+                info = TabletInfo(row)
+                self._attach(table, info)
+                reindex[table.table_id] = table
+            else:
+                info._commit(row)
+                was_live = info.tablet_id in table._live
+                is_live = rec.state in LIVE_TABLET_STATES
+                if was_live != is_live:
+                    if is_live:
+                        table._live[info.tablet_id] = info
+                    else:
+                        del table._live[info.tablet_id]
+                    reindex[table.table_id] = table
+                if rec.state in _PENDING_STATES:
+                    self.pending.add(info.tablet_id)
+                else:
+                    self.pending.discard(info.tablet_id)
+            servers |= self._count(rec, +1)
+            tablet_changes.append((old, rec))
+        for table in reindex.values():
+            table._index = PartitionIndex.of(table._live.values())
+        table_changes: list[tuple[TableRecord | None, TableRecord]] = []
+        for trow in table_rows:
+            rec_t = trow.record
+            fresh = staged.get(rec_t.table_id)
+            if fresh is not None:
+                self.tables_by_id[rec_t.table_id] = fresh
+                table_changes.append((None, rec_t))
+                table = fresh
+            else:
+                table = self.tables_by_id[rec_t.table_id]
+                old_t = table.record
+                if self.tables_by_name.get(old_t.name) is table:
+                    del self.tables_by_name[old_t.name]
+                table._row = trow
+                table_changes.append((old_t, rec_t))
+            if not rec_t.is_removed:
+                self.tables_by_name[rec_t.name] = table
+        return MapsDelta(tuple(tablet_changes), tuple(table_changes), frozenset(servers))
+
+    def _attach(self, table: TableInfo, tablet: TabletInfo) -> None:
+        self.tablets_by_id[tablet.tablet_id] = tablet
+        table._tablets[tablet.tablet_id] = tablet
+        if tablet.state in LIVE_TABLET_STATES:
+            table._live[tablet.tablet_id] = tablet
+        if tablet.state in _PENDING_STATES:
+            self.pending.add(tablet.tablet_id)
+
+    def _count(self, record: TabletRecord, delta: int) -> set[str]:
+        """Add `delta` replicas of `record`'s table to each of its peers; returns their uuids."""
+        if record.state not in HOSTED_STATES or record.consensus is None:
+            return set()
+        touched: set[str] = set()
+        for peer in record.consensus.peers:
+            by_table = self._replicas.setdefault(peer.uuid, {})
+            n = by_table.get(record.table_id, 0) + delta
+            if n > 0:
+                by_table[record.table_id] = n
+            else:
+                by_table.pop(record.table_id, None)
+                if not by_table:
+                    del self._replicas[peer.uuid]
+            touched.add(peer.uuid)
+        return touched
+
+    # --- lookups -----------------------------------------------------------------------------
+
+    def table(self, table_id: str) -> TableInfo | None:
+        return self.tables_by_id.get(TableId(table_id))
+
+    def live_table(self, name: str) -> TableInfo | None:
+        return self.tables_by_name.get(name)
+
+    def tablet(self, tablet_id: str) -> TabletInfo | None:
+        return self.tablets_by_id.get(TabletId(tablet_id))
+
+    def live_tables(self) -> Iterator[TableInfo]:
+        """Live tables, in no particular order."""
+        return iter(self.tables_by_name.values())
+
+    def pending_tablets(self) -> list[TabletInfo]:
+        """PREPARING and CREATING tablets, by (table id, partition key start, tablet id)."""
+        infos = [self.tablets_by_id[t] for t in self.pending]
+        infos.sort(key=lambda t: (t.table_id, t.partition.partition_key_start, t.tablet_id))
+        return infos
+
+    def replica_counts(self) -> dict[str, dict[str, int]]:
+        """Server uuid -> table id -> replicas hosted (a copy), from committed configs."""
+        return {u: dict(c) for u, c in self._replicas.items()}
+
+    def replica_counts_of(self, uuid: str) -> dict[str, int]:
+        return dict(self._replicas.get(uuid, {}))
+
+    # --- comparison --------------------------------------------------------------------------
+
+    def view(self) -> dict[str, Any]:
+        """Everything the maps hold, as plain comparable values (for equality and tests)."""
+        return {
+            "tables": {t: i.row for t, i in sorted(self.tables_by_id.items())},
+            "names": {n: i.table_id for n, i in sorted(self.tables_by_name.items())},
+            "tablets": {t: i.row for t, i in sorted(self.tablets_by_id.items())},
+            "table_tablets": {
+                t: tuple(sorted(i.tablets)) for t, i in sorted(self.tables_by_id.items())
+            },
+            "index": {t: i.index.ids() for t, i in sorted(self.tables_by_id.items())},
+            "pending": tuple(sorted(self.pending)),
+            "replicas": self.replica_counts(),
+        }
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CatalogMaps):
+            return NotImplemented
+        return self.view() == other.view()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+# --- reads -----------------------------------------------------------------------------------
+
+AddressOf = Callable[[str], HostPort | None]
+"""A tablet server's registered rpc address by uuid (the TSManager, warm on every master)."""
+
+
+class TabletNotRunning(ServiceUnavailable):
+    """A tablet asked for is not RUNNING yet (Kudu's TABLET_NOT_RUNNING); retry later.
+    A local refinement: it travels as SERVICE_UNAVAILABLE."""
+
+
+@dataclass(frozen=True)
+class TableIdentifier:
+    """A table by id (preferred: ids are never reused) and/or by live name; both must agree."""
+
+    table_id: str | None = None
+    name: str | None = None
+
+    @classmethod
+    def by_id(cls, table_id: str) -> TableIdentifier:
+        return cls(table_id=table_id)
+
+    @classmethod
+    def by_name(cls, name: str) -> TableIdentifier:
+        return cls(name=name)
+
+    @classmethod
+    def checked(cls, table: object) -> TableIdentifier:
+        """`table` validated, its id in canonical form; InvalidArgument naming the field."""
+        if not isinstance(table, TableIdentifier):
+            raise InvalidArgument(f"table: expected a TableIdentifier, got {table!r}")
+        table_id, name = table.table_id, table.name
+        if table_id is None and name is None:
+            raise InvalidArgument("table: give a table id or a table name")
+        if table_id is not None:
+            try:
+                table_id = validate_uuid(table_id)
+            except InvalidArgument as e:
+                raise InvalidArgument(f"table.table_id: {e.message}") from None
+        if name is not None and (not isinstance(name, str) or not name):
+            raise InvalidArgument(f"table.name: must be a non-empty string, got {name!r}")
+        return table if table_id == table.table_id else cls(table_id, name)
+
+
+@dataclass(frozen=True)
+class CreateTableStatus:
+    done: bool
+    """Every tablet RUNNING."""
+    tablets_running: int
+    tablets_total: int
+
+
+@dataclass(frozen=True)
+class AlterTableStatus:
+    done: bool
+    schema_version: int
+
+
+@dataclass(frozen=True)
+class TableSummary:
+    table_id: TableId
+    name: str
+    state: TableState
+    schema_version: int
+    num_replicas: int
+    num_tablets: int
+    owner: str
+
+
+@dataclass(frozen=True)
+class TableSchemaInfo:
+    table_id: TableId
+    name: str
+    schema: Schema
+    partition_schema: PartitionSchema
+    num_replicas: int
+    create_table_done: bool
+
+
+@dataclass(frozen=True)
+class TableLocations:
+    table_id: TableId
+    tablets: tuple[TabletLocations, ...]
+    """By partition key start."""
+    ttl_ms: int
+    """How long a client may cache them."""
+
+
+@dataclass(frozen=True)
+class TabletLocationsResult:
+    locations: tuple[TabletLocations, ...] = ()
+    errors: tuple[tuple[str, TesseraError], ...] = field(default=(), compare=False)
+    """Per-id failures (unknown, deleted, replaced, not running), in request order."""
+
+
+def resolve_table(maps: CatalogMaps, ident: TableIdentifier) -> TableInfo:
+    """The live table `ident` names (checked), or NotFound naming it."""
+    if ident.table_id is not None:
+        info = maps.table(ident.table_id)
+        if info is None:
+            raise NotFound(f"table id {ident.table_id!r} not found")
+        if info.is_removed:
+            raise NotFound(f"table {info.name!r} ({info.table_id}) was deleted")
+        if ident.name is not None and ident.name != info.name:
+            raise NotFound(f"table id {info.table_id} is named {info.name!r}, not {ident.name!r}")
+        return info
+    assert ident.name is not None
+    named = maps.live_table(ident.name)
+    if named is None:
+        raise NotFound(f"table {ident.name!r} not found")
+    return named
+
+
+def create_status(info: TableInfo) -> CreateTableStatus:
+    live = info.live_tablets()
+    running = sum(1 for t in live if t.state is TabletState.RUNNING)
+    return CreateTableStatus(bool(live) and running == len(live), running, len(live))
+
+
+def alter_status(info: TableInfo) -> AlterTableStatus:
+    """Done when every RUNNING tablet's leader reported the table's schema version (tablets not
+    created yet will be created with it)."""
+    version = info.record.schema_version
+    done = all(
+        t.record.reported_schema_version >= version
+        for t in info.live_tablets()
+        if t.state is TabletState.RUNNING
+    )
+    return AlterTableStatus(done, version)
+
+
+def list_tables(maps: CatalogMaps, name_filter: str) -> list[TableSummary]:
+    """Live tables whose name contains `name_filter`, by name."""
+    out = []
+    for info in maps.live_tables():
+        r = info.record
+        if name_filter in r.name:
+            out.append(
+                TableSummary(
+                    r.table_id,
+                    r.name,
+                    r.state,
+                    r.schema_version,
+                    r.num_replicas,
+                    len(info.index),
+                    r.owner,
+                )
+            )
+    out.sort(key=lambda s: s.name)
+    return out
+
+
+def table_schema(info: TableInfo) -> TableSchemaInfo:
+    r = info.record
+    return TableSchemaInfo(
+        r.table_id, r.name, r.schema, r.partition_schema, r.num_replicas, create_status(info).done
+    )
+
+
+def table_locations(
+    info: TableInfo, start: bytes, end: bytes, limit: int, ttl_ms: int, address_of: AddressOf
+) -> TableLocations:
+    """At most `limit` tablets overlapping [start, end), from the one containing `start`."""
+    out = [
+        _running_locations(info, t, address_of) for t in info.index.overlapping(start, end, limit)
+    ]
+    return TableLocations(info.table_id, tuple(out), ttl_ms)
+
+
+def tablet_locations(
+    maps: CatalogMaps, tablet_ids: Sequence[str], address_of: AddressOf
+) -> TabletLocationsResult:
+    """Locations of (checked, canonical, distinct) tablet ids, with per-id errors."""
+    found: list[TabletLocations] = []
+    errors: list[tuple[str, TesseraError]] = []
+    for t in tablet_ids:
+        tablet = maps.tablet(t)
+        table = maps.table(tablet.table_id) if tablet is not None else None
+        if tablet is None or table is None:
+            errors.append((t, NotFound(f"tablet {t!r} not found")))
+        elif tablet.state is TabletState.REPLACED:
+            by = tablet.record.replaced_by
+            errors.append((t, NotFound(f"tablet {t!r} was replaced by {by!r}")))
+        elif tablet.state is TabletState.DELETED or table.is_removed:
+            msg = tablet.record.state_msg or table.record.state_msg
+            errors.append((t, NotFound(f"tablet {t!r} was deleted: {msg}")))
+        else:
+            try:
+                found.append(_running_locations(table, tablet, address_of))
+            except TabletNotRunning as e:
+                errors.append((t, e))
+    return TabletLocationsResult(tuple(found), tuple(errors))
+
+
+def _running_locations(
+    table: TableInfo, tablet: TabletInfo, address_of: AddressOf
+) -> TabletLocations:
+    if tablet.state is not TabletState.RUNNING:
+        raise TabletNotRunning(
+            f"tablet {tablet.tablet_id} of table {table.name!r} is {tablet.state.name}, "
+            "not RUNNING yet; retry"
+        )
+    loc = tablet.locations()
+    for replica in loc.replicas:
+        if replica.address is None:
+            replicas = tuple(
+                r if r.address is not None else replace(r, address=address_of(r.ts_uuid))
+                for r in loc.replicas
+            )
+            return replace(loc, replicas=replicas)
+    return loc

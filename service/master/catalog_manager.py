@@ -1,0 +1,812 @@
+"""The catalog manager: DDL and lookups over the copy-on-write catalog (seeds 000, 001, 002).
+
+Theory of operation
+-------------------
+Every state change follows seed 001's contract, in this order:
+
+  1. validate every field of the request; a bad one raises InvalidArgument (or NotFound,
+     AlreadyExists, FailedPrecondition) with a message naming it, and nothing changes;
+  2. take the locks (a table's before its tablets', tables in id order, tablets in id order:
+     `catalog_info`), then read the committed records;
+  3. build the new records (copy-on-write: new frozen values, nothing stored) and put the whole
+     logical operation in ONE `CatalogWrite`, with a precondition on the version of every row
+     it updates and the client's request id;
+  4. replicate it (`replicate`, the master wires `RaftNode.propose`). If replication fails the
+     operation fails with that error (NotTheLeader, Timeout: outcome unknown, Aborted), nothing
+     in memory changed, the locks are released, and the master keeps running (KUDU-495);
+     a refusal by sys.catalog (a stale precondition, a name taken meanwhile) is raised as its
+     error class and likewise changed nothing;
+  5. once applied, sys.catalog calls this manager's listener from the applying task, before
+     `replicate` returns: the rows are committed into `CatalogMaps` (tablets before the table),
+     the per-server replica counts pushed to the TSManager and the side-effect tasks updated.
+     The same listener runs on followers, so their maps are warm when they are elected;
+  6. return. Side effects on tablet servers (CreateTablet, DeleteTablet, AlterSchema) are not
+     sent here: `pending_tasks()` lists them as values derived from committed state
+     (`catalog_assignment`), for the background tasks to carry out and retry.
+
+Choices, per seed 000:
+
+* CreateTable writes the table RUNNING and its tablets PREPARING, in one entry. Kudu's
+  PREPARING table state only ever existed between its two replications; with one entry and the
+  maps updated after commit no reader can see it, so it is never written. A table is
+  "create done" once every tablet of it is RUNNING (`is_create_table_done`).
+* GetTableLocations fails with `TabletNotRunning` while a tablet in the range is not RUNNING,
+  as Kudu's does (`catalog_info`, "Reads"); lookups are pure functions of the maps there.
+* AlterTable with column steps writes the new schema (version + 1), the table ALTERING and the
+  previous schema as `fully_applied_schema` (kept while an earlier alter is still being
+  applied). A rename-only alter keeps the schema version. Renaming a key column rebinds the
+  partition schema (columns are followed by id). The alter is done when every RUNNING tablet's
+  leader reported the new version; ALTERING -> RUNNING is written by report processing.
+* DeleteTable marks the table REMOVED and every live tablet DELETED in one entry; REPLACED
+  tablets stay REPLACED. Records are kept forever (seed 001 appendix A); the name is free again.
+
+Exactly-once DDL. Every DDL call carries a `RequestId`, stored in the entry with the response to
+remember. A retry whose id sys.catalog remembers is answered from there without proposing
+anything, also when it queued behind its original on the table lock (the id is checked again
+under the lock); one racing its original into the log is answered at apply (`duplicate_of`).
+So a client that lost the answer (a Timeout after the entry committed, a failover) gets the
+original table id, not ALREADY_EXISTS or NOT_FOUND. Of two concurrent creates of one name on
+this leader the second gets SERVICE_UNAVAILABLE while the first is in flight (Kudu's reserved
+table names); its retry finds the name taken or, if the first failed, succeeds.
+
+Readiness (seed 002: replay before serving). Until `load()` every call raises `NotReady`. The
+wiring calls `load()` on becoming leader once sys.catalog has applied everything up to the
+leader's own no-op entry; `unload()` when it steps down. On a follower the master service
+answers NotTheLeader before it reaches this class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import unicodedata
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, replace
+from random import Random
+from typing import Any, TypeAlias
+
+from service.common.clock import Clock
+from service.common.config import MasterConfig
+from service.common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    NotReady,
+    ResourceExhausted,
+    ServiceUnavailable,
+)
+from service.common.ids import TableId, TabletId, validate_uuid
+from service.common.partition import Partition, PartitionSchema
+from service.common.schema import (
+    MAX_NAME_BYTES,
+    AddColumn,
+    AlterOp,
+    ColumnSchema,
+    DropColumn,
+    RenameColumn,
+    Schema,
+)
+from service.master.catalog_assignment import (
+    AssignmentPlan,
+    PendingTasks,
+    Task,
+    new_catalog_id,
+    plan_assignments,
+)
+from service.master.catalog_info import (
+    AlterTableStatus,
+    CatalogMaps,
+    CreateTableStatus,
+    MapsDelta,
+    TableIdentifier,
+    TableInfo,
+    TableLocations,
+    TableSchemaInfo,
+    TableSummary,
+    TabletInfo,
+    TabletLocationsResult,
+    alter_status,
+    create_status,
+    list_tables,
+    resolve_table,
+    table_locations,
+    table_schema,
+    tablet_locations,
+)
+from service.master.catalog_records import (
+    CatalogWrite,
+    EntryType,
+    HostPort,
+    Insert,
+    Precondition,
+    RequestId,
+    RowKey,
+    RowOp,
+    TableRecord,
+    TableState,
+    TabletRecord,
+    TabletState,
+    Update,
+)
+from service.master.sys_catalog import ApplyResult, CatalogChange, Restored, SysCatalogState
+from service.master.ts_manager import TSManager
+from service.pb import master_pb2 as pb
+
+__all__ = [
+    "ALTER_TABLE",
+    "CREATE_TABLE",
+    "DELETE_TABLE",
+    "CatalogManager",
+    "CatalogSettings",
+    "Replicate",
+]
+
+log = logging.getLogger(__name__)
+
+CREATE_TABLE = "CreateTable"
+ALTER_TABLE = "AlterTable"
+DELETE_TABLE = "DeleteTable"
+
+Replicate: TypeAlias = Callable[[bytes, float], Awaitable[ApplyResult]]
+"""Propose one entry and wait until it is applied here: `RaftNode.propose(data, timeout)`."""
+
+_MAX_CLIENT_ID = 128
+
+
+# --- settings ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CatalogSettings:
+    """The catalog manager's knobs (MasterConfig's, plus what the master conf lacks so far)."""
+
+    default_num_replicas: int = 3
+    max_num_replicas: int = 7
+    max_create_tablets_per_ts: int = 60
+    """CreateTable refuses more tablets than this times the live tablet servers (Kudu's)."""
+    table_locations_ttl_ms: int = 300_000
+    assignment_timeout_s: float = 30.0
+    """A CREATING tablet not reported within this is replaced (Kudu's
+    tablet_creation_timeout_ms)."""
+    replicate_timeout_s: float = 10.0
+    """Deadline given to `replicate`; past it the outcome is unknown (Timeout)."""
+    default_max_returned_locations: int = 10
+    """GetTableLocations' limit when the request gives 0 (Kudu's client default)."""
+    max_tablet_ids_per_request: int = 1000
+    max_write_bytes: int = 16 * 1024 * 1024
+    """Largest replicated entry: about 1.2 MB is a 10,000-tablet CreateTable."""
+    max_owner_bytes: int = 256
+
+    @classmethod
+    def from_config(cls, config: MasterConfig, **overrides: Any) -> CatalogSettings:
+        base = cls(
+            default_num_replicas=config.default_num_replicas,
+            max_num_replicas=config.max_num_replicas,
+            max_create_tablets_per_ts=config.max_create_tablets_per_ts,
+            table_locations_ttl_ms=config.table_locations_ttl_ms,
+            max_write_bytes=min(cls.max_write_bytes, config.rpc.max_message_bytes // 2),
+        )
+        return replace(base, **overrides)
+
+    def validate(self) -> None:
+        for name, value in vars(self).items():
+            if not value > 0:
+                raise InvalidArgument(f"catalog settings: {name} must be > 0, got {value}")
+        for name in ("default_num_replicas", "max_num_replicas"):
+            if getattr(self, name) % 2 == 0:
+                raise InvalidArgument(f"catalog settings: {name} must be odd")
+        if self.default_num_replicas > self.max_num_replicas:
+            raise InvalidArgument("catalog settings: default_num_replicas > max_num_replicas")
+
+
+# --- the manager -----------------------------------------------------------------------------
+
+
+class CatalogManager:
+    """DDL and lookups of the master (module docstring). One event loop owns it.
+
+    Invariants: `_maps` equals `CatalogMaps.rebuild(_sys)` whenever control is outside the
+    listener; `_tasks` holds the tasks of every tablet while loaded (empty otherwise);
+    `_reserved_names` are names of creates and renames in flight; `_creating_since[t]` exists
+    iff tablet t is CREATING.
+    """
+
+    def __init__(
+        self,
+        sys_catalog: SysCatalogState,
+        replicate: Replicate,
+        ts_manager: TSManager,
+        clock: Clock,
+        rng: Random,
+        settings: CatalogSettings | None = None,
+    ) -> None:
+        self._settings = settings or CatalogSettings()
+        self._settings.validate()
+        self._replicate_fn = replicate
+        self._ts = ts_manager
+        self._clock = clock
+        self._rng = rng
+        self._loaded = False
+        self._reserved_names: set[str] = set()
+        self._tasks = PendingTasks()
+        self._creating_since: dict[TabletId, float] = {}
+        self._sys = sys_catalog
+        self._maps = CatalogMaps()
+        self._reload()
+        self._remove_listener = sys_catalog.add_listener(self._on_change)
+
+    # --- readiness ---------------------------------------------------------------------------
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    @property
+    def maps(self) -> CatalogMaps:
+        """The committed in-memory catalog (read it, never change it)."""
+        return self._maps
+
+    @property
+    def settings(self) -> CatalogSettings:
+        return self._settings
+
+    def load(self, sys_catalog: SysCatalogState | None = None) -> None:
+        """Become ready to serve as leader: rebuild the maps from sys.catalog, recompute every
+        pending task (roll-forward, seed 002). sys.catalog must have applied everything up to
+        this leader's no-op entry."""
+        if sys_catalog is not None and sys_catalog is not self._sys:
+            self._remove_listener()
+            self._sys = sys_catalog
+            self._remove_listener = sys_catalog.add_listener(self._on_change)
+        self._loaded = True
+        self._reload()
+        log.info(
+            "catalog loaded at index %d: %d tables, %d tablets, %d pending tasks",
+            self._sys.applied_index,
+            len(self._maps.tables_by_id),
+            len(self._maps.tablets_by_id),
+            len(self._tasks),
+        )
+
+    def unload(self) -> None:
+        """Stop serving (leadership lost). The maps stay warm through the listener."""
+        self._loaded = False
+        self._tasks.clear()
+
+    def close(self) -> None:
+        """Detach from sys.catalog."""
+        self.unload()
+        self._remove_listener()
+
+    def _check_ready(self) -> None:
+        if not self._loaded:
+            raise NotReady("the catalog is not loaded yet (a new leader replays first); retry")
+
+    # --- DDL ---------------------------------------------------------------------------------
+
+    async def create_table(
+        self,
+        name: str,
+        schema: Schema,
+        partition_schema: PartitionSchema,
+        num_replicas: int,
+        request_id: RequestId,
+        owner: str = "",
+    ) -> TableId:
+        """Create a table and all its tablets in ONE replicated entry; returns its id.
+
+        `schema`'s column ids and version are assigned here (ids in column order, version 0).
+        `num_replicas` 0 means the default. A retry of `request_id` gets the original id.
+        """
+        self._check_ready()
+        req = _check_request_id(request_id)
+        done = self._remembered(req, CREATE_TABLE)
+        if done is not None:
+            return TableId(pb.CreateTableResponsePB.FromString(done).table_id)
+        name = _check_table_name(name, "name")
+        schema = _check_schema(schema)
+        partitions = _check_partitioning(partition_schema, schema)
+        replicas = self._check_num_replicas(num_replicas)
+        owner = self._check_owner(owner)
+        live = self._ts.num_live()
+        if replicas > live:
+            raise FailedPrecondition(
+                f"num_replicas {replicas}: need {replicas} live tablet servers, have {live}"
+                f" ({len(self._ts)} registered)"
+            )
+        limit = self._settings.max_create_tablets_per_ts * live
+        if len(partitions) > limit:
+            raise InvalidArgument(
+                f"partition_schema: makes {len(partitions)} tablets, more than the {limit} "
+                f"allowed at creation ({self._settings.max_create_tablets_per_ts} per live "
+                f"tablet server x {live})"
+            )
+        self._check_name_free(name)
+        now_us = self._now_us()
+        table_id = TableId(new_catalog_id(self._rng))
+        table = TableRecord(
+            table_id=table_id,
+            name=name,
+            schema=schema,
+            partition_schema=partition_schema,
+            state=TableState.RUNNING,
+            num_replicas=replicas,
+            created_time_us=now_us,
+            altered_time_us=now_us,
+            owner=owner,
+        )
+        ops: list[RowOp] = [Insert(table)]
+        for p in partitions:
+            tablet_id = TabletId(new_catalog_id(self._rng))
+            tablet = TabletRecord(tablet_id, table_id, p, TabletState.PREPARING)
+            ops.append(Insert(replace(tablet, created_time_us=now_us)))
+        write = CatalogWrite(
+            ops=tuple(ops),
+            expected=(Precondition.absent(RowKey(EntryType.TABLE, table_id)),),
+            request_id=req,
+            operation=CREATE_TABLE,
+            response=pb.CreateTableResponsePB(table_id=table_id).SerializeToString(),
+        )
+        self._reserved_names.add(name)
+        try:
+            result = await self._replicate(write)
+        finally:
+            self._reserved_names.discard(name)
+        return TableId(pb.CreateTableResponsePB.FromString(result.response).table_id)
+
+    async def alter_table(
+        self,
+        table: TableIdentifier,
+        ops: Sequence[AlterOp],
+        request_id: RequestId,
+        *,
+        new_name: str | None = None,
+        expected_schema_version: int | None = None,
+    ) -> int:
+        """Apply column steps and/or a rename as ONE entry; returns the schema version after.
+
+        `expected_schema_version`: refuse (FailedPrecondition) unless the table is at it.
+        """
+        self._check_ready()
+        req = _check_request_id(request_id)
+        done = self._remembered(req, ALTER_TABLE)
+        if done is not None:
+            return pb.AlterTableResponsePB.FromString(done).schema_version
+        steps = _check_alter_steps(ops)
+        if new_name is not None:
+            new_name = _check_table_name(new_name, "new_name")
+        expected = expected_schema_version
+        if expected is not None and (not _is_int(expected) or expected < 0):
+            raise InvalidArgument(f"expected_schema_version: must be an int >= 0, got {expected!r}")
+        if not steps and new_name is None:
+            raise InvalidArgument("alter has no operations: give column steps and/or a new name")
+        info = self._resolve(table)
+        async with info.lock:
+            done = self._remembered(req, ALTER_TABLE)  # a retry that queued behind its original
+            if done is not None:
+                return pb.AlterTableResponsePB.FromString(done).schema_version
+            if info.is_removed:
+                raise NotFound(f"table {info.name!r} ({info.table_id}) was deleted")
+            row = info.row
+            old = row.record
+            if expected is not None and old.schema_version != expected:
+                raise FailedPrecondition(
+                    f"table {old.name!r} is at schema version {old.schema_version}, not the "
+                    f"expected {expected}"
+                )
+            schema, partition_schema = old.schema, old.partition_schema
+            if steps:
+                try:
+                    schema = old.schema.apply(steps)
+                except InvalidArgument as e:
+                    raise InvalidArgument(f"table {old.name!r}: {e.message}") from None
+                partition_schema = old.partition_schema.rebind(old.schema, schema)
+            name = old.name
+            if new_name is not None and new_name != old.name:
+                self._check_name_free(new_name)
+                name = new_name
+            if not steps and name == old.name:
+                raise InvalidArgument(f"alter changes nothing: the table is named {name!r}")
+            new = replace(
+                old,
+                name=name,
+                schema=schema,
+                partition_schema=partition_schema,
+                altered_time_us=max(self._now_us(), old.created_time_us),
+                state=TableState.ALTERING if steps else old.state,
+                fully_applied_schema=(
+                    (old.fully_applied_schema or old.schema) if steps else old.fully_applied_schema
+                ),
+            )
+            response = pb.AlterTableResponsePB(table_id=old.table_id, schema_version=schema.version)
+            write = CatalogWrite(
+                ops=(Update(new),),
+                expected=(Precondition(row.key, row.version),),
+                request_id=req,
+                operation=ALTER_TABLE,
+                response=response.SerializeToString(),
+            )
+            renamed = name != old.name
+            if renamed:
+                self._reserved_names.add(name)
+            try:
+                result = await self._replicate(write)
+            finally:
+                if renamed:
+                    self._reserved_names.discard(name)
+        return pb.AlterTableResponsePB.FromString(result.response).schema_version
+
+    async def delete_table(self, table: TableIdentifier, request_id: RequestId) -> TableId:
+        """Mark the table REMOVED and its live tablets DELETED in ONE entry; returns its id.
+        The records stay; the name is free once this returns."""
+        self._check_ready()
+        req = _check_request_id(request_id)
+        done = self._remembered(req, DELETE_TABLE)
+        if done is not None:
+            return TableId(pb.DeleteTableResponsePB.FromString(done).table_id)
+        info = self._resolve(table)
+        async with info.lock, contextlib.AsyncExitStack() as stack:
+            done = self._remembered(req, DELETE_TABLE)  # a retry that queued behind its original
+            if done is not None:
+                return TableId(pb.DeleteTableResponsePB.FromString(done).table_id)
+            if info.is_removed:
+                raise NotFound(f"table {info.name!r} ({info.table_id}) was deleted")
+            tablets = [info.tablets[t] for t in sorted(info.tablets)]
+            for tablet in tablets:
+                await stack.enter_async_context(tablet.lock)
+            row = info.row
+            msg = f"table {row.record.name!r} deleted at {self._now_us()} us"
+            ops: list[RowOp] = [
+                Update(replace(row.record, state=TableState.REMOVED, state_msg=msg))
+            ]
+            expected = [Precondition(row.key, row.version)]
+            for tablet in tablets:
+                if tablet.state.is_terminal:
+                    continue
+                ops.append(Update(replace(tablet.record, state=TabletState.DELETED, state_msg=msg)))
+                expected.append(Precondition(tablet.row.key, tablet.version))
+            write = CatalogWrite(
+                ops=tuple(ops),
+                expected=tuple(expected),
+                request_id=req,
+                operation=DELETE_TABLE,
+                response=pb.DeleteTableResponsePB(table_id=info.table_id).SerializeToString(),
+            )
+            result = await self._replicate(write)
+        return TableId(pb.DeleteTableResponsePB.FromString(result.response).table_id)
+
+    # --- reads -------------------------------------------------------------------------------
+
+    async def is_create_table_done(self, table: TableIdentifier) -> CreateTableStatus:
+        self._check_ready()
+        return create_status(self._resolve(table))
+
+    async def is_alter_table_done(self, table: TableIdentifier) -> AlterTableStatus:
+        """Done when every RUNNING tablet's leader reported the table's schema version."""
+        self._check_ready()
+        return alter_status(self._resolve(table))
+
+    async def list_tables(self, name_filter: str = "") -> list[TableSummary]:
+        """Live tables whose name contains `name_filter`, by name."""
+        self._check_ready()
+        if not isinstance(name_filter, str):
+            raise InvalidArgument(f"name_filter: must be a string, got {name_filter!r}")
+        return list_tables(self._maps, name_filter)
+
+    async def get_table_schema(self, table: TableIdentifier) -> TableSchemaInfo:
+        self._check_ready()
+        return table_schema(self._resolve(table))
+
+    async def get_table_locations(
+        self,
+        table: TableIdentifier,
+        partition_key_start: bytes = b"",
+        partition_key_end: bytes = b"",
+        max_tablets: int = 0,
+    ) -> TableLocations:
+        """The tablets overlapping [start, end) (b"" end: to the end), at most `max_tablets`
+        (0: the default), from the one containing `start`, with replicas from their committed
+        consensus state. TabletNotRunning if one of them is not RUNNING yet."""
+        self._check_ready()
+        if not isinstance(partition_key_start, bytes):
+            raise InvalidArgument("partition_key_start: must be bytes")
+        if not isinstance(partition_key_end, bytes):
+            raise InvalidArgument("partition_key_end: must be bytes")
+        if partition_key_end and partition_key_start > partition_key_end:
+            raise InvalidArgument(
+                f"partition_key_start 0x{partition_key_start.hex()} is above "
+                f"partition_key_end 0x{partition_key_end.hex()}"
+            )
+        if not _is_int(max_tablets) or max_tablets < 0:
+            raise InvalidArgument(f"max_tablets: must be an integer >= 0, got {max_tablets!r}")
+        limit = max_tablets or self._settings.default_max_returned_locations
+        return table_locations(
+            self._resolve(table),
+            partition_key_start,
+            partition_key_end,
+            limit,
+            self._settings.table_locations_ttl_ms,
+            self._address_of,
+        )
+
+    async def get_tablet_locations(self, tablet_ids: Sequence[str]) -> TabletLocationsResult:
+        """Locations by tablet id; unknown, deleted, replaced or not-running ids are reported
+        per id in `errors`. Malformed or duplicate ids fail the whole call."""
+        self._check_ready()
+        if isinstance(tablet_ids, str | bytes) or not isinstance(tablet_ids, Iterable):
+            raise InvalidArgument("tablet_ids: must be a list of tablet ids")
+        ids = list(tablet_ids)
+        if not ids:
+            raise InvalidArgument("tablet_ids: empty")
+        cap = self._settings.max_tablet_ids_per_request
+        if len(ids) > cap:
+            raise InvalidArgument(f"tablet_ids: {len(ids)} ids, more than {cap} per request")
+        canonical: list[str] = []
+        for i, raw in enumerate(ids):
+            try:
+                t = validate_uuid(raw)
+            except InvalidArgument as e:
+                raise InvalidArgument(f"tablet_ids[{i}]: {e.message}") from None
+            if t in canonical:
+                raise InvalidArgument(f"tablet_ids[{i}]: tablet {t!r} asked for twice")
+            canonical.append(t)
+        return tablet_locations(self._maps, canonical, self._address_of)
+
+    def _address_of(self, uuid: str) -> HostPort | None:
+        d = self._ts.get(uuid)
+        return _host_port(d.rpc_address) if d is not None else None
+
+    # --- assignment and tasks ----------------------------------------------------------------
+
+    def plan_assignments(
+        self, now: float | None = None, tables: Collection[TableId] | None = None
+    ) -> AssignmentPlan:
+        """One assignment round over committed state as ONE write (`catalog_assignment`);
+        `now` is monotonic (default: the clock's); `tables`: only these. Pure but for rng
+        draws: nothing changes."""
+        self._check_ready()
+        now = self._clock.monotonic() if now is None else now
+        addresses = {str(d.uuid): _host_port(d.rpc_address) for d in self._ts.descriptors()}
+        return plan_assignments(
+            self._maps,
+            self._ts.server_loads(),
+            addresses,
+            self._rng,
+            now=now,
+            creating_since=self._creating_since,
+            assignment_timeout_s=self._settings.assignment_timeout_s,
+            now_us=self._now_us(),
+            new_id=lambda: new_catalog_id(self._rng),
+            tables=tables,
+        )
+
+    async def assign_tablets(self, now: float | None = None) -> AssignmentPlan:
+        """Plan an assignment round under the locks of the tables and tablets involved and
+        replicate it; returns the plan (committed when this returns). The background task
+        calls this; replication errors propagate and change nothing."""
+        self._check_ready()
+        pending = self._maps.pending_tablets()
+        tables = sorted({t.table_id for t in pending})
+        async with contextlib.AsyncExitStack() as stack:
+            for table_id in tables:
+                await stack.enter_async_context(self._maps.tables_by_id[table_id].lock)
+            for tablet in sorted(pending, key=lambda t: t.tablet_id):
+                await stack.enter_async_context(tablet.lock)
+            # Tables created while we waited are not locked by us: the next round takes them.
+            plan = self.plan_assignments(now, tables)
+            if plan.write is not None:
+                await self._replicate(plan.write)
+        return plan
+
+    def pending_tasks(self) -> list[Task]:
+        """Side effects committed state calls for and not yet reported done (`task_done`)."""
+        return self._tasks.pending()
+
+    def task_done(self, task: Task) -> None:
+        """The background task carried `task` out. It is not listed again unless committed
+        state calls for it anew (or a new leader recomputes everything)."""
+        self._tasks.done(task)
+
+    # --- replication -------------------------------------------------------------------------
+
+    async def _replicate(self, write: CatalogWrite) -> ApplyResult:
+        """Propose `write` and wait until applied (and so committed in memory, by the
+        listener). A refusal is raised as its error; replication errors propagate."""
+        data = write.encode()
+        if len(data) > self._settings.max_write_bytes:
+            raise ResourceExhausted(
+                f"{write.operation or 'catalog write'}: the entry would be {len(data)} bytes, "
+                f"more than the {self._settings.max_write_bytes} allowed"
+            )
+        result = await self._replicate_fn(data, self._settings.replicate_timeout_s)
+        result.raise_for_refusal()
+        return result
+
+    def _remembered(self, req: RequestId, operation: str) -> bytes | None:
+        found = self._sys.remembered(req.client_id, req.seq_no)
+        if found is None:
+            return None
+        if found.operation != operation:
+            raise InvalidArgument(
+                f"request id {req} was used for {found.operation or 'another operation'}, "
+                f"not {operation}"
+            )
+        return found.response
+
+    # --- the listener: commit in memory, then follow-ups -------------------------------------
+
+    def _on_change(self, change: CatalogChange) -> None:
+        if isinstance(change, Restored):
+            self._reload()
+            return
+        try:
+            delta = self._maps.on_applied(change)
+        except Exception:
+            log.exception(
+                "catalog maps: entry %d did not commit in memory; rebuilding", change.index
+            )
+            self._reload()
+            return
+        self._follow_up(delta)
+
+    def _reload(self) -> None:
+        self._maps = CatalogMaps.rebuild(self._sys)
+        self._ts.replace_replica_counts(self._maps.replica_counts())
+        now = self._clock.monotonic()
+        self._creating_since = {
+            t: self._creating_since.get(t, now)
+            for t in self._maps.pending
+            if self._maps.tablets_by_id[t].state is TabletState.CREATING
+        }
+        self._tasks.clear()
+        if self._loaded:
+            for tablet in self._maps.tablets_by_id.values():
+                self._update_tasks(tablet)
+
+    def _follow_up(self, delta: MapsDelta) -> None:
+        for uuid in delta.servers:
+            self._ts.set_replica_counts(uuid, self._maps.replica_counts_of(uuid))
+        now = self._clock.monotonic()
+        for old, new in delta.tablets:
+            if new.state is TabletState.CREATING:
+                if old is None or old.state is not TabletState.CREATING:
+                    self._creating_since[new.tablet_id] = now
+            else:
+                self._creating_since.pop(new.tablet_id, None)
+        if not self._loaded:
+            return
+        affected: dict[TabletId, None] = {new.tablet_id: None for _, new in delta.tablets}
+        for old_t, new_t in delta.tables:
+            if old_t is not None and (
+                old_t.schema_version != new_t.schema_version or old_t.is_removed != new_t.is_removed
+            ):
+                table = self._maps.tables_by_id[new_t.table_id]
+                affected.update(dict.fromkeys(table.tablets))
+        for tablet_id in affected:
+            self._update_tasks(self._maps.tablets_by_id[tablet_id])
+
+    def _update_tasks(self, tablet: TabletInfo) -> None:
+        table = self._maps.tables_by_id.get(tablet.table_id)
+        self._tasks.update(tablet.record, table.record if table is not None else None)
+
+    # --- validation helpers that need settings or state --------------------------------------
+
+    def _check_num_replicas(self, n: int) -> int:
+        if not _is_int(n):
+            raise InvalidArgument(f"num_replicas: must be an integer, got {n!r}")
+        if n == 0:
+            return self._settings.default_num_replicas
+        if n < 0:
+            raise InvalidArgument(f"num_replicas: must be >= 1 (0 for the default), got {n}")
+        if n % 2 == 0:
+            raise InvalidArgument(f"num_replicas: must be odd so a majority survives, got {n}")
+        if n > (top := self._settings.max_num_replicas):
+            raise InvalidArgument(f"num_replicas: {n} is above the maximum {top}")
+        return n
+
+    def _check_owner(self, owner: str) -> str:
+        if not isinstance(owner, str):
+            raise InvalidArgument(f"owner: must be a string, got {owner!r}")
+        if (size := _utf8_size(owner, "owner")) > (top := self._settings.max_owner_bytes):
+            raise InvalidArgument(f"owner: {size} bytes, longer than {top}")
+        return owner
+
+    def _check_name_free(self, name: str) -> None:
+        holder = self._maps.live_table(name)
+        if holder is not None:
+            raise AlreadyExists(f"table name {name!r} is taken by table {holder.table_id}")
+        if name in self._reserved_names:
+            raise ServiceUnavailable(
+                f"table name {name!r} is reserved by a CreateTable or AlterTable in progress; retry"
+            )
+
+    def _resolve(self, table: object) -> TableInfo:
+        return resolve_table(self._maps, TableIdentifier.checked(table))
+
+    def _now_us(self) -> int:
+        return int(self._clock.now() * 1_000_000)
+
+
+# --- pure validation helpers -----------------------------------------------------------------
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _utf8_size(s: str, what: str) -> int:
+    try:
+        return len(s.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{what}: {s!r} is not valid UTF-8") from None
+
+
+def _check_table_name(name: object, what: str) -> str:
+    if not isinstance(name, str):
+        raise InvalidArgument(f"{what}: a table name must be a string, got {name!r}")
+    if not name:
+        raise InvalidArgument(f"{what}: the table name is empty")
+    if (size := _utf8_size(name, what)) > MAX_NAME_BYTES:
+        raise InvalidArgument(f"{what}: table name of {size} bytes, longer than {MAX_NAME_BYTES}")
+    for ch in name:
+        if unicodedata.category(ch) == "Cc":
+            raise InvalidArgument(f"{what}: table name {name!r} contains control character {ch!r}")
+    return name
+
+
+def _check_request_id(req: object) -> RequestId:
+    if not isinstance(req, RequestId):
+        raise InvalidArgument("request_id: missing (every DDL request carries a client request id)")
+    if not isinstance(req.client_id, str) or not req.client_id:
+        raise InvalidArgument("request_id.client_id: missing")
+    if len(req.client_id) > _MAX_CLIENT_ID:
+        raise InvalidArgument(f"request_id.client_id: longer than {_MAX_CLIENT_ID} characters")
+    if not _is_int(req.seq_no) or req.seq_no < 1:
+        raise InvalidArgument(f"request_id.seq_no: must be an integer >= 1, got {req.seq_no!r}")
+    first = req.first_incomplete_seq_no
+    if not _is_int(first) or not 0 <= first <= req.seq_no:
+        raise InvalidArgument(f"request_id.first_incomplete_seq_no: not in 0..seq_no: {first!r}")
+    return req
+
+
+def _check_schema(schema: object) -> Schema:
+    """The schema with ids assigned in column order and version 0, validated."""
+    if not isinstance(schema, Schema):
+        raise InvalidArgument(f"schema: missing or not a Schema ({type(schema).__name__})")
+    columns = []
+    for i, c in enumerate(schema.columns):
+        if not isinstance(c, ColumnSchema):
+            raise InvalidArgument(f"schema: column {i} is not a ColumnSchema: {c!r}")
+        columns.append(replace(c, id=i))
+    out = Schema(tuple(columns), schema.key, 0, 0)
+    try:
+        out.validate()
+    except InvalidArgument as e:
+        raise InvalidArgument(f"schema: {e.message}") from None
+    return out
+
+
+def _check_partitioning(partition_schema: object, schema: Schema) -> list[Partition]:
+    if not isinstance(partition_schema, PartitionSchema):
+        what = type(partition_schema).__name__
+        raise InvalidArgument(f"partition_schema: missing or not a PartitionSchema ({what})")
+    try:
+        return partition_schema.create_partitions(schema)
+    except InvalidArgument as e:
+        raise InvalidArgument(f"partition_schema: {e.message}") from None
+
+
+def _check_alter_steps(ops: object) -> tuple[AlterOp, ...]:
+    if isinstance(ops, str | bytes) or not isinstance(ops, Iterable):
+        raise InvalidArgument(f"steps: must be a list of alter steps, got {ops!r}")
+    steps = tuple(ops)
+    for i, op in enumerate(steps):
+        if not isinstance(op, AddColumn | DropColumn | RenameColumn):
+            raise InvalidArgument(f"steps[{i}]: unknown alter step {op!r}")
+    return steps
+
+
+def _host_port(address: str) -> HostPort:
+    host, _, port = address.rpartition(":")
+    return HostPort(host, int(port))
