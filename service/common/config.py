@@ -361,8 +361,11 @@ def _check_addresses(c: _Check, name: str, addresses: tuple[str, ...]) -> None:
 class MasterConfig:
     """A master (`conf/master.toml`). Defaults follow Kudu's flags where one exists.
 
-    The master's uuid is not configured: it is generated when data_dir is first formatted and
-    kept there (seed 004: a wiped node must come back under a new uuid).
+    The master's uuid is not configured: it is derived from its address
+    (`master-<host>-<port>`, so every master knows its peers' uuids from master_addresses) and
+    recorded in `<data_dir>/instance` when data_dir is first formatted; a later start at another
+    address is refused. A master whose disk was wiped comes back with a new incarnation, which its
+    peers refuse (service/consensus/transport.py), until it is given a new address.
     """
 
     data_dir: Path

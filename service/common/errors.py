@@ -74,6 +74,7 @@ __all__ = [
     "ResourceExhausted",
     "ServiceUnavailable",
     "StaleTerm",
+    "TabletNotRunning",
     "TesseraError",
     "Timeout",
     "WrongDestination",
@@ -280,6 +281,14 @@ class NotReady(ServiceUnavailable):
     no-op of its term is not yet committed (seed 002: replay before serving)."""
 
     code = "NOT_READY"
+
+
+class TabletNotRunning(ServiceUnavailable):
+    """A tablet asked for is not RUNNING yet (Kudu's TABLET_NOT_RUNNING): it is still being
+    created (PREPARING, CREATING) or its replicas are not placed; retry later. UNAVAILABLE, so
+    generic gRPC clients retry too."""
+
+    code = "TABLET_NOT_RUNNING"
 
 
 class Timeout(TesseraError):

@@ -28,12 +28,16 @@ design keeps and fixes what they got wrong. Here:
   by tablet reports, is empty on a new leader, and AlterTable, GetTableLocations and DeleteTable
   then misbehave. Locations are derived from the tablet record's committed consensus state
   (`TabletInfo.locations`, memoized per committed row: it is a pure function of the row, not a
-  second source of truth). A replica's address is its peer's `last_known_addr` in that config
-  (recorded from the server's registration at assignment, refreshed by reports); only when the
-  record has none is the tablet server registry asked. Kudu resolves every replica through the
-  registry instead, which survives a server re-registering at a new address, but
-  `TSManager.get` copies a snapshot (about 3.6 us), too slow for the ~30 replicas of one
-  GetTableLocations answer within its 100 us goal.
+  second source of truth). A replica's address is resolved as Kudu does, through the tablet
+  server registry: the server's current registered rpc address (`TSManager.rpc_address`, a
+  dict lookup without a snapshot copy), so a server that re-registered at a new address is
+  found there; only a server the registry does not know falls back to its peer's
+  `last_known_addr` in the committed config (recorded from the registration at assignment).
+  Wire it with `registry_address_of(ts_manager)`. One call asks the registry once per server
+  and once per replica set; a tablet whose servers' addresses are the ones of its previous
+  answer gets that answer back (the parsed addresses are shared objects, so the check is an
+  identity compare), and when every address agrees with the record the memoized locations
+  themselves are returned.
 
 Building the maps. `CatalogMaps.rebuild(state)` builds everything from sys.catalog's rows: a new
 leader does it before it serves (seed 002: replay, then serve). `on_applied(result)` commits one
@@ -57,8 +61,9 @@ Reads. The lookups clients make (a table by id or name, its schema and creation 
 tablets of a partition-key range with their replicas, tablets by id) are pure functions of the
 maps at the end of this module; the catalog manager checks readiness and arguments and calls
 them. GetTableLocations behaves as Kudu's: if a tablet in the range is not RUNNING yet
-(PREPARING, CREATING) the whole call fails with `TabletNotRunning` (SERVICE_UNAVAILABLE on the
-wire) and the client retries; a tablet is never returned without its replicas.
+(PREPARING, CREATING) the whole call fails with `errors.TabletNotRunning` (TABLET_NOT_RUNNING,
+gRPC UNAVAILABLE, retryable; re-exported here) and the client retries; a tablet is never
+returned without its replicas.
 
 Ownership: one asyncio event loop owns the maps. `on_applied` and `rebuild` never await, so a
 reader that does not await in the middle of a lookup sees whole writes only.
@@ -71,9 +76,9 @@ import bisect
 import enum
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
-from service.common.errors import InvalidArgument, NotFound, ServiceUnavailable, TesseraError
+from service.common.errors import InvalidArgument, NotFound, TabletNotRunning, TesseraError
 from service.common.ids import NodeId, TableId, TabletId, validate_uuid
 from service.common.partition import Partition, PartitionSchema
 from service.common.schema import Schema
@@ -90,6 +95,7 @@ from service.master.sys_catalog import ApplyResult, Row, SysCatalogState
 __all__ = [
     "HOSTED_STATES",
     "LIVE_TABLET_STATES",
+    "AddressOf",
     "AlterTableStatus",
     "CatalogMaps",
     "CreateTableStatus",
@@ -97,6 +103,7 @@ __all__ = [
     "PartitionIndex",
     "ReplicaLocation",
     "ReplicaRole",
+    "RpcAddresses",
     "TableIdentifier",
     "TableInfo",
     "TableLocations",
@@ -109,6 +116,7 @@ __all__ = [
     "alter_status",
     "create_status",
     "list_tables",
+    "registry_address_of",
     "resolve_table",
     "table_locations",
     "table_schema",
@@ -142,8 +150,9 @@ class ReplicaLocation:
     role: ReplicaRole
     member_type: MemberType
     address: HostPort | None
-    """The peer's last known address from the committed config; None when the record has none
-    (the catalog manager then asks the tablet server registry)."""
+    """Memoized per committed row: the peer's last known address from the committed config
+    (None when it has none). As returned by the lookups: the server's current registered rpc
+    address, that last known address only when the registry does not know the server."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,15 +197,20 @@ class TabletInfo:
 
     Invariants: `row.key` names this tablet and never changes table or partition (sys.catalog
     refuses both); `row` is replaced only by `CatalogMaps` after sys.catalog applied the new
-    one; `_locations` is None or `_locations_of(row.record)`.
+    one; `_locations` is None or `_locations_of(row.record)`; `_served` is None or (the
+    replicas' server uuids, the addresses the registry gave for them, the locations answered
+    with those), all of the committed row.
     """
 
-    __slots__ = ("_locations", "_lock", "_row", "tablet_id")
+    __slots__ = ("_locations", "_lock", "_row", "_served", "tablet_id")
 
     def __init__(self, row: Row[TabletRecord]) -> None:
         self.tablet_id: TabletId = row.record.tablet_id
         self._row = row
         self._locations: TabletLocations | None = None
+        self._served: (
+            tuple[tuple[str, ...], tuple[HostPort | None, ...], TabletLocations] | None
+        ) = None
         self._lock: asyncio.Lock | None = None
 
     @property
@@ -242,6 +256,7 @@ class TabletInfo:
     def _commit(self, row: Row[TabletRecord]) -> None:
         self._row = row
         self._locations = None
+        self._served = None
 
     def __repr__(self) -> str:
         return f"TabletInfo({self.tablet_id!r}, {self.state.name}, v{self.version})"
@@ -560,12 +575,61 @@ class CatalogMaps:
 # --- reads -----------------------------------------------------------------------------------
 
 AddressOf = Callable[[str], HostPort | None]
-"""A tablet server's registered rpc address by uuid (the TSManager, warm on every master)."""
+"""A tablet server's current registered rpc address by uuid (the TSManager, warm on every
+master); None for a server that never registered here."""
 
 
-class TabletNotRunning(ServiceUnavailable):
-    """A tablet asked for is not RUNNING yet (Kudu's TABLET_NOT_RUNNING); retry later.
-    A local refinement: it travels as SERVICE_UNAVAILABLE."""
+class RpcAddresses(Protocol):
+    """What `registry_address_of` needs of the tablet server registry (`TSManager`)."""
+
+    def rpc_address(self, uuid: str) -> str | None: ...
+
+
+_MAX_PARSED_ADDRESSES = 4096
+
+
+def registry_address_of(registry: RpcAddresses) -> AddressOf:
+    """An `AddressOf` over the registry's cheap `rpc_address` (no snapshot copy); "host:port"
+    strings (validated at registration) are parsed once each."""
+    parsed: dict[str, HostPort] = {}
+
+    def address_of(uuid: str) -> HostPort | None:
+        address = registry.rpc_address(uuid)
+        if address is None:
+            return None
+        hp = parsed.get(address)
+        if hp is None:
+            if len(parsed) >= _MAX_PARSED_ADDRESSES:
+                parsed.clear()
+            host, _, port = address.rpartition(":")
+            hp = parsed[address] = HostPort(host, int(port))
+        return hp
+
+    return address_of
+
+
+class _Resolver:
+    """The registry asked at most once per server in one call (one answer is one instant of
+    the registry), and once per replica set: a call names few servers across many replicas."""
+
+    __slots__ = ("_address_of", "_by_peers", "_by_server")
+
+    def __init__(self, address_of: AddressOf) -> None:
+        self._address_of = address_of
+        self._by_server: dict[str, HostPort | None] = {}
+        self._by_peers: dict[tuple[str, ...], tuple[HostPort | None, ...]] = {}
+
+    def addresses(self, uuids: tuple[str, ...]) -> tuple[HostPort | None, ...]:
+        found = self._by_peers.get(uuids)
+        if found is None:
+            found = self._by_peers[uuids] = tuple([self._server(u) for u in uuids])
+        return found
+
+    def _server(self, uuid: str) -> HostPort | None:
+        if uuid in self._by_server:
+            return self._by_server[uuid]
+        found = self._by_server[uuid] = self._address_of(uuid)
+        return found
 
 
 @dataclass(frozen=True)
@@ -720,9 +784,8 @@ def table_locations(
     info: TableInfo, start: bytes, end: bytes, limit: int, ttl_ms: int, address_of: AddressOf
 ) -> TableLocations:
     """At most `limit` tablets overlapping [start, end), from the one containing `start`."""
-    out = [
-        _running_locations(info, t, address_of) for t in info.index.overlapping(start, end, limit)
-    ]
+    resolver = _Resolver(address_of)
+    out = [_running_locations(info, t, resolver) for t in info.index.overlapping(start, end, limit)]
     return TableLocations(info.table_id, tuple(out), ttl_ms)
 
 
@@ -730,6 +793,7 @@ def tablet_locations(
     maps: CatalogMaps, tablet_ids: Sequence[str], address_of: AddressOf
 ) -> TabletLocationsResult:
     """Locations of (checked, canonical, distinct) tablet ids, with per-id errors."""
+    resolver = _Resolver(address_of)
     found: list[TabletLocations] = []
     errors: list[tuple[str, TesseraError]] = []
     for t in tablet_ids:
@@ -745,26 +809,41 @@ def tablet_locations(
             errors.append((t, NotFound(f"tablet {t!r} was deleted: {msg}")))
         else:
             try:
-                found.append(_running_locations(table, tablet, address_of))
+                found.append(_running_locations(table, tablet, resolver))
             except TabletNotRunning as e:
                 errors.append((t, e))
     return TabletLocationsResult(tuple(found), tuple(errors))
 
 
 def _running_locations(
-    table: TableInfo, tablet: TabletInfo, address_of: AddressOf
+    table: TableInfo, tablet: TabletInfo, resolver: _Resolver
 ) -> TabletLocations:
     if tablet.state is not TabletState.RUNNING:
         raise TabletNotRunning(
             f"tablet {tablet.tablet_id} of table {table.name!r} is {tablet.state.name}, "
             "not RUNNING yet; retry"
         )
+    # The registry's current address wins (a re-registered server's new address); the record's
+    # last known address only for a server the registry does not know (module docstring).
+    served = tablet._served
+    if served is not None:
+        current = resolver.addresses(served[0])
+        if served[1] == current:  # the same parsed address objects: an identity compare
+            return served[2]
+        uuids = served[0]
+    else:
+        uuids = tuple([r.ts_uuid for r in tablet.locations().replicas])
+        current = resolver.addresses(uuids)
     loc = tablet.locations()
-    for replica in loc.replicas:
-        if replica.address is None:
-            replicas = tuple(
-                r if r.address is not None else replace(r, address=address_of(r.ts_uuid))
-                for r in loc.replicas
-            )
-            return replace(loc, replicas=replicas)
-    return loc
+    if all(a is None or a == r.address for a, r in zip(current, loc.replicas, strict=True)):
+        answer = loc  # every address as recorded: the memoized value itself
+    else:
+        answer = replace(
+            loc,
+            replicas=tuple(
+                r if a is None or a == r.address else replace(r, address=a)
+                for a, r in zip(current, loc.replicas, strict=True)
+            ),
+        )
+    tablet._served = (uuids, current, answer)
+    return answer

@@ -109,6 +109,7 @@ from service.master.catalog_info import (
     alter_status,
     create_status,
     list_tables,
+    registry_address_of,
     resolve_table,
     table_locations,
     table_schema,
@@ -225,6 +226,7 @@ class CatalogManager:
         self._settings.validate()
         self._replicate_fn = replicate
         self._ts = ts_manager
+        self._registry_address_of = registry_address_of(ts_manager)  # no snapshot copy
         self._clock = clock
         self._rng = rng
         self._loaded = False
@@ -554,8 +556,7 @@ class CatalogManager:
         return tablet_locations(self._maps, canonical, self._address_of)
 
     def _address_of(self, uuid: str) -> HostPort | None:
-        d = self._ts.get(uuid)
-        return _host_port(d.rpc_address) if d is not None else None
+        return self._registry_address_of(uuid)
 
     # --- assignment and tasks ----------------------------------------------------------------
 

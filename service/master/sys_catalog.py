@@ -50,6 +50,13 @@ Invariants protected at apply (each refusal names the id):
 * REMOVED is final for a table, REPLACED and DELETED are final for a tablet (DELETED may follow
   REPLACED); a table's schema version never decreases; a tablet's committed consensus state never
   goes back (term, config op index);
+* no two tablets of one table in PREPARING, CREATING or RUNNING have overlapping partitions
+  ([partition_key_start, partition_key_end), end b"" unbounded): a replacement tablet is
+  inserted in the same write that marks the tablet it replaces REPLACED;
+* `replaces` and `replaced_by` name each other: a tablet that replaces X names X of its own
+  table, and X is REPLACED with `replaced_by` naming it (X may later become DELETED, whose
+  record holds no `replaced_by`), and the other way round; `replaces` is fixed at creation and
+  `replaced_by` once set;
 * table and tablet rows are never deleted: seed 001's appendix A keeps the persistent state of
   deleted tables and tablets forever, so that a tablet the master has no record of is never one
   it deleted, and such tablets are never deleted by the master. Only CA and signing-key rows
@@ -79,6 +86,8 @@ catalog manager's preconditions (name taken, row versions) still stop most such 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -631,6 +640,9 @@ class SysCatalogState:
                     raise InvalidArgument(
                         f"tablet {t.tablet_id!r}: {what} {other_id!r} belongs to another table"
                     )
+            _check_replacement_links(t, s.old is None, tablet_after)
+
+        self._check_no_overlap(staged, tablet_after)
 
         # Live names after the write: the tables written give up their old names, then claim
         # their new ones (so two tables may swap names in one write). O(tables written).
@@ -651,6 +663,43 @@ class SysCatalogState:
                     f"table {table_id!r}: name {table.name!r} is taken by table {holder!r}"
                 )
             claimed[table.name] = table_id
+
+    def _check_no_overlap(
+        self, staged: list[_Staged], tablet_after: Callable[[str], TabletRecord | None]
+    ) -> None:
+        """No two live (PREPARING, CREATING, RUNNING) tablets of one table overlap after the
+        write. Partitions never change and a REPLACED or DELETED tablet never comes back, so
+        only tablets inserted live can break it: each is checked against the table's other
+        live tablets after the write (a replacement's old tablet must be REPLACED by then).
+        Deterministic: candidates are taken in (partition start, tablet id) order."""
+        fresh: dict[str, list[TabletRecord]] = {}
+        for s in staged:
+            t = s.record
+            if isinstance(t, TabletRecord) and s.old is None and t.state in _LIVE_TABLET_STATES:
+                fresh.setdefault(t.table_id, []).append(t)
+        for table_id in sorted(fresh):
+            new = sorted(fresh[table_id], key=_partition_order)
+            # The new tablets among themselves: sorted by start, each must begin at or after
+            # the end of the one before (ends are then ascending too).
+            for prev, cur in itertools.pairwise(new):
+                if _overlap(prev, cur):
+                    raise FailedPrecondition(_overlap_message(table_id, prev, cur))
+            ends = [_end_order(t) for t in new]
+            new_ids = {t.tablet_id for t in new}
+            existing = []
+            for tablet_id in self._tablets_by_table.get(table_id, ()):
+                if tablet_id in new_ids:
+                    continue
+                other = tablet_after(tablet_id)
+                if other is not None and other.state in _LIVE_TABLET_STATES:
+                    existing.append(other)
+            existing.sort(key=_partition_order)
+            for other in existing:
+                # The first new tablet ending after `other` starts is the only candidate: the
+                # new ones are disjoint and sorted, so the later ones start later still.
+                i = bisect.bisect_right(ends, (0, other.partition.partition_key_start))
+                if i < len(new) and _overlap(other, new[i]):
+                    raise FailedPrecondition(_overlap_message(table_id, other, new[i]))
 
     def _commit(
         self, index: int, staged: list[_Staged]
@@ -732,6 +781,70 @@ class SysCatalogState:
         return cast(Row[TabletRecord] | None, self._rows[EntryType.TABLET].get(tablet_id))
 
 
+_LIVE_TABLET_STATES = frozenset({TabletState.PREPARING, TabletState.CREATING, TabletState.RUNNING})
+"""States in which a tablet owns its partition: no two of one table may overlap."""
+
+
+def _partition_order(t: TabletRecord) -> tuple[bytes, str]:
+    return (t.partition.partition_key_start, t.tablet_id)
+
+
+def _end_order(t: TabletRecord) -> tuple[int, bytes]:
+    """A partition end as a sort key: b"" (unbounded) after every bounded end."""
+    end = t.partition.partition_key_end
+    return (1, b"") if not end else (0, end)
+
+
+def _overlap(a: TabletRecord, b: TabletRecord) -> bool:
+    """[start, end) partition key intervals meet (end b"": unbounded)."""
+    pa, pb_ = a.partition, b.partition
+    a_before_b_ends = not pb_.partition_key_end or pa.partition_key_start < pb_.partition_key_end
+    b_before_a_ends = not pa.partition_key_end or pb_.partition_key_start < pa.partition_key_end
+    return a_before_b_ends and b_before_a_ends
+
+
+def _overlap_message(table_id: str, a: TabletRecord, b: TabletRecord) -> str:
+    def span(t: TabletRecord) -> str:
+        p = t.partition
+        end = f"0x{p.partition_key_end.hex()}" if p.partition_key_end else "unbounded"
+        return f"[0x{p.partition_key_start.hex()}, {end})"
+
+    return (
+        f"table {table_id!r}: tablets {a.tablet_id!r} ({a.state.name}, {span(a)}) and "
+        f"{b.tablet_id!r} ({b.state.name}, {span(b)}) would both own overlapping partitions; "
+        "a replacement must mark the tablet it replaces REPLACED in the same write"
+    )
+
+
+def _check_replacement_links(
+    t: TabletRecord, inserted: bool, tablet_after: Callable[[str], TabletRecord | None]
+) -> None:
+    """`replaces` and `replaced_by` name each other, after the write (both exist in one table:
+    checked by the caller). A tablet that replaces X: X is REPLACED with `replaced_by` naming
+    it. One exception: X may have gone on from REPLACED to DELETED later (a DELETED record holds
+    no `replaced_by`); never at the insert of the replacement, which must mark X REPLACED in the
+    same write. Together with `_check_transition` (`replaces` fixed at creation, `replaced_by`
+    fixed once set) this keeps the links consistent for every row, not only the ones written."""
+    if t.replaces is not None:
+        old = tablet_after(t.replaces)
+        if old is not None and old.replaced_by != t.tablet_id:
+            later_deleted = old.state is TabletState.DELETED and not inserted
+            if not later_deleted:
+                raise InvalidArgument(
+                    f"table {t.table_id!r}: tablet {t.tablet_id!r} replaces tablet "
+                    f"{t.replaces!r}, which is {old.state.name} with replaced_by "
+                    f"{old.replaced_by!r}; it must be REPLACED, replaced_by {t.tablet_id!r}, "
+                    "after the same write"
+                )
+    if t.replaced_by is not None:
+        new = tablet_after(t.replaced_by)
+        if new is not None and new.replaces != t.tablet_id:
+            raise InvalidArgument(
+                f"table {t.table_id!r}: tablet {t.tablet_id!r} is replaced_by tablet "
+                f"{t.replaced_by!r}, which replaces {new.replaces!r}, not {t.tablet_id!r}"
+            )
+
+
 def _check_transition(old: Record, new: Record) -> None:
     """Rules on how one row may change (module docstring, invariants)."""
     if isinstance(old, TableRecord) and isinstance(new, TableRecord):
@@ -757,6 +870,19 @@ def _check_transition(old: Record, new: Record) -> None:
             raise FailedPrecondition(f"{where} is DELETED; it cannot become {new.state.name}")
         if old.state is TabletState.REPLACED and not new.state.is_terminal:
             raise FailedPrecondition(f"{where} is REPLACED; it cannot become {new.state.name}")
+        if new.replaces != old.replaces:
+            raise InvalidArgument(
+                f"{where}: replaces is fixed at creation ({old.replaces!r}), got {new.replaces!r}"
+            )
+        if (
+            old.replaced_by is not None
+            and new.state is TabletState.REPLACED
+            and new.replaced_by != old.replaced_by
+        ):
+            raise FailedPrecondition(
+                f"{where} was replaced by {old.replaced_by!r}; it cannot be replaced by "
+                f"{new.replaced_by!r}"
+            )
         if old.consensus is not None:
             if new.consensus is None:
                 raise InvalidArgument(f"{where}: its consensus state cannot be cleared")

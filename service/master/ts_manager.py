@@ -206,6 +206,14 @@ class TSManager:
         record = self._records.get(NodeId(uuid))
         return None if record is None else self._snapshot(record, self._clock.monotonic())
 
+    def rpc_address(self, uuid: str) -> str | None:
+        """The preferred rpc address `uuid` registered with most recently (live or not), or
+        None if it never registered here. Cheap (no `TSDescriptor` snapshot): GetTableLocations
+        resolves every replica it returns through it, so a server that re-registered at a new
+        address is found there (as Kudu resolves replicas through its TSManager)."""
+        record = self._records.get(NodeId(uuid))
+        return None if record is None else record.registration.rpc_addresses[0]
+
     def descriptors(self) -> tuple[TSDescriptor, ...]:
         """Every registered server, live or dead, sorted by uuid, all as of one instant."""
         now = self._clock.monotonic()

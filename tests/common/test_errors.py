@@ -30,6 +30,7 @@ from service.common.errors import (
     NotTheLeader,
     ServiceUnavailable,
     StaleTerm,
+    TabletNotRunning,
     TesseraError,
     Timeout,
     WrongDestination,
@@ -107,6 +108,7 @@ def test_the_tree_covers_the_required_errors() -> None:
         "NOT_THE_LEADER": grpc.StatusCode.UNAVAILABLE,
         "SERVICE_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
         "NOT_READY": grpc.StatusCode.UNAVAILABLE,
+        "TABLET_NOT_RUNNING": grpc.StatusCode.UNAVAILABLE,
         "TIMED_OUT": grpc.StatusCode.DEADLINE_EXCEEDED,
         "ABORTED": grpc.StatusCode.ABORTED,
         "STALE_TERM": grpc.StatusCode.FAILED_PRECONDITION,
@@ -124,6 +126,7 @@ def test_the_tree_covers_the_required_errors() -> None:
         assert cls.grpc_status == status, code
     assert Corruption.fatal and IOFatal.fatal and not Internal.fatal
     assert NotTheLeader.retryable and ServiceUnavailable.retryable and NotReady.retryable
+    assert TabletNotRunning.retryable and issubclass(TabletNotRunning, ServiceUnavailable)
     assert not Timeout.retryable and not Aborted.retryable
     assert issubclass(CasMismatch, ConfigChangeRejected)
     assert issubclass(StaleTerm, FailedPrecondition)
@@ -185,6 +188,22 @@ def test_round_trip_yields_same_class_message_and_fields(cls: type[TesseraError]
         assert isinstance(back, NotTheLeader)
         assert back.leader_uuid == "abc"
         assert back.leader_address == "10.0.0.1:7051"
+
+
+def test_tablet_not_running_round_trips_under_its_own_code() -> None:
+    err = TabletNotRunning("tablet abc of table 't' is CREATING, not RUNNING yet; retry")
+    status, details, md = to_grpc(err)
+    assert (status, details, md) == (
+        grpc.StatusCode.UNAVAILABLE,
+        err.message,
+        ((CODE_KEY, "TABLET_NOT_RUNNING"),),
+    )
+    back = _round_trip(err)
+    assert type(back) is TabletNotRunning and back.message == err.message
+    assert isinstance(back, ServiceUnavailable) and back.retryable
+    # A client that does not know the code still sees a retryable SERVICE_UNAVAILABLE.
+    bare = from_grpc(FakeRpcError(grpc.StatusCode.UNAVAILABLE, err.message))
+    assert type(bare) is ServiceUnavailable and bare.retryable
 
 
 def test_not_the_leader_without_hint_round_trips_without_hint() -> None:

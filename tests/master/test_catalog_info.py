@@ -10,6 +10,8 @@ import random
 
 import pytest
 
+from service.common import errors
+from service.common.clock import ManualClock
 from service.common.errors import NotFound
 from service.common.ids import NodeId, TableId, TabletId
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
@@ -28,6 +30,7 @@ from service.master.catalog_info import (
     TableIdentifier,
     TabletInfo,
     TabletNotRunning,
+    registry_address_of,
     resolve_table,
     table_locations,
     tablet_locations,
@@ -46,6 +49,8 @@ from service.master.catalog_records import (
     Update,
 )
 from service.master.sys_catalog import ApplyResult, Row, SysCatalogState
+from service.master.ts_descriptor import NodeInstance, TSRegistration
+from service.master.ts_manager import TSManager
 
 SCHEMA = Schema.build([("k", ColumnType.STRING), ("v", ColumnType.INT64)], "k")
 T0 = 1_700_000_000_000_000
@@ -304,6 +309,7 @@ def test_locations_come_from_the_committed_consensus_state() -> None:
         # No address in the record: the registry's (warm on every master, seed 001).
         "s4": (ReplicaRole.LEARNER, MemberType.NON_VOTER, HostPort("learner.example", 7051)),
     }
+    assert TabletNotRunning is errors.TabletNotRunning  # one class, TABLET_NOT_RUNNING on the wire
     with pytest.raises(TabletNotRunning, match="is CREATING, not RUNNING"):
         table_locations(table, b"", b"", 3, 1000, registry.get)
     got = tablet_locations(cat.maps, [x.tablet_id for x in tablets], registry.get)
@@ -311,6 +317,73 @@ def test_locations_come_from_the_committed_consensus_state() -> None:
     assert [(i, type(e)) for i, e in got.errors] == [(tablets[2].tablet_id, TabletNotRunning)]
     with pytest.raises(NotFound):
         resolve_table(cat.maps, TableIdentifier.by_name("nope"))
+
+
+def test_replica_addresses_come_from_the_registry_before_the_record() -> None:
+    """As Kudu: a replica is resolved through the tablet server registry, so a server that
+    re-registered at a new address is found there; the record's last known address only for a
+    server the registry does not know."""
+    cat, ids = Catalog(), Ids()
+    t = table_record(ids(), "t")
+    tablets = tablet_records(t, ids)
+    cat.ok(Insert(t), *map(Insert, tablets))
+    cs = consensus(["s1", "s2", "s3"], leader="s1")
+    cat.ok(
+        *(Update(dataclasses.replace(x, state=TabletState.RUNNING, consensus=cs)) for x in tablets)
+    )
+    table = resolve_table(cat.maps, TableIdentifier.by_name("t"))
+    ts = TSManager(ManualClock(start=1.0), 10.0)
+    address_of = registry_address_of(ts)
+
+    def addresses(tablet: int = 0) -> dict[str, HostPort | None]:
+        locs = table_locations(table, b"", b"", 3, 1000, address_of)
+        return {r.ts_uuid: r.address for r in locs.tablets[tablet].replicas}
+
+    recorded = {u: HostPort(f"{u}.example", 7050) for u in ("s1", "s2", "s3")}
+    assert addresses() == recorded  # nobody registered: the record's addresses
+    info = cat.maps.tablets_by_id[tablets[0].tablet_id]
+    first = table_locations(table, b"", b"", 1, 1000, address_of).tablets[0]
+    assert first is info.locations()  # all as recorded: the memoized value itself
+
+    # Registered at the recorded address: same answer, same object.
+    ts.register(NodeInstance(NodeId("s1"), 1), TSRegistration(rpc_addresses=("s1.example:7050",)))
+    assert table_locations(table, b"", b"", 1, 1000, address_of).tablets[0] is info.locations()
+
+    # s2 re-registers at a new address: every answer names it there, at once.
+    ts.register(NodeInstance(NodeId("s2"), 1), TSRegistration(rpc_addresses=("s2.new:7150",)))
+    moved = {**recorded, "s2": HostPort("s2.new", 7150)}
+    assert addresses(0) == addresses(2) == moved
+    got = tablet_locations(cat.maps, [tablets[1].tablet_id], address_of)
+    assert {r.ts_uuid: r.address for r in got.locations[0].replicas} == moved
+    assert info.record.consensus == cs  # the record is not touched; only the answer
+    ts.register(NodeInstance(NodeId("s2"), 2), TSRegistration(rpc_addresses=("s2.again:7250",)))
+    assert addresses()["s2"] == HostPort("s2.again", 7250)
+
+    # A new committed row (say, a new leader) drops the memo and is resolved afresh.
+    cs2 = dataclasses.replace(cs, term=2, leader_uuid=NodeId("s2"))
+    cat.ok(Update(dataclasses.replace(cat.tablet(tablets[0].tablet_id), consensus=cs2)))
+    locs = table_locations(table, b"", b"", 1, 1000, address_of).tablets[0]
+    assert {r.ts_uuid: (r.role, r.address) for r in locs.replicas} == {
+        "s1": (ReplicaRole.FOLLOWER, recorded["s1"]),
+        "s2": (ReplicaRole.LEADER, HostPort("s2.again", 7250)),
+        "s3": (ReplicaRole.FOLLOWER, recorded["s3"]),
+    }
+
+    # A plain AddressOf works too (the registry asked once per server per call).
+    asked: list[str] = []
+
+    def counting(uuid: str) -> HostPort | None:
+        asked.append(uuid)
+        return {"s3": HostPort("s3.other", 1)}.get(uuid)
+
+    locs3 = table_locations(table, b"", b"", 3, 1000, counting)
+    assert sorted(asked) == ["s1", "s2", "s3"]
+    assert all(
+        r.address == HostPort("s3.other", 1)
+        for x in locs3.tablets
+        for r in x.replicas
+        if r.ts_uuid == "s3"
+    )
 
 
 # --- tasks from committed state --------------------------------------------------------------

@@ -767,3 +767,192 @@ def test_create_table_of_1000_tablets_is_one_modest_entry() -> None:
     snap = state.snapshot()
     print(f"applied in {elapsed * 1000:.0f} ms; snapshot {len(snap):,} bytes")
     assert len(snap) < 1 << 20
+
+
+# --- partitions and replacements -------------------------------------------------------------
+
+
+def content(state: SysCatalogState) -> bytes:
+    """The snapshot without `applied_index` (which every entry advances, refused or not)."""
+    snap = master_pb2.SysCatalogSnapshotPB.FromString(state.snapshot())
+    snap.applied_index = 0
+    return snap.SerializeToString(deterministic=True)
+
+
+class Replacing:
+    """A table of two CREATING tablets (two hash buckets, each unbounded in range: the second
+    ends at b"", unbounded) and a fresh id for a replacement of the first."""
+
+    def __init__(self) -> None:
+        ids = Ids(21)
+        self.ids = ids
+        self.state = SysCatalogState()
+        self.table = make_table(ids(), "t")
+        self.tablets = make_tablets(self.table, ids, servers=[ids() for _ in range(3)])
+        assert len(self.tablets) == 2 and self.tablets[1].partition.partition_key_end == b""
+        apply_ok(self.state, 1, create_table_write(self.table, self.tablets))
+        self.old = self.tablets[0]
+        self.new_id = TabletId(ids())
+
+    def replaced(self, by: str | None = None) -> TabletRecord:
+        return dataclasses.replace(
+            self.old, state=TabletState.REPLACED, replaced_by=TabletId(by or self.new_id)
+        )
+
+    def replacement(self, replaces: str | None = None, **changes: object) -> TabletRecord:
+        record = TabletRecord(
+            tablet_id=self.new_id,
+            table_id=self.table.table_id,
+            partition=self.old.partition,
+            state=TabletState.PREPARING,
+            replaces=TabletId(replaces or self.old.tablet_id),
+        )
+        return dataclasses.replace(record, **changes)  # type: ignore[arg-type]
+
+    def ok(self, write: CatalogWrite) -> ApplyResult:
+        return apply_ok(self.state, self.state.applied_index + 1, write)
+
+    def refused(self, *ops: RowOp) -> tuple[str, str]:
+        before = content(self.state)
+        result = refusal_of(self.state, self.state.applied_index + 1, CatalogWrite(ops=ops))
+        assert content(self.state) == before  # nothing changed at all
+        return result
+
+
+def test_a_replacement_marks_the_old_tablet_replaced_in_the_same_write() -> None:
+    r = Replacing()
+    r.ok(CatalogWrite(ops=(Update(r.replaced()), Insert(r.replacement()))))
+    old, new = r.state.tablet(r.old.tablet_id), r.state.tablet(r.new_id)
+    assert old is not None and old.record.state is TabletState.REPLACED
+    assert new is not None and new.record.replaces == r.old.tablet_id
+    live = {
+        t.record.tablet_id
+        for t in r.state.tablets_of(r.table.table_id)
+        if not t.record.state.is_terminal
+    }
+    assert live == {r.new_id, r.tablets[1].tablet_id}
+
+    # The replacement goes on as any tablet; its link is fixed, the old one's too.
+    servers = [r.ids() for _ in range(3)]
+    creating = dataclasses.replace(
+        new.record, state=TabletState.CREATING, consensus=make_consensus(servers)
+    )
+    r.ok(CatalogWrite(ops=(Update(creating),)))
+    code, message = r.refused(Update(dataclasses.replace(creating, replaces=None)))
+    assert code == "INVALID_ARGUMENT" and "replaces is fixed" in message
+    code, message = r.refused(Update(r.replaced(by=r.tablets[1].tablet_id)))
+    assert code == "FAILED_PRECONDITION" and r.new_id in message
+
+    # A replacement of the replacement: the same dance, one write.
+    newer = TabletId(r.ids())
+    r.ok(
+        CatalogWrite(
+            ops=(
+                Update(
+                    dataclasses.replace(creating, state=TabletState.REPLACED, replaced_by=newer)
+                ),
+                Insert(r.replacement(tablet_id=newer, replaces=r.new_id)),
+            )
+        ),
+    )
+    # DELETED may follow REPLACED (the record then names no replacement): the tablet that
+    # replaced it stays writable, but no new tablet can claim to replace a DELETED one.
+    gone = dataclasses.replace(r.replaced(), state=TabletState.DELETED, replaced_by=None)
+    r.ok(CatalogWrite(ops=(Update(gone),)))
+    row = r.state.tablet(r.new_id)
+    assert row is not None
+    r.ok(CatalogWrite(ops=(Update(dataclasses.replace(row.record, state_msg="x")),)))
+    late = r.replacement(tablet_id=TabletId(r.ids()), state=TabletState.DELETED)
+    code, message = r.refused(Insert(late))
+    assert code == "INVALID_ARGUMENT" and late.tablet_id in message and r.old.tablet_id in message
+
+
+def test_overlapping_live_tablets_of_one_table_are_refused() -> None:
+    r = Replacing()
+    t0, t1 = r.tablets
+
+    # A second tablet for the first one's partition, the first left CREATING.
+    twin = r.replacement(replaces=None)
+    twin = dataclasses.replace(twin, replaces=None)
+    code, message = r.refused(Insert(twin))
+    assert code == "FAILED_PRECONDITION"
+    assert t0.tablet_id in message and twin.tablet_id in message and r.table.table_id in message
+    assert "REPLACED in the same write" in message
+
+    # Two new ones overlapping each other in one write (the old one properly REPLACED).
+    other = dataclasses.replace(twin, tablet_id=TabletId(r.ids()))
+    old_gone = dataclasses.replace(t0, state=TabletState.DELETED)
+    code, message = r.refused(Update(old_gone), Insert(twin), Insert(other))
+    assert code == "FAILED_PRECONDITION" and twin.tablet_id in message
+    assert other.tablet_id in message
+
+    # A replacement whose partition runs on to the end (b"": unbounded) meets the second tablet,
+    # though the tablet it replaces is REPLACED.
+    wide = r.replacement(partition=dataclasses.replace(t0.partition, partition_key_end=b""))
+    code, message = r.refused(Update(r.replaced()), Insert(wide))
+    assert code == "FAILED_PRECONDITION" and t1.tablet_id in message and r.new_id in message
+    assert "unbounded" in message
+
+    # Tablets of another table, REPLACED or DELETED ones, do not count.
+    second = make_table(r.ids(), "u")
+    r.ok(create_table_write(second, make_tablets(second, r.ids)))
+    r.ok(CatalogWrite(ops=(Update(old_gone),)))
+    r.ok(CatalogWrite(ops=(Insert(twin),)))
+    assert len(r.state.tablets_of(r.table.table_id)) == 3
+
+
+def test_replaces_and_replaced_by_must_name_each_other() -> None:
+    r = Replacing()
+    t0, t1 = r.tablets
+    # The old tablet left CREATING (or only DELETED) while the new one claims to replace it.
+    code, message = r.refused(Insert(r.replacement()))
+    assert code == "INVALID_ARGUMENT" and r.new_id in message and t0.tablet_id in message
+    assert r.table.table_id in message and "CREATING" in message
+    deleted = dataclasses.replace(t0, state=TabletState.DELETED)
+    code, message = r.refused(Update(deleted), Insert(r.replacement()))
+    assert code == "INVALID_ARGUMENT" and "DELETED" in message
+    # REPLACED without naming the new one, or naming another.
+    no_link = dataclasses.replace(t0, state=TabletState.REPLACED)
+    code, message = r.refused(Update(no_link), Insert(r.replacement()))
+    assert code == "INVALID_ARGUMENT" and "replaced_by None" in message
+    code, message = r.refused(Update(r.replaced(by=t1.tablet_id)), Insert(r.replacement()))
+    assert code == "INVALID_ARGUMENT" and t1.tablet_id in message
+    # The old one names the new one, which does not name it back.
+    unlinked = dataclasses.replace(r.replacement(), replaces=None)
+    code, message = r.refused(Update(r.replaced()), Insert(unlinked))
+    assert code == "INVALID_ARGUMENT" and "replaces None" in message
+    # Replacing a tablet of another table, or one that does not exist.
+    second = make_table(r.ids(), "u")
+    theirs = make_tablets(second, r.ids)
+    r.ok(create_table_write(second, theirs))
+    code, message = r.refused(Insert(r.replacement(replaces=theirs[0].tablet_id)))
+    assert code == "INVALID_ARGUMENT" and "another table" in message
+    code, message = r.refused(Insert(r.replacement(replaces=r.ids())))
+    assert code == "NOT_FOUND"
+    # Two tablets cannot replace one.
+    ok = CatalogWrite(ops=(Update(r.replaced()), Insert(r.replacement())))
+    r.ok(ok)
+    rival = r.replacement(tablet_id=TabletId(r.ids()), state=TabletState.DELETED)
+    code, message = r.refused(Insert(rival))
+    assert code == "INVALID_ARGUMENT" and rival.tablet_id in message
+
+
+def test_overlap_of_partition_key_intervals() -> None:
+    from service.common.partition import Partition
+    from service.master.sys_catalog import _overlap
+
+    def tablet(start: bytes, end: bytes) -> TabletRecord:
+        p = Partition((), start, end, start, end)
+        return TabletRecord(TabletId("0" * 32), TableId("1" * 32), p, TabletState.PREPARING)
+
+    cases = [
+        ((b"", b"m"), (b"m", b""), False),  # adjacent: [.., m) and [m, ..)
+        ((b"", b"m"), (b"l", b"n"), True),
+        ((b"a", b""), (b"z", b""), True),
+        ((b"", b""), (b"q", b"r"), True),  # one tablet owning everything
+        ((b"b", b"c"), (b"d", b"e"), False),
+        ((b"d", b""), (b"a", b"d"), False),
+    ]
+    for a, b, expected in cases:
+        assert _overlap(tablet(*a), tablet(*b)) is expected, (a, b)
+        assert _overlap(tablet(*b), tablet(*a)) is expected, (b, a)

@@ -106,6 +106,24 @@ def test_a_restarted_server_reregisters_with_a_higher_seqno_and_owes_a_full_repo
     assert mgr.needs_full_report("ts-1")
 
 
+def test_rpc_address_is_the_latest_registration_s_without_a_snapshot(
+    mgr: TSManager, clock: ManualClock
+) -> None:
+    assert mgr.rpc_address("ts-1") is None  # never registered here
+    mgr.heartbeat(inst("ts-1", 1), TSRegistration(rpc_addresses=("a:7050", "b:7050")))
+    assert mgr.rpc_address("ts-1") == "a:7050"  # the preferred (first) one
+    clock.advance(30.0)
+    assert not mgr.is_live("ts-1") and mgr.rpc_address("ts-1") == "a:7050"  # dead, not gone
+    mgr.heartbeat(inst("ts-1", 2), reg(7060))  # restarted elsewhere
+    assert mgr.rpc_address("ts-1") == "10.0.0.1:7060"
+    d = mgr.get("ts-1")
+    assert d is not None and d.rpc_address == mgr.rpc_address("ts-1")
+    # A former process cannot move it back.
+    with pytest.raises(FailedPrecondition):
+        mgr.heartbeat(inst("ts-1", 1), reg(7050))
+    assert mgr.rpc_address("ts-1") == "10.0.0.1:7060"
+
+
 def test_a_registration_retry_with_the_same_seqno_is_accepted(mgr: TSManager) -> None:
     mgr.heartbeat(inst("ts-1", 1), reg(7050))
     out = mgr.heartbeat(inst("ts-1", 1), reg(7051))

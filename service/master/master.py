@@ -1,0 +1,328 @@
+"""The master process: wiring of sys.catalog, the catalog manager, the TSManager and gRPC.
+
+Theory of operation
+-------------------
+One master process is one member of the Raft group "sys.catalog" whose voters are the masters
+of `MasterConfig.master_addresses` (just this one when the list is empty). On one gRPC port it
+serves the Master API (`master_service.MasterServicer`) and the consensus transport (Step).
+
+Identity. MasterConfig has no uuid field, and the peers of a bootstrapping group must know each
+other's uuids before any of them has spoken. So a master's uuid is derived from its advertised
+address: ``master-<host>-<port>`` (characters a node id may not hold become '-'), which every
+master computes identically for every entry of `master_addresses`. It is written to
+``<data_dir>/instance`` on first start; a later start whose derived uuid differs (the master was
+moved to another address without wiping its data) is refused, as seed 004 wants for a node whose
+identity changed. Moving a master is therefore a RemoveMaster/AddMaster, not a config edit.
+(A single master bound to port 0 takes the uuid of the port it got: such a data dir can only be
+reopened on that port.) This departs from MasterConfig's note that the uuid is random per
+formatted data dir: with no uuid setting and no discovery RPC yet, an address-derived uuid is
+the only one peers can know before the group exists. Peer incarnations (`Incarnations`) still
+catch a master that lost its disk and came back under the same uuid.
+
+Leadership (seed 002: replay before serving; seed 001: KUDU-1374). `RaftNode.listeners` reports
+every change of role. On becoming LEADER in term t a task waits until sys.catalog has applied
+the leader's own no-op entry (a successful `RaftNode.read()` proves it: the ReadIndex of a new
+leader is only answered once an entry of its term committed, and `read()` waits until that
+index is applied here), then, if still leader of term t, calls `CatalogManager.load()` and
+`TSManager.request_full_reports()`. Until then the servicer answers NotReady. On any other
+role the catalog is `unload()`ed at once and a pending load is cancelled, so a deposed leader
+never answers from its caches. The catalog's maps stay warm on followers (sys.catalog's
+listener runs on every replica), so a load is a rebuild of what is already in memory.
+
+The TSManager is fed by heartbeats on every master, leader or follower (seed 001's plan).
+
+Not wired yet: the background tasks (assignment, CreateTablet/DeleteTablet/AlterSchema RPCs,
+roll-forward), tablet-report processing, the CA and token signing keys. So a created table's
+tablets stay PREPARING and IsCreateTableDone answers "not done".
+
+Shutdown order (`aclose`), each step relying on the next still being up:
+
+  1. the gRPC server stops taking calls (grace period for calls in flight, which may still
+     propose through the node);
+  2. the leadership task is cancelled and the catalog manager closed (unloaded, detached from
+     sys.catalog) so nothing proposes any more;
+  3. the Raft node stops: fails its waiters, closes the WAL;
+  4. the transport's senders to the peers are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import re
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import grpc
+import grpc.aio
+
+from service.common.clock import RealClock
+from service.common.config import MasterConfig, RaftSettings
+from service.common.errors import FailedPrecondition, InvalidArgument, TesseraError
+from service.common.ids import NodeId
+from service.consensus.fs import RealFileSystem
+from service.consensus.node import LeaderChange, NodeSettings, RaftNode
+from service.consensus.raft_store import RaftStore
+from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
+from service.master.catalog_manager import CatalogManager, CatalogSettings
+from service.master.master_service import MasterServicer
+from service.master.sys_catalog import ApplyResult, SysCatalogState
+from service.master.ts_manager import TSManager
+from service.raft import RaftConfig, Role
+
+__all__ = ["GROUP", "MasterPeer", "MasterServer", "master_uuid", "node_settings"]
+
+log = logging.getLogger(__name__)
+
+GROUP = "sys.catalog"
+"""The Raft group id of the masters' replicated catalog."""
+
+INSTANCE_FILE = "instance"
+LOAD_RETRY_S = 0.05
+"""Pause between attempts to pass the read barrier of a new leader (its no-op not committed)."""
+LOAD_READ_TIMEOUT_S = 5.0
+SERVER_GRACE_S = 1.0
+
+_NOT_IN_NODE_ID = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def master_uuid(address: str) -> NodeId:
+    """The uuid of the master reachable at `address` (host:port): ``master-<host>-<port>``."""
+    host, _, port = address.rpartition(":")
+    raw = f"master-{_NOT_IN_NODE_ID.sub('-', host.strip('[]'))}-{port}"
+    return NodeId(raw[:64])
+
+
+def node_settings(r: RaftSettings) -> NodeSettings:
+    """The consensus shell's settings from the `[raft]` section."""
+    return NodeSettings(
+        tick_interval_s=r.tick_interval_ms / 1000,
+        heartbeat_ticks=r.heartbeat_ticks,
+        election_ticks=r.election_ticks,
+        election_jitter_ticks=r.election_jitter_ticks,
+        pre_vote=r.pre_vote,
+        check_quorum=r.check_quorum,
+        lease_reads=r.lease_reads,
+        max_size_per_msg=r.max_entries_per_msg_bytes,
+        max_inflight_msgs=r.max_inflight_msgs,
+        max_inflight_bytes=r.max_inflight_bytes,
+        snapshot_interval_entries=r.snapshot_interval_entries,
+        snapshot_catchup_entries=r.snapshot_catchup_entries,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MasterPeer:
+    """One master of the group, as every master derives it from `master_addresses`."""
+
+    uuid: NodeId
+    address: str
+
+
+def _advertised(config: MasterConfig, bound_port: int) -> str:
+    if config.advertised_address is not None:
+        return config.advertised_address
+    host = config.rpc_bind.rsplit(":", 1)[0]
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        host = socket.gethostname()
+    return f"{host}:{bound_port}"
+
+
+def _check_instance(data_dir: Path, uuid: NodeId) -> None:
+    """Write `<data_dir>/instance` on first start; refuse a data dir of another identity."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / INSTANCE_FILE
+    if path.exists():
+        recorded = path.read_text().strip()
+        if recorded != uuid:
+            raise FailedPrecondition(
+                f"{data_dir} belongs to master {recorded!r}, but this master's address makes it "
+                f"{uuid!r}: a master cannot change address in place (remove and re-add it)"
+            )
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(uuid + "\n")
+    tmp.replace(path)
+
+
+class MasterServer:
+    """One master process (module docstring). `start()` binds and serves; `aclose()` stops.
+
+    After `start()`: `address` is the advertised host:port, `uuid` this master's uuid, `peers`
+    every master of the group (this one included), in `master_addresses` order.
+    """
+
+    def __init__(self, config: MasterConfig) -> None:
+        self.config = config
+        self.address = ""
+        self.uuid = NodeId("")
+        self.peers: tuple[MasterPeer, ...] = ()
+        self.instance_seqno = int(time.time() * 1_000_000)
+        self.node: RaftNode | None = None
+        self.catalog: CatalogManager | None = None
+        self.ts_manager: TSManager | None = None
+        self.transport: GrpcTransport | None = None
+        self._server: grpc.aio.Server | None = None
+        self._load_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind, open sys.catalog (WAL recovery), wire the services, start serving."""
+        config = self.config
+        server = grpc.aio.server(options=config.rpc.grpc_options())
+        port = server.add_insecure_port(config.rpc_bind)
+        if port == 0:
+            raise OSError(f"could not bind {config.rpc_bind}")
+        self._server = server
+        self.address = _advertised(config, port)
+        self.uuid = master_uuid(self.address)
+        addresses = config.master_addresses or (self.address,)
+        if self.address not in addresses:
+            raise InvalidArgument(
+                f"this master's address {self.address!r} is not one of master_addresses "
+                f"{list(addresses)}: set advertised_address"
+            )
+        self.peers = tuple(MasterPeer(master_uuid(a), a) for a in addresses)
+        data_dir = Path(config.data_dir)
+        _check_instance(data_dir, self.uuid)
+
+        fs = RealFileSystem()
+        incarnations = Incarnations(fs, str(data_dir), self.uuid)
+        transport = GrpcTransport(
+            self.uuid, incarnations=incarnations, max_message_bytes=config.rpc.max_message_bytes
+        )
+        self.transport = transport
+        store, recovered = RaftStore.open(
+            fs,
+            os.path.join(str(data_dir), "raft"),
+            self.uuid,
+            bootstrap_config=RaftConfig(frozenset(p.uuid for p in self.peers)),
+            addresses={p.uuid: p.address for p in self.peers},
+            segment_bytes=config.wal.segment_size_bytes,
+            preallocate=config.wal.preallocate,
+            fsync=config.wal.fsync,
+        )
+        sys_catalog = SysCatalogState()
+        node = RaftNode(
+            group_id=GROUP,
+            uuid=self.uuid,
+            store=store,
+            recovered=recovered,
+            state_machine=sys_catalog,
+            transport=transport,
+            settings=node_settings(config.raft),
+        )
+        self.node = node
+        clock = RealClock()
+        self.ts_manager = TSManager.from_config(config, clock)
+
+        async def replicate(data: bytes, timeout: float) -> ApplyResult:
+            return cast(ApplyResult, await node.propose(data, timeout=timeout))
+
+        self.catalog = CatalogManager(
+            sys_catalog,
+            replicate,
+            self.ts_manager,
+            clock,
+            random.Random(),
+            CatalogSettings.from_config(config),
+        )
+        node.listeners.append(self._on_leader_change)
+        transport.register(GROUP, node.step, node.report_unreachable)
+        ConsensusServicer(transport).add_to_server(server)
+        MasterServicer(self).add_to_server(server)
+        await server.start()
+        await node.start()
+        log.info(
+            "master %s serving on %s (data %s, masters %s)",
+            self.uuid,
+            self.address,
+            data_dir,
+            ", ".join(p.address for p in self.peers),
+        )
+
+    async def aclose(self) -> None:
+        """Stop in the order of the module docstring. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._server is not None:
+            await self._server.stop(grace=SERVER_GRACE_S)
+        if self._load_task is not None:
+            self._load_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._load_task
+        if self.catalog is not None:
+            self.catalog.close()
+        if self.node is not None:
+            await self.node.aclose()
+        if self.transport is not None:
+            await self.transport.aclose()
+
+    # --- leadership --------------------------------------------------------------------------
+
+    def _on_leader_change(self, change: LeaderChange) -> None:
+        """RaftNode listener (runs in the node's task: never blocks)."""
+        if self._closed or self.catalog is None:
+            return
+        if self._load_task is not None and not self._load_task.done():
+            self._load_task.cancel()
+        self._load_task = None
+        if change.role is Role.LEADER:
+            self._load_task = asyncio.create_task(
+                self._become_leader(change.term), name=f"master-load-{change.term}"
+            )
+        elif self.catalog.loaded:
+            log.info(
+                "master %s lost leadership (term %d): catalog unloaded", self.uuid, change.term
+            )
+            self.catalog.unload()
+
+    async def _become_leader(self, term: int) -> None:
+        """Wait for the no-op of `term` to be applied, then load the catalog (docstring)."""
+        node, catalog, ts = self.node, self.catalog, self.ts_manager
+        assert node is not None and catalog is not None and ts is not None
+        while True:
+            st = node.status()
+            if st.role is not Role.LEADER or st.term != term:
+                return
+            try:
+                index = await node.read(timeout=LOAD_READ_TIMEOUT_S)
+                break
+            except TesseraError as e:
+                log.debug(
+                    "master %s: read barrier of term %d not passed yet: %s", self.uuid, term, e
+                )
+                await asyncio.sleep(LOAD_RETRY_S)
+        st = node.status()
+        if st.role is not Role.LEADER or st.term != term:
+            return
+        catalog.load()
+        asked = ts.request_full_reports()
+        log.info(
+            "master %s is the leader of term %d: catalog loaded at index %d, full reports "
+            "requested from %d tablet servers",
+            self.uuid,
+            term,
+            index,
+            asked,
+        )
+
+    # --- views for the servicer --------------------------------------------------------------
+
+    def address_of(self, uuid: str) -> str | None:
+        """A master's address by uuid (the configured masters, then the transport's)."""
+        if uuid == self.uuid:
+            return self.address
+        for p in self.peers:
+            if p.uuid == uuid:
+                return p.address
+        return self.transport.address_of(uuid) if self.transport is not None else None

@@ -1,0 +1,473 @@
+"""The Master RPC API: a thin grpc.aio servicer over the catalog manager and the TSManager.
+
+Every handler does three things, in this order (ARCHITECTURE.md, style rule 6):
+
+  1. decode and validate the request into dataclasses with the existing codecs
+     (`schema_codec`, `catalog_records`); a bad field is InvalidArgument naming it;
+  2. the leader check, for catalog calls: a follower raises NotTheLeader carrying the leader's
+     uuid and address (trailing metadata, `errors.rpc_errors`), a leader whose catalog is not
+     loaded yet (still replaying, seed 002) raises NotReady;
+  3. delegate to `CatalogManager`/`TSManager` and encode the dataclass answer.
+
+Served on every master, leader or not: ConnectToMaster, Ping, ListMasters (this master's view)
+and TSHeartbeat (registration and liveness; seed 001: tablet servers heartbeat to all masters).
+Tablet reports carried by heartbeats are ignored for now (report processing is not wired), and
+only a loaded leader asks for full reports. RPCs not implemented yet answer UNIMPLEMENTED
+(`NotSupported`) naming the RPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import grpc
+import grpc.aio
+
+from service.common.errors import InvalidArgument, NotReady, NotSupported, NotTheLeader, rpc_errors
+from service.common.ids import NodeId
+from service.common.partition import PartitionSchema
+from service.common.schema import AddColumn, AlterOp, DropColumn, RenameColumn, Schema
+from service.common.schema_codec import (
+    column_from_pb,
+    partition_schema_from_pb,
+    partition_schema_to_pb,
+    partition_to_pb,
+    schema_from_pb,
+    schema_to_pb,
+)
+from service.master.catalog_info import (
+    ReplicaRole,
+    TableIdentifier,
+    TabletLocations,
+)
+from service.master.catalog_manager import CatalogManager
+from service.master.catalog_records import HostPort, MemberType, RequestId, request_id_from_pb
+from service.master.ts_descriptor import NodeInstance, TSRegistration
+from service.pb import master_pb2 as pb
+from service.pb import master_pb2_grpc
+from service.raft import Role
+
+if TYPE_CHECKING:
+    from service.master.master import MasterServer
+
+__all__ = ["MasterServicer"]
+
+Ctx = grpc.aio.ServicerContext
+
+_ROLE_TO_PB = {
+    Role.LEADER: pb.LEADER,
+    Role.FOLLOWER: pb.FOLLOWER,
+    Role.CANDIDATE: pb.FOLLOWER,
+    Role.PRE_CANDIDATE: pb.FOLLOWER,
+    Role.LEARNER: pb.LEARNER,
+    Role.NON_PARTICIPANT: pb.NON_PARTICIPANT,
+}
+_REPLICA_ROLE_TO_PB = {
+    ReplicaRole.LEADER: pb.LEADER,
+    ReplicaRole.FOLLOWER: pb.FOLLOWER,
+    ReplicaRole.LEARNER: pb.LEARNER,
+}
+_MEMBER_TYPE_TO_PB = {MemberType.VOTER: pb.VOTER, MemberType.NON_VOTER: pb.NON_VOTER}
+_MAX_NAME_FILTER = 256
+
+
+class MasterServicer(master_pb2_grpc.MasterServiceServicer):
+    """Thin: validate, leader check, delegate, return (module docstring)."""
+
+    def __init__(self, master: MasterServer) -> None:
+        self.master = master
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        master_pb2_grpc.add_MasterServiceServicer_to_server(self, server)
+
+    # --- the leader check --------------------------------------------------------------------
+
+    def _leader_catalog(self) -> CatalogManager:
+        """The catalog manager if this master is the leader and has loaded it; else raise."""
+        m = self.master
+        assert m.node is not None and m.catalog is not None
+        st = m.node.status()
+        if st.role is not Role.LEADER:
+            raise NotTheLeader(
+                f"master {m.uuid} is not the leader (term {st.term})",
+                leader_uuid=st.lead or None,
+                leader_address=m.address_of(st.lead) if st.lead else None,
+            )
+        if not m.catalog.loaded:
+            raise NotReady(
+                f"master {m.uuid} was just elected (term {st.term}) and is still loading the "
+                "catalog; retry"
+            )
+        return m.catalog
+
+    # --- DDL ---------------------------------------------------------------------------------
+
+    @rpc_errors
+    async def CreateTable(
+        self, request: pb.CreateTableRequestPB, context: Ctx
+    ) -> pb.CreateTableResponsePB:
+        req = _request_id(request)
+        schema, partition_schema = _schema_and_partitioning(request)
+        catalog = self._leader_catalog()
+        table_id = await catalog.create_table(
+            request.name, schema, partition_schema, request.num_replicas, req, request.owner
+        )
+        return pb.CreateTableResponsePB(table_id=table_id)
+
+    @rpc_errors
+    async def IsCreateTableDone(
+        self, request: pb.IsCreateTableDoneRequestPB, context: Ctx
+    ) -> pb.IsCreateTableDoneResponsePB:
+        table = _table(request)
+        status = await self._leader_catalog().is_create_table_done(table)
+        return pb.IsCreateTableDoneResponsePB(
+            done=status.done,
+            tablets_running=status.tablets_running,
+            tablets_total=status.tablets_total,
+        )
+
+    @rpc_errors
+    async def AlterTable(
+        self, request: pb.AlterTableRequestPB, context: Ctx
+    ) -> pb.AlterTableResponsePB:
+        req = _request_id(request)
+        table = _table(request)
+        steps = _alter_steps(request)
+        new_name = request.new_table_name if request.HasField("new_table_name") else None
+        expected = (
+            request.expected_schema_version if request.HasField("expected_schema_version") else None
+        )
+        catalog = self._leader_catalog()
+        version = await catalog.alter_table(
+            table, steps, req, new_name=new_name, expected_schema_version=expected
+        )
+        table_id = table.table_id
+        if table_id is None:  # named by name: look the id up under the name it has now
+            now = TableIdentifier(name=new_name if new_name is not None else table.name)
+            table_id = (await catalog.get_table_schema(now)).table_id
+        return pb.AlterTableResponsePB(table_id=table_id, schema_version=version)
+
+    @rpc_errors
+    async def IsAlterTableDone(
+        self, request: pb.IsAlterTableDoneRequestPB, context: Ctx
+    ) -> pb.IsAlterTableDoneResponsePB:
+        table = _table(request)
+        status = await self._leader_catalog().is_alter_table_done(table)
+        return pb.IsAlterTableDoneResponsePB(done=status.done, schema_version=status.schema_version)
+
+    @rpc_errors
+    async def DeleteTable(
+        self, request: pb.DeleteTableRequestPB, context: Ctx
+    ) -> pb.DeleteTableResponsePB:
+        req = _request_id(request)
+        table = _table(request)
+        table_id = await self._leader_catalog().delete_table(table, req)
+        return pb.DeleteTableResponsePB(table_id=table_id)
+
+    # --- reads -------------------------------------------------------------------------------
+
+    @rpc_errors
+    async def ListTables(
+        self, request: pb.ListTablesRequestPB, context: Ctx
+    ) -> pb.ListTablesResponsePB:
+        if len(request.name_filter) > _MAX_NAME_FILTER:
+            raise InvalidArgument(f"name_filter: longer than {_MAX_NAME_FILTER} characters")
+        tables = await self._leader_catalog().list_tables(request.name_filter)
+        return pb.ListTablesResponsePB(
+            tables=[
+                pb.ListTablesResponsePB.TableInfo(
+                    table_id=t.table_id,
+                    name=t.name,
+                    state=pb.TableRecordPB.State.Value(t.state.name),
+                    schema_version=t.schema_version,
+                    num_replicas=t.num_replicas,
+                    num_tablets=t.num_tablets,
+                    owner=t.owner,
+                )
+                for t in tables
+            ]
+        )
+
+    @rpc_errors
+    async def GetTableSchema(
+        self, request: pb.GetTableSchemaRequestPB, context: Ctx
+    ) -> pb.GetTableSchemaResponsePB:
+        table = _table(request)
+        info = await self._leader_catalog().get_table_schema(table)
+        return pb.GetTableSchemaResponsePB(
+            table_id=info.table_id,
+            table_name=info.name,
+            schema=schema_to_pb(info.schema),
+            partition_schema=partition_schema_to_pb(info.partition_schema, info.schema),
+            num_replicas=info.num_replicas,
+            create_table_done=info.create_table_done,
+        )
+
+    @rpc_errors
+    async def GetTableLocations(
+        self, request: pb.GetTableLocationsRequestPB, context: Ctx
+    ) -> pb.GetTableLocationsResponsePB:
+        table = _table(request)
+        locations = await self._leader_catalog().get_table_locations(
+            table,
+            request.partition_key_start,
+            request.partition_key_end,
+            request.max_returned_locations,
+        )
+        return pb.GetTableLocationsResponsePB(
+            table_id=locations.table_id,
+            tablet_locations=[_tablet_locations_pb(t) for t in locations.tablets],
+            ttl_ms=locations.ttl_ms,
+        )
+
+    @rpc_errors
+    async def GetTabletLocations(
+        self, request: pb.GetTabletLocationsRequestPB, context: Ctx
+    ) -> pb.GetTabletLocationsResponsePB:
+        result = await self._leader_catalog().get_tablet_locations(list(request.tablet_ids))
+        return pb.GetTabletLocationsResponsePB(
+            tablet_locations=[_tablet_locations_pb(t) for t in result.locations],
+            errors=[
+                pb.GetTabletLocationsResponsePB.Error(
+                    tablet_id=tablet_id, error=pb.ErrorPB(code=err.code, message=err.message)
+                )
+                for tablet_id, err in result.errors
+            ],
+        )
+
+    # --- masters -----------------------------------------------------------------------------
+
+    @rpc_errors
+    async def ConnectToMaster(
+        self, request: pb.ConnectToMasterRequestPB, context: Ctx
+    ) -> pb.ConnectToMasterResponsePB:
+        m = self.master
+        assert m.node is not None
+        st = m.node.status()
+        out = pb.ConnectToMasterResponsePB(
+            role=_ROLE_TO_PB[st.role],
+            leader_uuid=st.lead,
+            term=st.term,
+            master_addresses=[_host_port_pb(p.address) for p in m.peers],
+        )
+        lead_address = m.address_of(st.lead) if st.lead else None
+        if lead_address:
+            out.leader_address.CopyFrom(_host_port_pb(lead_address))
+        return out
+
+    @rpc_errors
+    async def Ping(self, request: pb.PingRequestPB, context: Ctx) -> pb.PingResponsePB:
+        return pb.PingResponsePB()
+
+    @rpc_errors
+    async def ListMasters(
+        self, request: pb.ListMastersRequestPB, context: Ctx
+    ) -> pb.ListMastersResponsePB:
+        """Every configured master as this master sees it: full figures for itself; for the
+        others their role as far as known here (the leader, or followers if this master leads)
+        and, on the leader, the index each has replicated (its match index)."""
+        m = self.master
+        assert m.node is not None
+        st = m.node.status()
+        entries = []
+        for peer in m.peers:
+            entry = pb.ListMastersResponsePB.Entry(
+                instance=pb.NodeInstancePB(permanent_uuid=peer.uuid),
+                rpc_addresses=[_host_port_pb(peer.address)],
+                member_type=pb.VOTER if peer.uuid in st.config.voters else pb.NON_VOTER,
+                term=st.term,
+            )
+            if peer.uuid == m.uuid:
+                entry.instance.instance_seqno = m.instance_seqno
+                entry.role = _ROLE_TO_PB[st.role]
+                entry.committed_index = st.commit
+                entry.applied_index = m.node.applied
+            elif peer.uuid == st.lead:
+                entry.role = pb.LEADER
+            elif st.role is Role.LEADER:
+                entry.role = pb.FOLLOWER
+                progress = st.progress.get(peer.uuid)
+                if progress is not None:
+                    entry.committed_index = min(progress.match, st.commit)
+            entries.append(entry)
+        return pb.ListMastersResponsePB(masters=entries)
+
+    # --- heartbeats --------------------------------------------------------------------------
+
+    @rpc_errors
+    async def TSHeartbeat(
+        self, request: pb.TSHeartbeatRequestPB, context: Ctx
+    ) -> pb.TSHeartbeatResponsePB:
+        """Registration and liveness on every master. Tablet reports are ignored for now."""
+        if not request.HasField("instance"):
+            raise InvalidArgument("instance: missing")
+        try:
+            instance = NodeInstance(
+                NodeId(request.instance.permanent_uuid), request.instance.instance_seqno
+            )
+        except InvalidArgument as e:
+            raise InvalidArgument(f"instance: {e.message}") from None
+        registration = _registration(request) if request.HasField("registration") else None
+        m = self.master
+        assert m.node is not None and m.ts_manager is not None and m.catalog is not None
+        outcome = m.ts_manager.heartbeat(instance, registration)
+        st = m.node.status()
+        leading = st.role is Role.LEADER and m.catalog.loaded
+        return pb.TSHeartbeatResponsePB(
+            master_instance=pb.NodeInstancePB(
+                permanent_uuid=m.uuid, instance_seqno=m.instance_seqno
+            ),
+            leader_master=leading,
+            master_term=st.term,
+            needs_reregister=outcome.needs_reregister,
+            needs_full_tablet_report=leading and outcome.needs_full_report,
+            master_addresses=[_host_port_pb(p.address) for p in m.peers],
+        )
+
+    # --- not implemented yet -----------------------------------------------------------------
+
+    @rpc_errors
+    async def ListTabletServers(
+        self, request: pb.ListTabletServersRequestPB, context: Ctx
+    ) -> pb.ListTabletServersResponsePB:
+        raise NotSupported("ListTabletServers is not implemented yet")
+
+    @rpc_errors
+    async def AddReplica(
+        self, request: pb.AddReplicaRequestPB, context: Ctx
+    ) -> pb.AddReplicaResponsePB:
+        raise NotSupported("AddReplica is not implemented yet")
+
+    @rpc_errors
+    async def RemoveReplica(
+        self, request: pb.RemoveReplicaRequestPB, context: Ctx
+    ) -> pb.RemoveReplicaResponsePB:
+        raise NotSupported("RemoveReplica is not implemented yet")
+
+    @rpc_errors
+    async def MoveReplica(
+        self, request: pb.MoveReplicaRequestPB, context: Ctx
+    ) -> pb.MoveReplicaResponsePB:
+        raise NotSupported("MoveReplica is not implemented yet")
+
+    @rpc_errors
+    async def AddMaster(
+        self, request: pb.AddMasterRequestPB, context: Ctx
+    ) -> pb.AddMasterResponsePB:
+        raise NotSupported("AddMaster is not implemented yet")
+
+    @rpc_errors
+    async def RemoveMaster(
+        self, request: pb.RemoveMasterRequestPB, context: Ctx
+    ) -> pb.RemoveMasterResponsePB:
+        raise NotSupported("RemoveMaster is not implemented yet")
+
+    @rpc_errors
+    async def DumpCatalog(
+        self, request: pb.DumpCatalogRequestPB, context: Ctx
+    ) -> AsyncIterator[pb.DumpCatalogChunkPB]:
+        raise NotSupported("DumpCatalog is not implemented yet")
+        yield pb.DumpCatalogChunkPB()  # pragma: no cover  (makes this an async generator)
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+
+def _request_id(
+    request: pb.CreateTableRequestPB | pb.AlterTableRequestPB | pb.DeleteTableRequestPB,
+) -> RequestId:
+    if not request.HasField("request_id"):
+        raise InvalidArgument("request_id: missing (DDL requests carry a client request id)")
+    return request_id_from_pb(request.request_id)
+
+
+def _table(
+    request: pb.IsCreateTableDoneRequestPB
+    | pb.AlterTableRequestPB
+    | pb.IsAlterTableDoneRequestPB
+    | pb.DeleteTableRequestPB
+    | pb.GetTableSchemaRequestPB
+    | pb.GetTableLocationsRequestPB,
+) -> TableIdentifier:
+    if not request.HasField("table"):
+        raise InvalidArgument("table: missing (give table.table_id or table.table_name)")
+    t = request.table
+    return TableIdentifier.checked(TableIdentifier(t.table_id or None, t.table_name or None))
+
+
+def _schema_and_partitioning(request: pb.CreateTableRequestPB) -> tuple[Schema, PartitionSchema]:
+    if not request.HasField("schema"):
+        raise InvalidArgument("schema: missing")
+    schema = schema_from_pb(request.schema)
+    if not request.HasField("partition_schema"):
+        raise InvalidArgument("partition_schema: missing")
+    return schema, partition_schema_from_pb(request.partition_schema, schema)
+
+
+def _alter_steps(request: pb.AlterTableRequestPB) -> list[AlterOp]:
+    steps: list[AlterOp] = []
+    for i, step in enumerate(request.steps):
+        path = f"steps[{i}]"
+        kind = step.WhichOneof("step")
+        if kind == "add_column":
+            c = column_from_pb(step.add_column.column, f"{path}.add_column.column")
+            steps.append(
+                AddColumn(c.name, c.type, c.nullable, c.default, c.precision, c.scale, c.comment)
+            )
+        elif kind == "drop_column":
+            if not step.drop_column.name:
+                raise InvalidArgument(f"{path}.drop_column.name: missing")
+            steps.append(DropColumn(step.drop_column.name))
+        elif kind == "rename_column":
+            r = step.rename_column
+            if not r.old_name or not r.new_name:
+                raise InvalidArgument(f"{path}.rename_column: old_name and new_name are required")
+            steps.append(RenameColumn(r.old_name, r.new_name))
+        else:
+            raise InvalidArgument(
+                f"{path}: empty step (set add_column, drop_column or rename_column)"
+            )
+    return steps
+
+
+def _registration(request: pb.TSHeartbeatRequestPB) -> TSRegistration:
+    r = request.registration
+    try:
+        return TSRegistration(
+            rpc_addresses=tuple(f"{h.host}:{h.port}" for h in r.rpc_addresses),
+            http_addresses=tuple(f"{h.host}:{h.port}" for h in r.http_addresses),
+            software_version=r.software_version,
+            start_time=r.start_time_us / 1_000_000,
+            location=r.location or None,
+        )
+    except InvalidArgument as e:
+        raise InvalidArgument(f"registration: {e.message}") from None
+
+
+# --- encoding ----------------------------------------------------------------------------------
+
+
+def _host_port_pb(address: str | HostPort) -> pb.HostPortPB:
+    if isinstance(address, HostPort):
+        return pb.HostPortPB(host=address.host, port=address.port)
+    host, _, port = address.rpartition(":")
+    return pb.HostPortPB(host=host, port=int(port) if port.isdigit() else 0)
+
+
+def _tablet_locations_pb(t: TabletLocations) -> pb.TabletLocationsPB:
+    out = pb.TabletLocationsPB(
+        tablet_id=t.tablet_id,
+        table_id=t.table_id,
+        partition=partition_to_pb(t.partition),
+        config_opid_index=t.config_index,
+    )
+    for r in t.replicas:
+        replica = out.replicas.add(
+            ts_uuid=r.ts_uuid,
+            role=_REPLICA_ROLE_TO_PB[r.role],
+            member_type=_MEMBER_TYPE_TO_PB[r.member_type],
+        )
+        if r.address is not None:
+            replica.rpc_address.CopyFrom(_host_port_pb(r.address))
+    return out

@@ -1,0 +1,154 @@
+"""Launch master processes (`python -m service.master`) on loopback, for tests and demos.
+
+Ports are picked free on 127.0.0.1 before launch (every master must know every master's
+address to bootstrap sys.catalog); each master's uuid follows from its address
+(`service.master.master.master_uuid`). Every master logs to `<base>/<name>.log` and keeps its
+data in `<base>/<name>/`. `stop()` sends SIGTERM and then SIGKILL to whatever is left, so a
+test that uses the cluster as a context manager never leaves a process running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from service.master.master import master_uuid
+from service.testing.demo_cluster import free_ports
+from service.testing.processes import terminate_all
+
+ROOT = Path(__file__).resolve().parents[2]
+MASTER_CONF = ROOT / "conf" / "master.toml"
+
+FAST_RAFT: Mapping[str, str] = {
+    "raft.tick_interval_ms": "50",
+    "raft.heartbeat_interval_ms": "100",
+    "raft.election_timeout_ms": "500",
+    "raft.election_jitter_ms": "250",
+    "wal.fsync": "false",
+    "wal.preallocate": "false",
+}
+"""Raft timing for tests: elections within about a second of a kill, no fsync."""
+
+
+@dataclass
+class MasterProcess:
+    name: str
+    address: str
+    data_dir: Path
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def uuid(self) -> str:
+        return master_uuid(self.address)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class MasterCluster:
+    """N masters forming one sys.catalog group. Use as a context manager."""
+
+    base: Path
+    size: int = 3
+    overrides: Mapping[str, str] = field(default_factory=lambda: dict(FAST_RAFT))
+    masters: dict[str, MasterProcess] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        for i, port in enumerate(free_ports(self.size), start=1):
+            name = f"master-{i}"
+            self.masters[name] = MasterProcess(
+                name, f"127.0.0.1:{port}", self.base / name, self.base / f"{name}.log"
+            )
+
+    @property
+    def addresses(self) -> list[str]:
+        return [m.address for m in self.masters.values()]
+
+    def by_address(self, address: str) -> MasterProcess:
+        for m in self.masters.values():
+            if m.address == address:
+                return m
+        raise KeyError(address)
+
+    def start(self) -> None:
+        for name in self.masters:
+            self.start_master(name)
+        self.wait_ready(list(self.masters))
+
+    def start_master(self, name: str) -> None:
+        m = self.masters[name]
+        ready = self.base / f"{name}.ready"
+        ready.unlink(missing_ok=True)
+        addresses = "[" + ", ".join(f'"{a}"' for a in self.addresses) + "]"
+        args = [
+            sys.executable,
+            "-m",
+            "service.master",
+            "--conf",
+            str(MASTER_CONF),
+            "--set",
+            f"data_dir={m.data_dir}",
+            "--set",
+            f"rpc_bind={m.address}",
+            "--set",
+            f"advertised_address={m.address}",
+            "--set",
+            f"master_addresses={addresses}",
+            "--ready-file",
+            str(ready),
+        ]
+        for k, v in self.overrides.items():
+            args += ["--set", f"{k}={v}"]
+        logf = m.log.open("ab")
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        m.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        logf.close()
+
+    def wait_ready(self, names: list[str], timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        for name in names:
+            ready = self.base / f"{name}.ready"
+            m = self.masters[name]
+            while not ready.exists():
+                if not m.alive:
+                    raise RuntimeError(f"{name} exited: {m.log.read_text()[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} not serving after {timeout}s")
+                time.sleep(0.02)
+            info = json.loads(ready.read_text())
+            if info["address"] != m.address:
+                raise RuntimeError(f"{name} serves on {info['address']}, expected {m.address}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        m = self.masters[name]
+        if m.proc is not None and m.proc.poll() is None:
+            m.proc.send_signal(sig)
+            m.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        terminate_all(m.proc for m in self.masters.values() if m.proc is not None)
+
+    def exit_codes(self) -> dict[str, int | None]:
+        return {n: (m.proc.poll() if m.proc else None) for n, m in self.masters.items()}
+
+    def __enter__(self) -> MasterCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
