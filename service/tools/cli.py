@@ -5,6 +5,7 @@
     tessera raft-demo status --addresses HOST:PORT,... [--format plain|json]
     tessera raft-demo put --addresses HOST:PORT,... KEY VALUE
     tessera raft-demo get --addresses HOST:PORT,... KEY
+    tessera master run --conf conf/master.toml [--set key=value ...] [--ready-file F]
     tessera sim [--seeds N] [--first S] [--seed X --verbose]
 
 Later issues add `cluster`, `table`, `tablet`, `tserver`, `master`, `replica` and `jobs`.
@@ -123,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     get.add_argument("--addresses", type=_addresses, required=True)
     get.add_argument("key")
 
+    master = sub.add_parser("master", help="the master (sys.catalog, catalog manager)")
+    msub = master.add_subparsers(dest="action", required=True)
+    mrun = msub.add_parser("run", help="run one master in the foreground")
+    mrun.add_argument("--conf", required=True)
+    mrun.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    mrun.add_argument("--ready-file")
+
     sim = sub.add_parser("sim", help="run the deterministic Raft simulator")
     sim.add_argument("--seeds", type=int, default=200)
     sim.add_argument("--first", type=int, default=0)
@@ -141,6 +149,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.seed is not None:
                 sargs = ["--seed", str(args.seed)] + (["--verbose"] if args.verbose else [])
             return sim_cli.main(sargs)
+        if args.command == "master":
+            from service.master import __main__ as master_main
+
+            fwd = ["--conf", args.conf] + [x for s in args.set for x in ("--set", s)]
+            if args.ready_file:
+                fwd += ["--ready-file", args.ready_file]
+            return master_main.main(fwd)
         if args.action == "serve":
             from service.consensus import demo_server
 
