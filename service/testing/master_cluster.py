@@ -31,10 +31,9 @@ FAST_RAFT: Mapping[str, str] = {
     "raft.heartbeat_interval_ms": "100",
     "raft.election_timeout_ms": "500",
     "raft.election_jitter_ms": "250",
-    "wal.fsync": "false",
-    "wal.preallocate": "false",
 }
-"""Raft timing for tests: elections within about a second of a kill, no fsync."""
+"""Raft timing for tests: elections within about a second of a kill. The WAL keeps its real
+fsync and preallocation: tests run the durable path the product runs."""
 
 
 @dataclass
