@@ -31,16 +31,23 @@ listener runs on every replica), so a load is a rebuild of what is already in me
 
 The TSManager is fed by heartbeats on every master, leader or follower (seed 001's plan).
 
+Security (seed 000's IPKI and TSK; `security`). Once the catalog is loaded, the leader starts
+one task owned by this MasterServer: it runs `security.ensure_security` (insert the root CA if
+absent, generate token signing keys ahead of use, purge expired ones) at once and then every
+`SECURITY_CHECK_INTERVAL_S` (`SECURITY_RETRY_S` after a failure, which is logged, never fatal),
+for as long as this master is leader of that term. Any change of role cancels it, as it cancels
+a pending load. Wiring TLS and tokens into the RPCs is a later issue.
+
 Not wired yet: the background tasks (assignment, CreateTablet/DeleteTablet/AlterSchema RPCs,
-roll-forward), tablet-report processing, the CA and token signing keys. So a created table's
-tablets stay PREPARING and IsCreateTableDone answers "not done".
+roll-forward), tablet-report processing. So a created table's tablets stay PREPARING and
+IsCreateTableDone answers "not done".
 
 Shutdown order (`aclose`), each step relying on the next still being up:
 
   1. the gRPC server stops taking calls (grace period for calls in flight, which may still
      propose through the node);
-  2. the leadership task is cancelled and the catalog manager closed (unloaded, detached from
-     sys.catalog) so nothing proposes any more;
+  2. the leadership task and the security task are cancelled and the catalog manager closed
+     (unloaded, detached from sys.catalog) so nothing proposes any more;
   3. the Raft node stops: fails its waiters, closes the WAL;
   4. the transport's senders to the peers are closed.
 """
@@ -62,7 +69,7 @@ from typing import cast
 import grpc
 import grpc.aio
 
-from service.common.clock import RealClock
+from service.common.clock import Clock, RealClock
 from service.common.config import MasterConfig, RaftSettings
 from service.common.errors import FailedPrecondition, InvalidArgument, TesseraError
 from service.common.ids import NodeId
@@ -70,8 +77,9 @@ from service.consensus.fs import RealFileSystem
 from service.consensus.node import LeaderChange, NodeSettings, RaftNode
 from service.consensus.raft_store import RaftStore
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
-from service.master.catalog_manager import CatalogManager, CatalogSettings
+from service.master.catalog_manager import CatalogManager, CatalogSettings, Replicate
 from service.master.master_service import MasterServicer
+from service.master.security import ensure_security
 from service.master.sys_catalog import ApplyResult, SysCatalogState
 from service.master.ts_manager import TSManager
 from service.raft import RaftConfig, Role
@@ -88,6 +96,11 @@ LOAD_RETRY_S = 0.05
 """Pause between attempts to pass the read barrier of a new leader (its no-op not committed)."""
 LOAD_READ_TIMEOUT_S = 5.0
 SERVER_GRACE_S = 1.0
+SECURITY_CHECK_INTERVAL_S = 60.0
+"""Pause between the leader's checks of the CA and token signing keys (keys rotate daily and
+one is always generated ahead, so a minute late is harmless)."""
+SECURITY_RETRY_S = 1.0
+"""Pause after a failed check (replication failed, a racing write was refused)."""
 
 _NOT_IN_NODE_ID = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -171,6 +184,11 @@ class MasterServer:
         self._server: grpc.aio.Server | None = None
         self._load_task: asyncio.Task[None] | None = None
         self._closed = False
+        # Security (module docstring): set by start(), the task runs while leader.
+        self._sys_catalog: SysCatalogState | None = None
+        self._replicate: Replicate | None = None
+        self._clock: Clock = RealClock()
+        self._security_task: asyncio.Task[None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -227,6 +245,7 @@ class MasterServer:
         async def replicate(data: bytes, timeout: float) -> ApplyResult:
             return cast(ApplyResult, await node.propose(data, timeout=timeout))
 
+        self._sys_catalog, self._replicate, self._clock = sys_catalog, replicate, clock
         self.catalog = CatalogManager(
             sys_catalog,
             replicate,
@@ -260,6 +279,10 @@ class MasterServer:
             self._load_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._load_task
+        if self._security_task is not None:
+            self._security_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._security_task
         if self.catalog is not None:
             self.catalog.close()
         if self.node is not None:
@@ -276,6 +299,7 @@ class MasterServer:
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
         self._load_task = None
+        self._stop_security()
         if change.role is Role.LEADER:
             self._load_task = asyncio.create_task(
                 self._become_leader(change.term), name=f"master-load-{change.term}"
@@ -315,6 +339,40 @@ class MasterServer:
             index,
             asked,
         )
+        self._start_security(term)
+
+    # --- security: CA and token signing keys (module docstring) ------------------------------
+
+    def _start_security(self, term: int) -> None:
+        self._stop_security()
+        self._security_task = asyncio.create_task(
+            self._security_loop(term), name=f"master-security-{term}"
+        )
+
+    def _stop_security(self) -> None:
+        if self._security_task is not None and not self._security_task.done():
+            self._security_task.cancel()
+        self._security_task = None
+
+    async def _security_loop(self, term: int) -> None:
+        """While leader of `term`: ensure the CA and the signing keys, then wait and repeat."""
+        node, sys_catalog, replicate = self.node, self._sys_catalog, self._replicate
+        assert node is not None and sys_catalog is not None and replicate is not None
+        while True:
+            st = node.status()
+            if st.role is not Role.LEADER or st.term != term:
+                return
+            pause = SECURITY_CHECK_INTERVAL_S
+            try:
+                now_us = int(self._clock.now() * 1_000_000)
+                await ensure_security(sys_catalog, replicate, now_us)
+            except TesseraError as e:
+                log.warning("master %s: CA/signing key check failed: %s", self.uuid, e)
+                pause = SECURITY_RETRY_S
+            except Exception:
+                log.exception("master %s: CA/signing key check failed", self.uuid)
+                pause = SECURITY_RETRY_S
+            await asyncio.sleep(pause)
 
     # --- views for the servicer --------------------------------------------------------------
 

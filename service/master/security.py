@@ -1,0 +1,494 @@
+"""The internal root CA and the token signing keys (seed 000, "IPKI" and "TSK").
+
+Theory of operation
+-------------------
+Seed 000: sys.catalog holds the root CA certificate with its private key, and the token signing
+keys (TSKs) used to sign authn/authz tokens. The leader master generates the CA when it becomes
+leader and finds none, generates TSKs ahead of use, and lazily purges expired ones; a new leader
+loads what is stored. This module is that policy and its crypto (the `cryptography` package);
+wiring TLS and tokens into every RPC is a later issue.
+
+* The root CA (`generate_ca`, `load_ca`): a self-signed X.509 certificate on an EC P-256 key
+  (fast to generate, small), valid `CA_VALIDITY` (10 years) from an hour before `now` (slack for
+  skewed clocks among masters and tablet servers), with basic constraints CA=true and key usage
+  keyCertSign/cRLSign. Stored as PEM (certificate, unencrypted PKCS#8 key).
+
+* Token signing keys (`TokenSigningKeys`): Ed25519 keys, stored as PKCS#8 DER, each with a
+  strictly increasing `key_seq` and an `expire_time_us`. With V the key validity and R the
+  rotation interval (defaults 7 days and 1 day), a key may *sign* until its `sign_deadline_us`
+  = expire - (V - R), and tokens live at most `max_token_ttl_us` = V - R: a token never outlives
+  the key that verifies it, so purging a key at its expiry never invalidates a live token. The
+  key that signs (`current_key`) is the lowest-seq key still before its sign deadline, so each
+  key signs for R and then hands over to the next. `plan(keys, now)` keeps the current key plus
+  `keys_ahead` (default 1) more generated ahead of use -- the next key is in the catalog, on
+  every master, long before it signs anything -- each expiring R after the one before it, and
+  purges expired keys. Every function takes `now` (microseconds since the epoch, the unit of
+  `expire_time_us`); none reads a clock.
+
+* Tokens (`sign_token`, `verify_token`), big-endian, in this order::
+
+      version    1 byte   TOKEN_FORMAT_VERSION (1)
+      key_seq    8 bytes  the signing key's sequence number
+      expire_us  8 bytes  the token's expiry, microseconds since the epoch
+      kind       1 byte   0: payload is raw bytes; 1: payload is a JSON object (UTF-8, sorted
+                          keys, no spaces)
+      length     4 bytes  payload length, at most MAX_PAYLOAD_BYTES
+      payload    length bytes
+      signature  64 bytes Ed25519 over every byte before it
+
+  Verification refuses, with `PermissionDenied` naming the reason: malformed bytes (length,
+  version, kind), a key seq not among the committed keys, a signature that does not verify
+  (checked before the expiry, so a forged expiry is a bad signature), an expired token.
+
+* `ensure_security(sys_catalog, replicate, now)`, run by the leader after its catalog is loaded
+  and then periodically: inserts the CA if absent (with a "row absent" precondition, so of two
+  leaders racing, sys.catalog applies the first and refuses the second identically on every
+  replica), then writes the TSK plan as ONE CatalogWrite (inserts with "absent" preconditions,
+  deletes with "at the version read" preconditions). A write that has nothing to do is not
+  proposed, so repeating it is a no-op.
+
+Private key material never appears in a repr (`CertAuthorityRecord`, `TokenSigningKeyRecord`,
+`LoadedCA`) nor in a log line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.x509.oid import NameOID
+
+from service.common.errors import (
+    Corruption,
+    InvalidArgument,
+    NotReady,
+    PermissionDenied,
+    TesseraError,
+)
+from service.master.catalog_manager import Replicate
+from service.master.catalog_records import (
+    CatalogWrite,
+    CertAuthorityRecord,
+    Delete,
+    EntryType,
+    Insert,
+    Precondition,
+    RowKey,
+    RowOp,
+    TokenSigningKeyRecord,
+    record_key,
+    tsk_entry_id,
+)
+from service.master.sys_catalog import SysCatalogState
+
+__all__ = [
+    "CA_BACKDATE",
+    "CA_COMMON_NAME",
+    "CA_VALIDITY",
+    "DAY_US",
+    "MAX_PAYLOAD_BYTES",
+    "TOKEN_FORMAT_VERSION",
+    "LoadedCA",
+    "Payload",
+    "SecurityReport",
+    "TokenSigningKeys",
+    "ca_write",
+    "ensure_security",
+    "generate_ca",
+    "generate_signing_key",
+    "load_ca",
+    "sign_token",
+    "tsk_write",
+    "verify_token",
+]
+
+log = logging.getLogger(__name__)
+
+SECOND_US = 1_000_000
+DAY_US = 86_400 * SECOND_US
+CA_VALIDITY = datetime.timedelta(days=3650)
+"""The root CA's validity: about 10 years (Kudu's default for its internal CA)."""
+CA_BACKDATE = datetime.timedelta(hours=1)
+"""The CA is valid from this long before `now`: slack for clocks skewed among the servers."""
+CA_COMMON_NAME = "Tessera internal root CA"
+
+TOKEN_FORMAT_VERSION = 1
+MAX_PAYLOAD_BYTES = 64 * 1024
+"""Largest token payload; a token is a credential, not a data channel."""
+_HEADER = struct.Struct(">BQQBI")  # version, key_seq, expire_us, kind, payload length
+_SIGNATURE_BYTES = 64
+_KIND_BYTES = 0
+_KIND_JSON = 1
+
+Payload: TypeAlias = bytes | dict[str, Any]
+"""A token's payload: raw bytes, or a JSON object (returned as a dict by `verify_token`)."""
+
+
+def _utc(now_us: int) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(now_us / SECOND_US, tz=datetime.UTC)
+
+
+# --- the root CA -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadedCA:
+    """The root CA in usable form (seed 000: the leader loads it into memory)."""
+
+    certificate: x509.Certificate
+    private_key: ec.EllipticCurvePrivateKey = field(repr=False)
+
+
+def generate_ca(now_us: int) -> CertAuthorityRecord:
+    """A new self-signed root CA (module docstring), valid from `now_us` - CA_BACKDATE for
+    CA_VALIDITY. The key comes from the OS's random source; nothing else is random but the
+    serial number."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_COMMON_NAME)])
+    start = _utc(now_us) - CA_BACKDATE
+    public = key.public_key()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + CA_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return CertAuthorityRecord(
+        certificate_pem=cert.public_bytes(serialization.Encoding.PEM),
+        private_key_pem=key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    )
+
+
+def load_ca(record: CertAuthorityRecord) -> LoadedCA:
+    """The stored CA, checked: both PEMs parse, the key is EC and matches the certificate, and
+    the certificate is a self-signed CA. A record that fails is `Corruption` (it came from
+    sys.catalog, written by `generate_ca`)."""
+    try:
+        cert = x509.load_pem_x509_certificate(record.certificate_pem)
+        key = serialization.load_pem_private_key(record.private_key_pem, password=None)
+    except (ValueError, TypeError) as e:
+        raise Corruption(f"root CA: does not load: {e}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise Corruption(f"root CA: private key is {type(key).__name__}, not an EC key")
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    der = serialization.Encoding.DER
+    if key.public_key().public_bytes(der, spki) != cert.public_key().public_bytes(der, spki):
+        raise Corruption("root CA: the private key does not match the certificate")
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        raise Corruption("root CA: certificate has no basic constraints") from None
+    if not constraints.ca:
+        raise Corruption("root CA: certificate is not a CA (basic constraints CA=false)")
+    try:
+        cert.verify_directly_issued_by(cert)
+    except (ValueError, TypeError, InvalidSignature):
+        raise Corruption("root CA: certificate is not self-signed") from None
+    return LoadedCA(cert, key)
+
+
+def ca_write(record: CertAuthorityRecord) -> CatalogWrite:
+    """The write inserting the CA, refused at apply if a CA row exists by then."""
+    return CatalogWrite(
+        ops=(Insert(record),),
+        expected=(Precondition.absent(record_key(record)),),
+        operation="EnsureCertAuthority",
+    )
+
+
+# --- token signing keys ----------------------------------------------------------------------
+
+
+def generate_signing_key() -> bytes:
+    """A new Ed25519 private key as PKCS#8 DER (the form `TokenSigningKeyRecord` stores)."""
+    return ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.DER,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _private_key(key: TokenSigningKeyRecord) -> ed25519.Ed25519PrivateKey:
+    try:
+        loaded = serialization.load_der_private_key(key.private_key_der, password=None)
+    except (ValueError, TypeError):
+        loaded = None
+    if not isinstance(loaded, ed25519.Ed25519PrivateKey):
+        raise Corruption(
+            f"token signing key {key.key_seq}: private_key_der is not an Ed25519 PKCS#8 key"
+        )
+    return loaded
+
+
+@dataclass(frozen=True)
+class TokenSigningKeys:
+    """The TSK policy (module docstring). Times in microseconds. Pure: every method takes the
+    committed keys and `now_us`; only `plan` generates key material."""
+
+    key_validity_us: int = 7 * DAY_US
+    rotation_interval_us: int = DAY_US
+    keys_ahead: int = 1
+
+    def __post_init__(self) -> None:
+        if self.rotation_interval_us <= 0:
+            raise InvalidArgument("token signing keys: rotation interval must be > 0")
+        if self.key_validity_us <= self.rotation_interval_us:
+            raise InvalidArgument(
+                "token signing keys: key validity must exceed the rotation interval (tokens "
+                "may live for their difference)"
+            )
+        if self.keys_ahead < 0:
+            raise InvalidArgument("token signing keys: keys_ahead must be >= 0")
+
+    @property
+    def max_token_ttl_us(self) -> int:
+        """The longest a token may live: validity - rotation, so it never outlives its key."""
+        return self.key_validity_us - self.rotation_interval_us
+
+    def sign_deadline_us(self, key: TokenSigningKeyRecord) -> int:
+        """The key signs only before this time (tokens it signs then expire before it)."""
+        return key.expire_time_us - self.max_token_ttl_us
+
+    def _signing(
+        self, keys: Iterable[TokenSigningKeyRecord], now_us: int
+    ) -> list[TokenSigningKeyRecord]:
+        """Keys that may sign at `now_us`, by key_seq."""
+        usable = [
+            k for k in keys if k.expire_time_us > now_us and self.sign_deadline_us(k) > now_us
+        ]
+        return sorted(usable, key=lambda k: k.key_seq)
+
+    def current_key(
+        self, keys: Iterable[TokenSigningKeyRecord], now_us: int
+    ) -> TokenSigningKeyRecord:
+        """The key that signs at `now_us`: the lowest-seq key before its sign deadline.
+        `NotReady` if there is none (the leader has not run `ensure_security` yet)."""
+        usable = self._signing(keys, now_us)
+        if not usable:
+            raise NotReady(f"no token signing key is usable at {_utc(now_us).isoformat()}")
+        return usable[0]
+
+    def plan(
+        self, keys: Iterable[TokenSigningKeyRecord], now_us: int
+    ) -> tuple[list[TokenSigningKeyRecord], list[int]]:
+        """(keys to insert, key_seqs to delete) so that after the write there are a current key
+        and `keys_ahead` keys after it, and no expired key. New keys take key_seqs above every
+        committed one (expired ones included: the newest key is never purged without a newer
+        one inserted in the same write, so a seq is never reused). The first new key, when no
+        key can sign, expires `key_validity_us` after `now_us`; each next one
+        `rotation_interval_us` after the key before it. ([], []) when nothing is to do."""
+        keys = list(keys)
+        to_delete = sorted(k.key_seq for k in keys if k.expire_time_us <= now_us)
+        usable = self._signing(keys, now_us)
+        next_seq = max((k.key_seq for k in keys), default=0) + 1
+        to_insert: list[TokenSigningKeyRecord] = []
+        while len(usable) < 1 + self.keys_ahead:
+            if usable:
+                expire = max(k.expire_time_us for k in usable) + self.rotation_interval_us
+            else:
+                expire = now_us + self.key_validity_us
+            new = TokenSigningKeyRecord(next_seq, expire, generate_signing_key())
+            next_seq += 1
+            usable.append(new)
+            to_insert.append(new)
+        return to_insert, to_delete
+
+
+def _tsk_key(key_seq: int) -> RowKey:
+    return RowKey(EntryType.TOKEN_SIGNING_KEY, tsk_entry_id(key_seq))
+
+
+def tsk_write(
+    to_insert: Iterable[TokenSigningKeyRecord],
+    to_delete: Iterable[int],
+    versions: Mapping[int, int],
+) -> CatalogWrite:
+    """The ONE write of a TSK plan: inserts expect the row absent, deletes expect the row at
+    the version read (`versions` by key_seq), so a plan made from stale state is refused."""
+    ops: list[RowOp] = []
+    expected: list[Precondition] = []
+    for key in to_insert:
+        ops.append(Insert(key))
+        expected.append(Precondition.absent(_tsk_key(key.key_seq)))
+    for seq in to_delete:
+        ops.append(Delete(_tsk_key(seq)))
+        expected.append(Precondition(_tsk_key(seq), versions[seq]))
+    return CatalogWrite(
+        ops=tuple(ops), expected=tuple(expected), operation="RotateTokenSigningKeys"
+    )
+
+
+# --- tokens ----------------------------------------------------------------------------------
+
+
+def sign_token(key: TokenSigningKeyRecord, payload: Payload, now_us: int, ttl_us: int) -> bytes:
+    """A token carrying `payload`, signed by `key`, expiring at `now_us + ttl_us` (format in
+    the module docstring). Refused (InvalidArgument) if the token would outlive its key, or the
+    payload is too large or (a dict) not JSON-serializable."""
+    if ttl_us <= 0:
+        raise InvalidArgument(f"token ttl must be > 0, got {ttl_us} us")
+    expire_us = now_us + ttl_us
+    if expire_us > key.expire_time_us:
+        raise InvalidArgument(
+            f"a token expiring at {_utc(expire_us).isoformat()} would outlive token signing key "
+            f"{key.key_seq}, which expires at {_utc(key.expire_time_us).isoformat()}"
+        )
+    if isinstance(payload, bytes):
+        kind, body = _KIND_BYTES, payload
+    elif isinstance(payload, dict):
+        try:
+            text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgument(f"token payload is not JSON-serializable: {e}") from None
+        kind, body = _KIND_JSON, text.encode("utf-8")
+    else:
+        raise InvalidArgument(
+            f"token payload must be bytes or a dict, not {type(payload).__name__}"
+        )
+    if len(body) > MAX_PAYLOAD_BYTES:
+        raise InvalidArgument(
+            f"token payload is {len(body)} bytes, more than the {MAX_PAYLOAD_BYTES} allowed"
+        )
+    signed = _HEADER.pack(TOKEN_FORMAT_VERSION, key.key_seq, expire_us, kind, len(body)) + body
+    return signed + _private_key(key).sign(signed)
+
+
+def verify_token(keys: Iterable[TokenSigningKeyRecord], token: bytes, now_us: int) -> Payload:
+    """The payload of `token` if it is well formed, signed by one of `keys` and not expired at
+    `now_us`; otherwise `PermissionDenied` saying which check failed (module docstring)."""
+    if not isinstance(token, bytes) or len(token) < _HEADER.size + _SIGNATURE_BYTES:
+        raise PermissionDenied("token is malformed: too short")
+    version, key_seq, expire_us, kind, length = _HEADER.unpack_from(token)
+    if version != TOKEN_FORMAT_VERSION:
+        raise PermissionDenied(f"token is malformed: unknown format version {version}")
+    if kind not in (_KIND_BYTES, _KIND_JSON):
+        raise PermissionDenied(f"token is malformed: unknown payload kind {kind}")
+    if length > MAX_PAYLOAD_BYTES or len(token) != _HEADER.size + length + _SIGNATURE_BYTES:
+        raise PermissionDenied("token is malformed: its length does not match its header")
+    key = next((k for k in keys if k.key_seq == key_seq), None)
+    if key is None:
+        raise PermissionDenied(
+            f"token is signed by unknown token signing key {key_seq} (never issued, or expired "
+            "and purged)"
+        )
+    signed, signature = token[:-_SIGNATURE_BYTES], token[-_SIGNATURE_BYTES:]
+    try:
+        _private_key(key).public_key().verify(signature, signed)
+    except InvalidSignature:
+        raise PermissionDenied(
+            f"token signature does not verify with token signing key {key_seq}"
+        ) from None
+    if now_us >= expire_us:
+        raise PermissionDenied(f"token expired at {_utc(expire_us).isoformat()}")
+    body = signed[_HEADER.size :]
+    if kind == _KIND_BYTES:
+        return bytes(body)
+    try:
+        value = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise PermissionDenied("token is malformed: its JSON payload does not decode") from None
+    if not isinstance(value, dict):
+        raise PermissionDenied("token is malformed: its JSON payload is not an object")
+    return value
+
+
+# --- the leader's step -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SecurityReport:
+    """What one `ensure_security` wrote: the CA (if this call created it), TSK seqs."""
+
+    ca_created: bool = False
+    inserted: tuple[int, ...] = ()
+    deleted: tuple[int, ...] = ()
+
+
+async def _propose(
+    replicate: Replicate, write: CatalogWrite, timeout_s: float
+) -> TesseraError | None:
+    """Replicate `write`; its refusal as an error (None if applied). Replication errors
+    propagate."""
+    result = await replicate(write.encode(), timeout_s)
+    return result.refusal.exception() if result.refusal is not None else None
+
+
+async def ensure_security(
+    sys_catalog: SysCatalogState,
+    replicate: Replicate,
+    now_us: int,
+    *,
+    policy: TokenSigningKeys | None = None,
+    timeout_s: float = 10.0,
+) -> SecurityReport:
+    """The leader's step (module docstring): CA if absent, then the TSK plan as ONE write.
+
+    `replicate` must return after the entry is applied to `sys_catalog` (RaftNode.propose
+    does). Idempotent: a call with nothing to do proposes nothing. A CA insert refused because
+    another leader's CA committed first is success (that CA is the CA). A TSK write refused by
+    a racing write is re-planned once from the new state; a second refusal is raised, as are
+    replication errors (the caller retries later)."""
+    policy = policy or TokenSigningKeys()
+    ca_created = False
+    if sys_catalog.cert_authority() is None:
+        refusal = await _propose(replicate, ca_write(generate_ca(now_us)), timeout_s)
+        if refusal is None:
+            ca_created = True
+            log.info("sys.catalog: root CA generated and stored")
+        elif sys_catalog.cert_authority() is None:
+            raise refusal
+        else:
+            log.info("sys.catalog: another leader stored the root CA first (%s)", refusal)
+
+    for attempt in (1, 2):
+        rows = sys_catalog.signing_keys()
+        to_insert, to_delete = policy.plan([r.record for r in rows], now_us)
+        if not to_insert and not to_delete:
+            return SecurityReport(ca_created)
+        versions = {r.record.key_seq: r.version for r in rows}
+        refusal = await _propose(replicate, tsk_write(to_insert, to_delete, versions), timeout_s)
+        if refusal is None:
+            inserted = tuple(k.key_seq for k in to_insert)
+            log.info(
+                "sys.catalog: token signing keys generated %s, purged %s",
+                list(inserted),
+                to_delete,
+            )
+            return SecurityReport(ca_created, inserted, tuple(to_delete))
+        if attempt == 2:
+            raise refusal
+        log.info("sys.catalog: token signing key write refused (%s); planning again", refusal)
+    raise AssertionError("unreachable")
