@@ -11,8 +11,9 @@ Every handler does three things, in this order (ARCHITECTURE.md, style rule 6):
 
 Served on every master, leader or not: ConnectToMaster, Ping, ListMasters (this master's view)
 and TSHeartbeat (registration and liveness; seed 001: tablet servers heartbeat to all masters).
-Tablet reports carried by heartbeats are ignored for now (report processing is not wired), and
-only a loaded leader asks for full reports. RPCs not implemented yet answer UNIMPLEMENTED
+ListTabletServers is leader-only (answered from the TSManager). Tablet reports carried by
+heartbeats are ignored for now (report processing is not wired), and only a loaded leader asks
+for full reports. RPCs not implemented yet answer UNIMPLEMENTED
 (`NotSupported`) naming the RPC.
 """
 
@@ -43,7 +44,7 @@ from service.master.catalog_info import (
 )
 from service.master.catalog_manager import CatalogManager
 from service.master.catalog_records import HostPort, MemberType, RequestId, request_id_from_pb
-from service.master.ts_descriptor import NodeInstance, TSRegistration
+from service.master.ts_descriptor import NodeInstance, TSDescriptor, TSRegistration
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.raft import Role
@@ -325,13 +326,22 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             master_addresses=[_host_port_pb(p.address) for p in m.peers],
         )
 
-    # --- not implemented yet -----------------------------------------------------------------
-
     @rpc_errors
     async def ListTabletServers(
         self, request: pb.ListTabletServersRequestPB, context: Ctx
     ) -> pb.ListTabletServersResponsePB:
-        raise NotSupported("ListTabletServers is not implemented yet")
+        """Every registered tablet server (live or dead; servers are never forgotten), sorted by
+        uuid, all as of one instant. Leader only: a follower's registry is warm too (seed 001),
+        but answers come from the leader like every other catalog-facing call. `num_leaders` is
+        not tracked yet and stays 0."""
+        self._leader_catalog()
+        ts_manager = self.master.ts_manager
+        assert ts_manager is not None
+        return pb.ListTabletServersResponsePB(
+            servers=[_tablet_server_pb(d) for d in ts_manager.descriptors()]
+        )
+
+    # --- not implemented yet -----------------------------------------------------------------
 
     @rpc_errors
     async def AddReplica(
@@ -453,6 +463,23 @@ def _host_port_pb(address: str | HostPort) -> pb.HostPortPB:
         return pb.HostPortPB(host=address.host, port=address.port)
     host, _, port = address.rpartition(":")
     return pb.HostPortPB(host=host, port=int(port) if port.isdigit() else 0)
+
+
+def _tablet_server_pb(d: TSDescriptor) -> pb.ListTabletServersResponsePB.Entry:
+    reg = d.registration
+    return pb.ListTabletServersResponsePB.Entry(
+        instance=pb.NodeInstancePB(permanent_uuid=d.uuid, instance_seqno=d.instance_seqno),
+        registration=pb.ServerRegistrationPB(
+            rpc_addresses=[_host_port_pb(a) for a in reg.rpc_addresses],
+            http_addresses=[_host_port_pb(a) for a in reg.http_addresses],
+            software_version=reg.software_version,
+            start_time_us=int(reg.start_time * 1_000_000),
+            location=reg.location or "",
+        ),
+        live=d.live,
+        millis_since_heartbeat=max(0, int(d.heartbeat_age_s * 1000)),
+        num_replicas=d.total_replicas,
+    )
 
 
 def _tablet_locations_pb(t: TabletLocations) -> pb.TabletLocationsPB:

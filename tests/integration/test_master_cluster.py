@@ -212,12 +212,10 @@ def test_ddl_failover_exactly_once_and_bad_input(cluster: MasterCluster) -> None
 
             # Unimplemented RPCs say so, by name.
             err = _error(
-                lambda: masters[leader].ListTabletServers(
-                    pb.ListTabletServersRequestPB(), timeout=RPC_TIMEOUT
-                )
+                lambda: masters[leader].MoveReplica(pb.MoveReplicaRequestPB(), timeout=RPC_TIMEOUT)
             )
             assert err.code() == grpc.StatusCode.UNIMPLEMENTED
-            assert "ListTabletServers" in (err.details() or "")
+            assert "MoveReplica" in (err.details() or "")
 
             # Kill -9 the leader; a new one takes over with the same catalog.
             cluster.kill(cluster.by_address(leader).name)
