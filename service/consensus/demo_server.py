@@ -67,24 +67,6 @@ class KvStateMachine:
         self.kv = {k: bytes.fromhex(v) for k, v in json.loads(data).items()} if data else {}
 
 
-def settings_from(config: DemoNodeConfig) -> NodeSettings:
-    r = config.raft
-    return NodeSettings(
-        tick_interval_s=r.tick_interval_ms / 1000,
-        heartbeat_ticks=r.heartbeat_ticks,
-        election_ticks=r.election_ticks,
-        election_jitter_ticks=r.election_jitter_ticks,
-        pre_vote=r.pre_vote,
-        check_quorum=r.check_quorum,
-        lease_reads=r.lease_reads,
-        max_size_per_msg=r.max_entries_per_msg_bytes,
-        max_inflight_msgs=r.max_inflight_msgs,
-        max_inflight_bytes=r.max_inflight_bytes,
-        snapshot_interval_entries=r.snapshot_interval_entries,
-        snapshot_catchup_entries=r.snapshot_catchup_entries,
-    )
-
-
 def _deadline(context: grpc.aio.ServicerContext, default: float = 10.0) -> float:
     remaining = context.time_remaining()
     return default if remaining is None else max(0.001, remaining - 0.05)
@@ -207,7 +189,7 @@ async def serve(config: DemoNodeConfig, ready_file: Path | None = None) -> int:
         recovered=recovered,
         state_machine=sm,
         transport=transport,
-        settings=settings_from(config),
+        settings=NodeSettings.from_raft_settings(config.raft),
     )
     transport.register(GROUP, node.step, node.report_unreachable)
     server = grpc.aio.server(options=config.rpc.grpc_options())

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from service.common.config import RaftSettings
 from service.common.errors import (
     Aborted,
     CasMismatch,
@@ -111,6 +112,24 @@ class NodeSettings:
     snapshot_catchup_entries: int = 5_000
     max_batch: int = 4096
     auto_promote: bool = True
+
+    @classmethod
+    def from_raft_settings(cls, r: RaftSettings) -> NodeSettings:
+        """The shell's settings from a node's `[raft]` config section."""
+        return cls(
+            tick_interval_s=r.tick_interval_ms / 1000,
+            heartbeat_ticks=r.heartbeat_ticks,
+            election_ticks=r.election_ticks,
+            election_jitter_ticks=r.election_jitter_ticks,
+            pre_vote=r.pre_vote,
+            check_quorum=r.check_quorum,
+            lease_reads=r.lease_reads,
+            max_size_per_msg=r.max_entries_per_msg_bytes,
+            max_inflight_msgs=r.max_inflight_msgs,
+            max_inflight_bytes=r.max_inflight_bytes,
+            snapshot_interval_entries=r.snapshot_interval_entries,
+            snapshot_catchup_entries=r.snapshot_catchup_entries,
+        )
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ import grpc
 import grpc.aio
 
 from service.common.clock import Clock, RealClock
-from service.common.config import MasterConfig, RaftSettings
+from service.common.config import MasterConfig
 from service.common.errors import FailedPrecondition, InvalidArgument, TesseraError
 from service.common.ids import NodeId
 from service.consensus.fs import RealFileSystem
@@ -84,7 +84,7 @@ from service.master.sys_catalog import ApplyResult, SysCatalogState
 from service.master.ts_manager import TSManager
 from service.raft import RaftConfig, Role
 
-__all__ = ["GROUP", "MasterPeer", "MasterServer", "master_uuid", "node_settings"]
+__all__ = ["GROUP", "MasterPeer", "MasterServer", "master_uuid"]
 
 log = logging.getLogger(__name__)
 
@@ -110,24 +110,6 @@ def master_uuid(address: str) -> NodeId:
     host, _, port = address.rpartition(":")
     raw = f"master-{_NOT_IN_NODE_ID.sub('-', host.strip('[]'))}-{port}"
     return NodeId(raw[:64])
-
-
-def node_settings(r: RaftSettings) -> NodeSettings:
-    """The consensus shell's settings from the `[raft]` section."""
-    return NodeSettings(
-        tick_interval_s=r.tick_interval_ms / 1000,
-        heartbeat_ticks=r.heartbeat_ticks,
-        election_ticks=r.election_ticks,
-        election_jitter_ticks=r.election_jitter_ticks,
-        pre_vote=r.pre_vote,
-        check_quorum=r.check_quorum,
-        lease_reads=r.lease_reads,
-        max_size_per_msg=r.max_entries_per_msg_bytes,
-        max_inflight_msgs=r.max_inflight_msgs,
-        max_inflight_bytes=r.max_inflight_bytes,
-        snapshot_interval_entries=r.snapshot_interval_entries,
-        snapshot_catchup_entries=r.snapshot_catchup_entries,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +218,7 @@ class MasterServer:
             recovered=recovered,
             state_machine=sys_catalog,
             transport=transport,
-            settings=node_settings(config.raft),
+            settings=NodeSettings.from_raft_settings(config.raft),
         )
         self.node = node
         clock = RealClock()
