@@ -244,6 +244,14 @@ class RaftNode:
             leader_address=self.transport.address_of(lead) if lead else None,
         )
 
+    def not_leader_error(self) -> NotTheLeader:
+        """The error to answer a request that needs the leader, with the leader hint."""
+        return self._not_leader()
+
+    def is_promotable(self, node: str) -> bool:
+        """Whether learner `node` was added to be promoted once caught up (seed 004)."""
+        return node in self._promotable
+
     async def propose(self, data: bytes, timeout: float | None = None) -> object:
         """Replicate `data`; returns the state machine's result once applied here."""
         self._check_open()

@@ -229,8 +229,15 @@ class GrpcTransport:
         *,
         incarnations: Incarnations | None,
         max_message_bytes: int = 64 << 20,
+        drop_unknown_groups: bool = False,
     ) -> None:
         self.uuid = uuid
+        self.drop_unknown_groups = drop_unknown_groups
+        """A tablet server hosts hundreds of groups on one stream per peer: a batch for a group
+        it does not host (yet: a CreateTablet still on its way; or any more: deleted) is
+        dropped and counted instead of failing the stream every other group shares. Raft
+        tolerates the loss; the leader's retries reach the replica once it exists."""
+        self.unknown_group_batches = 0
         self.incarnations = incarnations
         self.addresses: dict[str, str] = {}
         self.own_address: str | None = None
@@ -326,6 +333,9 @@ class GrpcTransport:
             )
         deliver = self._groups.get(req.group_id)
         if deliver is None:
+            if self.drop_unknown_groups:
+                self.unknown_group_batches += 1
+                return
             raise NotFound(f"no raft group {req.group_id!r} on node {self.uuid}")
         try:
             msgs = [message_from_pb(m, to=req.dest_uuid, frm=req.src_uuid) for m in req.messages]

@@ -6,9 +6,10 @@
     tessera raft-demo put --addresses HOST:PORT,... KEY VALUE
     tessera raft-demo get --addresses HOST:PORT,... KEY
     tessera master run --conf conf/master.toml [--set key=value ...] [--ready-file F]
+    tessera tserver run --conf conf/tserver.toml [--set key=value ...] [--ready-file F]
     tessera sim [--seeds N] [--first S] [--seed X --verbose]
 
-Later issues add `cluster`, `table`, `tablet`, `tserver`, `master`, `replica` and `jobs`.
+Later issues add `cluster`, `table`, `tablet`, `replica` and `jobs`.
 Exit codes: 0 success, 1 failure, 2 usage or configuration error.
 """
 
@@ -131,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     mrun.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     mrun.add_argument("--ready-file")
 
+    tserver = sub.add_parser("tserver", help="a tablet server (tablet replicas, scans)")
+    tsub = tserver.add_subparsers(dest="action", required=True)
+    trun = tsub.add_parser("run", help="run one tablet server in the foreground")
+    trun.add_argument("--conf", required=True)
+    trun.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    trun.add_argument("--ready-file")
+
     sim = sub.add_parser("sim", help="run the deterministic Raft simulator")
     sim.add_argument("--seeds", type=int, default=200)
     sim.add_argument("--first", type=int, default=0)
@@ -156,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.ready_file:
                 fwd += ["--ready-file", args.ready_file]
             return master_main.main(fwd)
+        if args.command == "tserver":
+            from service.tserver import __main__ as tserver_main
+
+            fwd = ["--conf", args.conf] + [x for s in args.set for x in ("--set", s)]
+            if args.ready_file:
+                fwd += ["--ready-file", args.ready_file]
+            return tserver_main.main(fwd)
         if args.action == "serve":
             from service.consensus import demo_server
 

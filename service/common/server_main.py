@@ -1,0 +1,112 @@
+"""The `main()` shared by server processes (`python -m service.master`, `service.tserver`).
+
+`--conf F` loads the toml config, `--set k=v` overrides single settings, `--ready-file F` gets
+{"address", "pid", "uuid"} once the server serves (launchers in service.testing wait for it).
+The process runs until SIGTERM/SIGINT or until the server's fatal event (a storage failure
+that must not be retried) is set; then `aclose()` stops it in its documented order.
+
+Exit codes: 0 after SIGTERM/SIGINT, 3 after a fatal storage failure, 2 for a configuration
+error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from service.common.config import load_config, parse_override
+from service.common.errors import TesseraError
+from service.common.logging import setup_logging
+
+log = logging.getLogger(__name__)
+C = TypeVar("C")
+
+
+class Server(Protocol):
+    address: str
+
+    @property
+    def uuid(self) -> str: ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def serve(
+    server: Server,
+    name: str,
+    fatal: Callable[[], asyncio.Event | None],
+    failed: Callable[[], bool],
+    ready_file: Path | None = None,
+) -> int:
+    """Start `server`, announce it, wait for a signal or a fatal failure, stop it."""
+    try:
+        await server.start()
+    except BaseException:
+        await server.aclose()
+        raise
+    if ready_file is not None:
+        tmp = ready_file.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps({"address": server.address, "pid": os.getpid(), "uuid": server.uuid})
+        )
+        tmp.replace(ready_file)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    waits = {asyncio.create_task(stop.wait())}
+    fatal_event = fatal()
+    if fatal_event is not None:
+        waits.add(asyncio.create_task(fatal_event.wait()))
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    code = 3 if failed() else 0
+    log.info("%s %s shutting down (%s)", name, server.uuid, "fatal" if code else "signal")
+    await server.aclose()
+    for t in waits:
+        t.cancel()
+    return code
+
+
+def main(
+    argv: list[str] | None,
+    *,
+    prog: str,
+    description: str,
+    config_cls: type[C],
+    run: Callable[[C, Path | None], Any],
+    node_name: Callable[[C], str],
+) -> int:
+    """Parse the common flags, load `config_cls`, set up logging and `asyncio.run(run(...))`."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--conf", required=True, type=Path, help="config file (toml)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config setting, e.g. --set raft.heartbeat_interval_ms=100",
+    )
+    p.add_argument("--ready-file", type=Path, help="write {address,pid,uuid} here when serving")
+    args = p.parse_args(argv)
+    try:
+        overrides = dict(parse_override(s) for s in args.set)
+        config = load_config(config_cls, args.conf, overrides)
+    except TesseraError as e:
+        print(f"tessera: {e.message}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level, node=node_name(config))  # type: ignore[attr-defined]
+    try:
+        return int(asyncio.run(run(config, args.ready_file)))
+    except TesseraError as e:
+        print(f"tessera: {e.message}", file=sys.stderr)
+        return 2

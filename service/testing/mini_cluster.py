@@ -1,0 +1,153 @@
+"""A mini cluster on loopback: N master processes and M real tablet-server processes.
+
+Masters come from `MasterCluster`; tablet servers are `python -m service.tserver` processes
+bound to `127.0.0.1:0` (each writes its address and uuid to a ready file), heartbeating to
+every master. Each logs to `<base>/<name>.log` and keeps its data in `<base>/<name>/`, so a
+server restarted with `start_tserver(name)` comes back with the same uuid and replicas.
+`stop()` sends SIGTERM, then SIGKILL to whatever is left: used as a context manager, the
+cluster never leaves a process running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from service.testing.master_cluster import FAST_RAFT, ROOT, MasterCluster
+from service.testing.processes import terminate_all
+
+TSERVER_CONF = ROOT / "conf" / "tserver.toml"
+
+FAST_TSERVER: Mapping[str, str] = {
+    **FAST_RAFT,
+    "heartbeat_interval_ms": "200",
+}
+"""Test timing: Raft elections within about a second, heartbeats five times a second."""
+
+
+@dataclass
+class TServerProcess:
+    name: str
+    data_dir: Path
+    log: Path
+    address: str = ""
+    uuid: str = ""
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class MiniCluster:
+    """Masters plus tablet servers. Use as a context manager."""
+
+    base: Path
+    num_masters: int = 3
+    num_tservers: int = 3
+    master_overrides: Mapping[str, str] = field(default_factory=lambda: dict(FAST_RAFT))
+    tserver_overrides: Mapping[str, str] = field(default_factory=lambda: dict(FAST_TSERVER))
+    tservers: dict[str, TServerProcess] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.masters = MasterCluster(self.base, self.num_masters, self.master_overrides)
+        for i in range(1, self.num_tservers + 1):
+            self.add_tserver_slot(f"ts-{i}")
+
+    def add_tserver_slot(self, name: str) -> TServerProcess:
+        ts = TServerProcess(name, self.base / name, self.base / f"{name}.log")
+        self.tservers[name] = ts
+        return ts
+
+    @property
+    def master_addresses(self) -> list[str]:
+        return self.masters.addresses
+
+    def start(self) -> None:
+        self.masters.start()
+        for name in self.tservers:
+            self.start_tserver(name, wait=False)
+        for name in self.tservers:
+            self.wait_tserver(name)
+
+    def start_tserver(
+        self, name: str, wait: bool = True, env: Mapping[str, str] | None = None
+    ) -> TServerProcess:
+        ts = self.tservers[name]
+        ready = self.base / f"{name}.ready"
+        ready.unlink(missing_ok=True)
+        masters = "[" + ", ".join(f'"{a}"' for a in self.master_addresses) + "]"
+        bind = ts.address or "127.0.0.1:0"
+        args = [
+            sys.executable,
+            "-m",
+            "service.tserver",
+            "--conf",
+            str(TSERVER_CONF),
+            "--set",
+            f"data_dir={ts.data_dir}",
+            "--set",
+            f"rpc_bind={bind}",
+            "--set",
+            f"master_addresses={masters}",
+            "--ready-file",
+            str(ready),
+        ]
+        for k, v in self.tserver_overrides.items():
+            args += ["--set", f"{k}={v}"]
+        logf = ts.log.open("ab")
+        penv = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        ts.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, env=penv)
+        logf.close()
+        if wait:
+            self.wait_tserver(name)
+        return ts
+
+    def wait_tserver(self, name: str, timeout: float = 30.0) -> None:
+        ts = self.tservers[name]
+        ready = self.base / f"{name}.ready"
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if not ts.alive:
+                raise RuntimeError(f"{name} exited: {ts.log.read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} not serving after {timeout}s")
+            time.sleep(0.02)
+        info = json.loads(ready.read_text())
+        ts.address, ts.uuid = info["address"], info["uuid"]
+
+    def kill_tserver(self, name: str, sig: int = signal.SIGKILL) -> None:
+        ts = self.tservers[name]
+        if ts.proc is not None and ts.proc.poll() is None:
+            ts.proc.send_signal(sig)
+            ts.proc.wait(timeout=30)
+
+    def tserver_by_uuid(self, uuid: str) -> TServerProcess:
+        for ts in self.tservers.values():
+            if ts.uuid == uuid:
+                return ts
+        raise KeyError(uuid)
+
+    def stop(self) -> None:
+        terminate_all(ts.proc for ts in self.tservers.values() if ts.proc is not None)
+        self.masters.stop()
+
+    def __enter__(self) -> MiniCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,217 @@
+"""The heartbeater: one loop per master, registration, full and incremental tablet reports.
+
+Theory of operation
+-------------------
+Seed 001's plan: a tablet server heartbeats to EVERY master, so each master's registry of
+servers is warm when it wins an election (KUDU-1358). Only the leader processes tablet reports,
+so reports go only to the master that last answered as leader; the others get bare heartbeats
+(liveness). Each loop keeps, per master:
+
+  needs_register   set at start and whenever the master answers `needs_reregister`; the next
+                   heartbeat carries the registration (addresses, version, start time)
+  needs_full       set at start, on `needs_full_tablet_report` (a new leader asks every server,
+                   ending KUDU-1374) and whenever the master turned leader since our last report
+  acked            the ReportedTabletPB (serialized) of every replica as the master last
+                   acknowledged it
+
+An incremental report is the difference between the replicas' current reports and `acked`:
+changed or new replicas in `updated_tablets`, vanished ones in `removed_tablet_ids`
+(edge-triggered: nothing changed, no report). A report is acknowledged when the master answers
+as leader with `acked_report_sequence_number` at least the report's number (or with no number,
+for a master that does not track them); until then the same difference is sent again.
+
+Timing: every `heartbeat_interval_ms`; sooner (but at most every `MIN_GAP_S`) when a replica
+changed and this master is the leader, so a new tablet leader is reported within milliseconds,
+not a full interval. After `max_failures_before_backoff` consecutive failures the loop backs off
+exponentially up to 10 intervals. A server that loses every master keeps serving data: nothing
+here gates the data path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from service.common.errors import from_grpc
+from service.pb import master_pb2 as mpb
+from service.pb import master_pb2_grpc as mpb_grpc
+from service.tserver.tablet_manager import TabletManager
+
+log = logging.getLogger(__name__)
+
+MIN_GAP_S = 0.05
+SOFTWARE_VERSION = "tessera-0.1"
+
+
+@dataclass
+class MasterView:
+    address: str
+    needs_register: bool = True
+    needs_full: bool = True
+    is_leader: bool = False
+    acked: dict[str, bytes] = field(default_factory=dict)
+    seq: int = 0
+    failures: int = 0
+    heartbeats: int = 0
+    last_ok: float = 0.0
+    master_uuid: str = ""
+    term: int = 0
+
+
+class Heartbeater:
+    def __init__(
+        self,
+        master_addresses: tuple[str, ...],
+        instance: mpb.NodeInstancePB,
+        registration: Callable[[], mpb.ServerRegistrationPB],
+        tablets: TabletManager,
+        interval_s: float,
+        rpc_timeout_s: float,
+        max_failures_before_backoff: int,
+        on_master_term: Callable[[int], None],
+        highest_term: Callable[[], int],
+    ) -> None:
+        self.views = [MasterView(a) for a in master_addresses]
+        self.instance = instance
+        self.registration = registration
+        self.tablets = tablets
+        self.interval_s = interval_s
+        self.rpc_timeout_s = rpc_timeout_s
+        self.max_failures = max_failures_before_backoff
+        self.on_master_term = on_master_term
+        self.highest_term = highest_term
+        self._tasks: list[asyncio.Task[None]] = []
+        self._channels: list[grpc.aio.Channel] = []
+        self._wake: list[asyncio.Event] = []
+        tablets.listeners.append(lambda _tid: self._on_change())
+
+    async def start(self) -> None:
+        for v in self.views:
+            ch = grpc.aio.insecure_channel(v.address)
+            ev = asyncio.Event()
+            self._channels.append(ch)
+            self._wake.append(ev)
+            stub = mpb_grpc.MasterServiceStub(ch)
+            self._tasks.append(asyncio.create_task(self._loop(v, stub, ev), name=f"hb-{v.address}"))
+
+    async def aclose(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for ch in self._channels:
+            await ch.close(None)
+
+    def _on_change(self) -> None:
+        for v, ev in zip(self.views, self._wake, strict=False):
+            if v.is_leader:
+                ev.set()
+
+    def leader_address(self) -> str | None:
+        for v in self.views:
+            if v.is_leader:
+                return v.address
+        return None
+
+    # --- one master ------------------------------------------------------------------------
+
+    async def _loop(
+        self, v: MasterView, stub: mpb_grpc.MasterServiceStub, wake: asyncio.Event
+    ) -> None:
+        while True:
+            t0 = time.monotonic()
+            try:
+                await self._heartbeat(v, stub)
+                v.failures = 0
+            except grpc.aio.AioRpcError as e:
+                v.failures += 1
+                v.is_leader = False
+                if v.failures == 1 or v.failures % 30 == 0:
+                    log.warning(
+                        "heartbeat to %s failed (%d): %s", v.address, v.failures, from_grpc(e)
+                    )
+            except Exception:
+                v.failures += 1
+                log.exception("heartbeat to %s failed", v.address)
+            delay = self.interval_s
+            if v.failures > self.max_failures:
+                delay = min(
+                    self.interval_s * 2 ** (v.failures - self.max_failures), 10 * self.interval_s
+                )
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, delay - (time.monotonic() - t0))):
+                    await wake.wait()
+                    await asyncio.sleep(MIN_GAP_S)  # coalesce a burst of changes
+
+    async def _heartbeat(self, v: MasterView, stub: mpb_grpc.MasterServiceStub) -> None:
+        req = mpb.TSHeartbeatRequestPB(
+            instance=self.instance,
+            num_live_tablets=self.tablets.num_live(),
+            num_leaders=self.tablets.num_leaders(),
+            highest_master_term_seen=self.highest_term(),
+        )
+        if v.needs_register:
+            req.registration.CopyFrom(self.registration())
+        current: dict[str, bytes] = {}
+        sent_seq = None
+        if v.is_leader or v.needs_full:
+            reports = {
+                tid: self.tablets.reported_tablet(r) for tid, r in self.tablets.replicas.items()
+            }
+            current = {tid: r.SerializeToString(deterministic=True) for tid, r in reports.items()}
+            full = v.needs_full
+            changed = [tid for tid, data in current.items() if full or v.acked.get(tid) != data]
+            removed = [] if full else [tid for tid in v.acked if tid not in current]
+            if full or changed or removed:
+                v.seq += 1
+                sent_seq = v.seq
+                rep = req.tablet_report
+                rep.is_incremental = not full
+                rep.sequence_number = v.seq
+                rep.removed_tablet_ids.extend(sorted(removed))
+                for tid in sorted(changed):
+                    rep.updated_tablets.append(reports[tid])
+        resp: mpb.TSHeartbeatResponsePB = await stub.TSHeartbeat(  # type: ignore[misc]
+            req, timeout=self.rpc_timeout_s
+        )
+        v.heartbeats += 1
+        v.last_ok = time.monotonic()
+        v.master_uuid = resp.master_instance.permanent_uuid
+        if resp.master_term:
+            v.term = resp.master_term
+            self.on_master_term(resp.master_term)
+        was_leader = v.is_leader
+        v.is_leader = resp.leader_master
+        if v.needs_register and req.HasField("registration"):
+            v.needs_register = False
+        acked_now = False
+        if sent_seq is not None and resp.leader_master:
+            acked = resp.acked_report_sequence_number
+            if acked == 0 or acked >= sent_seq:
+                acked_now = True
+                rep = req.tablet_report
+                if rep.is_incremental:
+                    for tid in rep.removed_tablet_ids:
+                        v.acked.pop(tid, None)
+                    for r in rep.updated_tablets:
+                        v.acked[r.tablet_id] = current[r.tablet_id]
+                else:
+                    v.acked = dict(current)
+                    v.needs_full = False
+        if v.is_leader and not was_leader and not acked_now:
+            # It did not process what we sent while it was a follower.
+            v.needs_full = True
+            v.acked.clear()
+        if resp.needs_reregister:
+            v.needs_register = True
+            v.needs_full = True
+        if resp.needs_full_tablet_report:
+            v.needs_full = True

@@ -1,0 +1,1105 @@
+"""A tablet's rows: an in-memory store of the newest versions over immutable sorted files.
+
+Theory of operation
+-------------------
+Rows live in three kinds of *sources*, from newest to oldest:
+
+* the active **memstore**: a dict from encoded primary key (`keys.encode_key`) to the newest
+  version of the row (a tuple of values) or None for a tombstone. Raft-applied writes
+  (`apply_write`) go here, and only here;
+* zero or more **frozen** memstores: former active memstores being written to disk by `flush`
+  (immutable: a worker thread may be reading them);
+* **data files**: immutable Arrow IPC files sorted by encoded key, listed oldest first in the
+  manifest. Each holds the key column `k` (binary), a tombstone flag `d`, and one column per
+  table column named by the column's *id* (`c3`), never its name.
+
+A key's state is its version in the newest source that has one; a tombstone hides older
+versions until `compact` merges every file into one and drops both. Because files name columns
+by id, rows written under an older schema read under the current one: an added column comes out
+as its default (or null), a dropped one disappears, a renamed one keeps its data.
+
+Durability. The manifest (`MANIFEST`) lists the live files, the current schema and
+`flushed_index`: every write with a Raft index at or below it is in the listed files. It is
+replaced atomically (temporary file, fsync, rename, fsync of the directory), after the data file
+it adds was fsynced, so a crash leaves either the old or the new manifest; a data file the
+manifest does not list (a crash mid-flush or mid-compaction) is deleted by `open`. The caller
+replays its WAL from `flushed_index + 1`: `apply_write` skips indexes it has already applied.
+
+Flush runs in three steps so that the slow part can run in a worker thread while the event loop
+keeps applying writes: `freeze` (swap in a new memstore), `write_frozen` (write and fsync the
+file; touches only immutable data), `install` (add the file to the manifest). Compaction follows
+the same pattern (`prepare_compaction`, `write_compaction`, `install_compaction`).
+
+Reads. `scan` takes a snapshot when called (the memstore is materialized as a sorted Arrow
+table, cached until the next write) and then merges sources by key windows: within a window
+every source's slice is concatenated, sorted by (key, source age) and the newest version of
+each key kept; tombstones are dropped, then predicates (Arrow compute) and the projection are
+applied. With a single source (one file, empty memstore: the common state of a cold tablet) no
+merge is needed and batches come straight from the memory-mapped file.
+
+Key checks on apply never scan files: each file keeps its sorted keys as a numpy array of
+fixed-width byte strings (or a Python list when widths differ) for binary search, and a batch
+of keys is looked up with one vectorized `searchsorted` per file.
+
+Thread safety: every method except `write_frozen` and `write_compaction` must be called from
+one thread (the tablet's apply loop). Those two only read data that no one mutates.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import contextlib
+import decimal
+import hashlib
+import itertools
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from service.common.errors import (
+    AlreadyExists,
+    Corruption,
+    InvalidArgument,
+    NotFound,
+    TesseraError,
+)
+from service.common.keys import decode_key, encode_keys_arrow
+from service.common.schema import ColumnSchema, ColumnType, Schema
+from service.common.schema_codec import schema_from_pb, schema_to_pb
+from service.consensus.fs import RealFileSystem
+from service.pb import common_pb2
+from service.tserver.predicates import ScanSpec, to_arrow_expression, validate_spec
+from service.tserver.row_ops import RowOp, WriteBatch
+
+__all__ = ["MANIFEST", "Compaction", "Frozen", "RowStore", "WriteResult"]
+
+MANIFEST = "MANIFEST"
+"""The manifest's file name inside the store's directory."""
+
+BATCH_ROWS = 65536
+"""Rows per record batch in data files, and the size of merge windows in scans."""
+
+_FILE_RE = re.compile(r"^rs-\d{8}\.arrow(\.tmp)?$")
+_MANIFEST_MAGIC = b"TESSERA-ROWSTORE-MANIFEST 1\n"
+_SNAPSHOT_SCHEMA_KEY = b"tessera.schema"
+_K, _D, _RANK = "k", "d", "r"
+_MISSING = object()
+_ROW_OVERHEAD = 96  # dict entry, tuple header, key bytes object: a rough per-row estimate
+
+
+def _phys(column_id: int) -> str:
+    return f"c{column_id}"
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """The outcome of one applied write entry.
+
+    `rows_applied` counts rows that changed the tablet (an INSERT_IGNORE of an existing key does
+    not); `errors` lists (row index, error) for rows refused; `skipped` says the entry's index
+    was already applied (WAL replay) and nothing happened.
+    """
+
+    rows_applied: int = 0
+    errors: tuple[tuple[int, TesseraError], ...] = ()
+    skipped: bool = False
+
+
+# --- sorted key lookup -----------------------------------------------------------------------
+
+
+class _KeyIndex:
+    """Binary search over the sorted encoded keys of one source.
+
+    Encoded keys of fixed-width key columns (the common integer keys) all have the same length
+    W; they are viewed as a numpy `S{W}` array, whose comparisons are memcmp on W bytes, so the
+    order is the key order. Other keys fall back to a Python list and `bisect`.
+    """
+
+    __slots__ = ("_list", "_np", "_width", "n")
+
+    def __init__(self, keys: pa.Array) -> None:
+        self.n = len(keys)
+        self._np: np.ndarray | None = None
+        self._list: list[bytes] | None = None
+        self._width = 0
+        if self.n:
+            bufs = keys.buffers()
+            offsets = np.frombuffer(
+                bufs[1], dtype=np.int32, count=self.n + 1, offset=keys.offset * 4
+            )
+            lengths = np.diff(offsets)
+            width = int(lengths[0])
+            if width > 0 and bool((lengths == width).all()):
+                self._np = np.frombuffer(
+                    bufs[2], dtype=f"S{width}", count=self.n, offset=int(offsets[0])
+                )
+                self._width = width
+        if self._np is None:
+            self._list = keys.to_pylist()
+
+    def left(self, key: bytes) -> int:
+        """The number of keys < `key`."""
+        if self.n == 0:
+            return 0
+        if self._list is not None:
+            return bisect.bisect_left(self._list, key)
+        assert self._np is not None
+        w = self._width
+        if len(key) > w:
+            # Stored keys equal to key[:w] are shorter than `key`, so they sort before it.
+            return int(np.searchsorted(self._np, np.array(key[:w], dtype=f"S{w}"), "right"))
+        return int(np.searchsorted(self._np, np.array(key.ljust(w, b"\x00"), dtype=f"S{w}")))
+
+    def find(self, keys: Sequence[bytes]) -> np.ndarray:
+        """Positions of `keys` in this source (int64), -1 where absent."""
+        out = np.full(len(keys), -1, dtype=np.int64)
+        if self.n == 0 or not keys:
+            return out
+        if self._list is not None:
+            lst = self._list
+            for i, k in enumerate(keys):
+                j = bisect.bisect_left(lst, k)
+                if j < self.n and lst[j] == k:
+                    out[i] = j
+            return out
+        assert self._np is not None
+        w = self._width
+        same = np.fromiter((len(k) == w for k in keys), dtype=bool, count=len(keys))
+        idx = np.flatnonzero(same)
+        if len(idx) == 0:
+            return out
+        q = np.array([keys[int(i)] for i in idx], dtype=f"S{w}")
+        pos = np.searchsorted(self._np, q)
+        inside = pos < self.n
+        hit = np.zeros(len(q), dtype=bool)
+        hit[inside] = self._np[pos[inside]] == q[inside]
+        out[idx[hit]] = pos[hit]
+        return out
+
+
+class _Source:
+    """A sorted physical table (k, d, c<id>...) with its key index: one file or memstore."""
+
+    __slots__ = ("deleted", "has_tombstones", "index", "table")
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        k = table.column(_K)
+        self.index = _KeyIndex(k.combine_chunks() if k.num_chunks != 1 else k.chunk(0))
+        d = table.column(_D)
+        self.has_tombstones = bool(pc.any(d).as_py()) if len(d) else False
+        self.deleted: np.ndarray | None = (
+            np.asarray(d.to_numpy(zero_copy_only=False), dtype=bool)
+            if self.has_tombstones
+            else None
+        )
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.table.num_rows)
+
+
+# --- memstores -------------------------------------------------------------------------------
+
+
+class _MemStore:
+    """Newest row versions by encoded key; rows are tuples laid out as `col_ids`.
+
+    Invariants: `rows[k]` is None for a tombstone; `version` increases on every mutation (it
+    keys the cached Arrow form); once frozen, nothing mutates it.
+    """
+
+    __slots__ = ("_cache", "col_ids", "last_index", "nbytes", "rows", "types", "version")
+
+    def __init__(self, schema: Schema, last_index: int) -> None:
+        self.col_ids: tuple[int, ...] = tuple(c.id for c in schema.columns)
+        self.types: tuple[pa.DataType, ...] = tuple(c.arrow_type() for c in schema.columns)
+        self.rows: dict[bytes, tuple[object, ...] | None] = {}
+        self.last_index = last_index
+        self.nbytes = 0
+        self.version = 0
+        self._cache: tuple[int, _Source] | None = None
+
+    def source(self) -> _Source:
+        """This memstore as a sorted Arrow source (cached until the next mutation)."""
+        cache = self._cache
+        if cache is not None and cache[0] == self.version:
+            return cache[1]
+        version = self.version
+        items = sorted(self.rows.items(), key=lambda kv: kv[0])
+        arrays: list[pa.Array] = [
+            pa.array([k for k, _ in items], type=pa.binary()),
+            pa.array([r is None for _, r in items], type=pa.bool_()),
+        ]
+        names = [_K, _D]
+        for j, (cid, t) in enumerate(zip(self.col_ids, self.types, strict=True)):
+            arrays.append(pa.array([None if r is None else r[j] for _, r in items], type=t))
+            names.append(_phys(cid))
+        src = _Source(pa.Table.from_arrays(arrays, names=names))
+        self._cache = (version, src)
+        return src
+
+
+class Frozen:
+    """A memstore being flushed: immutable rows, the file they go to, and the state it closes.
+
+    `last_index` is the highest Raft index reflected in it (and in everything older);
+    `live_rows` the tablet's live row count at that point, which becomes the manifest's.
+    """
+
+    def __init__(self, mem: _MemStore, file_name: str, live_rows: int) -> None:
+        self.mem = mem
+        self.file_name = file_name
+        self.last_index = mem.last_index
+        self.live_rows = live_rows
+        self.written: _Source | None = None
+        """Set by `write_frozen`: the file, opened."""
+
+
+class Compaction:
+    """A compaction under way: the files it merges (the oldest ones) and its output file."""
+
+    def __init__(
+        self, inputs: tuple[str, ...], sources: tuple[_Source, ...], file_name: str, schema: Schema
+    ) -> None:
+        self.inputs = inputs
+        self.sources = sources
+        self.file_name = file_name
+        self.schema = schema
+        self.written: _Source | None = None
+        self.empty = False
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _py_values(arr: pa.Array | pa.ChunkedArray, col: ColumnSchema) -> list[object]:
+    """Values of `arr` as Python objects in the memstore's convention (`pa.array` of them with
+    the column's type round-trips): ints for TIMESTAMP and DATE, the natural type otherwise."""
+    t = col.type
+    if t is ColumnType.TIMESTAMP:
+        arr = arr.cast(pa.int64())
+    elif t is ColumnType.DATE:
+        arr = arr.cast(pa.int32())
+    if arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
+        return list(arr.to_numpy(zero_copy_only=False).tolist())
+    return list(arr.to_pylist())
+
+
+def _constant(col: ColumnSchema, n: int) -> pa.Array:
+    """`n` copies of `col`'s default (or nulls): what rows that predate the column hold."""
+    t = col.arrow_type()
+    nulls = pa.nulls(n, type=t)
+    if col.default is None:
+        return nulls
+    return pc.fill_null(nulls, pa.scalar(col.default, type=t))
+
+
+def _conform(table: pa.Table, cols: Sequence[ColumnSchema]) -> pa.Table:
+    """`table` (physical) reduced to k, d and the columns `cols` (by id), missing ids filled."""
+    names = table.schema.names
+    arrays = [table.column(_K), table.column(_D)]
+    out_names = [_K, _D]
+    n = table.num_rows
+    for c in cols:
+        name = _phys(c.id)
+        if name in names:
+            arrays.append(table.column(name))
+        else:
+            arrays.append(pa.chunked_array([_constant(c, n)]))
+        out_names.append(name)
+    return pa.Table.from_arrays(arrays, names=out_names)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_arrow_file(path: Path, tables: Iterator[pa.Table], schema: pa.Schema) -> int:
+    """Write `tables` as one Arrow IPC file at `path` and fsync it; the rows written."""
+    rows = 0
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        for t in tables:
+            if t.num_rows:
+                writer.write_table(t.cast(schema), max_chunksize=BATCH_ROWS)
+                rows += t.num_rows
+    _fsync_path(path)
+    return rows
+
+
+def _open_arrow_file(path: Path, schema: Schema | None) -> _Source:
+    """Open a data file (memory-mapped) and check its layout against `schema`; Corruption."""
+    try:
+        table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+    except (OSError, pa.ArrowException) as e:
+        raise Corruption(f"row store data file {path}: unreadable: {e}") from None
+    fields = {f.name: f.type for f in table.schema}
+    if fields.get(_K) != pa.binary() or fields.get(_D) != pa.bool_():
+        raise Corruption(f"row store data file {path}: missing key or tombstone column")
+    for c in schema.columns if schema is not None else ():
+        t = fields.get(_phys(c.id))
+        if t is not None and t != c.arrow_type():
+            raise Corruption(
+                f"row store data file {path}: column {c.name!r} (id {c.id}) is {t}, "
+                f"expected {c.arrow_type()}"
+            )
+    return _Source(table)
+
+
+def _file_schema(cols: Sequence[ColumnSchema]) -> pa.Schema:
+    return pa.schema(
+        [pa.field(_K, pa.binary(), False), pa.field(_D, pa.bool_(), False)]
+        + [pa.field(_phys(c.id), c.arrow_type()) for c in cols]
+    )
+
+
+def _first_of_each_key(t: pa.Table) -> pa.Table:
+    """Rows of `t` sorted by key then newest first: keep the first row of each key."""
+    n = t.num_rows
+    if n <= 1:
+        return t
+    k = t.column(_K).combine_chunks()
+    differs = pc.not_equal(k.slice(1), k.slice(0, n - 1))
+    keep = pa.concat_arrays([pa.array([True]), differs])
+    return t.filter(keep)
+
+
+# --- the store -------------------------------------------------------------------------------
+
+
+class RowStore:
+    """A tablet's rows (see the module docstring). Create with `create`, `open` or
+    `import_snapshot`; apply Raft entries in index order from one thread."""
+
+    def __init__(
+        self,
+        directory: Path,
+        schema: Schema,
+        files: list[tuple[str, _Source]],
+        flushed_index: int,
+        live_rows: int,
+        next_seq: int,
+    ) -> None:
+        self._dir = directory
+        self._fs = RealFileSystem()
+        self._schema = schema
+        self._files = files  # (name, source), oldest first; only replaced, never mutated
+        self._flushed = flushed_index
+        self._applied = flushed_index
+        self._live = live_rows  # live rows of files + frozen + memstore
+        self._file_live = live_rows  # live rows of the state the manifest describes
+        self._next_seq = next_seq
+        self._mem = _MemStore(schema, flushed_index)
+        self._frozen: list[Frozen] = []
+        self._compacting: Compaction | None = None
+        self._lock = threading.Lock()  # guards _next_seq only when called from workers
+        self._closed = False
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, schema: Schema) -> RowStore:
+        """A new, empty store in `directory` (created if missing); AlreadyExists if one is
+        there."""
+        directory = Path(directory)
+        schema.validate()
+        RealFileSystem().makedirs(str(directory))
+        if (directory / MANIFEST).exists():
+            raise AlreadyExists(f"row store {directory} already exists")
+        store = cls(directory, schema, [], 0, 0, 1)
+        store._write_manifest()
+        return store
+
+    @classmethod
+    def open(cls, directory: Path) -> RowStore:
+        """Load the store in `directory`; Corruption naming the file if the manifest or a data
+        file is missing or damaged. Data files the manifest does not list are deleted."""
+        directory = Path(directory)
+        path = directory / MANIFEST
+        try:
+            raw = path.read_bytes()
+        except OSError as e:
+            raise Corruption(f"row store manifest {path}: cannot read: {e}") from None
+        m = _parse_manifest(path, raw)
+        try:
+            schema = schema_from_pb(common_pb2.SchemaPB.FromString(base64.b64decode(m.schema)))
+        except (TesseraError, ValueError) as e:
+            raise Corruption(f"row store manifest {path}: bad schema: {e}") from None
+        names = m.files
+        files = []
+        for name in names:
+            if not _FILE_RE.match(name) or name.endswith(".tmp"):
+                raise Corruption(f"row store manifest {path}: bad file name {name!r}")
+            fpath = directory / name
+            if not fpath.exists():
+                raise Corruption(f"row store data file {fpath}: missing")
+            files.append((name, _open_arrow_file(fpath, schema)))
+        removed = False
+        for entry in os.listdir(directory):
+            if (_FILE_RE.match(entry) and entry not in names) or entry == MANIFEST + ".tmp":
+                os.remove(directory / entry)  # left by a crash mid-flush or mid-compaction
+                removed = True
+        if removed:
+            RealFileSystem().fsync_dir(str(directory))
+        return cls(
+            directory,
+            schema,
+            files,
+            m.flushed_index,
+            m.live_rows,
+            m.next_seq,
+        )
+
+    def close(self) -> None:
+        """Release the data files. The store must not be used afterwards."""
+        self._closed = True
+        self._files = []
+        self._frozen = []
+        self._mem = _MemStore(self._schema, self._applied)
+
+    # --- state ---------------------------------------------------------------------------
+
+    @property
+    def schema(self) -> Schema:
+        return self._schema
+
+    @property
+    def directory(self) -> Path:
+        return self._dir
+
+    @property
+    def flushed_index(self) -> int:
+        """Every entry at or below this index is durable in the data files."""
+        return self._flushed
+
+    @property
+    def applied_index(self) -> int:
+        """The highest index given to apply_write, alter_schema or note_index."""
+        return self._applied
+
+    def memstore_rows(self) -> int:
+        """Row versions in the active memstore (tombstones included)."""
+        return len(self._mem.rows)
+
+    def memstore_bytes(self) -> int:
+        """A rough estimate of the active memstore's memory use."""
+        return self._mem.nbytes
+
+    def row_count(self) -> int:
+        """Live rows, exactly (maintained on apply, persisted in the manifest)."""
+        return self._live
+
+    def on_disk_bytes(self) -> int:
+        total = 0
+        for name in self.data_files():
+            with contextlib.suppress(OSError):
+                total += (self._dir / name).stat().st_size
+        return total
+
+    def data_files(self) -> list[str]:
+        """The manifest and the live data files, relative to the directory (tablet copy)."""
+        return [MANIFEST, *(name for name, _ in self._files)]
+
+    # --- manifest ------------------------------------------------------------------------
+
+    def _write_manifest(self) -> None:
+        body = json.dumps(
+            {
+                "files": [name for name, _ in self._files],
+                "schema": base64.b64encode(schema_to_pb(self._schema).SerializeToString()).decode(),
+                "flushed_index": self._flushed,
+                "live_rows": self._file_live,
+                "next_seq": self._next_seq,
+            },
+            sort_keys=True,
+        ).encode()
+        digest = hashlib.blake2b(body, digest_size=16).hexdigest().encode()
+        self._fs.write_atomic(str(self._dir / MANIFEST), _MANIFEST_MAGIC + digest + b"\n" + body)
+
+    def _new_file_name(self) -> str:
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq += 1
+        return f"rs-{seq:08d}.arrow"
+
+    # --- writes --------------------------------------------------------------------------
+
+    def note_index(self, index: int) -> None:
+        """A Raft entry that is not a write (no-op, config change) was applied."""
+        if index > self._applied:
+            self._applied = index
+            self._mem.last_index = index
+
+    def alter_schema(self, index: int, schema: Schema) -> None:
+        """Switch to `schema` (same key columns by id). A version at or below the current one
+        is a no-op: on WAL replay the manifest may already hold a newer schema. The manifest is
+        rewritten at once with the new schema (flushed_index unchanged)."""
+        if index <= self._applied:
+            return
+        if schema.version <= self._schema.version:
+            self.note_index(index)
+            return
+        # Checked before anything changes: a refused alter leaves the store as it was.
+        schema.validate()
+        old_key = tuple((c.id, c.type_name) for c in self._schema.key_columns)
+        new_key = tuple((c.id, c.type_name) for c in schema.key_columns)
+        if old_key != new_key:
+            raise InvalidArgument(
+                f"alter schema: key columns changed from {old_key} to {new_key} (id, type)"
+            )
+        old_types = {c.id: c.arrow_type() for c in self._schema.columns}
+        for c in schema.columns:
+            if c.id in old_types and old_types[c.id] != c.arrow_type():
+                raise InvalidArgument(f"alter schema: column {c.name!r} changed type")
+        self.note_index(index)
+        # The active memstore is re-laid out for the new schema (alters are rare, memstores
+        # bounded); frozen ones keep their layout and are read by id like files.
+        old = self._mem
+        mem = _MemStore(schema, old.last_index)
+        pos = {cid: j for j, cid in enumerate(old.col_ids)}
+        plan = [(pos.get(c.id), c.default) for c in schema.columns]
+        for k, r in old.rows.items():
+            mem.rows[k] = (
+                None if r is None else tuple(r[j] if j is not None else d for j, d in plan)
+            )
+        mem.nbytes = old.nbytes
+        self._mem = mem
+        self._schema = schema
+        self._write_manifest()
+
+    def apply_write(self, index: int, batch: WriteBatch) -> WriteResult:
+        """Apply one replicated write (deterministic: same state and batch, same outcome).
+
+        Rows apply in order; a refused row (INSERT of a live key: AlreadyExists; UPDATE or
+        DELETE of a missing one: NotFound) is reported and the others still apply.
+        """
+        if index <= self._applied:
+            return WriteResult(skipped=True)
+        self.note_index(index)
+        n = batch.num_rows
+        if n == 0:
+            return WriteResult()
+        schema = self._schema
+        mem = self._mem
+        table = batch.table
+        keys = encode_keys_arrow(schema.key_columns, table)
+        slot = {cid: j for j, cid in enumerate(mem.col_ids)}
+        width = len(mem.col_ids)
+        present: list[tuple[int, list[object]]] = []
+        for name in table.column_names:
+            col = schema.column(name)
+            present.append((slot[col.id], _py_values(table.column(name), col)))
+        complete = len(present) == width
+        if complete:
+            present.sort(key=lambda p: p[0])
+            full_rows: list[tuple[object, ...]] = list(zip(*(v for _, v in present), strict=True))
+        template = [c.default for c in schema.columns]
+
+        rows = mem.rows
+        older = self._lookup_older([k for k in dict.fromkeys(keys) if k not in rows])
+        ops = batch.ops
+        errors: list[tuple[int, TesseraError]] = []
+        applied = 0
+        live_delta = 0
+        nbytes = 0
+        for i in range(n):
+            k = keys[i]
+            op = int(ops[i])
+            cur = rows.get(k, _MISSING)
+            if cur is _MISSING:
+                old = older.get(k)
+                live = old is not None
+            else:
+                old = None
+                live = cur is not None
+            if op == RowOp.INSERT or op == RowOp.INSERT_IGNORE:
+                if live:
+                    if op == RowOp.INSERT:
+                        errors.append((i, AlreadyExists(f"{self._key_text(k)} already exists")))
+                    continue
+                new = full_rows[i] if complete else self._assemble(list(template), present, i)
+                live_delta += 1
+            elif op == RowOp.UPSERT or op == RowOp.UPDATE:
+                if not live:
+                    if op == RowOp.UPDATE:
+                        errors.append((i, NotFound(f"{self._key_text(k)} not found")))
+                        continue
+                    new = full_rows[i] if complete else self._assemble(list(template), present, i)
+                    live_delta += 1
+                elif complete:
+                    new = full_rows[i]
+                else:
+                    base = cur if cur is not _MISSING else self._materialize(old)
+                    assert isinstance(base, tuple)
+                    new = self._assemble(list(base), present, i)
+            elif op == RowOp.DELETE:
+                if not live:
+                    errors.append((i, NotFound(f"{self._key_text(k)} not found")))
+                    continue
+                rows[k] = None
+                live_delta -= 1
+                applied += 1
+                nbytes += len(k) + _ROW_OVERHEAD
+                continue
+            else:
+                errors.append((i, InvalidArgument(f"row {i}: unknown row operation {op}")))
+                continue
+            rows[k] = new
+            applied += 1
+        if applied:
+            mem.version += 1
+            per_row = table.nbytes // max(n, 1) + _ROW_OVERHEAD
+            mem.nbytes += nbytes + applied * per_row
+        self._live += live_delta
+        return WriteResult(applied, tuple(errors))
+
+    @staticmethod
+    def _assemble(
+        base: list[object], present: list[tuple[int, list[object]]], i: int
+    ) -> tuple[object, ...]:
+        for j, values in present:
+            base[j] = values[i]
+        return tuple(base)
+
+    def _key_text(self, k: bytes) -> str:
+        cols = self._schema.key_columns
+        values = decode_key(cols, k)
+        inner = ", ".join(f"{c.name}={v!r}" for c, v in zip(cols, values, strict=True))
+        return f"key ({inner})"
+
+    def _lookup_older(
+        self, keys: list[bytes]
+    ) -> dict[bytes, tuple[object, ...] | tuple[_Source, int]]:
+        """The live versions of `keys` in frozen memstores and files (newest wins).
+
+        Values are a row tuple (laid out for the current schema) from a frozen memstore, or
+        (source, position) in a file, materialized only if an UPDATE/UPSERT needs it.
+        Keys absent or deleted in the older sources are not in the result.
+        """
+        found: dict[bytes, tuple[object, ...] | tuple[_Source, int]] = {}
+        if not keys:
+            return found
+        pending = keys
+        schema = self._schema
+        for fz in reversed(self._frozen):
+            frows = fz.mem.rows
+            rest = []
+            plan: list[tuple[int | None, object]] | None = None
+            for k in pending:
+                r = frows.get(k, _MISSING)
+                if r is _MISSING:
+                    rest.append(k)
+                elif r is not None:
+                    assert isinstance(r, tuple)
+                    if fz.mem.col_ids != self._mem.col_ids:
+                        if plan is None:
+                            pos = {cid: j for j, cid in enumerate(fz.mem.col_ids)}
+                            plan = [(pos.get(c.id), c.default) for c in schema.columns]
+                        r = tuple(r[j] if j is not None else d for j, d in plan)
+                    found[k] = r
+            pending = rest
+            if not pending:
+                return found
+        for _, src in reversed(self._files):
+            pos_arr = src.index.find(pending)
+            hits = np.flatnonzero(pos_arr >= 0)
+            if len(hits) == 0:
+                continue
+            hit_set = set(hits.tolist())
+            for h in hits.tolist():
+                p = int(pos_arr[h])
+                if src.deleted is None or not src.deleted[p]:
+                    found[pending[h]] = (src, p)
+            pending = [k for i, k in enumerate(pending) if i not in hit_set]
+            if not pending:
+                break
+        return found
+
+    def _materialize(self, ref: object) -> tuple[object, ...]:
+        """The row a `_lookup_older` value stands for, laid out for the current schema."""
+        assert isinstance(ref, tuple)
+        if not (len(ref) == 2 and isinstance(ref[0], _Source)):
+            return ref
+        src, pos = ref
+        assert isinstance(pos, int)
+        piece = _conform(src.table.slice(pos, 1), self._schema.columns)
+        return tuple(_py_values(piece.column(_phys(c.id)), c)[0] for c in self._schema.columns)
+
+    # --- flush ---------------------------------------------------------------------------
+
+    def freeze(self) -> Frozen | None:
+        """Make the active memstore immutable and start a new one; None if it is empty."""
+        mem = self._mem
+        if not mem.rows:
+            return None
+        frozen = Frozen(mem, self._new_file_name(), self._live)
+        self._frozen.append(frozen)
+        self._mem = _MemStore(self._schema, mem.last_index)
+        return frozen
+
+    def write_frozen(self, f: Frozen) -> None:
+        """Write `f`'s rows to its data file and fsync it. Safe in a worker thread."""
+        src = f.mem.source()
+        schema = pa.schema(
+            [pa.field(_K, pa.binary(), False), pa.field(_D, pa.bool_(), False)]
+            + [pa.field(_phys(cid), t) for cid, t in zip(f.mem.col_ids, f.mem.types, strict=True)]
+        )
+        path = self._dir / f.file_name
+        _write_arrow_file(path, iter([src.table]), schema)
+        # The frozen memstore's own layout is the authority for the file it wrote: no check
+        # against the (possibly newer) current schema.
+        f.written = _open_arrow_file(path, None)
+
+    def install(self, f: Frozen) -> None:
+        """Add `f`'s written file to the manifest (flushed_index = f.last_index), fsync it and
+        drop the frozen memstore. Frozen memstores are installed in the order frozen."""
+        if not self._frozen or self._frozen[0] is not f:
+            raise InvalidArgument("install: frozen memstores must be installed in freeze order")
+        if f.written is None:
+            raise InvalidArgument("install: write_frozen has not completed")
+        self._files = [*self._files, (f.file_name, f.written)]
+        self._flushed = max(self._flushed, f.last_index)
+        self._file_live = f.live_rows
+        self._write_manifest()
+        self._frozen = self._frozen[1:]
+
+    def flush(self) -> None:
+        """freeze + write_frozen + install, in this thread. With nothing to flush, still
+        advances flushed_index to applied_index (no-op entries need no replay)."""
+        f = self.freeze()
+        if f is not None:
+            self.write_frozen(f)
+            self.install(f)
+        elif not self._frozen and self._flushed < self._applied and not self._mem.rows:
+            self._flushed = self._applied
+            self._write_manifest()
+
+    # --- compaction ----------------------------------------------------------------------
+
+    def prepare_compaction(self) -> Compaction | None:
+        """Start merging every current file into one; None if there is nothing to gain."""
+        if self._compacting is not None or not self._files:
+            return None
+        if len(self._files) == 1 and not self._files[0][1].has_tombstones:
+            return None
+        c = Compaction(
+            tuple(name for name, _ in self._files),
+            tuple(src for _, src in self._files),
+            self._new_file_name(),
+            self._schema,
+        )
+        self._compacting = c
+        return c
+
+    def write_compaction(self, c: Compaction) -> None:
+        """Merge `c`'s inputs into its output file (fsynced). Safe in a worker thread."""
+        cols = c.schema.columns
+        pieces = _merge(list(c.sources), cols, b"", b"", None)
+        path = self._dir / c.file_name
+        rows = _write_arrow_file(path, pieces, _file_schema(cols))
+        if rows == 0:
+            c.empty = True
+            path.unlink()
+            return
+        c.written = _open_arrow_file(path, c.schema)
+
+    def install_compaction(self, c: Compaction) -> None:
+        """Swap the merged file in for its inputs (manifest first), then delete the inputs."""
+        if self._compacting is not c:
+            raise InvalidArgument("install_compaction: not the compaction under way")
+        if c.written is None and not c.empty:
+            raise InvalidArgument("install_compaction: write_compaction has not completed")
+        inputs = set(c.inputs)
+        rest = [(name, src) for name, src in self._files if name not in inputs]
+        head = [(c.file_name, c.written)] if c.written is not None else []
+        self._files = head + rest
+        self._write_manifest()
+        self._compacting = None
+        for name in c.inputs:
+            with contextlib.suppress(FileNotFoundError):
+                (self._dir / name).unlink()
+        self._fs.fsync_dir(str(self._dir))
+
+    def compact(self) -> None:
+        """prepare + write + install compaction, in this thread."""
+        c = self.prepare_compaction()
+        if c is not None:
+            self.write_compaction(c)
+            self.install_compaction(c)
+
+    # --- reads ---------------------------------------------------------------------------
+
+    def _sources(self) -> list[_Source]:
+        """Every source, oldest first, as of now (the memstore materialized)."""
+        out = [src for _, src in self._files]
+        out.extend(f.mem.source() for f in self._frozen)
+        if self._mem.rows:
+            out.append(self._mem.source())
+        return out
+
+    def scan(self, spec: ScanSpec) -> Iterator[pa.RecordBatch]:
+        """Rows matching `spec` in key order, as batches of the projected columns (exact Arrow
+        types, current names). The snapshot is taken now: later writes are not seen."""
+        it = self.scan_with_keys(spec)
+        return (b for b, _ in it)
+
+    def scan_with_keys(self, spec: ScanSpec) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+        """As `scan`, each batch with the encoded key of its last row (to resume after)."""
+        schema = self._schema
+        preds = validate_spec(schema, spec)
+        proj = spec.projection if spec.projection is not None else schema.column_names
+        out_cols = [schema.column(name) for name in proj]
+        wanted = set(proj) | {p.column for p in preds}
+        cols = [c for c in schema.columns if c.name in wanted]
+        expr = to_arrow_expression(
+            schema, preds, field_names={c.name: _phys(c.id) for c in schema.columns}
+        )
+        lo = spec.lower_key
+        if spec.start_after_key is not None:
+            lo = max(lo, spec.start_after_key + b"\x00")  # the smallest key after it
+        hi = spec.upper_key
+        sources = self._sources()
+        out_schema = pa.schema([schema.to_arrow().field(name) for name in proj])
+        return _emit(_merge(sources, cols, lo, hi, expr), out_cols, out_schema, spec.limit)
+
+    def checksum(self) -> tuple[int, bytes]:
+        """(live rows, blake2b digest) over every live row in key order, every column.
+
+        Columns are hashed as canonical value streams (validity, fixed-width values with nulls
+        zeroed, lengths and bytes of variable-width values), so the digest does not depend on
+        how rows are split among files, memstores or batches.
+        """
+        schema = self._schema
+        hashers = [[hashlib.blake2b(digest_size=32) for _ in range(3)] for _ in schema.columns]
+        rows = 0
+        for t in _merge(self._sources(), schema.columns, b"", b"", None):
+            rows += t.num_rows
+            for c, hs in zip(schema.columns, hashers, strict=True):
+                for chunk in t.column(_phys(c.id)).chunks:
+                    _hash_array(chunk, c, hs)
+        top = hashlib.blake2b(digest_size=32)
+        top.update(rows.to_bytes(8, "little"))
+        for c, hs in zip(schema.columns, hashers, strict=True):
+            top.update(f"{c.id}:{c.type_name}".encode())
+            for h in hs:
+                top.update(h.digest())
+        return rows, top.digest()
+
+    # --- snapshots -----------------------------------------------------------------------
+
+    def export_snapshot(self) -> bytes:
+        """Every live row and the schema as one Arrow IPC stream (a Raft snapshot payload)."""
+        schema = self._schema
+        arrow_schema = schema.to_arrow().with_metadata(
+            {_SNAPSHOT_SCHEMA_KEY: schema_to_pb(schema).SerializeToString()}
+        )
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, arrow_schema) as writer:
+            for batch in self.scan(ScanSpec()):
+                writer.write_batch(batch)
+        return bytes(sink.getvalue().to_pybytes())
+
+    @classmethod
+    def import_snapshot(cls, directory: Path, data: bytes, index: int) -> RowStore:
+        """A fresh store at `directory` (its row store files replaced) holding the rows of an
+        `export_snapshot` payload, with flushed_index = applied_index = `index`."""
+        directory = Path(directory)
+        try:
+            reader = pa.ipc.open_stream(data)
+            table = reader.read_all()
+            raw_schema = (table.schema.metadata or {})[_SNAPSHOT_SCHEMA_KEY]
+            schema = schema_from_pb(common_pb2.SchemaPB.FromString(raw_schema))
+        except (pa.ArrowException, OSError, KeyError, ValueError, TesseraError) as e:
+            raise Corruption(f"row store snapshot: {type(e).__name__}: {e}") from None
+        fs = RealFileSystem()
+        fs.makedirs(str(directory))
+        for entry in os.listdir(directory):
+            if _FILE_RE.match(entry) or entry in (MANIFEST, MANIFEST + ".tmp"):
+                os.remove(directory / entry)
+        fs.fsync_dir(str(directory))
+        store = cls(directory, schema, [], index, table.num_rows, 1)
+        if table.num_rows:
+            name = store._new_file_name()
+            encoded = encode_keys_arrow(schema.key_columns, table)
+            if any(a >= b for a, b in itertools.pairwise(encoded)):
+                raise Corruption(
+                    "row store snapshot: rows are not in strictly increasing key order"
+                )
+            keys = pa.array(encoded, type=pa.binary())
+            arrays = [keys, pa.array(np.zeros(table.num_rows, dtype=bool))]
+            arrays += [table.column(c.name).combine_chunks() for c in schema.columns]
+            names = [_K, _D] + [_phys(c.id) for c in schema.columns]
+            phys = pa.Table.from_arrays(arrays, names=names)
+            path = directory / name
+            _write_arrow_file(path, iter([phys]), _file_schema(schema.columns))
+            store._files = [(name, _open_arrow_file(path, schema))]
+        store._write_manifest()
+        return store
+
+
+# --- merging and emitting --------------------------------------------------------------------
+
+
+def _merge(
+    sources: Sequence[_Source],
+    cols: Sequence[ColumnSchema],
+    lo: bytes,
+    hi: bytes,
+    expr: pc.Expression | None,
+) -> Iterator[pa.Table]:
+    """Live rows of `sources` (oldest first) with lo <= key < hi (hi b"" = none), newest
+    version per key, filtered by `expr`: physical tables (k, d, c<id> for `cols`) in key
+    order. A generator over data captured by the caller: later writes are not seen."""
+    slices = []
+    for src in sources:
+        a = src.index.left(lo) if lo else 0
+        b = src.index.left(hi) if hi else src.num_rows
+        if b > a:
+            slices.append((src, a, b))
+    if not slices:
+        return
+    if len(slices) == 1:
+        src, a, b = slices[0]
+        for rb in src.table.slice(a, b - a).to_batches(max_chunksize=BATCH_ROWS):
+            t = _conform(pa.Table.from_batches([rb]), cols)
+            if src.has_tombstones:
+                t = t.filter(pc.invert(t.column(_D)))
+            if expr is not None:
+                t = t.filter(expr)
+            if t.num_rows:
+                yield t
+        return
+    # Windows of about BATCH_ROWS keys of the largest slice bound the memory of each merge.
+    driver, da, db = max(slices, key=lambda s: s[2] - s[1])
+    dk = driver.table.column(_K)
+    bounds: list[bytes] = [lo]
+    for p in range(da + BATCH_ROWS, db, BATCH_ROWS):
+        bounds.append(dk[p].as_py())
+    bounds.append(hi)
+    for w in range(len(bounds) - 1):
+        wlo, whi = bounds[w], bounds[w + 1]
+        parts = []
+        for rank, (src, a, b) in enumerate(slices):
+            sa = max(a, src.index.left(wlo)) if wlo else a
+            sb = min(b, src.index.left(whi)) if whi else b
+            if sb > sa:
+                part = _conform(src.table.slice(sa, sb - sa), cols)
+                parts.append(part.append_column(_RANK, pa.array(np.full(sb - sa, rank, np.int32))))
+        if not parts:
+            continue
+        if len(parts) == 1:
+            t = parts[0]
+        else:
+            t = pa.concat_tables(parts)
+            order = pc.sort_indices(t, sort_keys=[(_K, "ascending"), (_RANK, "descending")])
+            t = _first_of_each_key(t.take(order))
+        t = t.drop_columns([_RANK])
+        t = t.filter(pc.invert(t.column(_D)))
+        if expr is not None:
+            t = t.filter(expr)
+        if t.num_rows:
+            yield t
+
+
+def _emit(
+    pieces: Iterator[pa.Table],
+    cols: Sequence[ColumnSchema],
+    out_schema: pa.Schema,
+    limit: int,
+) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+    remaining = limit if limit > 0 else -1
+    names = [_phys(c.id) for c in cols]
+    for t in pieces:
+        if remaining == 0:
+            return
+        if 0 < remaining < t.num_rows:
+            t = t.slice(0, remaining)
+        for rb in t.to_batches():
+            if rb.num_rows == 0:
+                continue
+            arrays = [rb.column(name) for name in names]
+            out = pa.RecordBatch.from_arrays(arrays, schema=out_schema)
+            yield out, rb.column(_K)[rb.num_rows - 1].as_py()
+        if remaining > 0:
+            remaining -= t.num_rows
+
+
+def _hash_array(arr: pa.Array, col: ColumnSchema, hs: list[hashlib.blake2b]) -> None:
+    """Feed `arr` into (validity, values, lengths) hashers in a split-independent form."""
+    valid, values, lengths = hs
+    n = len(arr)
+    if n == 0:
+        return
+    valid.update(
+        np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8).tobytes()
+    )
+    t = col.type
+    if t in (ColumnType.STRING, ColumnType.BINARY):
+        filled = pc.fill_null(arr.cast(pa.binary()), b"")
+        bufs = filled.buffers()
+        offsets = np.frombuffer(bufs[1], dtype=np.int32, count=n + 1, offset=filled.offset * 4)
+        lengths.update(np.diff(offsets).astype("<i8").tobytes())
+        data = bufs[2]
+        if data is not None:
+            values.update(memoryview(data)[int(offsets[0]) : int(offsets[-1])])
+        return
+    if t is ColumnType.DECIMAL:
+        zero = pa.scalar(decimal.Decimal(0), type=arr.type)
+        filled = pc.fill_null(arr, zero) if arr.null_count else arr
+        buf = filled.buffers()[1]
+        values.update(memoryview(buf)[filled.offset * 16 : (filled.offset + n) * 16])
+        return
+    if t is ColumnType.BOOL:
+        arr = arr.cast(pa.uint8())
+    elif t is ColumnType.TIMESTAMP:
+        arr = arr.cast(pa.int64())
+    elif t is ColumnType.DATE:
+        arr = arr.cast(pa.int32())
+    if arr.null_count:
+        arr = pc.fill_null(arr, pa.scalar(0, type=arr.type))
+    values.update(np.ascontiguousarray(arr.to_numpy(zero_copy_only=False)).tobytes())
+
+
+@dataclass(frozen=True)
+class _Manifest:
+    files: list[str]
+    schema: str
+    """The SchemaPB, serialized, in base64."""
+    flushed_index: int
+    live_rows: int
+    next_seq: int
+
+
+def _parse_manifest(path: Path, raw: bytes) -> _Manifest:
+    if not raw.startswith(_MANIFEST_MAGIC):
+        raise Corruption(f"row store manifest {path}: bad header")
+    digest, _, body = raw[len(_MANIFEST_MAGIC) :].partition(b"\n")
+    if hashlib.blake2b(body, digest_size=16).hexdigest().encode() != digest:
+        raise Corruption(f"row store manifest {path}: checksum mismatch")
+    try:
+        m = json.loads(body)
+        files = m["files"]
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            raise ValueError("files must be a list of names")
+        ints = [m[k] for k in ("flushed_index", "live_rows", "next_seq")]
+        if not all(isinstance(v, int) and v >= 0 for v in ints):
+            raise ValueError("bad counters")
+        if not isinstance(m["schema"], str):
+            raise ValueError("schema must be a string")
+        return _Manifest(files, m["schema"], *ints)
+    except (ValueError, KeyError, TypeError) as e:
+        raise Corruption(f"row store manifest {path}: {type(e).__name__}: {e}") from None

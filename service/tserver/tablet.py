@@ -1,0 +1,484 @@
+"""One tablet replica: its Raft group, its rows, and the state machine between them.
+
+Theory of operation
+-------------------
+A replica is a `RaftNode` (group id = tablet id) whose state machine is the tablet's `RowStore`.
+Every change to rows or schema is a Raft entry; the first byte says which:
+
+  b"W" + WriteBatch.encode()   a batch of row operations, validated by the leader BEFORE it is
+                               proposed (bad input never reaches the log); per-row outcomes
+                               (duplicate key, missing key) are decided at apply, identically on
+                               every replica
+  b"A" + AlterSchemaRequestPB  a new schema (and table name), applied in log order, so a write
+                               proposed under the old schema is applied under the schema that
+                               precedes it in the log
+
+Durability and replay: the WAL makes an acknowledged write durable (the write is acknowledged
+only once applied on the leader, i.e. committed on a majority). The RowStore flushes its
+in-memory rows to columnar files in the background; `flushed_index` says which entries the
+files already hold, and the replay after a restart skips them (`RowStore.apply_write` ignores
+indexes at or below what it has). A Raft snapshot (for a follower that fell behind the log the
+leader kept) is the whole tablet's rows with its index in front; restoring one that is older
+than what the files already hold is a no-op.
+
+Flushing: after an apply, when the in-memory store passes `flush_rows` or `flush_bytes`, one
+background task freezes it (on the loop, cheap), writes and fsyncs the file in a worker thread
+while applies continue, and installs it (on the loop). Compaction follows the same pattern when
+there are more than `compact_files` files.
+
+State (`state`): NOT_STARTED -> BOOTSTRAPPING -> RUNNING; FAILED if opening or the Raft loop
+failed (the replica stays offline and is reported with its error); STOPPED after close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import shutil
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import pyarrow as pa
+
+from service.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    IOFatal,
+    NotTheLeader,
+    TabletNotRunning,
+    TesseraError,
+)
+from service.common.schema import Schema
+from service.common.schema_codec import schema_from_pb, schema_to_pb
+from service.consensus.fs import RealFileSystem
+from service.consensus.node import LeaderChange, NodeSettings, RaftNode, Sender
+from service.consensus.raft_store import RaftStore
+from service.pb import master_pb2 as mpb
+from service.pb import tserver_pb2 as tpb
+from service.raft import ConfigChangeType, NodeId, RaftConfig, Role
+from service.tserver import superblock as sbmod
+from service.tserver.predicates import ScanSpec
+from service.tserver.row_ops import WriteBatch, decode_write
+from service.tserver.rowstore import RowStore, WriteResult
+from service.tserver.superblock import DataState, Superblock
+
+log = logging.getLogger(__name__)
+
+_WRITE = b"W"
+_ALTER = b"A"
+_SNAP_INDEX = struct.Struct("<Q")
+
+
+class ReplicaState(enum.Enum):
+    """Values match master.proto's ReplicaStatePB."""
+
+    NOT_STARTED = 1
+    BOOTSTRAPPING = 2
+    RUNNING = 3
+    FAILED = 4
+    STOPPED = 5
+    COPYING = 6
+    TOMBSTONED = 7
+
+
+_ROLE_PB = {
+    Role.LEADER: mpb.LEADER,
+    Role.FOLLOWER: mpb.FOLLOWER,
+    Role.CANDIDATE: mpb.FOLLOWER,
+    Role.PRE_CANDIDATE: mpb.FOLLOWER,
+    Role.LEARNER: mpb.LEARNER,
+    Role.NON_PARTICIPANT: mpb.NON_PARTICIPANT,
+}
+
+
+@dataclass(frozen=True)
+class TabletSettings:
+    node: NodeSettings
+    wal_segment_bytes: int = 64 << 20
+    wal_preallocate: bool = True
+    fsync: bool = True
+    flush_rows: int = 100_000
+    """Converting the in-memory store to Arrow holds the GIL (about 0.2 s per 100k rows):
+    small flushes keep every other tablet's Raft loop responsive."""
+    flush_bytes: int = 64 << 20
+    compact_files: int = 4
+
+
+class TabletStateMachine:
+    """The RaftNode's state machine: decodes entries and applies them to the RowStore."""
+
+    def __init__(self, replica: TabletReplica) -> None:
+        self.replica = replica
+
+    def apply(self, index: int, data: bytes) -> object:
+        r = self.replica
+        store = r.store
+        assert store is not None
+        kind, body = data[:1], data[1:]
+        if kind == _WRITE:
+            result = store.apply_write(index, WriteBatch.decode(body, store.schema))
+            r.after_apply()
+            return result
+        if kind == _ALTER:
+            req = tpb.AlterSchemaRequestPB.FromString(body)
+            schema = schema_from_pb(req.schema)
+            if schema.version > store.schema.version:
+                store.alter_schema(index, schema)
+            else:
+                store.note_index(index)
+            if req.new_table_name and req.new_table_name != r.superblock.table_name:
+                r.rename_table(req.new_table_name)
+            r.changed()
+            return store.schema.version
+        raise InvalidArgument(f"tablet {r.tablet_id}: unknown entry kind {kind!r} at {index}")
+
+    def snapshot(self) -> bytes:
+        store = self.replica.store
+        assert store is not None
+        return _SNAP_INDEX.pack(store.applied_index) + store.export_snapshot()
+
+    def restore(self, data: bytes) -> None:
+        r = self.replica
+        (index,) = _SNAP_INDEX.unpack_from(data)
+        if r.store is not None and r.store.applied_index >= index:
+            return  # the files already hold a newer state (a restart after a flush)
+        if r.store is not None:
+            r.store.close()
+        r.store = RowStore.import_snapshot(r.data_dir, data[_SNAP_INDEX.size :], index)
+        r.changed()
+
+
+class TabletReplica:
+    """One replica (module docstring). Owned by the tablet manager; `start()`/`aclose()`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        sb: Superblock,
+        uuid: NodeId,
+        transport: Sender,
+        settings: TabletSettings,
+        on_change: Callable[[str], None],
+    ) -> None:
+        self.dir = directory
+        self.superblock = sb
+        self.uuid = uuid
+        self.transport = transport
+        self.settings = settings
+        self._on_change = on_change
+        self.state = ReplicaState.NOT_STARTED
+        self.error: TesseraError | None = None
+        self.store: RowStore | None = None
+        self.node: RaftNode | None = None
+        self._flush_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+
+    # --- identity ----------------------------------------------------------------------------
+
+    @property
+    def tablet_id(self) -> str:
+        return self.superblock.tablet_id
+
+    @property
+    def data_dir(self) -> Path:
+        return self.dir / "data"
+
+    @property
+    def raft_dir(self) -> Path:
+        return self.dir / "raft"
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    @staticmethod
+    def format(
+        directory: Path,
+        sb: Superblock,
+        schema: Schema,
+        uuid: NodeId,
+        config: RaftConfig,
+        addresses: dict[str, str],
+        settings: TabletSettings,
+    ) -> None:
+        """Create a new replica's directories; the READY superblock is written last (module
+        docstring of superblock.py), so a crash before it leaves a directory startup deletes."""
+        directory.mkdir(parents=True, exist_ok=True)
+        RowStore.create(directory / "data", schema).close()
+        store, _ = RaftStore.open(
+            RealFileSystem(),
+            str(directory / "raft"),
+            uuid,
+            bootstrap_config=config,
+            addresses=addresses,
+            segment_bytes=settings.wal_segment_bytes,
+            preallocate=settings.wal_preallocate,
+            fsync=settings.fsync,
+        )
+        store.close()
+        sbmod.save(directory, sb.with_state(DataState.READY))
+
+    async def start(self) -> None:
+        """Open the RowStore and the Raft group and start replicating. On failure the
+        replica is FAILED with `error` set (it is reported, and stays offline)."""
+        self.state = ReplicaState.BOOTSTRAPPING
+        try:
+            self.store = await asyncio.to_thread(RowStore.open, self.data_dir)
+            raft_store, recovered = await asyncio.to_thread(
+                RaftStore.open,
+                RealFileSystem(),
+                str(self.raft_dir),
+                self.uuid,
+                segment_bytes=self.settings.wal_segment_bytes,
+                preallocate=self.settings.wal_preallocate,
+                fsync=self.settings.fsync,
+            )
+            node = RaftNode(
+                group_id=self.tablet_id,
+                uuid=self.uuid,
+                store=raft_store,
+                recovered=recovered,
+                state_machine=TabletStateMachine(self),
+                transport=self.transport,
+                settings=self.settings.node,
+            )
+        except Exception as e:
+            self._fail(e)
+            return
+        self.node = node
+        node.listeners.append(self._on_leader_change)
+        await node.start()
+        self._watch_task = asyncio.create_task(self._watch(node), name=f"watch-{self.tablet_id}")
+        self.state = ReplicaState.RUNNING
+        self.changed()
+
+    async def aclose(self) -> None:
+        """Stop: the Raft node (fails waiters, closes the WAL), then the RowStore."""
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+        if self._flush_task is not None:
+            with contextlib.suppress(Exception):
+                await self._flush_task
+        if self.node is not None:
+            await self.node.aclose()
+        if self.store is not None:
+            self.store.close()
+        if self.state is not ReplicaState.FAILED:
+            self.state = ReplicaState.STOPPED
+
+    async def _watch(self, node: RaftNode) -> None:
+        await node.fatal_event.wait()
+        self._fail(node.fatal or IOFatal("raft loop stopped"))
+
+    def _fail(self, e: BaseException) -> None:
+        log.error("tablet %s failed: %s", self.tablet_id, e)
+        self.state = ReplicaState.FAILED
+        self.error = e if isinstance(e, TesseraError) else IOFatal(f"{type(e).__name__}: {e}")
+        self.changed()
+
+    def delete_files(self) -> None:
+        """Remove the data and the WAL, keeping consensus metadata (a tombstone)."""
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        wal = self.raft_dir / "wal"
+        shutil.rmtree(wal, ignore_errors=True)
+        snap = self.raft_dir / "snapshot"
+        snap.unlink(missing_ok=True)
+
+    # --- change notification (for tablet reports) -------------------------------------------
+
+    def changed(self) -> None:
+        self._on_change(self.tablet_id)
+
+    def _on_leader_change(self, change: LeaderChange) -> None:
+        self.changed()
+
+    def rename_table(self, name: str) -> None:
+        self.superblock = Superblock(**{**self.superblock.__dict__, "table_name": name})
+        sbmod.save(self.dir, self.superblock)
+
+    # --- the write path ----------------------------------------------------------------------
+
+    def running_node(self) -> RaftNode:
+        if self.state is not ReplicaState.RUNNING or self.node is None or self.store is None:
+            detail = f": {self.error}" if self.error is not None else ""
+            raise TabletNotRunning(
+                f"tablet {self.tablet_id} is {self.state.name} on this server{detail}"
+            )
+        return self.node
+
+    async def write(self, req: tpb.WriteRequestPB, timeout: float) -> tpb.WriteResponsePB:
+        node = self.running_node()
+        if node.status().role is not Role.LEADER:
+            raise node.not_leader_error()
+        store = self.store
+        assert store is not None
+        if req.schema_version > store.schema.version:
+            raise FailedPrecondition(
+                f"tablet {self.tablet_id}: the write uses schema version {req.schema_version}, "
+                f"newer than this replica's {store.schema.version}; retry shortly"
+            )
+        batch = decode_write(store.schema, req.rows, int(req.default_op), list(req.ops))
+        if batch.table.num_rows == 0:
+            return tpb.WriteResponsePB(applied_index=node.applied)
+        result = cast(WriteResult, await node.propose(_WRITE + batch.encode(), timeout=timeout))
+        resp = tpb.WriteResponsePB(applied_index=node.applied, rows_applied=result.rows_applied)
+        for row, err in result.errors:
+            resp.per_row_errors.add(
+                row_index=row, error=mpb.ErrorPB(code=err.code, message=str(err))
+            )
+        return resp
+
+    async def alter_schema(self, req: tpb.AlterSchemaRequestPB, timeout: float) -> int:
+        node = self.running_node()
+        store = self.store
+        assert store is not None
+        schema = schema_from_pb(req.schema)
+        if schema.version <= store.schema.version and not req.new_table_name:
+            return store.schema.version  # idempotent: already there
+        if node.status().role is not Role.LEADER:
+            raise node.not_leader_error()
+        entry = tpb.AlterSchemaRequestPB(
+            schema=schema_to_pb(schema), new_table_name=req.new_table_name
+        )
+        return cast(int, await node.propose(_ALTER + entry.SerializeToString(), timeout=timeout))
+
+    def after_apply(self) -> None:
+        store = self.store
+        if store is None or (self._flush_task is not None and not self._flush_task.done()):
+            return
+        s = self.settings
+        if store.memstore_rows() >= s.flush_rows or store.memstore_bytes() >= s.flush_bytes:
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush(store))
+
+    async def _flush(self, store: RowStore) -> None:
+        try:
+            frozen = store.freeze()
+            if frozen is not None:
+                await asyncio.to_thread(store.write_frozen, frozen)
+                if store is self.store:
+                    store.install(frozen)
+            files = sum(1 for f in store.data_files() if f.endswith(".arrow"))
+            if store is self.store and files > self.settings.compact_files:
+                c = store.prepare_compaction()
+                if c is not None:
+                    await asyncio.to_thread(store.write_compaction, c)
+                    if store is self.store:
+                        store.install_compaction(c)
+        except Exception as e:  # a failed flush: the WAL still has everything; stop the replica
+            self._fail(e)
+
+    async def flush(self) -> None:
+        """Flush now (tests, shutdown of a tablet that is being copied)."""
+        if self._flush_task is not None:
+            await self._flush_task
+        if self.store is not None:
+            await self._flush(self.store)
+
+    # --- reads -------------------------------------------------------------------------------
+
+    async def wait_readable(self, read_at_leader: bool, min_index: int, timeout: float) -> None:
+        node = self.running_node()
+        if read_at_leader:
+            await node.read(timeout=timeout)
+        if min_index:
+            await node.wait_applied(min_index, timeout=timeout)
+
+    def scan(self, spec: ScanSpec) -> Iterator[pa.RecordBatch]:
+        """Batches of `spec` over a snapshot taken now (safe to drain in a worker thread)."""
+        self.running_node()
+        assert self.store is not None
+        return self.store.scan(spec)
+
+    # --- consensus ---------------------------------------------------------------------------
+
+    def consensus_state(self) -> mpb.ConsensusStatePB:
+        node = self.node
+        cs = mpb.ConsensusStatePB()
+        if node is None:
+            return cs
+        st = node.status()
+        cs.current_term = st.term
+        cs.leader_uuid = st.lead or ""
+        self._config_pb(node.applied_config, cs.committed_config, node)
+        if st.config.index > node.applied_config.index:
+            self._config_pb(st.config, cs.pending_config, node)
+        return cs
+
+    def _config_pb(self, c: RaftConfig, out: mpb.RaftConfigPB, node: RaftNode) -> None:
+        out.opid_index = c.index
+        for member, kind in [(v, mpb.VOTER) for v in sorted(c.voters)] + [
+            (learner, mpb.NON_VOTER) for learner in sorted(c.learners)
+        ]:
+            peer = out.peers.add(permanent_uuid=member, member_type=kind)
+            if kind == mpb.NON_VOTER:
+                peer.promote = node.is_promotable(member)
+            addr = self.transport.address_of(member) or (
+                self.transport.address_of(self.uuid) if member == self.uuid else None
+            )
+            if addr:
+                host, _, port = addr.rpartition(":")
+                peer.last_known_addr.host = host
+                peer.last_known_addr.port = int(port)
+
+    def role_pb(self) -> mpb.RaftRolePB.ValueType:
+        if self.node is None:
+            return mpb.ROLE_UNKNOWN
+        return _ROLE_PB.get(self.node.status().role, mpb.ROLE_UNKNOWN)
+
+    async def change_config(self, req: tpb.ChangeConfigRequestPB, timeout: float) -> None:
+        node = self.running_node()
+        peer = req.peer.permanent_uuid
+        if not peer:
+            raise InvalidArgument("peer.permanent_uuid: required")
+        expected = (
+            req.cas_config_opid_index
+            if req.HasField("cas_config_opid_index")
+            else node.applied_config.index
+        )
+        address = None
+        if req.type == tpb.ChangeConfigRequestPB.ADD_PEER:
+            kind = ConfigChangeType.ADD_LEARNER
+            a = req.peer.last_known_addr
+            if not a.host or not a.port:
+                raise InvalidArgument("peer.last_known_addr: ADD_PEER needs the peer's address")
+            address = f"{a.host}:{a.port}"
+        elif req.type == tpb.ChangeConfigRequestPB.REMOVE_PEER:
+            kind = ConfigChangeType.REMOVE
+        elif req.type == tpb.ChangeConfigRequestPB.PROMOTE_PEER:
+            kind = ConfigChangeType.PROMOTE
+        else:
+            raise InvalidArgument(f"type: unknown change type {req.type}")
+        await node.change_config(
+            kind, NodeId(peer), address=address, expected_index=expected, timeout=timeout
+        )
+        self.changed()
+
+    async def step_down(self, new_leader: str, timeout: float) -> None:
+        node = self.running_node()
+        st = node.status()
+        if st.role is not Role.LEADER:
+            raise node.not_leader_error()
+        target = new_leader
+        if not target:
+            voters = [v for v in st.config.voters if v != self.uuid]
+            if not voters:
+                raise FailedPrecondition(f"tablet {self.tablet_id}: no other voter to lead")
+            target = max(voters, key=lambda v: st.progress[v].match if v in st.progress else 0)
+        await node.transfer_leadership(NodeId(target), timeout=timeout)
+
+    # --- status ------------------------------------------------------------------------------
+
+    def is_leader(self) -> bool:
+        return self.node is not None and self.node.status().role is Role.LEADER
+
+    def schema_version(self) -> int:
+        return self.store.schema.version if self.store is not None else 0
+
+    def not_leader(self) -> NotTheLeader:
+        node = self.running_node()
+        return node.not_leader_error()

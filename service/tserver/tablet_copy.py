@@ -1,0 +1,515 @@
+"""Tablet copy (seed 004): a replica is (re)created on this server from a copy of a peer's.
+
+Theory of operation
+-------------------
+Trigger. A tablet's leader watches its peers (`CopyTrigger`, once a second): a peer that has
+acknowledged nothing for `TRIGGER_S` (its server does not host the tablet: a new non-voter
+added by the master, or a tombstoned replica) is sent StartTabletCopy naming the leader as the
+source. A peer that answers normally never is; one whose server is down makes the RPC fail,
+and the leader tries again later (`RETRY_S`).
+
+Source (`CopySource`, the TabletCopyService). BeginTabletCopySession takes a consistent image of
+the tablet at one applied Raft index: the tablet's Raft snapshot payload (every row, with the
+schema) plus the Raft snapshot metadata (index, term, config) and the source's superblock and
+consensus state. Unlike Kudu, which ships its immutable data blocks and WAL segments, the image
+is one file, "snapshot": the WAL segment being appended cannot be copied consistently without
+a pause, and an image at one index needs no log replay, since the leader replicates everything
+after that index normally. FetchData serves it in chunks with a CRC32C each; sessions expire
+when idle for `SESSION_IDLE_S`.
+
+Destination (`CopyClient`). StartTabletCopy is idempotent (a READY replica or a copy under way
+is left alone) and refused when the caller's term is lower than the replica's own (a deposed
+leader). Copies run as tasks bounded by `num_tablets_to_copy_simultaneously`, can be listed and
+cancelled. One copy:
+
+  1. Begin a session; write the superblock COPYING (the commit point: a crash from here on
+     leaves a replica that startup tombstones, and the leader copies it again);
+  2. fetch "snapshot" chunk by chunk, checking each CRC;
+  3. build the RowStore from the image (flushed at the image's index) and the Raft state: the
+     snapshot file and consensus metadata merged by the seed's rules (the highest term wins;
+     our vote is kept only for a term we keep; the remote config is adopted);
+  4. write the superblock READY and start the replica. It catches up from the leader by normal
+     replication and, added as a non-voter with `promote`, is promoted once caught up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import google_crc32c
+import grpc
+
+from service.common.errors import (
+    Corruption,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    StaleTerm,
+    from_grpc,
+)
+from service.consensus.fs import RealFileSystem
+from service.consensus.raft_store import RaftStore
+from service.pb import tserver_pb2 as tpb
+from service.pb import tserver_pb2_grpc as tpb_grpc
+from service.raft import NO_NODE, NodeId, RaftConfig, Role, Snapshot, SnapshotMeta
+from service.tserver import superblock as sbmod
+from service.tserver.rowstore import RowStore
+from service.tserver.superblock import DataState, Superblock
+from service.tserver.tablet import ReplicaState, TabletReplica, TabletStateMachine
+
+if TYPE_CHECKING:
+    from service.tserver.tablet_manager import TabletManager
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FILE = "snapshot"
+CHUNK_BYTES = 4 << 20
+SESSION_IDLE_S = 60.0
+TRIGGER_S = 3.0
+RETRY_S = 5.0
+RPC_TIMEOUT_S = 30.0
+FAILPOINT_PAUSE = "TESSERA_FAILPOINT_COPY_PAUSE_S"
+"""Environment variable (tests only): seconds to pause a copy right after COPYING is written."""
+
+
+# --- source ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Session:
+    tablet_id: str
+    requestor: str
+    files: dict[str, bytes]
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class CopySource:
+    """Serves copy sessions of the replicas hosted here (module docstring)."""
+
+    def __init__(self, tablets: TabletManager) -> None:
+        self.tablets = tablets
+        self.sessions: dict[str, _Session] = {}
+
+    def begin(
+        self, req: tpb.BeginTabletCopySessionRequestPB
+    ) -> tpb.BeginTabletCopySessionResponsePB:
+        self._expire()
+        replica = self.tablets.get(req.tablet_id)
+        node = replica.running_node()
+        index = node.applied
+        meta = {
+            "snapshot_index": index,
+            "snapshot_term": node.storage.term(index) if index else 0,
+            "current_term": node.status().term,
+            "voters": sorted(node.applied_config.voters),
+            "learners": sorted(node.applied_config.learners),
+            "config_index": node.applied_config.index,
+            "addresses": {
+                p: a
+                for p in node.applied_config.voters | node.applied_config.learners
+                if (
+                    a := replica.transport.address_of(p)
+                    or (self.tablets.transport.own_address if p == self.tablets.uuid else None)
+                )
+            },
+        }
+        image = TabletStateMachine(replica).snapshot()
+        sid = os.urandom(12).hex()
+        self.sessions[sid] = _Session(req.tablet_id, req.requestor_uuid, {SNAPSHOT_FILE: image})
+        log.info(
+            "copy session %s: tablet %s at index %d for %s (%d bytes)",
+            sid,
+            req.tablet_id,
+            index,
+            req.requestor_uuid,
+            len(image),
+        )
+        return tpb.BeginTabletCopySessionResponsePB(
+            session_id=sid,
+            superblock=replica.superblock.encode(),
+            consensus_meta=json.dumps(meta).encode(),
+            data_files=[
+                tpb.CopyFilePB(
+                    name=SNAPSHOT_FILE, size=len(image), crc32c=google_crc32c.value(image)
+                )
+            ],
+            session_idle_timeout_ms=int(SESSION_IDLE_S * 1000),
+        )
+
+    def fetch(self, req: tpb.FetchDataRequestPB) -> tpb.FetchDataResponsePB:
+        s = self._session(req.session_id)
+        data = s.files.get(req.file_name)
+        if data is None:
+            raise NotFound(f"copy session {req.session_id}: no file {req.file_name!r}")
+        if req.offset > len(data):
+            raise InvalidArgument(f"offset {req.offset} is past the end ({len(data)} bytes)")
+        n = min(req.max_length or CHUNK_BYTES, CHUNK_BYTES)
+        chunk = data[req.offset : req.offset + n]
+        return tpb.FetchDataResponsePB(
+            data=chunk, offset=req.offset, crc32c=google_crc32c.value(chunk), total_size=len(data)
+        )
+
+    def end(self, req: tpb.EndTabletCopySessionRequestPB) -> None:
+        self.sessions.pop(req.session_id, None)
+
+    def _session(self, sid: str) -> _Session:
+        self._expire()
+        s = self.sessions.get(sid)
+        if s is None:
+            raise NotFound(f"copy session {sid!r} not found (ended or idle past {SESSION_IDLE_S}s)")
+        s.last_used = time.monotonic()
+        return s
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for sid, s in list(self.sessions.items()):
+            if now - s.last_used > SESSION_IDLE_S:
+                del self.sessions[sid]
+
+
+# --- destination -----------------------------------------------------------------------------
+
+
+@dataclass
+class CopyStatus:
+    tablet_id: str
+    source_uuid: str
+    started_at: float = field(default_factory=time.time)
+    bytes_copied: int = 0
+    bytes_total: int = 0
+    state: str = "RUNNING"
+    message: str = ""
+    task: asyncio.Task[None] | None = None
+
+    def to_pb(self) -> tpb.TabletCopyStatusPB:
+        return tpb.TabletCopyStatusPB(
+            tablet_id=self.tablet_id,
+            source_uuid=self.source_uuid,
+            bytes_copied=self.bytes_copied,
+            bytes_total=self.bytes_total,
+            started_at_unix_s=self.started_at,
+            state=self.state,
+            message=self.message,
+        )
+
+
+class CopyClient:
+    """Runs the copies this server is the destination of (module docstring)."""
+
+    def __init__(self, tablets: TabletManager, max_concurrent: int) -> None:
+        self.tablets = tablets
+        self.copies: dict[str, CopyStatus] = {}
+        self._sem = asyncio.Semaphore(max_concurrent)
+
+    def start(self, req: tpb.StartTabletCopyRequestPB) -> None:
+        tablet_id = req.tablet_id
+        if not req.copy_peer_uuid or not req.copy_peer_addr.host or not req.copy_peer_addr.port:
+            raise InvalidArgument("copy_peer_uuid and copy_peer_addr: required")
+        if req.copy_peer_uuid == self.tablets.uuid:
+            raise InvalidArgument("copy_peer_uuid: a replica cannot copy from itself")
+        running = self.copies.get(tablet_id)
+        if running is not None and running.state == "RUNNING":
+            return  # idempotent: that copy goes on
+        existing = self.tablets.replicas.get(tablet_id)
+        if existing is not None:
+            if existing.superblock.data_state is DataState.READY:
+                return  # already here (a late or repeated request)
+            local_term = _local_term(existing)
+            if req.caller_term < local_term:
+                raise StaleTerm(
+                    f"tablet {tablet_id}: copy requested in term {req.caller_term}, but this "
+                    f"replica has seen term {local_term}"
+                )
+        status = CopyStatus(tablet_id, req.copy_peer_uuid)
+        self.copies[tablet_id] = status
+        address = f"{req.copy_peer_addr.host}:{req.copy_peer_addr.port}"
+        status.task = asyncio.create_task(
+            self._run(status, req.copy_peer_uuid, address), name=f"copy-{tablet_id}"
+        )
+
+    def cancel(self, tablet_id: str) -> None:
+        status = self.copies.get(tablet_id)
+        if status is None or status.state != "RUNNING" or status.task is None:
+            raise NotFound(f"no tablet copy of {tablet_id!r} is running here")
+        status.task.cancel()
+
+    async def aclose(self) -> None:
+        for s in self.copies.values():
+            if s.task is not None and not s.task.done():
+                s.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await s.task
+
+    async def _run(self, status: CopyStatus, source: str, address: str) -> None:
+        async with self._sem:
+            try:
+                await self._copy(status, source, address)
+                status.state = "DONE"
+            except asyncio.CancelledError:
+                status.state, status.message = "CANCELLED", "cancelled"
+                await self._abandon(status.tablet_id)
+            except Exception as e:
+                err = from_grpc(e) if isinstance(e, grpc.aio.AioRpcError) else e
+                status.state, status.message = "FAILED", str(err)
+                log.warning("tablet copy of %s from %s failed: %s", status.tablet_id, source, err)
+                await self._abandon(status.tablet_id)
+
+    async def _copy(self, status: CopyStatus, source: str, address: str) -> None:
+        tm = self.tablets
+        tablet_id = status.tablet_id
+        t0 = time.monotonic()
+        async with grpc.aio.insecure_channel(
+            address,
+            options=[("grpc.max_receive_message_length", 2 * CHUNK_BYTES + (1 << 20))],
+        ) as ch:
+            stub = tpb_grpc.TabletCopyServiceStub(ch)
+            begin: tpb.BeginTabletCopySessionResponsePB = await stub.BeginTabletCopySession(
+                tpb.BeginTabletCopySessionRequestPB(
+                    dest_uuid=source, tablet_id=tablet_id, requestor_uuid=tm.uuid
+                ),
+                timeout=RPC_TIMEOUT_S,
+            )
+            remote_sb = Superblock.decode(
+                begin.superblock, f"superblock of {tablet_id} from {source}"
+            )
+            meta = json.loads(begin.consensus_meta)
+            files = {f.name: f for f in begin.data_files}
+            if SNAPSHOT_FILE not in files:
+                raise Corruption(f"copy session of {tablet_id} offers no {SNAPSHOT_FILE!r}")
+            status.bytes_total = files[SNAPSHOT_FILE].size
+            async with tm.lock(tablet_id):
+                replica = await self._prepare(tablet_id, remote_sb, source)
+                pause = float(os.environ.get(FAILPOINT_PAUSE, "0") or 0)
+                if pause:  # tests: a window to kill this server in the middle of a copy
+                    log.warning("failpoint %s: pausing %.1fs mid-copy", FAILPOINT_PAUSE, pause)
+                    await asyncio.sleep(pause)
+                parts: list[bytes] = []
+                offset = 0
+                while offset < status.bytes_total:
+                    chunk: tpb.FetchDataResponsePB = await stub.FetchData(
+                        tpb.FetchDataRequestPB(
+                            dest_uuid=source,
+                            session_id=begin.session_id,
+                            file_name=SNAPSHOT_FILE,
+                            offset=offset,
+                            max_length=CHUNK_BYTES,
+                        ),
+                        timeout=RPC_TIMEOUT_S,
+                    )
+                    if google_crc32c.value(chunk.data) != chunk.crc32c or chunk.offset != offset:
+                        raise Corruption(f"copy of {tablet_id}: bad chunk at offset {offset}")
+                    if not chunk.data:
+                        raise Corruption(f"copy of {tablet_id}: empty chunk at offset {offset}")
+                    parts.append(chunk.data)
+                    offset += len(chunk.data)
+                    status.bytes_copied = offset
+                image = b"".join(parts)
+                if google_crc32c.value(image) != files[SNAPSHOT_FILE].crc32c:
+                    raise Corruption(f"copy of {tablet_id}: the image's checksum does not match")
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await stub.EndTabletCopySession(
+                        tpb.EndTabletCopySessionRequestPB(
+                            dest_uuid=source, session_id=begin.session_id, is_success=True
+                        ),
+                        timeout=RPC_TIMEOUT_S,
+                    )
+                await asyncio.to_thread(_install, replica, image, meta)
+                sb = replica.superblock.with_state(DataState.READY, copy_source="")
+                await asyncio.to_thread(sbmod.save, replica.dir, sb)
+                replica.superblock = sb
+                fresh = tm.new_replica(replica.dir, sb)
+                tm.replicas[tablet_id] = fresh
+                await tm.start_replica(fresh)
+        mb = status.bytes_total / 1e6
+        dt = time.monotonic() - t0
+        log.info(
+            "tablet copy of %s from %s done: %.1f MB in %.2fs (%.1f MB/s)",
+            tablet_id,
+            source,
+            mb,
+            dt,
+            mb / dt if dt else 0.0,
+        )
+        tm.changed(tablet_id)
+
+    async def _prepare(self, tablet_id: str, remote_sb: Superblock, source: str) -> TabletReplica:
+        """Write COPYING first (the commit point), keeping a tombstone's consensus metadata."""
+        tm = self.tablets
+        existing = tm.replicas.get(tablet_id)
+        if existing is not None and existing.superblock.data_state is DataState.READY:
+            raise FailedPrecondition(f"tablet {tablet_id} became READY here meanwhile")
+        d = tm.root / tablet_id
+        d.mkdir(parents=True, exist_ok=True)
+        sb = Superblock(
+            tablet_id=tablet_id,
+            table_id=remote_sb.table_id,
+            table_name=remote_sb.table_name,
+            partition_pb=remote_sb.partition_pb,
+            partition_schema_pb=remote_sb.partition_schema_pb,
+            data_state=DataState.COPYING,
+            copy_source=source,
+        )
+        await asyncio.to_thread(sbmod.save, d, sb)
+        replica = tm.new_replica(d, sb)
+        replica.state = ReplicaState.COPYING
+        await asyncio.to_thread(replica.delete_files)
+        tm.replicas[tablet_id] = replica
+        tm.changed(tablet_id)
+        return replica
+
+    async def _abandon(self, tablet_id: str) -> None:
+        """A failed or cancelled copy leaves a tombstone (consensus metadata kept)."""
+        tm = self.tablets
+        replica = tm.replicas.get(tablet_id)
+        if replica is None or replica.superblock.data_state is not DataState.COPYING:
+            return
+        await asyncio.to_thread(replica.delete_files)
+        sb = replica.superblock.with_state(DataState.TOMBSTONED, copy_source="")
+        await asyncio.to_thread(sbmod.save, replica.dir, sb)
+        replica.superblock = sb
+        replica.state = ReplicaState.TOMBSTONED
+        tm.changed(tablet_id)
+
+
+def _local_term(replica: TabletReplica) -> int:
+    from service.consensus.cmeta import CmetaStore
+
+    cm = CmetaStore(RealFileSystem(), str(replica.raft_dir / "cmeta")).load()
+    return cm.term if cm is not None else 0
+
+
+def _install(replica: TabletReplica, image: bytes, meta: dict[str, object]) -> None:
+    """Step 3 of the module docstring, in a worker thread."""
+    index = int(meta["snapshot_index"])  # type: ignore[call-overload]
+    config = RaftConfig(
+        frozenset(NodeId(v) for v in meta["voters"]),  # type: ignore[attr-defined]
+        frozenset(NodeId(v) for v in meta["learners"]),  # type: ignore[attr-defined]
+        int(meta["config_index"]),  # type: ignore[call-overload]
+    )
+    addresses = {str(k): str(v) for k, v in dict(meta["addresses"]).items()}  # type: ignore[call-overload]
+    shutil.rmtree(replica.data_dir, ignore_errors=True)
+    RowStore.import_snapshot(replica.data_dir, image[8:], index).close()
+    s = replica.settings
+    store, _ = RaftStore.open(
+        RealFileSystem(),
+        str(replica.raft_dir),
+        replica.uuid,
+        bootstrap_config=config,
+        addresses=addresses,
+        segment_bytes=s.wal_segment_bytes,
+        preallocate=s.wal_preallocate,
+        fsync=s.fsync,
+    )
+    try:
+        remote_term = int(meta["current_term"])  # type: ignore[call-overload]
+        local = store.cmeta
+        if remote_term > local.term:
+            term, vote = remote_term, NO_NODE
+        else:
+            term, vote = local.term, local.vote
+        store.save_cmeta(
+            term=term, vote=vote, config=config, addresses={**local.addresses, **addresses}
+        )
+        snap = Snapshot(SnapshotMeta(index, int(meta["snapshot_term"]), config), image)  # type: ignore[call-overload]
+        store.save_snapshot(snap)
+        store.wal.sync()
+    finally:
+        store.close()
+
+
+# --- the leader's trigger --------------------------------------------------------------------
+
+
+class CopyTrigger:
+    """On a tablet's leader: StartTabletCopy to peers that acknowledge nothing (module doc)."""
+
+    def __init__(
+        self,
+        replica_of: Callable[[], list[TabletReplica]],
+        own_uuid: str,
+        own_address: Callable[[], str],
+    ) -> None:
+        self.replica_of = replica_of
+        self.own_uuid = own_uuid
+        self.own_address = own_address
+        self._silent_since: dict[tuple[str, str], float] = {}
+        self._last_try: dict[tuple[str, str], float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.sent = 0
+        self._sends: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="copy-trigger")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.check(time.monotonic())
+            except Exception:
+                log.exception("copy trigger failed")
+
+    async def check(self, now: float) -> None:
+        seen = set()
+        for replica in self.replica_of():
+            node = replica.node
+            if node is None or replica.state is not ReplicaState.RUNNING:
+                continue
+            st = node.status()
+            if st.role is not Role.LEADER:
+                continue
+            for peer, pr in st.progress.items():
+                if peer == self.own_uuid:
+                    continue
+                key = (replica.tablet_id, str(peer))
+                if pr.match > 0:
+                    continue
+                seen.add(key)
+                since = self._silent_since.setdefault(key, now)
+                if now - since < TRIGGER_S or now - self._last_try.get(key, 0.0) < RETRY_S:
+                    continue
+                self._last_try[key] = now
+                address = replica.transport.address_of(peer)
+                if address:
+                    t = asyncio.create_task(self._send(replica, peer, address, st.term))
+                    self._sends.add(t)
+                    t.add_done_callback(self._sends.discard)
+        for key in list(self._silent_since):
+            if key not in seen:
+                del self._silent_since[key]
+
+    async def _send(self, replica: TabletReplica, peer: str, address: str, term: int) -> None:
+        host, _, port = self.own_address().rpartition(":")
+        req = tpb.StartTabletCopyRequestPB(
+            dest_uuid=peer,
+            tablet_id=replica.tablet_id,
+            copy_peer_uuid=self.own_uuid,
+            caller_term=term,
+        )
+        req.copy_peer_addr.host, req.copy_peer_addr.port = host, int(port)
+        try:
+            async with grpc.aio.insecure_channel(address) as ch:
+                await tpb_grpc.TabletServerAdminServiceStub(ch).StartTabletCopy(
+                    req, timeout=RPC_TIMEOUT_S
+                )
+            self.sent += 1
+            log.info("asked %s to copy tablet %s from here", peer, replica.tablet_id)
+        except grpc.aio.AioRpcError as e:
+            log.info(
+                "StartTabletCopy of %s to %s failed: %s", replica.tablet_id, peer, from_grpc(e)
+            )

@@ -1,0 +1,212 @@
+"""One tablet server process: wiring of transport, tablet manager, scanners, heartbeater, RPCs.
+
+Identity. The server's permanent uuid is generated when its data directory is first formatted
+and kept in `<data_dir>/instance` (Kudu's instance file). A wiped server comes back under a new
+uuid, so no Raft peer can mistake it for the replica that had voted (seed 004); the transport's
+incarnations catch the remaining case of a copied or restored directory.
+
+Fencing. `highest_master_term` is the highest master term seen in admin requests and heartbeat
+answers; an admin request from a lower term comes from a deposed leader and is refused
+(`StaleTerm`). It lives in memory: after a restart the first heartbeat answer restores it, and
+a deposed master's requests in that first second are still fenced by the tablets' own Raft
+compare-and-set (config op ids) where it matters.
+
+Start order: bind, open the tablet manager (seed 004's startup state machine: tablets start
+replicating), serve RPCs, then heartbeat (a master that learns of us can reach us at once).
+Shutdown order, the reverse: heartbeats stop, RPCs drain (grace period), scanners go, tablets
+close (each Raft node fails its waiters and closes its WAL), the transport closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+import uuid as uuidlib
+from pathlib import Path
+
+import grpc
+
+from service.common.config import TServerConfig
+from service.common.errors import FailedPrecondition, StaleTerm
+from service.consensus.fs import RealFileSystem
+from service.consensus.node import NodeSettings
+from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
+from service.pb import master_pb2 as mpb
+from service.pb import tserver_pb2 as tpb
+from service.pb import tserver_pb2_grpc as tpb_grpc
+from service.raft import NodeId
+from service.tserver.heartbeater import SOFTWARE_VERSION, Heartbeater
+from service.tserver.scanners import ScannerManager
+from service.tserver.tablet import TabletSettings
+from service.tserver.tablet_copy import CopyClient, CopySource, CopyTrigger
+from service.tserver.tablet_manager import TabletManager
+from service.tserver.tablet_service import AdminServicer, CopyServicer, DataServicer
+
+log = logging.getLogger(__name__)
+
+INSTANCE_FILE = "instance"
+SERVER_GRACE_S = 1.0
+RPC_TIMEOUT_S = 30.0
+
+
+def load_or_create_uuid(data_dir: Path) -> NodeId:
+    """The uuid recorded in `<data_dir>/instance`, created (durably) on first start."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / INSTANCE_FILE
+    if path.exists():
+        try:
+            return NodeId(json.loads(path.read_text())["uuid"])
+        except (ValueError, KeyError) as e:
+            raise FailedPrecondition(f"{path}: not a tablet server instance file: {e}") from e
+    new = NodeId(f"ts-{uuidlib.uuid4().hex}")
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps({"uuid": new, "formatted_at": time.time()}))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    return new
+
+
+def _advertised(config: TServerConfig, bound_port: int) -> str:
+    if config.advertised_address is not None:
+        return config.advertised_address
+    host = config.rpc_bind.rsplit(":", 1)[0]
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        host = socket.gethostname()
+    return f"{host}:{bound_port}"
+
+
+def _host_port(address: str) -> mpb.HostPortPB:
+    host, _, port = address.rpartition(":")
+    return mpb.HostPortPB(host=host, port=int(port))
+
+
+class TabletServer:
+    """One tablet server (module docstring). `start()` binds and serves; `aclose()` stops."""
+
+    def __init__(self, config: TServerConfig) -> None:
+        self.config = config
+        self.uuid = NodeId("")
+        self.address = ""
+        self.highest_master_term = 0
+        self.rpc_timeout_s = RPC_TIMEOUT_S
+        self.instance = mpb.NodeInstancePB(instance_seqno=time.time_ns() // 1000)
+        self.start_time_us = time.time_ns() // 1000
+        self.transport: GrpcTransport | None = None
+        self.tablets: TabletManager = None  # type: ignore[assignment]  # set by start()
+        self.scanners = ScannerManager(config.scanner_ttl_ms / 1000)
+        self.heartbeater: Heartbeater | None = None
+        self.copies: CopyClient = None  # type: ignore[assignment]  # set by start()
+        self.copy_source: CopySource = None  # type: ignore[assignment]
+        self.copy_trigger: CopyTrigger | None = None
+        self._server: grpc.aio.Server | None = None
+        self._closed = False
+
+    async def start(self) -> None:
+        config = self.config
+        data_dir = Path(config.data_dir)
+        self.uuid = load_or_create_uuid(data_dir)
+        self.instance.permanent_uuid = self.uuid
+        server = grpc.aio.server(options=config.rpc.grpc_options())
+        port = server.add_insecure_port(config.rpc_bind)
+        if port == 0:
+            raise OSError(f"could not bind {config.rpc_bind}")
+        self._server = server
+        self.address = _advertised(config, port)
+        incarnations = Incarnations(RealFileSystem(), str(data_dir), self.uuid)
+        transport = GrpcTransport(
+            self.uuid,
+            incarnations=incarnations,
+            max_message_bytes=config.rpc.max_message_bytes,
+            drop_unknown_groups=True,
+        )
+        transport.set_address(self.uuid, self.address)
+        self.transport = transport
+        settings = TabletSettings(
+            node=NodeSettings.from_raft_settings(config.raft),
+            wal_segment_bytes=config.wal.segment_size_bytes,
+            wal_preallocate=config.wal.preallocate,
+            fsync=config.wal.fsync,
+        )
+        self.tablets = TabletManager(data_dir, self.uuid, transport, settings)
+        await self.tablets.open()
+        self.copies = CopyClient(self.tablets, config.num_tablets_to_copy_simultaneously)
+        self.copy_source = CopySource(self.tablets)
+        ConsensusServicer(transport).add_to_server(server)
+        tpb_grpc.add_TabletServerAdminServiceServicer_to_server(AdminServicer(self), server)
+        tpb_grpc.add_TabletServerServiceServicer_to_server(DataServicer(self), server)
+        tpb_grpc.add_TabletCopyServiceServicer_to_server(CopyServicer(self), server)
+        await server.start()
+        await self.scanners.start()
+        self.copy_trigger = CopyTrigger(
+            lambda: list(self.tablets.replicas.values()), self.uuid, lambda: self.address
+        )
+        await self.copy_trigger.start()
+        self.heartbeater = Heartbeater(
+            tuple(config.master_addresses),
+            self.instance,
+            self._registration,
+            self.tablets,
+            interval_s=config.heartbeat_interval_ms / 1000,
+            rpc_timeout_s=config.heartbeat_rpc_timeout_ms / 1000,
+            max_failures_before_backoff=config.heartbeat_max_failures_before_backoff,
+            on_master_term=self._saw_master_term,
+            highest_term=lambda: self.highest_master_term,
+        )
+        await self.heartbeater.start()
+        log.info(
+            "tablet server %s serving on %s (data %s, masters %s)",
+            self.uuid,
+            self.address,
+            data_dir,
+            ", ".join(config.master_addresses),
+        )
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.heartbeater is not None:
+            await self.heartbeater.aclose()
+        if self._server is not None:
+            await self._server.stop(grace=SERVER_GRACE_S)
+        await self.scanners.aclose()
+        if self.copy_trigger is not None:
+            await self.copy_trigger.aclose()
+        if self.copies is not None:
+            await self.copies.aclose()
+        if self.tablets is not None:
+            await self.tablets.aclose()
+        if self.transport is not None:
+            await self.transport.aclose()
+
+    def _registration(self) -> mpb.ServerRegistrationPB:
+        return mpb.ServerRegistrationPB(
+            rpc_addresses=[_host_port(self.address)],
+            software_version=SOFTWARE_VERSION,
+            start_time_us=self.start_time_us,
+        )
+
+    def _saw_master_term(self, term: int) -> None:
+        if term > self.highest_master_term:
+            self.highest_master_term = term
+
+    def check_fence(self, fence: tpb.MasterFencePB | None) -> None:
+        """Refuse a request from a master term lower than the highest seen (module doc)."""
+        if fence is None:
+            return
+        if fence.master_term < self.highest_master_term:
+            raise StaleTerm(
+                f"request from master {fence.master_uuid or '?'} in term {fence.master_term}; "
+                f"this server has seen term {self.highest_master_term}: a deposed leader"
+            )
+        self._saw_master_term(fence.master_term)
+
+    def fatal_event(self) -> asyncio.Event:
+        """Never set today: a tablet's storage failure fails that tablet, not the server."""
+        return asyncio.Event()

@@ -1,0 +1,254 @@
+"""Thin gRPC servicers of the tablet server: check the destination and the fence, delegate.
+
+Every request names `dest_uuid`; one meant for another server is refused before anything else
+(`WrongDestination`, FAILED_PRECONDITION). Admin requests from a master carry its term in
+`fence`; `TabletServer.check_fence` refuses one lower than the highest term seen (a deposed
+leader) with `StaleTerm`. Errors map to gRPC statuses in one place (`rpc_errors`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import grpc
+import pyarrow as pa
+
+from service.common.errors import InvalidArgument, WrongDestination, rpc_errors
+from service.pb import master_pb2 as mpb
+from service.pb import tserver_pb2 as tpb
+from service.pb import tserver_pb2_grpc as tpb_grpc
+from service.tserver.predicates import ScanSpec, predicates_from_pb
+from service.tserver.tablet_manager import check_tablet_id
+
+if TYPE_CHECKING:
+    from service.tserver.tablet_server import TabletServer
+
+Ctx = grpc.aio.ServicerContext
+
+
+class _Base:
+    def __init__(self, server: TabletServer) -> None:
+        self.server = server
+
+    def _dest(self, dest_uuid: str) -> None:
+        if dest_uuid != self.server.uuid:
+            raise WrongDestination(
+                f"request for tablet server {dest_uuid!r} reached {self.server.uuid!r}"
+            )
+
+    def _timeout(self, context: Ctx) -> float:
+        remaining = context.time_remaining()
+        default = self.server.rpc_timeout_s
+        return default if remaining is None else max(0.01, min(remaining, default))
+
+
+class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
+    @rpc_errors
+    async def CreateTablet(
+        self, request: tpb.CreateTabletRequestPB, context: Ctx
+    ) -> tpb.CreateTabletResponsePB:
+        self._dest(request.dest_uuid)
+        self.server.check_fence(request.fence if request.HasField("fence") else None)
+        await self.server.tablets.create_tablet(request)
+        return tpb.CreateTabletResponsePB()
+
+    @rpc_errors
+    async def DeleteTablet(
+        self, request: tpb.DeleteTabletRequestPB, context: Ctx
+    ) -> tpb.DeleteTabletResponsePB:
+        self._dest(request.dest_uuid)
+        self.server.check_fence(request.fence if request.HasField("fence") else None)
+        await self.server.tablets.delete_tablet(request)
+        return tpb.DeleteTabletResponsePB()
+
+    @rpc_errors
+    async def AlterSchema(
+        self, request: tpb.AlterSchemaRequestPB, context: Ctx
+    ) -> tpb.AlterSchemaResponsePB:
+        self._dest(request.dest_uuid)
+        self.server.check_fence(request.fence if request.HasField("fence") else None)
+        version = await self.server.tablets.alter_schema(request, self._timeout(context))
+        return tpb.AlterSchemaResponsePB(schema_version=version)
+
+    @rpc_errors
+    async def ChangeConfig(
+        self, request: tpb.ChangeConfigRequestPB, context: Ctx
+    ) -> tpb.ChangeConfigResponsePB:
+        self._dest(request.dest_uuid)
+        self.server.check_fence(request.fence if request.HasField("fence") else None)
+        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        await replica.change_config(request, self._timeout(context))
+        return tpb.ChangeConfigResponsePB(consensus_state=replica.consensus_state())
+
+    @rpc_errors
+    async def LeaderStepDown(
+        self, request: tpb.LeaderStepDownRequestPB, context: Ctx
+    ) -> tpb.LeaderStepDownResponsePB:
+        self._dest(request.dest_uuid)
+        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        await replica.step_down(request.new_leader_uuid, self._timeout(context))
+        return tpb.LeaderStepDownResponsePB()
+
+    @rpc_errors
+    async def GetConsensusState(
+        self, request: tpb.GetConsensusStateRequestPB, context: Ctx
+    ) -> tpb.GetConsensusStateResponsePB:
+        self._dest(request.dest_uuid)
+        tablets = self.server.tablets
+        ids = list(request.tablet_ids) or sorted(tablets.replicas)
+        resp = tpb.GetConsensusStateResponsePB()
+        for tid in ids:
+            r = tablets.get(check_tablet_id(tid))
+            resp.tablets.add(tablet_id=tid, consensus_state=r.consensus_state(), role=r.role_pb())
+        return resp
+
+    @rpc_errors
+    async def ListTablets(
+        self, request: tpb.ListTabletsRequestPB, context: Ctx
+    ) -> tpb.ListTabletsResponsePB:
+        self._dest(request.dest_uuid)
+        tablets = self.server.tablets
+        return tpb.ListTabletsResponsePB(
+            replicas=[tablets.replica_status(r) for _, r in sorted(tablets.replicas.items())]
+        )
+
+    @rpc_errors
+    async def StartTabletCopy(
+        self, request: tpb.StartTabletCopyRequestPB, context: Ctx
+    ) -> tpb.StartTabletCopyResponsePB:
+        self._dest(request.dest_uuid)
+        check_tablet_id(request.tablet_id)
+        self.server.copies.start(request)
+        return tpb.StartTabletCopyResponsePB()
+
+    @rpc_errors
+    async def ListTabletCopies(
+        self, request: tpb.ListTabletCopiesRequestPB, context: Ctx
+    ) -> tpb.ListTabletCopiesResponsePB:
+        self._dest(request.dest_uuid)
+        copies = self.server.copies.copies
+        return tpb.ListTabletCopiesResponsePB(copies=[c.to_pb() for _, c in sorted(copies.items())])
+
+    @rpc_errors
+    async def CancelTabletCopy(
+        self, request: tpb.CancelTabletCopyRequestPB, context: Ctx
+    ) -> tpb.CancelTabletCopyResponsePB:
+        self._dest(request.dest_uuid)
+        self.server.copies.cancel(check_tablet_id(request.tablet_id))
+        return tpb.CancelTabletCopyResponsePB()
+
+
+class CopyServicer(_Base, tpb_grpc.TabletCopyServiceServicer):
+    """The source side of tablet copy (tablet_copy.CopySource)."""
+
+    @rpc_errors
+    async def BeginTabletCopySession(
+        self, request: tpb.BeginTabletCopySessionRequestPB, context: Ctx
+    ) -> tpb.BeginTabletCopySessionResponsePB:
+        self._dest(request.dest_uuid)
+        return self.server.copy_source.begin(request)
+
+    @rpc_errors
+    async def FetchData(
+        self, request: tpb.FetchDataRequestPB, context: Ctx
+    ) -> tpb.FetchDataResponsePB:
+        self._dest(request.dest_uuid)
+        return self.server.copy_source.fetch(request)
+
+    @rpc_errors
+    async def EndTabletCopySession(
+        self, request: tpb.EndTabletCopySessionRequestPB, context: Ctx
+    ) -> tpb.EndTabletCopySessionResponsePB:
+        self._dest(request.dest_uuid)
+        self.server.copy_source.end(request)
+        return tpb.EndTabletCopySessionResponsePB()
+
+
+class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
+    @rpc_errors
+    async def Write(self, request: tpb.WriteRequestPB, context: Ctx) -> tpb.WriteResponsePB:
+        self._dest(request.dest_uuid)
+        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        return await replica.write(request, self._timeout(context))
+
+    @rpc_errors
+    async def Scan(self, request: tpb.ScanRequestPB, context: Ctx) -> tpb.ScanResponsePB:
+        self._dest(request.dest_uuid)
+        if not request.HasField("new_scan"):
+            raise InvalidArgument("new_scan: required (use ScanNext to continue a scanner)")
+        ns = request.new_scan
+        replica = self.server.tablets.get(check_tablet_id(ns.tablet_id))
+        await replica.wait_readable(
+            ns.read_mode == tpb.READ_AT_LEADER, ns.min_applied_index, self._timeout(context)
+        )
+        store = replica.store
+        node = replica.running_node()
+        assert store is not None
+        schema = store.schema
+        projection = tuple(ns.projected_columns) or None
+        names = projection if projection is not None else schema.column_names
+        for name in names:
+            if not schema.has_column(name):
+                raise InvalidArgument(
+                    f"projected_columns: no column {name!r} in table "
+                    f"{replica.superblock.table_name!r} (schema version {schema.version})"
+                )
+        if projection is not None and len(set(projection)) != len(projection):
+            raise InvalidArgument("projected_columns: a column is listed twice")
+        key_cols = schema.key_columns
+        with_keys = tuple(names) + tuple(c.name for c in key_cols if c.name not in names)
+        spec = ScanSpec(
+            projection=with_keys,
+            predicates=predicates_from_pb(schema, ns.predicates),
+            lower_key=ns.lower_bound_primary_key,
+            upper_key=ns.exclusive_upper_bound_primary_key,
+            start_after_key=ns.start_after_primary_key or None,
+            limit=ns.limit,
+        )
+        full = schema.to_arrow()
+        projected = pa.schema([full.field(n) for n in names])
+        applied = node.applied
+        it = replica.scan(spec)
+        return await self.server.scanners.open(
+            ns.tablet_id,
+            projected,
+            it,
+            key_cols,
+            applied,
+            schema.version,
+            ns.limit,
+            request.batch_size_bytes,
+        )
+
+    @rpc_errors
+    async def ScanNext(self, request: tpb.ScanNextRequestPB, context: Ctx) -> tpb.ScanResponsePB:
+        self._dest(request.dest_uuid)
+        return await self.server.scanners.next(
+            request.scanner_id, request.call_seq_id, request.batch_size_bytes
+        )
+
+    @rpc_errors
+    async def ScanClose(
+        self, request: tpb.ScanCloseRequestPB, context: Ctx
+    ) -> tpb.ScanCloseResponsePB:
+        self._dest(request.dest_uuid)
+        self.server.scanners.close(request.scanner_id)
+        return tpb.ScanCloseResponsePB()
+
+    @rpc_errors
+    async def Checksum(
+        self, request: tpb.ChecksumRequestPB, context: Ctx
+    ) -> tpb.ChecksumResponsePB:
+        self._dest(request.dest_uuid)
+        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        await replica.wait_readable(False, request.min_applied_index, self._timeout(context))
+        node = replica.running_node()
+        store = replica.store
+        assert store is not None
+        applied = node.applied
+        count, digest = store.checksum()
+        return tpb.ChecksumResponsePB(row_count=count, digest=digest, applied_index=applied)
+
+    @rpc_errors
+    async def Ping(self, request: mpb.PingRequestPB, context: Ctx) -> mpb.PingResponsePB:
+        return mpb.PingResponsePB()

@@ -1,0 +1,106 @@
+"""Helpers for tablet-server tests: build requests, run scans to the end over gRPC stubs."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from service.common.partition import Partition
+from service.common.schema import ColumnType, Schema
+from service.common.schema_codec import partition_to_pb, schema_to_pb
+from service.pb import common_pb2 as cpb
+from service.pb import master_pb2 as mpb
+from service.pb import tserver_pb2 as tpb
+from service.pb import tserver_pb2_grpc as tpb_grpc
+
+SCHEMA = Schema.build(
+    [("id", ColumnType.INT64), ("name", ColumnType.STRING), ("score", ColumnType.DOUBLE)],
+    key="id",
+)
+
+
+def ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def rows(lo: int, hi: int) -> pa.Table:
+    ids = list(range(lo, hi))
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "name": pa.array([f"row-{i}" for i in ids], pa.string()),
+            "score": pa.array([i * 0.5 for i in ids], pa.float64()),
+        }
+    )
+
+
+def config_pb(peers: list[tuple[str, str]]) -> mpb.RaftConfigPB:
+    c = mpb.RaftConfigPB(opid_index=0)
+    for uuid, addr in peers:
+        host, _, port = addr.rpartition(":")
+        c.peers.add(
+            permanent_uuid=uuid,
+            member_type=mpb.VOTER,
+            last_known_addr=mpb.HostPortPB(host=host, port=int(port)),
+        )
+    return c
+
+
+def create_request(
+    dest: str, tablet_id: str, peers: list[tuple[str, str]], schema: Schema = SCHEMA
+) -> tpb.CreateTabletRequestPB:
+    return tpb.CreateTabletRequestPB(
+        dest_uuid=dest,
+        tablet_id=tablet_id,
+        table_id="table-1",
+        table_name="t",
+        partition=partition_to_pb(Partition((), b"", b"", b"", b"")),
+        schema=schema_to_pb(schema),
+        partition_schema=cpb.PartitionSchemaPB(range_schema=cpb.RangeSchemaPB()),
+        config=config_pb(peers),
+    )
+
+
+def write_request(
+    dest: str, tablet_id: str, table: pa.Table, op: int = tpb.ROW_OP_INSERT
+) -> tpb.WriteRequestPB:
+    return tpb.WriteRequestPB(dest_uuid=dest, tablet_id=tablet_id, rows=ipc(table), default_op=op)
+
+
+async def scan_all(
+    stub: tpb_grpc.TabletServerServiceStub,
+    dest: str,
+    tablet_id: str,
+    *,
+    projection: list[str] | None = None,
+    predicates: list[tpb.ColumnPredicatePB] | None = None,
+    batch_size_bytes: int = 0,
+    read_mode: int = tpb.READ_LATEST,
+    limit: int = 0,
+) -> pa.Table:
+    ns = tpb.NewScanRequestPB(
+        tablet_id=tablet_id,
+        projected_columns=projection or [],
+        predicates=predicates or [],
+        read_mode=read_mode,
+        limit=limit,
+    )
+    resp = await stub.Scan(
+        tpb.ScanRequestPB(dest_uuid=dest, new_scan=ns, batch_size_bytes=batch_size_bytes)
+    )
+    tables = [pa.ipc.open_stream(resp.batch).read_all()]
+    seq = 0
+    while resp.has_more_results:
+        seq += 1
+        resp = await stub.ScanNext(
+            tpb.ScanNextRequestPB(
+                dest_uuid=dest,
+                scanner_id=resp.scanner_id,
+                call_seq_id=seq,
+                batch_size_bytes=batch_size_bytes,
+            )
+        )
+        tables.append(pa.ipc.open_stream(resp.batch).read_all())
+    return pa.concat_tables(tables)

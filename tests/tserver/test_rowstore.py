@@ -1,0 +1,582 @@
+"""RowStore: writes, scans, flush, restart, alters, compaction, checksums and snapshots.
+
+Real files and real fsync in tmp_path; every scenario checks the logical contents through scan.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from service.common.errors import AlreadyExists, Corruption, InvalidArgument, NotFound
+from service.common.keys import encode_key
+from service.common.schema import AddColumn, ColumnType, DropColumn, RenameColumn, Schema
+from service.tserver.predicates import ColumnPredicate, ScanSpec
+from service.tserver.row_ops import RowOp, WriteBatch, decode_write
+from service.tserver.rowstore import MANIFEST, RowStore, WriteResult
+
+T = ColumnType
+
+
+@pytest.fixture
+def schema() -> Schema:
+    return Schema.build([("id", T.INT64), ("s", T.STRING), ("x", T.DOUBLE)], "id")
+
+
+@pytest.fixture
+def store(tmp_path: Path, schema: Schema) -> RowStore:
+    return RowStore.create(tmp_path / "t", schema)
+
+
+class Writer:
+    """Applies writes with increasing Raft indexes, through the replicated form."""
+
+    def __init__(self, store: RowStore) -> None:
+        self.store = store
+
+    def __call__(
+        self, rows: list[dict[str, Any]], op: RowOp = RowOp.INSERT, ops: list[int] | None = None
+    ) -> WriteResult:
+        schema = self.store.schema
+        arrow = schema.to_arrow()
+        names = list(rows[0]) if rows else list(schema.key)
+        t = pa.Table.from_pylist(rows, schema=pa.schema([arrow.field(n) for n in names]))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, t.schema) as w:
+            w.write_table(t)
+        batch = decode_write(schema, sink.getvalue().to_pybytes(), op, ops or [])
+        batch = WriteBatch.decode(batch.encode(), schema)
+        return self.store.apply_write(self.store.applied_index + 1, batch)
+
+
+def rows(store: RowStore, spec: ScanSpec | None = None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for b in store.scan(spec or ScanSpec()):
+        out.extend(b.to_pylist())
+    return out
+
+
+def r(i: int, s: str | None = None, x: float | None = None) -> dict[str, Any]:
+    return {"id": i, "s": s if s is not None else f"s{i}", "x": x if x is not None else i / 2}
+
+
+def key(store: RowStore, *values: object) -> bytes:
+    return encode_key(store.schema, list(values))
+
+
+# --- writes --------------------------------------------------------------------------------
+
+
+def test_insert_scan_and_duplicate_per_row_error(store: RowStore) -> None:
+    w = Writer(store)
+    assert w([r(3), r(1), r(2)]) == WriteResult(3, ())
+    res = w([r(4), r(2, "dup"), r(5)])
+    assert res.rows_applied == 2
+    assert [i for i, _ in res.errors] == [1]
+    err = res.errors[0][1]
+    assert isinstance(err, AlreadyExists) and "key (id=2) already exists" in err.message
+    assert rows(store) == [r(1), r(2), r(3), r(4), r(5)]
+    assert store.row_count() == 5
+
+
+def test_insert_ignore_skips_existing(store: RowStore) -> None:
+    w = Writer(store)
+    w([r(1)])
+    res = w([r(1, "new"), r(2)], RowOp.INSERT_IGNORE)
+    assert res == WriteResult(1, ())
+    assert rows(store) == [r(1), r(2)]
+
+
+def test_upsert_and_update_partial_columns(store: RowStore) -> None:
+    w = Writer(store)
+    w([r(1), r(2)])
+    store.flush()  # the old versions now live in a file
+    # UPSERT: an existing row keeps absent columns; a new row gets null.
+    assert w([{"id": 1, "s": "one"}, {"id": 9, "s": "nine"}], RowOp.UPSERT).rows_applied == 2
+    # UPDATE changes only the present columns; a missing key is NotFound.
+    res = w([{"id": 2, "x": 20.0}, {"id": 7, "x": 1.0}], RowOp.UPDATE)
+    assert res.rows_applied == 1 and isinstance(res.errors[0][1], NotFound)
+    assert res.errors[0][0] == 1 and "key (id=7) not found" in res.errors[0][1].message
+    assert rows(store) == [r(1, "one"), r(2, x=20.0), {"id": 9, "s": "nine", "x": None}]
+    # Null in a present column sets null.
+    w([{"id": 1, "s": None}], RowOp.UPDATE)
+    assert rows(store)[0] == {"id": 1, "s": None, "x": 0.5}
+
+
+def test_delete_then_reinsert_and_missing_delete(store: RowStore) -> None:
+    w = Writer(store)
+    w([r(1), r(2)])
+    store.flush()
+    res = w([{"id": 1}, {"id": 3}], RowOp.DELETE)
+    assert res.rows_applied == 1 and isinstance(res.errors[0][1], NotFound)
+    assert rows(store) == [r(2)]
+    assert w([r(1, "again")]) == WriteResult(1, ())
+    assert rows(store) == [r(1, "again"), r(2)]
+    assert store.row_count() == 2
+
+
+def test_rows_in_one_batch_apply_in_order(store: RowStore) -> None:
+    w = Writer(store)
+    ops = [RowOp.INSERT, RowOp.UPDATE, RowOp.DELETE, RowOp.INSERT, RowOp.INSERT]
+    res = w([r(1), r(1, "u"), r(1), r(1, "back"), r(1, "dup")], ops=[int(o) for o in ops])
+    assert res.rows_applied == 4 and [i for i, _ in res.errors] == [4]
+    assert rows(store) == [r(1, "back")]
+
+
+def test_replayed_indexes_are_skipped(store: RowStore, schema: Schema) -> None:
+    w = Writer(store)
+    w([r(1)])
+    batch = decode_write(schema, _ipc(pa.Table.from_pylist([r(2)])), RowOp.INSERT, [])
+    assert store.apply_write(1, batch) == WriteResult(skipped=True)
+    store.note_index(5)
+    assert store.applied_index == 5
+    assert store.apply_write(5, batch).skipped
+    assert store.apply_write(6, batch) == WriteResult(1, ())
+    assert store.apply_write(7, WriteBatch.decode(batch.encode(), schema)).errors
+
+
+def _ipc(t: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def test_newest_version_wins_across_files_frozen_and_memstore(store: RowStore) -> None:
+    w = Writer(store)
+    w([r(i, "file1") for i in range(10)])
+    store.flush()
+    w([r(i, "file2") for i in range(0, 10, 2)], RowOp.UPSERT)
+    store.flush()
+    w([r(i, "frozen") for i in range(0, 10, 3)], RowOp.UPSERT)
+    frozen = store.freeze()
+    assert frozen is not None
+    w([r(i, "mem") for i in range(0, 10, 4)], RowOp.UPSERT)
+    w([{"id": 5}], RowOp.DELETE)
+    expected = {
+        0: "mem",
+        1: "file1",
+        2: "file2",
+        3: "frozen",
+        4: "mem",
+        6: "frozen",
+        7: "file1",
+        8: "mem",
+        9: "frozen",
+    }
+    assert [(x["id"], x["s"]) for x in rows(store)] == sorted(expected.items())
+    before = store.checksum()
+    store.write_frozen(frozen)
+    assert [(x["id"], x["s"]) for x in rows(store)] == sorted(expected.items())
+    store.install(frozen)
+    assert store.checksum() == before
+    assert store.row_count() == 9
+    # INSERT sees keys wherever they live, and a tombstone in the memstore hides the file.
+    res = w([r(1), r(3), r(5)])
+    assert [i for i, _ in res.errors] == [0, 1] and res.rows_applied == 1
+
+
+# --- durability ----------------------------------------------------------------------------
+
+
+def test_restart_after_flush_recovers_rows(tmp_path: Path, store: RowStore) -> None:
+    w = Writer(store)
+    w([r(i) for i in range(100)])
+    w([{"id": 5}], RowOp.DELETE)
+    store.flush()
+    assert store.flushed_index == 2
+    w([r(1000)])  # not flushed: the WAL replay would bring it back
+    expected = store.checksum()
+    store.close()
+    again = RowStore.open(tmp_path / "t")
+    assert again.flushed_index == again.applied_index == 2
+    assert again.row_count() == 99
+    assert len(rows(again)) == 99
+    Writer(again)([r(1000)])
+    assert again.checksum() == expected
+
+
+def test_flush_with_only_noops_advances_flushed_index(tmp_path: Path, store: RowStore) -> None:
+    store.note_index(4)
+    store.flush()
+    assert RowStore.open(tmp_path / "t").flushed_index == 4
+
+
+def test_files_not_in_manifest_are_removed(tmp_path: Path, store: RowStore) -> None:
+    w = Writer(store)
+    w([r(1)])
+    store.flush()
+    w([r(2)])
+    f = store.freeze()
+    assert f is not None
+    store.write_frozen(f)  # crash before install: the file is not in the manifest
+    (tmp_path / "t" / "MANIFEST.tmp").write_bytes(b"half")
+    (tmp_path / "t" / "other.txt").write_bytes(b"not ours")
+    orphan = f.file_name
+    store.close()
+    again = RowStore.open(tmp_path / "t")
+    names = sorted(os.listdir(tmp_path / "t"))
+    assert orphan not in names and "MANIFEST.tmp" not in names and "other.txt" in names
+    assert rows(again) == [r(1)]
+    assert sorted(again.data_files()) == sorted(n for n in names if n != "other.txt")
+
+
+def test_corrupt_or_missing_files(tmp_path: Path, store: RowStore) -> None:
+    Writer(store)([r(1)])
+    store.flush()
+    d = tmp_path / "t"
+    data = store.data_files()[1]
+    store.close()
+    with pytest.raises(AlreadyExists):
+        RowStore.create(d, store.schema)
+    (d / data).write_bytes(b"not arrow")
+    with pytest.raises(Corruption, match=data):
+        RowStore.open(d)
+    (d / data).unlink()
+    with pytest.raises(Corruption, match=f"{data}: missing"):
+        RowStore.open(d)
+    manifest = (d / MANIFEST).read_bytes()
+    (d / MANIFEST).write_bytes(manifest[:-3] + b"xyz")
+    with pytest.raises(Corruption, match="MANIFEST: checksum mismatch"):
+        RowStore.open(d)
+    (d / MANIFEST).unlink()
+    with pytest.raises(Corruption, match="MANIFEST"):
+        RowStore.open(d)
+
+
+# --- schema evolution ----------------------------------------------------------------------
+
+
+def test_alter_add_drop_rename_reads_old_files(
+    tmp_path: Path, store: RowStore, schema: Schema
+) -> None:
+    w = Writer(store)
+    w([r(1), r(2)])
+    store.flush()
+    w([r(3)])  # stays in the memstore across the alter
+    s1 = store.schema.apply(
+        [
+            AddColumn("n", T.INT32, nullable=False, default=42),
+            AddColumn("maybe", T.STRING),
+            DropColumn("x"),
+            RenameColumn("s", "label"),
+        ]
+    )
+    store.alter_schema(store.applied_index + 1, s1)
+    assert store.schema == s1
+    expect_old = [{"id": i, "label": f"s{i}", "n": 42, "maybe": None} for i in (1, 2, 3)]
+    assert rows(store) == expect_old
+    w([{"id": 4, "label": "four", "n": 7, "maybe": "m"}])
+    expected = [*expect_old, {"id": 4, "label": "four", "n": 7, "maybe": "m"}]
+    assert rows(store) == expected
+    # The manifest holds the new schema at once; old files are read through it after a restart.
+    store.flush()
+    store.close()
+    again = RowStore.open(tmp_path / "t")
+    assert again.schema == s1
+    assert rows(again) == expected
+    again.compact()
+    assert rows(again) == expected
+    # An alter to a version the store already runs (WAL replay) is a no-op.
+    again.alter_schema(again.applied_index + 1, schema.apply([AddColumn("zz", T.BOOL)]))
+    assert again.schema == s1
+
+
+def test_alter_that_changes_the_key_is_refused(store: RowStore, schema: Schema) -> None:
+    other = Schema.build([("k", T.STRING), ("s", T.STRING)], "k", version=5)
+    with pytest.raises(InvalidArgument, match="key columns changed"):
+        store.alter_schema(1, other)
+
+
+def test_alter_while_frozen(store: RowStore) -> None:
+    w = Writer(store)
+    w([r(1)])
+    f = store.freeze()
+    assert f is not None
+    store.alter_schema(store.applied_index + 1, store.schema.apply([DropColumn("s")]))
+    # An UPDATE of a row that lives in the old-layout frozen memstore.
+    w([{"id": 1, "x": 9.0}], RowOp.UPDATE)
+    store.write_frozen(f)
+    store.install(f)
+    assert rows(store) == [{"id": 1, "x": 9.0}]
+
+
+# --- scans ---------------------------------------------------------------------------------
+
+
+def test_projection_bounds_start_after_and_limit(store: RowStore) -> None:
+    w = Writer(store)
+    w([r(i) for i in range(0, 20, 2)])
+    store.flush()
+    w([r(i) for i in range(1, 20, 2)])
+    proj = ScanSpec(projection=("x", "id"))
+    assert rows(store, proj)[:2] == [{"x": 0.0, "id": 0}, {"x": 0.5, "id": 1}]
+    b = next(store.scan(proj))
+    assert b.schema.names == ["x", "id"] and b.schema.field("id").nullable is False
+    lo, hi = key(store, 5), key(store, 9)
+    assert [x["id"] for x in rows(store, ScanSpec(lower_key=lo, upper_key=hi))] == [5, 6, 7, 8]
+    after = ScanSpec(lower_key=lo, start_after_key=key(store, 6))
+    assert [x["id"] for x in rows(store, after)][:3] == [7, 8, 9]
+    assert [x["id"] for x in rows(store, ScanSpec(limit=3, lower_key=lo))] == [5, 6, 7]
+    # Predicates on columns outside the projection.
+    spec = ScanSpec(projection=("id",), predicates=(ColumnPredicate("x", "GE", (9.0,)),))
+    assert rows(store, spec) == [{"id": 18}, {"id": 19}]
+    with pytest.raises(InvalidArgument, match="unknown column 'nope'"):
+        store.scan(ScanSpec(projection=("id", "nope")))
+
+
+def test_scan_with_keys_resumes(store: RowStore) -> None:
+    w = Writer(store)
+    w([r(i) for i in range(50)])
+    store.flush()
+    w([r(i, "m") for i in range(25, 75)], RowOp.UPSERT)
+    seen: list[int] = []
+    last: bytes | None = None
+    while True:
+        it = store.scan_with_keys(ScanSpec(projection=("id",), start_after_key=last, limit=7))
+        got = list(it)
+        if not got:
+            break
+        for b, k in got:
+            seen.extend(b.column("id").to_pylist())
+            last = k
+        assert last == key(store, seen[-1])
+    assert seen == list(range(75))
+
+
+def test_scan_is_a_snapshot(store: RowStore) -> None:
+    w = Writer(store)
+    w([r(1), r(2)])
+    it = store.scan(ScanSpec())
+    w([r(3)])
+    w([{"id": 1}], RowOp.DELETE)
+    store.flush()
+    store.compact()
+    assert [x["id"] for b in it for x in b.to_pylist()] == [1, 2]
+    assert [x["id"] for x in rows(store)] == [2, 3]
+
+
+def test_predicates_on_all_kinds(tmp_path: Path) -> None:
+    schema = Schema.build(
+        [
+            ("k", T.STRING),
+            ("ts", T.TIMESTAMP),
+            AddColumn("d", T.DECIMAL, precision=8, scale=3),
+            ("b", T.BINARY),
+            ("dt", T.DATE),
+        ],
+        "k",
+    )
+    store = RowStore.create(tmp_path / "p", schema)
+    w = Writer(store)
+    when = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
+    w(
+        [
+            {
+                "k": "ab",
+                "ts": when,
+                "d": decimal.Decimal("1.5"),
+                "b": b"\x00",
+                "dt": dt.date(2024, 1, 1),
+            },
+            {"k": "abc", "ts": None, "d": decimal.Decimal("-2"), "b": b"\xff", "dt": None},
+            {"k": "b", "ts": when + dt.timedelta(days=1), "d": None, "b": None, "dt": None},
+        ]
+    )
+    store.flush()
+    w([{"k": "a\x00", "ts": when, "d": decimal.Decimal("0.001"), "b": b"", "dt": None}])
+
+    def keys(*preds: ColumnPredicate) -> list[str]:
+        return [x["k"] for x in rows(store, ScanSpec(predicates=preds))]
+
+    assert keys() == ["a\x00", "ab", "abc", "b"]
+    assert keys(ColumnPredicate("k", "PREFIX", ("ab",))) == ["ab", "abc"]
+    assert keys(ColumnPredicate("ts", "EQ", (when,))) == ["a\x00", "ab"]
+    assert keys(ColumnPredicate("ts", "IS_NULL")) == ["abc"]
+    assert keys(ColumnPredicate("d", "LT", (decimal.Decimal("1.5"),))) == ["a\x00", "abc"]
+    assert keys(ColumnPredicate("d", "IN", (decimal.Decimal("1.500"), 7))) == ["ab"]
+    assert keys(ColumnPredicate("b", "PREFIX", (b"\xff",))) == ["abc"]
+    assert keys(ColumnPredicate("dt", "IS_NOT_NULL")) == ["ab"]
+    assert keys(ColumnPredicate("k", "GT", ("a",)), ColumnPredicate("k", "LT", ("b",))) == [
+        "a\x00",
+        "ab",
+        "abc",
+    ]
+    # String keys go through the variable-width key index: bounds and existence checks.
+    spec = ScanSpec(lower_key=encode_key(schema, ["ab"]), upper_key=encode_key(schema, ["b"]))
+    assert [x["k"] for x in rows(store, spec)] == ["ab", "abc"]
+    res = w([{"k": "ab"}, {"k": "zz"}], RowOp.DELETE)
+    assert res.rows_applied == 1 and [i for i, _ in res.errors] == [1]
+
+
+# --- compaction and checksums --------------------------------------------------------------
+
+
+def test_compaction_drops_tombstones_and_keeps_contents(tmp_path: Path, store: RowStore) -> None:
+    w = Writer(store)
+    w([r(i) for i in range(100)])
+    store.flush()
+    w([{"id": i} for i in range(0, 100, 3)], RowOp.DELETE)
+    w([r(i, "v2") for i in range(0, 100, 5)], RowOp.UPSERT)
+    store.flush()
+    before_rows, before_sum = rows(store), store.checksum()
+    old_files = store.data_files()[1:]
+    assert len(old_files) == 2
+    store.compact()
+    files = store.data_files()[1:]
+    assert len(files) == 1 and files[0] not in old_files
+    for f in old_files:
+        assert not (tmp_path / "t" / f).exists()
+    assert rows(store) == before_rows and store.checksum() == before_sum
+    # The merged file holds live rows only.
+    merged = pa.ipc.open_file(str(tmp_path / "t" / files[0])).read_all()
+    assert merged.num_rows == store.row_count() == len(before_rows)
+    assert not any(merged.column("d").to_pylist())
+    store.close()
+    assert rows(RowStore.open(tmp_path / "t")) == before_rows
+
+
+def test_compaction_split_with_concurrent_flush(store: RowStore) -> None:
+    w = Writer(store)
+    w([r(i) for i in range(10)])
+    store.flush()
+    w([{"id": 1}], RowOp.DELETE)
+    store.flush()
+    c = store.prepare_compaction()
+    assert c is not None
+    w([r(1, "new")])
+    store.flush()  # a newer file arrives while the compaction runs
+    store.write_compaction(c)
+    store.install_compaction(c)
+    assert len(store.data_files()) == 3
+    assert rows(store)[1] == r(1, "new")
+
+
+def test_compacting_everything_away(store: RowStore) -> None:
+    w = Writer(store)
+    w([r(1)])
+    store.flush()
+    w([{"id": 1}], RowOp.DELETE)
+    store.flush()
+    store.compact()
+    assert store.data_files() == [MANIFEST] and rows(store) == []
+
+
+def test_checksum_independent_of_flush_history(tmp_path: Path, schema: Schema) -> None:
+    a = RowStore.create(tmp_path / "a", schema)
+    b = RowStore.create(tmp_path / "b", schema)
+    wa, wb = Writer(a), Writer(b)
+    wa([r(i) for i in range(30)])
+    wa([{"id": 3, "s": None}], RowOp.UPDATE)
+    wa([{"id": 4}], RowOp.DELETE)
+    # b reaches the same contents through other writes, flushes and batch splits.
+    wb([r(i, "old") for i in range(0, 30, 2)])
+    b.flush()
+    wb([r(i) for i in range(0, 30, 2)], RowOp.UPSERT)
+    wb([r(i) for i in range(1, 30, 2)])
+    b.flush()
+    wb([{"id": 4}], RowOp.DELETE)
+    wb([{"id": 3, "s": None}], RowOp.UPDATE)
+    assert a.checksum() == b.checksum()
+    b.compact()
+    assert a.checksum() == b.checksum()
+    wb([{"id": 7, "x": 1.25}], RowOp.UPDATE)
+    assert a.checksum() != b.checksum()
+    assert a.checksum()[0] == 29
+
+
+# --- snapshots and accounting ---------------------------------------------------------------
+
+
+def test_export_import_snapshot(tmp_path: Path, store: RowStore) -> None:
+    w = Writer(store)
+    w([r(i) for i in range(20)])
+    store.flush()
+    w([{"id": 0}], RowOp.DELETE)
+    data = store.export_snapshot()
+    target = tmp_path / "copy"
+    stale = RowStore.create(target, store.schema)
+    Writer(stale)([r(99)])
+    stale.flush()
+    stale.close()
+    imported = RowStore.import_snapshot(target, data, 57)
+    assert imported.flushed_index == imported.applied_index == 57
+    assert imported.checksum() == store.checksum()
+    assert rows(imported) == rows(store)
+    imported.close()
+    reopened = RowStore.open(target)
+    assert reopened.checksum() == store.checksum() and reopened.flushed_index == 57
+    with pytest.raises(Corruption):
+        RowStore.import_snapshot(tmp_path / "bad", b"junk", 3)
+
+
+def test_write_frozen_in_a_thread_while_applying_and_scanning(store: RowStore) -> None:
+    w = Writer(store)
+    w([r(i) for i in range(5000)])
+    f = store.freeze()
+    assert f is not None
+    worker = threading.Thread(target=store.write_frozen, args=(f,))
+    worker.start()
+    for i in range(20):
+        assert w([r(5000 + i)]).rows_applied == 1
+        assert w([r(i, "dup")]).errors  # the key check sees the frozen memstore
+        assert sum(b.num_rows for b in store.scan(ScanSpec(projection=("id",)))) == 5001 + i
+    worker.join()
+    store.install(f)
+    assert store.flushed_index == 1 and store.row_count() == 5020
+    assert [x["id"] for x in rows(store)] == list(range(5020))
+
+
+def test_install_order_is_enforced(store: RowStore) -> None:
+    w = Writer(store)
+    w([r(1)])
+    f1 = store.freeze()
+    w([r(2)])
+    f2 = store.freeze()
+    assert f1 is not None and f2 is not None
+    store.write_frozen(f2)
+    with pytest.raises(InvalidArgument, match="freeze order"):
+        store.install(f2)
+    with pytest.raises(InvalidArgument, match="write_frozen has not completed"):
+        store.install(f1)
+    store.write_frozen(f1)
+    store.install(f1)
+    store.install(f2)
+    assert store.flushed_index == 2 and rows(store) == [r(1), r(2)]
+
+
+def test_sizes_and_counts(store: RowStore) -> None:
+    w = Writer(store)
+    assert store.memstore_rows() == 0 and store.memstore_bytes() == 0
+    w([r(i) for i in range(10)])
+    assert store.memstore_rows() == 10 and store.memstore_bytes() > 0
+    small = store.on_disk_bytes()
+    store.flush()
+    assert store.memstore_rows() == 0 and store.on_disk_bytes() > small
+    assert store.freeze() is None
+
+
+def test_many_rows_merge_across_windows(store: RowStore) -> None:
+    # More rows than one merge window, in several overlapping sources.
+    w = Writer(store)
+    n = 150_000
+    ids = np.arange(n)
+    t = pa.table({"id": ids, "s": pa.nulls(n, pa.string()), "x": ids * 1.0})
+    batch = decode_write(store.schema, _ipc(t), RowOp.INSERT, [])
+    store.apply_write(store.applied_index + 1, batch)
+    store.flush()
+    w([r(i, "m") for i in range(0, n, 1000)], RowOp.UPSERT)
+    w([{"id": i} for i in range(1, n, 1000)], RowOp.DELETE)
+    got = pa.Table.from_batches(list(store.scan(ScanSpec(projection=("id", "s")))))
+    assert got.num_rows == n - 150 == store.row_count()
+    got_ids = got.column("id").to_numpy()
+    assert bool((np.diff(got_ids) > 0).all())
+    assert got.column("s").null_count == n - 300

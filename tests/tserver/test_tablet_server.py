@@ -1,0 +1,373 @@
+"""One real tablet server in-process (real gRPC on loopback, real WAL and fsync), single-voter
+tablets: the admin and data RPCs, restart and replay, tombstones, fencing, startup recovery."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pytest
+
+from service.common.config import TServerConfig
+from service.common.schema_codec import encode_cell
+from service.pb import master_pb2 as mpb
+from service.pb import tserver_pb2 as tpb
+from service.pb import tserver_pb2_grpc as tpb_grpc
+from service.testing.demo_cluster import free_ports
+from service.tserver import superblock as sbmod
+from service.tserver.superblock import DataState
+from service.tserver.tablet_server import TabletServer
+from tests.tserver.helpers import SCHEMA, create_request, ipc, rows, scan_all, write_request
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _config(data_dir: Path) -> TServerConfig:
+    (dead_master,) = free_ports(1)
+    return TServerConfig(
+        data_dir=data_dir,
+        rpc_bind="127.0.0.1:0",
+        advertised_address=None,
+        master_addresses=(f"127.0.0.1:{dead_master}",),
+        heartbeat_interval_ms=200,
+        scanner_ttl_ms=400,
+    )
+
+
+class Server:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.ts: TabletServer | None = None
+
+    async def start(self) -> None:
+        self.ts = TabletServer(_config(self.data_dir))
+        await self.ts.start()
+        self.channel = grpc.aio.insecure_channel(self.ts.address)
+        self.admin = tpb_grpc.TabletServerAdminServiceStub(self.channel)
+        self.data = tpb_grpc.TabletServerServiceStub(self.channel)
+
+    @property
+    def uuid(self) -> str:
+        assert self.ts is not None
+        return self.ts.uuid
+
+    async def stop(self) -> None:
+        await self.channel.close()
+        assert self.ts is not None
+        await self.ts.aclose()
+
+    async def create(self, tablet_id: str = "tablet-1") -> None:
+        assert self.ts is not None
+        await self.admin.CreateTablet(
+            create_request(self.uuid, tablet_id, [(self.uuid, self.ts.address)])
+        )
+        await self.wait_leader(tablet_id)
+
+    async def wait_leader(self, tablet_id: str) -> None:
+        for _ in range(200):
+            resp = await self.admin.GetConsensusState(
+                tpb.GetConsensusStateRequestPB(dest_uuid=self.uuid, tablet_ids=[tablet_id])
+            )
+            if resp.tablets[0].role == mpb.LEADER:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{tablet_id} elected no leader")
+
+    async def replicas(self) -> dict[str, tpb.ReplicaStatusPB]:
+        resp = await self.admin.ListTablets(tpb.ListTabletsRequestPB(dest_uuid=self.uuid))
+        return {r.tablet_id: r for r in resp.replicas}
+
+
+def with_server(
+    body: Callable[[Server], Awaitable[None]],
+) -> Callable[[Path], None]:
+    """A sync test (the suite has no asyncio plugin) running `body` against a fresh server."""
+
+    def test(tmp_path: Path) -> None:
+        async def main() -> None:
+            s = Server(tmp_path / "ts")
+            await s.start()
+            try:
+                await body(s)
+            finally:
+                await s.stop()
+
+        asyncio.run(main())
+
+    test.__name__ = body.__name__
+    return test
+
+
+def run(body: Callable[[Path], Awaitable[None]]) -> Callable[[Path], None]:
+    def test(tmp_path: Path) -> None:
+        asyncio.run(body(tmp_path))
+
+    test.__name__ = body.__name__
+    return test
+
+
+def _code(e: pytest.ExceptionInfo[grpc.aio.AioRpcError]) -> grpc.StatusCode:
+    return e.value.code()
+
+
+@with_server
+async def test_write_then_scan_back_exactly(server: Server) -> None:
+    await server.create()
+    for lo in range(0, 5000, 1000):
+        resp = await server.data.Write(write_request(server.uuid, "tablet-1", rows(lo, lo + 1000)))
+        assert not resp.per_row_errors and resp.rows_applied == 1000
+    got = await scan_all(server.data, server.uuid, "tablet-1", batch_size_bytes=16 << 10)
+    assert got.to_pydict() == rows(0, 5000).to_pydict()
+    assert got.schema == SCHEMA.to_arrow()
+    status = (await server.replicas())["tablet-1"]
+    assert status.row_count == 5000
+    assert status.data_state == tpb.TABLET_DATA_READY and status.state == mpb.REPLICA_RUNNING
+
+
+@with_server
+async def test_projection_predicates_and_limit(server: Server) -> None:
+    await server.create()
+    await server.data.Write(write_request(server.uuid, "tablet-1", rows(0, 100)))
+    col = SCHEMA.column("id")
+    pred = tpb.ColumnPredicatePB(
+        column="id", op=tpb.ColumnPredicatePB.GE, values=[encode_cell(col, 90)]
+    )
+    got = await scan_all(
+        server.data, server.uuid, "tablet-1", projection=["name"], predicates=[pred]
+    )
+    assert got.column_names == ["name"]
+    assert got.column("name").to_pylist() == [f"row-{i}" for i in range(90, 100)]
+    limited = await scan_all(server.data, server.uuid, "tablet-1", limit=7)
+    assert limited.num_rows == 7
+
+
+@with_server
+async def test_per_row_errors_do_not_stop_the_batch(server: Server) -> None:
+    await server.create()
+    await server.data.Write(write_request(server.uuid, "tablet-1", rows(0, 10)))
+    resp = await server.data.Write(write_request(server.uuid, "tablet-1", rows(5, 15)))
+    assert sorted(e.row_index for e in resp.per_row_errors) == [0, 1, 2, 3, 4]
+    assert all(e.error.code == "ALREADY_EXISTS" for e in resp.per_row_errors)
+    got = await scan_all(server.data, server.uuid, "tablet-1")
+    assert got.column("id").to_pylist() == list(range(15))
+
+
+@with_server
+async def test_bad_input_is_refused_and_changes_nothing(server: Server) -> None:
+    await server.create()
+    await server.data.Write(write_request(server.uuid, "tablet-1", rows(0, 3)))
+    bad = [
+        (
+            write_request("someone-else", "tablet-1", rows(10, 11)),
+            grpc.StatusCode.FAILED_PRECONDITION,
+        ),
+        (write_request(server.uuid, "no-such-tablet", rows(10, 11)), grpc.StatusCode.NOT_FOUND),
+        (
+            tpb.WriteRequestPB(
+                dest_uuid=server.uuid,
+                tablet_id="tablet-1",
+                rows=b"garbage",
+                default_op=tpb.ROW_OP_INSERT,
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (
+            write_request(server.uuid, "tablet-1", pa.table({"id": [10], "nope": ["x"]})),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (
+            write_request(server.uuid, "tablet-1", pa.table({"id": ["not-an-int"]})),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+    ]
+    for req, code in bad:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await server.data.Write(req)
+        assert _code(e) == code, e.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await scan_all(server.data, server.uuid, "tablet-1", projection=["dropped_col"])
+    assert _code(e) == grpc.StatusCode.INVALID_ARGUMENT and "dropped_col" in (
+        e.value.details() or ""
+    )
+    got = await scan_all(server.data, server.uuid, "tablet-1")
+    assert got.column("id").to_pylist() == [0, 1, 2]
+
+
+@run
+async def test_restart_replays_the_wal(tmp_path: Path) -> None:
+    s = Server(tmp_path / "ts")
+    await s.start()
+    await s.create()
+    await s.data.Write(write_request(s.uuid, "tablet-1", rows(0, 500)))
+    uuid = s.uuid
+    await s.stop()
+    s2 = Server(tmp_path / "ts")
+    await s2.start()
+    try:
+        assert s2.uuid == uuid
+        await s2.wait_leader("tablet-1")
+        got = await scan_all(s2.data, s2.uuid, "tablet-1")
+        assert got.to_pydict() == rows(0, 500).to_pydict()
+        await s2.data.Write(write_request(s2.uuid, "tablet-1", rows(500, 600)))
+        assert (await scan_all(s2.data, s2.uuid, "tablet-1")).num_rows == 600
+    finally:
+        await s2.stop()
+
+
+@run
+async def test_tombstone_survives_restart_and_keeps_consensus_metadata(tmp_path: Path) -> None:
+    s = Server(tmp_path / "ts")
+    await s.start()
+    await s.create()
+    await s.data.Write(write_request(s.uuid, "tablet-1", rows(0, 10)))
+    await s.admin.DeleteTablet(
+        tpb.DeleteTabletRequestPB(
+            dest_uuid=s.uuid, tablet_id="tablet-1", delete_type=tpb.TABLET_DATA_TOMBSTONED
+        )
+    )
+    assert (await s.replicas())["tablet-1"].data_state == tpb.TABLET_DATA_TOMBSTONED
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await s.data.Write(write_request(s.uuid, "tablet-1", rows(10, 11)))
+    assert _code(e) == grpc.StatusCode.NOT_FOUND
+    await s.stop()
+    tablet_dir = tmp_path / "ts" / "tablets" / "tablet-1"
+    assert (tablet_dir / "raft" / "cmeta").exists()
+    assert not (tablet_dir / "data").exists()
+    s2 = Server(tmp_path / "ts")
+    await s2.start()
+    try:
+        assert (await s2.replicas())["tablet-1"].data_state == tpb.TABLET_DATA_TOMBSTONED
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await s2.admin.CreateTablet(
+                create_request(s2.uuid, "tablet-1", [(s2.uuid, s2.ts.address)])  # type: ignore[union-attr]
+            )
+        assert _code(e) == grpc.StatusCode.ALREADY_EXISTS
+    finally:
+        await s2.stop()
+
+
+@with_server
+async def test_delete_removes_everything(server: Server) -> None:
+    await server.create()
+    await server.admin.DeleteTablet(
+        tpb.DeleteTabletRequestPB(
+            dest_uuid=server.uuid, tablet_id="tablet-1", delete_type=tpb.TABLET_DATA_DELETED
+        )
+    )
+    assert "tablet-1" not in await server.replicas()
+    assert not (server.data_dir / "tablets" / "tablet-1").exists()
+
+
+@with_server
+async def test_create_is_idempotent_and_validated(server: Server) -> None:
+    await server.create()
+    assert server.ts is not None
+    await server.admin.CreateTablet(
+        create_request(server.uuid, "tablet-1", [(server.uuid, server.ts.address)])
+    )
+    req = create_request(server.uuid, "tablet-2", [("other", "127.0.0.1:1")])
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await server.admin.CreateTablet(req)
+    assert _code(e) == grpc.StatusCode.INVALID_ARGUMENT and "not a voter" in (
+        e.value.details() or ""
+    )
+    req = create_request(server.uuid, "../evil", [(server.uuid, server.ts.address)])
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await server.admin.CreateTablet(req)
+    assert _code(e) == grpc.StatusCode.INVALID_ARGUMENT
+    assert set(await server.replicas()) == {"tablet-1"}
+
+
+@with_server
+async def test_a_deposed_master_is_fenced(server: Server) -> None:
+    assert server.ts is not None
+    req = create_request(server.uuid, "tablet-1", [(server.uuid, server.ts.address)])
+    req.fence.master_uuid, req.fence.master_term = "m2", 7
+    await server.admin.CreateTablet(req)
+    stale = tpb.DeleteTabletRequestPB(
+        dest_uuid=server.uuid,
+        tablet_id="tablet-1",
+        delete_type=tpb.TABLET_DATA_DELETED,
+        fence=tpb.MasterFencePB(master_uuid="m1", master_term=6),
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await server.admin.DeleteTablet(stale)
+    assert _code(e) == grpc.StatusCode.FAILED_PRECONDITION and "term 6" in (e.value.details() or "")
+    assert "tablet-1" in await server.replicas()
+
+
+@with_server
+async def test_scanner_paging_retry_and_expiry(server: Server) -> None:
+    await server.create()
+    await server.data.Write(write_request(server.uuid, "tablet-1", rows(0, 3000)))
+    ns = tpb.NewScanRequestPB(tablet_id="tablet-1")
+    first = await server.data.Scan(
+        tpb.ScanRequestPB(dest_uuid=server.uuid, new_scan=ns, batch_size_bytes=1)
+    )
+    assert first.has_more_results and first.scanner_id
+    nxt = tpb.ScanNextRequestPB(
+        dest_uuid=server.uuid, scanner_id=first.scanner_id, call_seq_id=1, batch_size_bytes=1
+    )
+    a = await server.data.ScanNext(nxt)
+    again = await server.data.ScanNext(nxt)  # a retry of the same call gets the same page
+    assert a.batch == again.batch
+    nxt.call_seq_id = 5
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await server.data.ScanNext(nxt)
+    assert _code(e) == grpc.StatusCode.INVALID_ARGUMENT
+    await asyncio.sleep(1.0)  # ttl 0.4 s
+    nxt.call_seq_id = 2
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await server.data.ScanNext(nxt)
+    assert _code(e) == grpc.StatusCode.NOT_FOUND and "start_after_primary_key" in (
+        e.value.details() or ""
+    )
+
+
+@with_server
+async def test_checksum_matches_contents(server: Server) -> None:
+    await server.create()
+    await server.data.Write(write_request(server.uuid, "tablet-1", rows(0, 100)))
+    c1 = await server.data.Checksum(
+        tpb.ChecksumRequestPB(dest_uuid=server.uuid, tablet_id="tablet-1")
+    )
+    assert c1.row_count == 100 and c1.digest
+    await server.data.Write(write_request(server.uuid, "tablet-1", rows(100, 101)))
+    c2 = await server.data.Checksum(
+        tpb.ChecksumRequestPB(dest_uuid=server.uuid, tablet_id="tablet-1")
+    )
+    assert c2.row_count == 101 and c2.digest != c1.digest
+
+
+@run
+async def test_startup_cleans_unfinished_creates_and_copies(tmp_path: Path) -> None:
+    s = Server(tmp_path / "ts")
+    await s.start()
+    await s.create("tablet-1")
+    await s.create("tablet-2")
+    await s.stop()
+    root = tmp_path / "ts" / "tablets"
+    (root / "half-created").mkdir()
+    (root / "half-created" / "junk").write_bytes(b"x")
+    sb = sbmod.load(root / "tablet-2")
+    assert sb is not None
+    sbmod.save(root / "tablet-2", sb.with_state(DataState.COPYING, copy_source="x"))
+    s2 = Server(tmp_path / "ts")
+    await s2.start()
+    try:
+        reps = await s2.replicas()
+        assert set(reps) == {"tablet-1", "tablet-2"}
+        assert reps["tablet-2"].data_state == tpb.TABLET_DATA_TOMBSTONED
+        assert not (root / "half-created").exists()
+        assert (root / "tablet-2" / "raft" / "cmeta").exists()
+        await s2.wait_leader("tablet-1")
+    finally:
+        await s2.stop()
+
+
+def test_ipc_helper_roundtrip() -> None:
+    t = rows(0, 3)
+    assert pa.ipc.open_stream(ipc(t)).read_all().equals(t)
