@@ -17,10 +17,17 @@ from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
 from service.testing.demo_cluster import free_ports
+from service.testing.tablet_fixtures import (
+    SCHEMA,
+    create_request,
+    ipc,
+    rows,
+    scan_all,
+    write_request,
+)
 from service.tserver import superblock as sbmod
 from service.tserver.superblock import DataState
 from service.tserver.tablet_server import TabletServer
-from tests.tserver.helpers import SCHEMA, create_request, ipc, rows, scan_all, write_request
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -232,6 +239,15 @@ async def test_tombstone_survives_restart_and_keeps_consensus_metadata(tmp_path:
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await s.data.Write(write_request(s.uuid, "tablet-1", rows(10, 11)))
     assert _code(e) == grpc.StatusCode.NOT_FOUND
+    # A stale leader (a term below the one this replica reached) cannot resurrect it by copy.
+    stale = tpb.StartTabletCopyRequestPB(
+        dest_uuid=s.uuid, tablet_id="tablet-1", copy_peer_uuid="old-leader", caller_term=0
+    )
+    stale.copy_peer_addr.host, stale.copy_peer_addr.port = "127.0.0.1", 1
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await s.admin.StartTabletCopy(stale)
+    assert _code(e) == grpc.StatusCode.FAILED_PRECONDITION and "term" in (e.value.details() or "")
+    assert (await s.replicas())["tablet-1"].data_state == tpb.TABLET_DATA_TOMBSTONED
     await s.stop()
     tablet_dir = tmp_path / "ts" / "tablets" / "tablet-1"
     assert (tablet_dir / "raft" / "cmeta").exists()

@@ -1,7 +1,12 @@
-"""Helpers for tablet-server tests: build requests, run scans to the end over gRPC stubs."""
+"""Tablet fixtures for tests and benchmarks: a schema, rows, requests, and scans to the end over
+gRPC stubs (shipped with service.testing so bench/ can use them too)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+import grpc
 import pyarrow as pa
 
 from service.common.partition import Partition
@@ -11,6 +16,7 @@ from service.pb import common_pb2 as cpb
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
+from service.testing.mini_cluster import MiniCluster
 
 SCHEMA = Schema.build(
     [("id", ColumnType.INT64), ("name", ColumnType.STRING), ("score", ColumnType.DOUBLE)],
@@ -104,3 +110,54 @@ async def scan_all(
         )
         tables.append(pa.ipc.open_stream(resp.batch).read_all())
     return pa.concat_tables(tables)
+
+
+class ClusterStubs:
+    """Stubs per server and the little leader discovery these tests need."""
+
+    def __init__(self, cluster: MiniCluster, tablet_id: str) -> None:
+        self.cluster = cluster
+        self.tablet_id = tablet_id
+        self.channels: dict[str, grpc.aio.Channel] = {}
+
+    def _channel(self, uuid: str) -> grpc.aio.Channel:
+        ts = self.cluster.tserver_by_uuid(uuid)
+        ch = self.channels.get(uuid)
+        if ch is None:
+            ch = self.channels[uuid] = grpc.aio.insecure_channel(
+                ts.address,
+                options=[
+                    ("grpc.max_reconnect_backoff_ms", 300),
+                    ("grpc.max_receive_message_length", 64 << 20),
+                ],
+            )
+        return ch
+
+    def admin(self, uuid: str) -> tpb_grpc.TabletServerAdminServiceStub:
+        return tpb_grpc.TabletServerAdminServiceStub(self._channel(uuid))
+
+    def data(self, uuid: str) -> tpb_grpc.TabletServerServiceStub:
+        return tpb_grpc.TabletServerServiceStub(self._channel(uuid))
+
+    def forget(self, uuid: str) -> None:
+        self.channels.pop(uuid, None)
+
+    async def leader(self, uuids: list[str], timeout: float = 15.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for u in uuids:
+                try:
+                    r = await self.admin(u).GetConsensusState(
+                        tpb.GetConsensusStateRequestPB(dest_uuid=u, tablet_ids=[self.tablet_id]),
+                        timeout=1.0,
+                    )
+                except grpc.aio.AioRpcError:
+                    continue
+                if r.tablets[0].role == mpb.LEADER:
+                    return u
+            await asyncio.sleep(0.05)
+        raise AssertionError("no tablet leader")
+
+    async def close(self) -> None:
+        for ch in self.channels.values():
+            await ch.close()
