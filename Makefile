@@ -11,7 +11,7 @@ SEED0  ?= 0
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: venv demo test test-slow lint typecheck unit protos check-protos sim bench-raft clean
+.PHONY: venv demo test test-slow lint typecheck unit protos check-protos sim bench-raft bench-tserver clean
 
 venv: $(STAMP)
 
@@ -53,6 +53,10 @@ check-protos: venv
 bench-raft: venv
 	$(BIN)/python -m bench.raft_commit
 	$(BIN)/python -m bench.raft_failover
+
+bench-tserver: venv
+	$(BIN)/python -m bench.tserver_bench
+	$(BIN)/python -m bench.tserver_storage
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

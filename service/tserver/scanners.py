@@ -38,7 +38,8 @@ from service.pb import tserver_pb2 as tpb
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BATCH_BYTES = 4 << 20
+DEFAULT_BATCH_BYTES = 2 << 20
+"""Below gRPC's default 4 MB message limit, so a client with default channel options can scan."""
 MAX_BATCH_BYTES = 64 << 20
 
 

@@ -17,69 +17,28 @@ import pytest
 from service.common.errors import from_grpc
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
-from service.pb import tserver_pb2_grpc as tpb_grpc
 from service.testing.mini_cluster import MiniCluster
-from tests.tserver.helpers import create_request, rows, scan_all, write_request
+from service.testing.tablet_fixtures import (
+    ClusterStubs,
+    create_request,
+    rows,
+    scan_all,
+    write_request,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 TABLET = "tablet-x"
 
 
-class Client:
-    """Stubs per server and the little leader discovery these tests need."""
-
-    def __init__(self, cluster: MiniCluster) -> None:
-        self.cluster = cluster
-        self.channels: dict[str, grpc.aio.Channel] = {}
-
-    def _channel(self, uuid: str) -> grpc.aio.Channel:
-        ts = self.cluster.tserver_by_uuid(uuid)
-        ch = self.channels.get(uuid)
-        if ch is None:
-            ch = self.channels[uuid] = grpc.aio.insecure_channel(
-                ts.address, options=[("grpc.max_reconnect_backoff_ms", 300)]
-            )
-        return ch
-
-    def admin(self, uuid: str) -> tpb_grpc.TabletServerAdminServiceStub:
-        return tpb_grpc.TabletServerAdminServiceStub(self._channel(uuid))
-
-    def data(self, uuid: str) -> tpb_grpc.TabletServerServiceStub:
-        return tpb_grpc.TabletServerServiceStub(self._channel(uuid))
-
-    def forget(self, uuid: str) -> None:
-        self.channels.pop(uuid, None)
-
-    async def leader(self, uuids: list[str], timeout: float = 15.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for u in uuids:
-                try:
-                    r = await self.admin(u).GetConsensusState(
-                        tpb.GetConsensusStateRequestPB(dest_uuid=u, tablet_ids=[TABLET]),
-                        timeout=1.0,
-                    )
-                except grpc.aio.AioRpcError:
-                    continue
-                if r.tablets[0].role == mpb.LEADER:
-                    return u
-            await asyncio.sleep(0.05)
-        raise AssertionError("no tablet leader")
-
-    async def close(self) -> None:
-        for ch in self.channels.values():
-            await ch.close()
-
-
-async def _create(cluster: MiniCluster, client: Client) -> list[str]:
+async def _create(cluster: MiniCluster, client: ClusterStubs) -> list[str]:
     peers = [(ts.uuid, ts.address) for ts in cluster.tservers.values()]
     for uuid, _ in peers:
         await client.admin(uuid).CreateTablet(create_request(uuid, TABLET, peers))
     return [u for u, _ in peers]
 
 
-async def _checksums(client: Client, uuids: list[str], index: int) -> set[tuple[int, bytes]]:
+async def _checksums(client: ClusterStubs, uuids: list[str], index: int) -> set[tuple[int, bytes]]:
     out = set()
     for u in uuids:
         r = await client.data(u).Checksum(
@@ -93,7 +52,7 @@ async def _checksums(client: Client, uuids: list[str], index: int) -> set[tuple[
 def test_write_100k_rows_scan_back_and_replicas_agree(tmp_path: Path) -> None:
     async def main() -> None:
         with MiniCluster(tmp_path) as cluster:
-            client = Client(cluster)
+            client = ClusterStubs(cluster, TABLET)
             try:
                 uuids = await _create(cluster, client)
                 leader = await client.leader(uuids)
@@ -120,7 +79,7 @@ def test_write_100k_rows_scan_back_and_replicas_agree(tmp_path: Path) -> None:
 def test_kill_tablet_leader_under_load_loses_no_acknowledged_row(tmp_path: Path) -> None:
     async def main() -> None:
         with MiniCluster(tmp_path) as cluster:
-            client = Client(cluster)
+            client = ClusterStubs(cluster, TABLET)
             try:
                 uuids = await _create(cluster, client)
                 leader = await client.leader(uuids)
@@ -191,7 +150,7 @@ def test_rows_helper_is_sorted() -> None:
 
 
 async def _wait_replica(
-    client: Client, uuid: str, state: int, timeout: float = 60.0
+    client: ClusterStubs, uuid: str, state: int, timeout: float = 60.0
 ) -> tpb.ReplicaStatusPB:
     deadline = time.monotonic() + timeout
     last = None
@@ -207,7 +166,7 @@ async def _wait_replica(
     raise AssertionError(f"{uuid} never reached data state {state}: {last}")
 
 
-async def _add_peer(client: Client, leader: str, uuid: str, address: str) -> None:
+async def _add_peer(client: ClusterStubs, leader: str, uuid: str, address: str) -> None:
     host, _, port = address.rpartition(":")
     req = tpb.ChangeConfigRequestPB(
         dest_uuid=leader, tablet_id=TABLET, type=tpb.ChangeConfigRequestPB.ADD_PEER
@@ -226,7 +185,7 @@ def test_added_peer_is_filled_by_tablet_copy_even_after_a_crash_mid_copy(tmp_pat
 
     async def main() -> None:
         with MiniCluster(tmp_path) as cluster:
-            client = Client(cluster)
+            client = ClusterStubs(cluster, TABLET)
             try:
                 uuids = await _create(cluster, client)
                 leader = await client.leader(uuids)

@@ -1,0 +1,159 @@
+"""Tablet-server benchmark (`make bench-tserver`): one line per figure, each with its baseline.
+
+Real processes on loopback: one master and three tablet servers (`MiniCluster`), one tablet
+replicated three ways (created with the admin RPCs, as the master's CreateTablet task does).
+
+  write  rows/s of batched INSERTs (Arrow IPC, `--batch` rows each, `--writers` concurrent
+         clients) into the 3-replica tablet; each acknowledged only once committed on a
+         majority and applied on the leader
+  scan   Arrow bytes/s of a full scan from the leader over gRPC (paged by scanners), against
+         `pyarrow.parquet.read_table` of the same rows from a local Parquet file in the same
+         run; the ratio is scan time / Parquet time (the issue's goal: within 2x)
+  copy   MB/s of a tablet copy over loopback: a fourth server is added as a non-voter, the
+         leader sends it StartTabletCopy, and the copy's own byte count and timing (from
+         ListTabletCopies) give the rate
+
+Usage: python -m bench.tserver_bench [--rows 300000] [--batch 10000] [--writers 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from service.pb import master_pb2 as mpb
+from service.pb import tserver_pb2 as tpb
+from service.testing.mini_cluster import MiniCluster
+from service.testing.tablet_fixtures import (
+    ClusterStubs,
+    create_request,
+    rows,
+    scan_all,
+    write_request,
+)
+
+TABLET = "bench-tablet"
+
+
+def status(msg: str) -> None:
+    print(f"  .. {msg}", file=sys.stderr, flush=True)
+
+
+async def run(args: argparse.Namespace, base: Path) -> None:
+    with MiniCluster(base, num_masters=1, num_tservers=3) as cluster:
+        stubs = ClusterStubs(cluster, TABLET)
+        try:
+            peers = [(ts.uuid, ts.address) for ts in cluster.tservers.values()]
+            for uuid, _ in peers:
+                await stubs.admin(uuid).CreateTablet(create_request(uuid, TABLET, peers))
+            uuids = [u for u, _ in peers]
+            leader = await stubs.leader(uuids)
+            status(f"tablet leader {leader}; writing {args.rows:,} rows")
+
+            # --- write ----------------------------------------------------------------------
+            batches = [
+                (lo, min(lo + args.batch, args.rows)) for lo in range(0, args.rows, args.batch)
+            ]
+            reqs = [write_request(leader, TABLET, rows(lo, hi)) for lo, hi in batches]
+            queue: asyncio.Queue[tpb.WriteRequestPB] = asyncio.Queue()
+            for r in reqs:
+                queue.put_nowait(r)
+            done = 0
+
+            async def writer() -> None:
+                nonlocal done
+                while not queue.empty():
+                    req = queue.get_nowait()
+                    resp = await stubs.data(leader).Write(req, timeout=60)
+                    assert not resp.per_row_errors, resp.per_row_errors[:3]
+                    done += resp.rows_applied
+                    if done % (args.batch * 10) == 0:
+                        status(f"written {done:,}/{args.rows:,}")
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(writer() for _ in range(args.writers)))
+            write_s = time.perf_counter() - t0
+            print(
+                f"write: {args.rows / write_s:,.0f} rows/s into a 3-replica tablet "
+                f"({args.rows:,} rows, batches of {args.batch:,}, {args.writers} writers, "
+                f"{write_s:.2f}s)"
+            )
+
+            # --- scan vs local Parquet ------------------------------------------------------
+            status("scanning")
+            scan_times = []
+            for _ in range(3):  # best of three: the first also sorts the in-memory rows once
+                t0 = time.perf_counter()
+                got = await scan_all(stubs.data(leader), leader, TABLET, batch_size_bytes=8 << 20)
+                scan_times.append(time.perf_counter() - t0)
+            scan_s = min(scan_times)
+            assert got.num_rows == args.rows
+            nbytes = got.nbytes
+            path = base / "baseline.parquet"
+            pq.write_table(rows(0, args.rows), path)
+            pq_times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                local = pq.read_table(path)
+                pq_times.append(time.perf_counter() - t0)
+            pq_s = min(pq_times)
+            assert local.num_rows == args.rows
+            print(
+                f"scan: {nbytes / scan_s / 1e6:,.1f} MB/s of Arrow ({args.rows / scan_s:,.0f} "
+                f"rows/s) from the leader; local Parquet {nbytes / pq_s / 1e6:,.1f} MB/s; "
+                f"ratio scan/parquet time {scan_s / pq_s:.2f}x (goal <= 2x)"
+            )
+
+            # --- tablet copy ----------------------------------------------------------------
+            status("adding a fourth server (tablet copy)")
+            ts4 = cluster.add_tserver_slot("ts-4")
+            cluster.start_tserver("ts-4")
+            host, _, port = ts4.address.rpartition(":")
+            req = tpb.ChangeConfigRequestPB(
+                dest_uuid=leader, tablet_id=TABLET, type=tpb.ChangeConfigRequestPB.ADD_PEER
+            )
+            req.peer.permanent_uuid = ts4.uuid
+            req.peer.member_type = mpb.NON_VOTER
+            req.peer.promote = True
+            req.peer.last_known_addr.host, req.peer.last_known_addr.port = host, int(port)
+            await stubs.admin(leader).ChangeConfig(req, timeout=10)
+            deadline = time.monotonic() + 120
+            copy = None
+            while time.monotonic() < deadline:
+                resp = await stubs.admin(ts4.uuid).ListTabletCopies(
+                    tpb.ListTabletCopiesRequestPB(dest_uuid=ts4.uuid)
+                )
+                copy = next((c for c in resp.copies if c.tablet_id == TABLET), None)
+                if copy is not None and copy.state != "RUNNING":
+                    break
+                await asyncio.sleep(0.02)
+            assert copy is not None and copy.state == "DONE", copy
+            copy_s = time.time() - copy.started_at_unix_s
+            print(
+                f"copy: {copy.bytes_total / copy_s / 1e6:,.1f} MB/s over loopback "
+                f"({copy.bytes_total / 1e6:,.1f} MB in {copy_s:.2f}s, begin to started replica; "
+                f"raw scan of the same rows ran at {nbytes / scan_s / 1e6:,.1f} MB/s)"
+            )
+        finally:
+            await stubs.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.tserver_bench", description=__doc__)
+    p.add_argument("--rows", type=int, default=300_000)
+    p.add_argument("--batch", type=int, default=10_000)
+    p.add_argument("--writers", type=int, default=4)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="tessera-bench-") as d:
+        asyncio.run(run(args, Path(d)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
