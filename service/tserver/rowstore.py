@@ -43,27 +43,28 @@ of keys is looked up with one vectorized `searchsorted` per file.
 
 Thread safety: every method except `write_frozen` and `write_compaction` must be called from
 one thread (the tablet's apply loop). Those two only read data that no one mutates.
+
+This module holds the store itself: memstores, the manifest, writes, flush, compaction and
+snapshots. The physical layout, the key index and data file I/O are in `rowstore_files`; the
+sorted merge behind scans, compaction and checksums, and checksum hashing, in `rowstore_merge`.
 """
 
 from __future__ import annotations
 
 import base64
-import bisect
 import contextlib
-import decimal
 import hashlib
 import itertools
 import json
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from service.common.errors import (
     AlreadyExists,
@@ -79,25 +80,28 @@ from service.consensus.fs import RealFileSystem
 from service.pb import common_pb2
 from service.tserver.predicates import ScanSpec, to_arrow_expression, validate_spec
 from service.tserver.row_ops import RowOp, WriteBatch
+from service.tserver.rowstore_files import (
+    DEL_COL,
+    KEY_COL,
+    Source,
+    conform,
+    file_schema,
+    open_arrow_file,
+    phys_name,
+    write_arrow_file,
+)
+from service.tserver.rowstore_merge import emit_batches, hash_array, merge_sources
 
 __all__ = ["MANIFEST", "Compaction", "Frozen", "RowStore", "WriteResult"]
 
 MANIFEST = "MANIFEST"
 """The manifest's file name inside the store's directory."""
 
-BATCH_ROWS = 65536
-"""Rows per record batch in data files, and the size of merge windows in scans."""
-
 _FILE_RE = re.compile(r"^rs-\d{8}\.arrow(\.tmp)?$")
 _MANIFEST_MAGIC = b"TESSERA-ROWSTORE-MANIFEST 1\n"
 _SNAPSHOT_SCHEMA_KEY = b"tessera.schema"
-_K, _D, _RANK = "k", "d", "r"
 _MISSING = object()
 _ROW_OVERHEAD = 96  # dict entry, tuple header, key bytes object: a rough per-row estimate
-
-
-def _phys(column_id: int) -> str:
-    return f"c{column_id}"
 
 
 @dataclass(frozen=True)
@@ -112,101 +116,6 @@ class WriteResult:
     rows_applied: int = 0
     errors: tuple[tuple[int, TesseraError], ...] = ()
     skipped: bool = False
-
-
-# --- sorted key lookup -----------------------------------------------------------------------
-
-
-class _KeyIndex:
-    """Binary search over the sorted encoded keys of one source.
-
-    Encoded keys of fixed-width key columns (the common integer keys) all have the same length
-    W; they are viewed as a numpy `S{W}` array, whose comparisons are memcmp on W bytes, so the
-    order is the key order. Other keys fall back to a Python list and `bisect`.
-    """
-
-    __slots__ = ("_list", "_np", "_width", "n")
-
-    def __init__(self, keys: pa.Array) -> None:
-        self.n = len(keys)
-        self._np: np.ndarray | None = None
-        self._list: list[bytes] | None = None
-        self._width = 0
-        if self.n:
-            bufs = keys.buffers()
-            offsets = np.frombuffer(
-                bufs[1], dtype=np.int32, count=self.n + 1, offset=keys.offset * 4
-            )
-            lengths = np.diff(offsets)
-            width = int(lengths[0])
-            if width > 0 and bool((lengths == width).all()):
-                self._np = np.frombuffer(
-                    bufs[2], dtype=f"S{width}", count=self.n, offset=int(offsets[0])
-                )
-                self._width = width
-        if self._np is None:
-            self._list = keys.to_pylist()
-
-    def left(self, key: bytes) -> int:
-        """The number of keys < `key`."""
-        if self.n == 0:
-            return 0
-        if self._list is not None:
-            return bisect.bisect_left(self._list, key)
-        assert self._np is not None
-        w = self._width
-        if len(key) > w:
-            # Stored keys equal to key[:w] are shorter than `key`, so they sort before it.
-            return int(np.searchsorted(self._np, np.array(key[:w], dtype=f"S{w}"), "right"))
-        return int(np.searchsorted(self._np, np.array(key.ljust(w, b"\x00"), dtype=f"S{w}")))
-
-    def find(self, keys: Sequence[bytes]) -> np.ndarray:
-        """Positions of `keys` in this source (int64), -1 where absent."""
-        out = np.full(len(keys), -1, dtype=np.int64)
-        if self.n == 0 or not keys:
-            return out
-        if self._list is not None:
-            lst = self._list
-            for i, k in enumerate(keys):
-                j = bisect.bisect_left(lst, k)
-                if j < self.n and lst[j] == k:
-                    out[i] = j
-            return out
-        assert self._np is not None
-        w = self._width
-        same = np.fromiter((len(k) == w for k in keys), dtype=bool, count=len(keys))
-        idx = np.flatnonzero(same)
-        if len(idx) == 0:
-            return out
-        q = np.array([keys[int(i)] for i in idx], dtype=f"S{w}")
-        pos = np.searchsorted(self._np, q)
-        inside = pos < self.n
-        hit = np.zeros(len(q), dtype=bool)
-        hit[inside] = self._np[pos[inside]] == q[inside]
-        out[idx[hit]] = pos[hit]
-        return out
-
-
-class _Source:
-    """A sorted physical table (k, d, c<id>...) with its key index: one file or memstore."""
-
-    __slots__ = ("deleted", "has_tombstones", "index", "table")
-
-    def __init__(self, table: pa.Table) -> None:
-        self.table = table
-        k = table.column(_K)
-        self.index = _KeyIndex(k.combine_chunks() if k.num_chunks != 1 else k.chunk(0))
-        d = table.column(_D)
-        self.has_tombstones = bool(pc.any(d).as_py()) if len(d) else False
-        self.deleted: np.ndarray | None = (
-            np.asarray(d.to_numpy(zero_copy_only=False), dtype=bool)
-            if self.has_tombstones
-            else None
-        )
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.table.num_rows)
 
 
 # --- memstores -------------------------------------------------------------------------------
@@ -228,9 +137,9 @@ class _MemStore:
         self.last_index = last_index
         self.nbytes = 0
         self.version = 0
-        self._cache: tuple[int, _Source] | None = None
+        self._cache: tuple[int, Source] | None = None
 
-    def source(self) -> _Source:
+    def source(self) -> Source:
         """This memstore as a sorted Arrow source (cached until the next mutation)."""
         cache = self._cache
         if cache is not None and cache[0] == self.version:
@@ -241,11 +150,11 @@ class _MemStore:
             pa.array([k for k, _ in items], type=pa.binary()),
             pa.array([r is None for _, r in items], type=pa.bool_()),
         ]
-        names = [_K, _D]
+        names = [KEY_COL, DEL_COL]
         for j, (cid, t) in enumerate(zip(self.col_ids, self.types, strict=True)):
             arrays.append(pa.array([None if r is None else r[j] for _, r in items], type=t))
-            names.append(_phys(cid))
-        src = _Source(pa.Table.from_arrays(arrays, names=names))
+            names.append(phys_name(cid))
+        src = Source(pa.Table.from_arrays(arrays, names=names))
         self._cache = (version, src)
         return src
 
@@ -262,7 +171,7 @@ class Frozen:
         self.file_name = file_name
         self.last_index = mem.last_index
         self.live_rows = live_rows
-        self.written: _Source | None = None
+        self.written: Source | None = None
         """Set by `write_frozen`: the file, opened."""
 
 
@@ -270,13 +179,13 @@ class Compaction:
     """A compaction under way: the files it merges (the oldest ones) and its output file."""
 
     def __init__(
-        self, inputs: tuple[str, ...], sources: tuple[_Source, ...], file_name: str, schema: Schema
+        self, inputs: tuple[str, ...], sources: tuple[Source, ...], file_name: str, schema: Schema
     ) -> None:
         self.inputs = inputs
         self.sources = sources
         self.file_name = file_name
         self.schema = schema
-        self.written: _Source | None = None
+        self.written: Source | None = None
         self.empty = False
 
 
@@ -296,88 +205,6 @@ def _py_values(arr: pa.Array | pa.ChunkedArray, col: ColumnSchema) -> list[objec
     return list(arr.to_pylist())
 
 
-def _constant(col: ColumnSchema, n: int) -> pa.Array:
-    """`n` copies of `col`'s default (or nulls): what rows that predate the column hold."""
-    t = col.arrow_type()
-    nulls = pa.nulls(n, type=t)
-    if col.default is None:
-        return nulls
-    return pc.fill_null(nulls, pa.scalar(col.default, type=t))
-
-
-def _conform(table: pa.Table, cols: Sequence[ColumnSchema]) -> pa.Table:
-    """`table` (physical) reduced to k, d and the columns `cols` (by id), missing ids filled."""
-    names = table.schema.names
-    arrays = [table.column(_K), table.column(_D)]
-    out_names = [_K, _D]
-    n = table.num_rows
-    for c in cols:
-        name = _phys(c.id)
-        if name in names:
-            arrays.append(table.column(name))
-        else:
-            arrays.append(pa.chunked_array([_constant(c, n)]))
-        out_names.append(name)
-    return pa.Table.from_arrays(arrays, names=out_names)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_arrow_file(path: Path, tables: Iterator[pa.Table], schema: pa.Schema) -> int:
-    """Write `tables` as one Arrow IPC file at `path` and fsync it; the rows written."""
-    rows = 0
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-        for t in tables:
-            if t.num_rows:
-                writer.write_table(t.cast(schema), max_chunksize=BATCH_ROWS)
-                rows += t.num_rows
-    _fsync_path(path)
-    return rows
-
-
-def _open_arrow_file(path: Path, schema: Schema | None) -> _Source:
-    """Open a data file (memory-mapped) and check its layout against `schema`; Corruption."""
-    try:
-        table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
-    except (OSError, pa.ArrowException) as e:
-        raise Corruption(f"row store data file {path}: unreadable: {e}") from None
-    fields = {f.name: f.type for f in table.schema}
-    if fields.get(_K) != pa.binary() or fields.get(_D) != pa.bool_():
-        raise Corruption(f"row store data file {path}: missing key or tombstone column")
-    for c in schema.columns if schema is not None else ():
-        t = fields.get(_phys(c.id))
-        if t is not None and t != c.arrow_type():
-            raise Corruption(
-                f"row store data file {path}: column {c.name!r} (id {c.id}) is {t}, "
-                f"expected {c.arrow_type()}"
-            )
-    return _Source(table)
-
-
-def _file_schema(cols: Sequence[ColumnSchema]) -> pa.Schema:
-    return pa.schema(
-        [pa.field(_K, pa.binary(), False), pa.field(_D, pa.bool_(), False)]
-        + [pa.field(_phys(c.id), c.arrow_type()) for c in cols]
-    )
-
-
-def _first_of_each_key(t: pa.Table) -> pa.Table:
-    """Rows of `t` sorted by key then newest first: keep the first row of each key."""
-    n = t.num_rows
-    if n <= 1:
-        return t
-    k = t.column(_K).combine_chunks()
-    differs = pc.not_equal(k.slice(1), k.slice(0, n - 1))
-    keep = pa.concat_arrays([pa.array([True]), differs])
-    return t.filter(keep)
-
-
 # --- the store -------------------------------------------------------------------------------
 
 
@@ -389,7 +216,7 @@ class RowStore:
         self,
         directory: Path,
         schema: Schema,
-        files: list[tuple[str, _Source]],
+        files: list[tuple[str, Source]],
         flushed_index: int,
         live_rows: int,
         next_seq: int,
@@ -447,7 +274,7 @@ class RowStore:
             fpath = directory / name
             if not fpath.exists():
                 raise Corruption(f"row store data file {fpath}: missing")
-            files.append((name, _open_arrow_file(fpath, schema)))
+            files.append((name, open_arrow_file(fpath, schema)))
         removed = False
         for entry in os.listdir(directory):
             if (_FILE_RE.match(entry) and entry not in names) or entry == MANIFEST + ".tmp":
@@ -683,14 +510,14 @@ class RowStore:
 
     def _lookup_older(
         self, keys: list[bytes]
-    ) -> dict[bytes, tuple[object, ...] | tuple[_Source, int]]:
+    ) -> dict[bytes, tuple[object, ...] | tuple[Source, int]]:
         """The live versions of `keys` in frozen memstores and files (newest wins).
 
         Values are a row tuple (laid out for the current schema) from a frozen memstore, or
         (source, position) in a file, materialized only if an UPDATE/UPSERT needs it.
         Keys absent or deleted in the older sources are not in the result.
         """
-        found: dict[bytes, tuple[object, ...] | tuple[_Source, int]] = {}
+        found: dict[bytes, tuple[object, ...] | tuple[Source, int]] = {}
         if not keys:
             return found
         pending = keys
@@ -732,12 +559,12 @@ class RowStore:
     def _materialize(self, ref: object) -> tuple[object, ...]:
         """The row a `_lookup_older` value stands for, laid out for the current schema."""
         assert isinstance(ref, tuple)
-        if not (len(ref) == 2 and isinstance(ref[0], _Source)):
+        if not (len(ref) == 2 and isinstance(ref[0], Source)):
             return ref
         src, pos = ref
         assert isinstance(pos, int)
-        piece = _conform(src.table.slice(pos, 1), self._schema.columns)
-        return tuple(_py_values(piece.column(_phys(c.id)), c)[0] for c in self._schema.columns)
+        piece = conform(src.table.slice(pos, 1), self._schema.columns)
+        return tuple(_py_values(piece.column(phys_name(c.id)), c)[0] for c in self._schema.columns)
 
     # --- flush ---------------------------------------------------------------------------
 
@@ -755,14 +582,17 @@ class RowStore:
         """Write `f`'s rows to its data file and fsync it. Safe in a worker thread."""
         src = f.mem.source()
         schema = pa.schema(
-            [pa.field(_K, pa.binary(), False), pa.field(_D, pa.bool_(), False)]
-            + [pa.field(_phys(cid), t) for cid, t in zip(f.mem.col_ids, f.mem.types, strict=True)]
+            [pa.field(KEY_COL, pa.binary(), False), pa.field(DEL_COL, pa.bool_(), False)]
+            + [
+                pa.field(phys_name(cid), t)
+                for cid, t in zip(f.mem.col_ids, f.mem.types, strict=True)
+            ]
         )
         path = self._dir / f.file_name
-        _write_arrow_file(path, iter([src.table]), schema)
+        write_arrow_file(path, iter([src.table]), schema)
         # The frozen memstore's own layout is the authority for the file it wrote: no check
         # against the (possibly newer) current schema.
-        f.written = _open_arrow_file(path, None)
+        f.written = open_arrow_file(path, None)
 
     def install(self, f: Frozen) -> None:
         """Add `f`'s written file to the manifest (flushed_index = f.last_index), fsync it and
@@ -808,14 +638,14 @@ class RowStore:
     def write_compaction(self, c: Compaction) -> None:
         """Merge `c`'s inputs into its output file (fsynced). Safe in a worker thread."""
         cols = c.schema.columns
-        pieces = _merge(list(c.sources), cols, b"", b"", None)
+        pieces = merge_sources(list(c.sources), cols, b"", b"", None)
         path = self._dir / c.file_name
-        rows = _write_arrow_file(path, pieces, _file_schema(cols))
+        rows = write_arrow_file(path, pieces, file_schema(cols))
         if rows == 0:
             c.empty = True
             path.unlink()
             return
-        c.written = _open_arrow_file(path, c.schema)
+        c.written = open_arrow_file(path, c.schema)
 
     def install_compaction(self, c: Compaction) -> None:
         """Swap the merged file in for its inputs (manifest first), then delete the inputs."""
@@ -843,7 +673,7 @@ class RowStore:
 
     # --- reads ---------------------------------------------------------------------------
 
-    def _sources(self) -> list[_Source]:
+    def _sources(self) -> list[Source]:
         """Every source, oldest first, as of now (the memstore materialized)."""
         out = [src for _, src in self._files]
         out.extend(f.mem.source() for f in self._frozen)
@@ -866,7 +696,7 @@ class RowStore:
         wanted = set(proj) | {p.column for p in preds}
         cols = [c for c in schema.columns if c.name in wanted]
         expr = to_arrow_expression(
-            schema, preds, field_names={c.name: _phys(c.id) for c in schema.columns}
+            schema, preds, field_names={c.name: phys_name(c.id) for c in schema.columns}
         )
         lo = spec.lower_key
         if spec.start_after_key is not None:
@@ -874,7 +704,9 @@ class RowStore:
         hi = spec.upper_key
         sources = self._sources()
         out_schema = pa.schema([schema.to_arrow().field(name) for name in proj])
-        return _emit(_merge(sources, cols, lo, hi, expr), out_cols, out_schema, spec.limit)
+        return emit_batches(
+            merge_sources(sources, cols, lo, hi, expr), out_cols, out_schema, spec.limit
+        )
 
     def checksum(self) -> tuple[int, bytes]:
         """(live rows, blake2b digest) over every live row in key order, every column.
@@ -886,11 +718,11 @@ class RowStore:
         schema = self._schema
         hashers = [[hashlib.blake2b(digest_size=32) for _ in range(3)] for _ in schema.columns]
         rows = 0
-        for t in _merge(self._sources(), schema.columns, b"", b"", None):
+        for t in merge_sources(self._sources(), schema.columns, b"", b"", None):
             rows += t.num_rows
             for c, hs in zip(schema.columns, hashers, strict=True):
-                for chunk in t.column(_phys(c.id)).chunks:
-                    _hash_array(chunk, c, hs)
+                for chunk in t.column(phys_name(c.id)).chunks:
+                    hash_array(chunk, c, hs)
         top = hashlib.blake2b(digest_size=32)
         top.update(rows.to_bytes(8, "little"))
         for c, hs in zip(schema.columns, hashers, strict=True):
@@ -942,136 +774,13 @@ class RowStore:
             keys = pa.array(encoded, type=pa.binary())
             arrays = [keys, pa.array(np.zeros(table.num_rows, dtype=bool))]
             arrays += [table.column(c.name).combine_chunks() for c in schema.columns]
-            names = [_K, _D] + [_phys(c.id) for c in schema.columns]
+            names = [KEY_COL, DEL_COL] + [phys_name(c.id) for c in schema.columns]
             phys = pa.Table.from_arrays(arrays, names=names)
             path = directory / name
-            _write_arrow_file(path, iter([phys]), _file_schema(schema.columns))
-            store._files = [(name, _open_arrow_file(path, schema))]
+            write_arrow_file(path, iter([phys]), file_schema(schema.columns))
+            store._files = [(name, open_arrow_file(path, schema))]
         store._write_manifest()
         return store
-
-
-# --- merging and emitting --------------------------------------------------------------------
-
-
-def _merge(
-    sources: Sequence[_Source],
-    cols: Sequence[ColumnSchema],
-    lo: bytes,
-    hi: bytes,
-    expr: pc.Expression | None,
-) -> Iterator[pa.Table]:
-    """Live rows of `sources` (oldest first) with lo <= key < hi (hi b"" = none), newest
-    version per key, filtered by `expr`: physical tables (k, d, c<id> for `cols`) in key
-    order. A generator over data captured by the caller: later writes are not seen."""
-    slices = []
-    for src in sources:
-        a = src.index.left(lo) if lo else 0
-        b = src.index.left(hi) if hi else src.num_rows
-        if b > a:
-            slices.append((src, a, b))
-    if not slices:
-        return
-    if len(slices) == 1:
-        src, a, b = slices[0]
-        for rb in src.table.slice(a, b - a).to_batches(max_chunksize=BATCH_ROWS):
-            t = _conform(pa.Table.from_batches([rb]), cols)
-            if src.has_tombstones:
-                t = t.filter(pc.invert(t.column(_D)))
-            if expr is not None:
-                t = t.filter(expr)
-            if t.num_rows:
-                yield t
-        return
-    # Windows of about BATCH_ROWS keys of the largest slice bound the memory of each merge.
-    driver, da, db = max(slices, key=lambda s: s[2] - s[1])
-    dk = driver.table.column(_K)
-    bounds: list[bytes] = [lo]
-    for p in range(da + BATCH_ROWS, db, BATCH_ROWS):
-        bounds.append(dk[p].as_py())
-    bounds.append(hi)
-    for w in range(len(bounds) - 1):
-        wlo, whi = bounds[w], bounds[w + 1]
-        parts = []
-        for rank, (src, a, b) in enumerate(slices):
-            sa = max(a, src.index.left(wlo)) if wlo else a
-            sb = min(b, src.index.left(whi)) if whi else b
-            if sb > sa:
-                part = _conform(src.table.slice(sa, sb - sa), cols)
-                parts.append(part.append_column(_RANK, pa.array(np.full(sb - sa, rank, np.int32))))
-        if not parts:
-            continue
-        if len(parts) == 1:
-            t = parts[0]
-        else:
-            t = pa.concat_tables(parts)
-            order = pc.sort_indices(t, sort_keys=[(_K, "ascending"), (_RANK, "descending")])
-            t = _first_of_each_key(t.take(order))
-        t = t.drop_columns([_RANK])
-        t = t.filter(pc.invert(t.column(_D)))
-        if expr is not None:
-            t = t.filter(expr)
-        if t.num_rows:
-            yield t
-
-
-def _emit(
-    pieces: Iterator[pa.Table],
-    cols: Sequence[ColumnSchema],
-    out_schema: pa.Schema,
-    limit: int,
-) -> Iterator[tuple[pa.RecordBatch, bytes]]:
-    remaining = limit if limit > 0 else -1
-    names = [_phys(c.id) for c in cols]
-    for t in pieces:
-        if remaining == 0:
-            return
-        if 0 < remaining < t.num_rows:
-            t = t.slice(0, remaining)
-        for rb in t.to_batches():
-            if rb.num_rows == 0:
-                continue
-            arrays = [rb.column(name) for name in names]
-            out = pa.RecordBatch.from_arrays(arrays, schema=out_schema)
-            yield out, rb.column(_K)[rb.num_rows - 1].as_py()
-        if remaining > 0:
-            remaining -= t.num_rows
-
-
-def _hash_array(arr: pa.Array, col: ColumnSchema, hs: list[hashlib.blake2b]) -> None:
-    """Feed `arr` into (validity, values, lengths) hashers in a split-independent form."""
-    valid, values, lengths = hs
-    n = len(arr)
-    if n == 0:
-        return
-    valid.update(
-        np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8).tobytes()
-    )
-    t = col.type
-    if t in (ColumnType.STRING, ColumnType.BINARY):
-        filled = pc.fill_null(arr.cast(pa.binary()), b"")
-        bufs = filled.buffers()
-        offsets = np.frombuffer(bufs[1], dtype=np.int32, count=n + 1, offset=filled.offset * 4)
-        lengths.update(np.diff(offsets).astype("<i8").tobytes())
-        data = bufs[2]
-        if data is not None:
-            values.update(memoryview(data)[int(offsets[0]) : int(offsets[-1])])
-        return
-    if t is ColumnType.DECIMAL:
-        zero = pa.scalar(decimal.Decimal(0), type=arr.type)
-        filled = pc.fill_null(arr, zero) if arr.null_count else arr
-        buf = filled.buffers()[1]
-        values.update(memoryview(buf)[filled.offset * 16 : (filled.offset + n) * 16])
-        return
-    if t is ColumnType.BOOL:
-        arr = arr.cast(pa.uint8())
-    elif t is ColumnType.TIMESTAMP:
-        arr = arr.cast(pa.int64())
-    elif t is ColumnType.DATE:
-        arr = arr.cast(pa.int32())
-    if arr.null_count:
-        arr = pc.fill_null(arr, pa.scalar(0, type=arr.type))
-    values.update(np.ascontiguousarray(arr.to_numpy(zero_copy_only=False)).tobytes())
 
 
 @dataclass(frozen=True)
