@@ -11,7 +11,7 @@ SEED0  ?= 0
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: venv demo test test-slow lint typecheck unit protos check-protos sim bench-raft bench-tserver clean
+.PHONY: venv demo test test-slow lint typecheck unit protos check-protos sim bench-raft bench-tserver bench-master clean
 
 venv: $(STAMP)
 
@@ -57,6 +57,9 @@ bench-raft: venv
 bench-tserver: venv
 	$(BIN)/python -m bench.tserver_bench
 	$(BIN)/python -m bench.tserver_storage
+
+bench-master: venv
+	$(BIN)/python -m bench.master_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -15,6 +15,8 @@ PURE_PACKAGES = [
     "service/common/keys.py",
     "service/common/partition.py",
     "service/master/placement_policy.py",
+    "service/master/report_processing.py",
+    "service/master/rereplication.py",
 ]
 FORBIDDEN_MODULES = {
     "asyncio",

@@ -388,7 +388,24 @@ class MasterConfig:
     table_locations_ttl_ms: int = 300_000
     """How long clients may cache tablet locations returned by GetTableLocations."""
     bg_task_interval_ms: int = 1000
-    """Period of the background task that retries pending side effects (seed 001)."""
+    """Period of the leader's background tasks: assignment rounds, retries of pending side
+    effects (CreateTablet, DeleteTablet, AlterSchema), re-replication (seed 001). A round also
+    runs as soon as a committed change calls for work."""
+    assignment_timeout_ms: int = 30_000
+    """A tablet not reported RUNNING this long after its replicas were chosen is REPLACED by a
+    new tablet for the same partition (Kudu's tablet_creation_timeout_ms)."""
+    tserver_rpc_timeout_ms: int = 10_000
+    """Deadline of one admin RPC from the master to a tablet server."""
+    task_retry_initial_ms: int = 500
+    """First pause before a failed tablet-server task is retried; doubles on each failure."""
+    task_retry_max_ms: int = 10_000
+    """Longest pause between retries of a failed tablet-server task."""
+    max_concurrent_tserver_rpcs: int = 64
+    """Admin RPCs the leader has in flight to tablet servers at once."""
+    replica_eviction_timeout_ms: int = 300_000
+    """A replica whose tablet server has not heartbeated for this long is replaced: a new
+    non-voter is added, promoted once caught up, then the dead one removed (seed 004's 3-4-3;
+    Kudu's follower_unavailable_considered_failed_sec)."""
     raft: RaftSettings = field(default_factory=RaftSettings)
     wal: WalSettings = field(default_factory=WalSettings)
     rpc: RpcSettings = field(default_factory=RpcSettings)
@@ -412,6 +429,18 @@ class MasterConfig:
             "max_create_tablets_per_ts",
             "table_locations_ttl_ms",
             "bg_task_interval_ms",
+            "assignment_timeout_ms",
+            "tserver_rpc_timeout_ms",
+            "task_retry_initial_ms",
+            "task_retry_max_ms",
+            "max_concurrent_tserver_rpcs",
+            "replica_eviction_timeout_ms",
+        )
+        c.that(
+            self.task_retry_initial_ms <= self.task_retry_max_ms,
+            "task_retry_initial_ms",
+            f"must be <= task_retry_max_ms ({self.task_retry_max_ms}),"
+            f" got {self.task_retry_initial_ms}",
         )
         for name in ("default_num_replicas", "max_num_replicas"):
             value = getattr(self, name)

@@ -76,7 +76,7 @@ from service.common.errors import (
     ResourceExhausted,
     ServiceUnavailable,
 )
-from service.common.ids import TableId, TabletId, validate_uuid
+from service.common.ids import NodeId, TableId, TabletId, validate_uuid
 from service.common.partition import Partition, PartitionSchema
 from service.common.schema import (
     MAX_NAME_BYTES,
@@ -130,6 +130,7 @@ from service.master.catalog_records import (
     TabletState,
     Update,
 )
+from service.master.report_processing import ReportedTablet, ReportPlan, plan_report
 from service.master.sys_catalog import ApplyResult, CatalogChange, Restored, SysCatalogState
 from service.master.ts_manager import TSManager
 from service.pb import master_pb2 as pb
@@ -186,6 +187,7 @@ class CatalogSettings:
             max_num_replicas=config.max_num_replicas,
             max_create_tablets_per_ts=config.max_create_tablets_per_ts,
             table_locations_ttl_ms=config.table_locations_ttl_ms,
+            assignment_timeout_s=config.assignment_timeout_ms / 1000.0,
             max_write_bytes=min(cls.max_write_bytes, config.rpc.max_message_bytes // 2),
         )
         return replace(base, **overrides)
@@ -235,6 +237,7 @@ class CatalogManager:
         self._creating_since: dict[TabletId, float] = {}
         self._sys = sys_catalog
         self._maps = CatalogMaps()
+        self._work_listeners: list[Callable[[], None]] = []
         self._reload()
         self._remove_listener = sys_catalog.add_listener(self._on_change)
 
@@ -582,6 +585,17 @@ class CatalogManager:
             tables=tables,
         )
 
+    def assignment_due(self, now: float | None = None) -> bool:
+        """An assignment round has something to do: a PREPARING tablet, or a CREATING one
+        older than the assignment timeout."""
+        if not self._loaded or not self._maps.pending:
+            return False
+        now = self._clock.monotonic() if now is None else now
+        if len(self._creating_since) < len(self._maps.pending):
+            return True  # some pending tablet is PREPARING
+        oldest = min(self._creating_since.values(), default=now)
+        return now - oldest >= self._settings.assignment_timeout_s
+
     async def assign_tablets(self, now: float | None = None) -> AssignmentPlan:
         """Plan an assignment round under the locks of the tables and tablets involved and
         replicate it; returns the plan (committed when this returns). The background task
@@ -604,10 +618,48 @@ class CatalogManager:
         """Side effects committed state calls for and not yet reported done (`task_done`)."""
         return self._tasks.pending()
 
+    def add_work_listener(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call `fn` (which must not block) whenever committed state may call for new tasks or
+        assignments (the background tasks' wake-up); returns the remover."""
+        self._work_listeners.append(fn)
+        return lambda: self._work_listeners.remove(fn) if fn in self._work_listeners else None
+
+    def _wake(self) -> None:
+        for fn in list(self._work_listeners):
+            try:
+                fn()
+            except Exception:
+                log.exception("catalog work listener failed")
+
     def task_done(self, task: Task) -> None:
         """The background task carried `task` out. It is not listed again unless committed
         state calls for it anew (or a new leader recomputes everything)."""
         self._tasks.done(task)
+
+    # --- tablet reports ----------------------------------------------------------------------
+
+    async def process_report(
+        self, reporter: NodeId, reported: Sequence[ReportedTablet]
+    ) -> ReportPlan:
+        """Judge one tablet report against committed state (`report_processing`) and replicate
+        its record changes as ONE write; returns the plan, whose `actions` the caller sends
+        once this returns (the write committed). Replication errors propagate and change
+        nothing (KUDU-495): the server's next report (not acknowledged) tries again."""
+        self._check_ready()
+        plan = plan_report(self._maps, reporter, reported)
+        if plan.write is None:
+            return plan
+        tablets = sorted(plan.updated_tablets)
+        tables = sorted({self._maps.tablets_by_id[t].table_id for t in tablets})
+        async with contextlib.AsyncExitStack() as stack:
+            for table_id in tables:
+                await stack.enter_async_context(self._maps.tables_by_id[table_id].lock)
+            for tablet_id in tablets:
+                await stack.enter_async_context(self._maps.tablets_by_id[tablet_id].lock)
+            plan = plan_report(self._maps, reporter, reported)  # again, under the locks
+            if plan.write is not None:
+                await self._replicate(plan.write)
+        return plan
 
     # --- replication -------------------------------------------------------------------------
 
@@ -664,6 +716,7 @@ class CatalogManager:
         if self._loaded:
             for tablet in self._maps.tablets_by_id.values():
                 self._update_tasks(tablet)
+            self._wake()
 
     def _follow_up(self, delta: MapsDelta) -> None:
         for uuid in delta.servers:
@@ -686,6 +739,8 @@ class CatalogManager:
                 affected.update(dict.fromkeys(table.tablets))
         for tablet_id in affected:
             self._update_tasks(self._maps.tablets_by_id[tablet_id])
+        if affected:
+            self._wake()
 
     def _update_tasks(self, tablet: TabletInfo) -> None:
         table = self._maps.tables_by_id.get(tablet.table_id)

@@ -38,18 +38,21 @@ absent, generate token signing keys ahead of use, purge expired ones) at once an
 for as long as this master is leader of that term. Any change of role cancels it, as it cancels
 a pending load. Wiring TLS and tokens into the RPCs is a later issue.
 
-Not wired yet: the background tasks (assignment, CreateTablet/DeleteTablet/AlterSchema RPCs,
-roll-forward), tablet-report processing. So a created table's tablets stay PREPARING and
-IsCreateTableDone answers "not done".
+Background tasks (`background_tasks`): once the catalog is loaded the leader also starts one
+`BackgroundTasks` for its term (assignment rounds, CreateTablet/DeleteTablet/AlterSchema RPCs
+retried until done, re-replication), fenced with this master's uuid and term. Any change of
+role cancels it, as it cancels the security task. Tablet reports are processed on the loaded
+leader (`heartbeat`); the RPCs they call for go to the background tasks of the term. The
+tablet-server proxy (channels) lives as long as the process.
 
 Shutdown order (`aclose`), each step relying on the next still being up:
 
   1. the gRPC server stops taking calls (grace period for calls in flight, which may still
      propose through the node);
-  2. the leadership task and the security task are cancelled and the catalog manager closed
-     (unloaded, detached from sys.catalog) so nothing proposes any more;
+  2. the leadership task, the security task and the background tasks are cancelled and the
+     catalog manager closed (unloaded, detached from sys.catalog) so nothing proposes any more;
   3. the Raft node stops: fails its waiters, closes the WAL;
-  4. the transport's senders to the peers are closed.
+  4. the transport's senders to the peers are closed, and the tablet-server proxy's channels.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ import random
 import re
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -77,11 +81,16 @@ from service.consensus.fs import RealFileSystem
 from service.consensus.node import LeaderChange, NodeSettings, RaftNode
 from service.consensus.raft_store import RaftStore
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
+from service.master.background_tasks import BackgroundSettings, BackgroundTasks
 from service.master.catalog_manager import CatalogManager, CatalogSettings, Replicate
+from service.master.heartbeat import HeartbeatContext
 from service.master.master_service import MasterServicer
+from service.master.report_processing import ReportAction
 from service.master.security import ensure_security
 from service.master.sys_catalog import ApplyResult, SysCatalogState
 from service.master.ts_manager import TSManager
+from service.master.tserver_proxy import Fence, TServerProxy
+from service.pb import master_pb2 as pb
 from service.raft import RaftConfig, Role
 
 __all__ = ["GROUP", "MasterPeer", "MasterServer", "master_uuid"]
@@ -171,6 +180,10 @@ class MasterServer:
         self._replicate: Replicate | None = None
         self._clock: Clock = RealClock()
         self._security_task: asyncio.Task[None] | None = None
+        # Background tasks (module docstring): the proxy lives as long as the process.
+        self.proxy: TServerProxy | None = None
+        self.background: BackgroundTasks | None = None
+        self._rng = random.Random()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -233,8 +246,12 @@ class MasterServer:
             replicate,
             self.ts_manager,
             clock,
-            random.Random(),
+            self._rng,
             CatalogSettings.from_config(config),
+        )
+        self.proxy = TServerProxy(
+            rpc_timeout_s=config.tserver_rpc_timeout_ms / 1000.0,
+            grpc_options=config.rpc.grpc_options(),
         )
         node.listeners.append(self._on_leader_change)
         transport.register(GROUP, node.step, node.report_unreachable)
@@ -265,12 +282,17 @@ class MasterServer:
             self._security_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._security_task
+        if self.background is not None:
+            await self.background.aclose()
+            self.background = None
         if self.catalog is not None:
             self.catalog.close()
         if self.node is not None:
             await self.node.aclose()
         if self.transport is not None:
             await self.transport.aclose()
+        if self.proxy is not None:
+            await self.proxy.aclose()
 
     # --- leadership --------------------------------------------------------------------------
 
@@ -282,6 +304,7 @@ class MasterServer:
             self._load_task.cancel()
         self._load_task = None
         self._stop_security()
+        self._stop_background()
         if change.role is Role.LEADER:
             self._load_task = asyncio.create_task(
                 self._become_leader(change.term), name=f"master-load-{change.term}"
@@ -322,6 +345,7 @@ class MasterServer:
             asked,
         )
         self._start_security(term)
+        self._start_background(term)
 
     # --- security: CA and token signing keys (module docstring) ------------------------------
 
@@ -356,7 +380,58 @@ class MasterServer:
                 pause = SECURITY_RETRY_S
             await asyncio.sleep(pause)
 
+    # --- background tasks (module docstring) -------------------------------------------------
+
+    def _start_background(self, term: int) -> None:
+        self._stop_background()
+        assert self.catalog is not None and self.ts_manager is not None
+        assert self.proxy is not None
+        self.background = BackgroundTasks(
+            self.catalog,
+            self.ts_manager,
+            self.proxy,
+            Fence(self.uuid, term),
+            self._clock,
+            self._rng,
+            BackgroundSettings.from_config(self.config),
+        )
+        self.background.start()
+
+    def _stop_background(self) -> None:
+        if self.background is not None:
+            self.background.stop()
+        self.background = None
+
+    def submit_actions(self, actions: Iterable[ReportAction]) -> None:
+        """Hand report-driven RPCs to this term's background tasks (dropped when not leading)."""
+        if self.background is not None:
+            self.background.submit(actions)
+
     # --- views for the servicer --------------------------------------------------------------
+
+    def heartbeat_context(self) -> HeartbeatContext:
+        """What `heartbeat.handle_heartbeat` needs, as of now."""
+        node, catalog, ts = self.node, self.catalog, self.ts_manager
+        assert node is not None and catalog is not None and ts is not None
+        st = node.status()
+        return HeartbeatContext(
+            master_instance=pb.NodeInstancePB(
+                permanent_uuid=self.uuid, instance_seqno=self.instance_seqno
+            ),
+            term=st.term,
+            leading=st.role is Role.LEADER and catalog.loaded,
+            master_addresses=self._master_addresses_pb(),
+            ts_manager=ts,
+            catalog=catalog,
+            submit=self.submit_actions,
+        )
+
+    def _master_addresses_pb(self) -> tuple[pb.HostPortPB, ...]:
+        out = []
+        for p in self.peers:
+            host, _, port = p.address.rpartition(":")
+            out.append(pb.HostPortPB(host=host, port=int(port) if port.isdigit() else 0))
+        return tuple(out)
 
     def address_of(self, uuid: str) -> str | None:
         """A master's address by uuid (the configured masters, then the transport's)."""

@@ -12,8 +12,8 @@ Every handler does three things, in this order (ARCHITECTURE.md, style rule 6):
 Served on every master, leader or not: ConnectToMaster, Ping, ListMasters (this master's view)
 and TSHeartbeat (registration and liveness; seed 001: tablet servers heartbeat to all masters).
 ListTabletServers is leader-only (answered from the TSManager). Tablet reports carried by
-heartbeats are ignored for now (report processing is not wired), and only a loaded leader asks
-for full reports. RPCs not implemented yet answer UNIMPLEMENTED
+heartbeats are processed by the loaded leader only (`heartbeat`), which alone asks for full
+reports. RPCs not implemented yet answer UNIMPLEMENTED
 (`NotSupported`) naming the RPC.
 """
 
@@ -26,7 +26,6 @@ import grpc
 import grpc.aio
 
 from service.common.errors import InvalidArgument, NotReady, NotSupported, NotTheLeader, rpc_errors
-from service.common.ids import NodeId
 from service.common.partition import PartitionSchema
 from service.common.schema import AddColumn, AlterOp, DropColumn, RenameColumn, Schema
 from service.common.schema_codec import (
@@ -44,7 +43,8 @@ from service.master.catalog_info import (
 )
 from service.master.catalog_manager import CatalogManager
 from service.master.catalog_records import HostPort, MemberType, RequestId, request_id_from_pb
-from service.master.ts_descriptor import NodeInstance, TSDescriptor, TSRegistration
+from service.master.heartbeat import handle_heartbeat
+from service.master.ts_descriptor import TSDescriptor
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.raft import Role
@@ -300,31 +300,9 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     async def TSHeartbeat(
         self, request: pb.TSHeartbeatRequestPB, context: Ctx
     ) -> pb.TSHeartbeatResponsePB:
-        """Registration and liveness on every master. Tablet reports are ignored for now."""
-        if not request.HasField("instance"):
-            raise InvalidArgument("instance: missing")
-        try:
-            instance = NodeInstance(
-                NodeId(request.instance.permanent_uuid), request.instance.instance_seqno
-            )
-        except InvalidArgument as e:
-            raise InvalidArgument(f"instance: {e.message}") from None
-        registration = _registration(request) if request.HasField("registration") else None
-        m = self.master
-        assert m.node is not None and m.ts_manager is not None and m.catalog is not None
-        outcome = m.ts_manager.heartbeat(instance, registration)
-        st = m.node.status()
-        leading = st.role is Role.LEADER and m.catalog.loaded
-        return pb.TSHeartbeatResponsePB(
-            master_instance=pb.NodeInstancePB(
-                permanent_uuid=m.uuid, instance_seqno=m.instance_seqno
-            ),
-            leader_master=leading,
-            master_term=st.term,
-            needs_reregister=outcome.needs_reregister,
-            needs_full_tablet_report=leading and outcome.needs_full_report,
-            master_addresses=[_host_port_pb(p.address) for p in m.peers],
-        )
+        """Registration and liveness on every master; reports on the loaded leader only
+        (`heartbeat.handle_heartbeat`)."""
+        return await handle_heartbeat(self.master.heartbeat_context(), request)
 
     @rpc_errors
     async def ListTabletServers(
@@ -439,20 +417,6 @@ def _alter_steps(request: pb.AlterTableRequestPB) -> list[AlterOp]:
                 f"{path}: empty step (set add_column, drop_column or rename_column)"
             )
     return steps
-
-
-def _registration(request: pb.TSHeartbeatRequestPB) -> TSRegistration:
-    r = request.registration
-    try:
-        return TSRegistration(
-            rpc_addresses=tuple(f"{h.host}:{h.port}" for h in r.rpc_addresses),
-            http_addresses=tuple(f"{h.host}:{h.port}" for h in r.http_addresses),
-            software_version=r.software_version,
-            start_time=r.start_time_us / 1_000_000,
-            location=r.location or None,
-        )
-    except InvalidArgument as e:
-        raise InvalidArgument(f"registration: {e.message}") from None
 
 
 # --- encoding ----------------------------------------------------------------------------------

@@ -72,7 +72,12 @@ def create_request(
 def write_request(
     dest: str, tablet_id: str, table: pa.Table, op: int = tpb.ROW_OP_INSERT
 ) -> tpb.WriteRequestPB:
-    return tpb.WriteRequestPB(dest_uuid=dest, tablet_id=tablet_id, rows=ipc(table), default_op=op)
+    return tpb.WriteRequestPB(
+        dest_uuid=dest,
+        tablet_id=tablet_id,
+        rows=ipc(table),
+        default_op=tpb.RowOperationTypePB.ValueType(op),
+    )
 
 
 async def scan_all(
@@ -90,17 +95,17 @@ async def scan_all(
         tablet_id=tablet_id,
         projected_columns=projection or [],
         predicates=predicates or [],
-        read_mode=read_mode,
+        read_mode=tpb.ReadModePB.ValueType(read_mode),
         limit=limit,
     )
-    resp = await stub.Scan(
+    resp = await stub.Scan(  # type: ignore[misc]
         tpb.ScanRequestPB(dest_uuid=dest, new_scan=ns, batch_size_bytes=batch_size_bytes)
     )
     tables = [pa.ipc.open_stream(resp.batch).read_all()]
     seq = 0
     while resp.has_more_results:
         seq += 1
-        resp = await stub.ScanNext(
+        resp = await stub.ScanNext(  # type: ignore[misc]
             tpb.ScanNextRequestPB(
                 dest_uuid=dest,
                 scanner_id=resp.scanner_id,
@@ -147,7 +152,7 @@ class ClusterStubs:
         while time.monotonic() < deadline:
             for u in uuids:
                 try:
-                    r = await self.admin(u).GetConsensusState(
+                    r = await self.admin(u).GetConsensusState(  # type: ignore[misc]
                         tpb.GetConsensusStateRequestPB(dest_uuid=u, tablet_ids=[self.tablet_id]),
                         timeout=1.0,
                     )
@@ -160,4 +165,4 @@ class ClusterStubs:
 
     async def close(self) -> None:
         for ch in self.channels.values():
-            await ch.close()
+            await ch.close(None)

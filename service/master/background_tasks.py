@@ -1,0 +1,453 @@
+"""The leader's background tasks: assignment, roll-forward RPCs, re-replication (seeds 000-004).
+
+Theory of operation
+-------------------
+One `BackgroundTasks` per leadership term: the master starts it once the new leader has loaded
+its catalog and cancels it on any change of role (a deposed leader stops at once; its late
+requests are fenced by the term they carry). Nothing it knows survives the term: a new leader
+recomputes everything from committed state (seed 002's roll-forward, seed 001's "this scanning
+continues in a new leader master following master failover").
+
+Each round (every `interval_s`, or sooner when the catalog commits something that calls for
+work, `CatalogManager.add_work_listener`), in this order:
+
+  1. Assignment: if a tablet is PREPARING, or a CREATING one has outlived the assignment
+     timeout, one `CatalogManager.assign_tablets()` round: ONE replicated write that places
+     PREPARING tablets (-> CREATING with their committed config) and REPLACES timed-out ones
+     (seed 001 appendix B, "Background task scanning", with its fixes). A failed replication is
+     logged and retried next round (KUDU-495: never fatal).
+  2. Re-replication (`rereplication`, seed 004's 3-4-3): only when some server hosting replicas
+     has been dead longer than the eviction time; ChangeConfig to the tablet's leader.
+  3. Side effects: every task of `CatalogManager.pending_tasks()` not already running and not
+     waiting out its backoff is started: CreateTablet on every peer of a CREATING tablet (with
+     its schema, partition and initial config with the peers' addresses), DeleteTablet
+     (TABLET_DATA_DELETED) on every peer of a DELETED or REPLACED one, AlterSchema to the
+     leader of a tablet behind its table's schema. A task whose RPCs all succeeded is reported
+     `task_done`; one that failed is retried after a backoff that doubles from
+     `retry_initial_s` up to `retry_max_s`. Servers already answered successfully within a
+     task are not asked again.
+
+Report-driven RPCs (`report_processing` actions: tombstones, deletes, alters of replicas that
+reported) arrive through `submit()`; they are sent once (deduplicated while in flight): the
+next report from that server triggers them again if needed.
+
+At most `max_concurrent_rpcs` RPCs are in flight at once (a semaphore); a server known to be
+dead is not called (its tasks wait for it, or for the assignment timeout to replace the tablet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass, field
+from random import Random
+from typing import Any
+
+from service.common.clock import Clock
+from service.common.config import MasterConfig
+from service.common.errors import AlreadyExists, NotFound, TesseraError
+from service.common.ids import NodeId
+from service.master.catalog_assignment import (
+    AlterReplicas,
+    CreateReplicas,
+    DeleteReplicas,
+    Task,
+    TaskKey,
+    task_key,
+)
+from service.master.catalog_manager import CatalogManager
+from service.master.catalog_records import ConsensusState, HostPort, TabletState
+from service.master.report_processing import (
+    AlterReplica,
+    ChangeReplicaConfig,
+    ConfigChange,
+    DeleteReplica,
+    ReportAction,
+)
+from service.master.rereplication import plan_rereplication
+from service.master.ts_manager import TSManager
+from service.master.tserver_proxy import Fence, TServerProxy
+from service.pb import tserver_pb2 as tpb
+
+__all__ = ["BackgroundSettings", "BackgroundTasks"]
+
+log = logging.getLogger(__name__)
+
+_CHANGE_PB = {
+    ConfigChange.ADD_PEER: tpb.ChangeConfigRequestPB.ADD_PEER,
+    ConfigChange.REMOVE_PEER: tpb.ChangeConfigRequestPB.REMOVE_PEER,
+    ConfigChange.PROMOTE_PEER: tpb.ChangeConfigRequestPB.PROMOTE_PEER,
+}
+
+
+@dataclass(frozen=True)
+class BackgroundSettings:
+    """Knobs of the background tasks (MasterConfig's, in seconds)."""
+
+    interval_s: float = 1.0
+    retry_initial_s: float = 0.5
+    retry_max_s: float = 10.0
+    max_concurrent_rpcs: int = 64
+    replica_eviction_s: float = 300.0
+
+    @classmethod
+    def from_config(cls, config: MasterConfig) -> BackgroundSettings:
+        return cls(
+            interval_s=config.bg_task_interval_ms / 1000.0,
+            retry_initial_s=config.task_retry_initial_ms / 1000.0,
+            retry_max_s=config.task_retry_max_ms / 1000.0,
+            max_concurrent_rpcs=config.max_concurrent_tserver_rpcs,
+            replica_eviction_s=config.replica_eviction_timeout_ms / 1000.0,
+        )
+
+
+@dataclass
+class _Retry:
+    task: Task
+    attempts: int = 0
+    next_at: float = 0.0
+    succeeded: set[str] = field(default_factory=set)
+    """Servers that already answered this task successfully."""
+
+
+class BackgroundTasks:
+    """The background tasks of one leadership term (module docstring)."""
+
+    def __init__(
+        self,
+        catalog: CatalogManager,
+        ts_manager: TSManager,
+        proxy: TServerProxy,
+        fence: Fence,
+        clock: Clock,
+        rng: Random,
+        settings: BackgroundSettings | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.ts = ts_manager
+        self.proxy = proxy
+        self.fence = fence
+        self.clock = clock
+        self.rng = rng
+        self.settings = settings or BackgroundSettings()
+        self._wake = asyncio.Event()
+        self._sem = asyncio.Semaphore(self.settings.max_concurrent_rpcs)
+        self._running: dict[Any, asyncio.Task[None]] = {}
+        self._retries: dict[TaskKey, _Retry] = {}
+        self._main: asyncio.Task[None] | None = None
+        self._remove_listener: Any = None
+        self.rounds = 0
+        self.rpcs_sent = 0
+        self.rpcs_failed = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._remove_listener = self.catalog.add_work_listener(self.wake)
+        self._main = asyncio.create_task(self._run(), name=f"master-bg-{self.fence.master_term}")
+
+    def stop(self) -> None:
+        """Cancel everything at once (a change of role); `aclose` also waits."""
+        if self._remove_listener is not None:
+            self._remove_listener()
+            self._remove_listener = None
+        if self._main is not None:
+            self._main.cancel()
+        for t in list(self._running.values()):
+            t.cancel()
+
+    async def aclose(self) -> None:
+        self.stop()
+        tasks = [t for t in [self._main, *self._running.values()] if t is not None]
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.round()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("background tasks: round failed")
+            timeout = self.settings.interval_s
+            if self._retries:
+                now = self.clock.monotonic()
+                due = min(r.next_at for r in self._retries.values()) - now
+                timeout = max(0.01, min(timeout, due))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def round(self) -> None:
+        """One round: assignment, re-replication, side effects (module docstring)."""
+        self.rounds += 1
+        catalog = self.catalog
+        if not catalog.loaded:
+            return
+        if catalog.assignment_due():
+            try:
+                plan = await catalog.assign_tablets()
+                if plan.assigned or plan.replaced:
+                    log.info(
+                        "assignment: %d tablets placed, %d replaced",
+                        len(plan.assigned),
+                        len(plan.replaced),
+                    )
+                for u in plan.unplaced[:1]:
+                    log.warning("assignment: %d tablets unplaced: %s", len(plan.unplaced), u.reason)
+            except TesseraError as e:
+                log.warning("assignment round failed (retried next round): %s", e)
+        self._rereplicate()
+        self._start_tasks()
+
+    def _start_tasks(self) -> None:
+        now = self.clock.monotonic()
+        pending = self.catalog.pending_tasks()
+        keys = set()
+        for task in pending:
+            key = task_key(task)
+            keys.add(key)
+            retry = self._retries.get(key)
+            if retry is not None and retry.task != task:
+                retry = self._retries[key] = _Retry(task)
+            if key in self._running or (retry is not None and now < retry.next_at):
+                continue
+            if retry is None:
+                retry = self._retries[key] = _Retry(task)
+            self._spawn(key, self._run_task(key, retry))
+        for key in [k for k in self._retries if k not in keys and k not in self._running]:
+            del self._retries[key]
+
+    def _spawn(self, key: Any, coro: Awaitable[None]) -> None:
+        async def wrapped() -> None:
+            try:
+                await coro
+            finally:
+                self._running.pop(key, None)
+
+        self._running[key] = asyncio.create_task(wrapped())
+
+    async def _run_task(self, key: TaskKey, retry: _Retry) -> None:
+        task = retry.task
+        try:
+            ok = await self._execute(task, retry)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("task %s failed unexpectedly", task)
+            ok = False
+        if ok:
+            self.catalog.task_done(task)
+            self._retries.pop(key, None)
+        else:
+            retry.attempts += 1
+            backoff = min(
+                self.settings.retry_max_s,
+                self.settings.retry_initial_s * 2 ** (retry.attempts - 1),
+            )
+            retry.next_at = self.clock.monotonic() + backoff
+            self.wake()  # recompute the loop's timeout
+
+    # --- executing tasks ---------------------------------------------------------------------
+
+    async def _execute(self, task: Task, retry: _Retry) -> bool:
+        maps = self.catalog.maps
+        tablet = maps.tablets_by_id.get(task.tablet_id)
+        table = maps.tables_by_id.get(task.table_id)
+        if tablet is None or table is None:
+            return True
+        record = tablet.record
+        if isinstance(task, CreateReplicas):
+            if record.state is not TabletState.CREATING or record.consensus is None:
+                return True  # superseded: committed state moved on
+            todo = [u for u in task.replicas if u not in retry.succeeded]
+            results = await asyncio.gather(
+                *(
+                    self._rpc(
+                        u,
+                        lambda a, u=u: self.proxy.create_tablet(
+                            a, u, self.fence, record, table.record
+                        ),
+                        ok_errors=(AlreadyExists,),
+                        fallback=_last_known(record.consensus, u),
+                    )
+                    for u in todo
+                )
+            )
+            retry.succeeded.update(u for u, ok in zip(todo, results, strict=True) if ok)
+            return all(results)
+        if isinstance(task, DeleteReplicas):
+            todo = [u for u in task.servers if u not in retry.succeeded]
+            results = await asyncio.gather(
+                *(
+                    self._rpc(
+                        u,
+                        lambda a, u=u: self.proxy.delete_tablet(
+                            a, u, self.fence, task.tablet_id, tombstone=False, reason=task.reason
+                        ),
+                        ok_errors=(NotFound,),
+                    )
+                    for u in todo
+                )
+            )
+            retry.succeeded.update(u for u, ok in zip(todo, results, strict=True) if ok)
+            return all(results)
+        if isinstance(task, AlterReplicas):
+            cs = record.consensus
+            if record.state is not TabletState.RUNNING or cs is None:
+                return True
+            targets = [cs.leader_uuid] if cs.leader_uuid else [p.uuid for p in cs.peers]
+            schema = table.record.schema
+            for u in targets:
+                ok = await self._rpc(
+                    u,
+                    lambda a, u=u: self.proxy.alter_schema(
+                        a, u, self.fence, task.tablet_id, schema, table.record.name
+                    ),
+                )
+                if ok:
+                    return True
+            return False
+        return True
+
+    async def _rpc(
+        self,
+        server: str,
+        call: Any,
+        ok_errors: tuple[type[TesseraError], ...] = (),
+        fallback: HostPort | None = None,
+    ) -> bool:
+        """One RPC to `server` (skipped, failed, if it is known dead); True on success.
+        `fallback`: the address to use if the server never registered here (a peer's last
+        known address in a committed config)."""
+        address = self.ts.rpc_address(server)
+        if address is None and fallback is not None:
+            address = f"{fallback.host}:{fallback.port}"
+        if address is None or (server in self.ts and not self.ts.is_live(server)):
+            return False
+        async with self._sem:
+            self.rpcs_sent += 1
+            try:
+                await call(address)
+                return True
+            except ok_errors:
+                return True
+            except TesseraError as e:
+                self.rpcs_failed += 1
+                log.info("RPC to tablet server %s (%s) failed: %s", server, address, e)
+                return False
+
+    # --- report-driven RPCs ------------------------------------------------------------------
+
+    def submit(self, actions: Iterable[ReportAction]) -> None:
+        """Send report-driven RPCs once each (deduplicated while in flight)."""
+        for action in actions:
+            key = ("report", type(action).__name__, action.tablet_id, _target(action))
+            if key in self._running:
+                continue
+            self._spawn(key, self._send_action(action))
+
+    async def _send_action(self, action: ReportAction) -> None:
+        if isinstance(action, DeleteReplica):
+            await self._rpc(
+                action.server,
+                lambda a: self.proxy.delete_tablet(
+                    a,
+                    action.server,
+                    self.fence,
+                    action.tablet_id,
+                    tombstone=action.tombstone,
+                    cas_config_opid_index=action.cas_config_opid_index,
+                    reason=action.reason,
+                ),
+                ok_errors=(NotFound,),
+            )
+        elif isinstance(action, AlterReplica):
+            table = self.catalog.maps.tables_by_id.get(action.table_id)
+            if table is None or table.is_removed:
+                return
+            schema, name = table.record.schema, table.record.name
+            await self._rpc(
+                action.server,
+                lambda a: self.proxy.alter_schema(
+                    a, action.server, self.fence, action.tablet_id, schema, name
+                ),
+            )
+        elif isinstance(action, ChangeReplicaConfig):
+            await self._rpc(
+                action.leader,
+                lambda a: self.proxy.change_config(
+                    a,
+                    action.leader,
+                    self.fence,
+                    action.tablet_id,
+                    _CHANGE_PB[action.change],
+                    action.peer,
+                    action.cas_config_opid_index,
+                ),
+            )
+
+    # --- re-replication ----------------------------------------------------------------------
+
+    def failed_servers(self) -> set[str]:
+        """Servers hosting replicas (per the catalog) dead longer than the eviction time."""
+        eviction = self.settings.replica_eviction_s
+        out = set()
+        for d in self.ts.descriptors():
+            if not d.live and d.heartbeat_age_s >= eviction and d.total_replicas:
+                out.add(str(d.uuid))
+        return out
+
+    def _rereplicate(self) -> None:
+        failed = self.failed_servers()
+        if not failed:
+            return
+        maps = self.catalog.maps
+        loads = self.ts.server_loads()
+        addresses = {
+            str(d.uuid): _host_port(d.rpc_address) for d in self.ts.descriptors() if d.live
+        }
+        actions = []
+        for tablet in maps.tablets_by_id.values():
+            record = tablet.record
+            cs = record.consensus
+            if record.state is not TabletState.RUNNING or cs is None:
+                continue
+            if not any(p.uuid in failed for p in cs.peers):
+                continue
+            table = maps.tables_by_id[record.table_id]
+            action = plan_rereplication(
+                record, table.record, failed.__contains__, loads, addresses, self.rng
+            )
+            if action is not None:
+                actions.append(action)
+        if actions:
+            log.info("re-replication: %d config changes", len(actions))
+            self.submit(actions)
+
+
+def _last_known(cs: ConsensusState | None, uuid: str) -> HostPort | None:
+    peer = cs.peer(uuid) if cs is not None else None
+    return peer.last_known_addr if peer is not None else None
+
+
+def _target(action: ReportAction) -> NodeId:
+    return action.leader if isinstance(action, ChangeReplicaConfig) else action.server
+
+
+def _host_port(address: str) -> HostPort:
+    host, _, port = address.rpartition(":")
+    return HostPort(host, int(port))

@@ -1,0 +1,236 @@
+"""The master's client of tablet servers' admin RPCs (tserver.proto, TabletServerAdminService).
+
+Theory of operation
+-------------------
+The leader master changes tablet servers only through the four admin RPCs of seed 001's
+contract, step 7: CreateTablet, DeleteTablet, AlterSchema and ChangeConfig. Every request
+
+* names its destination's permanent uuid (`dest_uuid`): a server refuses a request meant for
+  another uuid (an address reused after a move, a wiped server back under a new uuid, seed 004);
+* carries the fence `{master_uuid, master_term}`: a server refuses a term lower than the
+  highest it has seen, so a deposed leader's requests are not honoured (seed 001's fencing);
+* has a deadline (`rpc_timeout_s`).
+
+A failed call raises the `TesseraError` its status stands for (`errors.from_grpc`: a server's
+CasMismatch, StaleTerm, NotFound...; a server that cannot be reached is ServiceUnavailable, a
+deadline Timeout). Retrying is the caller's business (`background_tasks`).
+
+One `grpc.aio` channel per server address, created on first use and kept until `aclose()` (a
+server that re-registered at another address gets a new channel; at most `max_channels` are
+kept, the least recently used closed first). One event loop owns the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from service.common.errors import from_grpc
+from service.common.schema import Schema
+from service.common.schema_codec import partition_schema_to_pb, partition_to_pb, schema_to_pb
+from service.master.catalog_records import (
+    ConsensusState,
+    HostPort,
+    RaftPeer,
+    TableRecord,
+    TabletRecord,
+    consensus_state_to_pb,
+)
+from service.pb import master_pb2 as mpb
+from service.pb import tserver_pb2 as tpb
+from service.pb import tserver_pb2_grpc
+
+__all__ = ["Fence", "TServerProxy"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Who sends, in which term (tserver.proto's MasterFencePB)."""
+
+    master_uuid: str
+    master_term: int
+
+    def to_pb(self) -> tpb.MasterFencePB:
+        return tpb.MasterFencePB(master_uuid=self.master_uuid, master_term=self.master_term)
+
+
+def raft_config_pb(cs: ConsensusState) -> mpb.RaftConfigPB:
+    """The committed config of `cs` as RaftConfigPB (peers with their last known addresses)."""
+    return consensus_state_to_pb(cs).committed_config
+
+
+def raft_peer_pb(peer: RaftPeer) -> mpb.RaftPeerPB:
+    out = mpb.RaftPeerPB(
+        permanent_uuid=peer.uuid, member_type=peer.member_type.value, promote=peer.promote
+    )
+    if peer.last_known_addr is not None:
+        out.last_known_addr.host = peer.last_known_addr.host
+        out.last_known_addr.port = peer.last_known_addr.port
+    return out
+
+
+class TServerProxy:
+    """Admin RPCs to tablet servers (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        rpc_timeout_s: float = 10.0,
+        grpc_options: list[tuple[str, Any]] | None = None,
+        max_channels: int = 4096,
+    ) -> None:
+        if not rpc_timeout_s > 0:
+            raise ValueError(f"rpc_timeout_s must be > 0, got {rpc_timeout_s}")
+        self.rpc_timeout_s = rpc_timeout_s
+        self._options = list(grpc_options or [])
+        self._max_channels = max_channels
+        self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
+        self._stubs: dict[str, tserver_pb2_grpc.TabletServerAdminServiceStub] = {}
+        self._closing: set[asyncio.Future[None]] = set()
+        self._closed = False
+
+    # --- the RPCs ----------------------------------------------------------------------------
+
+    async def create_tablet(
+        self, address: str, dest_uuid: str, fence: Fence, tablet: TabletRecord, table: TableRecord
+    ) -> None:
+        """CreateTablet of `tablet` (which must have its committed config) on `dest_uuid`."""
+        if tablet.consensus is None:
+            raise ValueError(f"tablet {tablet.tablet_id} has no config to create it with")
+        req = tpb.CreateTabletRequestPB(
+            dest_uuid=dest_uuid,
+            fence=fence.to_pb(),
+            tablet_id=tablet.tablet_id,
+            table_id=tablet.table_id,
+            table_name=table.name,
+            partition=partition_to_pb(tablet.partition),
+            schema=schema_to_pb(table.schema),
+            partition_schema=partition_schema_to_pb(table.partition_schema, table.schema),
+            config=raft_config_pb(tablet.consensus),
+        )
+        await self._call(address, lambda s: s.CreateTablet(req, timeout=self.rpc_timeout_s))
+
+    async def delete_tablet(
+        self,
+        address: str,
+        dest_uuid: str,
+        fence: Fence,
+        tablet_id: str,
+        *,
+        tombstone: bool,
+        cas_config_opid_index: int | None = None,
+        reason: str = "",
+    ) -> None:
+        """DeleteTablet: TABLET_DATA_TOMBSTONED if `tombstone` (an evicted replica, keeps its
+        consensus metadata), else TABLET_DATA_DELETED (the tablet or its table was deleted)."""
+        req = tpb.DeleteTabletRequestPB(
+            dest_uuid=dest_uuid,
+            fence=fence.to_pb(),
+            tablet_id=tablet_id,
+            delete_type=tpb.TABLET_DATA_TOMBSTONED if tombstone else tpb.TABLET_DATA_DELETED,
+            reason=reason,
+        )
+        if cas_config_opid_index is not None:
+            req.cas_config_opid_index = cas_config_opid_index
+        await self._call(address, lambda s: s.DeleteTablet(req, timeout=self.rpc_timeout_s))
+
+    async def alter_schema(
+        self,
+        address: str,
+        dest_uuid: str,
+        fence: Fence,
+        tablet_id: str,
+        schema: Schema,
+        new_table_name: str = "",
+    ) -> int:
+        """AlterSchema to `schema` (its version); returns the version the replica runs."""
+        req = tpb.AlterSchemaRequestPB(
+            dest_uuid=dest_uuid,
+            fence=fence.to_pb(),
+            tablet_id=tablet_id,
+            schema=schema_to_pb(schema),
+            new_table_name=new_table_name,
+        )
+        resp: tpb.AlterSchemaResponsePB = await self._call(
+            address, lambda s: s.AlterSchema(req, timeout=self.rpc_timeout_s)
+        )
+        return resp.schema_version
+
+    async def change_config(
+        self,
+        address: str,
+        dest_uuid: str,
+        fence: Fence,
+        tablet_id: str,
+        change: int,
+        peer: RaftPeer,
+        cas_config_opid_index: int | None,
+    ) -> mpb.ConsensusStatePB:
+        """ChangeConfig (`change`: tpb.ChangeConfigRequestPB.ADD_PEER, REMOVE_PEER or
+        PROMOTE_PEER) sent to the tablet's leader, compare-and-set on the committed config."""
+        req = tpb.ChangeConfigRequestPB(
+            dest_uuid=dest_uuid,
+            fence=fence.to_pb(),
+            tablet_id=tablet_id,
+            type=change,  # type: ignore[arg-type]
+            peer=raft_peer_pb(peer),
+        )
+        if cas_config_opid_index is not None:
+            req.cas_config_opid_index = cas_config_opid_index
+        resp: tpb.ChangeConfigResponsePB = await self._call(
+            address, lambda s: s.ChangeConfig(req, timeout=self.rpc_timeout_s)
+        )
+        return resp.consensus_state
+
+    # --- channels ----------------------------------------------------------------------------
+
+    async def _call(self, address: str, fn: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Call `fn(stub)` (a grpc.aio call; the generated stubs are typed as sync ones)."""
+        stub = self._stub(address)
+        try:
+            return await fn(stub)
+        except grpc.aio.AioRpcError as e:
+            raise from_grpc(e) from e
+
+    def _stub(self, address: str) -> tserver_pb2_grpc.TabletServerAdminServiceStub:
+        if self._closed:
+            raise RuntimeError("the tablet server proxy is closed")
+        stub = self._stubs.get(address)
+        if stub is not None:
+            self._channels.move_to_end(address)
+            return stub
+        while len(self._channels) >= self._max_channels:
+            old, channel = self._channels.popitem(last=False)
+            self._stubs.pop(old, None)
+            closing = asyncio.ensure_future(channel.close(None))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+        channel = grpc.aio.insecure_channel(address, options=self._options)
+        self._channels[address] = channel
+        stub = self._stubs[address] = tserver_pb2_grpc.TabletServerAdminServiceStub(channel)
+        return stub
+
+    def __len__(self) -> int:
+        return len(self._channels)
+
+    async def aclose(self) -> None:
+        """Close every channel (calls in flight fail). Idempotent."""
+        self._closed = True
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._stubs.clear()
+        for channel in channels:
+            await channel.close(None)
+
+
+def address_str(hp: HostPort) -> str:
+    return f"{hp.host}:{hp.port}"

@@ -1,0 +1,100 @@
+"""Three real master processes and simulated tablet servers: creates left pending by a leader
+killed with -9 are finished by the new leader (roll-forward from committed state, full reports
+after its election, KUDU-1374), and the deposed leader's term is fenced."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import grpc
+import pytest
+
+from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
+from service.pb import master_pb2 as pb
+from service.testing.master_cluster import FAST_RAFT, MasterCluster
+from service.testing.ts_simulator import Simulator, SimulatorThread
+from tests.integration.test_master_cluster import Masters, _serving_leader, _wait
+from tests.integration.test_master_tasks import PARTITIONING, SCHEMA
+
+pytestmark = pytest.mark.integration
+
+OVERRIDES = {
+    **FAST_RAFT,
+    "bg_task_interval_ms": "100",
+    "task_retry_initial_ms": "100",
+    "task_retry_max_ms": "300",
+    "tserver_rpc_timeout_ms": "2000",
+    "unresponsive_timeout_ms": "3000",
+}
+
+
+def _done(masters: Masters, leader: str, table_id: str) -> bool | None:
+    try:
+        r = masters[leader].IsCreateTableDone(
+            pb.IsCreateTableDoneRequestPB(table=pb.TableIdentifierPB(table_id=table_id)),
+            timeout=2,
+        )
+    except grpc.RpcError:
+        return None
+    return True if r.done else None
+
+
+def test_pending_creates_finish_under_the_new_leader_after_kill_9(tmp_path: Path) -> None:
+    with MasterCluster(tmp_path, 3, overrides=OVERRIDES) as cluster:
+        masters = Masters(cluster.addresses)
+        try:
+            leader = _wait("a leader", lambda: _serving_leader(masters, cluster.addresses))
+            with SimulatorThread(
+                cluster.addresses, ["ts-1", "ts-2", "ts-3"], heartbeat_interval_s=0.1
+            ) as sims:
+
+                def live() -> bool | None:
+                    r = masters[leader].ListTabletServers(
+                        pb.ListTabletServersRequestPB(), timeout=2
+                    )
+                    return True if sum(s.live for s in r.servers) == 3 else None
+
+                _wait("3 live servers", live)
+                sims.call(lambda s: setattr(s, "hold_creates", True))
+                created = masters[leader].CreateTable(
+                    pb.CreateTableRequestPB(
+                        request_id=pb.RequestIdPB(client_id="c", seq_no=1),
+                        name="t",
+                        schema=schema_to_pb(SCHEMA),
+                        partition_schema=partition_schema_to_pb(PARTITIONING, SCHEMA),
+                        num_replicas=3,
+                    ),
+                    timeout=10,
+                )
+
+                def assigned() -> bool | None:
+                    r = masters[leader].IsCreateTableDone(
+                        pb.IsCreateTableDoneRequestPB(
+                            table=pb.TableIdentifierPB(table_id=created.table_id)
+                        ),
+                        timeout=2,
+                    )
+                    assert not r.done
+                    return True if r.tablets_total == 4 else None
+
+                _wait("tablets assigned", assigned)
+                old_term = sims.call(lambda s: s.servers["ts-1"].highest_term)
+                cluster.kill(cluster.by_address(leader).name, signal.SIGKILL)
+                sims.call(lambda s: setattr(s, "hold_creates", False))
+                survivors = [a for a in cluster.addresses if a != leader]
+                new_leader = _wait("a new leader", lambda: _serving_leader(masters, survivors))
+                _wait(
+                    "create done under the new leader",
+                    lambda: _done(masters, new_leader, created.table_id),
+                    30,
+                )
+
+                def fenced(s: Simulator) -> bool:
+                    return all(srv.highest_term > old_term for srv in s.servers.values())
+
+                assert sims.call(fenced)
+                hosted = sims.call(lambda s: sum(len(x.replicas) for x in s.servers.values()))
+                assert hosted == 12
+        finally:
+            masters.close()

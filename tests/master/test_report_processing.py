@@ -1,0 +1,288 @@
+"""Tablet report processing, table-driven from seed 001 appendix B ("Heartbeat for tablet t")
+with its fixes, then whole reports through the catalog manager (ONE write per report)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import replace
+
+import pytest
+
+from service.common.errors import Timeout
+from service.common.ids import NodeId, TableId, TabletId
+from service.common.partition import Partition
+from service.common.schema import AddColumn, ColumnType
+from service.master.catalog_records import (
+    ConsensusState,
+    HostPort,
+    MemberType,
+    RaftPeer,
+    TableRecord,
+    TableState,
+    TabletRecord,
+    TabletState,
+)
+from service.master.report_processing import (
+    REPORT_OPERATION,
+    AlterReplica,
+    DeleteReplica,
+    ReplicaState,
+    ReportedRole,
+    ReportedTablet,
+    decide,
+)
+from tests.master.test_catalog_manager import (
+    PARTITIONING,
+    SCHEMA,
+    Ids,
+    by_id,
+    create,
+    make_env,
+    run,
+)
+
+T = TableId("a" * 32)
+X = TabletId("b" * 32)
+PEERS = tuple(
+    RaftPeer(NodeId(f"ts-{i}"), MemberType.VOTER, HostPort(f"10.0.0.{i}", 7050)) for i in range(3)
+)
+CONFIG0 = ConsensusState(term=0, config_index=0, peers=PEERS)
+TABLE = TableRecord(
+    table_id=T,
+    name="t",
+    schema=replace(SCHEMA, version=2),
+    partition_schema=PARTITIONING,
+    state=TableState.RUNNING,
+    num_replicas=3,
+)
+CREATING = TabletRecord(
+    X, T, Partition((), b"", b"", b"", b""), TabletState.CREATING, consensus=CONFIG0
+)
+RUNNING = replace(
+    CREATING,
+    state=TabletState.RUNNING,
+    consensus=replace(CONFIG0, term=1, leader_uuid=NodeId("ts-0")),
+    reported_schema_version=2,
+)
+
+
+def cs(
+    term: int, leader: str | None, index: int = 0, peers: tuple[RaftPeer, ...] = PEERS
+) -> ConsensusState:
+    return ConsensusState(term, index, peers, NodeId(leader) if leader else None)
+
+
+def rep(
+    role: ReportedRole,
+    consensus: ConsensusState | None,
+    *,
+    schema: int = 2,
+    state: ReplicaState = ReplicaState.RUNNING,
+) -> ReportedTablet:
+    return ReportedTablet(X, state, role, consensus, schema)
+
+
+LEADER, FOLLOWER = ReportedRole.LEADER, ReportedRole.FOLLOWER
+NEW_PEERS = (*PEERS[:2], RaftPeer(NodeId("ts-3"), MemberType.VOTER))
+
+# (name, tablet record or None, table record, reporter, report,
+#  expected update (field -> value) or None, expected actions)
+CASES = [
+    ("no record: never deleted (appendix A)", None, TABLE, "ts-0", rep(LEADER, cs(1, "ts-0")),
+     None, []),
+    ("deleted tablet: DELETED", replace(RUNNING, state=TabletState.DELETED), TABLE, "ts-1",
+     rep(FOLLOWER, cs(1, "ts-0")), None, ["delete ts-1 DELETED"]),
+    ("replaced tablet: DELETED", replace(CREATING, state=TabletState.REPLACED,
+     replaced_by=TabletId("c" * 32)), TABLE, "ts-2", rep(LEADER, cs(1, "ts-2")), None,
+     ["delete ts-2 DELETED"]),
+    ("removed table: DELETED", RUNNING, replace(TABLE, state=TableState.REMOVED), "ts-0",
+     rep(LEADER, cs(1, "ts-0")), None, ["delete ts-0 DELETED"]),
+    ("CREATING + leader of the committed config: RUNNING", CREATING, TABLE, "ts-0",
+     rep(LEADER, cs(1, "ts-0")), {"state": TabletState.RUNNING, "term": 1, "leader": "ts-0"},
+     []),
+    ("CREATING + follower: nothing", CREATING, TABLE, "ts-1", rep(FOLLOWER, cs(1, "ts-0")),
+     None, []),
+    ("CREATING + LEADER role naming another leader: nothing", CREATING, TABLE, "ts-1",
+     rep(LEADER, cs(1, "ts-0")), None, []),
+    ("CREATING + leaderless report: nothing", CREATING, TABLE, "ts-0", rep(LEADER, cs(0, None)),
+     None, []),
+    ("RUNNING + newer committed config from its leader: recorded", RUNNING, TABLE, "ts-0",
+     rep(LEADER, cs(2, "ts-0", 5, NEW_PEERS)),
+     {"term": 2, "index": 5, "peers": ("ts-0", "ts-1", "ts-3")}, []),
+    ("RUNNING + new leader same config: recorded", RUNNING, TABLE, "ts-1",
+     rep(LEADER, cs(2, "ts-1")), {"term": 2, "leader": "ts-1"}, []),
+    ("RUNNING + stale leader (older term): ignored", replace(RUNNING, consensus=cs(3, "ts-1")),
+     TABLE, "ts-0", rep(LEADER, cs(2, "ts-0"), schema=0), None, []),
+    ("RUNNING + same state again: nothing", RUNNING, TABLE, "ts-0", rep(LEADER, cs(1, "ts-0")),
+     None, []),
+    ("evicted replica: TOMBSTONED with cas on the known config", replace(RUNNING,
+     consensus=cs(2, "ts-0", 5, NEW_PEERS)), TABLE, "ts-2", rep(FOLLOWER, cs(1, "ts-0")),
+     None, ["tombstone ts-2 cas 5"]),
+    ("evicted but its config is newer than the master's: nothing", RUNNING, TABLE, "ts-9",
+     rep(FOLLOWER, cs(3, "ts-0", 7, (*PEERS, RaftPeer(NodeId("ts-9"), MemberType.NON_VOTER)))),
+     None, []),
+    ("evicted and already tombstoned: nothing", replace(RUNNING,
+     consensus=cs(2, "ts-0", 5, NEW_PEERS)), TABLE, "ts-2",
+     rep(FOLLOWER, cs(1, "ts-0"), state=ReplicaState.TOMBSTONED), None, []),
+    ("leader on an old schema: AlterSchema, version recorded", replace(RUNNING,
+     reported_schema_version=0), TABLE, "ts-0", rep(LEADER, cs(1, "ts-0"), schema=1),
+     {"schema": 1}, ["alter ts-0 to 2"]),
+    ("leader on the table's schema: version recorded", replace(RUNNING,
+     reported_schema_version=1), TABLE, "ts-0", rep(LEADER, cs(1, "ts-0"), schema=2),
+     {"schema": 2}, []),
+    ("follower on an old schema: nothing (its leader is asked)", RUNNING, TABLE, "ts-1",
+     rep(FOLLOWER, cs(1, "ts-0"), schema=0), None, []),
+    ("CREATING + leader on an old schema: RUNNING and AlterSchema", CREATING, TABLE, "ts-0",
+     rep(LEADER, cs(1, "ts-0"), schema=0), {"state": TabletState.RUNNING, "schema": 0},
+     ["alter ts-0 to 2"]),
+]  # fmt: skip
+
+
+def _action(a: object) -> str:
+    if isinstance(a, DeleteReplica):
+        if a.tombstone:
+            return f"tombstone {a.server} cas {a.cas_config_opid_index}"
+        return f"delete {a.server} DELETED"
+    assert isinstance(a, AlterReplica)
+    return f"alter {a.server} to {a.schema_version}"
+
+
+@pytest.mark.parametrize(
+    ("tablet", "table", "reporter", "report", "update", "actions"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_decide(
+    tablet: TabletRecord | None,
+    table: TableRecord,
+    reporter: str,
+    report: ReportedTablet,
+    update: dict[str, object] | None,
+    actions: list[str],
+) -> None:
+    d = decide(NodeId(reporter), report, tablet, table)
+    assert [_action(a) for a in d.actions] == actions
+    if update is None:
+        assert d.update is None, d.note
+        return
+    assert d.update is not None and tablet is not None, d.note
+    got = d.update
+    assert got.consensus is not None
+    view = {
+        "state": got.state,
+        "term": got.consensus.term,
+        "leader": got.consensus.leader_uuid,
+        "index": got.consensus.config_index,
+        "peers": tuple(p.uuid for p in got.consensus.peers),
+        "schema": got.reported_schema_version,
+    }
+    assert {k: view[k] for k in update} == update
+    # Unchanged fields stay; a recorded peer's address is kept when the report has none.
+    assert (got.tablet_id, got.table_id, got.partition) == (X, T, tablet.partition)
+    for p in got.consensus.peers:
+        old = tablet.consensus.peer(p.uuid) if tablet.consensus else None
+        if old is not None and old.last_known_addr is not None:
+            assert p.last_known_addr == old.last_known_addr
+
+
+# --- whole reports through the catalog manager -----------------------------------------------
+
+
+def _leader_reports(env: object, table_id: str, schema: int = 0) -> dict[str, list[ReportedTablet]]:
+    """What each server would report: LEADER for tablets it is first peer of, else FOLLOWER."""
+    out: dict[str, list[ReportedTablet]] = {}
+    for row in env.state.tablets_of(table_id):  # type: ignore[attr-defined]
+        rec = row.record
+        assert rec.consensus is not None
+        leader = rec.consensus.peers[0].uuid
+        c = dataclasses.replace(rec.consensus, term=1, leader_uuid=leader)
+        for p in rec.consensus.peers:
+            role = LEADER if p.uuid == leader else FOLLOWER
+            out.setdefault(p.uuid, []).append(
+                ReportedTablet(rec.tablet_id, ReplicaState.RUNNING, role, c, schema)
+            )
+    return out
+
+
+def test_a_full_report_is_one_write_and_makes_tablets_running() -> None:
+    async def main() -> None:
+        env = make_env()
+        table_id = await create(env)
+        await env.cm.assign_tablets()
+        before = env.raft.proposals
+        reports = _leader_reports(env, table_id)
+        for uuid, tablets in sorted(reports.items()):
+            plan = await env.cm.process_report(NodeId(uuid), tablets)
+            assert plan.actions == ()
+        # One write per reporting server that leads something, none for pure followers.
+        leaders = {t.consensus.leader_uuid for ts in reports.values() for t in ts if t.consensus}
+        assert env.raft.proposals - before == len(leaders)
+        status = await env.cm.is_create_table_done(by_id(table_id))
+        assert status.done and status.tablets_running == 6
+        entry = env.raft.log[-1]
+        assert REPORT_OPERATION.encode() in entry
+        # Processing the same reports again changes nothing and writes nothing.
+        before = env.raft.proposals
+        for uuid, tablets in sorted(reports.items()):
+            await env.cm.process_report(NodeId(uuid), tablets)
+        assert env.raft.proposals == before
+
+    run(main())
+
+
+def test_alter_done_when_every_leader_reports_the_version_in_the_same_write() -> None:
+    async def main() -> None:
+        env = make_env()
+        table_id = await create(env)
+        await env.cm.assign_tablets()
+        for uuid, tablets in sorted(_leader_reports(env, table_id).items()):
+            await env.cm.process_report(NodeId(uuid), tablets)
+        version = await env.cm.alter_table(
+            by_id(table_id), [AddColumn("extra", ColumnType.INT32)], Ids()()
+        )
+        assert version == 1
+        assert env.state.table(table_id).record.state is TableState.ALTERING  # type: ignore[union-attr]
+        old = _leader_reports(env, table_id, schema=0)
+        actions = []
+        for uuid, tablets in sorted(old.items()):
+            actions += (await env.cm.process_report(NodeId(uuid), tablets)).actions
+        assert sorted(a.tablet_id for a in actions) == sorted(
+            r.tablet_id for rs in old.values() for r in rs if r.role is LEADER
+        )
+        assert all(isinstance(a, AlterReplica) and a.schema_version == 1 for a in actions)
+        assert not (await env.cm.is_alter_table_done(by_id(table_id))).done
+        for uuid, tablets in sorted(_leader_reports(env, table_id, schema=1).items()):
+            await env.cm.process_report(NodeId(uuid), tablets)
+        assert (await env.cm.is_alter_table_done(by_id(table_id))).done
+        rec = env.state.table(table_id).record  # type: ignore[union-attr]
+        assert rec.state is TableState.RUNNING and rec.fully_applied_schema is None
+
+    run(main())
+
+
+def test_a_failed_replication_changes_nothing_and_raises() -> None:
+    async def main() -> None:
+        env = make_env()
+        table_id = await create(env)
+        await env.cm.assign_tablets()
+        snap = env.snapshot()
+        env.raft.fail_before.append(Timeout("lost the lease"))
+        uuid, tablets = sorted(_leader_reports(env, table_id).items())[0]
+        with pytest.raises(Timeout):
+            await env.cm.process_report(NodeId(uuid), tablets)
+        assert env.snapshot() == snap
+        # The next report goes through.
+        await env.cm.process_report(NodeId(uuid), tablets)
+        assert env.snapshot() != snap
+
+    run(main())
+
+
+def test_orphans_are_listed_and_left_alone() -> None:
+    async def main() -> None:
+        env = make_env()
+        orphan = ReportedTablet(TabletId("f" * 32), ReplicaState.RUNNING, LEADER, cs(1, "ts-0"), 0)
+        plan = await env.cm.process_report(NodeId("ts-0"), [orphan])
+        assert plan.write is None and plan.actions == () and plan.orphans == (orphan.tablet_id,)
+
+    run(main())
