@@ -22,6 +22,7 @@ from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.pb import tserver_pb2 as tpb
+from service.testing.master_cluster import FAST_RAFT
 from service.testing.mini_cluster import MiniCluster
 from service.testing.tablet_fixtures import SCHEMA, ClusterStubs, rows, scan_all, write_request
 
@@ -126,6 +127,104 @@ def test_create_table_runs_on_real_tablet_servers_write_scan_delete(tmp_path: Pa
                     await client.close()
 
             _wait("replicas deleted from the servers", lambda: asyncio.run(hosted()) == 0 or None)
+        finally:
+            for c in channels:
+                c.close()
+
+
+def test_dead_server_is_replaced_by_a_copy_on_a_fourth_server(tmp_path: Path) -> None:
+    """3-4-3 on real processes: a tablet server stopped past the eviction time loses its
+    replica; the master adds one on the fourth server, the tablet copy runs, the dead replica is
+    removed, and every replica of the new config has the same checksum."""
+    overrides = {
+        **FAST_RAFT,
+        "unresponsive_timeout_ms": "1500",
+        "replica_eviction_timeout_ms": "2000",
+        "bg_task_interval_ms": "200",
+    }
+    with MiniCluster(tmp_path, num_tservers=3, master_overrides=overrides) as cluster:
+        channels = [grpc.insecure_channel(a) for a in cluster.master_addresses]
+        stubs = {
+            a: master_pb2_grpc.MasterServiceStub(c)
+            for a, c in zip(cluster.master_addresses, channels, strict=True)
+        }
+        try:
+            leader = _wait("a serving master leader", lambda: _leader(stubs))
+            m = stubs[leader]
+            created = m.CreateTable(
+                pb.CreateTableRequestPB(
+                    request_id=pb.RequestIdPB(client_id="e2e", seq_no=1),
+                    name="one",
+                    schema=schema_to_pb(SCHEMA),
+                    partition_schema=partition_schema_to_pb(PartitionSchema(), SCHEMA),
+                    num_replicas=3,
+                ),
+                timeout=10,
+            )
+            table = pb.TableIdentifierPB(table_id=created.table_id)
+            _wait(
+                "the tablet RUNNING",
+                lambda: (
+                    m.IsCreateTableDone(pb.IsCreateTableDoneRequestPB(table=table), timeout=5).done
+                ),
+            )
+            locs = m.GetTableLocations(pb.GetTableLocationsRequestPB(table=table), timeout=5)
+            (tablet,) = locs.tablet_locations
+            lead = next(r.ts_uuid for r in tablet.replicas if r.role == pb.LEADER)
+
+            async def write() -> None:
+                client = ClusterStubs(cluster, tablet.tablet_id)
+                try:
+                    await client.data(lead).Write(
+                        write_request(lead, tablet.tablet_id, rows(0, 5000)), timeout=10
+                    )
+                finally:
+                    await client.close()
+
+            asyncio.run(write())
+            ts4 = cluster.add_tserver_slot("ts-4")
+            cluster.start_tserver("ts-4")
+            victim = next(r.ts_uuid for r in tablet.replicas if r.ts_uuid != lead)
+            cluster.kill_tserver(cluster.tserver_by_uuid(victim).name)
+
+            def replaced() -> list[str] | None:
+                r = m.GetTableLocations(pb.GetTableLocationsRequestPB(table=table), timeout=5)
+                uuids = sorted(x.ts_uuid for x in r.tablet_locations[0].replicas)
+                voters = [
+                    x.ts_uuid
+                    for x in r.tablet_locations[0].replicas
+                    if x.member_type != pb.NON_VOTER
+                ]
+                if victim not in uuids and ts4.uuid in voters and len(uuids) == 3:
+                    return uuids
+                return None
+
+            members = _wait("the dead replica replaced by ts-4", replaced, timeout=90)
+
+            async def checksums() -> set[tuple[int, bytes]]:
+                client = ClusterStubs(cluster, tablet.tablet_id)
+                try:
+                    leader_now = await client.leader(members)
+                    probe = await client.data(leader_now).Write(
+                        write_request(leader_now, tablet.tablet_id, rows(9000, 9001)), timeout=10
+                    )
+                    out = set()
+                    for u in members:
+                        c = await client.data(u).Checksum(
+                            tpb.ChecksumRequestPB(
+                                dest_uuid=u,
+                                tablet_id=tablet.tablet_id,
+                                min_applied_index=probe.applied_index,
+                            ),
+                            timeout=30,
+                        )
+                        out.add((c.row_count, c.digest))
+                    return out
+                finally:
+                    await client.close()
+
+            sums = asyncio.run(checksums())
+            assert len(sums) == 1 and next(iter(sums))[0] == 5001, sums
         finally:
             for c in channels:
                 c.close()
