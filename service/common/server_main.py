@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -75,6 +76,17 @@ async def serve(
     for t in waits:
         t.cancel()
     return code
+
+
+def advertised_address(rpc_bind: str, advertised: str | None, bound_port: int) -> str:
+    """The host:port peers and clients use: `advertised` if set, else the bind host (the
+    machine's hostname for a wildcard bind) with the port actually bound (`:0` picks one)."""
+    if advertised is not None:
+        return advertised
+    host = rpc_bind.rsplit(":", 1)[0]
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        host = socket.gethostname()
+    return f"{host}:{bound_port}"
 
 
 def main(

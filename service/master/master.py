@@ -63,7 +63,6 @@ import logging
 import os
 import random
 import re
-import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -77,6 +76,7 @@ from service.common.clock import Clock, RealClock
 from service.common.config import MasterConfig
 from service.common.errors import FailedPrecondition, InvalidArgument, TesseraError
 from service.common.ids import NodeId
+from service.common.server_main import advertised_address
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import LeaderChange, NodeSettings, RaftNode
 from service.consensus.raft_store import RaftStore
@@ -127,15 +127,6 @@ class MasterPeer:
 
     uuid: NodeId
     address: str
-
-
-def _advertised(config: MasterConfig, bound_port: int) -> str:
-    if config.advertised_address is not None:
-        return config.advertised_address
-    host = config.rpc_bind.rsplit(":", 1)[0]
-    if host in ("0.0.0.0", "::", "[::]", ""):
-        host = socket.gethostname()
-    return f"{host}:{bound_port}"
 
 
 def _check_instance(data_dir: Path, uuid: NodeId) -> None:
@@ -195,7 +186,7 @@ class MasterServer:
         if port == 0:
             raise OSError(f"could not bind {config.rpc_bind}")
         self._server = server
-        self.address = _advertised(config, port)
+        self.address = advertised_address(config.rpc_bind, config.advertised_address, port)
         self.uuid = master_uuid(self.address)
         addresses = config.master_addresses or (self.address,)
         if self.address not in addresses:

@@ -418,7 +418,7 @@ class TabletReplica:
             if kind == mpb.NON_VOTER:
                 peer.promote = node.is_promotable(member)
             addr = self.transport.address_of(member) or (
-                self.transport.address_of(self.uuid) if member == self.uuid else None
+                getattr(self.transport, "own_address", None) if member == self.uuid else None
             )
             if addr:
                 host, _, port = addr.rpartition(":")

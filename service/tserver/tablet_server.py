@@ -23,7 +23,6 @@ import asyncio
 import json
 import logging
 import os
-import socket
 import time
 import uuid as uuidlib
 from pathlib import Path
@@ -32,6 +31,7 @@ import grpc
 
 from service.common.config import TServerConfig
 from service.common.errors import FailedPrecondition, StaleTerm
+from service.common.server_main import advertised_address
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import NodeSettings
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
@@ -72,15 +72,6 @@ def load_or_create_uuid(data_dir: Path) -> NodeId:
     return new
 
 
-def _advertised(config: TServerConfig, bound_port: int) -> str:
-    if config.advertised_address is not None:
-        return config.advertised_address
-    host = config.rpc_bind.rsplit(":", 1)[0]
-    if host in ("0.0.0.0", "::", "[::]", ""):
-        host = socket.gethostname()
-    return f"{host}:{bound_port}"
-
-
 def _host_port(address: str) -> mpb.HostPortPB:
     host, _, port = address.rpartition(":")
     return mpb.HostPortPB(host=host, port=int(port))
@@ -117,7 +108,7 @@ class TabletServer:
         if port == 0:
             raise OSError(f"could not bind {config.rpc_bind}")
         self._server = server
-        self.address = _advertised(config, port)
+        self.address = advertised_address(config.rpc_bind, config.advertised_address, port)
         incarnations = Incarnations(RealFileSystem(), str(data_dir), self.uuid)
         transport = GrpcTransport(
             self.uuid,
