@@ -1,0 +1,382 @@
+"""`TesseraClient`: the async client library (catalog admin, writes, scans, scan tokens).
+
+One client per process is the intended use: it owns one gRPC channel per server
+(`ChannelPool`), the leader-master connection with its request ids (`MasterClient`), and the
+location cache (`MetaCache`); write sessions and scanners borrow them. `SyncClient`
+(`service.client.sync`) wraps it for code that is not async, such as Spark executors.
+
+Read-your-writes: the client remembers, per tablet, the highest Raft index its writes were
+applied at (`note_applied`) and asks every later scan of that tablet to wait for it
+(`min_applied_index`), so a follower chosen by `closest` never returns a state older than the
+client's own acknowledged writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+import pyarrow as pa
+
+from service.client.channels import ChannelPool
+from service.client.master_client import MasterClient
+from service.client.meta_cache import MetaCache, TableInfo, TabletLocation
+from service.client.pruning import prune
+from service.client.retry import Backoff, Deadline
+from service.client.scanner import ScanToken, TabletScanner, TokenReplica
+from service.client.write_session import WriteResult, WriteSession
+from service.common.errors import InvalidArgument, Timeout
+from service.common.partition import PartitionSchema
+from service.common.schema import AddColumn, DropColumn, RenameColumn, Schema
+from service.common.schema_codec import column_to_pb, partition_schema_to_pb, schema_to_pb
+from service.pb import master_pb2 as pb
+from service.tserver.predicates import ColumnPredicate, ScanSpec, predicate_to_pb, validate_spec
+
+__all__ = ["MasterInfo", "TableSummary", "TabletServerInfo", "TesseraClient"]
+
+AlterStep = AddColumn | DropColumn | RenameColumn
+
+
+@dataclass(frozen=True)
+class TableSummary:
+    table_id: str
+    name: str
+    state: str
+    schema_version: int
+    num_replicas: int
+    num_tablets: int
+
+
+@dataclass(frozen=True)
+class TabletServerInfo:
+    uuid: str
+    address: str
+    live: bool
+    millis_since_heartbeat: int
+    num_replicas: int
+    num_leaders: int
+    location: str
+
+
+@dataclass(frozen=True)
+class MasterInfo:
+    uuid: str
+    address: str
+    role: str
+    term: int
+    committed_index: int
+    error: str
+
+
+def _hp(h: pb.HostPortPB) -> str:
+    return f"{h.host}:{h.port}"
+
+
+class TesseraClient:
+    """The async client. `async with TesseraClient(["host:port", ...]) as c: ...`"""
+
+    def __init__(
+        self,
+        masters: Sequence[str],
+        *,
+        timeout: float = 30.0,
+        client_id: str | None = None,
+    ) -> None:
+        self.masters = tuple(masters)
+        self.timeout = timeout
+        self.channels = ChannelPool()
+        self.master = MasterClient(self.masters, self.channels, client_id=client_id)
+        self.meta = MetaCache(self.master)
+        self._applied: dict[str, int] = {}
+
+    async def aclose(self) -> None:
+        await self.master.aclose()
+        await self.channels.aclose()
+
+    async def __aenter__(self) -> TesseraClient:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def _t(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else timeout
+
+    # --- catalog -----------------------------------------------------------------------------
+
+    async def create_table(
+        self,
+        name: str,
+        schema: Schema,
+        partition_schema: PartitionSchema,
+        *,
+        num_replicas: int = 0,
+        wait: bool = True,
+        timeout: float | None = None,
+    ) -> str:
+        """Create a table; with `wait`, return once every tablet is RUNNING. The table id."""
+        deadline = Deadline.after(self._t(timeout))
+        req = pb.CreateTableRequestPB(
+            name=name,
+            schema=schema_to_pb(schema),
+            partition_schema=partition_schema_to_pb(partition_schema, schema),
+            num_replicas=num_replicas,
+        )
+        r = await self.master.ddl("CreateTable", req, deadline.remaining())
+        if wait:
+            await self._wait_done(
+                "IsCreateTableDone", pb.IsCreateTableDoneRequestPB, r.table_id, deadline
+            )
+        return str(r.table_id)
+
+    async def _wait_done(
+        self, method: str, req_type: type, table_id: str, deadline: Deadline
+    ) -> None:
+        backoff = Backoff(initial=0.05, cap=0.5)
+        while True:
+            done = await self.master.call(
+                method,
+                req_type(table=pb.TableIdentifierPB(table_id=table_id)),
+                deadline.remaining(),
+            )
+            if done.done:
+                return
+            try:
+                await backoff.sleep(deadline)
+            except Timeout:
+                raise Timeout(
+                    f"{method} for table {table_id}: not done before the deadline"
+                ) from None
+
+    async def alter_table(
+        self,
+        name: str,
+        steps: Sequence[AlterStep] = (),
+        *,
+        new_name: str | None = None,
+        expected_schema_version: int | None = None,
+        wait: bool = True,
+        timeout: float | None = None,
+    ) -> int:
+        """Apply `steps` (one new schema version) and/or rename; the new schema version."""
+        deadline = Deadline.after(self._t(timeout))
+        req = pb.AlterTableRequestPB(table=pb.TableIdentifierPB(table_name=name))
+        for s in steps:
+            st = req.steps.add()
+            if isinstance(s, AddColumn):
+                st.add_column.column.CopyFrom(column_to_pb(s.to_column(0)))
+            elif isinstance(s, DropColumn):
+                st.drop_column.name = s.name
+            elif isinstance(s, RenameColumn):
+                st.rename_column.old_name = s.old
+                st.rename_column.new_name = s.new
+            else:
+                raise InvalidArgument(f"alter step: unknown kind {type(s).__name__}")
+        if new_name is not None:
+            req.new_table_name = new_name
+        if expected_schema_version is not None:
+            req.expected_schema_version = expected_schema_version
+        r = await self.master.ddl("AlterTable", req, deadline.remaining())
+        self.meta.forget_table(name)
+        if new_name is not None:
+            self.meta.forget_table(new_name)
+        if wait:
+            await self._wait_done(
+                "IsAlterTableDone", pb.IsAlterTableDoneRequestPB, r.table_id, deadline
+            )
+        return int(r.schema_version)
+
+    async def delete_table(self, name: str, *, timeout: float | None = None) -> str:
+        req = pb.DeleteTableRequestPB(table=pb.TableIdentifierPB(table_name=name))
+        r = await self.master.ddl("DeleteTable", req, self._t(timeout))
+        self.meta.forget_table(name)
+        return str(r.table_id)
+
+    async def list_tables(
+        self, name_filter: str = "", *, timeout: float | None = None
+    ) -> list[TableSummary]:
+        r = await self.master.call(
+            "ListTables", pb.ListTablesRequestPB(name_filter=name_filter), self._t(timeout)
+        )
+        return [
+            TableSummary(
+                t.table_id,
+                t.name,
+                pb.TableRecordPB.State.Name(t.state),
+                t.schema_version,
+                t.num_replicas,
+                t.num_tablets,
+            )
+            for t in r.tables
+        ]
+
+    async def open_table(
+        self, name: str, *, refresh: bool = False, timeout: float | None = None
+    ) -> TableInfo:
+        """The table's schema and partitioning (cached; `refresh` asks the master again)."""
+        return await self.meta.table(name, self._t(timeout), refresh=refresh)
+
+    async def table_locations(
+        self, name: str, *, timeout: float | None = None
+    ) -> list[TabletLocation]:
+        info = await self.open_table(name, timeout=timeout)
+        return await self.meta.tablets(info.table_id, self._t(timeout))
+
+    async def list_tablet_servers(self, *, timeout: float | None = None) -> list[TabletServerInfo]:
+        r = await self.master.call(
+            "ListTabletServers", pb.ListTabletServersRequestPB(), self._t(timeout)
+        )
+        return [
+            TabletServerInfo(
+                uuid=s.instance.permanent_uuid,
+                address=_hp(s.registration.rpc_addresses[0])
+                if s.registration.rpc_addresses
+                else "",
+                live=s.live,
+                millis_since_heartbeat=s.millis_since_heartbeat,
+                num_replicas=s.num_replicas,
+                num_leaders=s.num_leaders,
+                location=s.registration.location,
+            )
+            for s in r.servers
+        ]
+
+    async def list_masters(self, *, timeout: float | None = None) -> list[MasterInfo]:
+        r = await self.master.call("ListMasters", pb.ListMastersRequestPB(), self._t(timeout))
+        return [
+            MasterInfo(
+                uuid=m.instance.permanent_uuid,
+                address=_hp(m.rpc_addresses[0]) if m.rpc_addresses else "",
+                role=pb.RaftRolePB.Name(m.role),
+                term=m.term,
+                committed_index=m.committed_index,
+                error=m.error.message if m.HasField("error") else "",
+            )
+            for m in r.masters
+        ]
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def note_applied(self, tablet_id: str, index: int) -> None:
+        if index > self._applied.get(tablet_id, 0):
+            self._applied[tablet_id] = index
+
+    async def new_session(
+        self, table: str, *, timeout: float | None = None, **kw: int
+    ) -> WriteSession:
+        info = await self.open_table(table, timeout=timeout)
+        return WriteSession(self, info, timeout=self._t(timeout) * 2, **kw)
+
+    async def write(
+        self,
+        table: str,
+        data: pa.Table | pa.RecordBatch,
+        op: str = "upsert",
+        *,
+        timeout: float | None = None,
+    ) -> WriteResult:
+        """Write `data` to `table` with `op` and flush; the result carries per-row errors."""
+        session = await self.new_session(table, timeout=timeout)
+        await session.apply(data, op)
+        return await session.flush()
+
+    # --- scans -------------------------------------------------------------------------------
+
+    async def scan_tokens(
+        self,
+        table: str,
+        *,
+        projection: Sequence[str] | None = None,
+        predicates: Sequence[ColumnPredicate] = (),
+        limit: int = 0,
+        replica_selection: str = "leader",
+        fault_tolerant: bool = True,
+        batch_size_bytes: int = 0,
+        rpc_timeout_s: float = 30.0,
+        scan_timeout_s: float = 120.0,
+        timeout: float | None = None,
+    ) -> list[ScanToken]:
+        """One token per tablet that may hold matching rows (pruned by key predicates)."""
+        info = await self.open_table(table, timeout=timeout)
+        spec = ScanSpec(
+            projection=tuple(projection) if projection is not None else None,
+            predicates=tuple(predicates),
+            limit=limit,
+        )
+        canonical = validate_spec(info.schema, spec)
+        locs = await self.meta.tablets(info.table_id, self._t(timeout))
+        keep = set(
+            prune(info.schema, info.partition_schema, canonical, [t.partition for t in locs])
+        )
+        wire = tuple(predicate_to_pb(info.schema, p).SerializeToString() for p in canonical)
+        return [
+            ScanToken(
+                masters=self.masters,
+                table_id=info.table_id,
+                table_name=info.name,
+                schema_version=info.schema.version,
+                tablet_id=t.tablet_id,
+                replicas=tuple(TokenReplica(r.ts_uuid, r.address, r.is_leader) for r in t.replicas),
+                projection=spec.projection,
+                predicates=wire,
+                limit=limit,
+                replica_selection=replica_selection,
+                fault_tolerant=fault_tolerant,
+                batch_size_bytes=batch_size_bytes,
+                rpc_timeout_s=rpc_timeout_s,
+                scan_timeout_s=scan_timeout_s,
+                min_applied_index=self._applied.get(t.tablet_id, 0),
+                partition_key_start=t.start,
+                partition_key_end=t.end,
+            )
+            for t in locs
+            if t.partition in keep
+        ]
+
+    def scanner(self, token: ScanToken) -> TabletScanner:
+        return TabletScanner(self, token)
+
+    async def scan_batches(self, token: ScanToken) -> AsyncIterator[pa.RecordBatch]:
+        async for b in self.scanner(token).batches():
+            yield b
+
+    async def scan(
+        self,
+        table: str,
+        *,
+        projection: Sequence[str] | None = None,
+        predicates: Sequence[ColumnPredicate] = (),
+        limit: int = 0,
+        parallel: int = 4,
+        **kw: object,
+    ) -> pa.Table:
+        """Every matching row as one Arrow table (tablets scanned `parallel` at a time, their
+        rows in tablet order; rows inside a tablet in primary-key order)."""
+        info = await self.open_table(table)
+        tokens = await self.scan_tokens(
+            table,
+            projection=projection,
+            predicates=predicates,
+            limit=limit,
+            **kw,  # type: ignore[arg-type]
+        )
+        sem = asyncio.Semaphore(max(1, parallel))
+
+        async def one(tok: ScanToken) -> list[pa.RecordBatch]:
+            async with sem:
+                return [b async for b in self.scan_batches(tok)]
+
+        parts = await asyncio.gather(*(one(t) for t in tokens))
+        names = list(projection) if projection is not None else list(info.schema.column_names)
+        arrow_schema = pa.schema([info.schema.to_arrow().field(n) for n in names])
+        batches = [b for p in parts for b in p]
+        out = (
+            pa.Table.from_batches(batches, schema=arrow_schema)
+            if batches
+            else arrow_schema.empty_table()
+        )
+        return out.slice(0, limit) if limit else out

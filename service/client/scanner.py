@@ -1,0 +1,325 @@
+"""Scan tokens and the fault-tolerant tablet scanner.
+
+Theory of operation
+-------------------
+A `ScanToken` is everything needed to scan one tablet (or one key range of it), as a plain
+value: the masters, the table and its schema version, the tablet, primary-key bounds, the
+projection, predicates in their wire form, the replicas known when it was made, and the scan
+options. It is what the Spark DataSource ships from the driver to executors (Kudu's scan
+tokens): picklable, and `to_bytes()`/`from_bytes()` give a stable JSON form for anything else.
+
+`TabletScanner.batches()` turns a token into Arrow record batches:
+
+1. Order the replicas by the selection policy. `leader`: the leader first (the freshest state,
+   Kudu's LEADER_ONLY default), the followers only to fail over. `closest`: replicas on this
+   host first, then the leader, then the rest (Kudu's CLOSEST_REPLICA; a Spark executor beside
+   a tablet server reads locally).
+2. Open a scanner on the first one and page through it (Scan, then ScanNext with call
+   sequence numbers, each page an Arrow IPC stream).
+3. On a failure a retry can fix (the server is unreachable, the replica stopped running or moved
+   away, the scanner expired, a leader-only scan hit a follower) and with `fault_tolerant` on,
+   move to the next replica and open a new scan that starts *after the last primary key
+   returned* (`start_after_primary_key`) with `min_applied_index` set to the index the first
+   scan read, so the new replica has at least that state: no row is returned twice and no row
+   the first replica had is missed. When every replica has failed, ask the master for fresh
+   locations and start over, with backoff, until the scan deadline.
+
+Exactness relies on the tablet server returning rows in primary-key order (it does: the row
+store merges in key order) and reporting `last_primary_key` for each page.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import grpc.aio
+import pyarrow as pa
+
+from service.client.meta_cache import location_from_pb
+from service.client.retry import Backoff, Deadline
+from service.common.errors import (
+    InvalidArgument,
+    NotFound,
+    NotTheLeader,
+    ServiceUnavailable,
+    TesseraError,
+    Timeout,
+    WrongDestination,
+    from_grpc,
+)
+from service.pb import master_pb2 as mpb
+from service.pb import tserver_pb2 as tpb
+
+if TYPE_CHECKING:
+    from service.client.client import TesseraClient
+
+__all__ = ["REPLICA_SELECTIONS", "ScanToken", "TabletScanner", "TokenReplica"]
+
+log = logging.getLogger(__name__)
+
+REPLICA_SELECTIONS = ("leader", "closest")
+
+
+@dataclass(frozen=True)
+class TokenReplica:
+    ts_uuid: str
+    address: str
+    is_leader: bool
+
+
+@dataclass(frozen=True)
+class ScanToken:
+    """One tablet's scan, as a value (module docstring). Bytes fields are raw bytes."""
+
+    masters: tuple[str, ...]
+    table_id: str
+    table_name: str
+    schema_version: int
+    tablet_id: str
+    replicas: tuple[TokenReplica, ...]
+    projection: tuple[str, ...] | None = None
+    predicates: tuple[bytes, ...] = ()
+    """Serialized ColumnPredicatePB messages (values already in the cell encoding)."""
+    lower_key: bytes = b""
+    """Inclusive lower bound on the encoded primary key (b"": none)."""
+    upper_key: bytes = b""
+    """Exclusive upper bound on the encoded primary key (b"": none)."""
+    limit: int = 0
+    replica_selection: str = "leader"
+    fault_tolerant: bool = True
+    batch_size_bytes: int = 0
+    """Page size asked of the server (0: its default, 2 MB)."""
+    rpc_timeout_s: float = 30.0
+    """Deadline of one Scan/ScanNext call."""
+    scan_timeout_s: float = 120.0
+    """How long the scan may keep failing over before it gives up."""
+    min_applied_index: int = 0
+    """Read-your-writes: the replica must have applied at least this index."""
+    partition_key_start: bytes = b""
+    partition_key_end: bytes = b""
+
+    def __post_init__(self) -> None:
+        if self.replica_selection not in REPLICA_SELECTIONS:
+            raise InvalidArgument(
+                f"replica_selection: expected one of {', '.join(REPLICA_SELECTIONS)}, "
+                f"got {self.replica_selection!r}"
+            )
+
+    def to_bytes(self) -> bytes:
+        d: dict[str, Any] = asdict(self)
+        for k, v in list(d.items()):
+            if isinstance(v, bytes):
+                d[k] = {"b64": base64.b64encode(v).decode()}
+        d["predicates"] = [base64.b64encode(p).decode() for p in self.predicates]
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ScanToken:
+        try:
+            d = json.loads(data)
+            for k, v in list(d.items()):
+                if isinstance(v, dict) and set(v) == {"b64"}:
+                    d[k] = base64.b64decode(v["b64"])
+            d["predicates"] = tuple(base64.b64decode(p) for p in d["predicates"])
+            d["masters"] = tuple(d["masters"])
+            d["replicas"] = tuple(TokenReplica(**r) for r in d["replicas"])
+            if d["projection"] is not None:
+                d["projection"] = tuple(d["projection"])
+            return cls(**d)
+        except (ValueError, KeyError, TypeError) as e:
+            raise InvalidArgument(f"not a scan token: {e}") from None
+
+    def predicate_pbs(self) -> list[tpb.ColumnPredicatePB]:
+        return [tpb.ColumnPredicatePB.FromString(p) for p in self.predicates]
+
+
+@cache
+def _local_hosts() -> frozenset[str]:
+    """Names and addresses of this machine, for `closest` replica selection."""
+    names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
+    try:
+        names.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return frozenset(names)
+
+
+def order_replicas(
+    replicas: Sequence[TokenReplica], selection: str, local: frozenset[str] | None = None
+) -> list[TokenReplica]:
+    """Replicas in the order a scan tries them (module docstring, step 1)."""
+    if selection == "leader":
+        return sorted(replicas, key=lambda r: not r.is_leader)
+    hosts = _local_hosts() if local is None else local
+    return sorted(
+        replicas, key=lambda r: (r.address.rpartition(":")[0] not in hosts, not r.is_leader)
+    )
+
+
+_FAIL_OVER = (ServiceUnavailable, NotFound, Timeout, NotTheLeader, WrongDestination)
+"""Errors after which another replica may succeed (with fault tolerance on)."""
+
+
+@dataclass
+class TabletScanner:
+    """Scans one token's tablet, failing over between replicas (module docstring)."""
+
+    client: TesseraClient
+    token: ScanToken
+    rows_returned: int = 0
+    last_key: bytes = b""
+    read_index: int = 0
+    """Applied index the first successful scan read; later scans wait for it."""
+    replicas_tried: list[str] = field(default_factory=list)
+    failovers: int = 0
+
+    async def batches(self) -> AsyncIterator[pa.RecordBatch]:
+        tok = self.token
+        deadline = Deadline.after(tok.scan_timeout_s)
+        backoff = Backoff()
+        replicas = order_replicas(tok.replicas, tok.replica_selection)
+        last_error: TesseraError | None = None
+        while True:
+            for rep in replicas:
+                if tok.limit and self.rows_returned >= tok.limit:
+                    return
+                self.replicas_tried.append(rep.ts_uuid)
+                try:
+                    async for b in self._scan_replica(rep):
+                        yield b
+                    return
+                except TesseraError as e:
+                    if not tok.fault_tolerant or not isinstance(e, _FAIL_OVER):
+                        raise
+                    last_error = e
+                    self.failovers += 1
+                    log.info(
+                        "scan of tablet %s on %s failed (%s); failing over after %d rows",
+                        tok.tablet_id,
+                        rep.ts_uuid,
+                        e,
+                        self.rows_returned,
+                    )
+                    if tok.replica_selection == "leader" and isinstance(e, NotTheLeader):
+                        hint = e.leader_uuid
+                        nxt = next((r for r in tok.replicas if r.ts_uuid == hint), None)
+                        if nxt is not None and nxt is not rep:
+                            replicas = [nxt] + [r for r in replicas if r is not nxt]
+                            break
+            else:
+                if deadline.expired():
+                    raise Timeout(
+                        f"scan of tablet {tok.tablet_id} failed on every replica for "
+                        f"{tok.scan_timeout_s:.0f}s; last error: {last_error}"
+                    )
+                await backoff.sleep(deadline)
+                replicas = await self._refresh_replicas(deadline)
+                continue
+            if deadline.expired():
+                raise Timeout(f"scan of tablet {tok.tablet_id}: {last_error}")
+
+    async def _refresh_replicas(self, deadline: Deadline) -> list[TokenReplica]:
+        """Fresh replicas of the tablet from the master (it may have moved or re-elected)."""
+        try:
+            r: mpb.GetTabletLocationsResponsePB = await self.client.master.call(
+                "GetTabletLocations",
+                mpb.GetTabletLocationsRequestPB(tablet_ids=[self.token.tablet_id]),
+                max(0.1, deadline.remaining()),
+            )
+        except TesseraError as e:
+            log.info("refreshing locations of %s failed: %s", self.token.tablet_id, e)
+            return order_replicas(self.token.replicas, self.token.replica_selection)
+        if r.errors:
+            err = r.errors[0].error
+            raise NotFound(f"tablet {self.token.tablet_id}: {err.message} ({err.code})")
+        loc = location_from_pb(r.tablet_locations[0], 0.0)
+        reps = tuple(TokenReplica(x.ts_uuid, x.address, x.is_leader) for x in loc.replicas)
+        self.token = replace(self.token, replicas=reps)
+        return order_replicas(reps, self.token.replica_selection)
+
+    def _new_scan(self) -> tpb.NewScanRequestPB:
+        tok = self.token
+        ns = tpb.NewScanRequestPB(
+            tablet_id=tok.tablet_id,
+            projected_columns=list(tok.projection or ()),
+            predicates=tok.predicate_pbs(),
+            lower_bound_primary_key=tok.lower_key,
+            exclusive_upper_bound_primary_key=tok.upper_key,
+            start_after_primary_key=self.last_key,
+            min_applied_index=max(self.read_index, tok.min_applied_index),
+        )
+        if tok.limit:
+            ns.limit = tok.limit - self.rows_returned
+        return ns
+
+    async def _scan_replica(self, rep: TokenReplica) -> AsyncIterator[pa.RecordBatch]:
+        tok = self.token
+        stub = self.client.channels.tserver(rep.address)
+        scanner_id = b""
+        seq = 0
+        finished = False
+        try:
+            try:
+                resp: tpb.ScanResponsePB = await stub.Scan(  # type: ignore[misc]
+                    tpb.ScanRequestPB(
+                        dest_uuid=rep.ts_uuid,
+                        new_scan=self._new_scan(),
+                        batch_size_bytes=tok.batch_size_bytes,
+                    ),
+                    timeout=tok.rpc_timeout_s,
+                )
+            except grpc.aio.AioRpcError as e:
+                raise from_grpc(e) from e
+            if resp.schema_version != tok.schema_version and tok.schema_version:
+                log.debug(
+                    "tablet %s serves schema version %d, token has %d",
+                    tok.tablet_id,
+                    resp.schema_version,
+                    tok.schema_version,
+                )
+            self.read_index = max(self.read_index, resp.applied_index)
+            while True:
+                scanner_id = resp.scanner_id
+                for batch in pa.ipc.open_stream(resp.batch):
+                    if batch.num_rows:
+                        self.rows_returned += batch.num_rows
+                        yield batch
+                if resp.last_primary_key:
+                    self.last_key = resp.last_primary_key
+                if not resp.has_more_results:
+                    finished = True
+                    return
+                seq += 1
+                try:
+                    resp = await stub.ScanNext(  # type: ignore[misc]
+                        tpb.ScanNextRequestPB(
+                            dest_uuid=rep.ts_uuid,
+                            scanner_id=scanner_id,
+                            call_seq_id=seq,
+                            batch_size_bytes=tok.batch_size_bytes,
+                        ),
+                        timeout=tok.rpc_timeout_s,
+                    )
+                except grpc.aio.AioRpcError as e:
+                    raise from_grpc(e) from e
+        finally:
+            if scanner_id and not finished:
+                await self._close_quietly(stub, rep, scanner_id)
+
+    @staticmethod
+    async def _close_quietly(stub: Any, rep: TokenReplica, scanner_id: bytes) -> None:
+        """Free the server's scanner early (it would expire on its own after its TTL)."""
+        try:
+            await stub.ScanClose(
+                tpb.ScanCloseRequestPB(dest_uuid=rep.ts_uuid, scanner_id=scanner_id), timeout=2
+            )
+        except (grpc.aio.AioRpcError, TesseraError):
+            pass

@@ -1,0 +1,315 @@
+"""Write sessions: rows routed to their tablets' leaders in batches, per-row errors reported.
+
+Theory of operation
+-------------------
+`apply()` buffers Arrow data with an operation (insert, upsert, update, delete,
+insert_ignore); `flush()` sends what is buffered and returns a `WriteResult`. A flush:
+
+1. computes every row's partition key (`PartitionSchema.partition_keys_for_arrow`, vectorized)
+   and finds its tablet in the client's location cache (one bisect per row), fetching the
+   table's locations from the master first if the cache is cold;
+2. sends each tablet's rows to that tablet's leader, tablets in parallel (at most
+   `max_tablets_in_flight`), one tablet's batches strictly in order: two operations on the same
+   key within a session apply in the order they were given;
+3. retries a tablet's batch inside the session timeout when the leader moved (NOT_THE_LEADER:
+   straight to the hinted leader), the server is unreachable (ask the other replicas, a follower
+   names the leader), or the tablet is gone from the server (NOT_FOUND: the tablet was replaced;
+   drop the cache entry and route those rows again through the master).
+
+Per-row failures (an INSERT of a key that exists, an UPDATE of a missing key) do not fail the
+batch: the tablet server applies the other rows and reports the failed ones, which the session
+maps back to the row's index in the data given to `apply()` and its key values.
+
+Retries and duplicates. The tablet server has no per-client request ids yet, so a batch whose
+reply was lost (a timeout, a leader killed after it committed) is at-least-once: a retried
+INSERT may then report ALREADY_EXISTS for rows that the first attempt wrote, a retried DELETE
+NOT_FOUND. UPSERT (the default of the Spark writer) is idempotent and unaffected. Acknowledged
+writes are never lost: a batch counts as written only once a leader answered after committing
+it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import grpc
+import grpc.aio
+import numpy as np
+import pyarrow as pa
+
+from service.client.meta_cache import TableInfo, TabletLocation
+from service.client.retry import Backoff, Deadline
+from service.common.errors import (
+    InvalidArgument,
+    NotFound,
+    NotTheLeader,
+    ServiceUnavailable,
+    TesseraError,
+    Timeout,
+    WrongDestination,
+    from_grpc,
+)
+from service.pb import tserver_pb2 as tpb
+
+if TYPE_CHECKING:
+    from service.client.client import TesseraClient
+
+__all__ = ["OPERATIONS", "RowError", "WriteResult", "WriteSession"]
+
+log = logging.getLogger(__name__)
+
+OPERATIONS: dict[str, int] = {
+    "insert": tpb.ROW_OP_INSERT,
+    "upsert": tpb.ROW_OP_UPSERT,
+    "update": tpb.ROW_OP_UPDATE,
+    "delete": tpb.ROW_OP_DELETE,
+    "insert_ignore": tpb.ROW_OP_INSERT_IGNORE,
+}
+
+MAX_BATCH_ROWS = 50_000
+"""Rows per Write RPC: big enough to amortize a Raft round, small enough to stay well under the
+message limit for wide rows."""
+
+
+@dataclass(frozen=True)
+class RowError:
+    """One refused row: its index in the applied data, its key values, why."""
+
+    row_index: int
+    key: tuple[object, ...]
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"row {self.row_index} key {self.key!r}: {self.code}: {self.message}"
+
+
+@dataclass
+class WriteResult:
+    rows_applied: int = 0
+    errors: list[RowError] = field(default_factory=list)
+    batches_sent: int = 0
+    retries: int = 0
+
+    def merge(self, other: WriteResult) -> None:
+        self.rows_applied += other.rows_applied
+        self.errors.extend(other.errors)
+        self.batches_sent += other.batches_sent
+        self.retries += other.retries
+
+
+@dataclass
+class _Pending:
+    data: pa.Table
+    op: int
+    first_index: int  # index of data's first row among every row applied to the session
+
+
+class WriteSession:
+    """Buffers writes to one table and sends them per tablet leader (module docstring)."""
+
+    def __init__(
+        self,
+        client: TesseraClient,
+        table: TableInfo,
+        *,
+        timeout: float = 60.0,
+        max_buffered_rows: int = 200_000,
+        max_tablets_in_flight: int = 8,
+        batch_rows: int = MAX_BATCH_ROWS,
+    ) -> None:
+        self.client = client
+        self.table = table
+        self.timeout = timeout
+        self.max_buffered_rows = max_buffered_rows
+        self.batch_rows = batch_rows
+        self._sem = asyncio.Semaphore(max_tablets_in_flight)
+        self._pending: list[_Pending] = []
+        self._buffered = 0
+        self._applied_rows = 0
+        self.result = WriteResult()
+        """Everything flushed so far."""
+
+    async def apply(self, data: pa.Table | pa.RecordBatch, op: str = "upsert") -> None:
+        """Buffer `data` (columns by name) with operation `op`; flushes past the buffer limit."""
+        code = OPERATIONS.get(op)
+        if code is None:
+            raise InvalidArgument(f"operation: expected one of {', '.join(OPERATIONS)}, got {op!r}")
+        table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+        missing = [
+            c.name for c in self.table.schema.key_columns if c.name not in table.schema.names
+        ]
+        if missing:
+            raise InvalidArgument(
+                f"table {self.table.name!r}: the data has no key column {missing[0]!r}"
+            )
+        self._pending.append(_Pending(table, code, self._applied_rows))
+        self._applied_rows += table.num_rows
+        self._buffered += table.num_rows
+        if self._buffered >= self.max_buffered_rows:
+            await self.flush()
+
+    async def flush(self) -> WriteResult:
+        """Send everything buffered; the result of this flush (also added to `self.result`)."""
+        pending, self._pending, self._buffered = self._pending, [], 0
+        out = WriteResult()
+        deadline = Deadline.after(self.timeout)
+        for p in pending:
+            out.merge(await self._write(p, deadline))
+        self.result.merge(out)
+        return out
+
+    # --- one apply() worth of rows ------------------------------------------------------------
+
+    async def _route(
+        self, data: pa.Table, rows: np.ndarray, deadline: Deadline
+    ) -> dict[str, tuple[TabletLocation, np.ndarray]]:
+        """Row indices (into `data`) grouped by tablet."""
+        info = self.table
+        meta = self.client.meta
+        sub = data.take(pa.array(rows)) if len(rows) != data.num_rows else data
+        keys = info.partition_schema.partition_keys_for_arrow(info.schema, sub)
+        if not meta.cached(info.table_id):
+            await meta.tablets(info.table_id, deadline.attempt_timeout())
+        groups: dict[str, list[int]] = defaultdict(list)
+        locs: dict[str, TabletLocation] = {}
+        last: TabletLocation | None = None
+        for j, k in enumerate(keys):
+            if last is None or not last.partition.contains(k):
+                last = await meta.lookup(info.table_id, k, deadline.attempt_timeout())
+                locs[last.tablet_id] = last
+            groups[last.tablet_id].append(int(rows[j]))
+        return {t: (locs[t], np.asarray(ix, dtype=np.int64)) for t, ix in groups.items()}
+
+    async def _write(self, p: _Pending, deadline: Deadline) -> WriteResult:
+        result = WriteResult()
+        todo = np.arange(p.data.num_rows, dtype=np.int64)
+        rounds = 0
+        while len(todo):
+            rounds += 1
+            groups = await self._route(p.data, todo, deadline)
+            outcomes = await asyncio.gather(
+                *(self._write_tablet(p, loc, rows, deadline) for loc, rows in groups.values())
+            )
+            again: list[np.ndarray] = []
+            for r, leftover in outcomes:
+                result.merge(r)
+                if leftover is not None and len(leftover):
+                    again.append(leftover)
+            todo = np.concatenate(again) if again else np.empty(0, dtype=np.int64)
+            if len(todo):
+                result.retries += 1
+                await Backoff(initial=0.05 * rounds).sleep(deadline)
+        return result
+
+    async def _write_tablet(
+        self, p: _Pending, loc: TabletLocation, rows: np.ndarray, deadline: Deadline
+    ) -> tuple[WriteResult, np.ndarray | None]:
+        """Write `rows` of `p` to `loc`'s leader in order; rows left to re-route on NOT_FOUND."""
+        result = WriteResult()
+        async with self._sem:
+            for start in range(0, len(rows), self.batch_rows):
+                chunk = rows[start : start + self.batch_rows]
+                try:
+                    resp, loc = await self._send(p, loc, chunk, deadline, result)
+                except NotFound:
+                    # The tablet left this server for good (deleted, replaced after an
+                    # assignment timeout): forget it and route what is left again.
+                    self.client.meta.invalidate(loc.table_id, loc.tablet_id)
+                    return result, rows[start:]
+                result.rows_applied += resp.rows_applied
+                result.batches_sent += 1
+                for e in resp.per_row_errors:
+                    idx = int(chunk[e.row_index])
+                    result.errors.append(
+                        RowError(
+                            p.first_index + idx,
+                            self._key(p.data, idx),
+                            e.error.code,
+                            e.error.message,
+                        )
+                    )
+                self.client.note_applied(loc.tablet_id, resp.applied_index)
+        return result, None
+
+    def _key(self, data: pa.Table, idx: int) -> tuple[object, ...]:
+        row = data.slice(idx, 1).to_pylist()[0]
+        return tuple(row.get(c.name) for c in self.table.schema.key_columns)
+
+    async def _send(
+        self,
+        p: _Pending,
+        loc: TabletLocation,
+        chunk: np.ndarray,
+        deadline: Deadline,
+        result: WriteResult,
+    ) -> tuple[tpb.WriteResponsePB, TabletLocation]:
+        """One batch to the tablet's leader, following leadership changes until the deadline."""
+        sink = pa.BufferOutputStream()
+        part = p.data.take(pa.array(chunk))
+        with pa.ipc.new_stream(sink, part.schema) as w:
+            w.write_table(part)
+        payload = sink.getvalue().to_pybytes()
+        backoff = Backoff()
+        tried: set[str] = set()
+        last: TesseraError | None = None
+        while True:
+            target = loc.leader()
+            if target is None or target.ts_uuid in tried:
+                target = next((r for r in loc.replicas if r.ts_uuid not in tried), None)
+            if target is None:
+                # Every replica failed this round: ask the master again, after a pause.
+                tried.clear()
+                try:
+                    await backoff.sleep(deadline)
+                except Timeout:
+                    raise Timeout(
+                        f"write to tablet {loc.tablet_id} of {self.table.name!r} timed out; "
+                        f"last error: {last}"
+                    ) from last
+                self.client.meta.invalidate(loc.table_id, loc.tablet_id)
+                loc = await self.client.meta.lookup(
+                    loc.table_id, loc.start, deadline.attempt_timeout()
+                )
+                continue
+            req = tpb.WriteRequestPB(
+                dest_uuid=target.ts_uuid,
+                tablet_id=loc.tablet_id,
+                rows=payload,
+                default_op=tpb.RowOperationTypePB.ValueType(p.op),
+                schema_version=self.table.schema.version,
+            )
+            stub = self.client.channels.tserver(target.address)
+            try:
+                resp: tpb.WriteResponsePB = await stub.Write(  # type: ignore[misc]
+                    req, timeout=deadline.attempt_timeout(30.0)
+                )
+                return resp, loc
+            except grpc.aio.AioRpcError as e:
+                err = from_grpc(e)
+            last = err
+            result.retries += 1
+            tried.add(target.ts_uuid)
+            if isinstance(err, NotTheLeader):
+                if err.leader_uuid and loc.replica(err.leader_uuid) is not None:
+                    loc = self.client.meta.note_leader(loc, err.leader_uuid)
+                    tried.discard(err.leader_uuid)
+                    if err.leader_uuid != target.ts_uuid:
+                        continue
+            elif not isinstance(err, ServiceUnavailable | Timeout | WrongDestination):
+                raise err
+            log.debug("write to %s on %s: %s; retrying", loc.tablet_id, target.ts_uuid, err)
+
+
+def format_errors(errors: Sequence[RowError], limit: int = 5) -> str:
+    """A short summary of per-row errors for messages ("3 rows failed: ...")."""
+    if not errors:
+        return "no row errors"
+    head = "; ".join(str(e) for e in errors[:limit])
+    more = f" (and {len(errors) - limit} more)" if len(errors) > limit else ""
+    return f"{len(errors)} rows failed: {head}{more}"
