@@ -176,6 +176,9 @@ def build_session(
         raise
     # The log4j2 file already says WARN; this also covers a caller who replaced that file.
     spark.sparkContext.setLogLevel(LOG_LEVEL)
+    from spark_jobs.datasource import register
+
+    register(spark)  # format("tessera") and USING tessera
     return spark
 
 

@@ -46,7 +46,7 @@ class SyncClient:
         async def make() -> TesseraClient:
             return TesseraClient(masters, timeout=timeout)
 
-        self.client: TesseraClient = self._run(make())
+        self.client: TesseraClient = self.run(make())
 
     @classmethod
     def shared(cls, masters: Sequence[str], *, timeout: float = 30.0) -> SyncClient:
@@ -57,7 +57,8 @@ class SyncClient:
                 c = cls._shared[key] = cls(masters, timeout=timeout)
             return c
 
-    def _run(self, coro: Awaitable[T]) -> T:
+    def run(self, coro: Awaitable[T]) -> T:
+        """Run `coro` on the client's loop (it may use `self.client`) and wait for it."""
         if self._closed:
             raise RuntimeError("SyncClient is closed")
         fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
@@ -65,20 +66,20 @@ class SyncClient:
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """`await client.<name>(*args, **kwargs)` on the client's loop."""
-        return self._run(getattr(self.client, name)(*args, **kwargs))
+        return self.run(getattr(self.client, name)(*args, **kwargs))
 
     def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
         """Items of an async iterator running on the client's loop, one at a time."""
         try:
             while True:
                 try:
-                    yield self._run(agen.__anext__())
+                    yield self.run(agen.__anext__())
                 except StopAsyncIteration:
                     return
         finally:
             aclose = getattr(agen, "aclose", None)
             if aclose is not None and not self._closed:
-                self._run(aclose())
+                self.run(aclose())
 
     def scan_batches(self, token: ScanToken) -> Iterator[pa.RecordBatch]:
         return self.iterate(self.client.scan_batches(token))
@@ -95,7 +96,7 @@ class SyncClient:
         if self._closed:
             return
         try:
-            self._run(self.client.aclose())
+            self.run(self.client.aclose())
         finally:
             self._closed = True
             self._loop.call_soon_threadsafe(self._loop.stop)

@@ -1,0 +1,537 @@
+"""The "tessera" PySpark DataSource: one Spark partition per tablet, and writes.
+
+    spark.read.format("tessera").option("masters", "h1:7051,h2:7051").option("table", "t").load()
+    df.write.format("tessera").option("masters", ...).option("table", "t").mode("append").save()
+    CREATE TEMPORARY VIEW v USING tessera OPTIONS (masters 'h1:7051', table 't')
+
+Theory of operation
+-------------------
+Spark runs a Python data source in three places: `schema()`, `pushFilters()` and `partitions()`
+in a Python worker beside the driver, once per query; `read(partition)` in executor workers,
+once per partition; the writer's `write()` once per task. Each of them reaches the cluster
+through `SyncClient.shared(masters)`, one client per worker process and master list, so the
+many tasks a reused worker runs share channels and the location cache.
+
+Reading (kudu-spark's design):
+
+* the schema comes from the master: every column, exact type mapping (`spark_type`), key
+  columns NOT NULL. Spark offers Python sources no column pruning, so the `columns` option is
+  the way to read fewer columns;
+* `pushFilters` keeps what the tablet servers evaluate exactly (=, <, <=, >, >=, IN, IS NULL,
+  IS NOT NULL, string prefix, on top-level columns, ANDed) and hands the rest back to Spark.
+  Spark calls it only with `spark.sql.python.filterPushdown.enabled=true`, which
+  `spark_jobs.session.build_session` sets;
+* `partitions()` asks the client for scan tokens: one per tablet, minus the tablets the pushed
+  key predicates prune (`service.client.pruning`). The token carries the replicas, so the
+  executor need not ask the master;
+* `read()` scans its token with `TabletScanner`: the replica is chosen inside the task
+  (`replica_selection`: `leader` or `closest`, Spark gives Python sources no preferred
+  locations), and with `fault_tolerant` a failed replica is replaced by another one, resuming
+  after the last key returned. Batches are cast to exactly the declared Arrow schema (Spark does
+  not cast Python-source batches itself).
+
+Writing: an Arrow writer (`DataSourceArrowWriter`) per task feeds its batches to one
+`WriteSession` (routing per tablet leader, batching, retries) with the chosen `operation`.
+A row the tablet server refuses fails the task with a message naming the row's key and the
+reason, unless `row_errors=report`, which counts the failures in the commit message and logs
+them on the driver. `overwrite` mode is refused unless `truncate=true` is given, which deletes
+every row of the table once, when the write is planned, before any task writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    IsNotNull,
+    IsNull,
+    LessThan,
+    LessThanOrEqual,
+    StringStartsWith,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from service.client.meta_cache import TableInfo
+from service.client.scanner import REPLICA_SELECTIONS, ScanToken
+from service.client.sync import SyncClient
+from service.client.write_session import OPERATIONS, format_errors
+from service.common.errors import InvalidArgument
+from service.common.schema import ColumnSchema, ColumnType, Schema
+from service.tserver.predicates import ColumnPredicate, ScanSpec, validate_spec
+
+__all__ = [
+    "FORMAT",
+    "ReadOptions",
+    "TesseraDataSource",
+    "register",
+    "register_views",
+    "spark_schema",
+    "spark_type",
+]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "tessera"
+
+_SIMPLE_TYPES: dict[ColumnType, DataType] = {
+    ColumnType.BOOL: BooleanType(),
+    ColumnType.INT8: ByteType(),
+    ColumnType.INT16: ShortType(),
+    ColumnType.INT32: IntegerType(),
+    ColumnType.INT64: LongType(),
+    ColumnType.FLOAT: FloatType(),
+    ColumnType.DOUBLE: DoubleType(),
+    ColumnType.STRING: StringType(),
+    ColumnType.BINARY: BinaryType(),
+    ColumnType.TIMESTAMP: TimestampType(),
+    ColumnType.DATE: DateType(),
+}
+
+
+def spark_type(col: ColumnSchema) -> DataType:
+    """The Spark SQL type of a Tessera column (exact: no widening, no loss)."""
+    if col.type is ColumnType.DECIMAL:
+        assert col.precision is not None and col.scale is not None
+        return DecimalType(col.precision, col.scale)
+    return _SIMPLE_TYPES[col.type]
+
+
+def spark_schema(schema: Schema, columns: Sequence[str] | None = None) -> StructType:
+    names = list(columns) if columns is not None else list(schema.column_names)
+    return StructType(
+        [
+            StructField(n, spark_type(schema.column(n)), nullable=not schema.is_key_column(n))
+            for n in names
+        ]
+    )
+
+
+# --- options ---------------------------------------------------------------------------------
+
+OPTIONS: dict[str, str] = {
+    "masters": "required: the master addresses, host:port[,host:port...]",
+    "table": "required: the table name",
+    "columns": "read: the columns to read, comma separated (default: every column)",
+    "replica_selection": "read: leader (default) or closest (a replica on this host first)",
+    "fault_tolerant": "read: true (default) resumes on another replica after a failure",
+    "batch_size_bytes": "read: scan page size asked of the tablet server (default 2097152)",
+    "scan_timeout_ms": "read: how long one tablet's scan may keep failing over (default 120000)",
+    "rpc_timeout_ms": "read and write: deadline of one RPC / write flush (default 30000)",
+    "operation": "write: insert, upsert (default), update, delete or insert_ignore",
+    "row_errors": "write: fail (default: a refused row fails the task) or report",
+    "truncate": "write: with mode overwrite, true deletes every row first (default false)",
+}
+"""Every option the source accepts, with its meaning; anything else is refused by name."""
+
+
+def _bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no"):
+        return False
+    raise InvalidArgument(f"option {name!r}: expected true or false, got {value!r}")
+
+
+def _int(name: str, value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise InvalidArgument(f"option {name!r}: expected an integer, got {value!r}") from None
+    if n < 0:
+        raise InvalidArgument(f"option {name!r}: must be >= 0, got {n}")
+    return n
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The parsed, validated options of one read or write."""
+
+    masters: tuple[str, ...]
+    table: str
+    columns: tuple[str, ...] | None = None
+    replica_selection: str = "leader"
+    fault_tolerant: bool = True
+    batch_size_bytes: int = 0
+    scan_timeout_s: float = 120.0
+    rpc_timeout_s: float = 30.0
+    operation: str = "upsert"
+    row_errors: str = "fail"
+    truncate: bool = False
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> ReadOptions:
+        opts = {k.lower(): v for k, v in options.items() if k.lower() != "path"}
+        unknown = sorted(set(opts) - set(OPTIONS))
+        if unknown:
+            raise InvalidArgument(
+                f"unknown option {unknown[0]!r} for format {FORMAT!r}; known options: "
+                + ", ".join(sorted(OPTIONS))
+            )
+        masters = tuple(a.strip() for a in opts.get("masters", "").split(",") if a.strip())
+        if not masters:
+            raise InvalidArgument("option 'masters' is required (host:port[,host:port...])")
+        table = opts.get("table", "").strip()
+        if not table:
+            raise InvalidArgument("option 'table' is required")
+        sel = opts.get("replica_selection", "leader").strip().lower()
+        if sel not in REPLICA_SELECTIONS:
+            raise InvalidArgument(
+                f"option 'replica_selection': expected {' or '.join(REPLICA_SELECTIONS)}, "
+                f"got {sel!r}"
+            )
+        op = opts.get("operation", "upsert").strip().lower()
+        if op not in OPERATIONS:
+            raise InvalidArgument(
+                f"option 'operation': expected one of {', '.join(OPERATIONS)}, got {op!r}"
+            )
+        row_errors = opts.get("row_errors", "fail").strip().lower()
+        if row_errors not in ("fail", "report"):
+            raise InvalidArgument(
+                f"option 'row_errors': expected fail or report, got {row_errors!r}"
+            )
+        cols = opts.get("columns")
+        return cls(
+            masters=masters,
+            table=table,
+            columns=tuple(c.strip() for c in cols.split(",") if c.strip()) if cols else None,
+            replica_selection=sel,
+            fault_tolerant=_bool("fault_tolerant", opts.get("fault_tolerant", "true")),
+            batch_size_bytes=_int("batch_size_bytes", opts.get("batch_size_bytes", "0")),
+            scan_timeout_s=_int("scan_timeout_ms", opts.get("scan_timeout_ms", "120000")) / 1000,
+            rpc_timeout_s=max(
+                0.001, _int("rpc_timeout_ms", opts.get("rpc_timeout_ms", "30000")) / 1000
+            ),
+            operation=op,
+            row_errors=row_errors,
+            truncate=_bool("truncate", opts.get("truncate", "false")),
+        )
+
+    def client(self) -> SyncClient:
+        return SyncClient.shared(self.masters, timeout=self.rpc_timeout_s)
+
+    def table_info(self) -> TableInfo:
+        info: TableInfo = self.client().call("open_table", self.table, refresh=True)
+        if self.columns is not None:
+            for c in self.columns:
+                if not info.schema.has_column(c):
+                    raise InvalidArgument(
+                        f"option 'columns': table {self.table!r} has no column {c!r}"
+                    )
+        return info
+
+
+# --- the source ------------------------------------------------------------------------------
+
+
+class TesseraDataSource(DataSource):
+    """`format("tessera")`: reads and writes Tessera tables (module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> StructType:
+        opts = ReadOptions.parse(self.options)
+        return spark_schema(opts.table_info().schema, opts.columns)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return TesseraReader(ReadOptions.parse(self.options), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        opts = ReadOptions.parse(self.options)
+        info = opts.table_info()
+        check_write_schema(info, schema, opts.operation)
+        if overwrite:
+            if not opts.truncate:
+                raise InvalidArgument(
+                    f"mode 'overwrite' would delete every row of table {opts.table!r}: "
+                    "refused; use mode 'append', or add option truncate=true to delete the "
+                    "table's rows before writing"
+                )
+            truncate(opts, info)
+        return TesseraWriter(opts, info.schema.version)
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+_COMPARISONS: dict[type, str] = {
+    EqualTo: "EQ",
+    GreaterThan: "GT",
+    GreaterThanOrEqual: "GE",
+    LessThan: "LT",
+    LessThanOrEqual: "LE",
+}
+
+
+def to_predicate(f: Filter) -> ColumnPredicate | None:
+    """The tablet-server predicate exactly equivalent to Spark filter `f`, or None."""
+    attr = getattr(f, "attribute", None)
+    if not isinstance(attr, tuple) or len(attr) != 1:
+        return None  # nested fields are not Tessera columns
+    col = attr[0]
+    op = _COMPARISONS.get(type(f))
+    if op is not None:
+        value = f.value  # type: ignore[attr-defined]
+        return None if value is None else ColumnPredicate(col, op, (value,))
+    if isinstance(f, In):
+        if any(v is None for v in f.value):
+            return None
+        return ColumnPredicate(col, "IN", tuple(f.value))
+    if isinstance(f, IsNull):
+        return ColumnPredicate(col, "IS_NULL")
+    if isinstance(f, IsNotNull):
+        return ColumnPredicate(col, "IS_NOT_NULL")
+    if isinstance(f, StringStartsWith):
+        return ColumnPredicate(col, "PREFIX", (f.value,))
+    return None
+
+
+@dataclass
+class TabletPartition(InputPartition):
+    """One scan token, the unit a Spark task reads."""
+
+    token: bytes
+    tablet_id: str = ""
+
+    def __init__(self, token: bytes, tablet_id: str = "") -> None:
+        self.token = token
+        self.tablet_id = tablet_id
+
+
+class TesseraReader(DataSourceReader):
+    def __init__(self, opts: ReadOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.columns = tuple(f.name for f in schema.fields)
+        self.predicates: list[ColumnPredicate] = []
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        info = self.opts.table_info()
+        for f in filters:
+            p = to_predicate(f)
+            if p is not None:
+                try:
+                    # Values Spark hands over must coerce exactly to the column's type; a
+                    # predicate Tessera would evaluate differently stays with Spark.
+                    validate_spec(info.schema, ScanSpec(predicates=(p,)))
+                except InvalidArgument:
+                    p = None
+            if p is None:
+                yield f
+            else:
+                self.predicates.append(p)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        tokens: list[ScanToken] = self.opts.client().scan_tokens(
+            self.opts.table,
+            projection=self.columns,
+            predicates=self.predicates,
+            replica_selection=self.opts.replica_selection,
+            fault_tolerant=self.opts.fault_tolerant,
+            batch_size_bytes=self.opts.batch_size_bytes,
+            rpc_timeout_s=self.opts.rpc_timeout_s,
+            scan_timeout_s=self.opts.scan_timeout_s,
+        )
+        if not tokens:
+            return [TabletPartition(b"", "")]  # Spark needs one partition; it reads nothing
+        return [TabletPartition(t.to_bytes(), t.tablet_id) for t in tokens]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, TabletPartition)
+        if not partition.token:
+            return
+        token = ScanToken.from_bytes(partition.token)
+        client = SyncClient.shared(token.masters, timeout=token.rpc_timeout_s)
+        target: pa.Schema | None = None
+        for batch in client.scan_batches(token):
+            if target is None:
+                target = arrow_target(batch.schema)
+            yield batch if batch.schema.equals(target) else batch.cast(target)
+
+
+def arrow_target(schema: pa.Schema) -> pa.Schema:
+    """The Arrow schema Spark expects for a Tessera batch: timestamps as Spark's session-less
+    UTC microseconds, everything else as the tablet server sends it."""
+    fields = []
+    for f in schema:
+        if pa.types.is_timestamp(f.type):
+            f = f.with_type(pa.timestamp("us", tz="UTC"))
+        fields.append(f)
+    return pa.schema(fields)
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+_FAMILIES: dict[ColumnType, tuple[type, ...]] = {
+    ColumnType.BOOL: (BooleanType,),
+    ColumnType.INT8: (ByteType, ShortType, IntegerType, LongType),
+    ColumnType.INT16: (ByteType, ShortType, IntegerType, LongType),
+    ColumnType.INT32: (ByteType, ShortType, IntegerType, LongType),
+    ColumnType.INT64: (ByteType, ShortType, IntegerType, LongType),
+    ColumnType.FLOAT: (FloatType, DoubleType),
+    ColumnType.DOUBLE: (FloatType, DoubleType),
+    ColumnType.STRING: (StringType,),
+    ColumnType.BINARY: (BinaryType,),
+    ColumnType.TIMESTAMP: (TimestampType, TimestampNTZType),
+    ColumnType.DATE: (DateType,),
+    ColumnType.DECIMAL: (DecimalType,),
+}
+"""Spark types a DataFrame column may have to be written into a Tessera column: the same kind
+of value (integers into integers, and so on), converted with overflow checks per batch."""
+
+
+def check_write_schema(info: TableInfo, schema: StructType, operation: str) -> None:
+    """Refuse, before any task runs, a DataFrame that cannot be written to the table."""
+    for f in schema.fields:
+        if not info.schema.has_column(f.name):
+            raise InvalidArgument(
+                f"column {f.name!r} of the DataFrame is not in table {info.name!r} "
+                f"(columns: {', '.join(info.schema.column_names)})"
+            )
+        col = info.schema.column(f.name)
+        if not isinstance(f.dataType, _FAMILIES[col.type]):
+            raise InvalidArgument(
+                f"column {f.name!r}: the DataFrame has {f.dataType.simpleString()}, table "
+                f"{info.name!r} has {col.type_name}; cast the column first"
+            )
+    names = {f.name for f in schema.fields}
+    for k in info.schema.key_columns:
+        if k.name not in names:
+            raise InvalidArgument(
+                f"the DataFrame has no column {k.name!r}, part of table {info.name!r}'s "
+                f"primary key; every {operation} needs the key"
+            )
+
+
+def truncate(opts: ReadOptions, info: TableInfo) -> int:
+    """Delete every row of the table (overwrite with truncate=true); the rows deleted."""
+    client = opts.client()
+    keys = [c.name for c in info.schema.key_columns]
+    deleted = 0
+    for tok in client.scan_tokens(opts.table, projection=keys):
+        for batch in client.scan_batches(tok):
+            r = client.write(opts.table, batch, "delete")
+            deleted += r.rows_applied
+    return deleted
+
+
+@dataclass
+class TesseraCommit(WriterCommitMessage):
+    rows_applied: int = 0
+    rows_failed: int = 0
+    error_samples: list[str] = field(default_factory=list)
+
+
+class TesseraWriter(DataSourceArrowWriter):
+    def __init__(self, opts: ReadOptions, schema_version: int) -> None:
+        self.opts = opts
+        self.schema_version = schema_version
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TesseraCommit:
+        opts = self.opts
+        client = opts.client()
+        info: TableInfo = client.call("open_table", opts.table)
+        target = info.schema.to_arrow()
+        session = client.call("new_session", opts.table, timeout=opts.rpc_timeout_s)
+
+        for b in iterator:
+            if b.num_rows:
+                client.run(session.apply(_conform(b, target, opts.table), opts.operation))
+        client.run(session.flush())
+        total = session.result
+        if total.errors and opts.row_errors == "fail":
+            raise InvalidArgument(
+                f"tessera {opts.operation} into table {opts.table!r}: "
+                + format_errors(total.errors)
+            )
+        return TesseraCommit(
+            rows_applied=total.rows_applied,
+            rows_failed=len(total.errors),
+            error_samples=[str(e) for e in total.errors[:5]],
+        )
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        applied = sum(m.rows_applied for m in messages if isinstance(m, TesseraCommit))
+        failed = sum(m.rows_failed for m in messages if isinstance(m, TesseraCommit))
+        samples = [s for m in messages if isinstance(m, TesseraCommit) for s in m.error_samples]
+        if failed:
+            log.warning(
+                "tessera write to %r: %d rows applied, %d refused: %s",
+                self.opts.table,
+                applied,
+                failed,
+                "; ".join(samples[:5]),
+            )
+        else:
+            log.info("tessera write to %r: %d rows applied", self.opts.table, applied)
+
+
+def _conform(batch: pa.RecordBatch, target: pa.Schema, table: str) -> pa.Table:
+    """`batch` with each column cast to the table's Arrow type (checked: overflow is an error
+    naming the column)."""
+    cols = []
+    for name, arr in zip(batch.schema.names, batch.columns, strict=True):
+        want = target.field(name).type
+        if arr.type != want:
+            try:
+                arr = arr.cast(want, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise InvalidArgument(
+                    f"column {name!r} of table {table!r}: cannot convert {arr.type} to {want}: {e}"
+                ) from None
+        cols.append(arr)
+    return pa.Table.from_arrays(cols, names=batch.schema.names)
+
+
+# --- registration ----------------------------------------------------------------------------
+
+
+def register(spark: Any) -> None:
+    """Make `format("tessera")` and `USING tessera` known to `spark` (idempotent)."""
+    spark.dataSource.register(TesseraDataSource)
+
+
+def register_views(spark: Any, masters: str | Sequence[str], **options: str) -> list[str]:
+    """Register every Tessera table as a temporary view of the same name; the names."""
+    register(spark)
+    addrs = masters if isinstance(masters, str) else ",".join(masters)
+    client = SyncClient.shared(tuple(a.strip() for a in addrs.split(",") if a.strip()))
+    names = []
+    for t in client.call("list_tables"):
+        reader = spark.read.format(FORMAT).option("masters", addrs).option("table", t.name)
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        reader.load().createOrReplaceTempView(t.name)
+        names.append(t.name)
+    return names
