@@ -11,7 +11,7 @@ SEED0  ?= 0
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: venv demo test test-slow lint typecheck unit protos check-protos sim bench-raft bench-tserver bench-master clean
+.PHONY: venv demo test test-slow lint typecheck unit protos check-protos sim bench-raft bench-tserver bench-master bench-spark-read clean
 
 venv: $(STAMP)
 
@@ -60,6 +60,10 @@ bench-tserver: venv
 
 bench-master: venv
 	$(BIN)/python -m bench.master_bench
+
+## Spark reads: the tessera source against a Python Parquet source and Spark's Parquet reader.
+bench-spark-read: venv
+	$(BIN)/python -m bench.spark_read
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

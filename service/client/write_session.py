@@ -12,7 +12,8 @@ insert_ignore); `flush()` sends what is buffered and returns a `WriteResult`. A 
    `max_tablets_in_flight`), one tablet's batches strictly in order: two operations on the same
    key within a session apply in the order they were given;
 3. retries a tablet's batch inside the session timeout when the leader moved (NOT_THE_LEADER:
-   straight to the hinted leader), the server is unreachable (ask the other replicas, a follower
+   straight to the hinted leader; ABORTED: the entry was overwritten by a new leader, so it was
+   certainly not applied), the server is unreachable (ask the other replicas, a follower
    names the leader), or the tablet is gone from the server (NOT_FOUND: the tablet was replaced;
    drop the cache entry and route those rows again through the master).
 
@@ -45,6 +46,7 @@ import pyarrow as pa
 from service.client.meta_cache import TableInfo, TabletLocation
 from service.client.retry import Backoff, Deadline
 from service.common.errors import (
+    Aborted,
     InvalidArgument,
     NotFound,
     NotTheLeader,
@@ -301,7 +303,7 @@ class WriteSession:
                     tried.discard(err.leader_uuid)
                     if err.leader_uuid != target.ts_uuid:
                         continue
-            elif not isinstance(err, ServiceUnavailable | Timeout | WrongDestination):
+            elif not isinstance(err, ServiceUnavailable | Timeout | WrongDestination | Aborted):
                 raise err
             log.debug("write to %s on %s: %s; retrying", loc.tablet_id, target.ts_uuid, err)
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import grpc
 import pyarrow as pa
 
+from service.common import failpoints
 from service.common.errors import InvalidArgument, WrongDestination, rpc_errors
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
@@ -223,6 +224,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
     @rpc_errors
     async def ScanNext(self, request: tpb.ScanNextRequestPB, context: Ctx) -> tpb.ScanResponsePB:
         self._dest(request.dest_uuid)
+        failpoints.hit("scan_next")
         return await self.server.scanners.next(
             request.scanner_id, request.call_seq_id, request.batch_size_bytes
         )

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pytest
 
 from service.client.sync import SyncClient
+from service.common import failpoints
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
 from service.common.schema import AddColumn, ColumnType, Schema
 from service.testing.mini_cluster import MiniCluster
@@ -234,7 +235,9 @@ def test_million_rows_write_then_read_back(
         PartitionSchema(hash=(HashBucketSchema(("k",), 4),), range=RangeSchema(())),
     )
     n = 1_000_000
-    src = spark.range(n).selectExpr("id as k", "cast(id * 0.5 as double) as v", "concat('t', id % 1000) as tag")
+    src = spark.range(n).selectExpr(
+        "id as k", "cast(id * 0.5 as double) as v", "concat('t', id % 1000) as tag"
+    )
     src.write.format("tessera").option("masters", masters(cluster)).option("table", "big").mode(
         "append"
     ).save()
@@ -242,3 +245,44 @@ def test_million_rows_write_then_read_back(
     assert df.count() == n
     diff = df.exceptAll(src).count() + src.exceptAll(df).count()
     assert diff == 0
+
+
+def test_tablet_server_dies_in_the_middle_of_a_read(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Every tablet server runs a crash failpoint: the first one to serve its 3rd ScanNext page
+    exits like kill -9, mid-read. The Spark read fails over to other replicas and is exact."""
+    base = tmp_path_factory.mktemp("ds-crash")
+    once = base / "crashed"
+    env = {
+        failpoints.CRASH_AT: "scan_next:3",
+        failpoints.ONCE_FILE: str(once),
+    }
+    with MiniCluster(base) as cluster:
+        for name in cluster.tservers:
+            cluster.kill_tserver(name)
+            cluster.start_tserver(name, env=env)
+        schema = Schema.build([("k", ColumnType.INT64), ("pad", ColumnType.STRING)], key="k")
+        rows = pa.table(
+            {
+                "k": pa.array(range(40_000), pa.int64()),
+                "pad": [f"{i:08d}" * 8 for i in range(40_000)],
+            }
+        )
+        with SyncClient(cluster.master_addresses, timeout=60) as c:
+            c.call(
+                "create_table",
+                "crashy",
+                schema,
+                PartitionSchema(hash=(HashBucketSchema(("k",), 2),), range=RangeSchema(())),
+            )
+            assert c.write("crashy", rows, "insert").rows_applied == 40_000
+            got = read(
+                spark, cluster, "crashy", batch_size_bytes=str(32 << 10), scan_timeout_ms="60000"
+            ).toArrow()
+        assert once.exists(), "no tablet server reached the failpoint"
+        assert sum(not ts.alive for ts in cluster.tservers.values()) == 1
+        assert got.num_rows == 40_000
+        assert by_id(got.rename_columns(["id", "pad"])).equals(
+            by_id(rows.rename_columns(["id", "pad"]))
+        )
