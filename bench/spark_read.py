@@ -23,12 +23,13 @@ import argparse
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyspark.sql import Row
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 AGG = ["count(*) n", "sum(id) si", "sum(v) sv", "max(length(tag)) lt", "sum(cast(flag as int)) sf"]
@@ -77,8 +78,7 @@ class PyParquetReader(DataSourceReader):
         yield from pq.ParquetFile(partition.value).iter_batches(batch_size=65536)
 
 
-def best(label: str, fn: object, repeat: int) -> tuple[float, object]:
-    assert callable(fn)
+def best(label: str, fn: Callable[[], Row], repeat: int) -> tuple[float, Row]:
     result = fn()  # warm-up (JIT, Python workers, caches)
     times = []
     for i in range(repeat):
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 "parquet": lambda: spark.read.parquet(str(pdir)).selectExpr(*AGG).collect()[0],
             }
             results = {k: best(k, fn, args.repeat) for k, fn in runs.items()}
-        answers = {k: tuple(v[1]) for k, v in results.items()}  # type: ignore[arg-type]
+        answers = {k: tuple(v[1]) for k, v in results.items()}
         if len(set(answers.values())) != 1:
             raise SystemExit(f"the readers disagree: {answers}")
         a, b, cc = (results[k][0] for k in ("tessera", "pyparquet", "parquet"))
