@@ -34,7 +34,7 @@ from service.common.schema_codec import column_to_pb, partition_schema_to_pb, sc
 from service.pb import master_pb2 as pb
 from service.tserver.predicates import ColumnPredicate, ScanSpec, predicate_to_pb, validate_spec
 
-__all__ = ["MasterInfo", "TableSummary", "TabletServerInfo", "TesseraClient"]
+__all__ = ["CatalogDump", "MasterInfo", "TableSummary", "TabletServerInfo", "TesseraClient"]
 
 AlterStep = AddColumn | DropColumn | RenameColumn
 
@@ -58,6 +58,15 @@ class TabletServerInfo:
     num_replicas: int
     num_leaders: int
     location: str
+
+
+@dataclass(frozen=True)
+class CatalogDump:
+    """The catalog as of one committed index (DumpCatalog): table and tablet records."""
+
+    committed_index: int
+    tables: list[pb.TableRecordPB]
+    tablets: list[pb.TabletRecordPB]
 
 
 @dataclass(frozen=True)
@@ -258,6 +267,19 @@ class TesseraClient:
             )
             for m in r.masters
         ]
+
+    async def dump_catalog(
+        self, *, include_removed: bool = False, timeout: float | None = None
+    ) -> CatalogDump:
+        """Every table and tablet record as of one committed index of the leader."""
+        chunks = await self.master.stream(
+            "DumpCatalog",
+            pb.DumpCatalogRequestPB(include_removed=include_removed),
+            self._t(timeout),
+        )
+        tables = [r.table for c in chunks for r in c.rows if r.HasField("table")]
+        tablets = [r.tablet for c in chunks for r in c.rows if r.HasField("tablet")]
+        return CatalogDump(chunks[0].committed_index if chunks else 0, tables, tablets)
 
     # --- writes ------------------------------------------------------------------------------
 

@@ -179,6 +179,26 @@ class MasterClient:
 
     async def call(self, method: str, request: Message, timeout: float) -> Any:
         """`MasterService.<method>(request)` on the leader, retried until `timeout` seconds."""
+
+        async def attempt(stub: Any, t: float) -> Any:
+            return await getattr(stub, method)(request, timeout=t)
+
+        return await self._retrying(method, attempt, timeout)
+
+    async def stream(self, method: str, request: Message, timeout: float) -> list[Any]:
+        """Every message of the server-streaming `MasterService.<method>(request)`, from one
+        attempt that ran to the end (a stream broken part-way is started over)."""
+
+        async def attempt(stub: Any, t: float) -> list[Any]:
+            return [m async for m in getattr(stub, method)(request, timeout=t)]
+
+        result: list[Any] = await self._retrying(method, attempt, timeout)
+        return result
+
+    async def _retrying(
+        self, method: str, attempt: Callable[[Any, float], Awaitable[Any]], timeout: float
+    ) -> Any:
+        """Run `attempt(leader stub, attempt timeout)` until it succeeds or the deadline."""
         deadline = Deadline.after(timeout)
         backoff = Backoff()
         last: TesseraError | None = None
@@ -190,9 +210,8 @@ class MasterClient:
                     raise
                 raise Timeout(f"{method}: timed out after retries; last error: {last}") from last
             stub = self._pool.master(address)
-            fn: Callable[..., Awaitable[Any]] = getattr(stub, method)
             try:
-                return await fn(request, timeout=deadline.attempt_timeout(ATTEMPT_CAP_S))
+                return await attempt(stub, deadline.attempt_timeout(ATTEMPT_CAP_S))
             except grpc.aio.AioRpcError as e:
                 err = from_grpc(e)
             except Timeout:

@@ -42,12 +42,25 @@ from service.master.catalog_info import (
     TabletLocations,
 )
 from service.master.catalog_manager import CatalogManager
-from service.master.catalog_records import HostPort, MemberType, RequestId, request_id_from_pb
+from service.master.catalog_records import (
+    HostPort,
+    MemberType,
+    RequestId,
+    TableRecord,
+    TabletRecord,
+    request_id_from_pb,
+    table_to_pb,
+    tablet_to_pb,
+)
 from service.master.heartbeat import handle_heartbeat
 from service.master.ts_descriptor import TSDescriptor
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.raft import Role
+
+_DEFAULT_DUMP_CHUNK = 1000
+"""Catalog rows per DumpCatalog chunk unless the caller asks otherwise (about 1 MB of tablets)."""
+_MAX_DUMP_CHUNK = 20_000
 
 if TYPE_CHECKING:
     from service.master.master import MasterServer
@@ -355,8 +368,22 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     async def DumpCatalog(
         self, request: pb.DumpCatalogRequestPB, context: Ctx
     ) -> AsyncIterator[pb.DumpCatalogChunkPB]:
-        raise NotSupported("DumpCatalog is not implemented yet")
-        yield pb.DumpCatalogChunkPB()  # pragma: no cover  (makes this an async generator)
+        if request.max_rows_per_chunk > _MAX_DUMP_CHUNK:
+            raise InvalidArgument(
+                f"max_rows_per_chunk: at most {_MAX_DUMP_CHUNK}, got {request.max_rows_per_chunk}"
+            )
+        index, rows = self._leader_catalog().dump(request.include_removed)
+        size = request.max_rows_per_chunk or _DEFAULT_DUMP_CHUNK
+        for start in range(0, max(len(rows), 1), size):
+            chunk = pb.DumpCatalogChunkPB(committed_index=index)
+            for row in rows[start : start + size]:
+                out = chunk.rows.add(version=row.version)
+                if isinstance(row.record, TableRecord):
+                    out.table.CopyFrom(table_to_pb(row.record))
+                else:
+                    assert isinstance(row.record, TabletRecord)
+                    out.tablet.CopyFrom(tablet_to_pb(row.record))
+            yield chunk
 
 
 # --- decoding ----------------------------------------------------------------------------------

@@ -210,3 +210,37 @@ def test_sync_client_facade(tmp_path: Path) -> None:
         (tok,) = sc.scan_tokens("s", predicates=[P("id", "LT", (10,))])
         got = pa.Table.from_batches(list(sc.scan_batches(tok)))
         assert sort(got).equals(data(0, 10))
+
+
+def test_dump_catalog_is_one_committed_index(tmp_path: Path) -> None:
+    with MiniCluster(tmp_path, num_masters=1, num_tservers=1) as cluster:
+
+        async def main() -> None:
+            async with TesseraClient(cluster.master_addresses, timeout=60) as c:
+                ps = PartitionSchema(hash=(HashBucketSchema(("id",), 3),), range=RangeSchema(()))
+                await c.create_table("a", SCHEMA, ps, num_replicas=1)
+                await c.create_table("b", SCHEMA, ps, num_replicas=1)
+                await c.delete_table("b")
+                live = await c.dump_catalog()
+                assert [t.name for t in live.tables] == ["a"]
+                assert len(live.tablets) == 3
+                assert {t.table_id for t in live.tablets} == {live.tables[0].table_id}
+                assert all(t.state == pb.TabletRecordPB.RUNNING for t in live.tablets)
+                everything = await c.dump_catalog(include_removed=True)
+                assert sorted(t.name for t in everything.tables) == ["a", "b"]
+                assert len(everything.tablets) == 6
+                assert everything.committed_index >= live.committed_index > 0
+                # Chunking: the same rows, however they are cut.
+                chunks = await c.master.stream(
+                    "DumpCatalog",
+                    pb.DumpCatalogRequestPB(include_removed=True, max_rows_per_chunk=2),
+                    10,
+                )
+                assert len(chunks) == 4
+                assert len({ch.committed_index for ch in chunks}) == 1
+                with pytest.raises(InvalidArgument, match="max_rows_per_chunk"):
+                    await c.master.stream(
+                        "DumpCatalog", pb.DumpCatalogRequestPB(max_rows_per_chunk=10**6), 10
+                    )
+
+        asyncio.run(main())
