@@ -8,8 +8,7 @@
     tessera master run --conf conf/master.toml [--set key=value ...] [--ready-file F]
     tessera tserver run --conf conf/tserver.toml [--set key=value ...] [--ready-file F]
     tessera sim [--seeds N] [--first S] [--seed X --verbose]
-
-Later issues add `cluster`, `table`, `tablet`, `replica` and `jobs`.
+    tessera cluster up|status|down --dir DIR ...       (service.tools.cluster_cmd)
 Exit codes: 0 success, 1 failure, 2 usage or configuration error.
 """
 
@@ -139,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     trun.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     trun.add_argument("--ready-file")
 
+    from service.tools import cluster_cmd
+
+    cluster_cmd.register(sub)
+
     sim = sub.add_parser("sim", help="run the deterministic Raft simulator")
     sim.add_argument("--seeds", type=int, default=200)
     sim.add_argument("--first", type=int, default=0)
@@ -150,6 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "cluster":
+            from service.tools import cluster_cmd
+
+            return cluster_cmd.run(args)
+        handler = getattr(args, "handler", None)
+        if handler is not None:  # command groups that bring their own handlers
+            code: int = handler(args)
+            return code
         if args.command == "sim":
             from service.testing import sim_cli
 

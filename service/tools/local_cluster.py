@@ -1,0 +1,590 @@
+"""A local Tessera cluster of real background processes (`tessera cluster up|status|down`).
+
+Theory of operation
+-------------------
+`up(dir)` starts N masters and M tablet servers as detached processes and returns; they keep
+running after the command that started them exits, until `down(dir)`. Everything about the
+cluster lives under DIR:
+
+    DIR/cluster.json        the record: each server's name, address, pid, uuid, data dir, log,
+                            the conf files and --set overrides (tmp + rename: never half a file)
+    DIR/data/<name>/        the server's data_dir (WAL, consensus metadata, instance file)
+    DIR/logs/<name>.log     its stdout and stderr, appended to across restarts
+    DIR/run/<name>.ready    the ready file it writes once it serves ({"address","pid","uuid"})
+
+Fixed master ports. Masters bootstrap sys.catalog from `master_addresses` and a master's uuid is
+derived from its address (service/master/master.py), so every master must know every master's
+address before any of them starts, and must come back at the same address to reopen its data.
+`up` picks free loopback ports once, records them, and reuses them on every restart. Tablet
+servers bind `127.0.0.1:0` the first time (their uuid lives in their data_dir, not in their
+address); the address they got is recorded and reused on restart, because their replicas' Raft
+configurations and the masters' registry name it.
+
+Detached sessions. Servers run in a session of their own (`start_new_session=True`), read
+/dev/null and write to their log file: a Ctrl-C in the terminal that ran `up`, or that terminal
+closing, does not reach them, and no pipe ties them to the command that started them.
+
+The pid-reuse check. cluster.json may outlive its processes by days (a reboot, a crash), and the
+kernel hands out pids again. Before it counts a recorded pid as running, or signals it, this
+module checks that the pid is still a process whose command line runs `service.master` or
+`service.tserver` with this server's data_dir; anything else belongs to someone else now and the
+server counts as not running. A zombie counts as gone; a child of this very process (tests run
+`up` and `down` in one process) is judged and reaped by its Popen.
+
+Readiness. Configs are loaded before anything starts (a bad `--set` names the setting). `up`
+returns once every process wrote its ready file, a master leader serves and every tablet server
+is live at it (`healthcheck.probe_masters`). If anything fails or times out, the processes it
+started are stopped again and the error quotes the end of the failed process's log: `up` leaves
+a serving cluster or nothing running. Status pages (`http_bind`, when the config has it) take a
+free port on each start; cluster.json and `status` name them.
+
+`down` stops tablet servers first, then masters (SIGTERM, a grace period, then SIGKILL), so no
+tablet server is left heartbeating to masters that are gone. RPCs use grpc.aio; the public
+functions are synchronous (`asyncio.run`): they block on processes and serve the command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from service.common.config import MasterConfig, TServerConfig, load_config, parse_override
+from service.common.errors import FailedPrecondition, InvalidArgument
+from service.testing.demo_cluster import free_ports
+from service.tools.healthcheck import ClusterStatus, ServerStatus, probe_masters
+
+__all__ = ["CLUSTER_FILE", "ClusterRecord", "LocalClusterError", "ServerRecord", "Stopped"]
+__all__ += ["down", "is_running", "load_record", "master_addresses", "status", "up"]
+
+CLUSTER_FILE = "cluster.json"
+FORMAT = 1
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MASTER_CONF = ROOT / "conf" / "master.toml"
+DEFAULT_TSERVER_CONF = ROOT / "conf" / "tserver.toml"
+MANAGED_KEYS = ("data_dir", "rpc_bind", "advertised_address", "master_addresses", "http_bind")
+"""Settings `up` sets itself for every server; an override of one of them is refused."""
+_MODULES = {"master": "service.master", "tserver": "service.tserver"}
+
+Progress = Callable[[str], None]
+
+
+class LocalClusterError(FailedPrecondition):
+    """The cluster directory is not what the command expects, or the cluster failed to start."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerRecord:
+    """One server as cluster.json records it. `pid` is None once `down` stopped it; `address`
+    is "" for a tablet server that never started; `uuid` is "" until it first served."""
+
+    name: str
+    kind: str  # "master" | "tserver"
+    address: str
+    data_dir: str
+    log: str
+    pid: int | None = None
+    uuid: str = ""
+    http_address: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRecord:
+    """The content of DIR/cluster.json (`dir` itself is where it was read from)."""
+
+    dir: Path
+    master_conf: str
+    tserver_conf: str
+    master_overrides: tuple[str, ...] = ()
+    tserver_overrides: tuple[str, ...] = ()
+    masters: tuple[ServerRecord, ...] = ()
+    tservers: tuple[ServerRecord, ...] = ()
+
+    @property
+    def servers(self) -> tuple[ServerRecord, ...]:
+        return self.masters + self.tservers
+
+    @property
+    def master_addresses(self) -> list[str]:
+        return [m.address for m in self.masters]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "conf": {"master": self.master_conf, "tserver": self.tserver_conf},
+            "overrides": {
+                "master": list(self.master_overrides),
+                "tserver": list(self.tserver_overrides),
+            },
+            "masters": [dataclasses.asdict(s) for s in self.masters],
+            "tservers": [dataclasses.asdict(s) for s in self.tservers],
+        }
+
+    @classmethod
+    def from_json(cls, dir: Path, data: dict[str, Any]) -> ClusterRecord:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+        return cls(
+            dir=dir,
+            master_conf=data["conf"]["master"],
+            tserver_conf=data["conf"]["tserver"],
+            master_overrides=tuple(data["overrides"]["master"]),
+            tserver_overrides=tuple(data["overrides"]["tserver"]),
+            masters=tuple(ServerRecord(**s) for s in data["masters"]),
+            tservers=tuple(ServerRecord(**s) for s in data["tservers"]),
+        )
+
+
+# --- the record on disk ----------------------------------------------------------------------
+
+
+def load_record(dir: Path | str) -> ClusterRecord:
+    """DIR/cluster.json, or LocalClusterError saying what DIR should hold."""
+    dir = Path(dir).resolve()
+    path = dir / CLUSTER_FILE
+    if not path.is_file():
+        raise LocalClusterError(
+            f"no cluster in {dir}: expected {path}, written by `tessera cluster up --dir {dir}`"
+        )
+    try:
+        return ClusterRecord.from_json(dir, json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise LocalClusterError(f"{path} is not a cluster record: {e}") from None
+
+
+def _save(record: ClusterRecord) -> None:
+    path = record.dir / CLUSTER_FILE
+    tmp = path.with_name(CLUSTER_FILE + ".tmp")
+    with tmp.open("w") as f:
+        json.dump(record.to_json(), f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def master_addresses(dir: Path | str) -> list[str]:
+    """The masters' addresses of the cluster in DIR, for commands given `--dir` not `--masters`."""
+    return load_record(dir).master_addresses
+
+
+# --- processes -------------------------------------------------------------------------------
+
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+"""Servers started by this process, kept so they are reaped (polled), not left as zombies."""
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited. For a child of this process its Popen
+    decides (and reaps it): a child's command line reads empty while it is exiting, before
+    it has become a zombie, so the command line cannot tell that it is gone."""
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        if child.poll() is None:
+            return True
+        del _CHILDREN[pid]
+        return False
+    if Path("/proc/self").exists():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rpartition(")")[2].split()[0] != "Z"  # a zombie has exited
+    try:  # no /proc (macOS)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, and is someone else's
+    return True
+
+
+def _cmdline(pid: int) -> str:
+    """The command line of `pid` ("" if there is none: no such process, or an exiting one)."""
+    if Path("/proc/self").exists():
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return ""
+        return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    try:  # no /proc (macOS)
+        out = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True)
+    except OSError:
+        return ""
+    return out.stdout.decode(errors="replace").strip()
+
+
+def is_running(server: ServerRecord) -> bool:
+    """Whether the recorded pid is still this server (the pid-reuse check, see the docstring)."""
+    if server.pid is None or not _alive(server.pid):
+        return False
+    cmd = _cmdline(server.pid) + " "
+    return f" {_MODULES[server.kind]} " in cmd and f" data_dir={server.data_dir} " in cmd
+
+
+def _http_supported(kind: str) -> bool:
+    cls = MasterConfig if kind == "master" else TServerConfig
+    return "http_bind" in {f.name for f in dataclasses.fields(cls)}
+
+
+def _log_tail(path: Path, offset: int, limit: int = 3000) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")[-limit:].rstrip()
+    except OSError as e:
+        return f"(cannot read {path}: {e.strerror})"
+    return text or "(the log is empty)"
+
+
+@dataclass
+class _Launch:
+    """A server `up` started: its record (completed from the ready file), process, ready file
+    and where this run's output starts in its log."""
+
+    server: ServerRecord
+    proc: subprocess.Popen[bytes]
+    ready: Path
+    log_offset: int
+
+
+def _settings(record: ClusterRecord, server: ServerRecord) -> tuple[str, list[str]]:
+    """The conf file and the `--set`s `server` runs with: the overrides, then MANAGED_KEYS."""
+    master_list = "[" + ", ".join(f'"{a}"' for a in record.master_addresses) + "]"
+    if server.kind == "master":
+        conf, settings = record.master_conf, list(record.master_overrides)
+    else:
+        conf, settings = record.tserver_conf, list(record.tserver_overrides)
+    settings += [f"data_dir={server.data_dir}", f"rpc_bind={server.address or '127.0.0.1:0'}"]
+    if server.kind == "master":
+        settings.append(f"advertised_address={server.address}")
+    settings.append(f"master_addresses={master_list}")
+    if _http_supported(server.kind):
+        settings.append("http_bind=127.0.0.1:0")
+    return conf, settings
+
+
+def _check_config(record: ClusterRecord) -> None:
+    """Load each kind's config as its servers will: a bad conf file or `--set` is refused here,
+    naming the setting (ConfigError, an InvalidArgument), instead of in a server's log."""
+    for group, cls in ((record.masters, MasterConfig), (record.tservers, TServerConfig)):
+        if group:
+            conf, settings = _settings(record, group[0])
+            load_config(cls, conf, dict(parse_override(s) for s in settings))
+
+
+def _spawn(record: ClusterRecord, server: ServerRecord) -> _Launch:
+    ready = record.dir / "run" / f"{server.name}.ready"
+    ready.unlink(missing_ok=True)
+    conf, settings = _settings(record, server)
+    args = [sys.executable, "-m", _MODULES[server.kind], "--conf", conf]
+    for s in settings:
+        args += ["--set", s]
+    args += ["--ready-file", str(ready)]
+    Path(server.data_dir).mkdir(parents=True, exist_ok=True)
+    log = Path(server.log)
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
+    with log.open("ab") as logf:
+        offset = logf.tell()
+        logf.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(args)}\n".encode())
+        logf.flush()
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            cwd=record.dir,
+            env=env,
+            start_new_session=True,
+        )
+    _CHILDREN[proc.pid] = proc
+    return _Launch(replace(server, pid=proc.pid), proc, ready, offset)
+
+
+def _failure(launch: _Launch, problem: str) -> LocalClusterError:
+    s = launch.server
+    tail = _log_tail(Path(s.log), launch.log_offset)
+    return LocalClusterError(f"{s.name} (pid {s.pid}) {problem}; the end of {s.log}:\n{tail}")
+
+
+def _check_alive(launches: Iterable[_Launch]) -> None:
+    for launch in launches:
+        code = launch.proc.poll()
+        if code is not None:
+            raise _failure(launch, f"exited with code {code}")
+
+
+def _wait_ready(launch: _Launch, deadline: float, timeout: float) -> None:
+    """Wait for the ready file and fold what it says (address, uuid, http) into the launch."""
+    s = launch.server
+    while not launch.ready.exists():
+        _check_alive([launch])
+        if time.monotonic() > deadline:
+            raise _failure(launch, f"is not serving after {timeout:g}s")
+        time.sleep(0.05)
+    info = json.loads(launch.ready.read_text())
+    if s.kind == "master" and info["address"] != s.address:
+        raise _failure(launch, f"serves on {info['address']}, expected {s.address}")
+    launch.server = replace(
+        s, address=info["address"], uuid=info["uuid"], http_address=info.get("http_address")
+    )
+
+
+def _stop(pids: Sequence[int], grace: float) -> set[int]:
+    """SIGTERM `pids`, wait up to `grace` s, SIGKILL what is left; the set that needed SIGKILL.
+    Only called with pids that passed the pid-reuse check."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    left = set(pids)
+    while True:
+        left = {p for p in left if _alive(p)}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    while any(_alive(p) for p in left):
+        time.sleep(0.02)
+    return left
+
+
+# --- up --------------------------------------------------------------------------------------
+
+
+def _check_overrides(overrides: Sequence[str]) -> tuple[str, ...]:
+    for text in overrides:
+        key, _ = parse_override(text)
+        if key in MANAGED_KEYS:
+            raise InvalidArgument(f"{key}: set by `tessera cluster up` itself, cannot override")
+    return tuple(overrides)
+
+
+def _new_record(
+    dir: Path, masters: int, tservers: int, master_conf: Path, tserver_conf: Path
+) -> ClusterRecord:
+    if masters < 1 or tservers < 0:
+        raise InvalidArgument(f"need >= 1 master and >= 0 tablet servers, got {masters}/{tservers}")
+
+    def server(kind: str, name: str, address: str) -> ServerRecord:
+        data, log = dir / "data" / name, dir / "logs" / f"{name}.log"
+        return ServerRecord(name, kind, address, str(data), str(log))
+
+    ports = free_ports(masters)
+    return ClusterRecord(
+        dir=dir,
+        master_conf=str(master_conf.resolve()),
+        tserver_conf=str(tserver_conf.resolve()),
+        masters=tuple(
+            server("master", f"master-{i}", f"127.0.0.1:{p}") for i, p in enumerate(ports, 1)
+        ),
+        tservers=tuple(server("tserver", f"tserver-{i}", "") for i in range(1, tservers + 1)),
+    )
+
+
+def _prepare(
+    dir: Path,
+    masters: int | None,
+    tservers: int | None,
+    master_conf: Path | str | None,
+    tserver_conf: Path | str | None,
+) -> ClusterRecord:
+    """The record to start from: the stopped cluster in DIR, or a new one for an empty DIR."""
+    if not (dir / CLUSTER_FILE).exists():
+        if dir.exists() and (not dir.is_dir() or any(dir.iterdir())):
+            raise LocalClusterError(
+                f"{dir} is not empty and holds no {CLUSTER_FILE}: expected a new or empty"
+                " directory, or one made by `tessera cluster up`"
+            )
+        return _new_record(
+            dir,
+            3 if masters is None else masters,
+            3 if tservers is None else tservers,
+            Path(master_conf or DEFAULT_MASTER_CONF),
+            Path(tserver_conf or DEFAULT_TSERVER_CONF),
+        )
+    record = load_record(dir)
+    running = [f"{s.name} (pid {s.pid})" for s in record.servers if is_running(s)]
+    if running:
+        raise LocalClusterError(
+            f"a cluster is already running in {dir}: {', '.join(running)};"
+            f" stop it first with `tessera cluster down --dir {dir}`"
+        )
+    for asked, have, what in (
+        (masters, len(record.masters), "masters"),
+        (tservers, len(record.tservers), "tablet servers"),
+    ):
+        if asked is not None and asked != have:
+            raise LocalClusterError(
+                f"{dir} holds a cluster of {have} {what}, not {asked}: restart it as it is,"
+                " or use a new directory"
+            )
+    if master_conf is not None:
+        record = replace(record, master_conf=str(Path(master_conf).resolve()))
+    if tserver_conf is not None:
+        record = replace(record, tserver_conf=str(Path(tserver_conf).resolve()))
+    return record
+
+
+def up(
+    dir: Path | str,
+    masters: int | None = None,
+    tservers: int | None = None,
+    *,
+    master_conf: Path | str | None = None,
+    tserver_conf: Path | str | None = None,
+    master_overrides: Sequence[str] | None = None,
+    tserver_overrides: Sequence[str] | None = None,
+    timeout: float = 60.0,
+    progress: Progress | None = None,
+) -> ClusterRecord:
+    """Start the cluster in DIR (3 masters and 3 tablet servers for a new DIR), or restart the
+    stopped one recorded there with the same servers, ports and data. Returns once a master
+    leader serves and every tablet server is live at it; raises LocalClusterError otherwise,
+    having stopped whatever it started.
+
+    Conf files and overrides ("key=value", as `--set`) default to the repository's conf/ and
+    none for a new cluster, and to the recorded ones on a restart (given ones replace them).
+    On a restart `masters`/`tservers` must be None or the recorded counts.
+    """
+    dir = Path(dir).resolve()
+    say = progress or (lambda _line: None)
+    record = _prepare(dir, masters, tservers, master_conf, tserver_conf)
+    if master_overrides is not None:
+        record = replace(record, master_overrides=_check_overrides(master_overrides))
+    if tserver_overrides is not None:
+        record = replace(record, tserver_overrides=_check_overrides(tserver_overrides))
+    _check_config(record)
+    for sub in ("data", "logs", "run"):
+        (dir / sub).mkdir(parents=True, exist_ok=True)
+
+    launches: list[_Launch] = []
+    try:
+        for server in record.servers:
+            launches.append(_spawn(record, server))
+        record = _with(record, [launch.server for launch in launches])
+        _save(record)  # pids on disk at once: `down` can clean up even if this command dies
+        deadline = time.monotonic() + timeout
+        for launch in launches:
+            _wait_ready(launch, deadline, timeout)
+            s = launch.server
+            say(f"starting {s.name} ... ok (pid {s.pid}, {s.address})")
+        record = _with(record, [launch.server for launch in launches])
+        _save(record)
+        leader = asyncio.run(_wait_serving(record, launches, deadline, timeout))
+        say(f"waiting for a master leader ... ok ({leader})")
+        if record.tservers:
+            say(f"waiting for {len(record.tservers)} tablet server(s) to register ... ok")
+    except BaseException:
+        _stop([lc.server.pid for lc in launches if lc.server.pid is not None], grace=5.0)
+        _save(_with(record, [replace(lc.server, pid=None) for lc in launches]))
+        raise
+    return record
+
+
+def _with(record: ClusterRecord, servers: Sequence[ServerRecord]) -> ClusterRecord:
+    by_name = {s.name: s for s in servers}
+    return replace(
+        record,
+        masters=tuple(by_name.get(s.name, s) for s in record.masters),
+        tservers=tuple(by_name.get(s.name, s) for s in record.tservers),
+    )
+
+
+async def _wait_serving(
+    record: ClusterRecord, launches: list[_Launch], deadline: float, timeout: float
+) -> str:
+    """Wait for a serving leader at which every tablet server is live; its address."""
+    expected = {s.uuid: s.name for s in record.tservers}
+    while True:
+        _check_alive(launches)
+        probe = await probe_masters(record.master_addresses, rpc_timeout=1.0)
+        live = {t.uuid for t in probe.tservers if t.live}
+        missing = [name for uuid, name in expected.items() if uuid not in live]
+        if probe.leader is not None and not missing:
+            return probe.leader
+        if time.monotonic() > deadline:
+            if probe.leader is None:
+                tried = "; ".join(f"{m.address}: {m.error or m.role}" for m in probe.masters)
+                raise LocalClusterError(f"no master leader serving after {timeout:g}s ({tried})")
+            raise LocalClusterError(
+                f"tablet server(s) {', '.join(missing)} not registered live at the leader"
+                f" {probe.leader} after {timeout:g}s (see their logs in {record.dir / 'logs'})"
+            )
+        await asyncio.sleep(0.1)
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+def status(dir: Path | str, rpc_timeout: float = 2.0) -> ClusterStatus:
+    """Every recorded server: is its process running, what do the masters say about it. A dead
+    process or an unreachable master is reported in `problems`, not raised."""
+    record = load_record(dir)
+    running = {s.name: is_running(s) for s in record.servers}
+    probe = asyncio.run(probe_masters(record.master_addresses, rpc_timeout))
+    views = {v.address: v for v in probe.masters}
+    registered = {t.uuid: t for t in probe.tservers}
+    out: list[ServerStatus] = []
+    problems: list[str] = []
+    for s in record.servers:
+        st = ServerStatus(
+            s.name, s.kind, s.address, s.pid, running[s.name], s.uuid, http_address=s.http_address
+        )
+        if not st.running:
+            problems.append(f"{s.name}: not running" + (f" (pid {s.pid} gone)" if s.pid else ""))
+        if s.kind == "master":
+            v = views[s.address]
+            st = replace(st, role=v.role, term=v.term, error=v.error)
+            if v.error and st.running:
+                problems.append(f"{s.name}: {v.error}")
+        elif probe.leader is not None:
+            t = registered.get(s.uuid)
+            st = replace(st, live=t.live if t else False)
+            if st.running and not st.live:
+                problems.append(f"{s.name}: not live at the leader {probe.leader}")
+        out.append(st)
+    if probe.leader is None:
+        problems.append(f"no master leader serving (asked {', '.join(record.master_addresses)})")
+    return ClusterStatus(str(record.dir), tuple(out), probe.leader, tuple(problems))
+
+
+# --- down ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    name: str
+    pid: int | None
+    outcome: str
+    """"stopped" (SIGTERM), "killed" (SIGKILL after the grace period) or "not running"."""
+
+
+def down(dir: Path | str, grace: float = 10.0, progress: Progress | None = None) -> list[Stopped]:
+    """Stop every recorded server that is still running (tablet servers first), mark them
+    stopped in cluster.json. Idempotent: a stopped cluster reports every server "not running"."""
+    record = load_record(dir)
+    say = progress or (lambda _line: None)
+    results: list[Stopped] = []
+    for group in (record.tservers, record.masters):
+        live = [s for s in group if is_running(s)]
+        killed = _stop([s.pid for s in live if s.pid is not None], grace)
+        for s in group:
+            outcome = "killed" if s.pid in killed else "stopped" if s in live else "not running"
+            results.append(Stopped(s.name, s.pid, outcome))
+            say(f"stopping {s.name} ... {outcome}")
+    _save(_with(record, [replace(s, pid=None) for s in record.servers]))
+    return results

@@ -1,0 +1,508 @@
+"""docker-compose.yml and the Dockerfile, checked without a Docker engine (none runs here).
+
+`check_compose` reads the compose file the way the containers will run it: every command must
+be a real entry point (a `tessera` command the CLI parser accepts, a `python -m` module with
+`main`, a `python -c` snippet that compiles, Spark's spark-class from the installed pyspark with
+a class its jars hold), every `--conf` must reach a file in conf/ through a bind mount, every
+`--set` must name a real setting and the resulting config must validate, addresses must name
+services and the ports they bind, data must live on declared named volumes, and health checks
+and `depends_on` must fit. It returns the problems rather than asserting, so the mutation tests
+below can show that each kind of mistake is caught.
+
+The last test (slow: `make test-slow`) runs the compose file's own commands on loopback (host
+names and ports rewritten, nothing else): the servers come up, their health checks pass, and the
+job runner's command reports a healthy cluster. The health check and the job runner's command
+are also run against a local cluster in tests/tools/test_local_cluster.py, in the default run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import importlib
+import io
+import re
+import shlex
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyspark
+import pytest
+import yaml
+
+from service.common.config import (
+    ConfigError,
+    MasterConfig,
+    TServerConfig,
+    load_config,
+    parse_override,
+    split_host_port,
+)
+from service.testing.demo_cluster import free_ports
+from service.testing.master_cluster import FAST_RAFT
+from service.testing.mini_cluster import FAST_TSERVER
+from service.testing.processes import terminate_all
+from service.tools.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+IMAGE_SITE_PACKAGES = "/usr/local/lib/python3.11/site-packages"
+"""Where `pip install .` puts packages in the python:3.11 image (Dockerfile: SPARK_HOME)."""
+LOCAL_SITE_PACKAGES = Path(pyspark.__file__).resolve().parent.parent
+CONFIG_CLASSES: dict[str, type[MasterConfig] | type[TServerConfig]] = {
+    "master": MasterConfig,
+    "tserver": TServerConfig,
+}
+
+
+def load_compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@dataclass
+class Server:
+    """A Tessera server service, as its command configures it."""
+
+    service: str
+    kind: str
+    config: MasterConfig | TServerConfig
+
+    @property
+    def bind_port(self) -> int:
+        return split_host_port(self.config.rpc_bind)[1]
+
+    @property
+    def ports(self) -> set[int]:
+        """Every port the server listens on in its container (RPC, and HTTP when it has it)."""
+        out = {self.bind_port}
+        http = getattr(self.config, "http_bind", "")
+        if http:
+            out.add(split_host_port(http)[1])
+        return out
+
+
+HTTP_BIND = "http_bind" in {f.name for f in dataclasses.fields(MasterConfig)}
+
+
+# --- the checker -----------------------------------------------------------------------------
+
+
+def _mounts(svc: dict[str, Any]) -> list[tuple[str, str]]:
+    out = []
+    for v in svc.get("volumes") or []:
+        parts = str(v).split(":")
+        out.append((parts[0], parts[1] if len(parts) > 1 else parts[0]))
+    return out
+
+
+def _host_path(svc: dict[str, Any], container_path: str) -> Path | None:
+    """The file in the repository a bind mount shows at `container_path`, if any."""
+    for src, dst in _mounts(svc):
+        if src.startswith((".", "/")) and (container_path + "/").startswith(dst.rstrip("/") + "/"):
+            rel = container_path[len(dst.rstrip("/")) :].lstrip("/")
+            return (ROOT / src / rel).resolve()
+    return None
+
+
+def _parse(parser: Any, args: list[str]) -> tuple[Any, str | None]:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            return parser.parse_args(args), None
+    except SystemExit:
+        return None, err.getvalue().strip().splitlines()[-1] if err.getvalue() else "bad args"
+
+
+def _class_in_jars(name: str) -> bool:
+    entry = name.replace(".", "/") + ".class"
+    for jar in (LOCAL_SITE_PACKAGES / "pyspark" / "jars").glob("spark-core_*.jar"):
+        with zipfile.ZipFile(jar) as z:
+            if entry in z.namelist():
+                return True
+    return False
+
+
+def check_command(where: str, cmd: list[str]) -> tuple[list[str], Any]:
+    """Problems with one exec-form command, and the parsed args of a `tessera` or `python -m`
+    command (None otherwise)."""
+    if not cmd or not all(isinstance(c, str) for c in cmd):
+        return [f"{where}: expected a list of strings, got {cmd!r}"], None
+    if cmd[0] == "tessera":
+        args, err = _parse(build_parser(), cmd[1:])
+        return (
+            [f"{where}: `{shlex.join(cmd)}` is not a tessera command: {err}"] if err else []
+        ), args
+    if cmd[0] == "python" and cmd[1:2] == ["-m"] and len(cmd) > 2:
+        try:
+            module = importlib.import_module(cmd[2])
+        except ImportError as e:
+            return [f"{where}: module {cmd[2]} does not import: {e}"], None
+        if not callable(getattr(module, "main", None)):
+            return [f"{where}: module {cmd[2]} has no main()"], None
+        if callable(getattr(module, "build_parser", None)):
+            args, err = _parse(module.build_parser(), cmd[3:])
+            return ([f"{where}: {cmd[2]} refuses {cmd[3:]}: {err}"] if err else []), args
+        return [], None
+    if cmd[0] == "python" and cmd[1:2] == ["-c"] and len(cmd) == 3:
+        try:
+            compile(cmd[2], where, "exec")
+        except SyntaxError as e:
+            return [f"{where}: python -c does not compile: {e}"], None
+        return [], None
+    if cmd[0].startswith(IMAGE_SITE_PACKAGES + "/"):
+        local = LOCAL_SITE_PACKAGES / cmd[0][len(IMAGE_SITE_PACKAGES) + 1 :]
+        if not local.is_file():
+            return [f"{where}: {cmd[0]} is not in the installed packages ({local})"], None
+        if local.name == "spark-class" and (len(cmd) < 2 or not _class_in_jars(cmd[1])):
+            return [f"{where}: spark-class needs a class Spark's jars hold, got {cmd[1:2]}"], None
+        return [], None
+    return [f"{where}: unknown program {cmd[0]!r}"], None
+
+
+def _check_server(name: str, svc: dict[str, Any], args: Any, named: set[str]) -> Any:
+    problems: list[str] = []
+    host_conf = _host_path(svc, args.conf)
+    if host_conf is None:
+        return [f"{name}: --conf {args.conf} is not under a bind-mounted directory"], None
+    if not host_conf.is_file():
+        return [f"{name}: --conf {args.conf} maps to {host_conf}, which does not exist"], None
+    try:
+        overrides = dict(parse_override(s) for s in args.set)
+        config = load_config(CONFIG_CLASSES[args.command], host_conf, overrides)
+    except ConfigError as e:
+        return [f"{name}: {e.message}"], None
+    data_dir = str(config.data_dir)
+    if not any(src in named and data_dir.startswith(dst + "/") for src, dst in _mounts(svc)):
+        problems.append(f"{name}: data_dir {data_dir} is not on a named volume")
+    if not config.rpc_bind.startswith("0.0.0.0:"):
+        problems.append(f"{name}: rpc_bind {config.rpc_bind} is unreachable from other containers")
+    return problems, Server(name, args.command, config)
+
+
+def _check_addresses(services: dict[str, Any], servers: dict[str, Server]) -> list[str]:
+    problems: list[str] = []
+    masters = [s for s in servers.values() if s.kind == "master"]
+    expected = sorted(f"{m.service}:{m.bind_port}" for m in masters)
+    if not masters:
+        problems.append("no master service")
+    for s in servers.values():
+        adv = s.config.advertised_address
+        if adv != f"{s.service}:{s.bind_port}":
+            problems.append(
+                f"{s.service}: advertised_address {adv!r} should be {s.service}:{s.bind_port}"
+                " (its service name and the port it binds)"
+            )
+        if sorted(s.config.master_addresses) != expected:
+            problems.append(
+                f"{s.service}: master_addresses {list(s.config.master_addresses)} should be"
+                f" exactly the masters {expected}"
+            )
+    for name, svc in services.items():
+        cmd = [str(c) for c in svc.get("command") or []]
+        env = svc.get("environment") or {}
+        lists = [cmd[i + 1] for i, c in enumerate(cmd[:-1]) if c == "--masters"]
+        lists += [str(env[k]) for k in env if k == "TESSERA_MASTERS"]
+        for text in lists:
+            if sorted(text.split(",")) != expected:
+                problems.append(f"{name}: masters {text} should be exactly {expected}")
+        tservers = sum(s.kind == "tserver" for s in servers.values())
+        for i, c in enumerate(cmd[:-1]):
+            if c == "--tservers" and cmd[i + 1] != str(tservers):
+                problems.append(f"{name}: --tservers {cmd[i + 1]}, the file runs {tservers}")
+        spark_urls = [c for c in cmd if c.startswith("spark://")]
+        spark_urls += [str(v) for v in env.values() if str(v).startswith("spark://")]
+        for url in spark_urls:
+            host, port = split_host_port(url.removeprefix("spark://"))
+            target = [str(c) for c in (services.get(host) or {}).get("command") or []]
+            if "--port" not in target or target[target.index("--port") + 1] != str(port):
+                problems.append(f"{name}: {url} names no Spark master service on that port")
+    return problems
+
+
+def _check_published(name: str, svc: dict[str, Any], server: Server | None) -> list[str]:
+    """Every published container port is one the service listens on."""
+    problems = []
+    cmd = [str(c) for c in svc.get("command") or []]
+    listens = server.ports if server is not None else set()
+    for flag in ("--webui-port", "--port"):
+        if flag in cmd:
+            listens.add(int(cmd[cmd.index(flag) + 1]))
+    for spec in svc.get("ports") or []:
+        container = int(str(spec).rsplit(":", 1)[-1].split("/")[0])
+        if container not in listens:
+            problems.append(f"{name}: publishes port {container}, but listens on {sorted(listens)}")
+    return problems
+
+
+def _check_health(name: str, svc: dict[str, Any], server: Server | None) -> list[str]:
+    hc = svc.get("healthcheck")
+    if hc is None:
+        return [] if name == "job-runner" else [f"{name}: no healthcheck"]
+    test = hc.get("test") or []
+    if test[:1] != ["CMD"]:
+        return [f"{name}: healthcheck should be exec form [CMD, ...], got {test[:1]}"]
+    problems, args = check_command(f"{name} healthcheck", test[1:])
+    if args is not None and hasattr(args, "kind"):
+        if server is None or args.kind != server.kind:
+            problems.append(f"{name}: healthcheck --kind {args.kind} does not fit this service")
+        elif args.address != f"127.0.0.1:{server.bind_port}":
+            problems.append(
+                f"{name}: healthcheck asks {args.address}, the server binds {server.bind_port}"
+            )
+    return problems
+
+
+def check_compose(compose: dict[str, Any]) -> list[str]:
+    """Every problem in `compose` (a loaded docker-compose.yml); [] when it is consistent."""
+    problems: list[str] = []
+    services: dict[str, Any] = compose.get("services") or {}
+    named = set(compose.get("volumes") or {})
+    servers: dict[str, Server] = {}
+    for name, svc in services.items():
+        if svc.get("image") != "tessera:dev" or svc.get("build") != ".":
+            problems.append(f"{name}: should run image tessera:dev built from .")
+        for src, dst in _mounts(svc):
+            if not src.startswith((".", "/")) and src not in named:
+                problems.append(f"{name}: volume {src} (at {dst}) is not declared under volumes:")
+            if src.startswith(".") and not (ROOT / src).exists():
+                problems.append(f"{name}: bind mount {src} does not exist in the repository")
+        cmd_problems, args = check_command(name, svc.get("command") or [])
+        problems += cmd_problems
+        server = None
+        if args is not None and getattr(args, "command", None) in CONFIG_CLASSES:
+            server_problems, server = _check_server(name, svc, args, named)
+            problems += server_problems
+            if server is not None:
+                servers[name] = server
+        problems += _check_health(name, svc, server)
+        problems += _check_published(name, svc, server)
+        for dep, spec in (svc.get("depends_on") or {}).items():
+            if dep not in services:
+                problems.append(f"{name}: depends_on unknown service {dep}")
+            elif spec.get("condition") == "service_healthy" and "healthcheck" not in services[dep]:
+                problems.append(f"{name}: waits for {dep} to be healthy, which has no healthcheck")
+    problems += _check_addresses(services, servers)
+    return problems
+
+
+def check_dockerfile(text: str) -> list[str]:
+    problems = []
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] != ["COPY"] or any(w.startswith("--from") for w in words):
+            continue
+        for src in [w for w in words[1:-1] if not w.startswith("--")]:
+            if not (ROOT / src).exists():
+                problems.append(f"Dockerfile: COPY source {src} does not exist")
+    if f"SPARK_HOME={IMAGE_SITE_PACKAGES}/pyspark" not in text:
+        problems.append(f"Dockerfile: SPARK_HOME should be {IMAGE_SITE_PACKAGES}/pyspark")
+    if not re.search(r"^FROM python:3\.11-", text, re.M):
+        problems.append("Dockerfile: the base image should be python:3.11 (site-packages path)")
+    return problems
+
+
+# --- the file as it is -----------------------------------------------------------------------
+
+
+def test_compose_file_is_consistent() -> None:
+    compose = load_compose()
+    assert check_compose(compose) == []
+    services = compose["services"]
+    assert {f"master-{i}" for i in (1, 2, 3)} <= set(services)
+    assert {f"tserver-{i}" for i in (1, 2, 3)} <= set(services)
+    assert {"spark-master", "spark-worker", "job-runner"} <= set(services)
+    assert services["job-runner"]["profiles"] == ["jobs"]
+
+
+def test_dockerfile_copy_sources_exist() -> None:
+    assert check_dockerfile(DOCKERFILE.read_text()) == []
+
+
+def test_dockerfile_checker_catches_a_missing_copy_source() -> None:
+    text = DOCKERFILE.read_text().replace("COPY spark_jobs", "COPY spark_jobz")
+    assert any("spark_jobz" in p for p in check_dockerfile(text))
+
+
+# --- mutations: each kind of mistake is caught ------------------------------------------------
+
+
+def _set(service: str, old: str, new: str) -> Callable[[dict[str, Any]], None]:
+    def mutate(c: dict[str, Any]) -> None:
+        cmd = c["services"][service]["command"]
+        assert old in cmd, (old, cmd)
+        cmd[cmd.index(old)] = new
+
+    return mutate
+
+
+def _drop_volume(c: dict[str, Any]) -> None:
+    del c["volumes"]["master-1-data"]
+
+
+def _health_kind(c: dict[str, Any]) -> None:
+    test = c["services"]["master-2"]["healthcheck"]["test"]
+    test[test.index("master")] = "tserver"
+
+
+def _health_port(c: dict[str, Any]) -> None:
+    test = c["services"]["tserver-2"]["healthcheck"]["test"]
+    test[test.index("127.0.0.1:7050")] = "127.0.0.1:7051"
+
+
+def _depends_unknown(c: dict[str, Any]) -> None:
+    c["services"]["tserver-1"]["depends_on"]["master-4"] = {"condition": "service_healthy"}
+
+
+def _runner_tservers(c: dict[str, Any]) -> None:
+    del c["services"]["tserver-3"]
+    for svc in c["services"].values():
+        (svc.get("depends_on") or {}).pop("tserver-3", None)
+
+
+def _publish_wrong_port(c: dict[str, Any]) -> None:
+    c["services"]["master-2"]["ports"] = ["8052:8052"]
+
+
+def _runner_masters(c: dict[str, Any]) -> None:
+    c["services"]["job-runner"]["environment"]["TESSERA_MASTERS"] = "master-1:7051"
+
+
+MASTERS = 'master_addresses=["master-1:7051", "master-2:7051", "master-3:7051"]'
+MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    ("bad --set key", _set("master-2", "rpc_bind=0.0.0.0:7051", "rpc_bnd=0.0.0.0:7051"), "rpc_bnd"),
+    ("bad --set value", _set("tserver-1", "rpc_bind=0.0.0.0:7050", "rpc_bind=7050"), "rpc_bind"),
+    (
+        "wrong advertised port",
+        _set("tserver-1", "advertised_address=tserver-1:7050", "advertised_address=tserver-1:7051"),
+        "tserver-1: advertised_address",
+    ),
+    (
+        "advertised name of another service",
+        _set("master-3", "advertised_address=master-3:7051", "advertised_address=master-1:7051"),
+        "master-3: advertised_address",
+    ),
+    (
+        "a tablet server missing a master",
+        _set("tserver-3", MASTERS, 'master_addresses=["master-1:7051", "master-2:7051"]'),
+        "tserver-3: master_addresses",
+    ),
+    (
+        "missing conf",
+        _set("master-1", "/etc/tessera/master.toml", "/etc/tessera/nope.toml"),
+        "nope.toml",
+    ),
+    ("conf outside a mount", _set("master-1", "/etc/tessera/master.toml", "/x.toml"), "/x.toml"),
+    ("unknown tessera command", _set("master-1", "master", "mastr"), "not a tessera command"),
+    ("undeclared volume", _drop_volume, "master-1-data"),
+    ("healthcheck of the wrong kind", _health_kind, "master-2: healthcheck --kind"),
+    ("healthcheck on the wrong port", _health_port, "tserver-2: healthcheck asks"),
+    ("depends_on an unknown service", _depends_unknown, "master-4"),
+    ("job runner with one master", _runner_masters, "job-runner: masters"),
+    ("job runner expecting a tablet server too many", _runner_tservers, "--tservers 3"),
+    ("published port nothing listens on", _publish_wrong_port, "master-2: publishes port 8052"),
+    (
+        "unknown module",
+        _set("job-runner", "service.tools.cluster_cmd", "service.tools.nope"),
+        "does not import",
+    ),
+    (
+        "spark class that does not exist",
+        _set("spark-master", "org.apache.spark.deploy.master.Master", "org.example.Master"),
+        "spark-class needs a class",
+    ),
+    (
+        "spark worker pointed at the wrong port",
+        _set("spark-worker", "spark://spark-master:7077", "spark://spark-master:7078"),
+        "spark://spark-master:7078",
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "mutate", "expected"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_checker_catches(
+    what: str, mutate: Callable[[dict[str, Any]], None], expected: str
+) -> None:
+    compose = copy.deepcopy(load_compose())
+    mutate(compose)
+    problems = check_compose(compose)
+    assert any(expected in p for p in problems), (what, problems)
+
+
+# --- the compose commands, run for real on loopback -------------------------------------------
+
+
+def _localize(
+    cmd: list[str], service: str, ports: dict[str, tuple[int, int]], data: Path
+) -> list[str]:
+    """`cmd` as it would run in `service`'s container, rewritten for loopback: each service's
+    name:port becomes 127.0.0.1:<its local port>, this service's binds and health check use its
+    local port, /var/lib/tessera its own directory, /etc/tessera the repository's conf/."""
+    out = []
+    for arg in cmd:
+        for name, (container_port, local_port) in ports.items():
+            arg = arg.replace(f"{name}:{container_port}", f"127.0.0.1:{local_port}")
+        if service in ports:
+            container_port, local_port = ports[service]
+            for host in ("0.0.0.0", "127.0.0.1"):
+                arg = arg.replace(f"{host}:{container_port}", f"127.0.0.1:{local_port}")
+        arg = arg.replace("/var/lib/tessera", str(data / service))
+        arg = arg.replace("/etc/tessera", str(ROOT / "conf"))
+        out.append(arg)
+    if out[0] == "tessera":
+        out[:1] = [sys.executable, "-m", "service.tools.cli"]
+    elif out[0] == "python":
+        out[0] = sys.executable
+    return out
+
+
+def _until_ok(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=30)
+        if done.returncode == 0 or time.monotonic() > deadline:
+            return done
+        time.sleep(0.3)
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # a second 3+3 start (tests/tools has the default-run one): `make test-slow`
+def test_compose_commands_serve_on_loopback(tmp_path: Path) -> None:
+    services = load_compose()["services"]
+    tessera = [n for n, s in services.items() if s["command"][0] == "tessera"]
+    ports: dict[str, tuple[int, int]] = {}
+    for name, local in zip(tessera, free_ports(len(tessera)), strict=True):
+        bind = next(c for c in services[name]["command"] if c.startswith("rpc_bind="))
+        ports[name] = (int(bind.rsplit(":", 1)[1]), local)
+    procs = []
+    try:
+        for name in tessera:
+            cmd = _localize(services[name]["command"], name, ports, tmp_path)
+            timing = FAST_RAFT if services[name]["command"][1] == "master" else FAST_TSERVER
+            cmd += [x for k, v in timing.items() for x in ("--set", f"{k}={v}")]
+            if HTTP_BIND:  # several servers share this machine: any free port for HTTP
+                cmd += ["--set", "http_bind=127.0.0.1:0"]
+            with (tmp_path / f"{name}.log").open("wb") as log:
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+        for name in tessera:
+            check = _localize(services[name]["healthcheck"]["test"][1:], name, ports, tmp_path)
+            done = _until_ok(check, 30)
+            log = (tmp_path / f"{name}.log").read_text()[-2000:]
+            assert done.returncode == 0, (name, done.stderr, log)
+            assert f"ok: {services[name]['command'][1]} at 127.0.0.1:" in done.stdout
+        runner = _localize(services["job-runner"]["command"], "job-runner", ports, tmp_path)
+        done = _until_ok(runner, 30)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert "healthy: leader 127.0.0.1:" in done.stdout
+        assert "3/3 tablet server(s) live" in done.stdout, done.stdout
+    finally:
+        terminate_all(procs)
