@@ -127,6 +127,19 @@ class _Check:
             _fail(self.key(name), e.message)
         self.that(port_zero_ok or port != 0, name, f"needs a fixed port, got {value!r}")
 
+    def http_bind(self, name: str, rpc_bind: str) -> None:
+        """An optional listen address ("" = off) that must not take the RPC port."""
+        value = getattr(self._obj, name)
+        if not value:
+            return
+        self.address(name, value, port_zero_ok=True)
+        port = split_host_port(value)[1]
+        self.that(
+            port == 0 or value != rpc_bind,
+            name,
+            f"must differ from {self.key('rpc_bind')} ({rpc_bind!r}), got {value!r}",
+        )
+
     def node_id(self, name: str, value: str) -> None:
         try:
             validate_node_id(value)
@@ -373,6 +386,9 @@ class MasterConfig:
     rpc_bind: str = "0.0.0.0:7051"
     advertised_address: str | None = None
     """host:port other nodes use to reach this master; unset: derived from rpc_bind."""
+    http_bind: str = "0.0.0.0:8051"
+    """host:port of the status pages and /metrics (Kudu's master webserver port); port 0 picks
+    a free port; "" serves no HTTP at all."""
     master_addresses: tuple[str, ...] = ()
     """Every master's host:port, this one included; empty for a single master."""
     log_level: str = "INFO"
@@ -413,6 +429,7 @@ class MasterConfig:
     def validate(self) -> None:
         c = _Check(self, "")
         c.address("rpc_bind", self.rpc_bind, port_zero_ok=True)
+        c.http_bind("http_bind", self.rpc_bind)
         if self.advertised_address is not None:
             c.address("advertised_address", self.advertised_address, port_zero_ok=False)
             c.that(
@@ -466,6 +483,9 @@ class TServerConfig:
     rpc_bind: str = "0.0.0.0:7050"
     advertised_address: str | None = None
     """host:port masters and clients use to reach this server; unset: derived from rpc_bind."""
+    http_bind: str = "0.0.0.0:8050"
+    """host:port of the status pages and /metrics (Kudu's tablet server webserver port); port 0
+    picks a free port; "" serves no HTTP at all."""
     master_addresses: tuple[str, ...] = ("127.0.0.1:7051",)
     """Every master's host:port; the server heartbeats to all of them (seed 001)."""
     log_level: str = "INFO"
@@ -486,6 +506,7 @@ class TServerConfig:
     def validate(self) -> None:
         c = _Check(self, "")
         c.address("rpc_bind", self.rpc_bind, port_zero_ok=True)
+        c.http_bind("http_bind", self.rpc_bind)
         if self.advertised_address is not None:
             c.address("advertised_address", self.advertised_address, port_zero_ok=False)
         c.that(bool(self.master_addresses), "master_addresses", "must name at least one master")

@@ -17,6 +17,12 @@ The trailing metadata carries the stable code under `tessera-error-code`, and th
 fields (the leader hint of `NotTheLeader`) under further `tessera-*` keys. Anything else that
 escapes a servicer is a bug: it is logged with its traceback and sent as INTERNAL.
 
+Servicers may carry an `RpcObserver` (`observe_rpcs(servicer, observer)`): `rpc_errors` then
+reports every finished call to it (service, method, outcome code, seconds), which is how each
+server counts its RPCs and their latencies (`metrics.RpcMetrics`). The observer is looked up on
+the servicer instance, so this module knows nothing of metrics and several servers in one
+process keep separate counts; a servicer without one behaves exactly as before.
+
 On the client, `from_grpc()` is the inverse: it reads the code back and rebuilds the same class,
 message and fields. A status without our metadata (a proxy, a connection refused, a server of a
 newer version with a code we do not know) falls back to a class chosen by the gRPC status, so
@@ -47,8 +53,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any, ClassVar, NoReturn, ParamSpec, TypeAlias, TypeVar, overload
+from typing import Any, ClassVar, NoReturn, ParamSpec, Protocol, TypeAlias, TypeVar, overload
 
 import grpc
 import grpc.aio
@@ -72,6 +79,7 @@ __all__ = [
     "NotTheLeader",
     "PermissionDenied",
     "ResourceExhausted",
+    "RpcObserver",
     "ServiceUnavailable",
     "StaleTerm",
     "TabletNotRunning",
@@ -82,6 +90,7 @@ __all__ = [
     "error_class",
     "error_classes",
     "from_grpc",
+    "observe_rpcs",
     "rpc_errors",
     "to_grpc",
 ]
@@ -393,6 +402,54 @@ def _context_of(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Context:
     return ctx
 
 
+class RpcObserver(Protocol):
+    """Told about every call a servicer decorated with `rpc_errors` finished (module docstring).
+
+    `code` is "OK", the `TesseraError.code` the call was aborted with, or "CANCELLED" when the
+    call was cancelled (the client went away, the server is stopping). Called on the event
+    loop; it must not block, and an exception it raises is logged, never sent to the client.
+    """
+
+    def rpc_done(self, service: str, method: str, code: str, seconds: float) -> None: ...
+
+
+_OBSERVER_ATTR = "_tessera_rpc_observer"
+
+
+def observe_rpcs(servicer: object, observer: RpcObserver | None) -> None:
+    """Report the calls `servicer`'s `rpc_errors` handlers finish to `observer` (None: stop)."""
+    setattr(servicer, _OBSERVER_ATTR, observer)
+
+
+def _observer_of(args: tuple[Any, ...]) -> RpcObserver | None:
+    # A bound handler's first argument is the servicer; a plain function's is the request,
+    # which has no such attribute.
+    return getattr(args[0], _OBSERVER_ATTR, None) if args else None
+
+
+def _aborted_code(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """The code of a call the handler aborted itself (`abort_with` inside the handler)."""
+    try:
+        ctx = _context_of(args, kwargs)
+        for key, value in ctx.trailing_metadata() or ():
+            if key == CODE_KEY:
+                return value.decode() if isinstance(value, bytes) else str(value)
+        status = ctx.code()
+        if isinstance(status, grpc.StatusCode):
+            return status.name
+    except Exception:
+        pass
+    return "UNKNOWN"
+
+
+def _report(observer: RpcObserver, fn: Callable[..., Any], code: str, started: float) -> None:
+    service, _, method = fn.__qualname__.rpartition(".")
+    try:
+        observer.rpc_done(service, method, code, time.perf_counter() - started)
+    except Exception:
+        _log.exception("RPC observer failed for %s", fn.__qualname__)
+
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -411,33 +468,59 @@ def rpc_errors(fn: Callable[_P, Any]) -> Callable[_P, Any]:
     sent as `Internal`. The context is the handler's last positional argument (or `context=`).
 
     Cancellation (a BaseException) and grpc.aio's own AbortError pass through untouched.
+
+    If the servicer carries an `RpcObserver` (`observe_rpcs`), every finished call is reported
+    to it with its outcome code and duration; without one nothing else changes.
     """
     if inspect.isasyncgenfunction(fn):
 
         @functools.wraps(fn)
         async def stream_wrapper(*args: _P.args, **kwargs: _P.kwargs) -> AsyncIterator[Any]:
+            observer = _observer_of(args)
+            started = time.perf_counter() if observer is not None else 0.0
+            code = "CANCELLED"  # unless the call ends one of the ways below
             try:
                 async for item in fn(*args, **kwargs):
                     yield item
+                code = "OK"
             except grpc.aio.AbortError:
+                if observer is not None:
+                    code = _aborted_code(args, kwargs)
                 raise
             except TesseraError as e:
+                code = e.code
                 await abort_with(_context_of(args, kwargs), e)
             except Exception as e:
+                code = Internal.code
                 await abort_with(_context_of(args, kwargs), _unexpected(fn, e))
+            finally:
+                if observer is not None:
+                    _report(observer, fn, code, started)
 
         return stream_wrapper
 
     @functools.wraps(fn)
     async def unary_wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Any:
+        observer = _observer_of(args)
+        started = time.perf_counter() if observer is not None else 0.0
+        code = "CANCELLED"  # unless the call ends one of the ways below
         try:
-            return await fn(*args, **kwargs)
+            result = await fn(*args, **kwargs)
+            code = "OK"
+            return result
         except grpc.aio.AbortError:
+            if observer is not None:
+                code = _aborted_code(args, kwargs)
             raise
         except TesseraError as e:
+            code = e.code
             await abort_with(_context_of(args, kwargs), e)
         except Exception as e:
+            code = Internal.code
             await abort_with(_context_of(args, kwargs), _unexpected(fn, e))
+        finally:
+            if observer is not None:
+                _report(observer, fn, code, started)
 
     return unary_wrapper
 

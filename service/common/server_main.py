@@ -1,7 +1,8 @@
 """The `main()` shared by server processes (`python -m service.master`, `service.tserver`).
 
 `--conf F` loads the toml config, `--set k=v` overrides single settings, `--ready-file F` gets
-{"address", "pid", "uuid"} once the server serves (launchers in service.testing wait for it).
+{"address", "pid", "uuid"} once the server serves, plus "http_address" (host:port of its
+status pages and /metrics) when it serves HTTP (launchers in service.testing wait for it).
 The process runs until SIGTERM/SIGINT or until the server's fatal event (a storage failure
 that must not be retried) is set; then `aclose()` stops it in its documented order.
 
@@ -32,6 +33,9 @@ C = TypeVar("C")
 
 
 class Server(Protocol):
+    """What `serve` runs. A server may also have `http_address` (str, "" when it serves no
+    HTTP); it is optional so that servers without status pages fit too."""
+
     address: str
 
     @property
@@ -56,11 +60,7 @@ async def serve(
         await server.aclose()
         raise
     if ready_file is not None:
-        tmp = ready_file.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps({"address": server.address, "pid": os.getpid(), "uuid": server.uuid})
-        )
-        tmp.replace(ready_file)
+        write_ready_file(ready_file, server)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -76,6 +76,17 @@ async def serve(
     for t in waits:
         t.cancel()
     return code
+
+
+def write_ready_file(path: Path, server: Server) -> None:
+    """Announce a serving server: {"address", "pid", "uuid"[, "http_address"]}, atomically."""
+    info: dict[str, object] = {"address": server.address, "pid": os.getpid(), "uuid": server.uuid}
+    http_address = getattr(server, "http_address", "")
+    if http_address:
+        info["http_address"] = http_address
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(path)
 
 
 def advertised_address(rpc_bind: str, advertised: str | None, bound_port: int) -> str:
@@ -108,7 +119,9 @@ def main(
         metavar="KEY=VALUE",
         help="override a config setting, e.g. --set raft.heartbeat_interval_ms=100",
     )
-    p.add_argument("--ready-file", type=Path, help="write {address,pid,uuid} here when serving")
+    p.add_argument(
+        "--ready-file", type=Path, help="write {address,pid,uuid,http_address} here when serving"
+    )
     args = p.parse_args(argv)
     try:
         overrides = dict(parse_override(s) for s in args.set)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import posixpath
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import google_crc32c
@@ -106,11 +106,13 @@ class RaftStore:
         segment_bytes: int = 64 << 20,
         preallocate: bool = True,
         fsync: bool = True,
+        on_wal_sync: Callable[[float], None] | None = None,
     ) -> tuple[RaftStore, Recovered]:
         """Open (or format) the node directory and rebuild its stable log.
 
         `bootstrap_config` and `addresses` are used only when formatting a new directory; an
-        existing one keeps what it recorded (Kudu: the provided config is only a hint)."""
+        existing one keeps what it recorded (Kudu: the provided config is only a hint).
+        `on_wal_sync` observes every WAL fdatasync's duration (`Wal.on_sync`)."""
         fs.makedirs(directory)
         cmeta_store = CmetaStore(fs, posixpath.join(directory, "cmeta"))
         cmeta = cmeta_store.load()
@@ -132,6 +134,7 @@ class RaftStore:
             posixpath.join(directory, "wal"),
             segment_bytes=segment_bytes,
             preallocate=preallocate,
+            on_sync=on_wal_sync,
         )
         store = cls(fs, directory, uuid, wal, cmeta, fsync=fsync)
         snap = store._load_snapshot()

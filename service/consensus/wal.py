@@ -448,6 +448,10 @@ class Wal:
         self._failed: BaseException | None = None
         self._closed = False
         self.metrics = WalMetrics()
+        self.on_sync: Callable[[float], None] | None = None
+        """Called with the seconds each successful fdatasync took (a server's fsync latency
+        histogram). It may run in the worker thread `sync` runs in, so it must be thread-safe;
+        it must not raise."""
 
     # --- opening -------------------------------------------------------------------------------
 
@@ -460,17 +464,21 @@ class Wal:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         preallocate: bool = True,
         clock: Callable[[], float] = time.perf_counter,
+        on_sync: Callable[[float], None] | None = None,
     ) -> tuple[Wal, WalContents]:
         """Replay the log in `directory` (created if missing) and start a new active segment.
 
+        `on_sync` (see the attribute) observes the duration of every fdatasync of `sync`.
         Raises WalCorruption for damage before the tail, WalIOError if the disk fails.
         """
         if segment_bytes <= SEGMENT_HEADER_SIZE:
             raise ValueError(f"segment_bytes {segment_bytes} is too small")
         try:
-            return cls._open(fs, directory, segment_bytes, preallocate, clock)
+            wal, contents = cls._open(fs, directory, segment_bytes, preallocate, clock)
         except OSError as e:
             raise WalIOError(f"WAL {directory}: I/O error while opening: {e}") from e
+        wal.on_sync = on_sync
+        return wal, contents
 
     @classmethod
     def _open(
@@ -640,6 +648,8 @@ class Wal:
         m.syncs += 1
         m.last_sync_seconds = elapsed
         m.total_sync_seconds += elapsed
+        if self.on_sync is not None:
+            self.on_sync(elapsed)
         self._dirty = False
         if roll:
             self._active.close()

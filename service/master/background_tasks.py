@@ -71,7 +71,7 @@ from service.master.ts_manager import TSManager
 from service.master.tserver_proxy import Fence, TServerProxy
 from service.pb import tserver_pb2 as tpb
 
-__all__ = ["BackgroundSettings", "BackgroundTasks"]
+__all__ = ["BackgroundSettings", "BackgroundTasks", "TaskView"]
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,25 @@ class BackgroundSettings:
             max_concurrent_rpcs=config.max_concurrent_tserver_rpcs,
             replica_eviction_s=config.replica_eviction_timeout_ms / 1000.0,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    """One task as the status pages show it (`BackgroundTasks.views`)."""
+
+    kind: str
+    """CreateReplicas, DeleteReplicas, AlterReplicas, or a report-driven action's class."""
+    tablet_id: str
+    table_id: str
+    targets: tuple[str, ...]
+    """The tablet servers the task calls."""
+    running: bool
+    """An RPC of it is in flight now (otherwise it waits out a backoff)."""
+    attempts: int = 0
+    """Failed attempts so far."""
+    retry_in_s: float | None = None
+    answered: tuple[str, ...] = ()
+    """Servers that already answered successfully."""
 
 
 @dataclass
@@ -171,6 +190,31 @@ class BackgroundTasks:
     @property
     def in_flight(self) -> int:
         return len(self._running)
+
+    def views(self) -> list[TaskView]:
+        """Every task running or waiting to be retried, for the status pages (read-only)."""
+        now = self.clock.monotonic()
+        out: list[TaskView] = []
+        for key, retry in self._retries.items():
+            task = retry.task
+            out.append(
+                TaskView(
+                    kind=type(task).__name__,
+                    tablet_id=task.tablet_id,
+                    table_id=task.table_id,
+                    targets=_targets(task),
+                    running=key in self._running,
+                    attempts=retry.attempts,
+                    retry_in_s=max(0.0, retry.next_at - now) if key not in self._running else None,
+                    answered=tuple(sorted(retry.succeeded)),
+                )
+            )
+        for key in self._running:
+            if isinstance(key, tuple) and len(key) == 4 and key[0] == "report":
+                _, kind, tablet_id, target = key
+                out.append(TaskView(kind, tablet_id, "", (target,), running=True))
+        out.sort(key=lambda v: (v.table_id, v.tablet_id, v.kind))
+        return out
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -442,6 +486,14 @@ class BackgroundTasks:
 def _last_known(cs: ConsensusState | None, uuid: str) -> HostPort | None:
     peer = cs.peer(uuid) if cs is not None else None
     return peer.last_known_addr if peer is not None else None
+
+
+def _targets(task: Task) -> tuple[str, ...]:
+    if isinstance(task, CreateReplicas):
+        return tuple(task.replicas)
+    if isinstance(task, DeleteReplicas):
+        return tuple(task.servers)
+    return ()  # AlterReplicas: the tablet's leader at the time it runs
 
 
 def _target(action: ReportAction) -> NodeId:

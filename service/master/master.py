@@ -45,8 +45,15 @@ role cancels it, as it cancels the security task. Tablet reports are processed o
 leader (`heartbeat`); the RPCs they call for go to the background tasks of the term. The
 tablet-server proxy (channels) lives as long as the process.
 
+Status pages and metrics (`status_pages`, `common.http_status`): when `http_bind` is set, an
+HTTP server serves HTML pages of this master's view and `/metrics` from the server's own
+`MetricsRegistry` (RPC counts and latencies through `errors.observe_rpcs`, the WAL fsync
+histogram through `Wal.on_sync`, and callbacks reading the node, catalog and TSManager). It
+starts last, once everything it reads exists, and stops first.
+
 Shutdown order (`aclose`), each step relying on the next still being up:
 
+  0. the HTTP status server stops (its pages read everything below);
   1. the gRPC server stops taking calls (grace period for calls in flight, which may still
      propose through the node);
   2. the leadership task, the security task and the background tasks are cancelled and the
@@ -74,8 +81,15 @@ import grpc.aio
 
 from service.common.clock import Clock, RealClock
 from service.common.config import MasterConfig
-from service.common.errors import FailedPrecondition, InvalidArgument, TesseraError
+from service.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    TesseraError,
+    observe_rpcs,
+)
+from service.common.http_status import StatusServer, public_address
 from service.common.ids import NodeId
+from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
 from service.common.server_main import advertised_address
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import LeaderChange, NodeSettings, RaftNode
@@ -87,6 +101,7 @@ from service.master.heartbeat import HeartbeatContext
 from service.master.master_service import MasterServicer
 from service.master.report_processing import ReportAction
 from service.master.security import ensure_security
+from service.master.status_pages import install_master_metrics, install_master_pages
 from service.master.sys_catalog import ApplyResult, SysCatalogState
 from service.master.ts_manager import TSManager
 from service.master.tserver_proxy import Fence, TServerProxy
@@ -150,7 +165,8 @@ class MasterServer:
     """One master process (module docstring). `start()` binds and serves; `aclose()` stops.
 
     After `start()`: `address` is the advertised host:port, `uuid` this master's uuid, `peers`
-    every master of the group (this one included), in `master_addresses` order.
+    every master of the group (this one included), in `master_addresses` order, and
+    `http_address` the host:port of the status pages ("" when `http_bind` is empty).
     """
 
     def __init__(self, config: MasterConfig) -> None:
@@ -175,6 +191,13 @@ class MasterServer:
         self.proxy: TServerProxy | None = None
         self.background: BackgroundTasks | None = None
         self._rng = random.Random()
+        # Status pages and metrics (module docstring): one registry per server object.
+        self.metrics = MetricsRegistry()
+        self.rpc_metrics = RpcMetrics(self.metrics)
+        self.wal_sync = wal_sync_histogram(self.metrics)
+        install_master_metrics(self, self.metrics)
+        self.http: StatusServer | None = None
+        self.http_address = ""
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -213,6 +236,7 @@ class MasterServer:
             segment_bytes=config.wal.segment_size_bytes,
             preallocate=config.wal.preallocate,
             fsync=config.wal.fsync,
+            on_wal_sync=self.wal_sync.observe,
         )
         sys_catalog = SysCatalogState()
         node = RaftNode(
@@ -246,16 +270,28 @@ class MasterServer:
         )
         node.listeners.append(self._on_leader_change)
         transport.register(GROUP, node.step, node.report_unreachable)
-        ConsensusServicer(transport).add_to_server(server)
-        MasterServicer(self).add_to_server(server)
+        consensus_servicer = ConsensusServicer(transport)
+        master_servicer = MasterServicer(self)
+        for servicer in (consensus_servicer, master_servicer):
+            observe_rpcs(servicer, self.rpc_metrics)
+        consensus_servicer.add_to_server(server)
+        master_servicer.add_to_server(server)
         await server.start()
         await node.start()
+        if config.http_bind:
+            http = StatusServer(config.http_bind, self.metrics, title="Tessera master")
+            install_master_pages(self, http)
+            self.http = http
+            await http.start()
+            advertised_host = self.address.rpartition(":")[0].strip("[]")
+            self.http_address = public_address(config.http_bind, http.port, advertised_host)
         log.info(
-            "master %s serving on %s (data %s, masters %s)",
+            "master %s serving on %s (data %s, masters %s, status pages %s)",
             self.uuid,
             self.address,
             data_dir,
             ", ".join(p.address for p in self.peers),
+            f"http://{self.http_address}/" if self.http_address else "off",
         )
 
     async def aclose(self) -> None:
@@ -263,6 +299,8 @@ class MasterServer:
         if self._closed:
             return
         self._closed = True
+        if self.http is not None:
+            await self.http.aclose()
         if self._server is not None:
             await self._server.stop(grace=SERVER_GRACE_S)
         if self._load_task is not None:

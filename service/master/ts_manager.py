@@ -108,6 +108,8 @@ class TSManager:
         self._created = clock.monotonic()
         self._records: dict[NodeId, TSRecord] = {}
         self._counts: dict[str, dict[str, int]] = {}
+        self.heartbeats_received = 0
+        """Heartbeats handled since this manager was created (for /metrics)."""
 
     @classmethod
     def from_config(cls, config: MasterConfig, clock: Clock) -> TSManager:
@@ -126,6 +128,7 @@ class TSManager:
 
         Raises `FailedPrecondition` for a registration from a former process (lower seqno).
         """
+        self.heartbeats_received += 1
         restarted = False
         if registration is not None:
             restarted = self._register(instance, registration)

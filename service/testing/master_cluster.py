@@ -2,9 +2,11 @@
 
 Ports are picked free on 127.0.0.1 before launch (every master must know every master's
 address to bootstrap sys.catalog); each master's uuid follows from its address
-(`service.master.master.master_uuid`). Every master logs to `<base>/<name>.log` and keeps its
-data in `<base>/<name>/`. `stop()` sends SIGTERM and then SIGKILL to whatever is left, so a
-test that uses the cluster as a context manager never leaves a process running.
+(`service.master.master.master_uuid`). Status pages bind `127.0.0.1:0` (several masters share
+the machine); each master's ready file names the address it got (`MasterProcess.http_address`).
+Every master logs to `<base>/<name>.log` and keeps its data in `<base>/<name>/`. `stop()` sends
+SIGTERM and then SIGKILL to whatever is left, so a test that uses the cluster as a context
+manager never leaves a process running.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class MasterProcess:
     data_dir: Path
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    http_address: str = ""
+    """host:port of its status pages and /metrics, from its ready file ("" if not serving)."""
 
     @property
     def uuid(self) -> str:
@@ -104,6 +108,8 @@ class MasterCluster:
             f"advertised_address={m.address}",
             "--set",
             f"master_addresses={addresses}",
+            "--set",
+            "http_bind=127.0.0.1:0",
             "--ready-file",
             str(ready),
         ]
@@ -128,6 +134,7 @@ class MasterCluster:
             info = json.loads(ready.read_text())
             if info["address"] != m.address:
                 raise RuntimeError(f"{name} serves on {info['address']}, expected {m.address}")
+            m.http_address = info.get("http_address", "")
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         m = self.masters[name]

@@ -1,9 +1,10 @@
 """A mini cluster on loopback: N master processes and M real tablet-server processes.
 
 Masters come from `MasterCluster`; tablet servers are `python -m service.tserver` processes
-bound to `127.0.0.1:0` (each writes its address and uuid to a ready file), heartbeating to
-every master. Each logs to `<base>/<name>.log` and keeps its data in `<base>/<name>/`, so a
-server restarted with `start_tserver(name)` comes back with the same uuid and replicas.
+bound to `127.0.0.1:0` (each writes its address, uuid and status-page address to a ready file),
+heartbeating to every master. Each logs to `<base>/<name>.log` and keeps its data in
+`<base>/<name>/`, so a server restarted with `start_tserver(name)` comes back with the same uuid
+and replicas.
 `stop()` sends SIGTERM, then SIGKILL to whatever is left: used as a context manager, the
 cluster never leaves a process running.
 """
@@ -40,6 +41,8 @@ class TServerProcess:
     address: str = ""
     uuid: str = ""
     proc: subprocess.Popen[bytes] | None = None
+    http_address: str = ""
+    """host:port of its status pages and /metrics, from its ready file ("" if not serving)."""
 
     @property
     def alive(self) -> bool:
@@ -99,6 +102,8 @@ class MiniCluster:
             f"rpc_bind={bind}",
             "--set",
             f"master_addresses={masters}",
+            "--set",
+            "http_bind=127.0.0.1:0",
             "--ready-file",
             str(ready),
         ]
@@ -124,6 +129,7 @@ class MiniCluster:
             time.sleep(0.02)
         info = json.loads(ready.read_text())
         ts.address, ts.uuid = info["address"], info["uuid"]
+        ts.http_address = info.get("http_address", "")
 
     def kill_tserver(self, name: str, sig: int = signal.SIGKILL) -> None:
         ts = self.tservers[name]

@@ -58,6 +58,8 @@ class MasterView:
     acked: dict[str, bytes] = field(default_factory=dict)
     seq: int = 0
     failures: int = 0
+    """Consecutive failed heartbeats (reset by a success)."""
+    failures_total: int = 0
     heartbeats: int = 0
     last_ok: float = 0.0
     master_uuid: str = ""
@@ -132,6 +134,7 @@ class Heartbeater:
                 v.failures = 0
             except grpc.aio.AioRpcError as e:
                 v.failures += 1
+                v.failures_total += 1
                 v.is_leader = False
                 if v.failures == 1 or v.failures % 30 == 0:
                     log.warning(
@@ -139,6 +142,7 @@ class Heartbeater:
                     )
             except Exception:
                 v.failures += 1
+                v.failures_total += 1
                 log.exception("heartbeat to %s failed", v.address)
             delay = self.interval_s
             if v.failures > self.max_failures:

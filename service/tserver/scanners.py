@@ -69,6 +69,10 @@ class ScannerManager:
         self.scanners: dict[bytes, Scanner] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.expired = 0
+        self.opened = 0
+        self.pages_sent = 0
+        self.bytes_sent = 0
+        """Arrow IPC bytes of every page sent (retries of a page not counted), for /metrics."""
 
     async def start(self) -> None:
         self._sweeper = asyncio.create_task(self._sweep(), name="scanner-sweeper")
@@ -105,6 +109,7 @@ class ScannerManager:
             os.urandom(16), tablet_id, schema, it, key_cols, applied_index, schema_version, limit
         )
         self.scanners[s.id] = s
+        self.opened += 1
         async with s.lock:
             return await self._page(s, batch_bytes)
 
@@ -156,6 +161,8 @@ class ScannerManager:
             resp.scanner_id = s.id
         s.last_page = resp
         s.last_used = time.monotonic()
+        self.pages_sent += 1
+        self.bytes_sent += len(resp.batch)
         return resp
 
 

@@ -39,7 +39,7 @@ import logging
 import shutil
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -107,6 +107,10 @@ class TabletSettings:
     small flushes keep every other tablet's Raft loop responsive."""
     flush_bytes: int = 64 << 20
     compact_files: int = 4
+    on_wal_sync: Callable[[float], None] | None = field(default=None, compare=False)
+    """Observes every WAL fdatasync of every replica (the server's fsync histogram)."""
+    on_rows_written: Callable[[int], None] | None = field(default=None, compare=False)
+    """Told the rows each Write applied on this replica as leader (the server's counter)."""
 
 
 class TabletStateMachine:
@@ -235,6 +239,7 @@ class TabletReplica:
                 segment_bytes=self.settings.wal_segment_bytes,
                 preallocate=self.settings.wal_preallocate,
                 fsync=self.settings.fsync,
+                on_wal_sync=self.settings.on_wal_sync,
             )
             node = RaftNode(
                 group_id=self.tablet_id,
@@ -326,6 +331,8 @@ class TabletReplica:
         if batch.table.num_rows == 0:
             return tpb.WriteResponsePB(applied_index=node.applied)
         result = cast(WriteResult, await node.propose(_WRITE + batch.encode(), timeout=timeout))
+        if self.settings.on_rows_written is not None:
+            self.settings.on_rows_written(result.rows_applied)
         resp = tpb.WriteResponsePB(applied_index=node.applied, rows_applied=result.rows_applied)
         for row, err in result.errors:
             resp.per_row_errors.add(

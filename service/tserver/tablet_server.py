@@ -11,10 +11,18 @@ answers; an admin request from a lower term comes from a deposed leader and is r
 a deposed master's requests in that first second are still fenced by the tablets' own Raft
 compare-and-set (config op ids) where it matters.
 
+Status pages and metrics (`status_pages`, `common.http_status`): when `http_bind` is set, an
+HTTP server serves HTML pages of this server's state and `/metrics` from its own
+`MetricsRegistry`: RPC counts and latencies (`errors.observe_rpcs`), the WAL fsync histogram of
+every replica (`TabletSettings.on_wal_sync`), rows written by leaders
+(`TabletSettings.on_rows_written`) and callbacks reading replicas, scanners and heartbeats. The
+HTTP address is registered with the masters (their /tservers page links to it).
+
 Start order: bind, open the tablet manager (seed 004's startup state machine: tablets start
-replicating), serve RPCs, then heartbeat (a master that learns of us can reach us at once).
-Shutdown order, the reverse: heartbeats stop, RPCs drain (grace period), scanners go, tablets
-close (each Raft node fails its waiters and closes its WAL), the transport closes.
+replicating), serve RPCs, serve status pages, then heartbeat (a master that learns of us can
+reach us at once). Shutdown order, the reverse: heartbeats stop, the status pages stop, RPCs
+drain (grace period), scanners go, tablets close (each Raft node fails its waiters and closes
+its WAL), the transport closes.
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ from pathlib import Path
 import grpc
 
 from service.common.config import TServerConfig
-from service.common.errors import FailedPrecondition, StaleTerm
+from service.common.errors import FailedPrecondition, StaleTerm, observe_rpcs
+from service.common.http_status import StatusServer, public_address
+from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
 from service.common.server_main import advertised_address
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import NodeSettings
@@ -41,6 +51,7 @@ from service.pb import tserver_pb2_grpc as tpb_grpc
 from service.raft import NodeId
 from service.tserver.heartbeater import SOFTWARE_VERSION, Heartbeater
 from service.tserver.scanners import ScannerManager
+from service.tserver.status_pages import install_tserver_metrics, install_tserver_pages
 from service.tserver.tablet import TabletSettings
 from service.tserver.tablet_copy import CopyClient, CopySource, CopyTrigger
 from service.tserver.tablet_manager import TabletManager
@@ -97,6 +108,17 @@ class TabletServer:
         self.copy_trigger: CopyTrigger | None = None
         self._server: grpc.aio.Server | None = None
         self._closed = False
+        # Status pages and metrics (module docstring): one registry per server object.
+        self.metrics = MetricsRegistry()
+        self.rpc_metrics = RpcMetrics(self.metrics)
+        self.wal_sync = wal_sync_histogram(self.metrics)
+        self.rows_written = self.metrics.counter(
+            "tessera_tserver_rows_written_total",
+            "Rows applied by Write RPCs on replicas leading their tablet here.",
+        )
+        install_tserver_metrics(self, self.metrics)
+        self.http: StatusServer | None = None
+        self.http_address = ""
 
     async def start(self) -> None:
         config = self.config
@@ -123,21 +145,34 @@ class TabletServer:
             wal_segment_bytes=config.wal.segment_size_bytes,
             wal_preallocate=config.wal.preallocate,
             fsync=config.wal.fsync,
+            on_wal_sync=self.wal_sync.observe,
+            on_rows_written=self.rows_written.inc,
         )
         self.tablets = TabletManager(data_dir, self.uuid, transport, settings)
         await self.tablets.open()
         self.copies = CopyClient(self.tablets, config.num_tablets_to_copy_simultaneously)
         self.copy_source = CopySource(self.tablets)
-        ConsensusServicer(transport).add_to_server(server)
-        tpb_grpc.add_TabletServerAdminServiceServicer_to_server(AdminServicer(self), server)
-        tpb_grpc.add_TabletServerServiceServicer_to_server(DataServicer(self), server)
-        tpb_grpc.add_TabletCopyServiceServicer_to_server(CopyServicer(self), server)
+        consensus = ConsensusServicer(transport)
+        admin, data, copy = AdminServicer(self), DataServicer(self), CopyServicer(self)
+        for servicer in (consensus, admin, data, copy):
+            observe_rpcs(servicer, self.rpc_metrics)
+        consensus.add_to_server(server)
+        tpb_grpc.add_TabletServerAdminServiceServicer_to_server(admin, server)
+        tpb_grpc.add_TabletServerServiceServicer_to_server(data, server)
+        tpb_grpc.add_TabletCopyServiceServicer_to_server(copy, server)
         await server.start()
         await self.scanners.start()
         self.copy_trigger = CopyTrigger(
             lambda: list(self.tablets.replicas.values()), self.uuid, lambda: self.address
         )
         await self.copy_trigger.start()
+        if config.http_bind:
+            http = StatusServer(config.http_bind, self.metrics, title="Tessera tablet server")
+            install_tserver_pages(self, http)
+            self.http = http
+            await http.start()
+            advertised_host = self.address.rpartition(":")[0].strip("[]")
+            self.http_address = public_address(config.http_bind, http.port, advertised_host)
         self.heartbeater = Heartbeater(
             tuple(config.master_addresses),
             self.instance,
@@ -151,11 +186,12 @@ class TabletServer:
         )
         await self.heartbeater.start()
         log.info(
-            "tablet server %s serving on %s (data %s, masters %s)",
+            "tablet server %s serving on %s (data %s, masters %s, status pages %s)",
             self.uuid,
             self.address,
             data_dir,
             ", ".join(config.master_addresses),
+            f"http://{self.http_address}/" if self.http_address else "off",
         )
 
     async def aclose(self) -> None:
@@ -164,6 +200,8 @@ class TabletServer:
         self._closed = True
         if self.heartbeater is not None:
             await self.heartbeater.aclose()
+        if self.http is not None:
+            await self.http.aclose()
         if self._server is not None:
             await self._server.stop(grace=SERVER_GRACE_S)
         await self.scanners.aclose()
@@ -179,6 +217,7 @@ class TabletServer:
     def _registration(self) -> mpb.ServerRegistrationPB:
         return mpb.ServerRegistrationPB(
             rpc_addresses=[_host_port(self.address)],
+            http_addresses=[_host_port(self.http_address)] if self.http_address else [],
             software_version=SOFTWARE_VERSION,
             start_time_us=self.start_time_us,
         )

@@ -45,6 +45,7 @@ def master_config(tmp: Path, **kw: Any) -> MasterConfig:
     args: dict[str, Any] = {
         "data_dir": tmp / "master",
         "rpc_bind": "127.0.0.1:0",
+        "http_bind": "127.0.0.1:0",
         "bg_task_interval_ms": 100,
         "task_retry_initial_ms": 50,
         "task_retry_max_ms": 200,

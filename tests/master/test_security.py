@@ -356,7 +356,7 @@ def test_insert_twice_refused_by_sys_catalog() -> None:
 
 def test_single_master_leader_generates_ca_and_keys(tmp_path: Path) -> None:
     async def go() -> None:
-        server = MasterServer(MasterConfig(data_dir=tmp_path, rpc_bind="127.0.0.1:0"))
+        server = MasterServer(MasterConfig(data_dir=tmp_path, rpc_bind="127.0.0.1:0", http_bind=""))
         await server.start()
         try:
             state = server._sys_catalog

@@ -37,6 +37,7 @@ def _config(data_dir: Path) -> TServerConfig:
     return TServerConfig(
         data_dir=data_dir,
         rpc_bind="127.0.0.1:0",
+        http_bind="127.0.0.1:0",
         advertised_address=None,
         master_addresses=(f"127.0.0.1:{dead_master}",),
         heartbeat_interval_ms=200,

@@ -1,0 +1,486 @@
+"""A master's status pages and its Prometheus metrics (served by `common.http_status`).
+
+Pages (every master, leader or follower; each shows this master's own view):
+
+  /          this master: uuid, role, term, leader, commit and applied index, catalog size;
+             the masters of sys.catalog with their roles as this master sees them (and, on the
+             leader, how far each has replicated)
+  /tables    every table of the catalog: name, id, state, schema version, tablets, replicas
+  /tablets   the tablets of every table, or of one (`?table=<table id>`): partition, state,
+             and one row per replica (uuid, role, member type, address, its server's liveness)
+  /tservers  the tablet servers that registered here: liveness, time since last heartbeat,
+             replicas and leaders (from the committed catalog), links to their status pages
+  /tasks     the leader's background tasks in flight or waiting for a retry
+
+The catalog's maps are kept warm on followers too (master.py), so a follower's /tables is
+current up to what it has applied; /tasks is empty except on the leader.
+
+Metrics are read at scrape time from the objects that own the state (callback families,
+`metrics` module docstring): the Raft node's term, commit and applied index and role, the
+catalog's tables and tablets by state, the TSManager's live and dead servers and heartbeat
+count. RPC counts and latencies (`RpcMetrics`) and the WAL fsync histogram are pushed by the
+code that sees them and are created by `MasterServer`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from service.common.errors import InvalidArgument
+from service.common.http_status import (
+    HttpError,
+    Markup,
+    Request,
+    Response,
+    StatusServer,
+    esc,
+    fmt_age,
+    kv_table,
+    link,
+    table,
+)
+from service.common.keys import decode_key
+from service.common.metrics import MetricsRegistry
+from service.common.partition import Partition
+from service.common.schema import ColumnSchema
+from service.master.catalog_info import TableInfo, TabletInfo
+from service.master.catalog_records import TableRecord, TableState, TabletState
+from service.raft import Role
+
+if TYPE_CHECKING:
+    from service.master.master import MasterServer
+
+__all__ = ["install_master_metrics", "install_master_pages"]
+
+GROUP_LABEL = "group"
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> None:
+    """Register the callback families that read `master`'s state at scrape time."""
+
+    def raft(field: str) -> list[tuple[tuple[str], float]]:
+        node = master.node
+        if node is None:
+            return []
+        st = node.status()
+        values = {
+            "term": st.term,
+            "commit": st.commit,
+            "applied": st.applied,
+            "leader": 1 if st.role is Role.LEADER else 0,
+        }
+        return [((node.group_id,), float(values[field]))]
+
+    registry.gauge_callback(
+        "tessera_raft_term", "Current Raft term.", lambda: raft("term"), (GROUP_LABEL,)
+    )
+    registry.gauge_callback(
+        "tessera_raft_commit_index",
+        "Highest log index known committed.",
+        lambda: raft("commit"),
+        (GROUP_LABEL,),
+    )
+    registry.gauge_callback(
+        "tessera_raft_applied_index",
+        "Highest log index applied to the state machine.",
+        lambda: raft("applied"),
+        (GROUP_LABEL,),
+    )
+    registry.gauge_callback(
+        "tessera_raft_is_leader",
+        "1 if this node leads the Raft group, else 0.",
+        lambda: raft("leader"),
+        (GROUP_LABEL,),
+    )
+
+    def loaded() -> float:
+        return 1.0 if master.catalog is not None and master.catalog.loaded else 0.0
+
+    def tables_by_state() -> list[tuple[tuple[str], float]]:
+        if master.catalog is None:
+            return []
+        tally = Tally(t.record.state.name for t in master.catalog.maps.tables_by_id.values())
+        return [((s.name,), float(tally[s.name])) for s in TableState]
+
+    def tablets_by_state() -> list[tuple[tuple[str], float]]:
+        if master.catalog is None:
+            return []
+        tally = Tally(t.record.state.name for t in master.catalog.maps.tablets_by_id.values())
+        return [((s.name,), float(tally[s.name])) for s in TabletState]
+
+    def tservers() -> list[tuple[tuple[str], float]]:
+        ts = master.ts_manager
+        if ts is None:
+            return []
+        live = ts.num_live()
+        return [(("live",), float(live)), (("dead",), float(len(ts) - live))]
+
+    def heartbeats() -> float:
+        return float(master.ts_manager.heartbeats_received) if master.ts_manager else 0.0
+
+    def tasks() -> float:
+        return float(len(master.background.views())) if master.background is not None else 0.0
+
+    registry.gauge_callback(
+        "tessera_master_catalog_loaded",
+        "1 if this master is the leader and has loaded the catalog (serves DDL and lookups).",
+        loaded,
+    )
+    registry.gauge_callback(
+        "tessera_master_tables", "Tables in the catalog, by state.", tables_by_state, ("state",)
+    )
+    registry.gauge_callback(
+        "tessera_master_tablets",
+        "Tablets in the catalog, by state.",
+        tablets_by_state,
+        ("state",),
+    )
+    registry.gauge_callback(
+        "tessera_master_tservers",
+        "Registered tablet servers, live or dead (no heartbeat within unresponsive_timeout_ms).",
+        tservers,
+        ("state",),
+    )
+    registry.counter_callback(
+        "tessera_master_heartbeats_total",
+        "Tablet server heartbeats received by this master.",
+        heartbeats,
+    )
+    registry.gauge_callback(
+        "tessera_master_background_tasks",
+        "Leader background tasks in flight or waiting for a retry.",
+        tasks,
+    )
+
+
+# --- pages -----------------------------------------------------------------------------------
+
+
+def install_master_pages(master: MasterServer, http: StatusServer) -> None:
+    """Register the master's pages (module docstring) on `http`."""
+    pages = _MasterPages(master, http)
+    http.route("/", pages.home, nav="Master")
+    http.route("/tables", pages.tables, nav="Tables")
+    http.route("/tablets", pages.tablets, nav="Tablets")
+    http.route("/tservers", pages.tservers, nav="Tablet servers")
+    http.route("/tasks", pages.tasks, nav="Tasks")
+
+
+def describe_partition(partition: Partition, table: TableRecord) -> str:
+    """A tablet's partition for people: its hash buckets and range bounds as key values."""
+    ps = table.partition_schema
+    parts = [
+        f"HASH({', '.join(h.columns)}) {bucket}/{h.num_buckets}"
+        for h, bucket in zip(ps.hash, partition.hash_buckets, strict=False)
+    ]
+    range_cols = ps.range.resolve(table.schema)
+    if range_cols:
+        cols = [table.schema.column(c) for c in range_cols]
+        lo = _key_text(cols, partition.range_lower, "-inf")
+        hi = _key_text(cols, partition.range_upper, "+inf")
+        parts.append(f"RANGE({', '.join(range_cols)}) [{lo}, {hi})")
+    return "; ".join(parts) or "whole table"
+
+
+def _key_text(cols: list[ColumnSchema], key: bytes, unbounded: str) -> str:
+    if not key:
+        return unbounded
+    try:
+        values = decode_key(cols, key, allow_prefix=True)
+    except InvalidArgument:
+        return f"0x{key.hex()}"
+    return ", ".join(repr(v) for v in values)
+
+
+class _MasterPages:
+    def __init__(self, master: MasterServer, http: StatusServer) -> None:
+        self.m = master
+        self.http = http
+
+    def _label(self) -> None:
+        self.http.label = f"master {self.m.uuid} at {self.m.address}"
+
+    def _tables(self) -> list[TableInfo]:
+        catalog = self.m.catalog
+        if catalog is None:
+            return []
+        return sorted(catalog.maps.tables_by_id.values(), key=lambda t: (t.name, t.table_id))
+
+    def _leaders_by_server(self) -> Tally[str]:
+        tally: Tally[str] = Tally()
+        if self.m.catalog is None:
+            return tally
+        for tablet in self.m.catalog.maps.tablets_by_id.values():
+            cs = tablet.record.consensus
+            if tablet.state is TabletState.RUNNING and cs is not None and cs.leader_uuid:
+                tally[cs.leader_uuid] += 1
+        return tally
+
+    # --- / -----------------------------------------------------------------------------------
+
+    async def home(self, request: Request) -> Response:
+        self._label()
+        m = self.m
+        node, catalog, ts = m.node, m.catalog, m.ts_manager
+        if node is None or catalog is None or ts is None:
+            return self.http.page("Master", "<p>starting</p>")
+        st = node.status()
+        leader = "none known"
+        if st.lead:
+            leader = f"{st.lead} at {m.address_of(st.lead) or '?'}"
+        maps = catalog.maps
+        facts = kv_table(
+            [
+                ("UUID", m.uuid),
+                ("RPC address", m.address),
+                ("HTTP address", m.http_address or "-"),
+                ("Role", Markup(f'<span class="{esc(st.role.name)}">{esc(st.role.name)}</span>')),
+                ("Term", st.term),
+                ("Leader", leader),
+                ("Commit index", st.commit),
+                ("Applied index", st.applied),
+                ("Last log index", st.last_index),
+                ("Catalog loaded (serving as leader)", "yes" if catalog.loaded else "no"),
+                ("Tables", len(maps.tables_by_name)),
+                ("Tablets", len(maps.tablets_by_id)),
+                ("Tablet servers live / registered", f"{ts.num_live()} / {len(ts)}"),
+            ]
+        )
+        rows = []
+        for peer in m.peers:
+            if peer.uuid == m.uuid:
+                role = st.role.name
+            elif peer.uuid == st.lead:
+                role = Role.LEADER.name
+            elif peer.uuid in st.config.voters:
+                role = Role.FOLLOWER.name
+            elif peer.uuid in st.config.learners:
+                role = Role.LEARNER.name
+            else:
+                role = Role.NON_PARTICIPANT.name
+            member = "VOTER" if peer.uuid in st.config.voters else "NON_VOTER"
+            progress = st.progress.get(peer.uuid)
+            match = progress.match if progress is not None else "-"
+            rows.append(
+                (
+                    peer.uuid,
+                    peer.address,
+                    Markup(f'<span class="{esc(role)}">{esc(role)}</span>'),
+                    member,
+                    match,
+                    "this master" if peer.uuid == m.uuid else "",
+                )
+            )
+        masters = table(
+            ["UUID", "RPC address", "Role", "Member type", "Match index (leader only)", ""], rows
+        )
+        body = f"{facts}<h2>Masters</h2>{masters}"
+        return self.http.page(f"Master {m.uuid}", body)
+
+    # --- /tables -----------------------------------------------------------------------------
+
+    async def tables(self, request: Request) -> Response:
+        self._label()
+        rows = []
+        for t in self._tables():
+            tablets = list(t.tablets.values())
+            running = sum(x.state is TabletState.RUNNING for x in tablets)
+            replicas = sum(
+                len(x.record.consensus.peers)
+                for x in tablets
+                if x.record.consensus is not None and not x.state.is_terminal
+            )
+            rows.append(
+                (
+                    link(f"/tablets?table={t.table_id}", t.name),
+                    t.table_id,
+                    t.record.state.name,
+                    t.record.schema_version,
+                    t.record.num_replicas,
+                    len(tablets),
+                    running,
+                    replicas,
+                )
+            )
+        body = table(
+            [
+                "Name",
+                "Table id",
+                "State",
+                "Schema version",
+                "Replication factor",
+                "Tablets",
+                "Running tablets",
+                "Replicas",
+            ],
+            rows,
+            empty="no tables",
+        )
+        return self.http.page("Tables", body)
+
+    # --- /tablets ----------------------------------------------------------------------------
+
+    async def tablets(self, request: Request) -> Response:
+        self._label()
+        wanted = request.arg("table")
+        tables = self._tables()
+        if wanted:
+            tables = [t for t in tables if t.table_id == wanted]
+            if not tables:
+                raise HttpError(404, f"no table with id {wanted!r}")
+        sections = [self._table_tablets(t) for t in tables]
+        title = f"Tablets of {tables[0].name}" if wanted else "Tablets"
+        return self.http.page(title, "".join(sections) or "<p>no tables</p>")
+
+    def _table_tablets(self, info: TableInfo) -> str:
+        rows: list[tuple[object, ...]] = []
+        tablets = sorted(
+            info.tablets.values(), key=lambda t: (t.partition.partition_key_start, t.tablet_id)
+        )
+        for tablet in tablets:
+            rows.extend(self._tablet_rows(info, tablet))
+        heading = (
+            f"<h2>{esc(info.name)} <small>{esc(info.table_id)}, {esc(info.record.state.name)}"
+            f"</small></h2>"
+        )
+        headers = [
+            "Tablet id",
+            "Partition",
+            "State",
+            "Term",
+            "Config index",
+            "Replica uuid",
+            "Role",
+            "Member type",
+            "Address",
+            "Server",
+        ]
+        return heading + table(headers, rows, empty="no tablets")
+
+    def _tablet_rows(self, info: TableInfo, tablet: TabletInfo) -> Iterable[tuple[object, ...]]:
+        record = tablet.record
+        cs = record.consensus
+        head = (
+            tablet.tablet_id,
+            describe_partition(record.partition, info.record),
+            record.state.name,
+            cs.term if cs is not None else "-",
+            cs.config_index if cs is not None else "-",
+        )
+        locations = tablet.locations().replicas
+        if not locations:
+            yield (*head, "-", "-", "-", "-", "-")
+            return
+        for r in locations:
+            address = self.m.ts_manager.rpc_address(r.ts_uuid) if self.m.ts_manager else None
+            if address is None and r.address is not None:
+                address = str(r.address)
+            yield (
+                *head,
+                r.ts_uuid,
+                Markup(f'<span class="{esc(r.role.name)}">{esc(r.role.name)}</span>'),
+                r.member_type.name,
+                address or "-",
+                self._server_state(r.ts_uuid),
+            )
+
+    def _server_state(self, uuid: str) -> Markup:
+        ts = self.m.ts_manager
+        if ts is None or uuid not in ts:
+            return Markup('<span class="unknown">not registered</span>')
+        state = "live" if ts.is_live(uuid) else "dead"
+        return Markup(f'<span class="{state}">{state}</span>')
+
+    # --- /tservers ---------------------------------------------------------------------------
+
+    async def tservers(self, request: Request) -> Response:
+        self._label()
+        ts = self.m.ts_manager
+        descriptors = ts.descriptors() if ts is not None else ()
+        leaders = self._leaders_by_server()
+        rows = []
+        for d in descriptors:
+            http = d.registration.http_address
+            rows.append(
+                (
+                    d.uuid,
+                    d.rpc_address,
+                    link(f"http://{http}/", http) if http else "-",
+                    self._server_state(d.uuid),
+                    int(d.heartbeat_age_s * 1000),
+                    d.total_replicas,
+                    leaders.get(d.uuid, 0),
+                    d.registration.location or "-",
+                    d.registration.software_version or "-",
+                )
+            )
+        body = table(
+            [
+                "UUID",
+                "RPC address",
+                "Status pages",
+                "Live",
+                "ms since heartbeat",
+                "Replicas",
+                "Leaders",
+                "Location",
+                "Version",
+            ],
+            rows,
+            empty="no tablet server has registered with this master",
+        )
+        return self.http.page("Tablet servers", body)
+
+    # --- /tasks ------------------------------------------------------------------------------
+
+    async def tasks(self, request: Request) -> Response:
+        self._label()
+        bg = self.m.background
+        if bg is None:
+            node = self.m.node
+            lead = node.status().lead if node is not None else ""
+            where = f"the leader ({lead})" if lead else "the leader, once one is elected"
+            return self.http.page(
+                "Background tasks",
+                f"<p>Background tasks run on {esc(where)}; this master is not serving as the "
+                "leader.</p>",
+            )
+        names: dict[str, str] = {t.table_id: t.name for t in self._tables()}
+        rows = [
+            (
+                v.kind,
+                names.get(v.table_id, v.table_id or "-"),
+                v.tablet_id,
+                ", ".join(v.targets) or "leader",
+                "running" if v.running else "waiting",
+                v.attempts,
+                fmt_age(v.retry_in_s) if v.retry_in_s is not None else "-",
+                ", ".join(v.answered) or "-",
+            )
+            for v in bg.views()
+        ]
+        summary = kv_table(
+            [
+                ("Term", bg.fence.master_term),
+                ("Rounds", bg.rounds),
+                ("RPCs sent / failed", f"{bg.rpcs_sent} / {bg.rpcs_failed}"),
+                ("In flight", bg.in_flight),
+            ]
+        )
+        headers = [
+            "Task",
+            "Table",
+            "Tablet",
+            "Tablet servers",
+            "State",
+            "Failed attempts",
+            "Retry in",
+            "Answered",
+        ]
+        body = f"{summary}<h2>Tasks</h2>{table(headers, rows, empty='no tasks in flight')}"
+        return self.http.page("Background tasks", body)

@@ -1,0 +1,368 @@
+"""A tablet server's status pages and its Prometheus metrics (served by `common.http_status`).
+
+Pages:
+
+  /               this server: uuid, addresses, the highest master term seen, and its
+                  heartbeat state towards every master (leader or not, term, successes,
+                  failures, time since the last success)
+  /tablets        every replica hosted here: tablet, table, data state, replica state, Raft
+                  role, term and leader, schema version, rows, bytes on disk, error if any
+  /tablet-copies  copies this server runs as the destination (running and finished) and the
+                  copy sessions it serves as the source
+  /scans          open scanners (tablet, rows returned, calls, idle time)
+
+Metrics are read at scrape time from the objects that own the state (callback families,
+`metrics` module docstring): every replica's Raft term, commit and applied index and role
+(labelled by `group`, the tablet id, as the master labels sys.catalog's), replicas by state,
+leaders, heartbeats by master and outcome, scanner bytes and pages. Rows written (counted by
+`TabletSettings.on_rows_written`), RPC counts and latencies (`RpcMetrics`) and the WAL fsync
+histogram are pushed by the code that sees them and created by `TabletServer`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from functools import partial
+from typing import TYPE_CHECKING
+
+from service.common.http_status import (
+    Markup,
+    Request,
+    Response,
+    StatusServer,
+    esc,
+    fmt_age,
+    fmt_bytes,
+    kv_table,
+    table,
+)
+from service.common.metrics import MetricsRegistry
+from service.pb import master_pb2 as mpb
+from service.raft import Role
+from service.tserver.tablet import ReplicaState, TabletReplica
+
+if TYPE_CHECKING:
+    from service.tserver.tablet_server import TabletServer
+
+__all__ = ["install_tserver_metrics", "install_tserver_pages"]
+
+GROUP_LABEL = "group"
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def install_tserver_metrics(server: TabletServer, registry: MetricsRegistry) -> None:
+    """Register the callback families that read `server`'s state at scrape time."""
+
+    def replicas() -> list[TabletReplica]:
+        tm = server.tablets
+        return list(tm.replicas.values()) if tm is not None else []
+
+    def raft(field: str) -> list[tuple[tuple[str], float]]:
+        out = []
+        for r in replicas():
+            node = r.node
+            if node is None or r.state is not ReplicaState.RUNNING:
+                continue
+            st = node.status()
+            values = {
+                "term": st.term,
+                "commit": st.commit,
+                "applied": st.applied,
+                "leader": 1 if st.role is Role.LEADER else 0,
+            }
+            out.append(((r.tablet_id,), float(values[field])))
+        return out
+
+    for name, field, text in (
+        ("tessera_raft_term", "term", "Current Raft term."),
+        ("tessera_raft_commit_index", "commit", "Highest log index known committed."),
+        (
+            "tessera_raft_applied_index",
+            "applied",
+            "Highest log index applied to the state machine.",
+        ),
+        ("tessera_raft_is_leader", "leader", "1 if this node leads the Raft group, else 0."),
+    ):
+        registry.gauge_callback(
+            name, f"{text} One series per tablet replica.", partial(raft, field), (GROUP_LABEL,)
+        )
+
+    def by_state() -> list[tuple[tuple[str], float]]:
+        tally = Tally(r.state.name for r in replicas())
+        return [((s.name,), float(tally[s.name])) for s in ReplicaState]
+
+    def leaders() -> float:
+        return float(sum(r.is_leader() for r in replicas()))
+
+    def rows() -> list[tuple[tuple[str], float]]:
+        return [
+            ((r.tablet_id,), float(r.store.row_count()))
+            for r in replicas()
+            if r.store is not None and r.state is ReplicaState.RUNNING
+        ]
+
+    def heartbeats() -> list[tuple[tuple[str, str], float]]:
+        hb = server.heartbeater
+        if hb is None:
+            return []
+        out: list[tuple[tuple[str, str], float]] = []
+        for v in hb.views:
+            out.append(((v.address, "ok"), float(v.heartbeats)))
+            out.append(((v.address, "failed"), float(v.failures_total)))
+        return out
+
+    def copies() -> list[tuple[tuple[str], float]]:
+        tally = Tally(c.state for c in server.copies.copies.values()) if server.copies else Tally()
+        return [((s,), float(tally[s])) for s in ("RUNNING", "DONE", "FAILED", "CANCELLED")]
+
+    registry.gauge_callback(
+        "tessera_tserver_replicas", "Tablet replicas hosted, by state.", by_state, ("state",)
+    )
+    registry.gauge_callback(
+        "tessera_tserver_leaders", "Tablet replicas hosted here that lead their tablet.", leaders
+    )
+    registry.gauge_callback(
+        "tessera_tablet_rows", "Live rows of each running replica.", rows, (GROUP_LABEL,)
+    )
+    registry.counter_callback(
+        "tessera_tserver_heartbeats_total",
+        "Heartbeats sent to each master, by outcome (ok, failed).",
+        heartbeats,
+        ("master", "result"),
+    )
+    registry.counter_callback(
+        "tessera_tserver_scan_bytes_total",
+        "Arrow IPC bytes of scan pages sent.",
+        lambda: float(server.scanners.bytes_sent),
+    )
+    registry.counter_callback(
+        "tessera_tserver_scan_pages_total",
+        "Scan pages sent.",
+        lambda: float(server.scanners.pages_sent),
+    )
+    registry.gauge_callback(
+        "tessera_tserver_scanners_open",
+        "Scanners open (not yet expired or closed).",
+        lambda: float(len(server.scanners.scanners)),
+    )
+    registry.gauge_callback(
+        "tessera_tserver_tablet_copies",
+        "Tablet copies this server ran as the destination since it started, by state.",
+        copies,
+        ("state",),
+    )
+
+
+# --- pages -----------------------------------------------------------------------------------
+
+
+def install_tserver_pages(server: TabletServer, http: StatusServer) -> None:
+    """Register the tablet server's pages (module docstring) on `http`."""
+    pages = _TServerPages(server, http)
+    http.route("/", pages.home, nav="Tablet server")
+    http.route("/tablets", pages.tablets, nav="Tablets")
+    http.route("/tablet-copies", pages.copies, nav="Tablet copies")
+    http.route("/scans", pages.scans, nav="Scans")
+
+
+def _role_name(role: int) -> str:
+    if role not in mpb.RaftRolePB.values():
+        return str(role)
+    return mpb.RaftRolePB.Name(mpb.RaftRolePB.ValueType(role))
+
+
+def _span(text: str) -> Markup:
+    return Markup(f'<span class="{esc(text)}">{esc(text)}</span>')
+
+
+class _TServerPages:
+    def __init__(self, server: TabletServer, http: StatusServer) -> None:
+        self.s = server
+        self.http = http
+
+    def _label(self) -> None:
+        self.http.label = f"tablet server {self.s.uuid} at {self.s.address}"
+
+    # --- / -----------------------------------------------------------------------------------
+
+    async def home(self, request: Request) -> Response:
+        self._label()
+        s = self.s
+        replicas = list(s.tablets.replicas.values()) if s.tablets is not None else []
+        running = sum(r.state is ReplicaState.RUNNING for r in replicas)
+        uptime = time.time() - s.start_time_us / 1_000_000
+        facts = kv_table(
+            [
+                ("UUID", s.uuid),
+                ("RPC address", s.address),
+                ("HTTP address", s.http_address or "-"),
+                ("Data directory", s.config.data_dir),
+                ("Up for", fmt_age(uptime)),
+                ("Highest master term seen", s.highest_master_term),
+                ("Replicas (running / hosted)", f"{running} / {len(replicas)}"),
+                ("Leaders", sum(r.is_leader() for r in replicas)),
+            ]
+        )
+        now = time.monotonic()
+        rows = []
+        for v in s.heartbeater.views if s.heartbeater is not None else []:
+            rows.append(
+                (
+                    v.address,
+                    v.master_uuid or "-",
+                    _span("LEADER") if v.is_leader else "no",
+                    v.term or "-",
+                    v.heartbeats,
+                    v.failures,
+                    v.failures_total,
+                    fmt_age(now - v.last_ok) + " ago" if v.last_ok else "never",
+                    "yes" if v.needs_register else "no",
+                    "yes" if v.needs_full else "no",
+                )
+            )
+        masters = table(
+            [
+                "Master address",
+                "Master uuid",
+                "Leader",
+                "Term",
+                "Heartbeats",
+                "Consecutive failures",
+                "Failures",
+                "Last success",
+                "Must register",
+                "Full report due",
+            ],
+            rows,
+            empty="no masters configured",
+        )
+        body = f"{facts}<h2>Masters (heartbeats)</h2>{masters}"
+        return self.http.page(f"Tablet server {s.uuid}", body)
+
+    # --- /tablets ----------------------------------------------------------------------------
+
+    async def tablets(self, request: Request) -> Response:
+        self._label()
+        tm = self.s.tablets
+        rows = []
+        for tid in sorted(tm.replicas) if tm is not None else []:
+            r = tm.replicas[tid]
+            st = tm.replica_status(r)
+            rows.append(
+                (
+                    st.tablet_id,
+                    st.table_name,
+                    st.table_id,
+                    r.superblock.data_state.name,
+                    _span(r.state.name),
+                    _span(_role_name(st.role)) if r.node is not None else "-",
+                    st.term if r.node is not None else "-",
+                    st.leader_uuid or "-",
+                    st.last_applied_index if r.node is not None else "-",
+                    st.schema_version,
+                    st.row_count if r.store is not None else "-",
+                    fmt_bytes(st.on_disk_bytes) if r.store is not None else "-",
+                    f"{st.error.code}: {st.error.message}" if st.HasField("error") else "",
+                )
+            )
+        body = table(
+            [
+                "Tablet id",
+                "Table",
+                "Table id",
+                "Data state",
+                "State",
+                "Role",
+                "Term",
+                "Leader",
+                "Applied index",
+                "Schema version",
+                "Rows",
+                "On disk",
+                "Error",
+            ],
+            rows,
+            empty="no replicas hosted",
+        )
+        return self.http.page("Tablets", body)
+
+    # --- /tablet-copies ----------------------------------------------------------------------
+
+    async def copies(self, request: Request) -> Response:
+        self._label()
+        now = time.time()
+        statuses = list(self.s.copies.copies.values()) if self.s.copies is not None else []
+        statuses.sort(key=lambda c: (c.state != "RUNNING", -c.started_at))
+        rows = [
+            (
+                c.tablet_id,
+                c.source_uuid,
+                _span(c.state),
+                f"{fmt_bytes(c.bytes_copied)} / {fmt_bytes(c.bytes_total)}",
+                fmt_age(now - c.started_at) + " ago",
+                c.message,
+            )
+            for c in statuses
+        ]
+        incoming = table(
+            ["Tablet id", "Source", "State", "Copied", "Started", "Message"],
+            rows,
+            empty="no tablet copies to this server since it started",
+        )
+        mono = time.monotonic()
+        sessions = self.s.copy_source.sessions if self.s.copy_source is not None else {}
+        outgoing = table(
+            ["Session", "Tablet id", "Requestor", "Bytes", "Idle"],
+            [
+                (
+                    sid,
+                    ses.tablet_id,
+                    ses.requestor,
+                    fmt_bytes(sum(len(d) for d in ses.files.values())),
+                    fmt_age(mono - ses.last_used),
+                )
+                for sid, ses in sorted(sessions.items())
+            ],
+            empty="no copy sessions served now",
+        )
+        body = (
+            f"<h2>Copies to this server</h2>{incoming}"
+            f"<h2>Copy sessions served by this server</h2>{outgoing}"
+        )
+        return self.http.page("Tablet copies", body)
+
+    # --- /scans ------------------------------------------------------------------------------
+
+    async def scans(self, request: Request) -> Response:
+        self._label()
+        sm = self.s.scanners
+        now = time.monotonic()
+        rows = [
+            (
+                sc.id.hex(),
+                sc.tablet_id,
+                sc.rows_returned,
+                sc.call_seq,
+                "yes" if sc.finished else "no",
+                fmt_age(now - sc.last_used),
+            )
+            for sc in sorted(sm.scanners.values(), key=lambda x: x.last_used)
+        ]
+        summary = kv_table(
+            [
+                ("Scanners opened", sm.opened),
+                ("Expired", sm.expired),
+                ("Pages sent", sm.pages_sent),
+                ("Bytes sent", fmt_bytes(sm.bytes_sent)),
+                ("Idle timeout", fmt_age(sm.ttl_s)),
+            ]
+        )
+        scanners = table(
+            ["Scanner id", "Tablet", "Rows returned", "Calls", "Finished", "Idle"],
+            rows,
+            empty="no open scanners",
+        )
+        return self.http.page("Scans", f"{summary}<h2>Open scanners</h2>{scanners}")

@@ -1,0 +1,397 @@
+"""Status pages and /metrics of real master and tablet-server processes (a MiniCluster).
+
+One cluster (3 masters, 3 tablet servers) for the whole module: a table is created through the
+master leader, rows are written to one tablet's leader and a scanner is left open; then every
+page of the leader master, a follower master and a tablet server is fetched with urllib and
+must name the table, its tablets, the servers; /metrics must parse as the Prometheus text
+format and carry the families the issue lists, with sensible values.
+
+The helpers here (`fetch`, `parse_metrics`, `create_table`) are shared with the headless
+browser test (test_status_pages_browser.py).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import pytest
+
+from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
+from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
+from service.pb import master_pb2 as pb
+from service.pb import master_pb2_grpc
+from service.pb import tserver_pb2 as tpb
+from service.pb import tserver_pb2_grpc as tpb_grpc
+from service.testing.mini_cluster import MiniCluster
+from service.testing.tablet_fixtures import SCHEMA, rows, write_request
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+T = TypeVar("T")
+
+TABLE = "status_events"
+MASTER_PAGES = ("/", "/tables", "/tablets", "/tservers", "/tasks")
+TSERVER_PAGES = ("/", "/tablets", "/tablet-copies", "/scans")
+
+
+# --- helpers (also used by the browser test) -------------------------------------------------
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def fetch(address: str, path: str) -> tuple[int, str, str]:
+    """(status, content type, body) of GET http://address/path."""
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read().decode("utf-8")
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read().decode("utf-8")
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(?:,|$)')
+
+
+@dataclass
+class Family:
+    kind: str
+    samples: list[tuple[str, dict[str, str], float]]
+
+    def value(self, name: str | None = None, **labels: str) -> float:
+        """The one sample named `name` (default: the family) with these labels."""
+        found = [
+            v
+            for n, ls, v in self.samples
+            if (name is None or n == name) and all(ls.get(k) == x for k, x in labels.items())
+        ]
+        assert len(found) == 1, (name, labels, self.samples)
+        return found[0]
+
+    def total(self, name: str | None = None, **labels: str) -> float:
+        return sum(
+            v
+            for n, ls, v in self.samples
+            if (name is None or n == name) and all(ls.get(k) == x for k, x in labels.items())
+        )
+
+
+def parse_metrics(text: str) -> dict[str, Family]:
+    """The Prometheus text format 0.0.4, strictly: every line is a comment or a sample of the
+    family its TYPE line declared (histograms' _bucket/_sum/_count included)."""
+    families: dict[str, Family] = {}
+    current = ""
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            name, kind = line[7:].split(" ")
+            assert name not in families, f"family {name} declared twice"
+            families[name] = Family(kind, [])
+            current = name
+            continue
+        if line.startswith("#") or not line:
+            continue
+        m = _SAMPLE.match(line)
+        assert m, f"not a sample line: {line!r}"
+        name, label_text, value = m.groups()
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        family = families.get(name) or families.get(base)
+        assert family is not None and name.startswith(current), f"{name} outside its family"
+        labels = {}
+        if label_text:
+            pairs = _LABEL.findall(label_text)
+            assert ",".join(f'{k}="{v}"' for k, v in pairs) == label_text, label_text
+            labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in pairs}
+        family.samples.append((name, labels, float(value)))
+    return families
+
+
+def metrics_of(address: str) -> dict[str, Family]:
+    status, content_type, body = fetch(address, "/metrics")
+    assert status == 200
+    assert content_type.startswith("text/plain; version=0.0.4")
+    return parse_metrics(body)
+
+
+def _leader(stubs: dict[str, master_pb2_grpc.MasterServiceStub]) -> str | None:
+    for address, stub in stubs.items():
+        try:
+            if stub.ConnectToMaster(pb.ConnectToMasterRequestPB(), timeout=1).role != pb.LEADER:
+                continue
+            stub.ListTables(pb.ListTablesRequestPB(), timeout=1)
+            return address
+        except grpc.RpcError:
+            continue
+    return None
+
+
+def create_table(
+    cluster: MiniCluster, name: str, buckets: int, replicas: int
+) -> tuple[str, str, pb.GetTableLocationsResponsePB]:
+    """Create `name` through the master leader and wait until RUNNING: (leader address,
+    table id, locations)."""
+    channels = [grpc.insecure_channel(a) for a in cluster.master_addresses]
+    try:
+        stubs = {
+            a: master_pb2_grpc.MasterServiceStub(c)
+            for a, c in zip(cluster.master_addresses, channels, strict=True)
+        }
+        leader = wait_for("a serving master leader", lambda: _leader(stubs))
+        m = stubs[leader]
+        partitioning = PartitionSchema(
+            hash=(HashBucketSchema(("id",), buckets),), range=RangeSchema(())
+        )
+        created = m.CreateTable(
+            pb.CreateTableRequestPB(
+                request_id=pb.RequestIdPB(client_id="status-pages", seq_no=1),
+                name=name,
+                schema=schema_to_pb(SCHEMA),
+                partition_schema=partition_schema_to_pb(partitioning, SCHEMA),
+                num_replicas=replicas,
+            ),
+            timeout=10,
+        )
+        table = pb.TableIdentifierPB(table_id=created.table_id)
+        wait_for(
+            "every tablet RUNNING",
+            lambda: m.IsCreateTableDone(pb.IsCreateTableDoneRequestPB(table=table), timeout=5).done,
+        )
+
+        def located() -> pb.GetTableLocationsResponsePB | None:
+            locs = m.GetTableLocations(pb.GetTableLocationsRequestPB(table=table), timeout=5)
+            ok = all(
+                sum(r.role == pb.LEADER for r in t.replicas) == 1 for t in locs.tablet_locations
+            )
+            return locs if ok and len(locs.tablet_locations) == buckets else None
+
+        return leader, created.table_id, wait_for("a leader for every tablet", located)
+    finally:
+        for c in channels:
+            c.close()
+
+
+# --- the cluster -----------------------------------------------------------------------------
+
+
+@dataclass
+class Setup:
+    cluster: MiniCluster
+    leader: str
+    table_id: str
+    locations: pb.GetTableLocationsResponsePB
+    written_to: str
+    """uuid of the tablet server whose leader replica took the rows."""
+    scanner_id: str
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    base: Path = tmp_path_factory.mktemp("status")
+    with MiniCluster(base) as cluster:
+        leader, table_id, locs = create_table(cluster, TABLE, buckets=3, replicas=3)
+        first = locs.tablet_locations[0]
+        written_to = wait_for("a write accepted", lambda: _write(cluster, first))
+        ts = cluster.tserver_by_uuid(written_to)
+        with grpc.insecure_channel(ts.address) as ch:
+            # One page of one row: the scanner stays open for /scans.
+            page = tpb_grpc.TabletServerServiceStub(ch).Scan(
+                tpb.ScanRequestPB(
+                    dest_uuid=written_to,
+                    new_scan=tpb.NewScanRequestPB(tablet_id=first.tablet_id),
+                    batch_size_bytes=1,
+                ),
+                timeout=10,
+            )
+            assert page.has_more_results
+        yield Setup(cluster, leader, table_id, locs, written_to, page.scanner_id.hex())
+
+
+def _write(cluster: MiniCluster, tablet: pb.TabletLocationsPB) -> str | None:
+    """Write 500 rows to the tablet's current leader; its uuid (None if none took them). A
+    non-leader refuses before proposing, so trying every replica writes the rows once."""
+    for r in tablet.replicas:
+        with grpc.insecure_channel(cluster.tserver_by_uuid(r.ts_uuid).address) as ch:
+            data = tpb_grpc.TabletServerServiceStub(ch)
+            try:
+                data.Write(write_request(r.ts_uuid, tablet.tablet_id, rows(0, 500)), timeout=10)
+                return r.ts_uuid
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:  # NOT_THE_LEADER is UNAVAILABLE
+                    raise
+    return None
+
+
+def _tablet_ids(s: Setup) -> list[str]:
+    return [t.tablet_id for t in s.locations.tablet_locations]
+
+
+# --- masters ---------------------------------------------------------------------------------
+
+
+def test_every_master_writes_its_http_address_to_the_ready_file(setup: Setup) -> None:
+    for m in setup.cluster.masters.masters.values():
+        assert re.fullmatch(r"127\.0\.0\.1:\d+", m.http_address), m
+    for ts in setup.cluster.tservers.values():
+        assert re.fullmatch(r"127\.0\.0\.1:\d+", ts.http_address), ts
+
+
+def test_master_leader_pages_name_the_table_tablets_and_servers(setup: Setup) -> None:
+    cluster = setup.cluster
+    leader = cluster.masters.by_address(setup.leader)
+    pages = {}
+    for path in MASTER_PAGES:
+        status, content_type, body = fetch(leader.http_address, path)
+        assert status == 200, (path, body)
+        assert content_type.startswith("text/html")
+        pages[path] = body
+
+    home = pages["/"]
+    assert leader.uuid in home and "LEADER" in home
+    for m in cluster.masters.masters.values():
+        assert m.uuid in home and m.address in home
+    assert home.count(">FOLLOWER<") == 2
+
+    assert TABLE in pages["/tables"] and setup.table_id in pages["/tables"]
+    assert f"/tablets?table={setup.table_id}" in pages["/tables"]
+    for tablet_id in _tablet_ids(setup):
+        assert tablet_id in pages["/tablets"]
+
+    status, _, per_table = fetch(leader.http_address, f"/tablets?table={setup.table_id}")
+    assert status == 200
+    for t in setup.locations.tablet_locations:
+        assert t.tablet_id in per_table
+        for r in t.replicas:
+            assert r.ts_uuid in per_table
+    assert "HASH(id) 0/3" in per_table and "VOTER" in per_table and ">live<" in per_table
+    status, _, _ = fetch(leader.http_address, "/tablets?table=no-such-table")
+    assert status == 404
+
+    for ts in cluster.tservers.values():
+        assert ts.uuid in pages["/tservers"] and ts.address in pages["/tservers"]
+        assert f'href="http://{ts.http_address}/"' in pages["/tservers"]
+    assert "Rounds" in pages["/tasks"]
+
+
+def test_a_follower_master_shows_its_own_view(setup: Setup) -> None:
+    follower = next(m for m in setup.cluster.masters.masters.values() if m.address != setup.leader)
+    status, _, home = fetch(follower.http_address, "/")
+    assert status == 200 and follower.uuid in home and ">FOLLOWER<" in home
+    # The catalog is warm on followers: the table is listed there too.
+    wait_for("the table on a follower", lambda: TABLE in fetch(follower.http_address, "/tables")[2])
+    _, _, tasks = fetch(follower.http_address, "/tasks")
+    assert "not serving as the leader" in tasks
+    fam = metrics_of(follower.http_address)
+    assert fam["tessera_raft_is_leader"].value(group="sys.catalog") == 0
+    assert fam["tessera_master_catalog_loaded"].value() == 0
+
+
+def test_master_metrics(setup: Setup) -> None:
+    leader = setup.cluster.masters.by_address(setup.leader)
+    fam = metrics_of(leader.http_address)
+    assert fam["tessera_raft_term"].kind == "gauge"
+    assert fam["tessera_raft_term"].value(group="sys.catalog") >= 1
+    assert fam["tessera_raft_is_leader"].value(group="sys.catalog") == 1
+    commit = fam["tessera_raft_commit_index"].value(group="sys.catalog")
+    applied = fam["tessera_raft_applied_index"].value(group="sys.catalog")
+    assert commit >= applied >= 2  # the no-op and CreateTable at least
+    assert fam["tessera_master_catalog_loaded"].value() == 1
+    assert fam["tessera_master_tables"].value(state="RUNNING") == 1
+    assert fam["tessera_master_tablets"].value(state="RUNNING") == 3
+    assert fam["tessera_master_tservers"].value(state="live") == 3
+    assert fam["tessera_master_tservers"].value(state="dead") == 0
+    assert fam["tessera_master_heartbeats_total"].kind == "counter"
+    assert fam["tessera_master_heartbeats_total"].value() > 0
+    wal = fam["tessera_wal_sync_seconds"]
+    assert wal.kind == "histogram" and wal.value("tessera_wal_sync_seconds_count") > 0
+    assert wal.value("tessera_wal_sync_seconds_bucket", le="+Inf") == wal.value(
+        "tessera_wal_sync_seconds_count"
+    )
+    rpc = fam["tessera_rpc_requests_total"]
+    assert rpc.value(service="MasterServicer", method="CreateTable", code="OK") == 1
+    assert rpc.total(service="MasterServicer", method="TSHeartbeat", code="OK") > 0
+    assert rpc.total(service="ConsensusServicer") > 0  # followers' replies reach the leader
+    lat = fam["tessera_rpc_duration_seconds"]
+    assert lat.kind == "histogram"
+    assert lat.value("tessera_rpc_duration_seconds_count", method="CreateTable") == 1
+
+    # RPC counts rise with calls.
+    before = rpc.total(method="ListTables")
+    with grpc.insecure_channel(leader.address) as ch:
+        stub = master_pb2_grpc.MasterServiceStub(ch)
+        for _ in range(5):
+            stub.ListTables(pb.ListTablesRequestPB(), timeout=5)
+    after = metrics_of(leader.http_address)["tessera_rpc_requests_total"]
+    assert after.total(method="ListTables", code="OK") >= before + 5
+
+
+# --- tablet servers --------------------------------------------------------------------------
+
+
+def test_tablet_server_pages_name_the_replicas_masters_and_scanner(setup: Setup) -> None:
+    ts = setup.cluster.tserver_by_uuid(setup.written_to)
+    pages = {}
+    for path in TSERVER_PAGES:
+        status, content_type, body = fetch(ts.http_address, path)
+        assert status == 200, (path, body)
+        assert content_type.startswith("text/html")
+        pages[path] = body
+    assert ts.uuid in pages["/"]
+    for address in setup.cluster.master_addresses:
+        assert address in pages["/"]
+    assert "LEADER" in pages["/"]  # one master is the leader, as heartbeats tell
+    for tablet_id in _tablet_ids(setup):
+        assert tablet_id in pages["/tablets"]
+    assert TABLE in pages["/tablets"] and setup.table_id in pages["/tablets"]
+    assert ">RUNNING<" in pages["/tablets"] and ">500<" in pages["/tablets"]
+    assert "no tablet copies to this server" in pages["/tablet-copies"]
+    assert setup.scanner_id in pages["/scans"]
+
+
+def test_tablet_server_metrics(setup: Setup) -> None:
+    servers = list(setup.cluster.tservers.values())
+
+    def leaders() -> bool:  # scrapes are not one instant: an election may fall in between
+        total = sum(
+            metrics_of(ts.http_address)["tessera_tserver_leaders"].value() for ts in servers
+        )
+        return total == 3
+
+    wait_for("one leader per tablet across the servers' metrics", leaders, timeout=20)
+    for ts in servers:
+        fam = metrics_of(ts.http_address)
+        assert fam["tessera_tserver_replicas"].value(state="RUNNING") == 3
+        assert fam["tessera_tserver_replicas"].value(state="FAILED") == 0
+        for tablet_id in _tablet_ids(setup):
+            assert fam["tessera_raft_term"].value(group=tablet_id) >= 1
+            assert fam["tessera_raft_commit_index"].value(group=tablet_id) >= 1
+        hb = fam["tessera_tserver_heartbeats_total"]
+        assert hb.kind == "counter"
+        for address in setup.cluster.master_addresses:
+            assert hb.value(master=address, result="ok") > 0
+        assert fam["tessera_wal_sync_seconds"].value("tessera_wal_sync_seconds_count") > 0
+        if ts.uuid == setup.written_to:
+            assert fam["tessera_tserver_rows_written_total"].value() == 500
+            assert fam["tessera_tserver_scan_bytes_total"].value() > 0
+            assert fam["tessera_tserver_scanners_open"].value() == 1
+            rpc = fam["tessera_rpc_requests_total"]
+            assert rpc.value(service="DataServicer", method="Write", code="OK") == 1
+            assert rpc.value(service="AdminServicer", method="CreateTablet", code="OK") >= 1
+
+
+def test_parse_metrics_rejects_garbage() -> None:
+    with pytest.raises(AssertionError):
+        parse_metrics("# TYPE a counter\na{x=1} 2\n")
+    assert parse_metrics('# TYPE a gauge\na{x="q\\"y"} 2\n')["a"].value(x='q"y') == 2
