@@ -142,11 +142,13 @@ def build_session(
     master: str | None = None,
     conf: Mapping[str, str] | None = None,
     warehouse_dir: str | None = None,
+    metastore_dir: str | None = None,
 ) -> SparkSession:
     """Build (or return the existing) SparkSession with Delta and Tessera's defaults.
 
     ``conf`` overrides conf/spark-defaults.conf, which overrides the built-in defaults;
-    ``master`` and ``warehouse_dir`` override both. See the module docstring.
+    ``master``, ``warehouse_dir`` and ``metastore_dir`` (where the Hive catalog's Derby
+    database and log live) override both. See the module docstring.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -157,6 +159,8 @@ def build_session(
         settings["spark.master"] = master
     if warehouse_dir is not None:
         settings["spark.sql.warehouse.dir"] = str(Path(warehouse_dir).resolve())
+    if metastore_dir is not None:
+        _configure_metastore(settings, Path(metastore_dir).resolve())
     delta_jar = _configure_delta_jars(settings, file_defaults.get(_PACKAGES, ""))
     _configure_logging(settings)
 
@@ -180,6 +184,25 @@ def build_session(
 
     register(spark)  # format("tessera") and USING tessera
     return spark
+
+
+def _configure_metastore(settings: dict[str, str], directory: Path) -> None:
+    """Keep the Hive catalog's Derby database, and Derby's log, under `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    settings["spark.sql.catalogImplementation"] = "hive"
+    settings["spark.hadoop.javax.jdo.option.ConnectionURL"] = (
+        f"jdbc:derby:;databaseName={directory / 'metastore_db'};create=true"
+    )
+    options = [
+        o
+        for o in settings.get(_DRIVER_JAVA_OPTIONS, "").split()
+        if not o.startswith(("-Dderby.system.home=", "-Dderby.stream.error.file="))
+    ]
+    options += [
+        f"-Dderby.system.home={directory}",
+        f"-Dderby.stream.error.file={directory}/derby.log",
+    ]
+    settings[_DRIVER_JAVA_OPTIONS] = " ".join(options)
 
 
 def _major_minor(version: str) -> str:

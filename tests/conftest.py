@@ -22,7 +22,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     from spark_jobs.session import build_session
 
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
-    session = build_session("tessera-tests", warehouse_dir=str(warehouse))
+    metastore = tmp_path_factory.mktemp("spark-metastore")
+    session = build_session(
+        "tessera-tests", warehouse_dir=str(warehouse), metastore_dir=str(metastore)
+    )
     try:
         yield session
     finally:

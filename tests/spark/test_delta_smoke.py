@@ -60,9 +60,14 @@ def test_session_applies_the_repository_defaults(spark: SparkSession) -> None:
     assert defaults["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
     assert defaults["spark.sql.python.filterPushdown.enabled"] == "true"
     applied = dict(spark.sparkContext.getConf().getAll())
-    # build_session rewrites these three: the fixture's temporary warehouse, Delta jars from Ivy
+    # build_session rewrites these: the fixture's temporary warehouse, Delta jars from Ivy
     # or from jars/, the log4j2 option appended to the driver's Java options.
-    rewritten = {"spark.sql.warehouse.dir", "spark.jars.packages", "spark.driver.extraJavaOptions"}
+    rewritten = {
+        "spark.sql.warehouse.dir",
+        "spark.jars.packages",
+        "spark.driver.extraJavaOptions",
+        "spark.hadoop.javax.jdo.option.ConnectionURL",  # the fixture's temporary metastore
+    }
     for key, value in defaults.items():
         if key not in rewritten:
             assert applied.get(key) == value, key
