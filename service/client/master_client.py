@@ -134,9 +134,11 @@ class MasterClient:
         best: tuple[int, str] | None = None
         hints: list[str] = []
         errors: list[str] = []
+        timeouts = 0
         for address, r in zip(self.addresses, results, strict=True):
             if isinstance(r, BaseException):
                 errors.append(f"{address}: {r}")
+                timeouts += isinstance(r, Timeout)
                 continue
             if r.role == pb.LEADER and (best is None or r.term > best[0]):
                 best = (r.term, address)
@@ -153,6 +155,8 @@ class MasterClient:
                 return hint
         tried = ", ".join(self.addresses)
         detail = "; ".join(errors) if errors else "no master reports a leader (election running?)"
+        if errors and timeouts == len(errors):
+            raise Timeout(f"no answer from the masters {tried} in time")
         raise ServiceUnavailable(f"no master leader among {tried}: {detail}")
 
     async def find_leader(self, deadline: Deadline) -> str:
@@ -165,6 +169,8 @@ class MasterClient:
             try:
                 self._leader = await self._discover_once(deadline)
                 return self._leader
+            except Timeout as e:
+                last = last or e  # an attempt cut short says less than the one before it
             except TesseraError as e:
                 last = e
             if deadline.remaining() <= 0:

@@ -1,0 +1,506 @@
+"""ksck's judgement: rate masters, tablet servers, tablets and tables from gathered facts. PURE.
+
+Theory of operation
+-------------------
+`tessera cluster ksck` (Kudu's `kudu cluster ksck`) answers "is every piece of data available
+and fully replicated, and does everyone agree on who holds it?". It works in two steps, and
+this module is the second: `ksck_cmd.gather()` asks every master and every tablet server what it
+knows (the I/O edge), then `check()` here rates those facts. Keeping the rating a function over
+plain frozen dataclasses means every rule below is tested table by table without a cluster
+(tests/tools/test_ksck_rating.py), and the same snapshot always gives the same verdict.
+
+The facts: for each master, its answer to ConnectToMaster (role, term, leader, configured
+master list) or why it did not answer; for each tablet server the leader master knows, whether
+it answered Ping and ListTablets and, per replica it hosts, the replica's state, data state,
+role, term, leader and committed/pending config; for each table, the leader master's record of
+its tablets (committed config and recorded leader).
+
+Tablet ratings, in increasing severity (`Health`; a table is rated by its worst tablet, as Kudu
+rates tables):
+
+* HEALTHY: every replica of the master's config is RUNNING, exactly one leader in the newest
+  term, every replica's committed config equals the master's, everyone names the same leader.
+* RECOVERING: something is being repaired but no voter is lost: a replica is COPYING (tablet
+  copy), BOOTSTRAPPING or NOT_STARTED, a non-voter (a replacement being added) is not running,
+  or a config change is pending.
+* UNDER_REPLICATED: a voter is not running (its server is unreachable, it FAILED, it is
+  missing from its server) but a majority of voters runs; or the config has fewer voters than
+  the table's replication factor.
+* CONSENSUS_MISMATCH: replicas disagree with the master's record of the config, name different
+  leaders, two replicas claim leadership in the same term, or the master records a leader the
+  replicas did not elect.
+* UNAVAILABLE: fewer than a majority of voters run, or no replica leads: nothing can be written.
+
+Every applicable finding is kept as a reason; the tablet's rating is the most severe one. This
+differs from Kudu in one way on purpose: Kudu stops at the first rule that matches and rates a
+tablet with a tablet copy under way RECOVERING even while a voter is down; here it is
+UNDER_REPLICATED (it is, until the copy finishes) and the copy appears among the reasons.
+
+Masters are rated the same way: all reachable, one LEADER in the newest term, every master in
+that term following it, and every master configured with the same master list, which must also
+be the list ksck was given (a master missing from `--masters` was never checked). Tablet
+servers: each must answer, be the server the master registered under that uuid, and be live
+at the leader master (heartbeats arriving).
+
+The verdict is healthy only when every master, every tablet server and every tablet is; the
+command exits 0 then and 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ClusterSnapshot",
+    "Config",
+    "Health",
+    "KsckReport",
+    "MasterReport",
+    "MasterTablet",
+    "MastersVerdict",
+    "ReplicaReport",
+    "ServerHealth",
+    "ServerVerdict",
+    "TServerReport",
+    "TableSnapshot",
+    "TableVerdict",
+    "TabletVerdict",
+    "check",
+    "check_masters",
+    "check_tservers",
+    "rate_table",
+    "rate_tablet",
+]
+
+
+class Health(enum.IntEnum):
+    """A tablet's (or table's, or the masters') rating; a higher value is worse."""
+
+    HEALTHY = 0
+    RECOVERING = 1
+    UNDER_REPLICATED = 2
+    CONSENSUS_MISMATCH = 3
+    UNAVAILABLE = 4
+
+
+class ServerHealth(enum.Enum):
+    HEALTHY = "HEALTHY"
+    UNAVAILABLE = "UNAVAILABLE"
+    """It did not answer Ping or ListTablets."""
+    WRONG_SERVER_UUID = "WRONG_SERVER_UUID"
+    """Something answers at the address, but not the server the master registered there."""
+    NOT_LIVE = "NOT_LIVE"
+    """It answers, but the leader master has not heard its heartbeats lately."""
+
+
+# --- facts -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    """A tablet's Raft config: voter and non-voter uuids; `opid_index` None when unknown."""
+
+    voters: frozenset[str]
+    non_voters: frozenset[str] = frozenset()
+    opid_index: int | None = None
+
+    def same_members(self, other: Config) -> bool:
+        return self.voters == other.voters and self.non_voters == other.non_voters
+
+    def describe(self, names: Mapping[str, str] | None = None) -> str:
+        def show(uuids: Iterable[str]) -> str:
+            return ", ".join(sorted((names or {}).get(u, u) for u in uuids))
+
+        text = f"voters [{show(self.voters)}]"
+        if self.non_voters:
+            text += f" non-voters [{show(self.non_voters)}]"
+        if self.opid_index is not None:
+            text += f" at opid index {self.opid_index}"
+        return text
+
+
+RUNNING = "RUNNING"
+RECOVERING_STATES = frozenset({"BOOTSTRAPPING", "COPYING", "NOT_STARTED"})
+"""Replica states on the way to RUNNING (ReplicaStatePB names without the REPLICA_ prefix)."""
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """One replica as its tablet server reports it (ListTablets)."""
+
+    tablet_id: str
+    state: str = RUNNING
+    data_state: str = "READY"
+    role: str = "FOLLOWER"
+    term: int = 0
+    leader_uuid: str = ""
+    committed: Config | None = None
+    pending: Config | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class TServerReport:
+    """One tablet server: the leader master's view (`live`) and what it answered."""
+
+    uuid: str
+    address: str
+    live: bool = True
+    reachable: bool = True
+    wrong_uuid: bool = False
+    error: str = ""
+    replicas: tuple[ReplicaReport, ...] = ()
+
+    def replica(self, tablet_id: str) -> ReplicaReport | None:
+        return next((r for r in self.replicas if r.tablet_id == tablet_id), None)
+
+
+@dataclass(frozen=True)
+class MasterTablet:
+    """The leader master's record of one tablet: committed config, recorded leader."""
+
+    tablet_id: str
+    config: Config
+    leader_uuid: str = ""
+    partition: str = ""
+    """Readable partition, for output only."""
+
+
+@dataclass(frozen=True)
+class TableSnapshot:
+    table_id: str
+    name: str
+    num_replicas: int
+    tablets: tuple[MasterTablet, ...] = ()
+    error: str = ""
+    """Why the table's tablets could not be listed (then `tablets` is empty)."""
+
+
+@dataclass(frozen=True)
+class MasterReport:
+    """One master's answer to ConnectToMaster, or why there was none."""
+
+    address: str
+    reachable: bool = True
+    error: str = ""
+    uuid: str = ""
+    role: str = "FOLLOWER"
+    term: int = 0
+    leader_uuid: str = ""
+    master_addresses: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """Everything `gather()` learned; `error` says what could not be asked at all."""
+
+    given_masters: tuple[str, ...]
+    masters: tuple[MasterReport, ...]
+    tservers: tuple[TServerReport, ...] = ()
+    tables: tuple[TableSnapshot, ...] = ()
+    error: str = ""
+
+
+# --- verdicts --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TabletVerdict:
+    tablet_id: str
+    table_name: str
+    health: Health
+    reasons: tuple[str, ...] = ()
+    partition: str = ""
+    leader: str = ""
+    """Address (or uuid) of the replica that leads, "" if none."""
+
+
+@dataclass(frozen=True)
+class TableVerdict:
+    table_id: str
+    name: str
+    num_replicas: int
+    health: Health
+    tablets: tuple[TabletVerdict, ...] = ()
+    error: str = ""
+
+    def count(self, health: Health) -> int:
+        return sum(t.health is health for t in self.tablets)
+
+
+@dataclass(frozen=True)
+class MastersVerdict:
+    health: Health
+    leader_uuid: str = ""
+    leader_address: str = ""
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServerVerdict:
+    uuid: str
+    address: str
+    health: ServerHealth
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class KsckReport:
+    masters: MastersVerdict
+    master_reports: tuple[MasterReport, ...]
+    tservers: tuple[ServerVerdict, ...]
+    tables: tuple[TableVerdict, ...]
+    error: str = ""
+
+    @property
+    def healthy(self) -> bool:
+        return (
+            not self.error
+            and self.masters.health is Health.HEALTHY
+            and all(s.health is ServerHealth.HEALTHY for s in self.tservers)
+            and all(t.health is Health.HEALTHY for t in self.tables)
+        )
+
+    @property
+    def unhealthy_tablets(self) -> list[TabletVerdict]:
+        return [x for t in self.tables for x in t.tablets if x.health is not Health.HEALTHY]
+
+
+# --- rating ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Findings:
+    items: list[tuple[Health, str]] = field(default_factory=list)
+
+    def add(self, health: Health, reason: str) -> None:
+        self.items.append((health, reason))
+
+    @property
+    def health(self) -> Health:
+        return max((h for h, _ in self.items), default=Health.HEALTHY)
+
+    def reasons(self) -> tuple[str, ...]:
+        ordered = sorted(enumerate(self.items), key=lambda x: (-x[1][0], x[0]))
+        return tuple(f"{h.name}: {r}" for _, (h, r) in ordered)
+
+
+def _replica_problem(
+    uuid: str, tablet_id: str, servers: Mapping[str, TServerReport]
+) -> tuple[str, ReplicaReport | None, str]:
+    """("running" | "recovering" | "down", the report if any, why it is not running)."""
+    srv = servers.get(uuid)
+    if srv is None:
+        return "down", None, f"replica on {uuid}: not a tablet server the master knows"
+    where = srv.address or uuid
+    if srv.wrong_uuid:
+        return "down", None, f"replica on {where}: the server there is not {uuid}"
+    if not srv.reachable:  # why is in the tablet server's own verdict, said once there
+        return "down", None, f"replica on {where}: tablet server unreachable"
+    rep = srv.replica(tablet_id)
+    if rep is None:
+        return "down", None, f"replica on {where}: missing from its tablet server"
+    if rep.state in RECOVERING_STATES or rep.data_state == "COPYING":
+        return "recovering", rep, f"replica on {where} is {rep.state} (data {rep.data_state})"
+    if rep.state != RUNNING or rep.data_state != "READY":
+        why = f": {rep.error}" if rep.error else ""
+        return "down", rep, f"replica on {where} is {rep.state} (data {rep.data_state}){why}"
+    return "running", rep, ""
+
+
+def rate_tablet(
+    tablet: MasterTablet,
+    servers: Mapping[str, TServerReport],
+    num_replicas: int,
+    table_name: str = "",
+) -> TabletVerdict:
+    """Rate one tablet from the master's record and its servers' reports (module docstring)."""
+    f = _Findings()
+    names = {u: s.address for u, s in servers.items() if s.address}
+    cfg = tablet.config
+    voters = cfg.voters
+    majority = len(voters) // 2 + 1
+    running: dict[str, ReplicaReport] = {}  # voters and non-voters that run, by uuid
+    for uuid in sorted(voters | cfg.non_voters):
+        kind, rep, why = _replica_problem(uuid, tablet.tablet_id, servers)
+        if kind == "running" and rep is not None:
+            running[uuid] = rep
+        elif kind == "recovering" or uuid not in voters:
+            f.add(Health.RECOVERING, why if uuid in voters else f"non-voter {why}")
+        else:
+            f.add(Health.UNDER_REPLICATED, why)
+    running_voters = [u for u in running if u in voters]
+    if len(running_voters) < majority:
+        f.add(
+            Health.UNAVAILABLE,
+            f"{len(running_voters)} of {len(voters)} voters running, a majority needs {majority}",
+        )
+    if len(voters) < num_replicas:
+        f.add(
+            Health.UNDER_REPLICATED,
+            f"config has {len(voters)} voter(s), the table wants {num_replicas}",
+        )
+
+    claims = [(running[u].term, u) for u in running_voters if running[u].role == "LEADER"]
+    leader = ""
+    if not claims:
+        if running_voters:
+            f.add(Health.UNAVAILABLE, "no replica is leader")
+    else:
+        top = max(t for t, _ in claims)
+        newest = sorted(u for t, u in claims if t == top)
+        leader = newest[0]
+        if len(newest) > 1:
+            who = ", ".join(names.get(u, u) for u in newest)
+            f.add(
+                Health.CONSENSUS_MISMATCH, f"{len(newest)} replicas claim to lead term {top}: {who}"
+            )
+        for t, u in sorted(claims):
+            if t < top:
+                f.add(
+                    Health.CONSENSUS_MISMATCH,
+                    f"replica on {names.get(u, u)} still claims to lead term {t} (newest {top})",
+                )
+
+    for uuid, rep in sorted(running.items()):
+        where = names.get(uuid, uuid)
+        if rep.committed is not None and not rep.committed.same_members(cfg):
+            f.add(
+                Health.CONSENSUS_MISMATCH,
+                f"replica on {where} has config {rep.committed.describe(names)}, "
+                f"the master has {cfg.describe(names)}",
+            )
+        if rep.pending is not None:
+            f.add(
+                Health.RECOVERING,
+                f"config change pending on {where}: {rep.pending.describe(names)}",
+            )
+        if leader and rep.leader_uuid and rep.leader_uuid != leader and rep.role != "LEADER":
+            f.add(
+                Health.CONSENSUS_MISMATCH,
+                f"replica on {where} follows {names.get(rep.leader_uuid, rep.leader_uuid)} "
+                f"(term {rep.term}), the leader is {names.get(leader, leader)}",
+            )
+    if leader and tablet.leader_uuid and tablet.leader_uuid != leader:
+        f.add(
+            Health.CONSENSUS_MISMATCH,
+            f"the master records {names.get(tablet.leader_uuid, tablet.leader_uuid)} as leader, "
+            f"the replicas elected {names.get(leader, leader)}",
+        )
+    return TabletVerdict(
+        tablet_id=tablet.tablet_id,
+        table_name=table_name,
+        health=f.health,
+        reasons=f.reasons(),
+        partition=tablet.partition,
+        leader=names.get(leader, leader),
+    )
+
+
+def rate_table(table: TableSnapshot, servers: Mapping[str, TServerReport]) -> TableVerdict:
+    """Rate every tablet; the table takes its worst tablet's rating (UNAVAILABLE on error)."""
+    tablets = tuple(rate_tablet(t, servers, table.num_replicas, table.name) for t in table.tablets)
+    if table.error:
+        health = Health.UNAVAILABLE
+    else:
+        health = max((t.health for t in tablets), default=Health.HEALTHY)
+    return TableVerdict(
+        table.table_id, table.name, table.num_replicas, health, tablets, table.error
+    )
+
+
+def check_masters(given: Sequence[str], reports: Sequence[MasterReport]) -> MastersVerdict:
+    """All reachable, one leader in the newest term followed by all, one agreed master list."""
+    f = _Findings()
+    up = [r for r in reports if r.reachable]
+    down = [r for r in reports if not r.reachable]
+    for r in down:
+        f.add(Health.UNDER_REPLICATED, f"master {r.address} unreachable: {r.error}")
+    if len(up) < len(reports) // 2 + 1:
+        f.add(Health.UNAVAILABLE, f"{len(up)} of {len(reports)} masters reachable, no majority")
+    claims = [r for r in up if r.role == "LEADER"]
+    leader: MasterReport | None = None
+    if not claims:
+        f.add(Health.UNAVAILABLE, "no master is leader")
+    else:
+        top = max(r.term for r in claims)
+        newest = [r for r in claims if r.term == top]
+        leader = newest[0]
+        if len(newest) > 1:
+            who = ", ".join(r.address for r in newest)
+            f.add(
+                Health.CONSENSUS_MISMATCH, f"{len(newest)} masters claim to lead term {top}: {who}"
+            )
+    if leader is not None:
+        leader_uuid = leader.uuid or leader.leader_uuid
+        for r in up:
+            if r is leader:
+                continue
+            if r.term != leader.term:
+                f.add(
+                    Health.CONSENSUS_MISMATCH,
+                    f"master {r.address} is in term {r.term}, the leader "
+                    f"{leader.address} in term {leader.term}",
+                )
+            elif r.leader_uuid and leader_uuid and r.leader_uuid != leader_uuid:
+                f.add(
+                    Health.CONSENSUS_MISMATCH,
+                    f"master {r.address} follows {r.leader_uuid}, not {leader.address}",
+                )
+    lists = {r.address: frozenset(r.master_addresses) for r in up if r.master_addresses}
+    distinct = set(lists.values())
+    if len(distinct) > 1:
+        detail = "; ".join(f"{a}: [{', '.join(sorted(s))}]" for a, s in sorted(lists.items()))
+        f.add(Health.CONSENSUS_MISMATCH, f"masters disagree on the master list: {detail}")
+    elif distinct:
+        (configured,) = distinct
+        missing = sorted(configured - set(given))
+        extra = sorted(set(given) - configured)
+        if missing:
+            f.add(
+                Health.CONSENSUS_MISMATCH,
+                f"the masters are configured with {', '.join(missing)}, which ksck was not given "
+                "(not checked: pass every master)",
+            )
+        if extra:
+            f.add(
+                Health.CONSENSUS_MISMATCH,
+                f"{', '.join(extra)} given but not in the masters' own list",
+            )
+    return MastersVerdict(
+        health=f.health,
+        leader_uuid=(leader.uuid or leader.leader_uuid) if leader else "",
+        leader_address=leader.address if leader else "",
+        problems=f.reasons(),
+    )
+
+
+def check_tservers(reports: Sequence[TServerReport]) -> tuple[ServerVerdict, ...]:
+    out = []
+    for s in sorted(reports, key=lambda s: (s.address, s.uuid)):
+        if s.wrong_uuid:
+            v = ServerVerdict(s.uuid, s.address, ServerHealth.WRONG_SERVER_UUID, s.error)
+        elif not s.reachable:
+            v = ServerVerdict(s.uuid, s.address, ServerHealth.UNAVAILABLE, s.error)
+        elif not s.live:
+            v = ServerVerdict(
+                s.uuid, s.address, ServerHealth.NOT_LIVE, "no recent heartbeat at the leader master"
+            )
+        else:
+            v = ServerVerdict(s.uuid, s.address, ServerHealth.HEALTHY)
+        out.append(v)
+    return tuple(out)
+
+
+def check(snapshot: ClusterSnapshot) -> KsckReport:
+    """The whole verdict over one snapshot."""
+    servers = {s.uuid: s for s in snapshot.tservers}
+    return KsckReport(
+        masters=check_masters(snapshot.given_masters, snapshot.masters),
+        master_reports=snapshot.masters,
+        tservers=check_tservers(snapshot.tservers),
+        tables=tuple(rate_table(t, servers) for t in sorted(snapshot.tables, key=lambda t: t.name)),
+        error=snapshot.error,
+    )

@@ -1,0 +1,524 @@
+"""ksck's rules, table by table, over plain snapshots (no cluster): service/tools/ksck.py.
+
+Each case starts from a healthy three-replica tablet (servers a, b, c; a leads term 1) and
+changes one thing; the expected rating and a phrase of the reason that explains it are listed
+beside it, so a failing case says which rule moved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from service.tools.ksck import (
+    ClusterSnapshot,
+    Config,
+    Health,
+    MasterReport,
+    MasterTablet,
+    ReplicaReport,
+    ServerHealth,
+    TableSnapshot,
+    TServerReport,
+    check,
+    check_masters,
+    check_tservers,
+    rate_table,
+    rate_tablet,
+)
+
+T = "tablet-1"
+ABC = Config(frozenset({"a", "b", "c"}), opid_index=0)
+
+
+def rep(
+    role: str = "FOLLOWER",
+    term: int = 1,
+    leader: str = "a",
+    config: Config = ABC,
+    **kw: object,
+) -> ReplicaReport:
+    return ReplicaReport(T, role=role, term=term, leader_uuid=leader, committed=config, **kw)  # type: ignore[arg-type]
+
+
+def srv(uuid: str, *replicas: ReplicaReport, **kw: object) -> TServerReport:
+    return TServerReport(uuid, f"{uuid}:7050", replicas=replicas, **kw)  # type: ignore[arg-type]
+
+
+ABC_D = replace(ABC, non_voters=frozenset({"d"}))
+"""ABC with d being added as a non-voter (seed 004's 3-4-3)."""
+
+
+def healthy_servers(config: Config = ABC) -> dict[str, TServerReport]:
+    return {
+        "a": srv("a", rep("LEADER", config=config)),
+        "b": srv("b", rep(config=config)),
+        "c": srv("c", rep(config=config)),
+    }
+
+
+MASTER = MasterTablet(T, ABC, leader_uuid="a")
+
+Servers = dict[str, TServerReport]
+Change = Callable[[Servers], Servers]
+
+
+def with_(**changes: TServerReport) -> Change:
+    return lambda s: {**s, **changes}
+
+
+def without(*uuids: str) -> Change:
+    return lambda s: {u: v for u, v in s.items() if u not in uuids}
+
+
+def same(s: Servers) -> Servers:
+    return s
+
+
+# (name, change to the servers, master record, replication factor, rating, reason phrase)
+CASES: list[tuple[str, Change, MasterTablet, int, Health, str]] = [
+    ("healthy", same, MASTER, 3, Health.HEALTHY, ""),
+    (
+        "follower's server unreachable",
+        with_(c=srv("c", reachable=False, error="connection refused")),
+        MASTER,
+        3,
+        Health.UNDER_REPLICATED,
+        "replica on c:7050: tablet server unreachable",
+    ),
+    (
+        "leader's server down, b elected in term 2",
+        with_(
+            a=srv("a", reachable=False, error="refused"),
+            b=srv("b", rep("LEADER", 2, "b")),
+            c=srv("c", rep("FOLLOWER", 2, "b")),
+        ),
+        replace(MASTER, leader_uuid="b"),
+        3,
+        Health.UNDER_REPLICATED,
+        "a:7050: tablet server unreachable",
+    ),
+    (
+        "two of three servers unreachable",
+        with_(b=srv("b", reachable=False), c=srv("c", reachable=False)),
+        MASTER,
+        3,
+        Health.UNAVAILABLE,
+        "1 of 3 voters running, a majority needs 2",
+    ),
+    (
+        "no leader",
+        with_(a=srv("a", rep("FOLLOWER", 2, ""))),
+        MASTER,
+        3,
+        Health.UNAVAILABLE,
+        "no replica is leader",
+    ),
+    (
+        "replica missing from its server",
+        with_(c=srv("c")),
+        MASTER,
+        3,
+        Health.UNDER_REPLICATED,
+        "c:7050: missing from its tablet server",
+    ),
+    (
+        "replica FAILED",
+        with_(c=srv("c", rep(state="FAILED", error="disk gone"))),
+        MASTER,
+        3,
+        Health.UNDER_REPLICATED,
+        "is FAILED (data READY): disk gone",
+    ),
+    (
+        "replica TOMBSTONED",
+        with_(c=srv("c", rep(state="TOMBSTONED", data_state="TOMBSTONED"))),
+        MASTER,
+        3,
+        Health.UNDER_REPLICATED,
+        "is TOMBSTONED",
+    ),
+    (
+        "replica bootstrapping",
+        with_(c=srv("c", rep(state="BOOTSTRAPPING"))),
+        MASTER,
+        3,
+        Health.RECOVERING,
+        "c:7050 is BOOTSTRAPPING",
+    ),
+    (
+        "replica being copied",
+        with_(c=srv("c", rep(state="COPYING", data_state="COPYING"))),
+        MASTER,
+        3,
+        Health.RECOVERING,
+        "is COPYING (data COPYING)",
+    ),
+    (
+        "3-4-3: voter down while its replacement copies",
+        lambda s: {
+            **healthy_servers(ABC_D),
+            "c": srv("c", reachable=False),
+            "d": srv("d", rep(state="COPYING", data_state="COPYING", config=ABC_D)),
+        },
+        replace(MASTER, config=ABC_D),
+        3,
+        Health.UNDER_REPLICATED,
+        "RECOVERING: non-voter replica on d:7050 is COPYING",
+    ),
+    (
+        "a running non-voter that everyone agrees on",
+        lambda s: {**healthy_servers(ABC_D), "d": srv("d", rep("LEARNER", config=ABC_D))},
+        replace(MASTER, config=ABC_D),
+        3,
+        Health.HEALTHY,
+        "",
+    ),
+    (
+        "a failed non-voter",
+        lambda s: {**healthy_servers(ABC_D), "d": srv("d", reachable=False, error="refused")},
+        replace(MASTER, config=ABC_D),
+        3,
+        Health.RECOVERING,
+        "non-voter replica on d:7050: tablet server unreachable",
+    ),
+    (
+        "a replica's committed config differs from the master's",
+        with_(c=srv("c", rep(config=Config(frozenset({"a", "b", "d"}), opid_index=7)))),
+        MASTER,
+        3,
+        Health.CONSENSUS_MISMATCH,
+        "replica on c:7050 has config voters [a:7050, b:7050, d] at opid index 7, "
+        "the master has voters [a:7050, b:7050, c:7050]",
+    ),
+    (
+        "a replica follows another leader",
+        with_(c=srv("c", rep(leader="b"))),
+        MASTER,
+        3,
+        Health.CONSENSUS_MISMATCH,
+        "replica on c:7050 follows b:7050 (term 1), the leader is a:7050",
+    ),
+    (
+        "the master records another leader",
+        same,
+        replace(MASTER, leader_uuid="b"),
+        3,
+        Health.CONSENSUS_MISMATCH,
+        "the master records b:7050 as leader, the replicas elected a:7050",
+    ),
+    (
+        "two leaders in one term",
+        with_(b=srv("b", rep("LEADER", 1, "b"))),
+        MASTER,
+        3,
+        Health.CONSENSUS_MISMATCH,
+        "2 replicas claim to lead term 1: a:7050, b:7050",
+    ),
+    (
+        "a deposed leader that has not noticed",
+        with_(
+            b=srv("b", rep("LEADER", 2, "b")),
+            c=srv("c", rep("FOLLOWER", 2, "b")),
+        ),
+        replace(MASTER, leader_uuid="b"),
+        3,
+        Health.CONSENSUS_MISMATCH,
+        "replica on a:7050 still claims to lead term 1 (newest 2)",
+    ),
+    (
+        "a config change is pending",
+        with_(a=srv("a", rep("LEADER", pending=Config(frozenset({"a", "b"}), opid_index=9)))),
+        MASTER,
+        3,
+        Health.RECOVERING,
+        "config change pending on a:7050",
+    ),
+    (
+        "fewer voters than the replication factor",
+        lambda s: {
+            "a": srv("a", rep("LEADER", config=Config(frozenset({"a", "b"})))),
+            "b": srv("b", rep(config=Config(frozenset({"a", "b"})))),
+            "c": srv("c"),
+        },
+        replace(MASTER, config=Config(frozenset({"a", "b"}))),
+        3,
+        Health.UNDER_REPLICATED,
+        "config has 2 voter(s), the table wants 3",
+    ),
+    (
+        "a replica on a server the master does not know",
+        without("c"),
+        MASTER,
+        3,
+        Health.UNDER_REPLICATED,
+        "replica on c: not a tablet server the master knows",
+    ),
+    (
+        "another server answers at the replica's address",
+        with_(c=srv("c", wrong_uuid=True, error="request for tablet server 'c' reached 'x'")),
+        MASTER,
+        3,
+        Health.UNDER_REPLICATED,
+        "c:7050: the server there is not c",
+    ),
+    (
+        "a restarted follower that has not heard from the leader yet",
+        with_(c=srv("c", rep(term=0, leader=""))),
+        MASTER,
+        3,
+        Health.HEALTHY,
+        "",
+    ),
+    (
+        "unavailable outranks a mismatch",
+        with_(
+            a=srv("a", reachable=False),
+            b=srv("b", reachable=False),
+            c=srv("c", rep(config=Config(frozenset({"c"})))),
+        ),
+        MASTER,
+        3,
+        Health.UNAVAILABLE,
+        "CONSENSUS_MISMATCH: replica on c:7050 has config voters [c:7050]",
+    ),
+    (
+        "a single replica",
+        lambda s: {"a": srv("a", rep("LEADER", config=Config(frozenset({"a"}))))},
+        MasterTablet(T, Config(frozenset({"a"})), "a"),
+        1,
+        Health.HEALTHY,
+        "",
+    ),
+    (
+        "a single replica, down",
+        lambda s: {"a": srv("a", reachable=False, error="refused")},
+        MasterTablet(T, Config(frozenset({"a"})), "a"),
+        1,
+        Health.UNAVAILABLE,
+        "0 of 1 voters running, a majority needs 1",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "master", "replicas", "expected", "reason"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_rate_tablet(
+    change: Change, master: MasterTablet, replicas: int, expected: Health, reason: str
+) -> None:
+    v = rate_tablet(master, change(healthy_servers()), replicas, "t")
+    assert v.health is expected, v.reasons
+    if reason:
+        assert any(reason in r for r in v.reasons), v.reasons
+    else:
+        assert v.reasons == ()
+    if v.reasons:
+        # the first reason names the rating; the rest are ordered worst first
+        assert v.reasons[0].startswith(expected.name + ":")
+        ranks = [Health[r.split(":")[0]] for r in v.reasons]
+        assert ranks == sorted(ranks, reverse=True)
+
+
+def test_rate_tablet_names_the_leader_by_address() -> None:
+    assert rate_tablet(MASTER, healthy_servers(), 3).leader == "a:7050"
+    no_leader = {**healthy_servers(), "a": srv("a", rep(leader=""))}
+    assert rate_tablet(MASTER, no_leader, 3).leader == ""
+
+
+# --- tables ----------------------------------------------------------------------------------
+
+
+def test_a_table_takes_its_worst_tablet() -> None:
+    servers = healthy_servers()
+    servers["c"] = srv("c", rep(), ReplicaReport("tablet-2", leader_uuid="a"))
+    servers["a"] = srv(
+        "a", rep("LEADER"), ReplicaReport("tablet-2", role="LEADER", leader_uuid="a")
+    )
+    servers["b"] = srv("b", rep())  # tablet-2 missing on b
+    t2 = MasterTablet("tablet-2", ABC, "a")
+    v = rate_table(TableSnapshot("id", "t", 3, (MASTER, t2)), servers)
+    assert v.health is Health.UNDER_REPLICATED
+    assert [t.health for t in v.tablets] == [Health.HEALTHY, Health.UNDER_REPLICATED]
+    assert v.count(Health.HEALTHY) == 1 and v.count(Health.UNDER_REPLICATED) == 1
+
+
+def test_a_table_whose_tablets_cannot_be_listed_is_unavailable() -> None:
+    v = rate_table(TableSnapshot("id", "t", 3, error="tablet x is CREATING"), {})
+    assert v.health is Health.UNAVAILABLE and v.error == "tablet x is CREATING"
+
+
+def test_an_empty_table_is_healthy() -> None:
+    assert rate_table(TableSnapshot("id", "t", 3), {}).health is Health.HEALTHY
+
+
+# --- masters ---------------------------------------------------------------------------------
+
+GIVEN = ("m1:1", "m2:1", "m3:1")
+
+
+def master(address: str, role: str = "FOLLOWER", term: int = 5, leader: str = "u1") -> MasterReport:
+    return MasterReport(
+        address,
+        uuid="u" + address[1],
+        role=role,
+        term=term,
+        leader_uuid=leader,
+        master_addresses=GIVEN,
+    )
+
+
+HEALTHY_MASTERS = (master("m1:1", "LEADER"), master("m2:1"), master("m3:1"))
+
+MASTER_CASES: list[tuple[str, tuple[str, ...], tuple[MasterReport, ...], Health, str]] = [
+    ("healthy", GIVEN, HEALTHY_MASTERS, Health.HEALTHY, ""),
+    (
+        "one unreachable",
+        GIVEN,
+        (*HEALTHY_MASTERS[:2], MasterReport("m3:1", reachable=False, error="refused")),
+        Health.UNDER_REPLICATED,
+        "master m3:1 unreachable: refused",
+    ),
+    (
+        "two unreachable",
+        GIVEN,
+        (
+            HEALTHY_MASTERS[0],
+            MasterReport("m2:1", reachable=False),
+            MasterReport("m3:1", reachable=False),
+        ),
+        Health.UNAVAILABLE,
+        "1 of 3 masters reachable, no majority",
+    ),
+    (
+        "no leader",
+        GIVEN,
+        (master("m1:1", leader=""), master("m2:1", leader=""), master("m3:1", leader="")),
+        Health.UNAVAILABLE,
+        "no master is leader",
+    ),
+    (
+        "two leaders in one term",
+        GIVEN,
+        (master("m1:1", "LEADER"), master("m2:1", "LEADER", leader="u2"), master("m3:1")),
+        Health.CONSENSUS_MISMATCH,
+        "2 masters claim to lead term 5",
+    ),
+    (
+        "a follower in another term",
+        GIVEN,
+        (HEALTHY_MASTERS[0], master("m2:1", term=4), HEALTHY_MASTERS[2]),
+        Health.CONSENSUS_MISMATCH,
+        "master m2:1 is in term 4, the leader m1:1 in term 5",
+    ),
+    (
+        "a follower following someone else",
+        GIVEN,
+        (HEALTHY_MASTERS[0], master("m2:1", leader="u3"), HEALTHY_MASTERS[2]),
+        Health.CONSENSUS_MISMATCH,
+        "master m2:1 follows u3, not m1:1",
+    ),
+    (
+        "masters disagree on the master list",
+        GIVEN,
+        (*HEALTHY_MASTERS[:2], replace(HEALTHY_MASTERS[2], master_addresses=("m3:1", "m4:1"))),
+        Health.CONSENSUS_MISMATCH,
+        "masters disagree on the master list",
+    ),
+    (
+        "a master was not given",
+        GIVEN[:2],
+        HEALTHY_MASTERS[:2],
+        Health.CONSENSUS_MISMATCH,
+        "configured with m3:1, which ksck was not given",
+    ),
+    (
+        "an address given that is not a master of this cluster",
+        (*GIVEN, "m9:1"),
+        (*HEALTHY_MASTERS, MasterReport("m9:1", reachable=False, error="refused")),
+        Health.CONSENSUS_MISMATCH,
+        "m9:1 given but not in the masters' own list",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("given", "reports", "expected", "reason"),
+    [c[1:] for c in MASTER_CASES],
+    ids=[c[0] for c in MASTER_CASES],
+)
+def test_check_masters(
+    given: tuple[str, ...], reports: tuple[MasterReport, ...], expected: Health, reason: str
+) -> None:
+    v = check_masters(given, reports)
+    assert v.health is expected, v.problems
+    if reason:
+        assert any(reason in p for p in v.problems), v.problems
+    else:
+        assert v.problems == () and v.leader_address == "m1:1" and v.leader_uuid == "u1"
+
+
+# --- tablet servers and the whole report ------------------------------------------------------
+
+
+def test_check_tservers() -> None:
+    verdicts = check_tservers(
+        [
+            srv("a"),
+            srv("b", reachable=False, error="refused"),
+            srv("c", wrong_uuid=True, error="reached 'x'"),
+            srv("d", live=False),
+        ]
+    )
+    assert [(v.uuid, v.health) for v in verdicts] == [
+        ("a", ServerHealth.HEALTHY),
+        ("b", ServerHealth.UNAVAILABLE),
+        ("c", ServerHealth.WRONG_SERVER_UUID),
+        ("d", ServerHealth.NOT_LIVE),
+    ]
+    assert verdicts[1].problem == "refused"
+
+
+def _snapshot(**kw: object) -> ClusterSnapshot:
+    base = ClusterSnapshot(
+        GIVEN,
+        HEALTHY_MASTERS,
+        tuple(healthy_servers().values()),
+        (TableSnapshot("id", "t", 3, (MASTER,)),),
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_check_healthy_cluster() -> None:
+    report = check(_snapshot())
+    assert report.healthy and report.unhealthy_tablets == []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"error": "cannot ask the leader master: timed out"},
+        {"masters": (*HEALTHY_MASTERS[:2], MasterReport("m3:1", reachable=False))},
+        {"tservers": (*tuple(healthy_servers().values()), srv("d", live=False))},
+        {"tables": (TableSnapshot("id", "t", 3, (replace(MASTER, leader_uuid="b"),)),)},
+    ],
+    ids=["gathering failed", "master down", "tserver not live", "tablet mismatch"],
+)
+def test_check_is_unhealthy_when_anything_is(change: dict[str, object]) -> None:
+    assert not check(_snapshot(**change)).healthy
+
+
+def test_check_lists_unhealthy_tablets_in_table_order() -> None:
+    servers = {**healthy_servers(), "c": srv("c", reachable=False)}
+    tables = (
+        TableSnapshot("2", "zeta", 3, (MASTER,)),
+        TableSnapshot("1", "alpha", 3, (MASTER,)),
+    )
+    report = check(_snapshot(tservers=tuple(servers.values()), tables=tables))
+    assert [t.name for t in report.tables] == ["alpha", "zeta"]
+    assert [t.table_name for t in report.unhealthy_tablets] == ["alpha", "zeta"]
+    assert all(t.health is Health.UNDER_REPLICATED for t in report.unhealthy_tablets)
