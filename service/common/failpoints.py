@@ -16,6 +16,15 @@ server that finds the file already there carries on. The file also tells the tes
 crash happened.
 
 Points: `scan_next` (TabletServerService.ScanNext, before the page is read).
+
+A master started with
+
+    TESSERA_FAILPOINT_SKIP=<Kind>[,<Kind>...]     e.g. AlterReplicas,DeleteReplicas,DeleteReplica
+
+never performs those side effects (`skipped(kind)`: background tasks count them as failed and
+retry, report actions are dropped): the state a master that crashed before its side effects
+leaves behind, which the reconciliation jobs must find and repair.
+
 Unset variables cost one dictionary lookup per hit.
 """
 
@@ -25,12 +34,13 @@ import logging
 import os
 from collections import Counter
 
-__all__ = ["CRASH_AT", "ONCE_FILE", "hit"]
+__all__ = ["CRASH_AT", "ONCE_FILE", "SKIP", "hit", "skipped"]
 
 log = logging.getLogger(__name__)
 
 CRASH_AT = "TESSERA_FAILPOINT_CRASH_AT"
 ONCE_FILE = "TESSERA_FAILPOINT_ONCE_FILE"
+SKIP = "TESSERA_FAILPOINT_SKIP"
 _counts: Counter[str] = Counter()
 
 
@@ -56,3 +66,11 @@ def hit(point: str) -> None:
     log.error("failpoint %s=%s: crashing now", CRASH_AT, spec)
     logging.shutdown()
     os._exit(137)
+
+
+def skipped(kind: str) -> bool:
+    """Whether side effects of `kind` are switched off by TESSERA_FAILPOINT_SKIP."""
+    spec = os.environ.get(SKIP)
+    if not spec:
+        return False
+    return kind in {k.strip() for k in spec.split(",")}

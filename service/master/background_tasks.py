@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from random import Random
 from typing import Any
 
+from service.common import failpoints
 from service.common.clock import Clock
 from service.common.config import MasterConfig
 from service.common.errors import AlreadyExists, NotFound, TesseraError
@@ -308,6 +309,8 @@ class BackgroundTasks:
     # --- executing tasks ---------------------------------------------------------------------
 
     async def _execute(self, task: Task, retry: _Retry) -> bool:
+        if failpoints.skipped(type(task).__name__):
+            return False  # fault injection: this kind of side effect "keeps failing"
         maps = self.catalog.maps
         tablet = maps.tablets_by_id.get(task.tablet_id)
         table = maps.tables_by_id.get(task.table_id)
@@ -405,6 +408,8 @@ class BackgroundTasks:
             self._spawn(key, self._send_action(action))
 
     async def _send_action(self, action: ReportAction) -> None:
+        if failpoints.skipped(type(action).__name__):
+            return
         if isinstance(action, DeleteReplica):
             await self._rpc(
                 action.server,

@@ -12,6 +12,8 @@
     tessera cluster ksck (--masters A,B|--dir DIR)     (service.tools.ksck_cmd)
     tessera table create|list|describe|alter|delete|scan ...,  tablet locations,
     tessera tserver list,  master list                  (service.tools.admin_cmd)
+    tessera jobs list | run NAME [--masters A,B|--dir DIR|--snapshot ID] [--apply]
+                                                        (service.tools.jobs_cmd)
 Exit codes: 0 success, 1 failure, 2 usage or configuration error.
 """
 
@@ -141,11 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     trun.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     trun.add_argument("--ready-file")
 
-    from service.tools import admin_cmd, cluster_cmd, ksck_cmd
+    from service.tools import admin_cmd, cluster_cmd, jobs_cmd, ksck_cmd
 
     cluster_sub = cluster_cmd.register(sub)
     ksck_cmd.add_ksck(cluster_sub)
     admin_cmd.register(sub)  # after `master` and `tserver`: `list` joins those groups
+    jobs_cmd.register(sub)
 
     sim = sub.add_parser("sim", help="run the deterministic Raft simulator")
     sim.add_argument("--seeds", type=int, default=200)

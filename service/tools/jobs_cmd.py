@@ -1,0 +1,50 @@
+"""`tessera jobs list | run NAME [job arguments]`: the reconciliation jobs, in this process.
+
+`run` hands the rest of the command line to the job's own `main(argv)` (spark_jobs.jobs), which
+is also what `spark-submit spark_jobs/jobs/NAME.py ...` runs; here Spark runs in local mode with
+the repository's conf/spark-defaults.conf. Exit codes are the job's: 0 clean, 2 found something,
+1 error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+__all__ = ["register"]
+
+
+def _list(args: argparse.Namespace) -> int:
+    from spark_jobs import jobs
+
+    for name in jobs.JOBS:
+        module = importlib.import_module(f"spark_jobs.jobs.{name}")
+        first = (module.__doc__ or "").strip().splitlines()[0]
+        print(f"{name:<16} {first}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from spark_jobs import jobs
+
+    if args.job not in jobs.JOBS:
+        print(f"tessera: unknown job {args.job!r}; jobs: {', '.join(jobs.JOBS)}")
+        return 2
+    module = importlib.import_module(f"spark_jobs.jobs.{args.job}")
+    code: int = module.main(args.job_args)
+    return code
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    jobs = subparsers.add_parser("jobs", help="reconciliation jobs and the Delta audit (Spark)")
+    sub = jobs.add_subparsers(dest="action", required=True)
+    ls = sub.add_parser("list", help="the jobs and what they do")
+    ls.set_defaults(handler=_list)
+    run = sub.add_parser(
+        "run",
+        help="run a job (dry run unless --apply)",
+        description="Run a job; arguments after NAME go to the job (see NAME --help).",
+    )
+    run.add_argument("job", metavar="NAME")
+    run.add_argument("job_args", nargs=argparse.REMAINDER)
+    run.set_defaults(handler=_run)

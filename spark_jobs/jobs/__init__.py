@@ -1,0 +1,13 @@
+"""The spark-submit reconciliation jobs (issue 7). One module per job, each with `main(argv)`:
+
+    orphan_sweep    replicas without a catalog record, of deleted tablets, out of their config;
+                    tablets without a live replica or stuck creating
+    schema_audit    replicas behind their table's schema version; tables stuck ALTERING
+    rebalance_plan  replica-count skew per table and per server; a saved, reviewable plan
+    audit_snapshot  the catalog and the tablet servers' listings appended to Delta tables
+
+Run as `spark-submit spark_jobs/jobs/<name>.py --masters ...` or `tessera jobs run <name> ...`.
+Dry run by default; `--apply` acts. Exit codes: 0 clean, 2 found something, 1 error.
+"""
+
+JOBS = ("orphan_sweep", "schema_audit", "audit_snapshot")
