@@ -11,7 +11,7 @@ SEED0  ?= 0
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: venv demo test test-slow lint typecheck unit protos check-protos sim bench-raft bench-tserver bench-master bench-spark-read clean
+.PHONY: venv demo raft-demo test test-slow lint typecheck unit protos check-protos sim bench-raft bench-tserver bench-master bench-spark-read clean
 
 venv: $(STAMP)
 
@@ -21,8 +21,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	@touch $(STAMP)
 
-## The main job: until the master lands, the replicated-log demo (3 processes, leader killed).
+## The main job: a local cluster, a partitioned table, client and Spark reads and writes, ksck,
+## the reconciliation jobs and a Delta audit snapshot (spark_jobs/demo.py).
 demo: venv
+	$(BIN)/python -m spark_jobs.demo
+
+## The replicated-log demo of the consensus layer (3 processes, a leader killed under load).
+raft-demo: venv
 	$(BIN)/python -m service.consensus.demo
 
 ## Lint, type checks, then the default (fast) test run. CI runs this.
