@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -70,6 +71,8 @@ class ScannerManager:
         self._sweeper: asyncio.Task[None] | None = None
         self.expired = 0
         self.opened = 0
+        self.opened_by_tablet: Counter[str] = Counter()
+        """Scans started per tablet, for /metrics (proves partition pruning in tests)."""
         self.pages_sent = 0
         self.bytes_sent = 0
         """Arrow IPC bytes of every page sent (retries of a page not counted), for /metrics."""
@@ -110,6 +113,7 @@ class ScannerManager:
         )
         self.scanners[s.id] = s
         self.opened += 1
+        self.opened_by_tablet[tablet_id] += 1
         async with s.lock:
             return await self._page(s, batch_bytes)
 

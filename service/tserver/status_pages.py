@@ -143,6 +143,12 @@ def install_tserver_metrics(server: TabletServer, registry: MetricsRegistry) -> 
         "Scan pages sent.",
         lambda: float(server.scanners.pages_sent),
     )
+    registry.counter_callback(
+        "tessera_tablet_scans_total",
+        "Scans started on each tablet replica hosted here.",
+        lambda: [((t,), float(n)) for t, n in server.scanners.opened_by_tablet.items()],
+        (GROUP_LABEL,),
+    )
     registry.gauge_callback(
         "tessera_tserver_scanners_open",
         "Scanners open (not yet expired or closed).",

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import re
+import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from service.client import ColumnPredicate
 from service.client.sync import SyncClient
 from service.common import failpoints
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
@@ -168,9 +172,31 @@ def test_aggregates_nulls_and_filters_match_pyarrow(
         assert sorted(got["id"].to_pylist()) == sorted(want["id"].to_pylist()), where
 
 
+def tablet_scans(cluster: MiniCluster) -> Counter[str]:
+    """Scans started per tablet, summed over every tablet server's /metrics."""
+    out: Counter[str] = Counter()
+    for ts in cluster.tservers.values():
+        with urllib.request.urlopen(f"http://{ts.http_address}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        for m in re.finditer(r'^tessera_tablet_scans_total\{group="([^"]+)"\} (\S+)$', text, re.M):
+            out[m.group(1)] += int(float(m.group(2)))
+    return out
+
+
 def test_key_predicates_prune_tablets(
-    spark: SparkSession, cluster: MiniCluster, typed_table: pa.Table
+    spark: SparkSession, cluster: MiniCluster, client: SyncClient, typed_table: pa.Table
 ) -> None:
+    """Asserted from the tablet servers' scan metrics: an equality on the key scans exactly
+    the one tablet holding the key, a range on it only the tablets of that range."""
+    before = tablet_scans(cluster)
+    assert read(spark, cluster, "typed").filter("id = 5").count() == 1
+    delta = tablet_scans(cluster) - before
+    (token,) = client.scan_tokens("typed", predicates=[ColumnPredicate("id", "EQ", (5,))])
+    assert delta == Counter({token.tablet_id: 1})
+    before = tablet_scans(cluster)
+    assert read(spark, cluster, "typed").filter("id >= 2000").count() == N - 2000
+    assert len(tablet_scans(cluster) - before) == 2  # both buckets of the upper range only
+
     df = read(spark, cluster, "typed")
     assert df.filter("id = 5").rdd.getNumPartitions() == 1
     assert df.filter("id >= 2000").rdd.getNumPartitions() == 2  # both buckets, upper range
