@@ -11,7 +11,7 @@ SEED0  ?= 0
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: venv demo raft-demo test test-slow lint typecheck unit protos check-protos sim bench-raft bench-tserver bench-master bench-spark-read clean
+.PHONY: venv demo raft-demo test test-slow lint typecheck unit protos check-protos sim bench-raft bench-tserver bench-master bench-spark-read bench-jobs clean
 
 venv: $(STAMP)
 
@@ -69,6 +69,10 @@ bench-master: venv
 ## Spark reads: the tessera source against a Python Parquet source and Spark's Parquet reader.
 bench-spark-read: venv
 	$(BIN)/python -m bench.spark_read
+
+## The reconciliation jobs over a synthetic catalog of 100,000 tablets and 1,000 tablet servers.
+bench-jobs: venv
+	$(BIN)/python -m bench.jobs_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
