@@ -21,6 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
+from service.pb import master_pb2 as mpb
+from service.pb import master_pb2_grpc
 from service.testing.master_cluster import FAST_RAFT, ROOT, MasterCluster
 from service.testing.processes import terminate_all
 
@@ -81,6 +85,26 @@ class MiniCluster:
             self.start_tserver(name, wait=False)
         for name in self.tservers:
             self.wait_tserver(name)
+        self.wait_registered()
+
+    def wait_registered(self, timeout: float = 30.0) -> None:
+        """Wait until the master leader lists every running tablet server as live, so a test
+        can create a table at once (placement needs the servers registered, not just up)."""
+        want = {ts.uuid for ts in self.tservers.values() if ts.alive}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for address in self.master_addresses:
+                with grpc.insecure_channel(address) as ch:
+                    stub = master_pb2_grpc.MasterServiceStub(ch)
+                    try:
+                        r = stub.ListTabletServers(mpb.ListTabletServersRequestPB(), timeout=2)
+                    except grpc.RpcError:
+                        continue  # not the leader (yet), or not up
+                live = {s.instance.permanent_uuid for s in r.servers if s.live}
+                if want <= live:
+                    return
+            time.sleep(0.05)
+        raise TimeoutError(f"tablet servers not registered with the master after {timeout}s")
 
     def start_tserver(
         self, name: str, wait: bool = True, env: Mapping[str, str] | None = None
