@@ -10,4 +10,4 @@ Run as `spark-submit spark_jobs/jobs/<name>.py --masters ...` or `tessera jobs r
 Dry run by default; `--apply` acts. Exit codes: 0 clean, 2 found something, 1 error.
 """
 
-JOBS = ("orphan_sweep", "schema_audit", "audit_snapshot")
+JOBS = ("orphan_sweep", "schema_audit", "rebalance_plan", "audit_snapshot")

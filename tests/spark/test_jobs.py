@@ -30,7 +30,7 @@ from service.testing.master_cluster import FAST_RAFT
 from service.testing.mini_cluster import MiniCluster
 from service.testing.tablet_fixtures import create_request
 from spark_jobs.audit import read_snapshot
-from spark_jobs.jobs import audit_snapshot, orphan_sweep, schema_audit
+from spark_jobs.jobs import audit_snapshot, orphan_sweep, rebalance_plan, schema_audit
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -185,3 +185,28 @@ def test_documented_audit_queries_run(spark: SparkSession, planted: Planted) -> 
     moved = {r.change for r in results[5]}
     # fresh's replicas came; a deleted table's tablet records keep their last config.
     assert moved == {"added"}
+
+
+def test_rebalance_plan_saved_reviewed_and_applied(spark: SparkSession, planted: Planted) -> None:
+    """A fourth, empty tablet server: the job plans moves and saves the plan (dry run);
+    --apply-plan executes it; the next run finds the cluster balanced."""
+    cluster = planted.cluster
+    cluster.add_tserver_slot("ts-4")
+    cluster.start_tserver("ts-4")
+    cluster.wait_registered()
+    m = ["--masters", planted.masters]
+    assert rebalance_plan.main([*m, "--run-id", "plan-1"]) == 2
+    kinds = {f[0] for f in findings(spark, "plan-1")}
+    assert "table_imbalance" in kinds
+    plan = spark.sql(
+        "SELECT to_ts, max_table_skew_after, cluster_skew_after "
+        "FROM tessera_audit.rebalance_plans WHERE plan_id = 'plan-1'"
+    ).collect()
+    assert plan and {r.to_ts for r in plan} == {cluster.tservers["ts-4"].uuid}
+    assert all(r.max_table_skew_after <= 1 and r.cluster_skew_after <= 1 for r in plan)
+    assert rebalance_plan.main([*m, "--apply-plan", "plan-1", "--max-moves-per-server", "2"]) == 0
+    deadline = time.monotonic() + 60
+    while rebalance_plan.main([*m, "--run-id", f"plan-check-{time.monotonic()}"]) != 0:
+        assert time.monotonic() < deadline, "not balanced after the plan ran"
+        time.sleep(2)
+    assert rebalance_plan.main([*m, "--apply-plan", "no-such-plan"]) == 1
