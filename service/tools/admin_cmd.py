@@ -48,6 +48,7 @@ from service.client.client import AlterStep
 from service.common.errors import InvalidArgument, TesseraError
 from service.common.partition import PartitionSchema, RangeSchema
 from service.common.schema import AddColumn, DropColumn, RenameColumn
+from service.tools.cli_args import run_parsed
 from service.tools.output import dumps, format_table
 from service.tools.table_syntax import (
     TYPE_NAMES,
@@ -546,12 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:  # --help (0) or a usage error (2)
-        return e.code if isinstance(e.code, int) else 2
-    code: int = args.handler(args)
-    return code
+    return run_parsed(build_parser(), argv)
 
 
 if __name__ == "__main__":

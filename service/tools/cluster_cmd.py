@@ -28,6 +28,7 @@ from pathlib import Path
 
 from service.common.errors import InvalidArgument, TesseraError
 from service.tools import local_cluster
+from service.tools.cli_args import int_at_least
 from service.tools.healthcheck import ClusterStatus, ServerStatus, status_of_masters
 
 __all__ = ["build_parser", "format_status", "main", "register", "run"]
@@ -38,16 +39,6 @@ def _addresses(text: str) -> list[str]:
     if not out:
         raise argparse.ArgumentTypeError("expected HOST:PORT[,HOST:PORT...]")
     return out
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
 
 
 # --- handlers --------------------------------------------------------------------------------
@@ -168,8 +159,10 @@ def _add_actions(
         " cluster.json under DIR. On a DIR with a stopped cluster, restart the same servers.",
     )
     up.add_argument("--dir", required=True, type=Path, help="the cluster's directory")
-    up.add_argument("--masters", type=_count, help="number of masters (new cluster: 3)")
-    up.add_argument("--tservers", type=_count, help="number of tablet servers (new cluster: 3)")
+    up.add_argument("--masters", type=int_at_least(0), help="number of masters (new cluster: 3)")
+    up.add_argument(
+        "--tservers", type=int_at_least(0), help="number of tablet servers (new cluster: 3)"
+    )
     up.add_argument("--master-conf", type=Path, help="master config (default: conf/master.toml)")
     up.add_argument("--tserver-conf", type=Path, help="tserver config (conf/tserver.toml)")
     up.add_argument(
@@ -192,7 +185,7 @@ def _add_actions(
     )
     status.add_argument(
         "--tservers",
-        type=_count,
+        type=int_at_least(0),
         help="with --masters: how many tablet servers must be live (unregistered ones are"
         " invisible to the masters)",
     )

@@ -63,6 +63,7 @@ from service.master.rebalancing import (
 )
 from service.pb import master_pb2 as mpb
 from service.tools.admin_cmd import add_connection_args, group_actions, masters_of, run_command
+from service.tools.cli_args import int_at_least, run_parsed
 from service.tools.output import dumps, format_table
 
 __all__ = [
@@ -357,35 +358,15 @@ async def cmd_replica_move(args: argparse.Namespace) -> int:
 # --- parsers ---------------------------------------------------------------------------------
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
-
-
 def _add_rebalance_args(p: argparse.ArgumentParser) -> None:
     add_connection_args(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--report-only", action="store_true", help="print the skews, plan nothing")
     mode.add_argument("--apply", action="store_true", help="execute the planned moves")
-    p.add_argument("--max-moves", type=_count, help="plan at most N moves (default: all)")
+    p.add_argument("--max-moves", type=int_at_least(0), help="plan at most N moves (default: all)")
     p.add_argument(
         "--max-moves-per-server",
-        type=_positive,
+        type=int_at_least(1),
         default=1,
         help="moves in flight at once per source or destination server (default 1)",
     )
@@ -451,12 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:  # --help (0) or a usage error (2)
-        return e.code if isinstance(e.code, int) else 2
-    code: int = args.handler(args)
-    return code
+    return run_parsed(build_parser(), argv)
 
 
 if __name__ == "__main__":
