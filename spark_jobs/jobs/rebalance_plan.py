@@ -190,7 +190,13 @@ def _execute(ctx: JobContext, moves: Sequence[Move]) -> list[str]:
 
 
 def _extend(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-moves", type=int, default=None, help="plan at most this many moves")
+    p.add_argument(
+        "--max-moves",
+        type=int,
+        default=2000,
+        help="plan at most this many moves (default 2000: a reviewed plan is executed in "
+        "rounds; run the job again for the next round)",
+    )
     p.add_argument(
         "--max-moves-per-server",
         type=int,
