@@ -146,6 +146,8 @@ OPTIONS: dict[str, str] = {
     "replica_selection": "read: leader (default) or closest (a replica on this host first)",
     "fault_tolerant": "read: true (default) resumes on another replica after a failure",
     "batch_size_bytes": "read: scan page size asked of the tablet server (default 2097152)",
+    "split_size_rows": "read: cut tablets into key ranges of about this many rows, one Spark "
+    "partition each (default 0: one partition per tablet)",
     "scan_timeout_ms": "read: how long one tablet's scan may keep failing over (default 120000)",
     "rpc_timeout_ms": "read and write: deadline of one RPC / write flush (default 30000)",
     "operation": "write: insert, upsert (default), update, delete or insert_ignore",
@@ -184,6 +186,7 @@ class ReadOptions:
     replica_selection: str = "leader"
     fault_tolerant: bool = True
     batch_size_bytes: int = 0
+    split_size_rows: int = 0
     scan_timeout_s: float = 120.0
     rpc_timeout_s: float = 30.0
     operation: str = "upsert"
@@ -229,6 +232,7 @@ class ReadOptions:
             replica_selection=sel,
             fault_tolerant=_bool("fault_tolerant", opts.get("fault_tolerant", "true")),
             batch_size_bytes=_int("batch_size_bytes", opts.get("batch_size_bytes", "0")),
+            split_size_rows=_int("split_size_rows", opts.get("split_size_rows", "0")),
             scan_timeout_s=_int("scan_timeout_ms", opts.get("scan_timeout_ms", "120000")) / 1000,
             rpc_timeout_s=max(
                 0.001, _int("rpc_timeout_ms", opts.get("rpc_timeout_ms", "30000")) / 1000
@@ -363,6 +367,13 @@ class TesseraReader(DataSourceReader):
             rpc_timeout_s=self.opts.rpc_timeout_s,
             scan_timeout_s=self.opts.scan_timeout_s,
         )
+        if self.opts.split_size_rows:
+            client = self.opts.client()
+            tokens = [
+                piece
+                for t in tokens
+                for piece in client.call("split_token", t, self.opts.split_size_rows)
+            ]
         if not tokens:
             return [TabletPartition(b"", "")]  # Spark needs one partition; it reads nothing
         return [TabletPartition(t.to_bytes(), t.tablet_id) for t in tokens]

@@ -14,8 +14,9 @@ client's own acknowledged writes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 
 import pyarrow as pa
@@ -28,6 +29,7 @@ from service.client.retry import Backoff, Deadline
 from service.client.scanner import ScanToken, TabletScanner, TokenReplica
 from service.client.write_session import WriteResult, WriteSession
 from service.common.errors import InvalidArgument, Timeout
+from service.common.keys import encode_keys_arrow
 from service.common.partition import PartitionSchema
 from service.common.schema import AddColumn, DropColumn, RenameColumn, Schema
 from service.common.schema_codec import column_to_pb, partition_schema_to_pb, schema_to_pb
@@ -358,6 +360,31 @@ class TesseraClient:
             for t in locs
             if t.partition in keep
         ]
+
+    async def split_token(self, token: ScanToken, rows_per_split: int) -> list[ScanToken]:
+        """`token` cut into key ranges of about `rows_per_split` rows each (kudu-spark's
+        splitSizeBytes, by rows): the tablet's primary keys are scanned (key columns only,
+        no predicates) and every `rows_per_split`-th key starts a new range. The ranges tile
+        the token's [lower_key, upper_key), so the pieces read exactly what the token reads."""
+        if rows_per_split <= 0:
+            raise InvalidArgument(f"rows_per_split: must be > 0, got {rows_per_split}")
+        info = await self.open_table(token.table_name)
+        key_cols = info.schema.key_columns
+        keys_only = replace(
+            token, projection=tuple(c.name for c in key_cols), predicates=(), limit=0
+        )
+        splits: list[bytes] = []
+        seen = 0
+        async for batch in self.scan_batches(keys_only):
+            # Row number seen + i (> 0), a multiple of rows_per_split, starts a new range.
+            first = (-seen) % rows_per_split or (rows_per_split if seen == 0 else 0)
+            picks = list(range(first, batch.num_rows, rows_per_split))
+            if picks:
+                rows = batch.take(pa.array(picks))
+                splits.extend(encode_keys_arrow(key_cols, rows))
+            seen += batch.num_rows
+        bounds = [token.lower_key, *splits, token.upper_key]
+        return [replace(token, lower_key=lo, upper_key=hi) for lo, hi in itertools.pairwise(bounds)]
 
     def scanner(self, token: ScanToken) -> TabletScanner:
         return TabletScanner(self, token)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import itertools
 import re
 import urllib.request
 from collections import Counter
@@ -202,6 +203,20 @@ def test_key_predicates_prune_tablets(
     assert df.filter("id >= 2000").rdd.getNumPartitions() == 2  # both buckets, upper range
     assert df.filter("d > 0").rdd.getNumPartitions() == 4
     assert df.filter("id = 5").collect()[0].s == typed_table["s"][5].as_py()
+
+
+def test_split_size_rows_cuts_tablets_into_key_ranges(
+    spark: SparkSession, cluster: MiniCluster, client: SyncClient, typed_table: pa.Table
+) -> None:
+    df = read(spark, cluster, "typed", split_size_rows="200")
+    # 4 tablets of about 750 rows: 4 ranges each (the last one shorter).
+    assert df.rdd.getNumPartitions() == 16
+    assert by_id(df.toArrow()).equals(by_id(typed_table))
+    assert df.filter("id >= 2900").count() == 100
+    (token,) = client.scan_tokens("typed", predicates=[ColumnPredicate("id", "EQ", (5,))])
+    pieces = client.call("split_token", token, 100)
+    assert pieces[0].lower_key == b"" and pieces[-1].upper_key == b""
+    assert all(a.upper_key == b.lower_key for a, b in itertools.pairwise(pieces))
 
 
 def test_sql_view_and_register_views(
