@@ -93,6 +93,10 @@ class ServerHealth(enum.Enum):
     """Something answers at the address, but not the server the master registered there."""
     NOT_LIVE = "NOT_LIVE"
     """It answers, but the leader master has not heard its heartbeats lately."""
+    GONE = "GONE"
+    """Down and not live, but no tablet's config names it any more (its replicas were
+    re-replicated elsewhere): reported, not a problem. The master never forgets a server
+    (seed 000), so without this a cluster that healed itself by 3-4-3 would never check clean."""
 
 
 # --- facts -----------------------------------------------------------------------------------
@@ -259,7 +263,7 @@ class KsckReport:
         return (
             not self.error
             and self.masters.health is Health.HEALTHY
-            and all(s.health is ServerHealth.HEALTHY for s in self.tservers)
+            and all(s.health in _OK_SERVERS for s in self.tservers)
             and all(t.health is Health.HEALTHY for t in self.tables)
         )
 
@@ -477,11 +481,19 @@ def check_masters(given: Sequence[str], reports: Sequence[MasterReport]) -> Mast
     )
 
 
-def check_tservers(reports: Sequence[TServerReport]) -> tuple[ServerVerdict, ...]:
+def check_tservers(
+    reports: Sequence[TServerReport], members: frozenset[str] | None = None
+) -> tuple[ServerVerdict, ...]:
+    """Each server's verdict; `members` (every uuid some tablet's committed config names)
+    tells a dead server that still hosts replicas from one that hosts none (GONE)."""
     out = []
     for s in sorted(reports, key=lambda s: (s.address, s.uuid)):
         if s.wrong_uuid:
             v = ServerVerdict(s.uuid, s.address, ServerHealth.WRONG_SERVER_UUID, s.error)
+        elif not s.reachable and not s.live and members is not None and s.uuid not in members:
+            v = ServerVerdict(
+                s.uuid, s.address, ServerHealth.GONE, "down; no tablet's config names it"
+            )
         elif not s.reachable:
             v = ServerVerdict(s.uuid, s.address, ServerHealth.UNAVAILABLE, s.error)
         elif not s.live:
@@ -494,13 +506,26 @@ def check_tservers(reports: Sequence[TServerReport]) -> tuple[ServerVerdict, ...
     return tuple(out)
 
 
+_OK_SERVERS = frozenset({ServerHealth.HEALTHY, ServerHealth.GONE})
+
+
+def _members(snapshot: ClusterSnapshot) -> frozenset[str] | None:
+    """Every server named by a committed config, or None when some table could not be read
+    (then nobody may be declared GONE)."""
+    if any(t.error for t in snapshot.tables):
+        return None
+    return frozenset(
+        u for t in snapshot.tables for x in t.tablets for u in x.config.voters | x.config.non_voters
+    )
+
+
 def check(snapshot: ClusterSnapshot) -> KsckReport:
     """The whole verdict over one snapshot."""
     servers = {s.uuid: s for s in snapshot.tservers}
     return KsckReport(
         masters=check_masters(snapshot.given_masters, snapshot.masters),
         master_reports=snapshot.masters,
-        tservers=check_tservers(snapshot.tservers),
+        tservers=check_tservers(snapshot.tservers, _members(snapshot)),
         tables=tuple(rate_table(t, servers) for t in sorted(snapshot.tables, key=lambda t: t.name)),
         error=snapshot.error,
     )

@@ -25,6 +25,7 @@ from service.pb import tserver_pb2 as tpb
 from service.testing.master_cluster import FAST_RAFT
 from service.testing.mini_cluster import MiniCluster
 from service.testing.tablet_fixtures import SCHEMA, ClusterStubs, rows, scan_all, write_request
+from service.tools import ksck_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 T = TypeVar("T")
@@ -199,7 +200,11 @@ def test_dead_server_is_replaced_by_a_copy_on_a_fourth_server(tmp_path: Path) ->
                     return uuids
                 return None
 
+            ksck = ["ksck", "--masters", ",".join(cluster.master_addresses), "--timeout", "3"]
+            assert ksck_cmd.main(ksck) == 1  # a voter's server is down: UNDER_REPLICATED
             members = _wait("the dead replica replaced by ts-4", replaced, timeout=90)
+            # Healed by 3-4-3: the dead server is GONE (no config names it), ksck is clean.
+            _wait("ksck clean after re-replication", lambda: ksck_cmd.main(ksck) == 0 or None)
 
             async def checksums() -> set[tuple[int, bytes]]:
                 client = ClusterStubs(cluster, tablet.tablet_id)

@@ -522,3 +522,17 @@ def test_check_lists_unhealthy_tablets_in_table_order() -> None:
     assert [t.name for t in report.tables] == ["alpha", "zeta"]
     assert [t.table_name for t in report.unhealthy_tablets] == ["alpha", "zeta"]
     assert all(t.health is Health.UNDER_REPLICATED for t in report.unhealthy_tablets)
+
+
+def test_a_dead_server_no_config_names_is_gone_not_a_problem() -> None:
+    """After 3-4-3 replaced its replicas, a dead server is GONE: reported, still healthy. While
+    a config names it, or while some table could not be read, it is UNAVAILABLE."""
+    dead = srv("z", reachable=False, live=False, error="refused")
+    report = check(_snapshot(tservers=(*healthy_servers().values(), dead)))
+    assert report.healthy
+    assert [v.health for v in report.tservers if v.uuid == "z"] == [ServerHealth.GONE]
+    named = check_tservers([dead], frozenset({"z"}))
+    assert named[0].health is ServerHealth.UNAVAILABLE
+    assert check_tservers([dead], None)[0].health is ServerHealth.UNAVAILABLE
+    alive_but_not_live = check_tservers([srv("y", live=False)], frozenset())
+    assert alive_but_not_live[0].health is ServerHealth.NOT_LIVE
