@@ -53,11 +53,14 @@ from service.master.catalog_records import (
     tablet_to_pb,
 )
 from service.master.heartbeat import handle_heartbeat
+from service.master.replica_changes import ReplicaChanges
 from service.master.ts_descriptor import TSDescriptor
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.raft import Role
 
+_MOVE_TIMEOUT_S = 300.0
+"""MoveReplica's deadline when the caller set none: a tablet copy of a large tablet takes time."""
 _DEFAULT_DUMP_CHUNK = 1000
 """Catalog rows per DumpCatalog chunk unless the caller asks otherwise (about 1 MB of tablets)."""
 _MAX_DUMP_CHUNK = 20_000
@@ -334,23 +337,51 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
     # --- not implemented yet -----------------------------------------------------------------
 
+    def _replica_changes(self) -> ReplicaChanges:
+        catalog = self._leader_catalog()
+        m = self.master
+        background = m.background
+        if background is None or m.ts_manager is None or m.proxy is None:
+            raise NotReady(f"master {m.uuid} is not running its leader tasks yet; retry")
+        return ReplicaChanges(catalog, m.ts_manager, m.proxy, lambda: background.fence)
+
     @rpc_errors
     async def AddReplica(
         self, request: pb.AddReplicaRequestPB, context: Ctx
     ) -> pb.AddReplicaResponsePB:
-        raise NotSupported("AddReplica is not implemented yet")
+        """Seed 004: one ChangeConfig(ADD_PEER) to the tablet's leader, compare-and-set."""
+        member = MemberType.NON_VOTER if request.member_type == pb.NON_VOTER else MemberType.VOTER
+        cas = request.cas_config_opid_index if request.HasField("cas_config_opid_index") else None
+        await self._replica_changes().add(
+            _required(request.tablet_id, "tablet_id"),
+            _required(request.ts_uuid, "ts_uuid"),
+            member,
+            cas,
+        )
+        return pb.AddReplicaResponsePB()
 
     @rpc_errors
     async def RemoveReplica(
         self, request: pb.RemoveReplicaRequestPB, context: Ctx
     ) -> pb.RemoveReplicaResponsePB:
-        raise NotSupported("RemoveReplica is not implemented yet")
+        cas = request.cas_config_opid_index if request.HasField("cas_config_opid_index") else None
+        await self._replica_changes().remove(
+            _required(request.tablet_id, "tablet_id"), _required(request.ts_uuid, "ts_uuid"), cas
+        )
+        return pb.RemoveReplicaResponsePB()
 
     @rpc_errors
     async def MoveReplica(
         self, request: pb.MoveReplicaRequestPB, context: Ctx
     ) -> pb.MoveReplicaResponsePB:
-        raise NotSupported("MoveReplica is not implemented yet")
+        remaining = context.time_remaining()
+        await self._replica_changes().move(
+            _required(request.tablet_id, "tablet_id"),
+            _required(request.from_ts_uuid, "from_ts_uuid"),
+            _required(request.to_ts_uuid, "to_ts_uuid"),
+            timeout=remaining if remaining is not None else _MOVE_TIMEOUT_S,
+        )
+        return pb.MoveReplicaResponsePB()
 
     @rpc_errors
     async def AddMaster(
@@ -489,3 +520,9 @@ def _tablet_locations_pb(t: TabletLocations) -> pb.TabletLocationsPB:
         if r.address is not None:
             replica.rpc_address.CopyFrom(_host_port_pb(r.address))
     return out
+
+
+def _required(value: str, field: str) -> str:
+    if not value:
+        raise InvalidArgument(f"{field}: required")
+    return value

@@ -191,6 +191,11 @@ class TServerProxy:
         )
         return resp.consensus_state
 
+    async def leader_step_down(self, address: str, dest_uuid: str, tablet_id: str) -> None:
+        """Ask the tablet's leader to hand leadership to its most caught-up voter."""
+        req = tpb.LeaderStepDownRequestPB(dest_uuid=dest_uuid, tablet_id=tablet_id)
+        await self._call(address, lambda s: s.LeaderStepDown(req, timeout=self.rpc_timeout_s))
+
     # --- channels ----------------------------------------------------------------------------
 
     async def _call(self, address: str, fn: Callable[[Any], Awaitable[Any]]) -> Any:

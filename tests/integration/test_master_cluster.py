@@ -210,12 +210,17 @@ def test_ddl_failover_exactly_once_and_bad_input(cluster: MasterCluster) -> None
             )
             assert me.role == pb.LEADER and me.committed_index > 0 and me.term > 0
 
-            # Unimplemented RPCs say so, by name.
+            # Unimplemented RPCs say so, by name; bad input names the field.
+            err = _error(
+                lambda: masters[leader].AddMaster(pb.AddMasterRequestPB(), timeout=RPC_TIMEOUT)
+            )
+            assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert "AddMaster" in (err.details() or "")
             err = _error(
                 lambda: masters[leader].MoveReplica(pb.MoveReplicaRequestPB(), timeout=RPC_TIMEOUT)
             )
-            assert err.code() == grpc.StatusCode.UNIMPLEMENTED
-            assert "MoveReplica" in (err.details() or "")
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "tablet_id: required" in (err.details() or "")
 
             # Kill -9 the leader; a new one takes over with the same catalog.
             cluster.kill(cluster.by_address(leader).name)

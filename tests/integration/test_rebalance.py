@@ -249,3 +249,67 @@ def test_execute_moves_limits_moves_per_server_and_keeps_tablet_order(
         )
     with pytest.raises(InvalidArgument):
         asyncio.run(run(0))
+
+
+def test_master_add_remove_move_replica_rpcs(tmp_path: Path) -> None:
+    """The master's AddReplica/RemoveReplica/MoveReplica (seed 004) on real processes: a move
+    to a fourth server lands in the catalog; bad requests are refused naming the problem."""
+    from service.common.errors import AlreadyExists, FailedPrecondition, NotFound
+
+    with MiniCluster(tmp_path) as cluster:
+
+        async def main() -> None:
+            async with TesseraClient(cluster.master_addresses, timeout=60) as c:
+                await c.create_table(
+                    "m", SCHEMA, PartitionSchema(range=RangeSchema(("id",))), num_replicas=3
+                )
+                await c.write("m", data(0, 2000), "insert")
+                (loc,) = await c.table_locations("m")
+                cluster.add_tserver_slot("ts-4")
+                ts4 = cluster.start_tserver("ts-4")
+                cluster.wait_registered()
+                leader = loc.leader()
+                assert leader is not None
+                # Move the leader's own replica: the master steps it down first.
+                await c.master.call(
+                    "MoveReplica",
+                    mpb.MoveReplicaRequestPB(
+                        tablet_id=loc.tablet_id, from_ts_uuid=leader.ts_uuid, to_ts_uuid=ts4.uuid
+                    ),
+                    120,
+                )
+
+                async def members() -> set[str]:
+                    d = await c.dump_catalog()
+                    (t,) = [x for x in d.tablets if x.tablet_id == loc.tablet_id]
+                    return {p.permanent_uuid for p in t.consensus_state.committed_config.peers}
+
+                deadline = time.monotonic() + 30
+                while leader.ts_uuid in await members():
+                    assert time.monotonic() < deadline, "the move never reached the catalog"
+                    await asyncio.sleep(0.2)
+                assert ts4.uuid in await members() and len(await members()) == 3
+                got = await c.scan("m")
+                assert got.num_rows == 2000
+                with pytest.raises(AlreadyExists):
+                    await c.master.call(
+                        "AddReplica",
+                        mpb.AddReplicaRequestPB(tablet_id=loc.tablet_id, ts_uuid=ts4.uuid),
+                        10,
+                    )
+                with pytest.raises(NotFound):
+                    await c.master.call(
+                        "RemoveReplica",
+                        mpb.RemoveReplicaRequestPB(tablet_id="nope", ts_uuid=ts4.uuid),
+                        10,
+                    )
+                with pytest.raises(FailedPrecondition, match="cas_config_opid_index"):
+                    await c.master.call(
+                        "RemoveReplica",
+                        mpb.RemoveReplicaRequestPB(
+                            tablet_id=loc.tablet_id, ts_uuid=ts4.uuid, cas_config_opid_index=1
+                        ),
+                        10,
+                    )
+
+        asyncio.run(main())
