@@ -120,16 +120,7 @@ class ReplicaChanges:
             HostPort(host, int(port)),
             promote=member_type is MemberType.VOTER,
         )
-        leader, address = self._leader(tablet_id, cs)
-        await self.proxy.change_config(
-            address,
-            leader,
-            self.fence(),
-            tablet_id,
-            tpb.ChangeConfigRequestPB.ADD_PEER,
-            peer,
-            self._cas(cs, cas),
-        )
+        await self._send(tablet_id, cs, tpb.ChangeConfigRequestPB.ADD_PEER, peer, cas)
 
     async def remove(self, tablet_id: str, ts_uuid: str, cas: int | None = None) -> None:
         cs = self._consensus(tablet_id)
@@ -142,15 +133,15 @@ class ReplicaChanges:
             )
         if peer.member_type is MemberType.VOTER and len(cs.voters) <= 1:
             raise FailedPrecondition(f"{ts_uuid} is the last voter of tablet {tablet_id}")
+        await self._send(tablet_id, cs, tpb.ChangeConfigRequestPB.REMOVE_PEER, peer, cas)
+
+    async def _send(
+        self, tablet_id: str, cs: ConsensusState, change: int, peer: RaftPeer, cas: int | None
+    ) -> None:
+        """One ChangeConfig to the leader the catalog names, fenced, compare-and-set."""
         leader, address = self._leader(tablet_id, cs)
         await self.proxy.change_config(
-            address,
-            leader,
-            self.fence(),
-            tablet_id,
-            tpb.ChangeConfigRequestPB.REMOVE_PEER,
-            peer,
-            self._cas(cs, cas),
+            address, leader, self.fence(), tablet_id, change, peer, self._cas(cs, cas)
         )
 
     async def move(self, tablet_id: str, from_ts: str, to_ts: str, timeout: float) -> None:
