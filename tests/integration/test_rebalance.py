@@ -303,11 +303,18 @@ def test_master_add_remove_move_replica_rpcs(tmp_path: Path) -> None:
                         mpb.RemoveReplicaRequestPB(tablet_id="nope", ts_uuid=ts4.uuid),
                         10,
                     )
+                d = await c.dump_catalog()
+                (t,) = [x for x in d.tablets if x.tablet_id == loc.tablet_id]
+                follower = next(
+                    p.permanent_uuid
+                    for p in t.consensus_state.committed_config.peers
+                    if p.permanent_uuid != t.consensus_state.leader_uuid
+                )
                 with pytest.raises(FailedPrecondition, match="cas_config_opid_index"):
                     await c.master.call(
                         "RemoveReplica",
                         mpb.RemoveReplicaRequestPB(
-                            tablet_id=loc.tablet_id, ts_uuid=ts4.uuid, cas_config_opid_index=1
+                            tablet_id=loc.tablet_id, ts_uuid=follower, cas_config_opid_index=1
                         ),
                         10,
                     )
