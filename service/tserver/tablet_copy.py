@@ -3,10 +3,11 @@
 Theory of operation
 -------------------
 Trigger. A tablet's leader watches its peers (`CopyTrigger`, once a second): a peer that has
-acknowledged nothing for `TRIGGER_S` (its server does not host the tablet: a new non-voter
-added by the master, or a tombstoned replica) is sent StartTabletCopy naming the leader as the
-source. A peer that answers normally never is; one whose server is down makes the RPC fail,
-and the leader tries again later (`RETRY_S`).
+acknowledged nothing for `TRIGGER_S` (its server does not host the tablet: a tombstoned
+replica, a server that lost its data) is sent StartTabletCopy naming the leader as the
+source. A non-voter added to be promoted (a move or a 3-4-3 replacement) is known to be empty
+and is sent it at the first check, without the wait. A peer that answers normally never is;
+one whose server is down makes the RPC fail, and the leader tries again later (`RETRY_S`).
 
 Source (`CopySource`, the TabletCopyService). BeginTabletCopySession takes a consistent image of
 the tablet at one applied Raft index: the tablet's Raft snapshot payload (every row, with the
@@ -481,7 +482,10 @@ class CopyTrigger:
                     continue
                 seen.add(key)
                 since = self._silent_since.setdefault(key, now)
-                if now - since < TRIGGER_S or now - self._last_try.get(key, 0.0) < RETRY_S:
+                # A peer added to be promoted (seed 004's PRE_VOTER: a move, a 3-4-3
+                # replacement) is known to be empty: copy at once rather than wait.
+                wait = 0.0 if node.is_promotable(peer) else TRIGGER_S
+                if now - since < wait or now - self._last_try.get(key, 0.0) < RETRY_S:
                     continue
                 self._last_try[key] = now
                 address = replica.transport.address_of(peer)
