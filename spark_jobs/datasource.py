@@ -329,10 +329,6 @@ class TabletPartition(InputPartition):
     token: bytes
     tablet_id: str = ""
 
-    def __init__(self, token: bytes, tablet_id: str = "") -> None:
-        self.token = token
-        self.tablet_id = tablet_id
-
 
 class TesseraReader(DataSourceReader):
     def __init__(self, opts: ReadOptions, schema: StructType) -> None:

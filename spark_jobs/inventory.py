@@ -28,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from service.client.sync import SyncClient
@@ -173,14 +173,6 @@ class Inventory:
             f"{sum(t.reachable for t in self.tservers)}/{len(self.tservers)} reachable tablet "
             f"servers (catalog index {self.stamp.committed_index}, term {self.stamp.master_term})"
         )
-
-
-def row_dict(row: Any) -> dict[str, Any]:
-    return asdict(row)
-
-
-def field_names(kind: type) -> list[str]:
-    return [f.name for f in fields(kind)]
 
 
 # --- from the catalog ------------------------------------------------------------------------

@@ -278,13 +278,6 @@ class TabletScanner:
                 )
             except grpc.aio.AioRpcError as e:
                 raise from_grpc(e) from e
-            if resp.schema_version != tok.schema_version and tok.schema_version:
-                log.debug(
-                    "tablet %s serves schema version %d, token has %d",
-                    tok.tablet_id,
-                    resp.schema_version,
-                    tok.schema_version,
-                )
             self.read_index = max(self.read_index, resp.applied_index)
             while True:
                 scanner_id = resp.scanner_id
