@@ -146,8 +146,9 @@ OPTIONS: dict[str, str] = {
     "replica_selection": "read: leader (default) or closest (a replica on this host first)",
     "fault_tolerant": "read: true (default) resumes on another replica after a failure",
     "batch_size_bytes": "read: scan page size asked of the tablet server (default 2097152)",
-    "split_size_rows": "read: cut tablets into key ranges of about this many rows, one Spark "
-    "partition each (default 0: one partition per tablet)",
+    "split_size_rows": "read: cut tablets into key ranges of about this many live rows, one "
+    "Spark partition each; a tablet server picks the split keys from its sorted keys "
+    "(SplitKeyRange), so planning reads no rows (default 0: one partition per tablet)",
     "scan_timeout_ms": "read: how long one tablet's scan may keep failing over (default 120000)",
     "rpc_timeout_ms": "read and write: deadline of one RPC / write flush (default 30000)",
     "operation": "write: insert, upsert (default), update, delete or insert_ignore",

@@ -9,6 +9,11 @@ Read-your-writes: the client remembers, per tablet, the highest Raft index its w
 applied at (`note_applied`) and asks every later scan of that tablet to wait for it
 (`min_applied_index`), so a follower chosen by `closest` never returns a state older than the
 client's own acknowledged writes.
+
+Splitting a scan (`split_token`, kudu-spark's splitSizeBytes) asks one replica of the tablet
+for split keys (the SplitKeyRange RPC): the tablet server picks them from the keys it holds
+sorted, so planning reads no rows. Any replica may answer; the next one is tried when one is
+unavailable.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
 
+import grpc.aio
 import pyarrow as pa
 
 from service.client.channels import ChannelPool
@@ -26,17 +32,33 @@ from service.client.master_client import MasterClient
 from service.client.meta_cache import MetaCache, TableInfo, TabletLocation
 from service.client.pruning import prune
 from service.client.retry import Backoff, Deadline
-from service.client.scanner import ScanToken, TabletScanner, TokenReplica
+from service.client.scanner import ScanToken, TabletScanner, TokenReplica, order_replicas
 from service.client.write_session import WriteResult, WriteSession
-from service.common.errors import InvalidArgument, Timeout
-from service.common.keys import encode_keys_arrow
+from service.common.errors import (
+    Internal,
+    InvalidArgument,
+    NotFound,
+    ServiceUnavailable,
+    TesseraError,
+    Timeout,
+    WrongDestination,
+    from_grpc,
+)
 from service.common.partition import PartitionSchema
 from service.common.schema import AddColumn, DropColumn, RenameColumn, Schema
 from service.common.schema_codec import column_to_pb, partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
+from service.pb import tserver_pb2 as tpb
 from service.tserver.predicates import ColumnPredicate, ScanSpec, predicate_to_pb, validate_spec
 
-__all__ = ["CatalogDump", "MasterInfo", "TableSummary", "TabletServerInfo", "TesseraClient"]
+__all__ = [
+    "CatalogDump",
+    "KeyRangeSplit",
+    "MasterInfo",
+    "TableSummary",
+    "TabletServerInfo",
+    "TesseraClient",
+]
 
 AlterStep = AddColumn | DropColumn | RenameColumn
 
@@ -79,6 +101,45 @@ class MasterInfo:
     term: int
     committed_index: int
     error: str
+
+
+@dataclass(frozen=True)
+class KeyRangeSplit:
+    """A tablet server's SplitKeyRange answer for a token's [lower_key, upper_key): the split
+    keys (strictly increasing, strictly inside) cut it into len(split_keys) + 1 chunks, whose
+    estimated live rows and bytes (of the token's projection) are in key order."""
+
+    split_keys: tuple[bytes, ...]
+    chunk_rows: tuple[int, ...]
+    chunk_bytes: tuple[int, ...]
+    ts_uuid: str
+    """The replica that answered."""
+    applied_index: int
+
+
+_SPLIT_FAIL_OVER = (ServiceUnavailable, Timeout, WrongDestination, NotFound)
+"""SplitKeyRange errors after which another replica may answer (down, not running, moved)."""
+
+
+def _checked_split(token: ScanToken, ts_uuid: str, r: tpb.SplitKeyRangeResponsePB) -> KeyRangeSplit:
+    """The answer as a value, once checked: a bad split would make pieces overlap or miss rows."""
+    keys = tuple(r.split_keys)
+    lo, hi = token.lower_key, token.upper_key
+    ok = all(a < b for a, b in itertools.pairwise(keys)) and len(r.chunks) == len(keys) + 1
+    if keys:
+        ok = ok and keys[0] > lo and (not hi or keys[-1] < hi)
+    if not ok:
+        raise Internal(
+            f"SplitKeyRange of tablet {token.tablet_id} on {ts_uuid}: split keys not strictly "
+            f"increasing inside the range, or {len(r.chunks)} chunks for {len(keys)} keys"
+        )
+    return KeyRangeSplit(
+        keys,
+        tuple(c.estimated_rows for c in r.chunks),
+        tuple(c.estimated_bytes for c in r.chunks),
+        ts_uuid,
+        r.applied_index,
+    )
 
 
 def _hp(h: pb.HostPortPB) -> str:
@@ -361,29 +422,54 @@ class TesseraClient:
             if t.partition in keep
         ]
 
-    async def split_token(self, token: ScanToken, rows_per_split: int) -> list[ScanToken]:
-        """`token` cut into key ranges of about `rows_per_split` rows each (kudu-spark's
-        splitSizeBytes, by rows): the tablet's primary keys are scanned (key columns only,
-        no predicates) and every `rows_per_split`-th key starts a new range. The ranges tile
-        the token's [lower_key, upper_key), so the pieces read exactly what the token reads."""
-        if rows_per_split <= 0:
-            raise InvalidArgument(f"rows_per_split: must be > 0, got {rows_per_split}")
-        info = await self.open_table(token.table_name)
-        key_cols = info.schema.key_columns
-        keys_only = replace(
-            token, projection=tuple(c.name for c in key_cols), predicates=(), limit=0
+    async def split_key_range(
+        self, token: ScanToken, *, target_rows: int = 0, target_bytes: int = 0
+    ) -> KeyRangeSplit:
+        """Split keys for `token`'s [lower_key, upper_key) in chunks of about `target_rows`
+        live rows and/or `target_bytes` bytes of its projection, from one replica
+        (SplitKeyRange): tried in the token's replica order, failing over to the next when one
+        is unavailable, not running or no longer hosts the tablet."""
+        req = tpb.SplitKeyRangeRequestPB(
+            tablet_id=token.tablet_id,
+            start_primary_key=token.lower_key,
+            stop_primary_key=token.upper_key,
+            target_chunk_rows=target_rows,
+            target_chunk_bytes=target_bytes,
+            columns=list(token.projection or ()),
         )
-        splits: list[bytes] = []
-        seen = 0
-        async for batch in self.scan_batches(keys_only):
-            # Row number seen + i (> 0), a multiple of rows_per_split, starts a new range.
-            first = (-seen) % rows_per_split or (rows_per_split if seen == 0 else 0)
-            picks = list(range(first, batch.num_rows, rows_per_split))
-            if picks:
-                rows = batch.take(pa.array(picks))
-                splits.extend(encode_keys_arrow(key_cols, rows))
-            seen += batch.num_rows
-        bounds = [token.lower_key, *splits, token.upper_key]
+        last: TesseraError | None = None
+        for rep in order_replicas(token.replicas, token.replica_selection):
+            req.dest_uuid = rep.ts_uuid
+            try:
+                resp: tpb.SplitKeyRangeResponsePB = await self.channels.tserver(
+                    rep.address
+                ).SplitKeyRange(req, timeout=token.rpc_timeout_s)  # type: ignore[misc]
+            except grpc.aio.AioRpcError as e:
+                err = from_grpc(e)
+                if not isinstance(err, _SPLIT_FAIL_OVER):
+                    raise err from e
+                last = err
+                continue
+            return _checked_split(token, rep.ts_uuid, resp)
+        raise last or ServiceUnavailable(f"tablet {token.tablet_id}: the token lists no replica")
+
+    async def split_token(
+        self, token: ScanToken, rows_per_split: int, *, bytes_per_split: int = 0
+    ) -> list[ScanToken]:
+        """`token` cut into key ranges of about `rows_per_split` live rows each (and/or
+        `bytes_per_split` bytes of its projection: whichever makes more ranges), kudu-spark's
+        splitSizeBytes. A replica picks the split keys from the keys it holds sorted
+        (`split_key_range`): no row is scanned. Ranges are balanced (a tablet of 750 rows cut
+        by 200 gives 4 ranges of about 188) and tile the token's [lower_key, upper_key), so the
+        pieces read exactly what the token reads; their sizes are estimates."""
+        if rows_per_split < 0 or (rows_per_split == 0 and bytes_per_split <= 0):
+            raise InvalidArgument(f"rows_per_split: must be > 0, got {rows_per_split}")
+        if bytes_per_split < 0:
+            raise InvalidArgument(f"bytes_per_split: must be >= 0, got {bytes_per_split}")
+        split = await self.split_key_range(
+            token, target_rows=rows_per_split, target_bytes=bytes_per_split
+        )
+        bounds = [token.lower_key, *split.split_keys, token.upper_key]
         return [replace(token, lower_key=lo, upper_key=hi) for lo, hi in itertools.pairwise(bounds)]
 
     def scanner(self, token: ScanToken) -> TabletScanner:

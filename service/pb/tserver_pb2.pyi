@@ -1016,6 +1016,117 @@ class ChecksumResponsePB(_message.Message):
 Global___ChecksumResponsePB: _TypeAlias = ChecksumResponsePB  # noqa: Y015
 
 @_typing.final
+class SplitKeyRangeRequestPB(_message.Message):
+    """Split keys that cut a key range of a tablet into chunks of about a target size, for scans in
+    parallel (Kudu's SplitKeyRange behind kudu-spark's splitSizeBytes). The server picks them from
+    the keys it already holds sorted (service/tserver/key_splitting.py): no rows are read out and
+    no scanner is opened. Read-only and local, so any replica answers, followers included, from
+    what it has applied; the chunks always tile the range exactly, only their sizes are estimates.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    TABLET_ID_FIELD_NUMBER: _builtins.int
+    START_PRIMARY_KEY_FIELD_NUMBER: _builtins.int
+    STOP_PRIMARY_KEY_FIELD_NUMBER: _builtins.int
+    TARGET_CHUNK_ROWS_FIELD_NUMBER: _builtins.int
+    TARGET_CHUNK_BYTES_FIELD_NUMBER: _builtins.int
+    COLUMNS_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    tablet_id: _builtins.str
+    start_primary_key: _builtins.bytes
+    """Encoded primary keys (service/common/keys.py): the range [start, stop); empty: open. When
+    both are set, start must be below stop.
+    """
+    stop_primary_key: _builtins.bytes
+    target_chunk_rows: _builtins.int
+    """The chunk size wanted: live rows, and/or bytes of `columns` (Arrow sizes). At least one must
+    be > 0 and neither negative; with both, chunks are cut for whichever gives more of them. At
+    most 10,000 chunks are made: a smaller target gets that many larger chunks.
+    """
+    target_chunk_bytes: _builtins.int
+    @_builtins.property
+    def columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The columns whose bytes count (target_chunk_bytes, estimated_bytes); empty: every column."""
+
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+        tablet_id: _builtins.str = ...,
+        start_primary_key: _builtins.bytes = ...,
+        stop_primary_key: _builtins.bytes = ...,
+        target_chunk_rows: _builtins.int = ...,
+        target_chunk_bytes: _builtins.int = ...,
+        columns: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "dest_uuid", b"dest_uuid", "start_primary_key", b"start_primary_key", "stop_primary_key", b"stop_primary_key", "tablet_id", b"tablet_id", "target_chunk_bytes", b"target_chunk_bytes", "target_chunk_rows", b"target_chunk_rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SplitKeyRangeRequestPB: _TypeAlias = SplitKeyRangeRequestPB  # noqa: Y015
+
+@_typing.final
+class KeyRangeChunkPB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ESTIMATED_ROWS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_BYTES_FIELD_NUMBER: _builtins.int
+    estimated_rows: _builtins.int
+    estimated_bytes: _builtins.int
+    """of the request's columns"""
+    def __init__(
+        self,
+        *,
+        estimated_rows: _builtins.int = ...,
+        estimated_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_bytes", b"estimated_bytes", "estimated_rows", b"estimated_rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeyRangeChunkPB: _TypeAlias = KeyRangeChunkPB  # noqa: Y015
+
+@_typing.final
+class SplitKeyRangeResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPLIT_KEYS_FIELD_NUMBER: _builtins.int
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    APPLIED_INDEX_FIELD_NUMBER: _builtins.int
+    applied_index: _builtins.int
+    """the replica's state the split describes"""
+    @_builtins.property
+    def split_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Strictly increasing and strictly inside (start, stop): [start, k1), [k1, k2), ..., [kn, stop)
+        tile the range with no gap or overlap. Empty: one chunk, the whole range.
+        """
+
+    @_builtins.property
+    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___KeyRangeChunkPB]:
+        """len(split_keys) + 1 entries, in key order: chunk i is [split_keys[i-1], split_keys[i])."""
+
+    def __init__(
+        self,
+        *,
+        split_keys: _abc.Iterable[_builtins.bytes] | None = ...,
+        chunks: _abc.Iterable[Global___KeyRangeChunkPB] | None = ...,
+        applied_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_index", b"applied_index", "chunks", b"chunks", "split_keys", b"split_keys"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SplitKeyRangeResponsePB: _TypeAlias = SplitKeyRangeResponsePB  # noqa: Y015
+
+@_typing.final
 class StartTabletCopyRequestPB(_message.Message):
     """--- tablet copy (seed 004) ------------------------------------------------------------------
 

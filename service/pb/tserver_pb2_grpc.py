@@ -525,6 +525,11 @@ class TabletServerServiceStub:
                 request_serializer=service_dot_pb_dot_tserver__pb2.ChecksumRequestPB.SerializeToString,
                 response_deserializer=service_dot_pb_dot_tserver__pb2.ChecksumResponsePB.FromString,
                 _registered_method=True)
+        self.SplitKeyRange = channel.unary_unary(
+                '/tessera.tserver.TabletServerService/SplitKeyRange',
+                request_serializer=service_dot_pb_dot_tserver__pb2.SplitKeyRangeRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_tserver__pb2.SplitKeyRangeResponsePB.FromString,
+                _registered_method=True)
         self.Ping = channel.unary_unary(
                 '/tessera.tserver.TabletServerService/Ping',
                 request_serializer=service_dot_pb_dot_master__pb2.PingRequestPB.SerializeToString,
@@ -565,6 +570,12 @@ class TabletServerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SplitKeyRange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Ping(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -598,6 +609,11 @@ def add_TabletServerServiceServicer_to_server(servicer, server):
                     servicer.Checksum,
                     request_deserializer=service_dot_pb_dot_tserver__pb2.ChecksumRequestPB.FromString,
                     response_serializer=service_dot_pb_dot_tserver__pb2.ChecksumResponsePB.SerializeToString,
+            ),
+            'SplitKeyRange': grpc.unary_unary_rpc_method_handler(
+                    servicer.SplitKeyRange,
+                    request_deserializer=service_dot_pb_dot_tserver__pb2.SplitKeyRangeRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_tserver__pb2.SplitKeyRangeResponsePB.SerializeToString,
             ),
             'Ping': grpc.unary_unary_rpc_method_handler(
                     servicer.Ping,
@@ -740,6 +756,33 @@ class TabletServerService:
             '/tessera.tserver.TabletServerService/Checksum',
             service_dot_pb_dot_tserver__pb2.ChecksumRequestPB.SerializeToString,
             service_dot_pb_dot_tserver__pb2.ChecksumResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SplitKeyRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.tserver.TabletServerService/SplitKeyRange',
+            service_dot_pb_dot_tserver__pb2.SplitKeyRangeRequestPB.SerializeToString,
+            service_dot_pb_dot_tserver__pb2.SplitKeyRangeResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

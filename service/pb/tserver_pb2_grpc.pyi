@@ -158,6 +158,7 @@ class TabletServerServiceStub:
     ScanNext: _grpc.UnaryUnaryMultiCallable[_tserver_pb2.ScanNextRequestPB, _tserver_pb2.ScanResponsePB]
     ScanClose: _grpc.UnaryUnaryMultiCallable[_tserver_pb2.ScanCloseRequestPB, _tserver_pb2.ScanCloseResponsePB]
     Checksum: _grpc.UnaryUnaryMultiCallable[_tserver_pb2.ChecksumRequestPB, _tserver_pb2.ChecksumResponsePB]
+    SplitKeyRange: _grpc.UnaryUnaryMultiCallable[_tserver_pb2.SplitKeyRangeRequestPB, _tserver_pb2.SplitKeyRangeResponsePB]
     Ping: _grpc.UnaryUnaryMultiCallable[_master_pb2.PingRequestPB, _master_pb2.PingResponsePB]
 
 @_typing.type_check_only
@@ -168,6 +169,7 @@ class TabletServerServiceAsyncStub(TabletServerServiceStub):
     ScanNext: _aio.UnaryUnaryMultiCallable[_tserver_pb2.ScanNextRequestPB, _tserver_pb2.ScanResponsePB]  # type: ignore[assignment]
     ScanClose: _aio.UnaryUnaryMultiCallable[_tserver_pb2.ScanCloseRequestPB, _tserver_pb2.ScanCloseResponsePB]  # type: ignore[assignment]
     Checksum: _aio.UnaryUnaryMultiCallable[_tserver_pb2.ChecksumRequestPB, _tserver_pb2.ChecksumResponsePB]  # type: ignore[assignment]
+    SplitKeyRange: _aio.UnaryUnaryMultiCallable[_tserver_pb2.SplitKeyRangeRequestPB, _tserver_pb2.SplitKeyRangeResponsePB]  # type: ignore[assignment]
     Ping: _aio.UnaryUnaryMultiCallable[_master_pb2.PingRequestPB, _master_pb2.PingResponsePB]  # type: ignore[assignment]
 
 class TabletServerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -205,6 +207,13 @@ class TabletServerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _tserver_pb2.ChecksumRequestPB,
         context: _ServicerContext,
     ) -> _typing.Union[_tserver_pb2.ChecksumResponsePB, _abc.Awaitable[_tserver_pb2.ChecksumResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def SplitKeyRange(
+        self,
+        request: _tserver_pb2.SplitKeyRangeRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_tserver_pb2.SplitKeyRangeResponsePB, _abc.Awaitable[_tserver_pb2.SplitKeyRangeResponsePB]]: ...
 
     @_abc_1.abstractmethod
     def Ping(

@@ -78,6 +78,7 @@ from service.common.schema import ColumnSchema, ColumnType, Schema
 from service.common.schema_codec import schema_from_pb, schema_to_pb
 from service.consensus.fs import RealFileSystem
 from service.pb import common_pb2
+from service.tserver.key_splitting import KeyView, MemRows
 from service.tserver.predicates import ScanSpec, to_arrow_expression, validate_spec
 from service.tserver.row_ops import RowOp, WriteBatch
 from service.tserver.rowstore_files import (
@@ -680,6 +681,14 @@ class RowStore:
         if self._mem.rows:
             out.append(self._mem.source())
         return out
+
+    def split_view(self) -> KeyView:
+        """The sorted sources for `key_splitting`, safe to read in a worker thread: files and
+        frozen memstores are immutable, the active memstore's dict is copied (not its rows)."""
+        mems = [MemRows(f.mem.rows, f.mem.col_ids) for f in self._frozen]
+        if self._mem.rows:
+            mems.append(MemRows(dict(self._mem.rows), self._mem.col_ids))
+        return KeyView(tuple(src for _, src in self._files), tuple(mems), self._live)
 
     def scan(self, spec: ScanSpec) -> Iterator[pa.RecordBatch]:
         """Rows matching `spec` in key order, as batches of the projected columns (exact Arrow

@@ -8,6 +8,7 @@ leader) with `StaleTerm`. Errors map to gRPC statuses in one place (`rpc_errors`
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 import grpc
@@ -18,6 +19,7 @@ from service.common.errors import InvalidArgument, WrongDestination, rpc_errors
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
+from service.tserver.key_splitting import check_split_args, column_ids, split_key_range
 from service.tserver.predicates import ScanSpec, predicates_from_pb
 from service.tserver.tablet_manager import check_tablet_id
 
@@ -250,6 +252,39 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         applied = node.applied
         count, digest = store.checksum()
         return tpb.ChecksumResponsePB(row_count=count, digest=digest, applied_index=applied)
+
+    @rpc_errors
+    async def SplitKeyRange(
+        self, request: tpb.SplitKeyRangeRequestPB, context: Ctx
+    ) -> tpb.SplitKeyRangeResponsePB:
+        # Local and read-only: any replica answers (no leader check), like Kudu's.
+        self._dest(request.dest_uuid)
+        start, stop = request.start_primary_key, request.stop_primary_key
+        check_split_args(start, stop, request.target_chunk_rows, request.target_chunk_bytes)
+        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        node = replica.running_node()
+        store = replica.store
+        assert store is not None
+        ids = column_ids(store.schema, request.columns)
+        applied = node.applied
+        view = store.split_view()  # on the loop, between applies; the rest in a worker thread
+        split = await asyncio.to_thread(
+            split_key_range,
+            view,
+            start,
+            stop,
+            target_rows=request.target_chunk_rows,
+            target_bytes=request.target_chunk_bytes,
+            column_ids=ids,
+        )
+        return tpb.SplitKeyRangeResponsePB(
+            split_keys=split.split_keys,
+            chunks=[
+                tpb.KeyRangeChunkPB(estimated_rows=c.rows, estimated_bytes=c.bytes)
+                for c in split.chunks
+            ],
+            applied_index=applied,
+        )
 
     @rpc_errors
     async def Ping(self, request: mpb.PingRequestPB, context: Ctx) -> mpb.PingResponsePB:
