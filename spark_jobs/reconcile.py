@@ -150,6 +150,7 @@ def orphan_findings(
         ):
             table = tables.get(t.table_id)
             age_s = (now_us - t.created_time_us) / 1e6
+            chosen = sorted(members[t.tablet_id])
             out.append(
                 Finding(
                     job,
@@ -159,19 +160,36 @@ def orphan_findings(
                     t.tablet_id,
                     "",
                     f"{t.state} for {age_s:.0f}s (assignment timeout "
-                    f"{assignment_timeout_us / 1e6:.0f}s)",
+                    f"{assignment_timeout_us / 1e6:.0f}s); "
+                    + (f"replicas on {', '.join(chosen)}" if chosen else "no replicas chosen"),
                 )
             )
     return sorted(out, key=Finding.key)
 
 
 def _unavailable_tablets(inv: Inventory, job: str) -> Iterable[Finding]:
-    usable = {s.ts_uuid for s in inv.tservers if s.live and s.reachable}
+    servers = {s.ts_uuid: s for s in inv.tservers}
+    usable = {u for u, s in servers.items() if s.live and s.reachable}
+    hosted = {(h.tablet_id, h.ts_uuid): h for h in inv.hosted}
     running: set[tuple[str, str]] = {
-        (h.tablet_id, h.ts_uuid)
-        for h in inv.hosted
+        k
+        for k, h in hosted.items()
         if h.state == "RUNNING" and _holds_data(h) and h.ts_uuid in usable
     }
+
+    def why(tablet_id: str, ts_uuid: str) -> str:
+        s = servers.get(ts_uuid)
+        if s is None:
+            return f"{ts_uuid} (not registered)"
+        if not s.live:
+            return f"{ts_uuid} (not live)"
+        if not s.reachable:
+            return f"{ts_uuid} (unreachable)"
+        h = hosted.get((tablet_id, ts_uuid))
+        if h is None:
+            return f"{ts_uuid} (lists no such replica)"
+        return f"{ts_uuid} (replica {h.state}, data {h.data_state})"
+
     members: dict[str, list[str]] = defaultdict(list)
     for r in inv.replicas:
         members[r.tablet_id].append(r.ts_uuid)
@@ -191,7 +209,8 @@ def _unavailable_tablets(inv: Inventory, job: str) -> Iterable[Finding]:
                 t.tablet_id,
                 "",
                 f"none of {len(members[t.tablet_id])} configured replicas runs on a live, "
-                "reachable tablet server",
+                "reachable tablet server: "
+                + (", ".join(why(t.tablet_id, u) for u in members[t.tablet_id]) or "none"),
             )
 
 

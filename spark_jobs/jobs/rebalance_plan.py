@@ -72,7 +72,9 @@ def distribution(inv: Inventory) -> tuple[Distribution, dict[str, str]]:
     return Distribution.of(placements, live, set(pinned)), pinned
 
 
-def _findings(inv: Inventory, dist: Distribution, moves: Sequence[Move]) -> list[Finding]:
+def imbalance_findings(inv: Inventory, dist: Distribution, moves: Sequence[Move]) -> list[Finding]:
+    """`table_imbalance` per table and `cluster_imbalance` whose skew is above 1 (action
+    "move" when the plan has moves, "report" when every candidate is pinned)."""
     names = {t.table_id: t.name for t in inv.tables}
     rep = skew_report(dist)
     action = "move" if moves else "report"
@@ -230,7 +232,7 @@ def _run(ctx: JobContext) -> int:
         f"{before.max_table_skew} -> {after.max_table_skew}, {len(moves)} move(s), "
         f"{len(pinned)} tablet(s) pinned"
     )
-    findings = _findings(inv, dist, moves)
+    findings = imbalance_findings(inv, dist, moves)
     if moves and not ctx.args.no_record:
         _save_plan(ctx, inv, dist, moves)
         print(

@@ -6,6 +6,14 @@ with the SKIP failpoint (service.common.failpoints): they never send AlterSchema
 DeleteTablet, as a master that crashed before its side effects. Each job finds exactly the
 planted problems, `--apply` fixes what may be fixed, a second run is clean (the orphan is
 reported again: it is never deleted), and the audit tables show before and after.
+
+The last tests plant the orphan sweep's other kinds, each in tables of its own (the cluster
+carries the earlier tests' leftovers, so they look only at their own tables' findings): a
+replica left behind by a move (`replica_not_in_config`), and a tablet server killed under
+one-replica tables (`tablet_without_live_replica`, `tablet_stuck_creating`). A CREATING tablet
+stuck past the timeout is planted; a PREPARING one cannot be (CreateTable refuses a replication
+factor above the live servers, and a replacement tablet becomes unplaceable only once servers
+are declared dead, a minute later): tests/spark/test_reconcile_units.py covers it.
 """
 
 from __future__ import annotations
@@ -14,13 +22,15 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
+import pyarrow as pa
 import pytest
 
+from service.client.replica_ops import move_replica
 from service.client.sync import SyncClient
 from service.common import failpoints
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
@@ -30,6 +40,7 @@ from service.testing.master_cluster import FAST_RAFT
 from service.testing.mini_cluster import MiniCluster
 from service.testing.tablet_fixtures import create_request
 from spark_jobs.audit import read_snapshot
+from spark_jobs.inventory import TabletRow, catalog_rows, list_hosted
 from spark_jobs.jobs import audit_snapshot, orphan_sweep, rebalance_plan, schema_audit
 
 if TYPE_CHECKING:
@@ -39,6 +50,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(60
 
 SCHEMA = Schema.build([("id", ColumnType.INT64), ("v", ColumnType.STRING)], key="id")
 PS = PartitionSchema(hash=(HashBucketSchema(("id",), 3),), range=RangeSchema(()))
+ONE_TABLET = PartitionSchema(range=RangeSchema(()))
 SKIP = "AlterReplicas,AlterReplica,DeleteReplicas,DeleteReplica"
 
 
@@ -210,3 +222,150 @@ def test_rebalance_plan_saved_reviewed_and_applied(spark: SparkSession, planted:
         assert time.monotonic() < deadline, "not balanced after the plan ran"
         time.sleep(2)
     assert rebalance_plan.main([*m, "--apply-plan", "no-such-plan"]) == 1
+
+
+# --- the orphan sweep's other kinds, planted -------------------------------------------------
+
+
+def table_findings(spark: SparkSession, run_id: str, table: str) -> list[tuple[str, ...]]:
+    """(kind, tablet_id, ts_uuid, outcome, detail) of one table's findings in one run."""
+    rows = spark.sql(
+        "SELECT kind, tablet_id, ts_uuid, outcome, detail FROM tessera_audit.findings "
+        f"WHERE run_id = '{run_id}' AND table_name = '{table}'"
+    ).collect()
+    return sorted(tuple(r) for r in rows)
+
+
+def tablets_of(client: SyncClient, table: str) -> dict[str, tuple[TabletRow, list[str]]]:
+    """Tablet id -> (its catalog row, the servers of its committed config), from DumpCatalog."""
+    dump = client.call("dump_catalog", include_removed=True)
+    tables, tablets, replicas = catalog_rows(dump.tables, dump.tablets)
+    (table_id,) = [t.table_id for t in tables if t.name == table and t.state != "REMOVED"]
+    return {
+        t.tablet_id: (t, sorted(r.ts_uuid for r in replicas if r.tablet_id == t.tablet_id))
+        for t in tablets
+        if t.table_id == table_id
+    }
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"after {timeout:.0f}s: {what}"
+        time.sleep(0.2)
+
+
+def test_replica_left_behind_by_a_move_is_tombstoned(spark: SparkSession, planted: Planted) -> None:
+    """replica_not_in_config, for real: a one-replica tablet is moved from server A to B as
+    the rebalancer moves it (B added as a non-voter, copied, promoted; A steps down and is
+    removed). A's next report would get it tombstoned by the master (report processing, step 4),
+    but these masters skip DeleteReplica, as one that crashed first would: A keeps its data. The
+    sweep names the tablet and A; --apply tombstones it, compare-and-set on A's own config op
+    index; the next run finds nothing in the table."""
+    c, cluster = planted.client, planted.cluster
+    c.call("create_table", "moved", SCHEMA, ONE_TABLET, num_replicas=1)
+    rows = pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]})
+    assert not c.write("moved", rows).errors
+    ((tablet_id, (_, (src,))),) = tablets_of(c, "moved").items()
+    dst = next(ts.uuid for ts in cluster.tservers.values() if ts.alive and ts.uuid != src)
+    c.run(move_replica(c.client, tablet_id, src, dst, timeout=60))
+    wait_for(
+        "the catalog records the move",
+        lambda: tablets_of(c, "moved")[tablet_id][1] == [dst],
+    )
+    source = cluster.tserver_by_uuid(src)
+    left, _ = list_hosted(src, source.address)
+    assert [(h.tablet_id, h.data_state) for h in left if h.tablet_id == tablet_id] == [
+        (tablet_id, "READY")
+    ]
+
+    m = ["--masters", planted.masters]
+    assert orphan_sweep.main([*m, "--run-id", "moved-1"]) == 2
+    ((kind, tablet, ts, outcome, _),) = table_findings(spark, "moved-1", "moved")
+    assert (kind, tablet, ts, outcome) == ("replica_not_in_config", tablet_id, src, "dry run")
+
+    assert orphan_sweep.main([*m, "--apply", "--run-id", "moved-2"]) == 2
+    assert [f[:4] for f in table_findings(spark, "moved-2", "moved")] == [
+        ("replica_not_in_config", tablet_id, src, "tombstoned")
+    ]
+    left, _ = list_hosted(src, source.address)
+    assert [h.data_state for h in left if h.tablet_id == tablet_id] == ["TOMBSTONED"]
+
+    assert orphan_sweep.main([*m, "--run-id", "moved-3"]) == 2  # the orphan, forever
+    assert table_findings(spark, "moved-3", "moved") == []
+    with SyncClient(cluster.master_addresses, timeout=60) as fresh:  # no cached locations
+        assert fresh.call("scan", "moved").num_rows == 3  # the moved replica serves the rows
+
+
+def test_killed_server_leaves_tablets_unavailable_and_stuck_creating(
+    spark: SparkSession, planted: Planted
+) -> None:
+    """tablet_without_live_replica and tablet_stuck_creating, for real. Two one-replica tables
+    with one tablet per tablet server (placement spreads a table's tablets first): `lonely`,
+    all RUNNING, then a server is killed (SIGKILL) and `stuck` is created at once. The master
+    still counts the dead server live (unresponsive_timeout_ms, a minute), so it places one of
+    stuck's tablets there; its CreateTablet keeps failing and the tablet stays CREATING (the
+    master would replace it after its assignment timeout, 30 s; the job is told 1 s). The sweep
+    reports lonely's tablet on that server (no live replica) and stuck's (stuck creating),
+    naming the server, and acts on neither. Once the server is back, the master's retry creates
+    the tablet and the next run reports neither."""
+    c, cluster = planted.client, planted.cluster
+    alive = [ts for ts in cluster.tservers.values() if ts.alive]
+    n = len(alive)
+    by_hash = PartitionSchema(hash=(HashBucketSchema(("id",), n),), range=RangeSchema(()))
+    c.call("create_table", "lonely", SCHEMA, by_hash, num_replicas=1)
+    lonely = tablets_of(c, "lonely")
+    placed = {members[0]: tid for tid, (_, members) in lonely.items()}
+    assert sorted(placed) == sorted(ts.uuid for ts in alive), "one tablet per server"
+    victim = next(ts for ts in alive if ts.name != "ts-1")  # ts-1 keeps the orphan listed
+    unavailable = placed[victim.uuid]
+
+    cluster.kill_tserver(victim.name)
+    try:
+        c.call("create_table", "stuck", SCHEMA, by_hash, num_replicas=1, wait=False)
+
+        def stuck_placed() -> bool:
+            tablets = tablets_of(c, "stuck").values()
+            return all(
+                (t.state == "CREATING") == (members == [victim.uuid])
+                and (t.state == "RUNNING") == (members != [victim.uuid])
+                for t, members in tablets
+            ) and all(time.time() * 1e6 - t.created_time_us > 1.5e6 for t, _ in tablets)
+
+        wait_for("stuck's tablets placed, all but the dead server's RUNNING", stuck_placed)
+        (stuck,) = [tid for tid, (t, _) in tablets_of(c, "stuck").items() if t.state != "RUNNING"]
+
+        m = ["--masters", planted.masters]
+        sweep = [*m, "--assignment-timeout-s", "1"]
+        assert orphan_sweep.main([*sweep, "--apply", "--run-id", "down-1"]) == 2
+        ((kind, tablet, ts, outcome, detail),) = table_findings(spark, "down-1", "lonely")
+        assert (kind, tablet, ts, outcome) == (
+            "tablet_without_live_replica",
+            unavailable,
+            "",
+            "reported",
+        )
+        assert f"{victim.uuid} (unreachable)" in detail
+        ((kind, tablet, ts, outcome, detail),) = table_findings(spark, "down-1", "stuck")
+        assert (kind, tablet, ts, outcome) == ("tablet_stuck_creating", stuck, "", "reported")
+        assert detail.startswith("CREATING") and f"replicas on {victim.uuid}" in detail
+    finally:
+        cluster.start_tserver(victim.name)
+
+    # The master's retry creates the tablet. (Were the machine so slow that its assignment
+    # timeout ran out first, the tablet would be REPLACED by a new one placed elsewhere: the
+    # table is then just as healthy, and as free of findings.)
+    wait_for(
+        "every tablet of stuck RUNNING once the server is back",
+        lambda: all(t.state in ("RUNNING", "REPLACED") for t, _ in tablets_of(c, "stuck").values()),
+    )
+    wait_for(
+        "lonely's tablet running again on the restarted server",
+        lambda: any(
+            h.tablet_id == unavailable and h.state == "RUNNING"
+            for h in list_hosted(victim.uuid, victim.address)[0]
+        ),
+    )
+    assert orphan_sweep.main([*sweep, "--run-id", "down-2"]) == 2  # the orphan, forever
+    assert table_findings(spark, "down-2", "lonely") == []
+    assert table_findings(spark, "down-2", "stuck") == []
