@@ -101,6 +101,8 @@ class MasterInfo:
     term: int
     committed_index: int
     error: str
+    member_type: str = "VOTER"
+    """VOTER or NON_VOTER (a master added and still catching up)."""
 
 
 @dataclass(frozen=True)
@@ -327,9 +329,29 @@ class TesseraClient:
                 term=m.term,
                 committed_index=m.committed_index,
                 error=m.error.message if m.HasField("error") else "",
+                member_type=pb.MemberTypePB.Name(m.member_type),
             )
             for m in r.masters
         ]
+
+    async def add_master(self, address: str, *, timeout: float | None = None) -> None:
+        """Add the master at `address` (running with `join_existing = true`) to the group;
+        returns once it is a voter. Safe to retry: adding a voter again does nothing."""
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise InvalidArgument(f"master address {address!r}: expected host:port")
+        req = pb.AddMasterRequestPB(rpc_address=pb.HostPortPB(host=host, port=int(port)))
+        await self.master.ddl("AddMaster", req, self._t(timeout))
+
+    async def remove_master(self, master: str, *, timeout: float | None = None) -> None:
+        """Remove the master named by uuid or host:port from the group."""
+        req = pb.RemoveMasterRequestPB()
+        host, sep, port = master.rpartition(":")
+        if sep and port.isdigit():
+            req.rpc_address.CopyFrom(pb.HostPortPB(host=host, port=int(port)))
+        else:
+            req.uuid = master
+        await self.master.ddl("RemoveMaster", req, self._t(timeout))
 
     async def dump_catalog(
         self, *, include_removed: bool = False, timeout: float | None = None

@@ -131,7 +131,7 @@ class MasterClient:
         results = await asyncio.gather(
             *(self._connect(a, deadline) for a in self.addresses), return_exceptions=True
         )
-        best: tuple[int, str] | None = None
+        best: tuple[int, str, pb.ConnectToMasterResponsePB] | None = None
         hints: list[str] = []
         errors: list[str] = []
         timeouts = 0
@@ -141,10 +141,11 @@ class MasterClient:
                 timeouts += isinstance(r, Timeout)
                 continue
             if r.role == pb.LEADER and (best is None or r.term > best[0]):
-                best = (r.term, address)
+                best = (r.term, address, r)
             elif r.HasField("leader_address"):
                 hints.append(_address(r.leader_address))
         if best is not None:
+            self._learn_masters(best[2])
             return best[1]
         for hint in hints:
             try:
@@ -152,12 +153,20 @@ class MasterClient:
             except TesseraError:
                 continue
             if r.role == pb.LEADER:
+                self._learn_masters(r)
                 return hint
         tried = ", ".join(self.addresses)
         detail = "; ".join(errors) if errors else "no master reports a leader (election running?)"
         if errors and timeouts == len(errors):
             raise Timeout(f"no answer from the masters {tried} in time")
         raise ServiceUnavailable(f"no master leader among {tried}: {detail}")
+
+    def _learn_masters(self, leader: pb.ConnectToMasterResponsePB) -> None:
+        """Add the masters the leader names (AddMaster may have added some since the client
+        was configured), so discovery still works once every configured master is gone."""
+        for hp in leader.master_addresses:
+            if hp.host and hp.port and _address(hp) not in self.addresses:
+                self.addresses.append(_address(hp))
 
     async def find_leader(self, deadline: Deadline) -> str:
         """The leader's address, discovered (with backoff) if not cached."""

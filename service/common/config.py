@@ -390,7 +390,15 @@ class MasterConfig:
     """host:port of the status pages and /metrics (Kudu's master webserver port); port 0 picks
     a free port; "" serves no HTTP at all."""
     master_addresses: tuple[str, ...] = ()
-    """Every master's host:port, this one included; empty for a single master."""
+    """Every master's host:port, this one included; empty for a single master. Read when the
+    data dir is first formatted (the group's first config); afterwards the group's membership
+    is what sys.catalog's Raft log says (AddMaster/RemoveMaster change it)."""
+    join_existing: bool = False
+    """Start as a new member of a running group (`tessera master add`): with an empty data dir,
+    do not bootstrap a group; wait, outside any config, for the leader to add this master as a
+    non-voter and send it sys.catalog (a Raft snapshot and the log), then be promoted once caught
+    up. master_addresses then lists the running group's masters (this one may be omitted).
+    Ignored once the data dir holds state."""
     log_level: str = "INFO"
     unresponsive_timeout_ms: int = 60_000
     """A tablet server that has not heartbeated for this long is considered dead and its
@@ -433,11 +441,18 @@ class MasterConfig:
         if self.advertised_address is not None:
             c.address("advertised_address", self.advertised_address, port_zero_ok=False)
             c.that(
-                not self.master_addresses or self.advertised_address in self.master_addresses,
+                not self.master_addresses
+                or self.join_existing
+                or self.advertised_address in self.master_addresses,
                 "advertised_address",
                 f"{self.advertised_address!r} is not one of master_addresses",
             )
         _check_addresses(c, "master_addresses", self.master_addresses)
+        c.that(
+            not self.join_existing or bool(self.master_addresses),
+            "join_existing",
+            "needs master_addresses: the masters of the running group to join",
+        )
         c.log_level("log_level")
         c.positive(
             "unresponsive_timeout_ms",

@@ -190,6 +190,7 @@ class RaftNode:
         self._reads: dict[bytes, asyncio.Future[int]] = {}
         self._read_index: dict[bytes, int] = {}
         self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._snapshot_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._read_seq = 0
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -390,6 +391,8 @@ class RaftNode:
                     self._maybe_promote()
                 while self.raw.has_ready():
                     await self._handle_ready(self.raw.ready())
+                if self._snapshot_waiters:
+                    await self._maybe_snapshot()
                 self._status = self.raw.status()
         except asyncio.CancelledError:
             raise
@@ -549,9 +552,26 @@ class RaftNode:
             except Exception:
                 log.exception("leader-change listener failed")
 
+    async def snapshot_now(self, timeout: float | None = None) -> int:
+        """Take a snapshot of what is applied now, before the next periodic one; its index.
+
+        For adding a member that was never in the bootstrap config (a joining master): the
+        leader sends such a peer a snapshot rather than the log from index 1, so it learns
+        the membership (`Raft._send_append`), and that needs a snapshot to exist."""
+        self._check_open()
+        target = self.applied
+        if self.last_snapshot_index >= target and target > 0:
+            return self.last_snapshot_index
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._snapshot_waiters.append((target, fut))
+        self._wakeup.set()
+        await self._wait(fut, timeout, "snapshot")
+        return self.last_snapshot_index
+
     async def _maybe_snapshot(self) -> None:
         s = self.settings
-        if self.applied - self.last_snapshot_index < s.snapshot_interval_entries:
+        forced = any(index > self.last_snapshot_index for index, _ in self._snapshot_waiters)
+        if not forced and self.applied - self.last_snapshot_index < s.snapshot_interval_entries:
             return
         data = self.sm.snapshot()
         snap = self.storage.create_snapshot(self.applied, self.applied_config, data)
@@ -560,6 +580,10 @@ class RaftNode:
         log.info(
             "%s/%s: snapshot at %d (%d bytes)", self.group_id, self.uuid, self.applied, len(data)
         )
+        waiters, self._snapshot_waiters = self._snapshot_waiters, []
+        for _, fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     def _maybe_promote(self) -> None:
         """Seed 004: the leader promotes a PRE_VOTER once its log has caught up."""
@@ -595,10 +619,11 @@ class RaftNode:
             if not read.done():
                 read.set_exception(err)
         self._reads.clear()
-        for _, f in self._applied_waiters:
+        for _, f in self._applied_waiters + self._snapshot_waiters:
             if not f.done():
                 f.set_exception(err)
         self._applied_waiters.clear()
+        self._snapshot_waiters.clear()
 
 
 def _fmt_config(c: RaftConfig) -> str:

@@ -69,7 +69,6 @@ import contextlib
 import logging
 import os
 import random
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -98,6 +97,7 @@ from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarn
 from service.master.background_tasks import BackgroundSettings, BackgroundTasks
 from service.master.catalog_manager import CatalogManager, CatalogSettings, Replicate
 from service.master.heartbeat import HeartbeatContext
+from service.master.master_membership import master_uuid
 from service.master.master_service import MasterServicer
 from service.master.report_processing import ReportAction
 from service.master.security import ensure_security
@@ -125,15 +125,6 @@ SECURITY_CHECK_INTERVAL_S = 60.0
 one is always generated ahead, so a minute late is harmless)."""
 SECURITY_RETRY_S = 1.0
 """Pause after a failed check (replication failed, a racing write was refused)."""
-
-_NOT_IN_NODE_ID = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def master_uuid(address: str) -> NodeId:
-    """The uuid of the master reachable at `address` (host:port): ``master-<host>-<port>``."""
-    host, _, port = address.rpartition(":")
-    raw = f"master-{_NOT_IN_NODE_ID.sub('-', host.strip('[]'))}-{port}"
-    return NodeId(raw[:64])
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,15 +156,14 @@ class MasterServer:
     """One master process (module docstring). `start()` binds and serves; `aclose()` stops.
 
     After `start()`: `address` is the advertised host:port, `uuid` this master's uuid, `peers`
-    every master of the group (this one included), in `master_addresses` order, and
-    `http_address` the host:port of the status pages ("" when `http_bind` is empty).
+    the masters of the group's current config (and this one), and `http_address` the
+    host:port of the status pages ("" when `http_bind` is empty).
     """
 
     def __init__(self, config: MasterConfig) -> None:
         self.config = config
         self.address = ""
         self.uuid = NodeId("")
-        self.peers: tuple[MasterPeer, ...] = ()
         self.instance_seqno = int(time.time() * 1_000_000)
         self.node: RaftNode | None = None
         self.catalog: CatalogManager | None = None
@@ -212,12 +202,16 @@ class MasterServer:
         self.address = advertised_address(config.rpc_bind, config.advertised_address, port)
         self.uuid = master_uuid(self.address)
         addresses = config.master_addresses or (self.address,)
-        if self.address not in addresses:
+        joining = config.join_existing
+        if self.address not in addresses and not joining:
             raise InvalidArgument(
                 f"this master's address {self.address!r} is not one of master_addresses "
                 f"{list(addresses)}: set advertised_address"
             )
-        self.peers = tuple(MasterPeer(master_uuid(a), a) for a in addresses)
+        seeds = tuple(MasterPeer(master_uuid(a), a) for a in addresses)
+        # A joining master bootstraps no group (module docstring: membership): its config is
+        # empty until the leader's snapshot or log gives it the group's.
+        bootstrap = RaftConfig(frozenset() if joining else frozenset(p.uuid for p in seeds))
         data_dir = Path(config.data_dir)
         _check_instance(data_dir, self.uuid)
 
@@ -231,8 +225,8 @@ class MasterServer:
             fs,
             os.path.join(str(data_dir), "raft"),
             self.uuid,
-            bootstrap_config=RaftConfig(frozenset(p.uuid for p in self.peers)),
-            addresses={p.uuid: p.address for p in self.peers},
+            bootstrap_config=bootstrap,
+            addresses={**{p.uuid: p.address for p in seeds}, self.uuid: self.address},
             segment_bytes=config.wal.segment_size_bytes,
             preallocate=config.wal.preallocate,
             fsync=config.wal.fsync,
@@ -290,7 +284,7 @@ class MasterServer:
             self.uuid,
             self.address,
             data_dir,
-            ", ".join(p.address for p in self.peers),
+            ", ".join(p.address for p in self.peers) + (" (joining)" if joining else ""),
             f"http://{self.http_address}/" if self.http_address else "off",
         )
 
@@ -455,18 +449,30 @@ class MasterServer:
             submit=self.submit_actions,
         )
 
+    @property
+    def peers(self) -> tuple[MasterPeer, ...]:
+        """The members of sys.catalog's latest config (voters and non-voters), plus this master
+        if it is not (or not yet) one, sorted by address. Membership changes with AddMaster and
+        RemoveMaster, so this is read from the Raft node, never from `master_addresses`."""
+        if self.node is None:
+            return ()
+        config = self.node.status().config
+        uuids = config.voters | config.learners | {self.uuid}
+        peers = [MasterPeer(u, self.address_of(u) or "") for u in uuids]
+        return tuple(sorted(peers, key=lambda p: (p.address, p.uuid)))
+
     def _master_addresses_pb(self) -> tuple[pb.HostPortPB, ...]:
         out = []
         for p in self.peers:
+            if not p.address:
+                continue
             host, _, port = p.address.rpartition(":")
             out.append(pb.HostPortPB(host=host, port=int(port) if port.isdigit() else 0))
         return tuple(out)
 
     def address_of(self, uuid: str) -> str | None:
-        """A master's address by uuid (the configured masters, then the transport's)."""
+        """A master's address by uuid (the transport knows every member's: from the bootstrap
+        addresses, the config entries that added them, and its peers' messages)."""
         if uuid == self.uuid:
             return self.address
-        for p in self.peers:
-            if p.uuid == uuid:
-                return p.address
         return self.transport.address_of(uuid) if self.transport is not None else None

@@ -13,8 +13,7 @@ Served on every master, leader or not: ConnectToMaster, Ping, ListMasters (this 
 and TSHeartbeat (registration and liveness; seed 001: tablet servers heartbeat to all masters).
 ListTabletServers is leader-only (answered from the TSManager). Tablet reports carried by
 heartbeats are processed by the loaded leader only (`heartbeat`), which alone asks for full
-reports. RPCs not implemented yet answer UNIMPLEMENTED
-(`NotSupported`) naming the RPC.
+reports. AddMaster/RemoveMaster change sys.catalog's membership (`master_membership`).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
-from service.common.errors import InvalidArgument, NotReady, NotSupported, NotTheLeader, rpc_errors
+from service.common.errors import InvalidArgument, NotReady, NotTheLeader, rpc_errors
 from service.common.partition import PartitionSchema
 from service.common.schema import AddColumn, AlterOp, DropColumn, RenameColumn, Schema
 from service.common.schema_codec import (
@@ -53,14 +52,17 @@ from service.master.catalog_records import (
     tablet_to_pb,
 )
 from service.master.heartbeat import handle_heartbeat
+from service.master.master_membership import MasterMembership
 from service.master.replica_changes import ReplicaChanges
 from service.master.ts_descriptor import TSDescriptor
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
-from service.raft import Role
+from service.raft import Role, Status
 
 _MOVE_TIMEOUT_S = 300.0
 """MoveReplica's deadline when the caller set none: a tablet copy of a large tablet takes time."""
+_MEMBERSHIP_TIMEOUT_S = 60.0
+"""AddMaster/RemoveMaster's deadline when the caller set none (a new master copies the catalog)."""
 _DEFAULT_DUMP_CHUNK = 1000
 """Catalog rows per DumpCatalog chunk unless the caller asks otherwise (about 1 MB of tablets)."""
 _MAX_DUMP_CHUNK = 20_000
@@ -263,7 +265,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         assert m.node is not None
         st = m.node.status()
         out = pb.ConnectToMasterResponsePB(
-            role=_ROLE_TO_PB[st.role],
+            role=_own_role(m.uuid, st),
             leader_uuid=st.lead,
             term=st.term,
             master_addresses=[_host_port_pb(p.address) for p in m.peers],
@@ -281,9 +283,10 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     async def ListMasters(
         self, request: pb.ListMastersRequestPB, context: Ctx
     ) -> pb.ListMastersResponsePB:
-        """Every configured master as this master sees it: full figures for itself; for the
-        others their role as far as known here (the leader, or followers if this master leads)
-        and, on the leader, the index each has replicated (its match index)."""
+        """Every member of the group's latest config (and this master) as this master sees it:
+        full figures for itself; for the others their role as far as known here (the leader,
+        or followers if this master leads) and, on the leader, the index each has replicated
+        (its match index). Terms are given only where known: this master's and the leader's."""
         m = self.master
         assert m.node is not None
         st = m.node.status()
@@ -293,15 +296,16 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
                 instance=pb.NodeInstancePB(permanent_uuid=peer.uuid),
                 rpc_addresses=[_host_port_pb(peer.address)],
                 member_type=pb.VOTER if peer.uuid in st.config.voters else pb.NON_VOTER,
-                term=st.term,
             )
             if peer.uuid == m.uuid:
                 entry.instance.instance_seqno = m.instance_seqno
-                entry.role = _ROLE_TO_PB[st.role]
+                entry.role = _own_role(m.uuid, st)
+                entry.term = st.term
                 entry.committed_index = st.commit
                 entry.applied_index = m.node.applied
             elif peer.uuid == st.lead:
                 entry.role = pb.LEADER
+                entry.term = st.term
             elif st.role is Role.LEADER:
                 entry.role = pb.FOLLOWER
                 progress = st.progress.get(peer.uuid)
@@ -335,7 +339,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             servers=[_tablet_server_pb(d) for d in ts_manager.descriptors()]
         )
 
-    # --- not implemented yet -----------------------------------------------------------------
+    # --- membership of replicas and masters ---------------------------------------------------
 
     def _replica_changes(self) -> ReplicaChanges:
         catalog = self._leader_catalog()
@@ -387,13 +391,33 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     async def AddMaster(
         self, request: pb.AddMasterRequestPB, context: Ctx
     ) -> pb.AddMasterResponsePB:
-        raise NotSupported("AddMaster is not implemented yet")
+        """Add a running, joining master as a voter (`master_membership`)."""
+        self._leader_catalog()
+        a = request.rpc_address
+        if not a.host or not a.port:
+            raise InvalidArgument("rpc_address: the new master's host and port are required")
+        remaining = context.time_remaining()
+        await MasterMembership(self.master).add(
+            f"{a.host}:{a.port}",
+            request.uuid,
+            timeout=remaining if remaining is not None else _MEMBERSHIP_TIMEOUT_S,
+        )
+        return pb.AddMasterResponsePB()
 
     @rpc_errors
     async def RemoveMaster(
         self, request: pb.RemoveMasterRequestPB, context: Ctx
     ) -> pb.RemoveMasterResponsePB:
-        raise NotSupported("RemoveMaster is not implemented yet")
+        """Remove a master from the group (`master_membership`)."""
+        self._leader_catalog()
+        a = request.rpc_address
+        remaining = context.time_remaining()
+        await MasterMembership(self.master).remove(
+            request.uuid,
+            f"{a.host}:{a.port}" if a.host else "",
+            timeout=remaining if remaining is not None else _MEMBERSHIP_TIMEOUT_S,
+        )
+        return pb.RemoveMasterResponsePB()
 
     @rpc_errors
     async def DumpCatalog(
@@ -478,6 +502,13 @@ def _alter_steps(request: pb.AlterTableRequestPB) -> list[AlterOp]:
 
 
 # --- encoding ----------------------------------------------------------------------------------
+
+
+def _own_role(uuid: str, st: Status) -> pb.RaftRolePB.ValueType:
+    """This master's role; NON_PARTICIPANT while it is in no config (joining, or removed)."""
+    if uuid not in st.config.voters | st.config.learners:
+        return pb.NON_PARTICIPANT
+    return _ROLE_TO_PB[st.role]
 
 
 def _host_port_pb(address: str | HostPort) -> pb.HostPortPB:

@@ -156,6 +156,9 @@ class Raft:
         self._reads_awaiting_commit: list[bytes] = []
 
         # Membership: committed config plus uncommitted config entries in log order.
+        boot = bootstrap_config or RaftConfig(frozenset())
+        self.bootstrap_members = boot.voters | boot.learners
+        """The config before entry 1 (not itself an entry): `_send_append` needs it."""
         base = snap_config or bootstrap_config or RaftConfig(frozenset())
         self.committed_config = base
         self.pending_configs: list[tuple[int, RaftConfig]] = []
@@ -599,6 +602,13 @@ class Raft:
         pr = self.prs[to]
         if pr.is_paused():
             return False
+        # The bootstrap config is no log entry: a peer that did not bootstrap with it and
+        # replayed the log from index 1 would apply the membership changes onto an empty
+        # config and believe in a wrong quorum. Such a peer (a master added to a running
+        # group) gets a snapshot, which carries the config, when there is one.
+        outsider = self.bootstrap_members and to not in self.bootstrap_members
+        if pr.next == 1 and outsider and self.log.snapshot().meta.index > 0:
+            return self._send_snapshot(to, pr)
         try:
             prev_term = self.log.term(pr.next - 1)
             ents = self.log.entries_from(pr.next, self.opts.max_size_per_msg)

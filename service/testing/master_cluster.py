@@ -84,12 +84,24 @@ class MasterCluster:
                 return m
         raise KeyError(address)
 
+    def add_master_slot(self, name: str) -> MasterProcess:
+        """A master not started yet, on a new free port (for AddMaster: start it with
+        `start_master(name, join=True)`)."""
+        (port,) = free_ports(1)
+        m = MasterProcess(name, f"127.0.0.1:{port}", self.base / name, self.base / f"{name}.log")
+        self.masters[name] = m
+        return m
+
     def start(self) -> None:
         for name in self.masters:
             self.start_master(name)
         self.wait_ready(list(self.masters))
 
-    def start_master(self, name: str) -> None:
+    def start_master(
+        self, name: str, *, join: bool = False, env: Mapping[str, str] | None = None
+    ) -> None:
+        """Launch `name`; `join` starts it as a new member of the running group
+        (`join_existing`), `env` adds environment variables (failpoints)."""
         m = self.masters[name]
         ready = self.base / f"{name}.ready"
         ready.unlink(missing_ok=True)
@@ -113,11 +125,15 @@ class MasterCluster:
             "--ready-file",
             str(ready),
         ]
+        if join:
+            args += ["--set", "join_existing=true"]
         for k, v in self.overrides.items():
             args += ["--set", f"{k}={v}"]
         logf = m.log.open("ab")
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        m.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        m.proc = subprocess.Popen(
+            args, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, env=full_env
+        )
         logf.close()
 
     def wait_ready(self, names: list[str], timeout: float = 30.0) -> None:

@@ -11,7 +11,7 @@
     tessera table scan NAME [--columns a,b] [--where "id >= 10"]... [--limit N]
     tessera tablet locations TABLE
     tessera tserver list
-    tessera master list
+    tessera master list                 (master add | remove: service.tools.master_cmd)
 
 Every command takes `--masters HOST:PORT,...` or `--dir DIR` (a cluster started by `tessera
 cluster up`), `--timeout SECONDS` (the deadline of each call to the cluster, default 30), and,
@@ -45,10 +45,10 @@ from typing import Any
 
 from service.client import TableInfo, TesseraClient
 from service.client.client import AlterStep
-from service.common.errors import InvalidArgument, TesseraError
+from service.common.errors import InvalidArgument
 from service.common.partition import PartitionSchema, RangeSchema
 from service.common.schema import AddColumn, DropColumn, RenameColumn
-from service.tools.cli_args import run_parsed
+from service.tools.cli_args import exit_code_of_errors, run_parsed
 from service.tools.output import dumps, format_table
 from service.tools.table_syntax import (
     TYPE_NAMES,
@@ -121,19 +121,8 @@ def add_connection_args(
 
 def run_command(fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> Handler:
     """A handler running `fn` on a fresh event loop, errors as one stderr line and an exit code
-    (InvalidArgument: 2, any other TesseraError: 1)."""
-
-    def handler(args: argparse.Namespace) -> int:
-        try:
-            return asyncio.run(fn(args))
-        except InvalidArgument as e:
-            print(f"tessera: {e.message}", file=sys.stderr)
-            return 2
-        except TesseraError as e:
-            print(f"tessera: {e.message}", file=sys.stderr)
-            return 1
-
-    return handler
+    (`cli_args.exit_code_of_errors`)."""
+    return exit_code_of_errors(lambda args: asyncio.run(fn(args)))
 
 
 def _client(args: argparse.Namespace) -> TesseraClient:
@@ -383,9 +372,19 @@ async def master_list(args: argparse.Namespace) -> int:
         print(dumps(masters))
         return 0
     rows = [
-        (m.uuid, m.address, m.role, m.term, m.committed_index, m.error or None) for m in masters
+        (
+            m.uuid,
+            m.address,
+            m.role,
+            m.member_type,
+            m.term or None,
+            m.committed_index,
+            m.error or None,
+        )
+        for m in masters
     ]
-    print(format_table(rows, ["uuid", "address", "role", "term", "committed index", "error"]))
+    cols = ["uuid", "address", "role", "member", "term", "committed index", "error"]
+    print(format_table(rows, cols))
     return 0
 
 

@@ -12,6 +12,8 @@
     tessera cluster ksck (--masters A,B|--dir DIR)     (service.tools.ksck_cmd)
     tessera table create|list|describe|alter|delete|scan ...,  tablet locations,
     tessera tserver list,  master list                  (service.tools.admin_cmd)
+    tessera master add [HOST:PORT] | remove MASTER (--masters A,B|--dir DIR)
+                                                        (service.tools.master_cmd)
     tessera cluster rebalance (--masters A,B|--dir DIR) [--report-only|--apply] [--max-moves N]
     tessera replica add|remove|move TABLET ... (--masters A,B|--dir DIR)
                                                         (service.tools.rebalance_cmd)
@@ -146,12 +148,20 @@ def build_parser() -> argparse.ArgumentParser:
     trun.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     trun.add_argument("--ready-file")
 
-    from service.tools import admin_cmd, cluster_cmd, jobs_cmd, ksck_cmd, rebalance_cmd
+    from service.tools import (
+        admin_cmd,
+        cluster_cmd,
+        jobs_cmd,
+        ksck_cmd,
+        master_cmd,
+        rebalance_cmd,
+    )
 
     cluster_sub = cluster_cmd.register(sub)
     ksck_cmd.add_ksck(cluster_sub)
     rebalance_cmd.register_rebalance(cluster_sub)
     admin_cmd.register(sub)  # after `master` and `tserver`: `list` joins those groups
+    master_cmd.register(sub)
     rebalance_cmd.register_replica(sub)
     jobs_cmd.register(sub)
 

@@ -3,9 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 
-__all__ = ["int_at_least", "run_parsed"]
+from service.common.errors import InvalidArgument, TesseraError
+
+__all__ = ["exit_code_of_errors", "int_at_least", "run_parsed"]
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def exit_code_of_errors(fn: Handler) -> Handler:
+    """`fn` with errors turned into one stderr line and an exit code: InvalidArgument (a usage
+    error) 2, any other TesseraError (refused, unreachable) 1."""
+
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except InvalidArgument as e:
+            print(f"tessera: {e.message}", file=sys.stderr)
+            return 2
+        except TesseraError as e:
+            print(f"tessera: {e.message}", file=sys.stderr)
+            return 1
+
+    return handler
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:

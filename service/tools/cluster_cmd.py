@@ -26,9 +26,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from service.common.errors import InvalidArgument, TesseraError
+from service.common.errors import InvalidArgument
 from service.tools import local_cluster
-from service.tools.cli_args import int_at_least
+from service.tools.cli_args import exit_code_of_errors, int_at_least
 from service.tools.healthcheck import ClusterStatus, ServerStatus, status_of_masters
 
 __all__ = ["build_parser", "format_status", "main", "register", "run"]
@@ -211,15 +211,7 @@ def register(
 
 def run(args: argparse.Namespace) -> int:
     """Run the handler `register` attached to the parsed action; errors become exit codes."""
-    try:
-        code: int = args.handler(args)
-        return code
-    except InvalidArgument as e:
-        print(f"tessera: {e.message}", file=sys.stderr)
-        return 2
-    except TesseraError as e:
-        print(f"tessera: {e.message}", file=sys.stderr)
-        return 1
+    return exit_code_of_errors(args.handler)(args)
 
 
 def build_parser() -> argparse.ArgumentParser:

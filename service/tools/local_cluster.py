@@ -50,6 +50,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,6 +67,7 @@ from service.tools.healthcheck import ClusterStatus, ServerStatus, probe_masters
 
 __all__ = ["CLUSTER_FILE", "ClusterRecord", "LocalClusterError", "ServerRecord", "Stopped"]
 __all__ += ["down", "is_running", "load_record", "master_addresses", "status", "up"]
+__all__ += ["add_master", "remove_master"]
 
 CLUSTER_FILE = "cluster.json"
 FORMAT = 1
@@ -283,10 +285,12 @@ def _check_config(record: ClusterRecord) -> None:
             load_config(cls, conf, dict(parse_override(s) for s in settings))
 
 
-def _spawn(record: ClusterRecord, server: ServerRecord) -> _Launch:
+def _spawn(record: ClusterRecord, server: ServerRecord, *, join: bool = False) -> _Launch:
     ready = record.dir / "run" / f"{server.name}.ready"
     ready.unlink(missing_ok=True)
     conf, settings = _settings(record, server)
+    if join:
+        settings.append("join_existing=true")
     args = [sys.executable, "-m", _MODULES[server.kind], "--conf", conf]
     for s in settings:
         args += ["--set", s]
@@ -525,6 +529,93 @@ async def _wait_serving(
                 f" {probe.leader} after {timeout:g}s (see their logs in {record.dir / 'logs'})"
             )
         await asyncio.sleep(0.1)
+
+
+# --- master membership -----------------------------------------------------------------------
+
+
+def add_master(
+    dir: Path | str, *, timeout: float = 60.0, progress: Progress | None = None
+) -> ServerRecord:
+    """Start one more master for the running cluster in DIR and add it to the group.
+
+    The new master gets the next free name and a free port, starts with `join_existing` and an
+    empty data dir, and AddMaster makes it a voter once it has caught up (`master_membership`).
+    It is recorded in cluster.json as soon as it runs, so `down` stops it even if the AddMaster
+    fails; on failure it is stopped and forgotten again."""
+    from service.client.client import TesseraClient
+
+    record = load_record(dir)
+    say = progress or (lambda _line: None)
+    if not any(is_running(m) for m in record.masters):
+        raise LocalClusterError(
+            f"no master of the cluster in {record.dir} is running: start it with "
+            f"`tessera cluster up --dir {record.dir}`"
+        )
+    taken = {m.name for m in record.masters}
+    name = next(f"master-{i}" for i in range(1, len(taken) + 2) if f"master-{i}" not in taken)
+    (port,) = free_ports(1)
+    data_dir = record.dir / "data" / name
+    if data_dir.exists():
+        shutil.rmtree(data_dir)  # left by a master removed earlier: a new master starts empty
+    server = ServerRecord(
+        name, "master", f"127.0.0.1:{port}", str(data_dir), str(record.dir / "logs" / f"{name}.log")
+    )
+    grown = replace(record, masters=(*record.masters, server))
+    launch = _spawn(grown, server, join=True)
+    _save(_with(grown, [launch.server]))
+    try:
+        _wait_ready(launch, time.monotonic() + timeout, timeout)
+        say(f"starting {name} ... ok (pid {launch.server.pid}, {launch.server.address})")
+
+        async def add() -> None:
+            async with TesseraClient(record.master_addresses, timeout=timeout) as client:
+                await client.add_master(launch.server.address)
+
+        asyncio.run(add())
+        say(f"adding {name} to the group ... ok (a voter, caught up)")
+    except BaseException:
+        if launch.server.pid is not None:
+            _stop([launch.server.pid], grace=5.0)
+        _save(record)
+        raise
+    _save(_with(grown, [launch.server]))
+    return launch.server
+
+
+def remove_master(
+    dir: Path | str,
+    master: str,
+    *,
+    timeout: float = 60.0,
+    grace: float = 10.0,
+    progress: Progress | None = None,
+) -> ServerRecord:
+    """Remove a master (its name, address or uuid) of the cluster in DIR from the group, then
+    stop its process, delete its data dir (it can never rejoin with that data) and drop it from
+    cluster.json."""
+    from service.client.client import TesseraClient
+
+    record = load_record(dir)
+    say = progress or (lambda _line: None)
+    found = [m for m in record.masters if master in (m.name, m.address, m.uuid)]
+    if not found:
+        names = ", ".join(f"{m.name} ({m.address})" for m in record.masters)
+        raise LocalClusterError(f"no master {master!r} in the cluster in {record.dir}: {names}")
+    server = found[0]
+
+    async def remove() -> None:
+        async with TesseraClient(record.master_addresses, timeout=timeout) as client:
+            await client.remove_master(server.address)
+
+    asyncio.run(remove())
+    say(f"removing {server.name} from the group ... ok")
+    if is_running(server) and server.pid is not None:
+        outcome = "killed" if _stop([server.pid], grace) else "stopped"
+        say(f"stopping {server.name} ... {outcome}")
+    shutil.rmtree(server.data_dir, ignore_errors=True)
+    _save(replace(record, masters=tuple(m for m in record.masters if m.name != server.name)))
+    return server
 
 
 # --- status ----------------------------------------------------------------------------------

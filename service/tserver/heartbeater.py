@@ -25,6 +25,14 @@ changed and this master is the leader, so a new tablet leader is reported within
 not a full interval. After `max_failures_before_backoff` consecutive failures the loop backs off
 exponentially up to 10 intervals. A server that loses every master keeps serving data: nothing
 here gates the data path.
+
+Membership (AddMaster/RemoveMaster): `master_addresses` from the configuration is only where
+the loops start. Every answer carries the masters of the answering master's latest config. A
+master new to any such list gets its own loop at once (an added master must have a warm
+registry before it can win an election, and a server must know it before every master it was
+configured with is removed); the loop of a master stops only when the leader's list no longer
+has it, since a follower may not have applied the latest change yet and a removed master may
+never learn it was removed. All without a restart.
 """
 
 from __future__ import annotations
@@ -47,6 +55,21 @@ log = logging.getLogger(__name__)
 
 MIN_GAP_S = 0.05
 SOFTWARE_VERSION = "tessera-0.1"
+
+
+@dataclass
+class _Loop:
+    """The heartbeat loop of one master: its view, channel, wake-up event and task."""
+
+    view: MasterView
+    channel: grpc.aio.Channel
+    wake: asyncio.Event
+    task: asyncio.Task[None]
+
+    async def stop(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.task
+        await self.channel.close(None)
 
 
 @dataclass
@@ -88,33 +111,56 @@ class Heartbeater:
         self.max_failures = max_failures_before_backoff
         self.on_master_term = on_master_term
         self.highest_term = highest_term
-        self._tasks: list[asyncio.Task[None]] = []
-        self._channels: list[grpc.aio.Channel] = []
-        self._wake: list[asyncio.Event] = []
+        self._loops: dict[str, _Loop] = {}
+        self._closed = False
         tablets.listeners.append(lambda _tid: self._on_change())
 
     async def start(self) -> None:
         for v in self.views:
-            ch = grpc.aio.insecure_channel(v.address)
-            ev = asyncio.Event()
-            self._channels.append(ch)
-            self._wake.append(ev)
-            stub = mpb_grpc.MasterServiceStub(ch)
-            self._tasks.append(asyncio.create_task(self._loop(v, stub, ev), name=f"hb-{v.address}"))
+            self._start_loop(v)
+
+    def _start_loop(self, v: MasterView) -> None:
+        ch = grpc.aio.insecure_channel(v.address)
+        ev = asyncio.Event()
+        stub = mpb_grpc.MasterServiceStub(ch)
+        task = asyncio.create_task(self._loop(v, stub, ev), name=f"hb-{v.address}")
+        self._loops[v.address] = _Loop(v, ch, ev, task)
 
     async def aclose(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        for ch in self._channels:
-            await ch.close(None)
+        self._closed = True
+        loops = list(self._loops.values())
+        self._loops.clear()
+        for lp in loops:
+            lp.task.cancel()
+        for lp in loops:
+            await lp.stop()
 
     def _on_change(self) -> None:
-        for v, ev in zip(self.views, self._wake, strict=False):
-            if v.is_leader:
-                ev.set()
+        for lp in self._loops.values():
+            if lp.view.is_leader:
+                lp.wake.set()
+
+    def _follow_membership(self, addresses: list[str], *, from_leader: bool) -> None:
+        """A master named the group's masters: start loops for new ones; if it is the leader,
+        stop the loops of masters it no longer names (docstring)."""
+        if self._closed or not addresses:
+            return
+        for address in addresses:
+            if address not in self._loops:
+                log.info("master %s joined the group: heartbeating to it", address)
+                v = MasterView(address)
+                self.views.append(v)
+                self._start_loop(v)
+        if not from_leader:
+            return
+        wanted = set(addresses)
+        for address in [a for a in self._loops if a not in wanted]:
+            log.info("master %s left the group: no longer heartbeating to it", address)
+            lp = self._loops.pop(address)
+            self.views = [v for v in self.views if v is not lp.view]
+            lp.task.cancel()
+            # Not awaited here (this runs inside a loop, possibly the one being stopped).
+            asyncio.get_running_loop().create_task(lp.stop())
 
     def leader_address(self) -> str | None:
         for v in self.views:
@@ -219,3 +265,8 @@ class Heartbeater:
             v.needs_full = True
         if resp.needs_full_tablet_report:
             v.needs_full = True
+        if resp.master_addresses:
+            self._follow_membership(
+                [f"{h.host}:{h.port}" for h in resp.master_addresses if h.host and h.port],
+                from_leader=resp.leader_master,
+            )

@@ -210,12 +210,12 @@ def test_ddl_failover_exactly_once_and_bad_input(cluster: MasterCluster) -> None
             )
             assert me.role == pb.LEADER and me.committed_index > 0 and me.term > 0
 
-            # Unimplemented RPCs say so, by name; bad input names the field.
+            # Bad input names the field.
             err = _error(
                 lambda: masters[leader].AddMaster(pb.AddMasterRequestPB(), timeout=RPC_TIMEOUT)
             )
-            assert err.code() == grpc.StatusCode.UNIMPLEMENTED
-            assert "AddMaster" in (err.details() or "")
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "rpc_address" in (err.details() or "")
             err = _error(
                 lambda: masters[leader].MoveReplica(pb.MoveReplicaRequestPB(), timeout=RPC_TIMEOUT)
             )

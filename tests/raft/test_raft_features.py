@@ -14,7 +14,7 @@ from service.raft import (
     ProposalDropped,
     Role,
 )
-from service.testing.raft_harness import Cluster
+from service.testing.raft_harness import Cluster, encode_kv
 
 # -- pre-vote and check-quorum (thesis §9.6, §6.2) --------------------------------------------
 
@@ -77,6 +77,35 @@ def test_add_learner_catches_up_then_promote_to_voter() -> None:
     assert c.role("d") is Role.FOLLOWER
     assert c.node("a").raft.config.voters == {"a", "b", "c", "d"}
     assert c.node("a").raft.config.quorum() == 3
+
+
+def test_a_node_outside_the_bootstrap_config_is_sent_a_snapshot_not_the_log() -> None:
+    """The bootstrap config is not a log entry. A node that joins later and replayed the log
+    from index 1 would apply ADD_LEARNER/PROMOTE of itself onto an empty config and believe it
+    is the only voter (a quorum of one: it could elect itself). When the leader has a snapshot,
+    such a node is sent the snapshot, which carries the config, and agrees with the leader."""
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    for i in range(10):
+        c.propose("a", b"k=%d" % i)
+    a = c.nodes[NodeId("a")]  # a snapshot exists, and the whole log is still there
+    a.storage.create_snapshot(a.node.raft.log.applied, a.applied_config, encode_kv(a.kv))
+    assert a.node.raft.log.first_index() == 1
+    c.add_node("d")
+    c.change("a", ConfigChangeType.ADD_LEARNER, "d")
+    c.tick("a", 2)
+    assert [m for m in c.delivered if m.type is MessageType.SNAP and m.to == "d"]
+    c.change("a", ConfigChangeType.PROMOTE, "d")
+    c.tick("a", 2)
+    assert c.node("d").raft.config.voters == c.node("a").raft.config.voters == {"a", "b", "c", "d"}
+    assert c.node("d").raft.config.quorum() == 3
+    assert c.nodes[NodeId("d")].kv == c.nodes[NodeId("a")].kv
+    # A bootstrap member that lags is still sent the log, not a snapshot.
+    c.isolate("c")
+    c.propose("a", b"x=1")
+    c.heal()
+    c.tick("a", 2)
+    assert not [m for m in c.delivered if m.type is MessageType.SNAP and m.to == "c"]
 
 
 def test_config_change_compare_and_set_refuses_stale_expected_index() -> None:

@@ -1,0 +1,231 @@
+"""AddMaster and RemoveMaster: changing the membership of sys.catalog's Raft group.
+
+The masters are the voters of one Raft group, so adding or removing a master is one Raft
+membership change at a time (Raft thesis 4.1, seed 004's one-by-one changes), proposed by the
+leader with a compare-and-set on the committed config's index:
+
+AddMaster(address)
+  1. The new master's uuid is derived from its address (`master.master_uuid`), as for every
+     master. A uuid given in the request must match it.
+  2. The new master must be running and must not be serving a group of its own: it is asked
+     ConnectToMaster, and it must answer with that uuid and not as a leader. It is started with
+     `join_existing = true` and an empty data dir, so it waits outside any config.
+  3. The leader takes a snapshot, then proposes ADD_LEARNER with the address and the promote
+     mark. It ships the new master sys.catalog as that snapshot, never as the log from index 1:
+     the group's first config was bootstrapped, not logged, so a master that replayed the log
+     would apply every membership change onto an empty config and count a wrong quorum (found
+     by this module's tests; `Raft._send_append`). Then `RaftNode._maybe_promote` turns it
+     into a voter once its log has caught up (seed 004's PRE_VOTER), so the quorum never counts
+     on a master that cannot vote sensibly yet.
+  4. The call returns once the master is a voter in the committed config, or fails with
+     TIMED_OUT naming what is left (the change itself stays: the master is promoted when it
+     catches up).
+
+  A master that is already a voter is a success with nothing done, so a call retried after a
+  leader failover (the first attempt may have committed) does not fail.
+
+RemoveMaster(uuid or address)
+  - NOT_FOUND if no member has that uuid or address; FAILED_PRECONDITION for the last voter.
+  - The leader does not remove itself while leading: it hands leadership to the most caught-up
+    other voter and answers NOT_THE_LEADER naming it, so the client's retry reaches the new
+    leader, which removes it (Kudu refuses instead; handing over is what an operator would do
+    next anyway).
+  - REMOVE, with compare-and-set. The removed master is no longer asked for votes or sent the
+    log; it should then be shut down (`tessera master remove --dir` does so for a local cluster)
+    and its data dir wiped before the address is used again: its peers remember its incarnation
+    (`transport.Incarnations`).
+
+Tablet servers learn the new membership from heartbeat responses (`master_addresses` is the
+leader's current config), so they heartbeat to an added master and stop heartbeating to a
+removed one without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import TYPE_CHECKING
+
+import grpc
+import grpc.aio
+
+from service.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    NotTheLeader,
+    Timeout,
+    from_grpc,
+)
+from service.common.ids import NodeId
+from service.pb import master_pb2 as pb
+from service.pb import master_pb2_grpc
+from service.raft import ConfigChangeType, Role
+
+if TYPE_CHECKING:
+    from service.consensus.node import RaftNode
+    from service.master.master import MasterServer
+
+__all__ = ["MasterMembership", "master_uuid"]
+
+PROBE_TIMEOUT_S = 3.0
+"""Deadline of the ConnectToMaster asked of a master about to be added."""
+POLL_S = 0.05
+"""Pause between checks of the config while waiting for a promotion or a leader change."""
+
+
+_NOT_IN_NODE_ID = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def master_uuid(address: str) -> NodeId:
+    """The uuid of the master reachable at `address` (host:port): ``master-<host>-<port>``
+    (`master` module docstring: identity)."""
+    host, _, port = address.rpartition(":")
+    raw = f"master-{_NOT_IN_NODE_ID.sub('-', host.strip('[]'))}-{port}"
+    return NodeId(raw[:64])
+
+
+class MasterMembership:
+    """The leader's side of AddMaster/RemoveMaster (module docstring)."""
+
+    def __init__(self, master: MasterServer) -> None:
+        self.master = master
+
+    # --- AddMaster ----------------------------------------------------------------------------
+
+    async def add(self, address: str, uuid: str, timeout: float) -> NodeId:
+        """Add the master at `address` as a voter (module docstring); returns its uuid."""
+        node = self._leader_node()
+        _check_address(address)
+        derived = master_uuid(address)
+        if uuid and uuid != derived:
+            raise InvalidArgument(
+                f"uuid: the master at {address} has uuid {derived!r} (derived from its address), "
+                f"not {uuid!r}"
+            )
+        deadline = time.monotonic() + timeout
+        config = node.status().committed_config
+        if derived in config.voters:
+            return derived
+        if derived not in config.learners:
+            await self._probe(address, derived)
+            # The new master must start from a snapshot (`Raft._send_append`): make one.
+            await node.snapshot_now(timeout=_left(deadline, "taking a snapshot"))
+            await node.change_config(
+                ConfigChangeType.ADD_LEARNER,
+                derived,
+                address=address,
+                expected_index=node.applied_config.index,
+                timeout=_left(deadline, f"adding master {derived}"),
+            )
+        while time.monotonic() < deadline:
+            st = node.status()
+            if st.role is not Role.LEADER:
+                raise node.not_leader_error()
+            if derived in st.committed_config.voters:
+                return derived
+            await asyncio.sleep(POLL_S)
+        match = node.status().progress.get(derived)
+        raise Timeout(
+            f"master {derived} ({address}) was added as a non-voter but has not caught up within "
+            f"{timeout:.0f}s (replicated to index {match.match if match else 0} of "
+            f"{node.status().commit}); it is promoted to voter when it does"
+        )
+
+    async def _probe(self, address: str, uuid: NodeId) -> None:
+        """The master to add must be up, have `uuid`, and not lead a group of its own."""
+        try:
+            async with grpc.aio.insecure_channel(address) as channel:
+                stub = master_pb2_grpc.MasterServiceStub(channel)
+                resp: pb.ConnectToMasterResponsePB = await stub.ConnectToMaster(
+                    pb.ConnectToMasterRequestPB(), timeout=PROBE_TIMEOUT_S
+                )
+                masters: pb.ListMastersResponsePB = await stub.ListMasters(
+                    pb.ListMastersRequestPB(), timeout=PROBE_TIMEOUT_S
+                )
+        except grpc.aio.AioRpcError as e:
+            raise FailedPrecondition(
+                f"master to add at {address} did not answer ({from_grpc(e)}): start it first, "
+                "with join_existing = true and an empty data dir"
+            ) from None
+        own = [e for e in masters.masters if e.instance.instance_seqno]
+        reported = own[0].instance.permanent_uuid if own else ""
+        if reported and reported != uuid:
+            raise FailedPrecondition(
+                f"the server at {address} is master {reported!r}, not {uuid!r}: it was started "
+                "with another advertised address"
+            )
+        if resp.role == pb.LEADER:
+            raise FailedPrecondition(
+                f"master at {address} leads a group of its own (term {resp.term}): restart it "
+                "with join_existing = true and an empty data dir"
+            )
+
+    # --- RemoveMaster -------------------------------------------------------------------------
+
+    async def remove(self, uuid: str, address: str, timeout: float) -> NodeId:
+        """Remove the master named by `uuid` or `address` (module docstring)."""
+        m = self.master
+        node = self._leader_node()
+        if not uuid and not address:
+            raise InvalidArgument("uuid or rpc_address: name the master to remove")
+        config = node.status().committed_config
+        members = sorted(config.voters | config.learners)
+        target = None
+        for member in members:
+            if (uuid and member == uuid) or (address and m.address_of(member) == address):
+                target = member
+                break
+        if target is None:
+            raise NotFound(
+                f"no master {uuid or address!r} in the group (members: "
+                f"{', '.join(f'{x} ({m.address_of(x)})' for x in members)})"
+            )
+        if target in config.voters and len(config.voters) == 1:
+            raise FailedPrecondition(f"master {target} is the only voter: the group needs one")
+        deadline = time.monotonic() + timeout
+        if target == m.uuid:
+            await self._hand_over(deadline)
+        await node.change_config(
+            ConfigChangeType.REMOVE,
+            target,
+            expected_index=node.applied_config.index,
+            timeout=_left(deadline, f"removing master {target}"),
+        )
+        return target
+
+    async def _hand_over(self, deadline: float) -> None:
+        """The leader is to be removed: make the most caught-up other voter leader, and send the
+        caller there (NOT_THE_LEADER with the new leader's address)."""
+        m = self.master
+        node = self._leader_node()
+        st = node.status()
+        others = [v for v in st.committed_config.voters if v != m.uuid]
+        target = max(others, key=lambda v: st.progress[v].match if v in st.progress else 0)
+        await node.transfer_leadership(target, timeout=_left(deadline, "handing leadership over"))
+        raise NotTheLeader(
+            f"master {m.uuid} handed leadership to {target} so that it can be removed; retry there",
+            leader_uuid=target,
+            leader_address=m.address_of(target),
+        )
+
+    def _leader_node(self) -> RaftNode:
+        node = self.master.node
+        assert node is not None
+        if node.status().role is not Role.LEADER:
+            raise node.not_leader_error()
+        return node
+
+
+def _check_address(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"rpc_address: {address!r} is not host:port with a port in 1..65535")
+
+
+def _left(deadline: float, what: str) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise Timeout(f"out of time before {what}")
+    return left
