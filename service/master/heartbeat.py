@@ -123,7 +123,7 @@ async def handle_heartbeat(
     reported = decode_report(request.tablet_report) if has_report and ctx.leading else []
 
     ts = ctx.ts_manager
-    outcome = ts.heartbeat(instance, registration)
+    outcome = ts.heartbeat(instance, registration, request.num_leaders)
     acked = 0
     if ctx.leading and has_report and not outcome.needs_reregister:
         uuid = instance.permanent_uuid

@@ -331,7 +331,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         """Every registered tablet server (live or dead; servers are never forgotten), sorted by
         uuid, all as of one instant. Leader only: a follower's registry is warm too (seed 001),
         but answers come from the leader like every other catalog-facing call. `num_leaders` is
-        not tracked yet and stays 0."""
+        what each server said in its last heartbeat."""
         self._leader_catalog()
         ts_manager = self.master.ts_manager
         assert ts_manager is not None
@@ -532,6 +532,7 @@ def _tablet_server_pb(d: TSDescriptor) -> pb.ListTabletServersResponsePB.Entry:
         live=d.live,
         millis_since_heartbeat=max(0, int(d.heartbeat_age_s * 1000)),
         num_replicas=d.total_replicas,
+        num_leaders=d.num_leaders,
     )
 
 

@@ -146,6 +146,9 @@ class TSDescriptor:
     """Replicas hosted, per the catalog (the sum of `replicas_by_table`)."""
     replicas_by_table: Mapping[str, int] = field(hash=False)
     """Table id -> replicas of that table on the server, per the catalog (read-only)."""
+    num_leaders: int = 0
+    """Replicas leading their tablet, as the server said in its last heartbeat (a live figure
+    from the server, not the catalog: leadership moves without any catalog write)."""
 
     @property
     def rpc_address(self) -> str:
@@ -195,6 +198,8 @@ class TSRecord:
     request_seq: int = 0
     """Incremented by every request for a full report, registrations included, so a
     `ReportToken` from an older request can never clear a newer one."""
+    num_leaders: int = 0
+    """From the last heartbeat (`TSHeartbeatRequestPB.num_leaders`)."""
 
     @classmethod
     def register_new(
@@ -283,4 +288,5 @@ class TSRecord:
             needs_full_report=self.full_report_pending,
             total_replicas=sum(counts.values()),
             replicas_by_table=counts,
+            num_leaders=self.num_leaders,
         )

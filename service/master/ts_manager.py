@@ -122,9 +122,13 @@ class TSManager:
     # --- the heartbeat path ------------------------------------------------------------------
 
     def heartbeat(
-        self, instance: NodeInstance, registration: TSRegistration | None = None
+        self,
+        instance: NodeInstance,
+        registration: TSRegistration | None = None,
+        num_leaders: int | None = None,
     ) -> HeartbeatOutcome:
         """Handle steps 1-3 of a heartbeat (module docstring) and say what to answer.
+        `num_leaders` is the server's own count of replicas it leads (kept for listings).
 
         Raises `FailedPrecondition` for a registration from a former process (lower seqno).
         """
@@ -137,6 +141,8 @@ class TSManager:
             return HeartbeatOutcome(needs_reregister=True, needs_full_report=True)
         now = self._clock.monotonic()
         record.heartbeat(now)
+        if num_leaders is not None:
+            record.num_leaders = num_leaders
         return HeartbeatOutcome(
             needs_reregister=False,
             needs_full_report=record.full_report_pending,

@@ -348,7 +348,6 @@ async def tserver_list(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(dumps(servers))
         return 0
-    # No leaders column: the master does not track leaders per server yet (always 0).
     rows = [
         (
             s.uuid,
@@ -356,11 +355,12 @@ async def tserver_list(args: argparse.Namespace) -> int:
             "live" if s.live else "NOT LIVE",
             s.millis_since_heartbeat,
             s.num_replicas,
+            s.num_leaders,
             s.location or None,
         )
         for s in servers
     ]
-    cols = ["uuid", "address", "state", "ms since heartbeat", "replicas", "location"]
+    cols = ["uuid", "address", "state", "ms since heartbeat", "replicas", "leaders", "location"]
     print(format_table(rows, cols))
     return 0
 

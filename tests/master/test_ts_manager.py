@@ -64,6 +64,19 @@ def test_registration_records_the_server_live_and_due_a_full_report(
     assert mgr.lookup(inst("ts-1", 4)) is None and mgr.lookup(inst("ts-2", 5)) is None
 
 
+def test_num_leaders_is_the_server_s_latest_figure(mgr: TSManager) -> None:
+    """Leadership moves without catalog writes: the listing shows what the server last said."""
+    mgr.heartbeat(inst("ts-1", 5), reg(), num_leaders=3)
+    assert mgr.lookup(inst("ts-1", 5)).num_leaders == 3  # type: ignore[union-attr]
+    mgr.heartbeat(inst("ts-1", 5), num_leaders=1)
+    assert mgr.lookup(inst("ts-1", 5)).num_leaders == 1  # type: ignore[union-attr]
+    mgr.heartbeat(inst("ts-1", 5))  # a caller with no figure leaves it as it was
+    assert mgr.lookup(inst("ts-1", 5)).num_leaders == 1  # type: ignore[union-attr]
+    # An unknown process's figure is not recorded.
+    assert mgr.heartbeat(inst("ts-1", 9), num_leaders=7).needs_reregister
+    assert mgr.lookup(inst("ts-1", 5)).num_leaders == 1  # type: ignore[union-attr]
+
+
 def test_unknown_uuid_heartbeating_without_registration_must_reregister(mgr: TSManager) -> None:
     out = mgr.heartbeat(inst("ts-1"))
     assert out.needs_reregister and out.needs_full_report

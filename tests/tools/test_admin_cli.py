@@ -233,6 +233,18 @@ def test_tserver_and_master_list(run: Run, cluster: MiniCluster) -> None:
     servers = json.loads(out)
     assert {s["address"] for s in servers} == {ts.address for ts in cluster.tservers.values()}
     assert all(s["live"] for s in servers)
+    # Every tablet has one leader, and servers say how many they lead in their heartbeats.
+    code, out, _ = run("table", "list", "--format", "json")
+    tablets = sum(t["num_tablets"] for t in json.loads(out))
+
+    def leaders() -> int:
+        _, out, _ = run("tserver", "list", "--format", "json")
+        return sum(s["num_leaders"] for s in json.loads(out))
+
+    deadline = time.monotonic() + 10
+    while leaders() != tablets and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leaders() == tablets > 0
 
     code, out, _ = run("master", "list", "--format", "json")
     masters = json.loads(out)
