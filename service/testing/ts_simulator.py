@@ -44,6 +44,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,6 +203,11 @@ class Simulator:
         self._counter = 0
         self.hold_creates = False
         """Tests: refuse CreateTablet (UNAVAILABLE) while set, to keep creates pending."""
+        self.send_reports = True
+        """Tests: while False, heartbeats carry no tablet report at all (liveness only), so a
+        master knows replicas only from its catalog (the KUDU-1353 scenario)."""
+        self.full_reports: Counter[tuple[str, str]] = Counter()
+        """(server uuid, master address) -> full tablet reports that master acknowledged."""
         self.heartbeat_latencies: list[float] = []
         self.heartbeats_failed = 0
         self._server: grpc.aio.Server | None = None
@@ -368,7 +374,7 @@ class Simulator:
                 req.registration.location = self.location
         sent: dict[str, tuple[int, int, int]] = {}
         full = False
-        if link.registered and link.leader:
+        if link.registered and link.leader and self.send_reports:
             full = link.need_full
             report = req.tablet_report
             report.is_incremental = not full
@@ -402,6 +408,7 @@ class Simulator:
         link.registered = True
         if sent and resp.acked_report_sequence_number == link.seq:
             if full:
+                self.full_reports[(s.uuid, link.address)] += 1
                 link.acked = sent
             else:
                 link.acked.update(sent)
