@@ -66,22 +66,8 @@ Rows are kept as frozen dataclasses (decoded and validated once, at apply) toget
 exact bytes of their record: the snapshot writes those bytes back, so it needs no re-encoding
 (re-encoding a decoded schema could canonicalize it differently) and round-trips exactly.
 
-Request ids
------------
-A result is remembered per (client id, seq no) with the index it took effect at. The table is
-bounded, deterministically (the bounds are constructor arguments, written into every snapshot,
-and must be equal on every replica; `restore` refuses a snapshot made with other bounds):
-
-* per client, at most `max_results_per_client` results: beyond, the lowest seq no is forgotten;
-* a result is forgotten once `request_retention_entries` log entries have been applied after
-  it (age measured in log index, never in time); a client whose last result is forgotten is
-  forgotten altogether;
-* a client's `first_incomplete_seq_no` lets the results below it be forgotten early.
-
-Forgetting a result raises the client's low-water mark: a retry of a forgotten request is
-refused as stale (FAILED_PRECONDITION) rather than executed twice. Once a whole client is
-forgotten (no request of it for the retention window), a very late retry would run again; the
-catalog manager's preconditions (name taken, row versions) still stop most such repeats.
+Request ids: `request_table` (remembered results, their deterministic bounds, and why a
+forgotten request is refused as stale rather than run twice).
 """
 
 from __future__ import annotations
@@ -89,9 +75,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeAlias, TypeVar, cast
 
 from google.protobuf.message import DecodeError
@@ -125,6 +110,7 @@ from service.master.catalog_records import (
     record_message,
     request_id_from_pb,
 )
+from service.master.request_table import RememberedResult, RequestTable
 from service.pb import master_pb2 as pb
 
 __all__ = [
@@ -180,15 +166,6 @@ class Refusal:
 
 
 @dataclass(frozen=True)
-class RememberedResult:
-    client_id: str
-    seq_no: int
-    index: int  # the log index at which the request took effect
-    operation: str
-    response: bytes
-
-
-@dataclass(frozen=True)
 class ApplyResult:
     """What applying one entry did; also what `RaftNode.propose` resolves to.
 
@@ -227,106 +204,6 @@ Listener: TypeAlias = Callable[[CatalogChange], None]
 
 
 @dataclass
-class _Client:
-    low_water: int = 0  # seq nos below are forgotten
-    results: dict[int, RememberedResult] = field(default_factory=dict)
-
-
-class _RequestTable:
-    """Remembered request results and their bounds (module docstring, "Request ids")."""
-
-    def __init__(self, retention_entries: int, max_per_client: int) -> None:
-        if retention_entries < 1 or max_per_client < 1:
-            raise InvalidArgument("request-id bounds must be >= 1")
-        self.retention_entries = retention_entries
-        self.max_per_client = max_per_client
-        self.clients: dict[str, _Client] = {}
-        # (index, client, seq) in apply order; entries of results already forgotten by other
-        # rules stay until they reach the front (checked against the result's index there).
-        self._by_index: deque[tuple[int, str, int]] = deque()
-
-    def lookup(self, req: RequestId, operation: str) -> RememberedResult | None:
-        client = self.clients.get(req.client_id)
-        if client is None:
-            return None
-        found = client.results.get(req.seq_no)
-        if found is not None:
-            if found.operation != operation:
-                raise InvalidArgument(
-                    f"request id {req} was used for {found.operation or 'another operation'}, "
-                    f"not {operation or 'this one'}"
-                )
-            return found
-        if req.seq_no < client.low_water:
-            raise FailedPrecondition(
-                f"request id {req} is stale: results of client {req.client_id!r} below seq_no "
-                f"{client.low_water} are forgotten, so its outcome is unknown"
-            )
-        return None
-
-    def remember(self, req: RequestId, index: int, operation: str, response: bytes) -> None:
-        client = self.clients.setdefault(req.client_id, _Client())
-        if req.first_incomplete_seq_no > client.low_water:
-            client.low_water = req.first_incomplete_seq_no
-            for seq in [s for s in client.results if s < client.low_water]:
-                del client.results[seq]
-        client.results[req.seq_no] = RememberedResult(
-            req.client_id, req.seq_no, index, operation, response
-        )
-        self._by_index.append((index, req.client_id, req.seq_no))
-        while len(client.results) > self.max_per_client:
-            lowest = min(client.results)
-            del client.results[lowest]
-            client.low_water = max(client.low_water, lowest + 1)
-
-    def expire(self, index: int) -> None:
-        """Forget results that took effect `retention_entries` or more entries before `index`."""
-        cutoff = index - self.retention_entries
-        q = self._by_index
-        while q and q[0][0] <= cutoff:
-            at, client_id, seq = q.popleft()
-            client = self.clients.get(client_id)
-            if client is None:
-                continue
-            found = client.results.get(seq)
-            if found is None or found.index != at:
-                continue
-            del client.results[seq]
-            client.low_water = max(client.low_water, seq + 1)
-            if not client.results:
-                del self.clients[client_id]
-
-    def to_pb(self) -> list[pb.ClientRequestsPB]:
-        out = []
-        for client_id in sorted(self.clients):
-            client = self.clients[client_id]
-            entry = pb.ClientRequestsPB(client_id=client_id, low_water_seq_no=client.low_water)
-            for seq in sorted(client.results):
-                r = client.results[seq]
-                entry.results.add(
-                    seq_no=seq, index=r.index, operation=r.operation, response=r.response
-                )
-            out.append(entry)
-        return out
-
-    def load(self, clients: Iterable[pb.ClientRequestsPB]) -> None:
-        self.clients = {}
-        ordered: list[tuple[int, str, int]] = []
-        for c in clients:
-            if not c.client_id or c.client_id in self.clients or not c.results:
-                raise Corruption(f"snapshot: bad request-id entry for client {c.client_id!r}")
-            client = _Client(low_water=c.low_water_seq_no)
-            for r in c.results:
-                client.results[r.seq_no] = RememberedResult(
-                    c.client_id, r.seq_no, r.index, r.operation, r.response
-                )
-                ordered.append((r.index, c.client_id, r.seq_no))
-            self.clients[c.client_id] = client
-        ordered.sort()
-        self._by_index = deque(ordered)
-
-
-@dataclass
 class _Staged:
     key: RowKey
     record: Record | None  # None: delete
@@ -350,7 +227,7 @@ class SysCatalogState:
         request_retention_entries: int = DEFAULT_REQUEST_RETENTION_ENTRIES,
         max_results_per_client: int = DEFAULT_MAX_RESULTS_PER_CLIENT,
     ) -> None:
-        self._requests = _RequestTable(request_retention_entries, max_results_per_client)
+        self._requests = RequestTable(request_retention_entries, max_results_per_client)
         self._rows: dict[EntryType, dict[str, Row[Record]]] = {t: {} for t in EntryType}
         self._data: dict[RowKey, bytes] = {}
         self._tablets_by_table: dict[str, set[str]] = {}
