@@ -141,7 +141,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start_sim(
-    masters: list[str], prefix: str, count: int, workdir: Path
+    masters: list[str], prefix: str, count: int, workdir: Path, *, stagger: bool = False
 ) -> tuple[subprocess.Popen[bytes], Path]:
     port_file = workdir / f"{prefix}.port"
     stats = workdir / f"{prefix}.stats"
@@ -160,6 +160,7 @@ def start_sim(
             str(port_file),
             "--stats-file",
             str(stats),
+            *(["--stagger"] if stagger else []),
         ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -264,7 +265,8 @@ async def processes(args: argparse.Namespace, workdir: Path) -> None:
             procs.remove(sim)
 
             # heartbeat: the big fleet, --replicas replicas in all.
-            fleet, stats = start_sim([address], "h", args.servers, workdir)
+            # Staggered: independent servers heartbeat at their own phase of the second.
+            fleet, stats = start_sim([address], "h", args.servers, workdir, stagger=True)
             procs.append(fleet)
             await wait_servers(stub, args.servers, prefix="h-")
             tablets = args.replicas // 3

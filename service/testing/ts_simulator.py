@@ -182,6 +182,7 @@ class Simulator:
         heartbeat_interval_s: float = 1.0,
         rpc_timeout_s: float = 5.0,
         location: str = "",
+        stagger: bool = False,
     ) -> None:
         if not masters:
             raise InvalidArgument("masters: give at least one master address")
@@ -192,6 +193,9 @@ class Simulator:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.rpc_timeout_s = rpc_timeout_s
         self.location = location
+        self.stagger = stagger
+        """Spread each round's heartbeats evenly over the interval, as independent servers
+        send them, instead of sending all at once (a burst no real fleet produces)."""
         seqno = time.time_ns() // 1000
         self.servers = {u: _Server(u, seqno) for u in uuids}
         for s in self.servers.values():
@@ -345,17 +349,24 @@ class Simulator:
             await asyncio.sleep(max(0.0, self.heartbeat_interval_s - elapsed))
 
     async def beat_once(self) -> None:
-        """One round: every live server heartbeats to every master, concurrently."""
+        """One round: every live server heartbeats to every master, concurrently (spread over
+        the interval with `stagger`)."""
         self.rounds += 1
         for g in self.groups.values():
             self._refresh(g)
-        calls = [
-            self._heartbeat(s, link)
-            for s in self.servers.values()
-            if s.up
-            for link in s.links.values()
-        ]
-        await asyncio.gather(*calls)
+        pairs = [(s, link) for s in self.servers.values() if s.up for link in s.links.values()]
+        if not self.stagger:
+            await asyncio.gather(*(self._heartbeat(s, link) for s, link in pairs))
+            return
+        step = self.heartbeat_interval_s / max(1, len(pairs))
+        t0 = time.monotonic()
+        tasks = []
+        for i, (s, link) in enumerate(pairs):
+            delay = t0 + i * step - time.monotonic()
+            if delay > 0.001:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(self._heartbeat(s, link)))
+        await asyncio.gather(*tasks)
 
     async def _heartbeat(self, s: _Server, link: _MasterLink) -> None:
         req = mpb.TSHeartbeatRequestPB(
@@ -620,6 +631,7 @@ async def _serve(args: argparse.Namespace) -> int:
         uuids_for(args.uuid, args.count),
         args.bind,
         args.heartbeat_interval_ms / 1000.0,
+        stagger=args.stagger,
     )
     await sim.start()
     stop = asyncio.Event()
@@ -682,6 +694,11 @@ def main(argv: Iterable[str] | None = None) -> int:
     p.add_argument("--port-file", help="write {address, pid, uuids} here once serving")
     p.add_argument("--stats-file", help="write heartbeat statistics here every second")
     p.add_argument("--heartbeat-interval-ms", type=int, default=1000)
+    p.add_argument(
+        "--stagger",
+        action="store_true",
+        help="spread each round's heartbeats over the interval, as independent servers do",
+    )
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.count < 1:
