@@ -306,12 +306,16 @@ class RaftNode:
         address: str | None = None,
         expected_index: int,
         timeout: float | None = None,
+        promote: bool = True,
     ) -> int:
-        """One membership change with compare-and-set; returns the new config's index."""
+        """One membership change with compare-and-set; returns the new config's index.
+
+        An ADD_LEARNER with `promote` is turned into a voter by the leader once caught up
+        (seed 004's PRE_VOTER); without it the learner stays a non-voter (a read replica)."""
         self._check_open()
         if type is ConfigChangeType.ADD_LEARNER and not address:
             raise InvalidArgument(f"adding {node} needs its address")
-        ctx = json.dumps({"address": address or "", "promote": True}).encode()
+        ctx = json.dumps({"address": address or "", "promote": promote}).encode()
         cc = ConfigChange(type, node, expected_index, ctx)
         fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
 

@@ -517,6 +517,33 @@ def test_learner_catches_up_by_snapshot_and_is_promoted(tmp_path: Path) -> None:
     run(tmp_path, scenario, settings=SNAPPY)
 
 
+def test_a_learner_added_without_promote_stays_a_non_voter(tmp_path: Path) -> None:
+    """promote=False: a read replica catches up and applies writes but is never made a voter."""
+
+    async def scenario(c: Cluster) -> None:
+        leader = await c.leader()
+        await write_keys(leader, range(10))
+        d = await c.start("d", None)
+        cfg = leader.status().committed_config
+        await leader.change_config(
+            ConfigChangeType.ADD_LEARNER,
+            NodeId("d"),
+            address=address("d"),
+            expected_index=cfg.index,
+            timeout=WAIT_S,
+            promote=False,
+        )
+        await leader.propose(b"after=1", timeout=WAIT_S)
+        await eventually(lambda: c.sms["d"].kv.get("after") == "1", "d applies new writes")
+        for _ in range(20):  # many leader ticks: _maybe_promote runs on each
+            await asyncio.sleep(0.05)
+        assert "d" in leader.status().committed_config.learners
+        assert "d" not in leader.status().config.voters
+        assert d.status().role is Role.LEARNER
+
+    run(tmp_path, scenario, settings=SNAPPY)
+
+
 def test_config_change_compare_and_set(tmp_path: Path) -> None:
     async def scenario(c: Cluster) -> None:
         leader = await c.leader()
