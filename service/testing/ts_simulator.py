@@ -44,7 +44,7 @@ import os
 import signal
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,6 +171,10 @@ class _Server:
     links: dict[str, _MasterLink] = field(default_factory=dict)
 
 
+RECENT_S = 10.0
+"""The window of the `recent_*` heartbeat statistics (a benchmark's steady-state window)."""
+
+
 class Simulator:
     """N simulated tablet servers sharing one admin port (module docstring)."""
 
@@ -213,6 +217,8 @@ class Simulator:
         self.full_reports: Counter[tuple[str, str]] = Counter()
         """(server uuid, master address) -> full tablet reports that master acknowledged."""
         self.heartbeat_latencies: list[float] = []
+        self.recent_latencies: deque[tuple[float, float]] = deque()
+        """(monotonic end time, latency) of the heartbeats of the last RECENT_S seconds."""
         self.heartbeats_failed = 0
         self._server: grpc.aio.Server | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -406,7 +412,12 @@ class Simulator:
             link.leader = False
             log.debug("heartbeat %s -> %s failed: %s", s.uuid, link.address, from_grpc(e))
             return
-        self.heartbeat_latencies.append(time.perf_counter() - t0)
+        latency = time.perf_counter() - t0
+        self.heartbeat_latencies.append(latency)
+        now = time.monotonic()
+        self.recent_latencies.append((now, latency))
+        while self.recent_latencies[0][0] < now - RECENT_S:
+            self.recent_latencies.popleft()
         if len(self.heartbeat_latencies) > 200_000:
             del self.heartbeat_latencies[:100_000]
         link.leader = resp.leader_master
@@ -660,6 +671,8 @@ async def _serve(args: argparse.Namespace) -> int:
 def _dump_stats(sim: Simulator, path: Path) -> None:
     lat = sorted(sim.heartbeat_latencies[-50_000:])
     p99 = lat[int(0.99 * (len(lat) - 1))] if lat else 0.0
+    recent = sorted(x for _, x in sim.recent_latencies)
+    p99_recent = recent[int(0.99 * (len(recent) - 1))] if recent else 0.0
     tablets = {
         "replicas": sum(len(s.replicas) for s in sim.servers.values()),
         "leaders": sum(1 for g in sim.groups.values() if g.view.leader),
@@ -672,6 +685,9 @@ def _dump_stats(sim: Simulator, path: Path) -> None:
                 "heartbeats": len(sim.heartbeat_latencies),
                 "failed": sim.heartbeats_failed,
                 "p99_s": p99,
+                "recent_s": RECENT_S,
+                "recent_heartbeats": len(recent),
+                "recent_p99_s": p99_recent,
                 **tablets,
             }
         )
