@@ -4,10 +4,10 @@ A test that wants "a tablet server killed in the middle of a read" cannot get it
 sending SIGKILL from outside at some moment: the read may not have started, or may be over.
 Instead the server is started with
 
-    TESSERA_FAILPOINT_CRASH_AT=<point>:<n>     e.g. scan_next:3
+    TESSERA_FAILPOINT_CRASH_AT=<point>[:<n>]   e.g. scan_next:3, create_table:after_replicate:1
 
-and dies with `os._exit(137)` (what SIGKILL looks like to a parent) the n-th time it reaches
-`hit("<point>")`, before answering. With several servers started this way,
+and dies with `os._exit(137)` (what SIGKILL looks like to a parent) the n-th time (default the
+first) it reaches `hit("<point>")`, before answering. With several servers started this way,
 
     TESSERA_FAILPOINT_ONCE_FILE=<path>
 
@@ -15,7 +15,36 @@ lets only the first one that reaches the point die: it creates `path` exclusivel
 server that finds the file already there carries on. The file also tells the test that the
 crash happened.
 
-Points: `scan_next` (TabletServerService.ScanNext, before the page is read).
+Points. Tablet server: `scan_next` (TabletServerService.ScanNext, before the page is read).
+Master, the steps of its DDL (catalog_manager, background_tasks), in the order they happen:
+
+  CreateTable
+    `create_table:before_replicate`   validated, name reserved; the entry not proposed yet
+    `create_table:after_replicate`    the entry (table RUNNING, tablets PREPARING) committed and
+                                      applied on the leader; the client not answered yet
+    `assign_tablets:after_replicate`  an assignment entry (PREPARING -> CREATING, replicas
+                                      chosen) committed; no CreateTablet sent for it yet
+    `create_tablet:after_rpc`         CreateTablet sent to (and answered by, or failed on)
+                                      every replica of one CREATING tablet; not marked done
+    `process_report:after_replicate`  a tablet report's changes committed (a CREATING tablet
+                                      whose leader reported -> RUNNING; the consensus state;
+                                      ALTERING -> RUNNING); its RPCs not sent, the report not
+                                      answered. The first hit in a master's life is the first
+                                      tablet reported RUNNING, so `:1` is a CreateTable step.
+  AlterTable
+    `alter_table:before_replicate`    validated, under the table lock; not proposed yet
+    `alter_table:after_replicate`     the new schema (table ALTERING) committed and applied;
+                                      the client not answered yet
+    `alter_schema:after_rpc`          AlterSchema accepted by one tablet's leader (the
+                                      background task's); the task not marked done
+  DeleteTable
+    `delete_table:before_replicate`   under the table and tablet locks; not proposed yet
+    `delete_table:after_replicate`    table REMOVED, tablets DELETED committed and applied;
+                                      the client not answered yet
+    `delete_tablet:after_rpc`         DeleteTablet sent to every replica of one deleted tablet
+                                      (the background task's); not marked done
+
+`tests/integration/test_master_ddl_crash.py` kills the leader at each of them.
 
 A master started with
 
@@ -49,11 +78,13 @@ def hit(point: str) -> None:
     spec = os.environ.get(CRASH_AT)
     if not spec:
         return
-    name, _, n = spec.partition(":")
+    name, _, n = spec.rpartition(":")
+    if not n.isdigit():  # no count: points are named `<operation>:<step>`
+        name, n = spec, "1"
     if name != point:
         return
     _counts[point] += 1
-    if _counts[point] != int(n or 1):
+    if _counts[point] != int(n):
         return
     once = os.environ.get(ONCE_FILE)
     if once:

@@ -334,6 +334,7 @@ class BackgroundTasks:
                     for u in todo
                 )
             )
+            failpoints.hit("create_tablet:after_rpc")
             retry.succeeded.update(u for u, ok in zip(todo, results, strict=True) if ok)
             return all(results)
         if isinstance(task, DeleteReplicas):
@@ -350,6 +351,7 @@ class BackgroundTasks:
                     for u in todo
                 )
             )
+            failpoints.hit("delete_tablet:after_rpc")
             retry.succeeded.update(u for u, ok in zip(todo, results, strict=True) if ok)
             return all(results)
         if isinstance(task, AlterReplicas):
@@ -366,6 +368,7 @@ class BackgroundTasks:
                     ),
                 )
                 if ok:
+                    failpoints.hit("alter_schema:after_rpc")
                     return True
             return False
         return True

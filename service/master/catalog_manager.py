@@ -65,6 +65,7 @@ from dataclasses import dataclass, replace
 from random import Random
 from typing import Any, TypeAlias, cast
 
+from service.common import failpoints
 from service.common.clock import Clock
 from service.common.config import MasterConfig
 from service.common.errors import (
@@ -362,9 +363,11 @@ class CatalogManager:
         )
         self._reserved_names.add(name)
         try:
+            failpoints.hit("create_table:before_replicate")
             result = await self._replicate(write)
         finally:
             self._reserved_names.discard(name)
+        failpoints.hit("create_table:after_replicate")
         return TableId(pb.CreateTableResponsePB.FromString(result.response).table_id)
 
     async def alter_table(
@@ -443,10 +446,12 @@ class CatalogManager:
             if renamed:
                 self._reserved_names.add(name)
             try:
+                failpoints.hit("alter_table:before_replicate")
                 result = await self._replicate(write)
             finally:
                 if renamed:
                     self._reserved_names.discard(name)
+        failpoints.hit("alter_table:after_replicate")
         return pb.AlterTableResponsePB.FromString(result.response).schema_version
 
     async def delete_table(self, table: TableIdentifier, request_id: RequestId) -> TableId:
@@ -485,7 +490,9 @@ class CatalogManager:
                 operation=DELETE_TABLE,
                 response=pb.DeleteTableResponsePB(table_id=info.table_id).SerializeToString(),
             )
+            failpoints.hit("delete_table:before_replicate")
             result = await self._replicate(write)
+        failpoints.hit("delete_table:after_replicate")
         return TableId(pb.DeleteTableResponsePB.FromString(result.response).table_id)
 
     # --- reads -------------------------------------------------------------------------------
@@ -631,6 +638,7 @@ class CatalogManager:
             plan = self.plan_assignments(now, tables)
             if plan.write is not None:
                 await self._replicate(plan.write)
+                failpoints.hit("assign_tablets:after_replicate")
         return plan
 
     def pending_tasks(self) -> list[Task]:
@@ -678,6 +686,7 @@ class CatalogManager:
             plan = plan_report(self._maps, reporter, reported)  # again, under the locks
             if plan.write is not None:
                 await self._replicate(plan.write)
+                failpoints.hit("process_report:after_replicate")
         return plan
 
     # --- replication -------------------------------------------------------------------------

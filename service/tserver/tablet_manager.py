@@ -166,6 +166,12 @@ class TabletManager:
     # --- admin -------------------------------------------------------------------------------
 
     async def create_tablet(self, req: tpb.CreateTabletRequestPB) -> None:
+        # Finish even if the caller gives up (its deadline, a master that died): cancelled half
+        # way, the replica would sit in `replicas` never started, and a retry would be answered
+        # "created". A retry waits on the tablet lock for this one to finish.
+        await asyncio.shield(self._create_tablet(req))
+
+    async def _create_tablet(self, req: tpb.CreateTabletRequestPB) -> None:
         tablet_id = check_tablet_id(req.tablet_id)
         if not req.table_id:
             raise InvalidArgument("table_id: required")
