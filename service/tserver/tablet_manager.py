@@ -223,6 +223,11 @@ class TabletManager:
             self.changed(tablet_id)
 
     async def delete_tablet(self, req: tpb.DeleteTabletRequestPB) -> None:
+        # As for create_tablet: once the superblock says DELETED/TOMBSTONED the rest must run
+        # even if the caller goes away, or the replica would be half closed, still listed.
+        await asyncio.shield(self._delete_tablet(req))
+
+    async def _delete_tablet(self, req: tpb.DeleteTabletRequestPB) -> None:
         tablet_id = check_tablet_id(req.tablet_id)
         kind = req.delete_type
         if kind not in (tpb.TABLET_DATA_DELETED, tpb.TABLET_DATA_TOMBSTONED):
