@@ -96,16 +96,18 @@ from service.master.catalog_assignment import (
     plan_assignments,
 )
 from service.master.catalog_info import (
-    AlterTableStatus,
     CatalogMaps,
-    CreateTableStatus,
     MapsDelta,
-    TableIdentifier,
     TableInfo,
+    TabletInfo,
+)
+from service.master.catalog_reads import (
+    AlterTableStatus,
+    CreateTableStatus,
+    TableIdentifier,
     TableLocations,
     TableSchemaInfo,
     TableSummary,
-    TabletInfo,
     TabletLocationsResult,
     alter_status,
     create_status,

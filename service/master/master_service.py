@@ -37,10 +37,12 @@ from service.common.schema_codec import (
 )
 from service.master.catalog_info import (
     ReplicaRole,
-    TableIdentifier,
     TabletLocations,
 )
 from service.master.catalog_manager import CatalogManager
+from service.master.catalog_reads import (
+    TableIdentifier,
+)
 from service.master.catalog_records import (
     HostPort,
     MemberType,

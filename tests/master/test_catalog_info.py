@@ -27,8 +27,10 @@ from service.master.catalog_info import (
     CatalogMaps,
     PartitionIndex,
     ReplicaRole,
-    TableIdentifier,
     TabletInfo,
+)
+from service.master.catalog_reads import (
+    TableIdentifier,
     TabletNotRunning,
     registry_address_of,
     resolve_table,

@@ -53,13 +53,15 @@ from service.master.catalog_assignment import (
     DeleteReplicas,
 )
 from service.master.catalog_info import (
-    AlterTableStatus,
     CatalogMaps,
+)
+from service.master.catalog_manager import CatalogManager, CatalogSettings
+from service.master.catalog_reads import (
+    AlterTableStatus,
     CreateTableStatus,
     TableIdentifier,
     TabletNotRunning,
 )
-from service.master.catalog_manager import CatalogManager, CatalogSettings
 from service.master.catalog_records import (
     CatalogWrite,
     RequestId,
