@@ -38,11 +38,12 @@ from service.common.ids import NodeId
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
 from service.common.schema import ColumnType, Schema
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
-from service.master.catalog_manager import CatalogManager, CatalogSettings
+from service.master.catalog_manager import CatalogManager
 from service.master.catalog_reads import (
     TableIdentifier,
 )
 from service.master.catalog_records import CatalogWrite, RequestId, TabletState, Update
+from service.master.catalog_settings import CatalogSettings
 from service.master.sys_catalog import ApplyResult, SysCatalogState
 from service.master.ts_descriptor import NodeInstance, TSRegistration
 from service.master.ts_manager import TSManager

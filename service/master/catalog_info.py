@@ -33,11 +33,11 @@ design keeps and fixes what they got wrong. Here:
   dict lookup without a snapshot copy), so a server that re-registered at a new address is
   found there; only a server the registry does not know falls back to its peer's
   `last_known_addr` in the committed config (recorded from the registration at assignment).
-  Wire it with `registry_address_of(ts_manager)`. One call asks the registry once per server
-  and once per replica set; a tablet whose servers' addresses are the ones of its previous
-  answer gets that answer back (the parsed addresses are shared objects, so the check is an
-  identity compare), and when every address agrees with the record the memoized locations
-  themselves are returned.
+  Wire it with `catalog_reads.registry_address_of(ts_manager)`. One call asks the registry
+  once per server and once per replica set; a tablet whose servers' addresses are the ones of
+  its previous answer gets that answer back (the parsed addresses are shared objects, so the
+  check is an identity compare), and when every address agrees with the record the memoized
+  locations themselves are returned.
 
 Building the maps. `CatalogMaps.rebuild(state)` builds everything from sys.catalog's rows: a new
 leader does it before it serves (seed 002: replay, then serve). `on_applied(result)` commits one

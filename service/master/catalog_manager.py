@@ -59,15 +59,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import unicodedata
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from random import Random
-from typing import Any, TypeAlias, cast
+from typing import TypeAlias, cast
 
 from service.common import failpoints
 from service.common.clock import Clock
-from service.common.config import MasterConfig
 from service.common.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -78,14 +76,9 @@ from service.common.errors import (
     ServiceUnavailable,
 )
 from service.common.ids import NodeId, TableId, TabletId, validate_uuid
-from service.common.partition import Partition, PartitionSchema
+from service.common.partition import PartitionSchema
 from service.common.schema import (
-    MAX_NAME_BYTES,
-    AddColumn,
     AlterOp,
-    ColumnSchema,
-    DropColumn,
-    RenameColumn,
     Schema,
 )
 from service.master.catalog_assignment import (
@@ -134,6 +127,17 @@ from service.master.catalog_records import (
     TabletState,
     Update,
 )
+from service.master.catalog_settings import CatalogSettings
+from service.master.ddl_checks import (
+    check_alter_steps,
+    check_partitioning,
+    check_request_id,
+    check_schema,
+    check_table_name,
+    host_port,
+    is_int,
+    utf8_size,
+)
 from service.master.report_processing import ReportedTablet, ReportPlan, plan_report
 from service.master.sys_catalog import (
     ApplyResult,
@@ -150,7 +154,6 @@ __all__ = [
     "CREATE_TABLE",
     "DELETE_TABLE",
     "CatalogManager",
-    "CatalogSettings",
     "Replicate",
 ]
 
@@ -162,55 +165,6 @@ DELETE_TABLE = "DeleteTable"
 
 Replicate: TypeAlias = Callable[[bytes, float], Awaitable[ApplyResult]]
 """Propose one entry and wait until it is applied here: `RaftNode.propose(data, timeout)`."""
-
-_MAX_CLIENT_ID = 128
-
-
-# --- settings ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CatalogSettings:
-    """The catalog manager's knobs (MasterConfig's, plus what the master conf lacks so far)."""
-
-    default_num_replicas: int = 3
-    max_num_replicas: int = 7
-    max_create_tablets_per_ts: int = 60
-    """CreateTable refuses more tablets than this times the live tablet servers (Kudu's)."""
-    table_locations_ttl_ms: int = 300_000
-    assignment_timeout_s: float = 30.0
-    """A CREATING tablet not reported within this is replaced (Kudu's
-    tablet_creation_timeout_ms)."""
-    replicate_timeout_s: float = 10.0
-    """Deadline given to `replicate`; past it the outcome is unknown (Timeout)."""
-    default_max_returned_locations: int = 10
-    """GetTableLocations' limit when the request gives 0 (Kudu's client default)."""
-    max_tablet_ids_per_request: int = 1000
-    max_write_bytes: int = 16 * 1024 * 1024
-    """Largest replicated entry: about 1.2 MB is a 10,000-tablet CreateTable."""
-    max_owner_bytes: int = 256
-
-    @classmethod
-    def from_config(cls, config: MasterConfig, **overrides: Any) -> CatalogSettings:
-        base = cls(
-            default_num_replicas=config.default_num_replicas,
-            max_num_replicas=config.max_num_replicas,
-            max_create_tablets_per_ts=config.max_create_tablets_per_ts,
-            table_locations_ttl_ms=config.table_locations_ttl_ms,
-            assignment_timeout_s=config.assignment_timeout_ms / 1000.0,
-            max_write_bytes=min(cls.max_write_bytes, config.rpc.max_message_bytes // 2),
-        )
-        return replace(base, **overrides)
-
-    def validate(self) -> None:
-        for name, value in vars(self).items():
-            if not value > 0:
-                raise InvalidArgument(f"catalog settings: {name} must be > 0, got {value}")
-        for name in ("default_num_replicas", "max_num_replicas"):
-            if getattr(self, name) % 2 == 0:
-                raise InvalidArgument(f"catalog settings: {name} must be odd")
-        if self.default_num_replicas > self.max_num_replicas:
-            raise InvalidArgument("catalog settings: default_num_replicas > max_num_replicas")
 
 
 # --- the manager -----------------------------------------------------------------------------
@@ -315,13 +269,13 @@ class CatalogManager:
         `num_replicas` 0 means the default. A retry of `request_id` gets the original id.
         """
         self._check_ready()
-        req = _check_request_id(request_id)
+        req = check_request_id(request_id)
         done = self._remembered(req, CREATE_TABLE)
         if done is not None:
             return TableId(pb.CreateTableResponsePB.FromString(done).table_id)
-        name = _check_table_name(name, "name")
-        schema = _check_schema(schema)
-        partitions = _check_partitioning(partition_schema, schema)
+        name = check_table_name(name, "name")
+        schema = check_schema(schema)
+        partitions = check_partitioning(partition_schema, schema)
         replicas = self._check_num_replicas(num_replicas)
         owner = self._check_owner(owner)
         live = self._ts.num_live()
@@ -386,15 +340,15 @@ class CatalogManager:
         `expected_schema_version`: refuse (FailedPrecondition) unless the table is at it.
         """
         self._check_ready()
-        req = _check_request_id(request_id)
+        req = check_request_id(request_id)
         done = self._remembered(req, ALTER_TABLE)
         if done is not None:
             return pb.AlterTableResponsePB.FromString(done).schema_version
-        steps = _check_alter_steps(ops)
+        steps = check_alter_steps(ops)
         if new_name is not None:
-            new_name = _check_table_name(new_name, "new_name")
+            new_name = check_table_name(new_name, "new_name")
         expected = expected_schema_version
-        if expected is not None and (not _is_int(expected) or expected < 0):
+        if expected is not None and (not is_int(expected) or expected < 0):
             raise InvalidArgument(f"expected_schema_version: must be an int >= 0, got {expected!r}")
         if not steps and new_name is None:
             raise InvalidArgument("alter has no operations: give column steps and/or a new name")
@@ -460,7 +414,7 @@ class CatalogManager:
         """Mark the table REMOVED and its live tablets DELETED in ONE entry; returns its id.
         The records stay; the name is free once this returns."""
         self._check_ready()
-        req = _check_request_id(request_id)
+        req = check_request_id(request_id)
         done = self._remembered(req, DELETE_TABLE)
         if done is not None:
             return TableId(pb.DeleteTableResponsePB.FromString(done).table_id)
@@ -539,7 +493,7 @@ class CatalogManager:
                 f"partition_key_start 0x{partition_key_start.hex()} is above "
                 f"partition_key_end 0x{partition_key_end.hex()}"
             )
-        if not _is_int(max_tablets) or max_tablets < 0:
+        if not is_int(max_tablets) or max_tablets < 0:
             raise InvalidArgument(f"max_tablets: must be an integer >= 0, got {max_tablets!r}")
         limit = max_tablets or self._settings.default_max_returned_locations
         return table_locations(
@@ -599,7 +553,7 @@ class CatalogManager:
         draws: nothing changes."""
         self._check_ready()
         now = self._clock.monotonic() if now is None else now
-        addresses = {str(d.uuid): _host_port(d.rpc_address) for d in self._ts.descriptors()}
+        addresses = {str(d.uuid): host_port(d.rpc_address) for d in self._ts.descriptors()}
         return plan_assignments(
             self._maps,
             self._ts.server_loads(),
@@ -779,7 +733,7 @@ class CatalogManager:
     # --- validation helpers that need settings or state --------------------------------------
 
     def _check_num_replicas(self, n: int) -> int:
-        if not _is_int(n):
+        if not is_int(n):
             raise InvalidArgument(f"num_replicas: must be an integer, got {n!r}")
         if n == 0:
             return self._settings.default_num_replicas
@@ -794,7 +748,7 @@ class CatalogManager:
     def _check_owner(self, owner: str) -> str:
         if not isinstance(owner, str):
             raise InvalidArgument(f"owner: must be a string, got {owner!r}")
-        if (size := _utf8_size(owner, "owner")) > (top := self._settings.max_owner_bytes):
+        if (size := utf8_size(owner, "owner")) > (top := self._settings.max_owner_bytes):
             raise InvalidArgument(f"owner: {size} bytes, longer than {top}")
         return owner
 
@@ -812,87 +766,3 @@ class CatalogManager:
 
     def _now_us(self) -> int:
         return int(self._clock.now() * 1_000_000)
-
-
-# --- pure validation helpers -----------------------------------------------------------------
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _utf8_size(s: str, what: str) -> int:
-    try:
-        return len(s.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidArgument(f"{what}: {s!r} is not valid UTF-8") from None
-
-
-def _check_table_name(name: object, what: str) -> str:
-    if not isinstance(name, str):
-        raise InvalidArgument(f"{what}: a table name must be a string, got {name!r}")
-    if not name:
-        raise InvalidArgument(f"{what}: the table name is empty")
-    if (size := _utf8_size(name, what)) > MAX_NAME_BYTES:
-        raise InvalidArgument(f"{what}: table name of {size} bytes, longer than {MAX_NAME_BYTES}")
-    for ch in name:
-        if unicodedata.category(ch) == "Cc":
-            raise InvalidArgument(f"{what}: table name {name!r} contains control character {ch!r}")
-    return name
-
-
-def _check_request_id(req: object) -> RequestId:
-    if not isinstance(req, RequestId):
-        raise InvalidArgument("request_id: missing (every DDL request carries a client request id)")
-    if not isinstance(req.client_id, str) or not req.client_id:
-        raise InvalidArgument("request_id.client_id: missing")
-    if len(req.client_id) > _MAX_CLIENT_ID:
-        raise InvalidArgument(f"request_id.client_id: longer than {_MAX_CLIENT_ID} characters")
-    if not _is_int(req.seq_no) or req.seq_no < 1:
-        raise InvalidArgument(f"request_id.seq_no: must be an integer >= 1, got {req.seq_no!r}")
-    first = req.first_incomplete_seq_no
-    if not _is_int(first) or not 0 <= first <= req.seq_no:
-        raise InvalidArgument(f"request_id.first_incomplete_seq_no: not in 0..seq_no: {first!r}")
-    return req
-
-
-def _check_schema(schema: object) -> Schema:
-    """The schema with ids assigned in column order and version 0, validated."""
-    if not isinstance(schema, Schema):
-        raise InvalidArgument(f"schema: missing or not a Schema ({type(schema).__name__})")
-    columns = []
-    for i, c in enumerate(schema.columns):
-        if not isinstance(c, ColumnSchema):
-            raise InvalidArgument(f"schema: column {i} is not a ColumnSchema: {c!r}")
-        columns.append(replace(c, id=i))
-    out = Schema(tuple(columns), schema.key, 0, 0)
-    try:
-        out.validate()
-    except InvalidArgument as e:
-        raise InvalidArgument(f"schema: {e.message}") from None
-    return out
-
-
-def _check_partitioning(partition_schema: object, schema: Schema) -> list[Partition]:
-    if not isinstance(partition_schema, PartitionSchema):
-        what = type(partition_schema).__name__
-        raise InvalidArgument(f"partition_schema: missing or not a PartitionSchema ({what})")
-    try:
-        return partition_schema.create_partitions(schema)
-    except InvalidArgument as e:
-        raise InvalidArgument(f"partition_schema: {e.message}") from None
-
-
-def _check_alter_steps(ops: object) -> tuple[AlterOp, ...]:
-    if isinstance(ops, str | bytes) or not isinstance(ops, Iterable):
-        raise InvalidArgument(f"steps: must be a list of alter steps, got {ops!r}")
-    steps = tuple(ops)
-    for i, op in enumerate(steps):
-        if not isinstance(op, AddColumn | DropColumn | RenameColumn):
-            raise InvalidArgument(f"steps[{i}]: unknown alter step {op!r}")
-    return steps
-
-
-def _host_port(address: str) -> HostPort:
-    host, _, port = address.rpartition(":")
-    return HostPort(host, int(port))

@@ -1,11 +1,11 @@
 """The catalog's reads: the lookups clients make, as pure functions of `CatalogMaps`.
 
-The lookups (a table by id or name, its schema and creation status, the tablets of a
-partition-key range with their replicas, tablets by id) read the maps of `catalog_info`; the
-catalog manager checks readiness and arguments and calls them. GetTableLocations behaves as Kudu's: if a tablet in the range is not RUNNING yet
-(PREPARING, CREATING) the whole call fails with `errors.TabletNotRunning` (TABLET_NOT_RUNNING,
-gRPC UNAVAILABLE, retryable; re-exported here) and the client retries; a tablet is never
-returned without its replicas.
+The lookups (a table by id or name, its schema and creation status, the tablets of a partition-
+key range with their replicas, tablets by id) read the maps of `catalog_info`; the catalog
+manager checks readiness and arguments and calls them. GetTableLocations behaves as Kudu's: if a
+tablet in the range is not RUNNING yet (PREPARING, CREATING) the whole call fails with
+`errors.TabletNotRunning` (TABLET_NOT_RUNNING, gRPC UNAVAILABLE, retryable; re-exported here)
+and the client retries; a tablet is never returned without its replicas.
 
 Replica addresses come from the tablet-server registry, not from a cache filled by reports
 (`catalog_info`'s docstring, KUDU-1353): wire `registry_address_of(ts_manager)`. One call asks

@@ -95,7 +95,8 @@ from service.consensus.node import LeaderChange, NodeSettings, RaftNode
 from service.consensus.raft_store import RaftStore
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
 from service.master.background_tasks import BackgroundSettings, BackgroundTasks
-from service.master.catalog_manager import CatalogManager, CatalogSettings, Replicate
+from service.master.catalog_manager import CatalogManager, Replicate
+from service.master.catalog_settings import CatalogSettings
 from service.master.heartbeat import HeartbeatContext
 from service.master.master_membership import master_uuid
 from service.master.master_service import MasterServicer

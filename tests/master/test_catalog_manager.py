@@ -55,7 +55,7 @@ from service.master.catalog_assignment import (
 from service.master.catalog_info import (
     CatalogMaps,
 )
-from service.master.catalog_manager import CatalogManager, CatalogSettings
+from service.master.catalog_manager import CatalogManager
 from service.master.catalog_reads import (
     AlterTableStatus,
     CreateTableStatus,
@@ -69,6 +69,7 @@ from service.master.catalog_records import (
     TabletState,
     Update,
 )
+from service.master.catalog_settings import CatalogSettings
 from service.master.sys_catalog import ApplyResult, SysCatalogState
 from service.master.ts_descriptor import NodeInstance, TSRegistration
 from service.master.ts_manager import TSManager
