@@ -7,8 +7,8 @@ leader with a compare-and-set on the committed config's index:
 AddMaster(address)
   1. The new master's uuid is derived from its address (`master.master_uuid`), as for every
      master. A uuid given in the request must match it.
-  2. The new master must be running and must not be serving a group of its own: it is asked
-     ConnectToMaster, and it must answer with that uuid and not as a leader. It is started with
+  2. The new master must be running and in no group: it is asked ConnectToMaster and
+     ListMasters, and must answer with that uuid and as a NON_PARTICIPANT. It is started with
      `join_existing = true` and an empty data dir, so it waits outside any config.
   3. The leader takes a snapshot, then proposes ADD_LEARNER with the address and the promote
      mark. It ships the new master sys.catalog as that snapshot, never as the log from index 1:
@@ -160,6 +160,11 @@ class MasterMembership:
             raise FailedPrecondition(
                 f"master at {address} leads a group of its own (term {resp.term}): restart it "
                 "with join_existing = true and an empty data dir"
+            )
+        if resp.role != pb.NON_PARTICIPANT:
+            raise FailedPrecondition(
+                f"master at {address} is a {pb.RaftRolePB.Name(resp.role)} of another group: "
+                "only a master in no group (join_existing = true, empty data dir) can be added"
             )
 
     # --- RemoveMaster -------------------------------------------------------------------------
