@@ -9,6 +9,7 @@ import contextlib
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pyarrow as pa
@@ -178,6 +179,20 @@ async def _add_peer(client: ClusterStubs, leader: str, uuid: str, address: str) 
     await client.admin(leader).ChangeConfig(req, timeout=10)
 
 
+async def _on_leader(client: Any, uuids: Any, call: Any) -> str:
+    """`call(leader)` on the tablet's leader, found again if leadership moved meanwhile (an
+    election on a loaded machine answers UNAVAILABLE "not the leader"); the leader used."""
+    for attempt in range(10):
+        leader: str = await client.leader(uuids)
+        try:
+            await call(leader)
+            return leader
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or attempt == 9:
+                raise
+    raise AssertionError("unreachable")
+
+
 def test_added_peer_is_filled_by_tablet_copy_even_after_a_crash_mid_copy(tmp_path: Path) -> None:
     """3-4: a fourth server added as a non-voter gets the tablet by copy (the leader sends
     StartTabletCopy), is promoted once caught up, and ends with an equal checksum. The first
@@ -190,12 +205,18 @@ def test_added_peer_is_filled_by_tablet_copy_even_after_a_crash_mid_copy(tmp_pat
                 uuids = await _create(cluster, client)
                 leader = await client.leader(uuids)
                 for lo in range(0, 20_000, 5_000):
-                    await client.data(leader).Write(
-                        write_request(leader, TABLET, rows(lo, lo + 5_000)), timeout=30
+                    leader = await _on_leader(
+                        client,
+                        uuids,
+                        lambda ld, lo=lo: client.data(ld).Write(
+                            write_request(ld, TABLET, rows(lo, lo + 5_000)), timeout=30
+                        ),
                     )
                 ts4 = cluster.add_tserver_slot("ts-4")
                 cluster.start_tserver("ts-4", env={"TESSERA_FAILPOINT_COPY_PAUSE_S": "30"})
-                await _add_peer(client, leader, ts4.uuid, ts4.address)
+                leader = await _on_leader(
+                    client, uuids, lambda ld: _add_peer(client, ld, ts4.uuid, ts4.address)
+                )
                 tablet_dir = ts4.data_dir / "tablets" / TABLET
                 deadline = time.monotonic() + 30
                 while not (tablet_dir / "superblock").exists():
