@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 Rows live in three kinds of *sources*, from newest to oldest:
 
-* the active **memstore**: a dict from encoded primary key (`keys.encode_key`) to the newest
-  version of the row (a tuple of values) or None for a tombstone. Raft-applied writes
-  (`apply_write`) go here, and only here;
+* the active **memstore** (`rowstore_memstore`): a dict from encoded primary key
+  (`keys.encode_key`) to the newest version of the row (a tuple of values) or None for a
+  tombstone. Raft-applied writes (`apply_write`) go here, and only here;
 * zero or more **frozen** memstores: former active memstores being written to disk by `flush`
   (immutable: a worker thread may be reading them);
 * **data files**: immutable Arrow IPC files sorted by encoded key, listed oldest first in the
@@ -14,9 +14,9 @@ Rows live in three kinds of *sources*, from newest to oldest:
   table column named by the column's *id* (`c3`), never its name.
 
 A key's state is its version in the newest source that has one; a tombstone hides older
-versions until `compact` merges every file into one and drops both. Because files name columns
-by id, rows written under an older schema read under the current one: an added column comes out
-as its default (or null), a dropped one disappears, a renamed one keeps its data.
+versions until a compaction merges the files that hold them and drops both. Because files name
+columns by id, rows written under an older schema read under the current one: an added column
+comes out as its default (or null), a dropped one disappears, a renamed one keeps its data.
 
 Durability. The manifest (`MANIFEST`) lists the live files, the current schema and
 `flushed_index`: every write with a Raft index at or below it is in the listed files. It is
@@ -28,14 +28,17 @@ replays its WAL from `flushed_index + 1`: `apply_write` skips indexes it has alr
 Flush runs in three steps so that the slow part can run in a worker thread while the event loop
 keeps applying writes: `freeze` (swap in a new memstore), `write_frozen` (write and fsync the
 file; touches only immutable data), `install` (add the file to the manifest). Compaction follows
-the same pattern (`prepare_compaction`, `write_compaction`, `install_compaction`).
+the same pattern (`prepare_compaction`, `write_compaction`, `install_compaction`) and merges
+either every file (bounding their number; the caller's policy, see tablet.py) or one group of
+files whose key ranges overlap (`overlapping_files`): only overlapping files cost a scan a
+merge, and a group's keys are in no other file, so its merged file can go anywhere in the list.
 
 Reads. `scan` takes a snapshot when called (the memstore is materialized as a sorted Arrow
-table, cached until the next write) and then merges sources by key windows: within a window
-every source's slice is concatenated, sorted by (key, source age) and the newest version of
-each key kept; tombstones are dropped, then predicates (Arrow compute) and the projection are
-applied. With a single source (one file, empty memstore: the common state of a cold tablet) no
-merge is needed and batches come straight from the memory-mapped file.
+table, cached until the next write) and merges the sources by key windows (`rowstore_merge`):
+where only one source has rows, its batches pass straight through (memory-mapped, no copy);
+where sources overlap they are merged, newest version first. Tombstones are dropped, then
+predicates (Arrow compute) and the projection are applied. A cold tablet (one file, or files
+with disjoint key ranges, and an empty memstore) is read with no merge at all.
 
 Key checks on apply never scan files: each file keeps its sorted keys as a numpy array of
 fixed-width byte strings (or a Python list when widths differ) for binary search, and a batch
@@ -44,9 +47,11 @@ of keys is looked up with one vectorized `searchsorted` per file.
 Thread safety: every method except `write_frozen` and `write_compaction` must be called from
 one thread (the tablet's apply loop). Those two only read data that no one mutates.
 
-This module holds the store itself: memstores, the manifest, writes, flush, compaction and
-snapshots. The physical layout, the key index and data file I/O are in `rowstore_files`; the
-sorted merge behind scans, compaction and checksums, and checksum hashing, in `rowstore_merge`.
+This module holds the store itself: the manifest, writes, flush, compaction, reads and
+snapshots. The memstores and how a write's rows meet the newest versions of their keys are in
+`rowstore_memstore`; the physical layout, the key index and data file I/O in `rowstore_files`;
+the sorted merge behind scans, compaction and checksums, and checksum hashing, in
+`rowstore_merge`.
 """
 
 from __future__ import annotations
@@ -70,27 +75,26 @@ from service.common.errors import (
     AlreadyExists,
     Corruption,
     InvalidArgument,
-    NotFound,
     TesseraError,
 )
-from service.common.keys import decode_key, encode_keys_arrow
-from service.common.schema import ColumnSchema, ColumnType, Schema
+from service.common.keys import encode_keys_arrow
+from service.common.schema import Schema
 from service.common.schema_codec import schema_from_pb, schema_to_pb
 from service.consensus.fs import RealFileSystem
 from service.pb import common_pb2
 from service.tserver.key_splitting import KeyView, MemRows
 from service.tserver.predicates import ScanSpec, to_arrow_expression, validate_spec
-from service.tserver.row_ops import RowOp, WriteBatch
+from service.tserver.row_ops import WriteBatch
 from service.tserver.rowstore_files import (
     DEL_COL,
     KEY_COL,
     Source,
-    conform,
     file_schema,
     open_arrow_file,
     phys_name,
     write_arrow_file,
 )
+from service.tserver.rowstore_memstore import Frozen, MemStore, OlderVersions, apply_batch
 from service.tserver.rowstore_merge import emit_batches, hash_array, merge_sources
 
 __all__ = ["MANIFEST", "Compaction", "Frozen", "RowStore", "WriteResult"]
@@ -101,8 +105,6 @@ MANIFEST = "MANIFEST"
 _FILE_RE = re.compile(r"^rs-\d{8}\.arrow(\.tmp)?$")
 _MANIFEST_MAGIC = b"TESSERA-ROWSTORE-MANIFEST 1\n"
 _SNAPSHOT_SCHEMA_KEY = b"tessera.schema"
-_MISSING = object()
-_ROW_OVERHEAD = 96  # dict entry, tuple header, key bytes object: a rough per-row estimate
 
 
 @dataclass(frozen=True)
@@ -119,65 +121,8 @@ class WriteResult:
     skipped: bool = False
 
 
-# --- memstores -------------------------------------------------------------------------------
-
-
-class _MemStore:
-    """Newest row versions by encoded key; rows are tuples laid out as `col_ids`.
-
-    Invariants: `rows[k]` is None for a tombstone; `version` increases on every mutation (it
-    keys the cached Arrow form); once frozen, nothing mutates it.
-    """
-
-    __slots__ = ("_cache", "col_ids", "last_index", "nbytes", "rows", "types", "version")
-
-    def __init__(self, schema: Schema, last_index: int) -> None:
-        self.col_ids: tuple[int, ...] = tuple(c.id for c in schema.columns)
-        self.types: tuple[pa.DataType, ...] = tuple(c.arrow_type() for c in schema.columns)
-        self.rows: dict[bytes, tuple[object, ...] | None] = {}
-        self.last_index = last_index
-        self.nbytes = 0
-        self.version = 0
-        self._cache: tuple[int, Source] | None = None
-
-    def source(self) -> Source:
-        """This memstore as a sorted Arrow source (cached until the next mutation)."""
-        cache = self._cache
-        if cache is not None and cache[0] == self.version:
-            return cache[1]
-        version = self.version
-        items = sorted(self.rows.items(), key=lambda kv: kv[0])
-        arrays: list[pa.Array] = [
-            pa.array([k for k, _ in items], type=pa.binary()),
-            pa.array([r is None for _, r in items], type=pa.bool_()),
-        ]
-        names = [KEY_COL, DEL_COL]
-        for j, (cid, t) in enumerate(zip(self.col_ids, self.types, strict=True)):
-            arrays.append(pa.array([None if r is None else r[j] for _, r in items], type=t))
-            names.append(phys_name(cid))
-        src = Source(pa.Table.from_arrays(arrays, names=names))
-        self._cache = (version, src)
-        return src
-
-
-class Frozen:
-    """A memstore being flushed: immutable rows, the file they go to, and the state it closes.
-
-    `last_index` is the highest Raft index reflected in it (and in everything older);
-    `live_rows` the tablet's live row count at that point, which becomes the manifest's.
-    """
-
-    def __init__(self, mem: _MemStore, file_name: str, live_rows: int) -> None:
-        self.mem = mem
-        self.file_name = file_name
-        self.last_index = mem.last_index
-        self.live_rows = live_rows
-        self.written: Source | None = None
-        """Set by `write_frozen`: the file, opened."""
-
-
 class Compaction:
-    """A compaction under way: the files it merges (the oldest ones) and its output file."""
+    """A compaction under way: the files it merges and its output file."""
 
     def __init__(
         self, inputs: tuple[str, ...], sources: tuple[Source, ...], file_name: str, schema: Schema
@@ -188,22 +133,6 @@ class Compaction:
         self.schema = schema
         self.written: Source | None = None
         self.empty = False
-
-
-# --- helpers ---------------------------------------------------------------------------------
-
-
-def _py_values(arr: pa.Array | pa.ChunkedArray, col: ColumnSchema) -> list[object]:
-    """Values of `arr` as Python objects in the memstore's convention (`pa.array` of them with
-    the column's type round-trips): ints for TIMESTAMP and DATE, the natural type otherwise."""
-    t = col.type
-    if t is ColumnType.TIMESTAMP:
-        arr = arr.cast(pa.int64())
-    elif t is ColumnType.DATE:
-        arr = arr.cast(pa.int32())
-    if arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
-        return list(arr.to_numpy(zero_copy_only=False).tolist())
-    return list(arr.to_pylist())
 
 
 # --- the store -------------------------------------------------------------------------------
@@ -231,7 +160,7 @@ class RowStore:
         self._live = live_rows  # live rows of files + frozen + memstore
         self._file_live = live_rows  # live rows of the state the manifest describes
         self._next_seq = next_seq
-        self._mem = _MemStore(schema, flushed_index)
+        self._mem = MemStore(schema, flushed_index)
         self._frozen: list[Frozen] = []
         self._compacting: Compaction | None = None
         self._lock = threading.Lock()  # guards _next_seq only when called from workers
@@ -297,7 +226,7 @@ class RowStore:
         self._closed = True
         self._files = []
         self._frozen = []
-        self._mem = _MemStore(self._schema, self._applied)
+        self._mem = MemStore(self._schema, self._applied)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -394,18 +323,9 @@ class RowStore:
             if c.id in old_types and old_types[c.id] != c.arrow_type():
                 raise InvalidArgument(f"alter schema: column {c.name!r} changed type")
         self.note_index(index)
-        # The active memstore is re-laid out for the new schema (alters are rare, memstores
-        # bounded); frozen ones keep their layout and are read by id like files.
-        old = self._mem
-        mem = _MemStore(schema, old.last_index)
-        pos = {cid: j for j, cid in enumerate(old.col_ids)}
-        plan = [(pos.get(c.id), c.default) for c in schema.columns]
-        for k, r in old.rows.items():
-            mem.rows[k] = (
-                None if r is None else tuple(r[j] if j is not None else d for j, d in plan)
-            )
-        mem.nbytes = old.nbytes
-        self._mem = mem
+        # The active memstore is re-laid out for the new schema; frozen ones keep their layout
+        # and are read by id like files.
+        self._mem = self._mem.relaid_out(schema)
         self._schema = schema
         self._write_manifest()
 
@@ -421,151 +341,10 @@ class RowStore:
         n = batch.num_rows
         if n == 0:
             return WriteResult()
-        schema = self._schema
-        mem = self._mem
-        table = batch.table
-        keys = encode_keys_arrow(schema.key_columns, table)
-        slot = {cid: j for j, cid in enumerate(mem.col_ids)}
-        width = len(mem.col_ids)
-        present: list[tuple[int, list[object]]] = []
-        for name in table.column_names:
-            col = schema.column(name)
-            present.append((slot[col.id], _py_values(table.column(name), col)))
-        complete = len(present) == width
-        if complete:
-            present.sort(key=lambda p: p[0])
-            full_rows: list[tuple[object, ...]] = list(zip(*(v for _, v in present), strict=True))
-        template = [c.default for c in schema.columns]
-
-        rows = mem.rows
-        older = self._lookup_older([k for k in dict.fromkeys(keys) if k not in rows])
-        ops = batch.ops
-        errors: list[tuple[int, TesseraError]] = []
-        applied = 0
-        live_delta = 0
-        nbytes = 0
-        for i in range(n):
-            k = keys[i]
-            op = int(ops[i])
-            cur = rows.get(k, _MISSING)
-            if cur is _MISSING:
-                old = older.get(k)
-                live = old is not None
-            else:
-                old = None
-                live = cur is not None
-            if op == RowOp.INSERT or op == RowOp.INSERT_IGNORE:
-                if live:
-                    if op == RowOp.INSERT:
-                        errors.append((i, AlreadyExists(f"{self._key_text(k)} already exists")))
-                    continue
-                new = full_rows[i] if complete else self._assemble(list(template), present, i)
-                live_delta += 1
-            elif op == RowOp.UPSERT or op == RowOp.UPDATE:
-                if not live:
-                    if op == RowOp.UPDATE:
-                        errors.append((i, NotFound(f"{self._key_text(k)} not found")))
-                        continue
-                    new = full_rows[i] if complete else self._assemble(list(template), present, i)
-                    live_delta += 1
-                elif complete:
-                    new = full_rows[i]
-                else:
-                    base = cur if cur is not _MISSING else self._materialize(old)
-                    assert isinstance(base, tuple)
-                    new = self._assemble(list(base), present, i)
-            elif op == RowOp.DELETE:
-                if not live:
-                    errors.append((i, NotFound(f"{self._key_text(k)} not found")))
-                    continue
-                rows[k] = None
-                live_delta -= 1
-                applied += 1
-                nbytes += len(k) + _ROW_OVERHEAD
-                continue
-            else:
-                errors.append((i, InvalidArgument(f"row {i}: unknown row operation {op}")))
-                continue
-            rows[k] = new
-            applied += 1
-        if applied:
-            mem.version += 1
-            per_row = table.nbytes // max(n, 1) + _ROW_OVERHEAD
-            mem.nbytes += nbytes + applied * per_row
+        older = OlderVersions(self._schema, self._mem, self._frozen, [f for _, f in self._files])
+        applied, errors, live_delta = apply_batch(self._mem, self._schema, batch, older)
         self._live += live_delta
         return WriteResult(applied, tuple(errors))
-
-    @staticmethod
-    def _assemble(
-        base: list[object], present: list[tuple[int, list[object]]], i: int
-    ) -> tuple[object, ...]:
-        for j, values in present:
-            base[j] = values[i]
-        return tuple(base)
-
-    def _key_text(self, k: bytes) -> str:
-        cols = self._schema.key_columns
-        values = decode_key(cols, k)
-        inner = ", ".join(f"{c.name}={v!r}" for c, v in zip(cols, values, strict=True))
-        return f"key ({inner})"
-
-    def _lookup_older(
-        self, keys: list[bytes]
-    ) -> dict[bytes, tuple[object, ...] | tuple[Source, int]]:
-        """The live versions of `keys` in frozen memstores and files (newest wins).
-
-        Values are a row tuple (laid out for the current schema) from a frozen memstore, or
-        (source, position) in a file, materialized only if an UPDATE/UPSERT needs it.
-        Keys absent or deleted in the older sources are not in the result.
-        """
-        found: dict[bytes, tuple[object, ...] | tuple[Source, int]] = {}
-        if not keys:
-            return found
-        pending = keys
-        schema = self._schema
-        for fz in reversed(self._frozen):
-            frows = fz.mem.rows
-            rest = []
-            plan: list[tuple[int | None, object]] | None = None
-            for k in pending:
-                r = frows.get(k, _MISSING)
-                if r is _MISSING:
-                    rest.append(k)
-                elif r is not None:
-                    assert isinstance(r, tuple)
-                    if fz.mem.col_ids != self._mem.col_ids:
-                        if plan is None:
-                            pos = {cid: j for j, cid in enumerate(fz.mem.col_ids)}
-                            plan = [(pos.get(c.id), c.default) for c in schema.columns]
-                        r = tuple(r[j] if j is not None else d for j, d in plan)
-                    found[k] = r
-            pending = rest
-            if not pending:
-                return found
-        for _, src in reversed(self._files):
-            pos_arr = src.index.find(pending)
-            hits = np.flatnonzero(pos_arr >= 0)
-            if len(hits) == 0:
-                continue
-            hit_set = set(hits.tolist())
-            for h in hits.tolist():
-                p = int(pos_arr[h])
-                if src.deleted is None or not src.deleted[p]:
-                    found[pending[h]] = (src, p)
-            pending = [k for i, k in enumerate(pending) if i not in hit_set]
-            if not pending:
-                break
-        return found
-
-    def _materialize(self, ref: object) -> tuple[object, ...]:
-        """The row a `_lookup_older` value stands for, laid out for the current schema."""
-        assert isinstance(ref, tuple)
-        if not (len(ref) == 2 and isinstance(ref[0], Source)):
-            return ref
-        src, pos = ref
-        assert isinstance(pos, int)
-        piece = conform(src.table.slice(pos, 1), self._schema.columns)
-        return tuple(_py_values(piece.column(phys_name(c.id)), c)[0] for c in self._schema.columns)
 
     # --- flush ---------------------------------------------------------------------------
 
@@ -576,21 +355,14 @@ class RowStore:
             return None
         frozen = Frozen(mem, self._new_file_name(), self._live)
         self._frozen.append(frozen)
-        self._mem = _MemStore(self._schema, mem.last_index)
+        self._mem = MemStore(self._schema, mem.last_index)
         return frozen
 
     def write_frozen(self, f: Frozen) -> None:
         """Write `f`'s rows to its data file and fsync it. Safe in a worker thread."""
         src = f.mem.source()
-        schema = pa.schema(
-            [pa.field(KEY_COL, pa.binary(), False), pa.field(DEL_COL, pa.bool_(), False)]
-            + [
-                pa.field(phys_name(cid), t)
-                for cid, t in zip(f.mem.col_ids, f.mem.types, strict=True)
-            ]
-        )
         path = self._dir / f.file_name
-        write_arrow_file(path, iter([src.table]), schema)
+        write_arrow_file(path, iter([src.table]), f.mem.file_schema())
         # The frozen memstore's own layout is the authority for the file it wrote: no check
         # against the (possibly newer) current schema.
         f.written = open_arrow_file(path, None)
@@ -621,20 +393,59 @@ class RowStore:
 
     # --- compaction ----------------------------------------------------------------------
 
-    def prepare_compaction(self) -> Compaction | None:
-        """Start merging every current file into one; None if there is nothing to gain."""
+    def prepare_compaction(self, *, overlapping: bool = False) -> Compaction | None:
+        """Start merging files into one; None if there is nothing to gain.
+
+        By default every current file (this bounds the number of files, and drops tombstones).
+        With `overlapping`, only the largest group of files whose key ranges overlap, the files
+        a scan has to merge window by window: rows written in key order make files with
+        disjoint ranges, which scans read straight through, so they are left alone. Files
+        outside the group hold none of its keys, so where the merged file goes in the
+        oldest-first list cannot change which version of a key is the newest.
+        """
         if self._compacting is not None or not self._files:
             return None
-        if len(self._files) == 1 and not self._files[0][1].has_tombstones:
+        files = self._files
+        if overlapping:
+            groups = self.overlapping_files()
+            if not groups:
+                return None
+            chosen = set(max(groups, key=lambda g: sum(files[i][1].num_rows for i in g)))
+            files = [f for i, f in enumerate(files) if i in chosen]
+        elif len(files) == 1 and not files[0][1].has_tombstones:
             return None
         c = Compaction(
-            tuple(name for name, _ in self._files),
-            tuple(src for _, src in self._files),
+            tuple(name for name, _ in files),
+            tuple(src for _, src in files),
             self._new_file_name(),
             self._schema,
         )
         self._compacting = c
         return c
+
+    def overlapping_files(self) -> list[list[int]]:
+        """Groups (of two or more) of files whose key ranges overlap, directly or through other
+        files of the group, as positions in the file list; disjoint groups, in key order."""
+        spans = []
+        for i, (_, src) in enumerate(self._files):
+            keys = src.table.column(KEY_COL)
+            if len(keys):
+                spans.append((keys[0].as_py(), keys[len(keys) - 1].as_py(), i))
+        spans.sort()
+        groups: list[list[int]] = []
+        group: list[int] = []
+        top = b""
+        for first, last, i in spans:
+            if group and first <= top:
+                group.append(i)
+                top = max(top, last)
+                continue
+            if len(group) > 1:
+                groups.append(sorted(group))
+            group, top = [i], last
+        if len(group) > 1:
+            groups.append(sorted(group))
+        return groups
 
     def write_compaction(self, c: Compaction) -> None:
         """Merge `c`'s inputs into its output file (fsynced). Safe in a worker thread."""

@@ -103,6 +103,11 @@ class KeyIndex:
             return int(np.searchsorted(self._np, np.array(key[:w], dtype=f"S{w}"), "right"))
         return int(np.searchsorted(self._np, np.array(key.ljust(w, b"\x00"), dtype=f"S{w}")))
 
+    def sortable(self, a: int, b: int) -> np.ndarray | None:
+        """Keys [a, b) as a numpy `S{W}` view (no copy) whose order is the key order, or None
+        when the keys are not all of one width."""
+        return self._np[a:b] if self._np is not None else None
+
     def find(self, keys: Sequence[bytes]) -> np.ndarray:
         """Positions of `keys` in this source (int64), -1 where absent."""
         out = np.full(len(keys), -1, dtype=np.int64)

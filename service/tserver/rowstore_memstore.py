@@ -1,0 +1,301 @@
+"""The in-memory half of a row store: memstores, and how a replicated write changes one.
+
+Theory of operation
+-------------------
+A `MemStore` holds the newest version of every row written since the last flush: a dict from
+encoded primary key (`keys.encode_key`) to the row as a tuple of values laid out as the
+memstore's `col_ids`, or None for a tombstone. Raft-applied writes go to the active memstore
+only (`apply_batch`); `RowStore.freeze` turns it into a `Frozen` one, immutable from then on, so
+a worker thread can write it to a data file while the next memstore takes writes.
+
+Why this is its own module: everything here is about one batch of row operations meeting the
+newest versions of its keys. A row's outcome (INSERT of a live key refused, UPDATE of a missing
+one refused, a partial UPDATE/UPSERT merged over the live version) depends only on that
+version, wherever it lives: the active memstore, a frozen one, or a data file (`OlderVersions`,
+which finds keys with one vectorized `searchsorted` per file and materializes a file's row only
+when a partial update needs it). The durable side (manifest, files, flush, compaction, scans,
+snapshots) is `rowstore`; the sorted merge behind reads is `rowstore_merge`.
+
+The memstore is read by scans as a sorted Arrow source (`MemStore.source`, the same physical
+layout as a data file), built once per version and cached until the next mutation.
+
+Thread safety: the active memstore is mutated only by the apply thread. A frozen memstore is
+never mutated, so its `source()` may be built in a worker thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from service.common.errors import AlreadyExists, InvalidArgument, NotFound, TesseraError
+from service.common.keys import decode_key, encode_keys_arrow
+from service.common.schema import ColumnSchema, ColumnType, Schema
+from service.tserver.row_ops import RowOp, WriteBatch
+from service.tserver.rowstore_files import DEL_COL, KEY_COL, Source, conform, phys_name
+
+__all__ = ["Frozen", "MemStore", "OlderVersions", "apply_batch", "py_values"]
+
+_MISSING = object()
+ROW_OVERHEAD = 96
+"""Dict entry, tuple header, key bytes object: a rough per-row estimate of memory use."""
+
+Row = tuple[object, ...]
+
+
+class MemStore:
+    """Newest row versions by encoded key; rows are tuples laid out as `col_ids`.
+
+    Invariants: `rows[k]` is None for a tombstone; `version` increases on every mutation (it
+    keys the cached Arrow form); once frozen, nothing mutates it.
+    """
+
+    __slots__ = ("_cache", "col_ids", "last_index", "nbytes", "rows", "types", "version")
+
+    def __init__(self, schema: Schema, last_index: int) -> None:
+        self.col_ids: tuple[int, ...] = tuple(c.id for c in schema.columns)
+        self.types: tuple[pa.DataType, ...] = tuple(c.arrow_type() for c in schema.columns)
+        self.rows: dict[bytes, Row | None] = {}
+        self.last_index = last_index
+        self.nbytes = 0
+        self.version = 0
+        self._cache: tuple[int, Source] | None = None
+
+    def source(self) -> Source:
+        """This memstore as a sorted Arrow source (cached until the next mutation)."""
+        cache = self._cache
+        if cache is not None and cache[0] == self.version:
+            return cache[1]
+        version = self.version
+        items = sorted(self.rows.items(), key=lambda kv: kv[0])
+        arrays: list[pa.Array] = [
+            pa.array([k for k, _ in items], type=pa.binary()),
+            pa.array([r is None for _, r in items], type=pa.bool_()),
+        ]
+        names = [KEY_COL, DEL_COL]
+        for j, (cid, t) in enumerate(zip(self.col_ids, self.types, strict=True)):
+            arrays.append(pa.array([None if r is None else r[j] for _, r in items], type=t))
+            names.append(phys_name(cid))
+        src = Source(pa.Table.from_arrays(arrays, names=names))
+        self._cache = (version, src)
+        return src
+
+    def file_schema(self) -> pa.Schema:
+        """The physical schema of the data file this memstore flushes to (its own layout)."""
+        return pa.schema(
+            [pa.field(KEY_COL, pa.binary(), False), pa.field(DEL_COL, pa.bool_(), False)]
+            + [pa.field(phys_name(cid), t) for cid, t in zip(self.col_ids, self.types, strict=True)]
+        )
+
+    def relaid_out(self, schema: Schema) -> MemStore:
+        """A copy of this memstore laid out for `schema` (an alter: columns matched by id, a
+        new column takes its default). Alters are rare and memstores bounded."""
+        mem = MemStore(schema, self.last_index)
+        pos = {cid: j for j, cid in enumerate(self.col_ids)}
+        plan = [(pos.get(c.id), c.default) for c in schema.columns]
+        for k, r in self.rows.items():
+            mem.rows[k] = (
+                None if r is None else tuple(r[j] if j is not None else d for j, d in plan)
+            )
+        mem.nbytes = self.nbytes
+        return mem
+
+
+class Frozen:
+    """A memstore being flushed: immutable rows, the file they go to, and the state it closes.
+
+    `last_index` is the highest Raft index reflected in it (and in everything older);
+    `live_rows` the tablet's live row count at that point, which becomes the manifest's.
+    """
+
+    def __init__(self, mem: MemStore, file_name: str, live_rows: int) -> None:
+        self.mem = mem
+        self.file_name = file_name
+        self.last_index = mem.last_index
+        self.live_rows = live_rows
+        self.written: Source | None = None
+        """Set by `write_frozen`: the file, opened."""
+
+
+def py_values(arr: pa.Array | pa.ChunkedArray, col: ColumnSchema) -> list[object]:
+    """Values of `arr` as Python objects in the memstore's convention (`pa.array` of them with
+    the column's type round-trips): ints for TIMESTAMP and DATE, the natural type otherwise."""
+    t = col.type
+    if t is ColumnType.TIMESTAMP:
+        arr = arr.cast(pa.int64())
+    elif t is ColumnType.DATE:
+        arr = arr.cast(pa.int32())
+    if arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
+        return list(arr.to_numpy(zero_copy_only=False).tolist())
+    return list(arr.to_pylist())
+
+
+# --- versions older than the active memstore -------------------------------------------------
+
+
+class OlderVersions:
+    """Live versions of keys in the frozen memstores and data files under the active memstore,
+    laid out for `schema` (the current one). Sources are given oldest first."""
+
+    def __init__(
+        self, schema: Schema, current: MemStore, frozen: Sequence[Frozen], files: Sequence[Source]
+    ) -> None:
+        self.schema = schema
+        self.current = current
+        self.frozen = frozen
+        self.files = files
+
+    def lookup(self, keys: list[bytes]) -> dict[bytes, Row | tuple[Source, int]]:
+        """The live versions of `keys` in frozen memstores and files (newest wins).
+
+        Values are a row tuple (laid out for the current schema) from a frozen memstore, or
+        (source, position) in a file, materialized only if an UPDATE/UPSERT needs it.
+        Keys absent or deleted in the older sources are not in the result.
+        """
+        found: dict[bytes, Row | tuple[Source, int]] = {}
+        if not keys:
+            return found
+        pending = keys
+        schema = self.schema
+        for fz in reversed(self.frozen):
+            frows = fz.mem.rows
+            rest = []
+            plan: list[tuple[int | None, object]] | None = None
+            for k in pending:
+                r = frows.get(k, _MISSING)
+                if r is _MISSING:
+                    rest.append(k)
+                elif r is not None:
+                    assert isinstance(r, tuple)
+                    if fz.mem.col_ids != self.current.col_ids:
+                        if plan is None:
+                            pos = {cid: j for j, cid in enumerate(fz.mem.col_ids)}
+                            plan = [(pos.get(c.id), c.default) for c in schema.columns]
+                        r = tuple(r[j] if j is not None else d for j, d in plan)
+                    found[k] = r
+            pending = rest
+            if not pending:
+                return found
+        for src in reversed(self.files):
+            pos_arr = src.index.find(pending)
+            hits = np.flatnonzero(pos_arr >= 0)
+            if len(hits) == 0:
+                continue
+            hit_set = set(hits.tolist())
+            for h in hits.tolist():
+                p = int(pos_arr[h])
+                if src.deleted is None or not src.deleted[p]:
+                    found[pending[h]] = (src, p)
+            pending = [k for i, k in enumerate(pending) if i not in hit_set]
+            if not pending:
+                break
+        return found
+
+    def materialize(self, ref: object) -> Row:
+        """The row a `lookup` value stands for, laid out for the current schema."""
+        assert isinstance(ref, tuple)
+        if not (len(ref) == 2 and isinstance(ref[0], Source)):
+            return ref
+        src, pos = ref
+        assert isinstance(pos, int)
+        piece = conform(src.table.slice(pos, 1), self.schema.columns)
+        return tuple(py_values(piece.column(phys_name(c.id)), c)[0] for c in self.schema.columns)
+
+
+# --- applying a write ------------------------------------------------------------------------
+
+
+def apply_batch(
+    mem: MemStore, schema: Schema, batch: WriteBatch, older: OlderVersions
+) -> tuple[int, list[tuple[int, TesseraError]], int]:
+    """Apply `batch`'s rows in order to the active memstore `mem` (deterministic: same state
+    and batch, same outcome). Returns (rows applied, per-row errors, change of the live row
+    count). A refused row (INSERT of a live key: AlreadyExists; UPDATE or DELETE of a missing
+    one: NotFound) is reported and the others still apply."""
+    n = batch.num_rows
+    table = batch.table
+    keys = encode_keys_arrow(schema.key_columns, table)
+    slot = {cid: j for j, cid in enumerate(mem.col_ids)}
+    width = len(mem.col_ids)
+    present: list[tuple[int, list[object]]] = []
+    for name in table.column_names:
+        col = schema.column(name)
+        present.append((slot[col.id], py_values(table.column(name), col)))
+    complete = len(present) == width
+    if complete:
+        present.sort(key=lambda p: p[0])
+        full_rows: list[Row] = list(zip(*(v for _, v in present), strict=True))
+    template = [c.default for c in schema.columns]
+
+    rows = mem.rows
+    found = older.lookup([k for k in dict.fromkeys(keys) if k not in rows])
+    ops = batch.ops
+    errors: list[tuple[int, TesseraError]] = []
+    applied = 0
+    live_delta = 0
+    nbytes = 0
+    for i in range(n):
+        k = keys[i]
+        op = int(ops[i])
+        cur = rows.get(k, _MISSING)
+        if cur is _MISSING:
+            old = found.get(k)
+            live = old is not None
+        else:
+            old = None
+            live = cur is not None
+        if op == RowOp.INSERT or op == RowOp.INSERT_IGNORE:
+            if live:
+                if op == RowOp.INSERT:
+                    errors.append((i, AlreadyExists(f"{key_text(schema, k)} already exists")))
+                continue
+            new = full_rows[i] if complete else _assemble(list(template), present, i)
+            live_delta += 1
+        elif op == RowOp.UPSERT or op == RowOp.UPDATE:
+            if not live:
+                if op == RowOp.UPDATE:
+                    errors.append((i, NotFound(f"{key_text(schema, k)} not found")))
+                    continue
+                new = full_rows[i] if complete else _assemble(list(template), present, i)
+                live_delta += 1
+            elif complete:
+                new = full_rows[i]
+            else:
+                base = cur if cur is not _MISSING else older.materialize(old)
+                assert isinstance(base, tuple)
+                new = _assemble(list(base), present, i)
+        elif op == RowOp.DELETE:
+            if not live:
+                errors.append((i, NotFound(f"{key_text(schema, k)} not found")))
+                continue
+            rows[k] = None
+            live_delta -= 1
+            applied += 1
+            nbytes += len(k) + ROW_OVERHEAD
+            continue
+        else:
+            errors.append((i, InvalidArgument(f"row {i}: unknown row operation {op}")))
+            continue
+        rows[k] = new
+        applied += 1
+    if applied:
+        mem.version += 1
+        per_row = table.nbytes // max(n, 1) + ROW_OVERHEAD
+        mem.nbytes += nbytes + applied * per_row
+    return applied, errors, live_delta
+
+
+def _assemble(base: list[object], present: list[tuple[int, list[object]]], i: int) -> Row:
+    for j, values in present:
+        base[j] = values[i]
+    return tuple(base)
+
+
+def key_text(schema: Schema, k: bytes) -> str:
+    """`k` decoded for an error message: key (a=1, b='x')."""
+    cols = schema.key_columns
+    values = decode_key(cols, k)
+    inner = ", ".join(f"{c.name}={v!r}" for c, v in zip(cols, values, strict=True))
+    return f"key ({inner})"
