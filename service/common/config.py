@@ -514,6 +514,10 @@ class TServerConfig:
     """An idle scanner is expired after this long."""
     num_tablets_to_copy_simultaneously: int = 10
     """Concurrent tablet copies this server runs as the destination (seed 004)."""
+    flush_idle_ms: int = 10_000
+    """A tablet whose in-memory rows took no write for this long flushes them to a file, then
+    compacts files whose key ranges overlap, so a cold tablet is scanned without merging.
+    0: never (flushes then happen only by size)."""
     raft: RaftSettings = field(default_factory=RaftSettings)
     wal: WalSettings = field(default_factory=WalSettings)
     rpc: RpcSettings = field(default_factory=RpcSettings)
@@ -534,6 +538,7 @@ class TServerConfig:
             "scanner_ttl_ms",
             "num_tablets_to_copy_simultaneously",
         )
+        c.non_negative("flush_idle_ms")
         _validate_sections(self.raft, self.wal, self.rpc)
 
 

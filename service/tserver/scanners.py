@@ -6,17 +6,34 @@ Theory of operation
 reads the state at the moment it is called) and returns the first page; `ScanNext` returns the
 following ones; the last page carries `has_more_results = false` and the scanner is gone.
 A page is an Arrow IPC stream of whole record batches, cut at `batch_size_bytes` (at least one
-batch, so a huge row still makes progress).
+row, so a huge row still makes progress); a page may be smaller than asked.
+
+Pages are built off the event loop and sent as they were built. Pulling batches from the
+row store, writing the IPC stream and serializing the response all run in a worker thread
+(`_build`): decoding and filtering files must not stall the event loop that runs Raft for every
+tablet on the server. The response is serialized there too, once (`ScanPage.wire`): the IPC
+stream is written into one buffer sized in advance (`pa.MockOutputStream`) and framed as the
+`batch` field of a ScanResponsePB by hand, so the megabytes of a page are copied twice on
+their way out (rows -> IPC buffer -> response bytes) instead of five times through
+`to_pybytes`, the message and `SerializeToString`, and every fresh multi-megabyte allocation
+costs page faults. `add_data_servicer` registers Scan and ScanNext with a serializer that sends
+`ScanPage.wire` as it is; the client sees an ordinary ScanResponsePB.
+
+Read-ahead: once a page is sent and the scan is not over, the next page (of the same size)
+is built in the background, so the server's work overlaps the transfer and the client's
+decoding of the page before; ScanNext then answers with the page already built. That holds at
+most one extra page in memory per open scanner. If the client asks for smaller pages than
+the one built ahead, its batches are put back and cut again.
 
 Retries: every ScanNext names its `call_seq_id` (1, 2, ...). A retry of the last call (same
 number: the client did not get the answer) is answered with the same page again, kept for that
 purpose; any other number is refused, since pages cannot be re-read once the iterator moved on.
-Each page carries the encoded key of its last row, so a client that lost the scanner (expired,
-or the server died) resumes on any replica with `start_after_primary_key`.
+A call cancelled while its page was being built leaves the page for its retry. Each page
+carries the encoded key of its last row, so a client that lost the scanner (expired, or the
+server died) resumes on any replica with `start_after_primary_key`.
 
 Idle scanners expire after `ttl_s` (a sweep every ttl/4), so a client that vanished does not
-pin a snapshot forever. Pulling batches from the iterator runs in a worker thread: decoding and
-filtering files must not stall the event loop that runs Raft for every tablet on the server.
+pin a snapshot forever.
 """
 
 from __future__ import annotations
@@ -29,19 +46,91 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, cast
 
+import grpc
 import pyarrow as pa
 
 from service.common.errors import InvalidArgument, NotFound
 from service.common.keys import encode_keys_arrow
 from service.common.schema import ColumnSchema
 from service.pb import tserver_pb2 as tpb
+from service.pb import tserver_pb2_grpc as tpb_grpc
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_BYTES = 2 << 20
 """Below gRPC's default 4 MB message limit, so a client with default channel options can scan."""
 MAX_BATCH_BYTES = 64 << 20
+
+_BATCH_TAG = bytes([(2 << 3) | 2])
+"""ScanResponsePB.batch: field 2, wire type 2 (length-delimited)."""
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+@dataclass(frozen=True)
+class ScanPage:
+    """One page as it goes on the wire: a serialized ScanResponsePB (see the module docstring).
+
+    `wire` is the message; the other fields repeat what the scanner needs to know about it
+    without parsing it back.
+    """
+
+    wire: bytes
+    batch_bytes: int
+    """Size of the Arrow IPC stream in `wire` (the `batch` field)."""
+    has_more_results: bool
+    rows: int
+
+    def to_pb(self) -> tpb.ScanResponsePB:
+        """The page as a message (tests, in-process callers)."""
+        return tpb.ScanResponsePB.FromString(self.wire)
+
+
+def serialize_scan_response(resp: ScanPage | tpb.ScanResponsePB) -> bytes:
+    """gRPC response serializer of Scan and ScanNext: a `ScanPage` is already serialized."""
+    if isinstance(resp, ScanPage):
+        return resp.wire
+    return resp.SerializeToString()
+
+
+def add_data_servicer(servicer: tpb_grpc.TabletServerServiceServicer, server: Any) -> None:
+    """Register the data service on `server` as the generated code does, except that Scan and
+    ScanNext may answer with a pre-serialized `ScanPage` (`serialize_scan_response`)."""
+    captured: dict[str, dict[str, Any]] = {}
+
+    class _Capture:
+        def add_generic_rpc_handlers(self, handlers: object) -> None:
+            pass
+
+        def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
+            captured[name] = handlers
+
+    tpb_grpc.add_TabletServerServiceServicer_to_server(servicer, cast(Any, _Capture()))
+    ((name, handlers),) = captured.items()
+    for method in ("Scan", "ScanNext"):
+        handlers[method] = handlers[method]._replace(response_serializer=serialize_scan_response)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
+
+
+@dataclass
+class _Built:
+    """A page built by `_build`, not yet sent: its batches stay until it is, in case the client
+    asks for smaller pages and they must be cut again."""
+
+    page: ScanPage
+    batches: list[pa.RecordBatch]
+    size: int
+    """Arrow bytes of `batches` (what the page size is compared with)."""
 
 
 @dataclass
@@ -57,10 +146,17 @@ class Scanner:
     limit: int
     last_used: float = field(default_factory=time.monotonic)
     call_seq: int = 0
-    last_page: tpb.ScanResponsePB | None = None
+    last_page: ScanPage | None = None
     rows_returned: int = 0
-    pending: pa.RecordBatch | None = None
+    """Rows in pages sent."""
+    rows_pulled: int = 0
+    """Rows taken from `it` into built pages (sent or built ahead); the limit counts these."""
+    pending: list[pa.RecordBatch] = field(default_factory=list)
+    """Batches taken from `it` but in no page yet, oldest first."""
+    exhausted: bool = False
     finished: bool = False
+    ahead: asyncio.Future[_Built] | None = None
+    """The next page, being built in a worker thread (read-ahead)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -85,6 +181,8 @@ class ScannerManager:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        for s in self.scanners.values():
+            _drop_ahead(s)
         self.scanners.clear()
 
     async def _sweep(self) -> None:
@@ -94,6 +192,7 @@ class ScannerManager:
             for sid, s in list(self.scanners.items()):
                 if now - s.last_used > self.ttl_s and not s.lock.locked():
                     del self.scanners[sid]
+                    _drop_ahead(s)
                     self.expired += 1
                     log.info("scanner %s on %s expired", sid.hex(), s.tablet_id)
 
@@ -107,19 +206,21 @@ class ScannerManager:
         schema_version: int,
         limit: int,
         batch_bytes: int,
-    ) -> tpb.ScanResponsePB:
+    ) -> ScanPage:
         s = Scanner(
             os.urandom(16), tablet_id, schema, it, key_cols, applied_index, schema_version, limit
         )
-        self.scanners[s.id] = s
         self.opened += 1
         self.opened_by_tablet[tablet_id] += 1
         async with s.lock:
-            return await self._page(s, batch_bytes)
+            # Listed only once its first page exists: a failed or cancelled open leaves nothing.
+            limit = _clamp(batch_bytes)
+            built = await asyncio.to_thread(_build, s, limit)
+            if built.page.has_more_results:
+                self.scanners[s.id] = s
+            return self._sent(s, built, limit)
 
-    async def next(
-        self, scanner_id: bytes, call_seq_id: int, batch_bytes: int
-    ) -> tpb.ScanResponsePB:
+    async def next(self, scanner_id: bytes, call_seq_id: int, batch_bytes: int) -> ScanPage:
         s = self.scanners.get(scanner_id)
         if s is None:
             raise NotFound(
@@ -137,79 +238,146 @@ class ScannerManager:
                     f"scanner {scanner_id.hex()}: call_seq_id {call_seq_id}, expected "
                     f"{s.call_seq + 1} (or {s.call_seq} to repeat the last call)"
                 )
+            limit = _clamp(batch_bytes)
+            fut, s.ahead = s.ahead, None
+            if fut is None:
+                fut = _start_build(s, limit)
+            try:
+                built = await asyncio.shield(fut)
+                if built.size > limit and built.page.rows > 1:
+                    # Built ahead for larger pages than this call asks: cut its rows again.
+                    s.pending[:0] = built.batches
+                    s.rows_pulled -= built.page.rows
+                    fut = _start_build(s, limit)
+                    built = await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                if not fut.cancelled():
+                    s.ahead = fut  # the page waits for the retry of this call
+                raise
             s.call_seq = call_seq_id
-            return await self._page(s, batch_bytes)
+            return self._sent(s, built, limit)
 
     def close(self, scanner_id: bytes) -> None:
-        self.scanners.pop(scanner_id, None)
+        s = self.scanners.pop(scanner_id, None)
+        if s is not None:
+            _drop_ahead(s)
 
-    async def _page(self, s: Scanner, batch_bytes: int) -> tpb.ScanResponsePB:
-        if batch_bytes <= 0:
-            batch_bytes = DEFAULT_BATCH_BYTES
-        batch_bytes = min(batch_bytes, MAX_BATCH_BYTES)
-        batches, last_key, done = await asyncio.to_thread(_pull, s, batch_bytes)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, s.schema) as w:
-            for b in batches:
-                w.write_batch(b)
-        resp = tpb.ScanResponsePB(
-            batch=sink.getvalue().to_pybytes(),
-            has_more_results=not done,
-            last_primary_key=last_key,
-            applied_index=s.applied_index,
-            schema_version=s.schema_version,
-        )
-        # A finished scanner stays (until it expires) only to answer a retry of its last call.
-        s.finished = done
-        if not done:
-            resp.scanner_id = s.id
-        s.last_page = resp
+    def _sent(self, s: Scanner, built: _Built, limit: int) -> ScanPage:
+        """Book `built` as sent; if the scan goes on, start building the next page, of the
+        size this call asked for (a client that changes its page size changes it from here)."""
+        page = built.page
+        s.rows_returned += page.rows
+        s.last_page = page
         s.last_used = time.monotonic()
+        # A finished scanner stays (until it expires) only to answer a retry of its last call.
+        s.finished = not page.has_more_results
+        if not s.finished and self.scanners.get(s.id) is s:  # not closed meanwhile
+            s.ahead = _start_build(s, limit)
         self.pages_sent += 1
-        self.bytes_sent += len(resp.batch)
-        return resp
+        self.bytes_sent += page.batch_bytes
+        return page
 
 
-def _pull(s: Scanner, batch_bytes: int) -> tuple[list[pa.RecordBatch], bytes, bool]:
-    """Up to `batch_bytes` of rows (at least one row), honouring the limit; batches larger
-    than that are cut. Returns the projected batches, the encoded key of the last row and
-    whether the scan is over. Runs in a worker thread (module docstring)."""
+def _clamp(batch_bytes: int) -> int:
+    if batch_bytes <= 0:
+        return DEFAULT_BATCH_BYTES
+    return min(batch_bytes, MAX_BATCH_BYTES)
+
+
+def _start_build(s: Scanner, limit: int) -> asyncio.Future[_Built]:
+    fut = asyncio.get_running_loop().run_in_executor(None, _build, s, limit)
+    # Retrieve the outcome even if no call ever awaits it (the scanner expired or was closed).
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return fut
+
+
+def _drop_ahead(s: Scanner) -> None:
+    if s.ahead is not None:
+        s.ahead.cancel()  # a build already running finishes in its thread; its page is dropped
+        s.ahead = None
+
+
+def _build(s: Scanner, limit: int) -> _Built:
+    """The next page of `s`: up to `limit` bytes of rows (at least one row), honouring the row
+    limit; batches larger than that are cut. Runs in a worker thread, one at a time per
+    scanner (module docstring)."""
     out: list[pa.RecordBatch] = []
     size = 0
-    last: pa.RecordBatch | None = None
-    done = False
-    while size < batch_bytes:
-        if s.limit and s.rows_returned >= s.limit:
-            done = True
+    while size < limit:
+        batch = _next_batch(s)
+        if batch is None:
             break
-        if s.pending is not None:
-            batch, s.pending = s.pending, None
-        else:
-            try:
-                batch = next(s.it)
-            except StopIteration:
-                done = True
-                break
-        if batch.num_rows == 0:
-            continue
-        if s.limit and s.rows_returned + batch.num_rows > s.limit:
-            batch = batch.slice(0, s.limit - s.rows_returned)
-        room = batch_bytes - size
+        room = limit - size
         if batch.nbytes > room:
             per_row = max(1, batch.nbytes // batch.num_rows)
             n = max(1 if not out else 0, room // per_row)
             if n == 0:
-                s.pending = batch
+                s.pending.insert(0, batch)
                 break
             if n < batch.num_rows:
-                s.pending = batch.slice(n)
+                s.pending.insert(0, batch.slice(n))
                 batch = batch.slice(0, n)
         out.append(batch)
         size += batch.nbytes
-        s.rows_returned += batch.num_rows
-        last = batch
+        s.rows_pulled += batch.num_rows
+    if not s.pending and not s.exhausted:
+        # Look one batch ahead so that the page holding the last rows says so, sparing the
+        # client a round trip for an empty last page.
+        peek = _next_batch(s)
+        if peek is not None:
+            s.pending.append(peek)
+    done = not s.pending and s.exhausted
+    rows = sum(b.num_rows for b in out)
     last_key = b""
-    if last is not None:
+    if out:
+        last = out[-1]
         last_key = encode_keys_arrow(s.key_cols, last.slice(last.num_rows - 1, 1))[0]
     names = s.schema.names
-    return [b.select(names) for b in out], last_key, done
+    ipc = _encode_ipc(s.schema, [b.select(names) for b in out])
+    head = tpb.ScanResponsePB(
+        scanner_id=b"" if done else s.id,
+        has_more_results=not done,
+        last_primary_key=last_key,
+        applied_index=s.applied_index,
+        schema_version=s.schema_version,
+    ).SerializeToString()
+    wire = b"".join((head, _BATCH_TAG, _varint(ipc.size), ipc))
+    return _Built(ScanPage(wire, ipc.size, not done, rows), out, size)
+
+
+def _next_batch(s: Scanner) -> pa.RecordBatch | None:
+    """The next non-empty batch of `s` (pending ones first) within its row limit; None at the
+    end (and `s.exhausted` set)."""
+    while True:
+        if s.limit and s.rows_pulled >= s.limit:
+            s.exhausted = True
+            s.pending.clear()
+            return None
+        if s.pending:
+            batch = s.pending.pop(0)
+        elif s.exhausted:
+            return None
+        else:
+            try:
+                batch = next(s.it)
+            except StopIteration:
+                s.exhausted = True
+                return None
+        if batch.num_rows == 0:
+            continue
+        if s.limit and s.rows_pulled + batch.num_rows > s.limit:
+            batch = batch.slice(0, s.limit - s.rows_pulled)
+        return batch
+
+
+def _encode_ipc(schema: pa.Schema, batches: list[pa.RecordBatch]) -> pa.Buffer:
+    """`batches` as one Arrow IPC stream, written once into a buffer of its exact size."""
+    mock = pa.MockOutputStream()
+    with pa.ipc.new_stream(mock, schema) as w:
+        for b in batches:
+            w.write_batch(b)
+    buf = pa.allocate_buffer(mock.size())
+    with pa.ipc.new_stream(pa.FixedSizeBufferWriter(buf), schema) as w:
+        for b in batches:
+            w.write_batch(b)
+    return buf

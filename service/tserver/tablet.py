@@ -24,7 +24,10 @@ than what the files already hold is a no-op.
 Flushing: after an apply, when the in-memory store passes `flush_rows` or `flush_bytes`, one
 background task freezes it (on the loop, cheap), writes and fsyncs the file in a worker thread
 while applies continue, and installs it (on the loop). Compaction follows the same pattern when
-there are more than `compact_files` files.
+there are more than `compact_files` files. A tablet that takes no write for `flush_idle_s` is
+flushed anyway, and then each group of files whose key ranges overlap is compacted into one:
+a cold tablet ends as files a scan reads straight through, with no merge (one timer per
+tablet, armed by the first write after the last idle flush).
 
 State (`state`): NOT_STARTED -> BOOTSTRAPPING -> RUNNING; FAILED if opening or the Raft loop
 failed (the replica stays offline and is reported with its error); STOPPED after close.
@@ -107,6 +110,10 @@ class TabletSettings:
     small flushes keep every other tablet's Raft loop responsive."""
     flush_bytes: int = 64 << 20
     compact_files: int = 4
+    flush_idle_s: float = 10.0
+    """A memstore that has taken no write for this long is flushed, and files whose key ranges
+    overlap are then compacted, so a tablet that went cold is read from sorted files without
+    merging (and its WAL replay is short). 0: never."""
     on_wal_sync: Callable[[float], None] | None = field(default=None, compare=False)
     """Observes every WAL fdatasync of every replica (the server's fsync histogram)."""
     on_rows_written: Callable[[int], None] | None = field(default=None, compare=False)
@@ -181,6 +188,8 @@ class TabletReplica:
         self.node: RaftNode | None = None
         self._flush_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._last_apply = 0.0
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -262,6 +271,9 @@ class TabletReplica:
 
     async def aclose(self) -> None:
         """Stop: the Raft node (fails waiters, closes the WAL), then the RowStore."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         if self._watch_task is not None:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -356,13 +368,37 @@ class TabletReplica:
 
     def after_apply(self) -> None:
         store = self.store
-        if store is None or (self._flush_task is not None and not self._flush_task.done()):
+        if store is None:
             return
         s = self.settings
+        loop = asyncio.get_running_loop()
+        self._last_apply = loop.time()
+        if s.flush_idle_s > 0 and self._idle_timer is None:
+            self._idle_timer = loop.call_at(self._last_apply + s.flush_idle_s, self._on_idle)
+        if self._flush_task is not None and not self._flush_task.done():
+            return
         if store.memstore_rows() >= s.flush_rows or store.memstore_bytes() >= s.flush_bytes:
-            self._flush_task = asyncio.get_running_loop().create_task(self._flush(store))
+            self._flush_task = loop.create_task(self._flush(store))
 
-    async def _flush(self, store: RowStore) -> None:
+    def _on_idle(self) -> None:
+        """The idle timer (armed by the first apply after the last idle flush) fired: flush
+        and compact overlapping files if no write came for `flush_idle_s`, else wait more."""
+        self._idle_timer = None
+        store = self.store
+        if store is None or self.state is not ReplicaState.RUNNING:
+            return
+        loop = asyncio.get_running_loop()
+        due = self._last_apply + self.settings.flush_idle_s
+        if loop.time() < due or (self._flush_task is not None and not self._flush_task.done()):
+            self._idle_timer = loop.call_at(
+                max(due, loop.time() + self.settings.flush_idle_s / 4), self._on_idle
+            )
+            return
+        self._flush_task = loop.create_task(self._flush(store, idle=True))
+
+    async def _flush(self, store: RowStore, idle: bool = False) -> None:
+        """Flush the memstore; then compact every file if there are more than
+        `compact_files`, or, when the tablet is idle, each group of overlapping files."""
         try:
             frozen = store.freeze()
             if frozen is not None:
@@ -370,12 +406,19 @@ class TabletReplica:
                 if store is self.store:
                     store.install(frozen)
             files = sum(1 for f in store.data_files() if f.endswith(".arrow"))
-            if store is self.store and files > self.settings.compact_files:
-                c = store.prepare_compaction()
-                if c is not None:
-                    await asyncio.to_thread(store.write_compaction, c)
-                    if store is self.store:
-                        store.install_compaction(c)
+            overlapping = files <= self.settings.compact_files
+            if overlapping and not idle:
+                return
+            while store is self.store:
+                c = store.prepare_compaction(overlapping=overlapping)
+                if c is None:
+                    break
+                await asyncio.to_thread(store.write_compaction, c)
+                if store is not self.store:
+                    break
+                store.install_compaction(c)
+                if not overlapping:
+                    break
         except Exception as e:  # a failed flush: the WAL still has everything; stop the replica
             self._fail(e)
 
@@ -448,12 +491,14 @@ class TabletReplica:
             else node.applied_config.index
         )
         address = None
+        promote = False
         if req.type == tpb.ChangeConfigRequestPB.ADD_PEER:
             kind = ConfigChangeType.ADD_LEARNER
             a = req.peer.last_known_addr
             if not a.host or not a.port:
                 raise InvalidArgument("peer.last_known_addr: ADD_PEER needs the peer's address")
             address = f"{a.host}:{a.port}"
+            promote = _promote_on_add(req.peer)
         elif req.type == tpb.ChangeConfigRequestPB.REMOVE_PEER:
             kind = ConfigChangeType.REMOVE
         elif req.type == tpb.ChangeConfigRequestPB.PROMOTE_PEER:
@@ -461,7 +506,12 @@ class TabletReplica:
         else:
             raise InvalidArgument(f"type: unknown change type {req.type}")
         await node.change_config(
-            kind, NodeId(peer), address=address, expected_index=expected, timeout=timeout
+            kind,
+            NodeId(peer),
+            address=address,
+            expected_index=expected,
+            timeout=timeout,
+            promote=promote,
         )
         self.changed()
 
@@ -489,3 +539,14 @@ class TabletReplica:
     def not_leader(self) -> NotTheLeader:
         node = self.running_node()
         return node.not_leader_error()
+
+
+def _promote_on_add(peer: mpb.RaftPeerPB) -> bool:
+    """Whether a peer added by ADD_PEER is to become a voter once caught up (seed 004's
+    PRE_VOTER). Every new member joins as a non-voter; it is promoted if the request asks for
+    a VOTER, or for a NON_VOTER with `promote` set. A NON_VOTER without `promote` (a read
+    replica) stays a non-voter until an explicit PROMOTE_PEER; so does a peer whose member type
+    is not given, unless `promote` is set."""
+    if peer.member_type == mpb.VOTER:
+        return True
+    return bool(peer.promote)

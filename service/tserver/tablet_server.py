@@ -50,7 +50,7 @@ from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
 from service.raft import NodeId
 from service.tserver.heartbeater import SOFTWARE_VERSION, Heartbeater
-from service.tserver.scanners import ScannerManager
+from service.tserver.scanners import ScannerManager, add_data_servicer
 from service.tserver.status_pages import install_tserver_metrics, install_tserver_pages
 from service.tserver.tablet import TabletSettings
 from service.tserver.tablet_copy import CopyClient, CopySource, CopyTrigger
@@ -145,6 +145,7 @@ class TabletServer:
             wal_segment_bytes=config.wal.segment_size_bytes,
             wal_preallocate=config.wal.preallocate,
             fsync=config.wal.fsync,
+            flush_idle_s=config.flush_idle_ms / 1000,
             on_wal_sync=self.wal_sync.observe,
             on_rows_written=self.rows_written.inc,
         )
@@ -158,7 +159,7 @@ class TabletServer:
             observe_rpcs(servicer, self.rpc_metrics)
         consensus.add_to_server(server)
         tpb_grpc.add_TabletServerAdminServiceServicer_to_server(admin, server)
-        tpb_grpc.add_TabletServerServiceServicer_to_server(data, server)
+        add_data_servicer(data, server)  # Scan pages go out pre-serialized (scanners.py)
         tpb_grpc.add_TabletCopyServiceServicer_to_server(copy, server)
         await server.start()
         await self.scanners.start()

@@ -21,6 +21,7 @@ from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
 from service.tserver.key_splitting import check_split_args, column_ids, split_key_range
 from service.tserver.predicates import ScanSpec, predicates_from_pb
+from service.tserver.scanners import ScanPage
 from service.tserver.tablet_manager import check_tablet_id
 
 if TYPE_CHECKING:
@@ -174,8 +175,12 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
         return await replica.write(request, self._timeout(context))
 
+    # Scan and ScanNext answer with a pre-serialized ScanResponsePB (`ScanPage`), which the
+    # serializer that `add_data_servicer` registers sends as it is.
     @rpc_errors
-    async def Scan(self, request: tpb.ScanRequestPB, context: Ctx) -> tpb.ScanResponsePB:
+    async def Scan(  # type: ignore[override]
+        self, request: tpb.ScanRequestPB, context: Ctx
+    ) -> ScanPage:
         self._dest(request.dest_uuid)
         if not request.HasField("new_scan"):
             raise InvalidArgument("new_scan: required (use ScanNext to continue a scanner)")
@@ -224,7 +229,9 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         )
 
     @rpc_errors
-    async def ScanNext(self, request: tpb.ScanNextRequestPB, context: Ctx) -> tpb.ScanResponsePB:
+    async def ScanNext(  # type: ignore[override]
+        self, request: tpb.ScanNextRequestPB, context: Ctx
+    ) -> ScanPage:
         self._dest(request.dest_uuid)
         failpoints.hit("scan_next")
         return await self.server.scanners.next(

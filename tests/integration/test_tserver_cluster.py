@@ -42,9 +42,12 @@ async def _create(cluster: MiniCluster, client: ClusterStubs) -> list[str]:
 async def _checksums(client: ClusterStubs, uuids: list[str], index: int) -> set[tuple[int, bytes]]:
     out = set()
     for u in uuids:
+        # wait_for_ready: a server restarted moments ago may still be in gRPC's reconnect
+        # backoff (subchannels are shared process-wide), which fails an RPC at once otherwise.
         r = await client.data(u).Checksum(
             tpb.ChecksumRequestPB(dest_uuid=u, tablet_id=TABLET, min_applied_index=index),
             timeout=30,
+            wait_for_ready=True,
         )
         out.add((r.row_count, r.digest))
     return out
@@ -56,14 +59,20 @@ def test_write_100k_rows_scan_back_and_replicas_agree(tmp_path: Path) -> None:
             client = ClusterStubs(cluster, TABLET)
             try:
                 uuids = await _create(cluster, client)
-                leader = await client.leader(uuids)
                 last = 0
                 for lo in range(0, 100_000, 5_000):
-                    resp = await client.data(leader).Write(
-                        write_request(leader, TABLET, rows(lo, lo + 5_000)), timeout=30
-                    )
-                    assert not resp.per_row_errors
-                    last = resp.applied_index
+
+                    async def write(ld: str, lo: int = lo) -> None:
+                        nonlocal last
+                        # UPSERT: a retry after an unknown outcome is idempotent.
+                        resp = await client.data(ld).Write(
+                            write_request(ld, TABLET, rows(lo, lo + 5_000), tpb.ROW_OP_UPSERT),
+                            timeout=30,
+                        )
+                        assert not resp.per_row_errors
+                        last = resp.applied_index
+
+                    leader = await _on_leader(client, uuids, write)
                 got = await scan_all(client.data(leader), leader, TABLET)
                 assert got.to_pydict() == rows(0, 100_000).to_pydict()
                 sums = await _checksums(client, uuids, last)
@@ -167,14 +176,16 @@ async def _wait_replica(
     raise AssertionError(f"{uuid} never reached data state {state}: {last}")
 
 
-async def _add_peer(client: ClusterStubs, leader: str, uuid: str, address: str) -> None:
+async def _add_peer(
+    client: ClusterStubs, leader: str, uuid: str, address: str, promote: bool = True
+) -> None:
     host, _, port = address.rpartition(":")
     req = tpb.ChangeConfigRequestPB(
         dest_uuid=leader, tablet_id=TABLET, type=tpb.ChangeConfigRequestPB.ADD_PEER
     )
     req.peer.permanent_uuid = uuid
     req.peer.member_type = mpb.NON_VOTER
-    req.peer.promote = True
+    req.peer.promote = promote
     req.peer.last_known_addr.host, req.peer.last_known_addr.port = host, int(port)
     await client.admin(leader).ChangeConfig(req, timeout=10)
 
@@ -191,6 +202,13 @@ async def _on_leader(client: Any, uuids: Any, call: Any) -> str:
             if e.code() != grpc.StatusCode.UNAVAILABLE or attempt == 9:
                 raise
     raise AssertionError("unreachable")
+
+
+async def _committed_peers(client: ClusterStubs, leader: str) -> dict[str, mpb.RaftPeerPB]:
+    cs = await client.admin(leader).GetConsensusState(
+        tpb.GetConsensusStateRequestPB(dest_uuid=leader, tablet_ids=[TABLET])
+    )
+    return {p.permanent_uuid: p for p in cs.tablets[0].consensus_state.committed_config.peers}
 
 
 def test_added_peer_is_filled_by_tablet_copy_even_after_a_crash_mid_copy(tmp_path: Path) -> None:
@@ -247,6 +265,65 @@ def test_added_peer_is_filled_by_tablet_copy_even_after_a_crash_mid_copy(tmp_pat
                 )
                 sums = await _checksums(client, [*uuids, ts4.uuid], probe.applied_index)
                 assert sums == {(20_001, next(iter(sums))[1])}
+            finally:
+                await client.close()
+
+    asyncio.run(main())
+
+
+def test_non_voter_added_without_promote_is_not_promoted(tmp_path: Path) -> None:
+    """ADD_PEER of a NON_VOTER with promote=false (a read replica): the leader copies the
+    tablet to it and it catches up, but it stays a non-voter (reported with promote=false)
+    until an explicit PROMOTE_PEER."""
+
+    async def main() -> None:
+        with MiniCluster(tmp_path) as cluster:
+            client = ClusterStubs(cluster, TABLET)
+            try:
+                uuids = await _create(cluster, client)
+                await _on_leader(
+                    client,
+                    uuids,
+                    lambda ld: client.data(ld).Write(
+                        write_request(ld, TABLET, rows(0, 2_000)), timeout=30
+                    ),
+                )
+                ts4 = cluster.add_tserver_slot("ts-4")
+                cluster.start_tserver("ts-4")
+                await _on_leader(
+                    client,
+                    uuids,
+                    lambda ld: _add_peer(client, ld, ts4.uuid, ts4.address, promote=False),
+                )
+                await _wait_replica(client, ts4.uuid, tpb.TABLET_DATA_READY)
+                probes: list[tpb.WriteResponsePB] = []
+
+                async def probe_write(ld: str) -> None:
+                    probes.append(
+                        await client.data(ld).Write(
+                            write_request(ld, TABLET, rows(2_000, 2_001)), timeout=10
+                        )
+                    )
+
+                leader = await _on_leader(client, uuids, probe_write)
+                probe = probes[-1]
+                # Caught up: it has applied a write made after it joined ...
+                sums = await _checksums(client, [leader, ts4.uuid], probe.applied_index)
+                assert sums == {(2_001, next(iter(sums))[1])}
+                # ... and a caught-up learner with `promote` would be a voter by now.
+                await asyncio.sleep(2.0)
+                peer = (await _committed_peers(client, leader))[ts4.uuid]
+                assert peer.member_type == mpb.NON_VOTER and not peer.promote, peer
+
+                async def promote(ld: str) -> None:
+                    req = tpb.ChangeConfigRequestPB(
+                        dest_uuid=ld, tablet_id=TABLET, type=tpb.ChangeConfigRequestPB.PROMOTE_PEER
+                    )
+                    req.peer.permanent_uuid = ts4.uuid
+                    await client.admin(ld).ChangeConfig(req, timeout=10)
+
+                leader = await _on_leader(client, uuids, promote)
+                assert (await _committed_peers(client, leader))[ts4.uuid].member_type == mpb.VOTER
             finally:
                 await client.close()
 

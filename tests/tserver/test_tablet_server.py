@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pyarrow as pa
@@ -32,7 +33,7 @@ from service.tserver.tablet_server import TabletServer
 pytestmark = pytest.mark.timeout(120)
 
 
-def _config(data_dir: Path) -> TServerConfig:
+def _config(data_dir: Path, **settings: Any) -> TServerConfig:
     (dead_master,) = free_ports(1)
     return TServerConfig(
         data_dir=data_dir,
@@ -42,16 +43,18 @@ def _config(data_dir: Path) -> TServerConfig:
         master_addresses=(f"127.0.0.1:{dead_master}",),
         heartbeat_interval_ms=200,
         scanner_ttl_ms=400,
+        **settings,
     )
 
 
 class Server:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, **settings: Any) -> None:
         self.data_dir = data_dir
+        self.settings = settings
         self.ts: TabletServer | None = None
 
     async def start(self) -> None:
-        self.ts = TabletServer(_config(self.data_dir))
+        self.ts = TabletServer(_config(self.data_dir, **self.settings))
         await self.ts.start()
         self.channel = grpc.aio.insecure_channel(self.ts.address)
         self.admin = tpb_grpc.TabletServerAdminServiceStub(self.channel)
@@ -388,3 +391,72 @@ async def test_startup_cleans_unfinished_creates_and_copies(tmp_path: Path) -> N
 def test_ipc_helper_roundtrip() -> None:
     t = rows(0, 3)
     assert pa.ipc.open_stream(ipc(t)).read_all().equals(t)
+
+
+@with_server
+async def test_add_peer_carries_the_promote_intent(server: Server) -> None:
+    """ADD_PEER always adds a non-voter; it is marked for promotion (seed 004's PRE_VOTER)
+    only when the request asks for a VOTER or for a NON_VOTER with promote set. The peers
+    here never answer, so nothing is promoted: what is checked is the intent recorded."""
+    await server.create()
+    ports = free_ports(3)
+    asks = [(mpb.NON_VOTER, False), (mpb.NON_VOTER, True), (mpb.VOTER, False)]
+    for i, ((member_type, promote), port) in enumerate(zip(asks, ports, strict=True)):
+        req = tpb.ChangeConfigRequestPB(
+            dest_uuid=server.uuid, tablet_id="tablet-1", type=tpb.ChangeConfigRequestPB.ADD_PEER
+        )
+        req.peer.permanent_uuid = f"peer-{i}"
+        req.peer.member_type = member_type
+        req.peer.promote = promote
+        req.peer.last_known_addr.host, req.peer.last_known_addr.port = "127.0.0.1", port
+        resp = await server.admin.ChangeConfig(req)
+        peers = {p.permanent_uuid: p for p in resp.consensus_state.committed_config.peers}
+        assert peers[f"peer-{i}"].member_type == mpb.NON_VOTER
+    cs = await server.admin.GetConsensusState(
+        tpb.GetConsensusStateRequestPB(dest_uuid=server.uuid, tablet_ids=["tablet-1"])
+    )
+    peers = {p.permanent_uuid: p for p in cs.tablets[0].consensus_state.committed_config.peers}
+    assert [peers[f"peer-{i}"].promote for i in range(3)] == [False, True, True]
+    assert all(peers[f"peer-{i}"].member_type == mpb.NON_VOTER for i in range(3))
+
+
+@run
+async def test_an_idle_tablet_flushes_and_compacts_overlapping_files(tmp_path: Path) -> None:
+    """flush_idle_ms: a tablet that takes no write for that long flushes its memstore, then
+    merges files whose key ranges overlap, so that it is read from one sorted file."""
+    server = Server(tmp_path / "ts", flush_idle_ms=300)
+    await server.start()
+    try:
+        await server.create()
+        assert server.ts is not None
+        replica = server.ts.tablets.get("tablet-1")
+
+        def files() -> list[str]:
+            assert replica.store is not None
+            return [f for f in replica.store.data_files() if f.endswith(".arrow")]
+
+        async def settle(want_files: int, before: list[str]) -> None:
+            """Until the memstore is empty and the files (changed from `before`: a write's
+            apply may trail its answer) are `want_files` many."""
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                assert replica.store is not None
+                now = files()
+                if replica.store.memstore_rows() == 0 and len(now) == want_files and now != before:
+                    return
+            raise AssertionError(f"memstore {replica.store.memstore_rows()}, files {files()}")
+
+        await server.data.Write(write_request(server.uuid, "tablet-1", rows(0, 1000)))
+        await settle(1, [])
+        first = files()
+        await server.data.Write(
+            write_request(server.uuid, "tablet-1", rows(500, 1500), op=tpb.ROW_OP_UPSERT)
+        )
+        await settle(1, first)  # flushed (2 files, overlapping), then compacted into one
+        second = files()
+        await server.data.Write(write_request(server.uuid, "tablet-1", rows(5000, 5100)))
+        await settle(2, second)  # disjoint from the first: left as a second file
+        got = await scan_all(server.data, server.uuid, "tablet-1")
+        assert got.to_pydict() == pa.concat_tables([rows(0, 1500), rows(5000, 5100)]).to_pydict()
+    finally:
+        await server.stop()
