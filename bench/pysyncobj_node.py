@@ -145,7 +145,8 @@ async def serve(args: argparse.Namespace) -> int:
     # --no-batch: send AppendEntries at once per command instead of every appendEntriesPeriod.
     conf = SyncObjConf(journalFile=str(args.journal), appendEntriesUseBatch=not args.no_batch)
     obj = ReplicatedDict(args.raft, [p.split("=", 1)[0] for p in args.peer], conf)
-    server = grpc.aio.server()
+    # SO_REUSEPORT off: one server per port (see RpcSettings.server_options).
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     kvdemo_pb2_grpc.add_KvDemoServicer_to_server(
         PySyncObjKvServicer(obj, grpc_of_raft, args.raft), server
     )

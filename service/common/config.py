@@ -291,6 +291,15 @@ class RpcSettings:
             ("grpc.max_receive_message_length", self.max_message_bytes),
         ]
 
+    def server_options(self) -> list[tuple[str, int]]:
+        """Options for `grpc.aio.server`: `grpc_options` and SO_REUSEPORT off.
+
+        gRPC sets SO_REUSEPORT on Linux by default, so a second server binding a port that is
+        in use *succeeds* and the kernel splits new connections between the two: a master
+        started on a port another process took meanwhile would answer half its clients with
+        "Method not found". Off, the bind fails and the server refuses to start."""
+        return [*self.grpc_options(), ("grpc.so_reuseport", 0)]
+
     def validate(self, section: str = "rpc") -> None:
         c = _Check(self, section)
         c.positive("max_message_bytes")

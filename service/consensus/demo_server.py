@@ -192,7 +192,7 @@ async def serve(config: DemoNodeConfig, ready_file: Path | None = None) -> int:
         settings=NodeSettings.from_raft_settings(config.raft),
     )
     transport.register(GROUP, node.step, node.report_unreachable)
-    server = grpc.aio.server(options=config.rpc.grpc_options())
+    server = grpc.aio.server(options=config.rpc.server_options())
     port = server.add_insecure_port(config.rpc_bind)
     if port == 0:
         raise OSError(f"could not bind {config.rpc_bind}")

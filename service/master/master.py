@@ -195,7 +195,7 @@ class MasterServer:
     async def start(self) -> None:
         """Bind, open sys.catalog (WAL recovery), wire the services, start serving."""
         config = self.config
-        server = grpc.aio.server(options=config.rpc.grpc_options())
+        server = grpc.aio.server(options=config.rpc.server_options())
         port = server.add_insecure_port(config.rpc_bind)
         if port == 0:
             raise OSError(f"could not bind {config.rpc_bind}")

@@ -228,7 +228,8 @@ class Simulator:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        server = grpc.aio.server()
+        # SO_REUSEPORT off: one server per port (see RpcSettings.server_options).
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         port = server.add_insecure_port(self.bind)
         if port == 0:
             raise OSError(f"could not bind {self.bind}")

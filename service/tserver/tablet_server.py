@@ -125,7 +125,7 @@ class TabletServer:
         data_dir = Path(config.data_dir)
         self.uuid = load_or_create_uuid(data_dir)
         self.instance.permanent_uuid = self.uuid
-        server = grpc.aio.server(options=config.rpc.grpc_options())
+        server = grpc.aio.server(options=config.rpc.server_options())
         port = server.add_insecure_port(config.rpc_bind)
         if port == 0:
             raise OSError(f"could not bind {config.rpc_bind}")

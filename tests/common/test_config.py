@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import tomllib
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from service.common.config import (
@@ -309,3 +311,27 @@ def test_split_host_port() -> None:
     for bad in ("host", ":1", "h:", "h:x", "h:70000"):
         with pytest.raises(InvalidArgument, match="host:port"):
             split_host_port(bad)
+
+
+def test_servers_built_from_rpc_settings_do_not_share_a_port() -> None:
+    """gRPC turns SO_REUSEPORT on by default, which lets a second server bind a port in use and
+    take half its connections; `server_options` turns it off, so the second bind fails."""
+
+    def bind(server: grpc.aio.Server, address: str) -> int:
+        try:
+            return server.add_insecure_port(address)
+        except RuntimeError:  # newer grpcio raises instead of returning 0
+            return 0
+
+    async def main() -> None:
+        options = RpcSettings().server_options()
+        first = grpc.aio.server(options=options)
+        port = bind(first, "127.0.0.1:0")
+        assert port > 0
+        await first.start()
+        try:
+            assert bind(grpc.aio.server(options=options), f"127.0.0.1:{port}") == 0
+        finally:
+            await first.stop(None)
+
+    asyncio.run(main())
