@@ -231,6 +231,15 @@ class RaftNode:
             self._control.append(lambda: self.raw.report_unreachable(NodeId(peer)))
             self._wakeup.set()
 
+    def report_snapshot(self, peer: str, ok: bool) -> None:
+        """The leader's snapshot for `peer` landed (`ok`: probe from the snapshot's index) or
+        did not (probe from the peer's match). A peer waiting for a snapshot is sent nothing
+        else, so a snapshot that never arrives (too large, lost) holds it until this is
+        called; a tablet's leader calls it once it has had the tablet copied to the peer."""
+        if not self._closed:
+            self._control.append(lambda: self.raw.report_snapshot(NodeId(peer), ok))
+            self._wakeup.set()
+
     def _check_open(self) -> None:
         if self.fatal is not None:
             raise IOFatal(f"node stopped after a storage failure: {self.fatal}")

@@ -1142,11 +1142,17 @@ class StartTabletCopyRequestPB(_message.Message):
     COPY_PEER_UUID_FIELD_NUMBER: _builtins.int
     COPY_PEER_ADDR_FIELD_NUMBER: _builtins.int
     CALLER_TERM_FIELD_NUMBER: _builtins.int
+    RETAINED_FROM_INDEX_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     copy_peer_uuid: _builtins.str
     caller_term: _builtins.int
     """the leader's term: refused if lower than the replica's own"""
+    retained_from_index: _builtins.int
+    """The first index the leader still keeps in its log (0: not given). A READY replica is left
+    alone, unless its log ends before this index - 1: then it can never catch up by replication
+    and the copy replaces it (its consensus metadata is kept).
+    """
     @_builtins.property
     def copy_peer_addr(self) -> _master_pb2.HostPortPB: ...
     def __init__(
@@ -1157,10 +1163,11 @@ class StartTabletCopyRequestPB(_message.Message):
         copy_peer_uuid: _builtins.str = ...,
         copy_peer_addr: _master_pb2.HostPortPB | None = ...,
         caller_term: _builtins.int = ...,
+        retained_from_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["copy_peer_addr", b"copy_peer_addr"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller_term", b"caller_term", "copy_peer_addr", b"copy_peer_addr", "copy_peer_uuid", b"copy_peer_uuid", "dest_uuid", b"dest_uuid", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller_term", b"caller_term", "copy_peer_addr", b"copy_peer_addr", "copy_peer_uuid", b"copy_peer_uuid", "dest_uuid", b"dest_uuid", "retained_from_index", b"retained_from_index", "tablet_id", b"tablet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -2,12 +2,22 @@
 
 Theory of operation
 -------------------
-Trigger. A tablet's leader watches its peers (`CopyTrigger`, once a second): a peer that has
-acknowledged nothing for `TRIGGER_S` (its server does not host the tablet: a tombstoned
-replica, a server that lost its data) is sent StartTabletCopy naming the leader as the
-source. A non-voter added to be promoted (a move or a 3-4-3 replacement) is known to be empty
-and is sent it at the first check, without the wait. A peer that answers normally never is;
-one whose server is down makes the RPC fail, and the leader tries again later (`RETRY_S`).
+Trigger. A tablet's leader watches its peers (`CopyTrigger`, once a second). It sends
+StartTabletCopy, naming itself as the source, to a peer that for `TRIGGER_S`
+  * has acknowledged nothing (its server does not host the tablet: a tombstoned replica, a
+    server that lost its data), or
+  * needs entries the leader no longer keeps (its match is before the leader's first log
+    index). Raft would send it a snapshot, but a tablet's snapshot is its every row in one
+    message, which fails once the tablet outgrows `rpc.max_message_bytes`; a copy is chunked.
+    The request carries the leader's first index (`retained_from_index`), so the peer knows
+    its READY replica cannot catch up.
+A non-voter added to be promoted (a move or a 3-4-3 replacement) is known to be empty and is
+sent it at the first check, without the wait. A peer that answers normally never is; one whose
+server is down makes the RPC fail, and the leader tries again later (`RETRY_S`). A peer the
+Raft core holds waiting for a snapshot (sent nothing else until it lands) that has not landed
+within `TRIGGER_S` is reported to the core as landed (`report_snapshot`), so the leader probes
+it again from the snapshot's index: a peer the copy has filled meanwhile then matches, and one
+still behind asks again for what it lacks.
 
 Source (`CopySource`, the TabletCopyService). BeginTabletCopySession takes a consistent image of
 the tablet at one applied Raft index: the tablet's Raft snapshot payload (every row, with the
@@ -20,8 +30,9 @@ when idle for `SESSION_IDLE_S`.
 
 Destination (`CopyClient`). StartTabletCopy is idempotent (a READY replica or a copy under way
 is left alone) and refused when the caller's term is lower than the replica's own (a deposed
-leader). Copies run as tasks bounded by `num_tablets_to_copy_simultaneously`, can be listed and
-cancelled. One copy:
+leader). The exception is a READY replica whose log ends before `retained_from_index - 1`:
+it is stopped and replaced by the copy, keeping its consensus metadata. Copies run as tasks
+bounded by `num_tablets_to_copy_simultaneously`, can be listed and cancelled. One copy:
 
   1. Begin a session; write the superblock COPYING (the commit point: a crash from here on
      leaves a replica that startup tombstones, and the leader copies it again);
@@ -31,6 +42,14 @@ cancelled. One copy:
      our vote is kept only for a term we keep; the remote config is adopted);
   4. write the superblock READY and start the replica. It catches up from the leader by normal
      replication and, added as a non-voter with `promote`, is promoted once caught up.
+
+Safety of replacing a READY replica. A voter must never lose an entry it acknowledged: the
+leader may have counted that acknowledgement toward a commit. A replica acknowledges only
+entries it has persisted, so it is replaced only if its persisted log (checked again once the
+replica is stopped, `_prepare`) ends before the leader's first index - 1. The copy's image is
+taken at the source's applied index, which is at or past that (the leader keeps its log from
+its last snapshot on, and a snapshot covers only applied entries), so every entry the replica
+ever acknowledged is in the image or was never committed.
 """
 
 from __future__ import annotations
@@ -62,6 +81,7 @@ from service.consensus.raft_store import RaftStore
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
 from service.raft import NO_NODE, NodeId, RaftConfig, Role, Snapshot, SnapshotMeta
+from service.raft.progress import ProgressState
 from service.tserver import superblock as sbmod
 from service.tserver.rowstore import RowStore
 from service.tserver.superblock import DataState, Superblock
@@ -96,9 +116,11 @@ class _Session:
 class CopySource:
     """Serves copy sessions of the replicas hosted here (module docstring)."""
 
-    def __init__(self, tablets: TabletManager) -> None:
+    def __init__(self, tablets: TabletManager, max_message_bytes: int = 64 << 20) -> None:
         self.tablets = tablets
         self.sessions: dict[str, _Session] = {}
+        # A chunk and its envelope must fit in one response this server may send.
+        self.max_chunk_bytes = max(4096, min(CHUNK_BYTES, max_message_bytes - (64 << 10)))
 
     def begin(
         self, req: tpb.BeginTabletCopySessionRequestPB
@@ -153,7 +175,7 @@ class CopySource:
             raise NotFound(f"copy session {req.session_id}: no file {req.file_name!r}")
         if req.offset > len(data):
             raise InvalidArgument(f"offset {req.offset} is past the end ({len(data)} bytes)")
-        n = min(req.max_length or CHUNK_BYTES, CHUNK_BYTES)
+        n = min(req.max_length or self.max_chunk_bytes, self.max_chunk_bytes)
         chunk = data[req.offset : req.offset + n]
         return tpb.FetchDataResponsePB(
             data=chunk, offset=req.offset, crc32c=google_crc32c.value(chunk), total_size=len(data)
@@ -222,7 +244,9 @@ class CopyClient:
             return  # idempotent: that copy goes on
         existing = self.tablets.replicas.get(tablet_id)
         if existing is not None:
-            if existing.superblock.data_state is DataState.READY:
+            if existing.superblock.data_state is DataState.READY and not _cannot_catch_up(
+                existing, req.retained_from_index
+            ):
                 return  # already here (a late or repeated request)
             local_term = _local_term(existing)
             if req.caller_term < local_term:
@@ -234,7 +258,8 @@ class CopyClient:
         self.copies[tablet_id] = status
         address = f"{req.copy_peer_addr.host}:{req.copy_peer_addr.port}"
         status.task = asyncio.create_task(
-            self._run(status, req.copy_peer_uuid, address), name=f"copy-{tablet_id}"
+            self._run(status, req.copy_peer_uuid, address, req.retained_from_index),
+            name=f"copy-{tablet_id}",
         )
 
     def cancel(self, tablet_id: str) -> None:
@@ -250,10 +275,10 @@ class CopyClient:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await s.task
 
-    async def _run(self, status: CopyStatus, source: str, address: str) -> None:
+    async def _run(self, status: CopyStatus, source: str, address: str, retained_from: int) -> None:
         async with self._sem:
             try:
-                await self._copy(status, source, address)
+                await self._copy(status, source, address, retained_from)
                 status.state = "DONE"
             except asyncio.CancelledError:
                 status.state, status.message = "CANCELLED", "cancelled"
@@ -264,7 +289,9 @@ class CopyClient:
                 log.warning("tablet copy of %s from %s failed: %s", status.tablet_id, source, err)
                 await self._abandon(status.tablet_id)
 
-    async def _copy(self, status: CopyStatus, source: str, address: str) -> None:
+    async def _copy(
+        self, status: CopyStatus, source: str, address: str, retained_from: int
+    ) -> None:
         tm = self.tablets
         tablet_id = status.tablet_id
         t0 = time.monotonic()
@@ -288,7 +315,7 @@ class CopyClient:
                 raise Corruption(f"copy session of {tablet_id} offers no {SNAPSHOT_FILE!r}")
             status.bytes_total = files[SNAPSHOT_FILE].size
             async with tm.lock(tablet_id):
-                replica = await self._prepare(tablet_id, remote_sb, source)
+                replica = await self._prepare(tablet_id, remote_sb, source, retained_from)
                 pause = float(os.environ.get(FAILPOINT_PAUSE, "0") or 0)
                 if pause:  # tests: a window to kill this server in the middle of a copy
                     log.warning("failpoint %s: pausing %.1fs mid-copy", FAILPOINT_PAUSE, pause)
@@ -342,12 +369,34 @@ class CopyClient:
         )
         tm.changed(tablet_id)
 
-    async def _prepare(self, tablet_id: str, remote_sb: Superblock, source: str) -> TabletReplica:
-        """Write COPYING first (the commit point), keeping a tombstone's consensus metadata."""
+    async def _prepare(
+        self, tablet_id: str, remote_sb: Superblock, source: str, retained_from: int
+    ) -> TabletReplica:
+        """Write COPYING first (the commit point), keeping the consensus metadata of the
+        replica replaced (a tombstone, or a READY replica too far behind to catch up, which
+        is stopped first)."""
         tm = self.tablets
         existing = tm.replicas.get(tablet_id)
         if existing is not None and existing.superblock.data_state is DataState.READY:
-            raise FailedPrecondition(f"tablet {tablet_id} became READY here meanwhile")
+            if not _cannot_catch_up(existing, retained_from):
+                raise FailedPrecondition(f"tablet {tablet_id} became READY here meanwhile")
+            log.info(
+                "tablet %s: the replica's log ends before index %d, where the leader's log "
+                "starts; replacing it by a copy from %s",
+                tablet_id,
+                retained_from,
+                source,
+            )
+            node = existing.node
+            assert node is not None
+            await existing.aclose()
+            # Re-checked once stopped: what the replica may have acknowledged is what it
+            # persisted, and that must all be within the copy (module docstring, Safety).
+            if node.storage.last_index() >= retained_from - 1:
+                fresh = tm.new_replica(existing.dir, existing.superblock)
+                tm.replicas[tablet_id] = fresh
+                await tm.start_replica(fresh)
+                raise FailedPrecondition(f"tablet {tablet_id} caught up while being stopped")
         d = tm.root / tablet_id
         d.mkdir(parents=True, exist_ok=True)
         sb = Superblock(
@@ -379,6 +428,17 @@ class CopyClient:
         replica.superblock = sb
         replica.state = ReplicaState.TOMBSTONED
         tm.changed(tablet_id)
+
+
+def _cannot_catch_up(replica: TabletReplica, retained_from: int) -> bool:
+    """Whether a running replica's log ends before `retained_from - 1`: the leader no longer
+    has the entries that would follow it, so replication alone can never bring it up to date
+    (a Raft snapshot could, but a tablet's is its every row in one message, which may be too
+    large to send). Such a replica is replaced by a copy; any other READY one is left alone."""
+    node = replica.node
+    if retained_from <= 1 or node is None or replica.state is not ReplicaState.RUNNING:
+        return False
+    return node.status().last_index < retained_from - 1
 
 
 def _local_term(replica: TabletReplica) -> int:
@@ -443,6 +503,7 @@ class CopyTrigger:
         self.own_uuid = own_uuid
         self.own_address = own_address
         self._silent_since: dict[tuple[str, str], float] = {}
+        self._snapshot_since: dict[tuple[str, str], float] = {}
         self._last_try: dict[tuple[str, str], float] = {}
         self._task: asyncio.Task[None] | None = None
         self.sent = 0
@@ -466,7 +527,8 @@ class CopyTrigger:
                 log.exception("copy trigger failed")
 
     async def check(self, now: float) -> None:
-        seen = set()
+        seen: set[tuple[str, str]] = set()
+        waiting: set[tuple[str, str]] = set()
         for replica in self.replica_of():
             node = replica.node
             if node is None or replica.state is not ReplicaState.RUNNING:
@@ -474,36 +536,48 @@ class CopyTrigger:
             st = node.status()
             if st.role is not Role.LEADER:
                 continue
+            first = node.storage.first_index()
             for peer, pr in st.progress.items():
                 if peer == self.own_uuid:
                     continue
                 key = (replica.tablet_id, str(peer))
-                if pr.match > 0:
-                    continue
+                if pr.state is ProgressState.SNAPSHOT:
+                    waiting.add(key)
+                    if now - self._snapshot_since.setdefault(key, now) >= TRIGGER_S:
+                        node.report_snapshot(peer, ok=True)  # probe again (module docstring)
+                        del self._snapshot_since[key]
+                if pr.match > 0 and pr.match >= first - 1:
+                    continue  # it can be brought up to date from the log
                 seen.add(key)
                 since = self._silent_since.setdefault(key, now)
                 # A peer added to be promoted (seed 004's PRE_VOTER: a move, a 3-4-3
                 # replacement) is known to be empty: copy at once rather than wait.
-                wait = 0.0 if node.is_promotable(peer) else TRIGGER_S
+                wait = 0.0 if pr.match == 0 and node.is_promotable(peer) else TRIGGER_S
                 if now - since < wait or now - self._last_try.get(key, 0.0) < RETRY_S:
                     continue
                 self._last_try[key] = now
                 address = replica.transport.address_of(peer)
                 if address:
-                    t = asyncio.create_task(self._send(replica, peer, address, st.term))
+                    t = asyncio.create_task(self._send(replica, peer, address, st.term, first))
                     self._sends.add(t)
                     t.add_done_callback(self._sends.discard)
         for key in list(self._silent_since):
             if key not in seen:
                 del self._silent_since[key]
+        for key in list(self._snapshot_since):
+            if key not in waiting:
+                del self._snapshot_since[key]
 
-    async def _send(self, replica: TabletReplica, peer: str, address: str, term: int) -> None:
+    async def _send(
+        self, replica: TabletReplica, peer: str, address: str, term: int, retained_from: int
+    ) -> None:
         host, _, port = self.own_address().rpartition(":")
         req = tpb.StartTabletCopyRequestPB(
             dest_uuid=peer,
             tablet_id=replica.tablet_id,
             copy_peer_uuid=self.own_uuid,
             caller_term=term,
+            retained_from_index=retained_from,
         )
         req.copy_peer_addr.host, req.copy_peer_addr.port = host, int(port)
         try:

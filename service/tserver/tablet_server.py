@@ -152,7 +152,7 @@ class TabletServer:
         self.tablets = TabletManager(data_dir, self.uuid, transport, settings)
         await self.tablets.open()
         self.copies = CopyClient(self.tablets, config.num_tablets_to_copy_simultaneously)
-        self.copy_source = CopySource(self.tablets)
+        self.copy_source = CopySource(self.tablets, config.rpc.max_message_bytes)
         consensus = ConsensusServicer(transport)
         admin, data, copy = AdminServicer(self), DataServicer(self), CopyServicer(self)
         for servicer in (consensus, admin, data, copy):

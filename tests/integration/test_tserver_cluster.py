@@ -18,7 +18,7 @@ import pytest
 from service.common.errors import from_grpc
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
-from service.testing.mini_cluster import MiniCluster
+from service.testing.mini_cluster import FAST_TSERVER, MiniCluster
 from service.testing.tablet_fixtures import (
     ClusterStubs,
     create_request,
@@ -324,6 +324,72 @@ def test_non_voter_added_without_promote_is_not_promoted(tmp_path: Path) -> None
 
                 leader = await _on_leader(client, uuids, promote)
                 assert (await _committed_peers(client, leader))[ts4.uuid].member_type == mpb.VOTER
+            finally:
+                await client.close()
+
+    asyncio.run(main())
+
+
+def test_follower_behind_the_leaders_log_catches_up_when_the_snapshot_is_too_big_to_send(
+    tmp_path: Path,
+) -> None:
+    """A follower that missed entries the leader has since compacted needs the whole tablet.
+    A Raft snapshot of a tablet is its every row, one message; here it is larger than
+    `rpc.max_message_bytes` (2 MiB), so it can never be sent. The leader must see that the
+    snapshot did not land and copy the tablet to the follower instead (StartTabletCopy onto
+    the running, lagging replica); the follower then catches up and the replicas agree."""
+    overrides = {
+        **FAST_TSERVER,
+        "raft.snapshot_interval_entries": "20",
+        "raft.snapshot_catchup_entries": "5",
+        "rpc.max_message_bytes": str(2 << 20),
+    }
+
+    async def main() -> None:
+        with MiniCluster(tmp_path, tserver_overrides=overrides) as cluster:
+            client = ClusterStubs(cluster, TABLET)
+            try:
+                uuids = await _create(cluster, client)
+                leader = await client.leader(uuids)
+                first = await client.data(leader).Write(
+                    write_request(leader, TABLET, rows(0, 2_000), tpb.ROW_OP_UPSERT), timeout=30
+                )
+                # Every replica holds the first rows: the follower stopped below has
+                # acknowledged entries (its match is past 0) before it falls behind.
+                await _checksums(client, uuids, first.applied_index)
+                follower = next(u for u in uuids if u != leader)
+                lagger = cluster.tserver_by_uuid(follower)
+                cluster.kill_tserver(lagger.name)
+                client.forget(follower)
+                last = 0
+                for lo in range(2_000, 120_000, 2_000):  # 59 entries, about 4 MB of rows
+
+                    async def write(ld: str, lo: int = lo) -> None:
+                        nonlocal last
+                        resp = await client.data(ld).Write(
+                            write_request(ld, TABLET, rows(lo, lo + 2_000), tpb.ROW_OP_UPSERT),
+                            timeout=30,
+                        )
+                        last = resp.applied_index
+
+                    await _on_leader(client, [u for u in uuids if u != follower], write)
+                cluster.start_tserver(lagger.name)
+                # Until the copy is done the follower's replica answers UNAVAILABLE (being
+                # replaced, copying, starting).
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        sums = await _checksums(client, uuids, last)
+                        break
+                    except grpc.aio.AioRpcError as e:
+                        if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.2)
+                assert sums == {(120_000, next(iter(sums))[1])}, sums
+                copies = await client.admin(follower).ListTabletCopies(
+                    tpb.ListTabletCopiesRequestPB(dest_uuid=follower)
+                )
+                assert [(c.tablet_id, c.state) for c in copies.copies] == [(TABLET, "DONE")]
             finally:
                 await client.close()
 

@@ -460,3 +460,54 @@ async def test_an_idle_tablet_flushes_and_compacts_overlapping_files(tmp_path: P
         assert got.to_pydict() == pa.concat_tables([rows(0, 1500), rows(5000, 5100)]).to_pydict()
     finally:
         await server.stop()
+
+
+@with_server
+async def test_start_tablet_copy_replaces_a_ready_replica_only_if_it_cannot_catch_up(
+    server: Server,
+) -> None:
+    """StartTabletCopy onto a READY replica is a no-op, unless the leader says its log starts
+    past the end of the replica's (`retained_from_index`): then the replica cannot catch up
+    by replication and is replaced, if the caller's term is not stale. The source here does
+    not answer, so that copy fails before anything is touched and the replica stays READY."""
+    s = server
+    await s.create()
+    await s.data.Write(write_request(s.uuid, "tablet-1", rows(0, 10)))
+    assert s.ts is not None
+    node = s.ts.tablets.get("tablet-1").running_node()
+    last, term = node.status().last_index, node.status().term
+
+    def req(retained_from: int, caller_term: int) -> tpb.StartTabletCopyRequestPB:
+        r = tpb.StartTabletCopyRequestPB(
+            dest_uuid=s.uuid,
+            tablet_id="tablet-1",
+            copy_peer_uuid="leader",
+            caller_term=caller_term,
+            retained_from_index=retained_from,
+        )
+        r.copy_peer_addr.host, r.copy_peer_addr.port = "127.0.0.1", 1
+        return r
+
+    async def copies() -> list[tuple[str, str]]:
+        resp = await s.admin.ListTabletCopies(tpb.ListTabletCopiesRequestPB(dest_uuid=s.uuid))
+        return [(c.tablet_id, c.state) for c in resp.copies]
+
+    # Not given, or the replica's log reaches the leader's first index - 1: left alone.
+    await s.admin.StartTabletCopy(req(0, term + 1))
+    await s.admin.StartTabletCopy(req(last + 1, term + 1))
+    assert await copies() == []
+    # Behind, but asked by a deposed leader: refused.
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await s.admin.StartTabletCopy(req(last + 2, term - 1))
+    assert _code(e) == grpc.StatusCode.FAILED_PRECONDITION and "term" in (e.value.details() or "")
+    assert await copies() == []
+    # Behind, asked by the current leader: a copy starts (and fails: no source there).
+    await s.admin.StartTabletCopy(req(last + 2, term))
+    for _ in range(100):
+        if await copies() == [("tablet-1", "FAILED")]:
+            break
+        await asyncio.sleep(0.05)
+    assert await copies() == [("tablet-1", "FAILED")]
+    assert (await s.replicas())["tablet-1"].data_state == tpb.TABLET_DATA_READY
+    got = await scan_all(s.data, s.uuid, "tablet-1")
+    assert got.num_rows == 10
