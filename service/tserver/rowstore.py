@@ -64,7 +64,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -555,15 +555,28 @@ class RowStore:
 
     def export_snapshot(self) -> bytes:
         """Every live row and the schema as one Arrow IPC stream (a Raft snapshot payload)."""
+        return self.snapshot_exporter()()
+
+    def snapshot_exporter(self) -> Callable[[], bytes]:
+        """`export_snapshot` in two steps: the state is taken now (call this on the apply
+        thread; cheap: the sources are listed and the memstore materialized), and the returned
+        function merges and serializes it, touching only immutable data, so it may run in a
+        worker thread while writes go on (a tablet copy's image of a large tablet must not
+        stall the event loop every Raft group of the server runs on)."""
         schema = self._schema
         arrow_schema = schema.to_arrow().with_metadata(
             {_SNAPSHOT_SCHEMA_KEY: schema_to_pb(schema).SerializeToString()}
         )
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, arrow_schema) as writer:
-            for batch in self.scan(ScanSpec()):
-                writer.write_batch(batch)
-        return bytes(sink.getvalue().to_pybytes())
+        batches = self.scan(ScanSpec())
+
+        def export() -> bytes:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, arrow_schema) as writer:
+                for batch in batches:
+                    writer.write_batch(batch)
+            return bytes(sink.getvalue().to_pybytes())
+
+        return export
 
     @classmethod
     def import_snapshot(cls, directory: Path, data: bytes, index: int) -> RowStore:

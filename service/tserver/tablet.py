@@ -149,9 +149,16 @@ class TabletStateMachine:
         raise InvalidArgument(f"tablet {r.tablet_id}: unknown entry kind {kind!r} at {index}")
 
     def snapshot(self) -> bytes:
+        return self.snapshot_exporter()()
+
+    def snapshot_exporter(self) -> Callable[[], bytes]:
+        """`snapshot` in two steps (`RowStore.snapshot_exporter`): the state as of now, and a
+        function that serializes it, safe to run in a worker thread."""
         store = self.replica.store
         assert store is not None
-        return _SNAP_INDEX.pack(store.applied_index) + store.export_snapshot()
+        head = _SNAP_INDEX.pack(store.applied_index)
+        export = store.snapshot_exporter()
+        return lambda: head + export()
 
     def restore(self, data: bytes) -> None:
         r = self.replica

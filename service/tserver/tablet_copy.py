@@ -122,7 +122,7 @@ class CopySource:
         # A chunk and its envelope must fit in one response this server may send.
         self.max_chunk_bytes = max(4096, min(CHUNK_BYTES, max_message_bytes - (64 << 10)))
 
-    def begin(
+    async def begin(
         self, req: tpb.BeginTabletCopySessionRequestPB
     ) -> tpb.BeginTabletCopySessionResponsePB:
         self._expire()
@@ -145,7 +145,8 @@ class CopySource:
                 )
             },
         }
-        image = TabletStateMachine(replica).snapshot()
+        # The state is taken here, at `index`; the rows are serialized off the event loop.
+        image = await asyncio.to_thread(TabletStateMachine(replica).snapshot_exporter())
         sid = os.urandom(12).hex()
         self.sessions[sid] = _Session(req.tablet_id, req.requestor_uuid, {SNAPSHOT_FILE: image})
         log.info(

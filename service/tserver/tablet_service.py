@@ -150,7 +150,7 @@ class CopyServicer(_Base, tpb_grpc.TabletCopyServiceServicer):
         self, request: tpb.BeginTabletCopySessionRequestPB, context: Ctx
     ) -> tpb.BeginTabletCopySessionResponsePB:
         self._dest(request.dest_uuid)
-        return self.server.copy_source.begin(request)
+        return await self.server.copy_source.begin(request)
 
     @rpc_errors
     async def FetchData(
