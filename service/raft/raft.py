@@ -513,6 +513,14 @@ class Raft:
         elif t is MessageType.UNREACHABLE:
             if pr.state is ProgressState.REPLICATE:
                 pr.become_probe()
+            elif pr.state is ProgressState.SNAPSHOT:
+                # The snapshot may be what failed to go out, and a peer waiting for one is
+                # sent nothing else: without this it would wait for the rest of the term.
+                # Treated as a failed snapshot (etcd's ReportSnapshot(failure)): probe again
+                # from its match at the next heartbeat response, which re-sends the snapshot.
+                pr.pending_snapshot = 0
+                pr.become_probe()
+                pr.probe_sent = True
         elif t is MessageType.TRANSFER_LEADER:
             self._handle_transfer(m.frm, pr)
 

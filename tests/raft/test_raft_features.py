@@ -9,6 +9,7 @@ from service.raft import (
     ConfigChange,
     ConfigChangeRefused,
     ConfigChangeType,
+    Message,
     MessageType,
     NodeId,
     ProposalDropped,
@@ -339,3 +340,34 @@ def test_replicate_state_pipelines_bounded_by_inflight_window() -> None:
     sent = [m for m in c.delivered if m.type is MessageType.APP and m.to == "b"][before:]
     assert 0 < len(sent) <= 4
     assert c.committed_data("c")[-1] == b"x=19"  # c (with a) still commits everything
+
+
+def test_a_snapshot_lost_on_the_way_is_sent_again_once_the_peer_is_reported_unreachable() -> None:
+    """A peer waiting for a snapshot is sent nothing else. If the snapshot is lost (the
+    transport failed to send it, and says so with report_unreachable), the leader must not
+    wait for it for the rest of its term: it probes again and re-sends the snapshot."""
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.isolate("c")
+    for i in range(50):
+        c.propose("a", b"k%d=%d" % (i, i))
+    c.compact("a")
+    c.heal()
+    lost = [True]
+
+    def drop_first_snapshot(m: Message) -> bool:
+        if m.type is MessageType.SNAP and m.to == "c" and lost[0]:
+            lost[0] = False
+            return True
+        return False
+
+    c.msg_filter.append(drop_first_snapshot)
+    c.tick("a", 3)
+    assert not lost[0] and c.nodes[NodeId("c")].kv != c.nodes[NodeId("a")].kv
+    c.tick("a", 6)
+    assert c.nodes[NodeId("c")].kv != c.nodes[NodeId("a")].kv  # still waiting: nothing sent
+    c.node("a").report_unreachable(NodeId("c"))
+    c.tick("a", 3)
+    assert c.nodes[NodeId("c")].kv == c.nodes[NodeId("a")].kv
+    c.propose("a", b"after=1")
+    assert c.nodes[NodeId("c")].kv[b"after"] == b"1"
