@@ -586,7 +586,14 @@ class RaftNode:
         forced = any(index > self.last_snapshot_index for index, _ in self._snapshot_waiters)
         if not forced and self.applied - self.last_snapshot_index < s.snapshot_interval_entries:
             return
-        data = self.sm.snapshot()
+        # A state machine that can serialize its state off the loop (`snapshot_exporter`: a
+        # tablet's rows) does so in a worker thread: this group waits, but not the others the
+        # process runs on this event loop. Nothing is applied meanwhile (this is the loop).
+        exporter = getattr(self.sm, "snapshot_exporter", None)
+        if exporter is not None:
+            data = await asyncio.to_thread(exporter())
+        else:
+            data = self.sm.snapshot()
         snap = self.storage.create_snapshot(self.applied, self.applied_config, data)
         await asyncio.to_thread(self.store.compact, self.storage, snap, s.snapshot_catchup_entries)
         self.last_snapshot_index = self.applied
