@@ -293,7 +293,8 @@ def test_proposals_dropped_during_transfer() -> None:
 # -- snapshots and log compaction -------------------------------------------------------------
 
 
-def test_lagging_follower_catches_up_by_snapshot_after_compaction() -> None:
+def _c_behind_a_compacted_log() -> Cluster:
+    """a leads; c missed 50 entries that a has since compacted away (healed, not yet ticked)."""
     c = Cluster(["a", "b", "c"])
     c.elect("a")
     c.isolate("c")
@@ -302,6 +303,11 @@ def test_lagging_follower_catches_up_by_snapshot_after_compaction() -> None:
     c.compact("a")
     assert c.node("a").raft.log.first_index() > 2
     c.heal()
+    return c
+
+
+def test_lagging_follower_catches_up_by_snapshot_after_compaction() -> None:
+    c = _c_behind_a_compacted_log()
     c.tick("a", 3)
     snaps = [m for m in c.delivered if m.type is MessageType.SNAP and m.to == "c"]
     assert len(snaps) == 1
@@ -346,13 +352,7 @@ def test_a_snapshot_lost_on_the_way_is_sent_again_once_the_peer_is_reported_unre
     """A peer waiting for a snapshot is sent nothing else. If the snapshot is lost (the
     transport failed to send it, and says so with report_unreachable), the leader must not
     wait for it for the rest of its term: it probes again and re-sends the snapshot."""
-    c = Cluster(["a", "b", "c"])
-    c.elect("a")
-    c.isolate("c")
-    for i in range(50):
-        c.propose("a", b"k%d=%d" % (i, i))
-    c.compact("a")
-    c.heal()
+    c = _c_behind_a_compacted_log()
     lost = [True]
 
     def drop_first_snapshot(m: Message) -> bool:
