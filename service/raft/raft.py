@@ -13,7 +13,8 @@ in [election_tick, 2*election_tick) first run a *pre-vote* (a trial election at 
 changes no state), and only if a quorum would vote for them start a real election. With
 *check-quorum* a leader steps down when it has not heard from a quorum within an election
 timeout, and followers ignore votes while they have a live leader ("leader stickiness"), so a
-partitioned or removed node cannot depose a healthy leader.
+partitioned or removed node cannot depose a healthy leader. Campaigning and voting live in
+`election.py`.
 
 Commit (Figure 8): a leader only commits entries of its own term by counting replicas; earlier
 entries commit indirectly. It appends an empty no-op on election so that happens promptly.
@@ -31,17 +32,21 @@ round, and releases a ReadState once a quorum answered; the caller serves the re
 applying up to that index. An optional lease serves it at once while a quorum acknowledged a
 heartbeat sent less than `election_tick - 1` ticks ago (followers ignore votes for a full
 election timeout after hearing from the leader, so no other leader can exist in that window).
+The bookkeeping lives in `reads.py`.
+
+`RawNode` hands the caller the messages of a Ready coalesced (`coalesce.py`): one append and one
+acknowledgement per peer where the core queued several.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 
+from service.raft import election, reads
 from service.raft.log import RaftLog
 from service.raft.progress import Inflights, Progress, ProgressState
-from service.raft.storage import Compacted, Storage, Unavailable
+from service.raft.storage import Compacted, Storage, Unavailable, entries_size
 from service.raft.types import (
     NO_NODE,
     ConfigChange,
@@ -58,9 +63,6 @@ from service.raft.types import (
     Snapshot,
     SoftState,
 )
-
-TRANSFER_CONTEXT = b"transfer"
-"""Context of a VOTE sent after TIMEOUT_NOW: voters must not ignore it as "in lease"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,18 +109,6 @@ class ConfigChangeRefused(Exception):
     an invalid change for the current config."""
 
 
-class VoteResult(Enum):
-    PENDING = "PENDING"
-    WON = "WON"
-    LOST = "LOST"
-
-
-@dataclass(slots=True)
-class _ReadIndexStatus:
-    index: int
-    acks: set[NodeId] = field(default_factory=set)
-
-
 class Raft:
     """Mutable Raft state for one node of one group. Owned by exactly one `RawNode`."""
 
@@ -151,9 +141,7 @@ class Raft:
         self.lead_transferee = NO_NODE
         self.last_transfer_tick = -(10**9)
         self.pending_conf_index = 0
-        self._read_pending: dict[bytes, _ReadIndexStatus] = {}
-        self._read_queue: list[bytes] = []
-        self._reads_awaiting_commit: list[bytes] = []
+        self.reads = reads.ReadIndexQueue()
 
         # Membership: committed config plus uncommitted config entries in log order.
         boot = bootstrap_config or RaftConfig(frozenset())
@@ -229,8 +217,12 @@ class Raft:
         while self.pending_configs and self.pending_configs[0][0] <= self.log.committed:
             self.committed_config = self.pending_configs.pop(0)[1]
 
-    def _log_written(self, first_index: int) -> None:
-        """Entries from `first_index` on were appended or replaced."""
+    def _log_written(self, first_index: int, plain: bool = False) -> None:
+        """Entries from `first_index` on were appended or replaced. `plain`: a batch of NORMAL
+        entries appended after the last one (proposals): the rescan would drop no pending
+        config (none sits at a new index) and find none, so it is skipped."""
+        if plain and (not self.pending_configs or self.pending_configs[-1][0] < first_index):
+            return
         before = self.config
         self._scan_configs(first_index)
         after = self._effective_config()
@@ -239,10 +231,7 @@ class Raft:
 
     def _commit_changed(self) -> None:
         self._commit_configs()
-        if self.state is Role.LEADER and self._reads_awaiting_commit and self._committed_in_term():
-            waiting, self._reads_awaiting_commit = self._reads_awaiting_commit, []
-            for ctx in waiting:
-                self._read_index(ctx)
+        reads.on_commit(self)
 
     def _reconfigure(self, config: RaftConfig) -> None:
         self.config = config
@@ -295,9 +284,7 @@ class Raft:
             pr.recent_active = False
             pr.lease_tick = -(10**9)
         self.pending_conf_index = 0
-        self._read_pending.clear()
-        self._read_queue.clear()
-        self._reads_awaiting_commit.clear()
+        self.reads.clear()
 
     def become_follower(self, term: int, lead: NodeId) -> None:
         self._reset(term)
@@ -358,73 +345,10 @@ class Raft:
             self.heartbeat_elapsed = 0
             self.step(Message(MessageType.BEAT, frm=self.id))
 
-    # -- elections ---------------------------------------------------------------------------
+    # -- elections (election.py) -------------------------------------------------------------
 
     def _hup(self, transfer: bool = False) -> None:
-        if self.state is Role.LEADER or not self.promotable():
-            return
-        if self.opts.pre_vote and not transfer:
-            self._campaign(pre=True, transfer=False)
-        else:
-            self._campaign(pre=False, transfer=transfer)
-
-    def _campaign(self, pre: bool, transfer: bool) -> None:
-        if pre:
-            self.become_pre_candidate()
-            vote_type, term = MessageType.PRE_VOTE, self.term + 1
-        else:
-            self.become_candidate()
-            vote_type, term = MessageType.VOTE, self.term
-        if self._poll(self.id, True) is VoteResult.WON:
-            # A single-voter group wins at once.
-            if pre:
-                self._campaign(pre=False, transfer=transfer)
-            else:
-                self.become_leader()
-            return
-        ctx = TRANSFER_CONTEXT if transfer else b""
-        for node in sorted(self.config.voters):
-            if node == self.id:
-                continue
-            self._send(
-                self._msg(
-                    vote_type,
-                    node,
-                    term=term,
-                    index=self.log.last_index(),
-                    log_term=self.log.last_term(),
-                    context=ctx,
-                )
-            )
-
-    def _poll(self, node: NodeId, granted: bool) -> VoteResult:
-        self.votes.setdefault(node, granted)
-        yes = sum(1 for n in self.config.voters if self.votes.get(n) is True)
-        no = sum(1 for n in self.config.voters if self.votes.get(n) is False)
-        q = self.config.quorum()
-        if yes >= q:
-            return VoteResult.WON
-        if no > len(self.config.voters) - q:
-            return VoteResult.LOST
-        return VoteResult.PENDING
-
-    def _handle_vote_request(self, m: Message) -> None:
-        resp_type = (
-            MessageType.VOTE_RESP if m.type is MessageType.VOTE else MessageType.PRE_VOTE_RESP
-        )
-        can_vote = (
-            self.vote == m.frm
-            or (self.vote == NO_NODE and self.lead == NO_NODE)
-            or (m.type is MessageType.PRE_VOTE and m.term > self.term)
-        )
-        if can_vote and self.log.is_up_to_date(m.index, m.log_term):
-            # Grant with the message's term: for a pre-vote that is the future term.
-            self._send(self._msg(resp_type, m.frm, term=m.term))
-            if m.type is MessageType.VOTE:
-                self.election_elapsed = 0
-                self.vote = m.frm
-        else:
-            self._send(self._msg(resp_type, m.frm, term=self.term, reject=True))
+        election.hup(self, transfer)
 
     # -- the step function -------------------------------------------------------------------
 
@@ -432,16 +356,10 @@ class Raft:
         if m.term == 0:
             pass  # local message
         elif m.term > self.term:
-            if m.type in (MessageType.VOTE, MessageType.PRE_VOTE):
-                force = m.context == TRANSFER_CONTEXT
-                # With lease reads, a node that just started does not know whether a leader
-                # holds a lease that counts on it: it waits one election timeout before voting.
-                in_lease = self.opts.check_quorum and (
-                    (self.lead != NO_NODE and self.election_elapsed < self.opts.election_tick)
-                    or (self.opts.lease_reads and self.tick_count < self.opts.election_tick)
-                )
-                if not force and in_lease:
-                    return  # leader stickiness (thesis §4.2.3): we have a live leader
+            if m.type in (MessageType.VOTE, MessageType.PRE_VOTE) and election.ignores_vote(
+                self, m
+            ):
+                return  # leader stickiness (thesis §4.2.3): we have a live leader
             if m.type is MessageType.PRE_VOTE or (
                 m.type is MessageType.PRE_VOTE_RESP and not m.reject
             ):
@@ -465,11 +383,11 @@ class Raft:
         if m.type is MessageType.HUP:
             self._hup()
         elif m.type in (MessageType.VOTE, MessageType.PRE_VOTE):
-            self._handle_vote_request(m)
+            election.handle_vote_request(self, m)
         elif self.state is Role.LEADER:
             self._step_leader(m)
         elif self.state in (Role.CANDIDATE, Role.PRE_CANDIDATE):
-            self._step_candidate(m)
+            election.step_candidate(self, m)
         else:
             self._step_follower(m)
 
@@ -502,7 +420,7 @@ class Raft:
             if pr.match < self.log.last_index():
                 self._send_append(m.frm)
             if m.context:
-                self._read_index_ack(m.context, m.frm)
+                reads.on_heartbeat_ack(self, m.context, m.frm)
         elif t is MessageType.SNAP_STATUS:
             if pr.state is not ProgressState.SNAPSHOT:
                 return
@@ -608,7 +526,7 @@ class Raft:
     def _send_append(self, to: NodeId, send_if_empty: bool = True) -> bool:
         """Send the follower what it lacks (entries, or a snapshot). Returns whether sent."""
         pr = self.prs[to]
-        if pr.is_paused():
+        if pr.is_paused() or (not send_if_empty and pr.next > self.log.last_index()):
             return False
         # The bootstrap config is no log entry: a peer that did not bootstrap with it and
         # replayed the log from index 1 would apply the membership changes onto an empty
@@ -640,7 +558,7 @@ class Raft:
             if pr.state is ProgressState.REPLICATE:
                 last = ents[-1].index
                 pr.optimistic_update(last)
-                pr.inflights.add(last, sum(e.size() for e in ents))
+                pr.inflights.add(last, entries_size(ents))
             elif pr.state is ProgressState.PROBE:
                 pr.probe_sent = True
         elif pr.state is ProgressState.PROBE:
@@ -699,9 +617,12 @@ class Raft:
                 f"leadership transfer to {self.lead_transferee} in progress", self.lead
             )
         first = self.log.last_index() + 1
-        self._append_entries([Entry(term=0, index=0, data=d) for d in datas])
+        term = self.term
+        normal = EntryType.NORMAL
+        self.log.append([Entry(term, first + i, normal, d) for i, d in enumerate(datas)])
+        self._log_written(first, plain=True)
         self._bcast_append()
-        return first, self.term
+        return first, term
 
     def propose_config_change(self, cc: ConfigChange) -> tuple[int, int]:
         if self.state is not Role.LEADER:
@@ -751,86 +672,19 @@ class Raft:
     def _abort_transfer(self) -> None:
         self.lead_transferee = NO_NODE
 
-    # -- reads -------------------------------------------------------------------------------
-
-    def _committed_in_term(self) -> bool:
-        return self.log.term_or_zero(self.log.committed) == self.term
+    # -- reads (reads.py) ----------------------------------------------------------------------
 
     def lease_valid(self) -> bool:
-        if not (self.opts.lease_reads and self.opts.check_quorum and self.state is Role.LEADER):
-            return False
-        if (
-            self.lead_transferee
-            or self.tick_count - self.last_transfer_tick < 2 * self.opts.election_tick
-        ):
-            return False
-        horizon = self.tick_count - (self.opts.election_tick - 1)
-        fresh = sum(
-            1
-            for n in self.config.voters
-            if n == self.id or (n in self.prs and self.prs[n].lease_tick > horizon)
-        )
-        return fresh >= self.config.quorum()
+        return reads.lease_valid(self)
 
     def read_index(self, ctx: bytes) -> None:
         if self.state is not Role.LEADER:
             raise ProposalDropped(f"not the leader (leader is {self.lead or 'unknown'})", self.lead)
-        if not ctx or ctx in self._read_pending or ctx in self._reads_awaiting_commit:
+        if not ctx or self.reads.known(ctx):
             raise ValueError("read contexts must be non-empty and unique")
-        self._read_index(ctx)
+        reads.issue(self, ctx)
 
-    def _read_index(self, ctx: bytes) -> None:
-        if not self._committed_in_term():
-            # The commit index is only known to be current once this term's no-op commits.
-            self._reads_awaiting_commit.append(ctx)
-            return
-        if self.config.voters == {self.id} or self.lease_valid():
-            self.read_states.append(ReadState(self.log.committed, ctx))
-            return
-        self._read_pending[ctx] = _ReadIndexStatus(self.log.committed, {self.id})
-        self._read_queue.append(ctx)
-        self._bcast_heartbeat(ctx)
-
-    def _read_index_ack(self, ctx: bytes, frm: NodeId) -> None:
-        status = self._read_pending.get(ctx)
-        if status is None:
-            return
-        status.acks.add(frm)
-        if sum(1 for n in self.config.voters if n in status.acks) < self.config.quorum():
-            return
-        # Confirming leadership for this request confirms it for every earlier one too.
-        while self._read_queue:
-            c = self._read_queue.pop(0)
-            st = self._read_pending.pop(c)
-            self.read_states.append(ReadState(st.index, c))
-            if c == ctx:
-                break
-
-    # -- candidate and follower --------------------------------------------------------------
-
-    def _step_candidate(self, m: Message) -> None:
-        t = m.type
-        if t is MessageType.APP:
-            self.become_follower(m.term, m.frm)
-            self._handle_append(m)
-        elif t is MessageType.HEARTBEAT:
-            self.become_follower(m.term, m.frm)
-            self._handle_heartbeat(m)
-        elif t is MessageType.SNAP:
-            self.become_follower(m.term, m.frm)
-            self._handle_snapshot(m)
-        elif (t is MessageType.PRE_VOTE_RESP and self.state is Role.PRE_CANDIDATE) or (
-            t is MessageType.VOTE_RESP and self.state is Role.CANDIDATE
-        ):
-            result = self._poll(m.frm, not m.reject)
-            if result is VoteResult.WON:
-                if self.state is Role.PRE_CANDIDATE:
-                    self._campaign(pre=False, transfer=False)
-                else:
-                    self.become_leader()
-                    self._bcast_append()
-            elif result is VoteResult.LOST:
-                self.become_follower(self.term, NO_NODE)
+    # -- follower (a candidate's step: election.py) ------------------------------------------
 
     def _step_follower(self, m: Message) -> None:
         t = m.type

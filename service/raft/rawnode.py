@@ -6,7 +6,7 @@ The owner (one asyncio task in `service/consensus/node.py`, or the simulator) dr
     node.step(message)                for every message received from a peer
     node.propose(data) -> (index, term)
     while node.has_ready():
-        rd = node.ready()
+        rd = node.ready()             (messages coalesced: see coalesce.py)
         persist rd.snapshot, rd.entries, rd.hard_state   (fsync if rd.must_sync)
         send rd.messages
         apply rd.snapshot, rd.committed_entries
@@ -15,6 +15,13 @@ The owner (one asyncio task in `service/consensus/node.py`, or the simulator) dr
 `propose` returns the index and term the entry was appended at, so the caller can match it
 with what is later applied: if the entry applied at that index has another term, the proposal
 was overwritten and definitely did not take effect.
+
+Between `ready()` and `advance(rd)` the caller may go on stepping messages, ticking and
+proposing (etcd-io/raft's node.run does the same while its Ready is being handled): whatever
+that produces waits in the core for the next Ready, which must not be taken before
+`advance(rd)`. So the next Ready never sends an acknowledgement of, nor applies, an entry of
+`rd` before `rd` is persisted. The asyncio shell relies on this to keep stepping while a
+Ready's fdatasync runs in another thread.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from service.raft.coalesce import coalesce
 from service.raft.progress import ProgressState
 from service.raft.raft import Raft, RaftOptions
 from service.raft.storage import Storage
@@ -120,15 +128,16 @@ class RawNode:
 
     def has_ready(self) -> bool:
         r = self.raft
-        return bool(
-            r.soft_state() != self._prev_soft
-            or r.hard_state() != self._prev_hard
-            or r.log.unstable
-            or r.log.unstable_snapshot is not None
-            or r.msgs
-            or r.read_states
-            or r.log.has_next_committed()
-        )
+        if r.msgs or r.log.unstable or r.read_states or r.log.unstable_snapshot is not None:
+            return True
+        # Field by field rather than building a HardState and a SoftState: called for every
+        # loop iteration of the shell (the comparisons below are what `ready()` diffs).
+        hs, ss = self._prev_hard, self._prev_soft
+        if r.term != hs.term or r.vote != hs.vote or r.log.committed != hs.commit:
+            return True
+        if r.lead != ss.leader or r.term != ss.term or r.role() is not ss.role:
+            return True
+        return r.log.has_next_committed()
 
     def ready(self) -> Ready:
         r = self.raft
@@ -136,7 +145,7 @@ class RawNode:
             entries=list(r.log.unstable),
             snapshot=r.log.unstable_snapshot,
             committed_entries=r.log.next_committed(),
-            messages=r.msgs,
+            messages=coalesce(r.msgs, r.opts.max_size_per_msg),
             read_states=r.read_states,
         )
         r.msgs = []
@@ -174,11 +183,15 @@ class RawNode:
         if rd.snapshot is not None:
             log.stable_snap_to(rd.snapshot.meta.index)
             log.applied_to(max(log.applied, rd.snapshot.meta.index))
-        if rd.entries:
-            last = rd.entries[-1]
-            log.stable_to(last.index, last.term)
-            if log.match_term(last.index, last.term):
-                self.raft.on_persisted(last.index)
+        # The longest prefix of rd.entries still in the log is durable and current. Usually
+        # that is all of them; if an append stepped while they were being persisted replaced
+        # a suffix (a new leader), only the replaced part is written again by the next
+        # Ready: re-writing the rest could reach below a commit index persisted meanwhile.
+        for e in reversed(rd.entries):
+            if log.match_term(e.index, e.term):
+                log.stable_to(e.index, e.term)
+                self.raft.on_persisted(e.index)
+                break
         if rd.committed_entries:
             log.applied_to(rd.committed_entries[-1].index)
 

@@ -12,16 +12,21 @@ is always answerable — the log-matching check of an append right after a snaps
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from operator import attrgetter
 from typing import Protocol
 
 from service.raft.types import (
     EMPTY_HARD_STATE,
+    ENTRY_OVERHEAD,
     Entry,
     HardState,
     RaftConfig,
     Snapshot,
     SnapshotMeta,
 )
+
+_data = attrgetter("data")
 
 
 class StorageError(Exception):
@@ -58,10 +63,16 @@ class Storage(Protocol):
     def snapshot(self) -> Snapshot: ...
 
 
+def entries_size(entries: Sequence[Entry]) -> int:
+    """Sum of `Entry.size()` over `entries`, in one pass of C-level iteration (it runs for
+    every append a leader sends, over every entry in it)."""
+    return ENTRY_OVERHEAD * len(entries) + sum(map(len, map(_data, entries)))
+
+
 def limit_size(entries: list[Entry], max_bytes: int | None) -> list[Entry]:
     """The longest prefix of `entries` within `max_bytes`, but never empty if `entries` is not."""
-    if max_bytes is None or not entries:
-        return entries
+    if max_bytes is None or not entries or entries_size(entries) <= max_bytes:
+        return entries  # the common case: everything fits
     total = 0
     for i, e in enumerate(entries):
         total += e.size()

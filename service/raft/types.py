@@ -39,6 +39,10 @@ class EntryType(IntEnum):
     """A `ConfigChange`, encoded by `ConfigChange.encode`."""
 
 
+ENTRY_OVERHEAD = 24
+"""Bytes an entry is counted for besides its data (flow control and batching limits)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     term: int
@@ -48,7 +52,7 @@ class Entry:
 
     def size(self) -> int:
         """Approximate bytes, used for flow control and batching limits."""
-        return len(self.data) + 24
+        return len(self.data) + ENTRY_OVERHEAD
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,9 @@ Each node is the production stack minus sockets and threads: `RawNode` over `Mem
 made durable by `RaftStore` (WAL + cmeta + snapshot file) on a `SimFileSystem`, whose `crash`
 keeps only what was synced (plus a random prefix of the rest: a torn tail). A node follows the
 Ready contract exactly: persist, then send, then apply, then advance. A crash may strike in the
-middle of persisting, after the WAL write but before its fsync.
+middle of persisting, after the WAL write but before its fsync. Most nodes are *pipelined* like
+the asyncio shell: a Ready's fsync completes steps later while the node goes on stepping,
+ticking and proposing (`SimNode.process`).
 
 After every step the simulator checks Raft's safety properties (Figure 3):
   election safety      at most one leader per term, ever;
@@ -32,6 +34,7 @@ import hashlib
 import heapq
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from service.consensus.raft_store import RaftStore, StoreIOError
@@ -49,6 +52,7 @@ from service.raft import (
     RaftConfig,
     RaftOptions,
     RawNode,
+    Ready,
     Role,
     config_after,
 )
@@ -179,52 +183,103 @@ class SimNode:
         self.puts: dict[int, _PendingPut] = {}
         self.reads: dict[bytes, _PendingRead] = {}
         self.role = Role.FOLLOWER
+        self.pipelined = sim.rng.random() < 0.7
+        self.persisting: tuple[Ready, int] | None = None
+        """A pipelined node's Ready whose fsync completes at that step (see `process`)."""
 
     def process(self) -> bool:
-        """Handle every Ready. Returns False if the node crashed while persisting."""
-        sim = self.sim
-        while self.node.has_ready():
+        """Handle every Ready. Returns False if the node crashed while persisting.
+
+        On a pipelined node (like the asyncio shell, node.py) a Ready's WAL records are written
+        at once and its fsync completes 1-3 steps later: meanwhile the node goes on stepping
+        messages, ticking and taking proposals (rawnode.py allows that between `ready()` and
+        `advance()`), and the next Ready waits. A crash in that window loses the unsynced
+        tail."""
+        while True:
+            if self.persisting is not None:
+                rd, due = self.persisting
+                if self.sim.now < due:
+                    return True
+                self.persisting = None
+                if not self._sync(rd) or not self._finish(rd):
+                    return False
+                continue
+            if not self.node.has_ready():
+                break
             rd = self.node.ready()
-            if rd.send_before_persist:
-                for m in rd.messages:  # a leader's appends overlap its own fsync
-                    sim.send(m)
-            # 1. persist (possibly crashing half-way: WAL written, not synced)
-            if rd.entries and sim.rng.random() < sim.opts.crash / 4:
-                self.store.wal.append(rd.entries, rd.hard_state)
-                sim.crash(self.id, "mid-persist")
+            if not self._start(rd):
                 return False
-            if rd.must_sync and sim.rng.random() < sim.opts.crash / 8:
-                self.fs.fail_next_sync()
-            try:
-                self.store.persist(rd)
-            except (WalIOError, StoreIOError):
-                sim.crash(self.id, "fsync failed")
+            if self.persisting is None and not self._finish(rd):
                 return False
-            RaftStore.apply_to_memory(self.storage, rd)
-            if rd.hard_state is not None:
-                sim.check_hard_state(self.id, rd.hard_state.term, rd.hard_state.vote)
-            if rd.soft_state is not None:
-                self._soft(rd.soft_state.role, rd.soft_state.term)
-            # 2. send
-            if not rd.send_before_persist:
-                for m in rd.messages:
-                    sim.send(m)
-            # 3. apply
-            if rd.snapshot is not None:
-                self.kv = decode_kv(rd.snapshot.data)
-                self.applied_config = rd.snapshot.meta.config
-                self.applied = rd.snapshot.meta.index
-                sim.check_state(self.id, self.applied, self.kv)
-            for e in rd.committed_entries:
-                self._apply(e)
-            for rs in rd.read_states:
-                r = self.reads.get(rs.context)
-                if r is not None:
-                    r.index = rs.index
-            self.node.advance(rd)
-            self._serve_reads()
         self._maybe_snapshot()
         return True
+
+    def _start(self, rd: Ready) -> bool:
+        """Send a leader's appends early, write the Ready; on a pipelined node leave its fsync
+        (if one is due) for later. Returns False if the node crashed."""
+        sim = self.sim
+        if rd.send_before_persist:
+            for m in rd.messages:  # a leader's appends overlap its own fsync
+                sim.send(m)
+            self._apply_ready(rd)  # its committed entries are durable here already
+        # 1. persist (possibly crashing half-way: WAL written, not synced)
+        if rd.entries and sim.rng.random() < sim.opts.crash / 4:
+            self.store.wal.append(rd.entries, rd.hard_state)
+            sim.crash(self.id, "mid-persist")
+            return False
+        if not self.pipelined:
+            return self._persist(rd, self.store.persist, may_fail=rd.must_sync)
+        if not self._persist(rd, self.store.write, may_fail=False):
+            return False
+        if rd.must_sync or rd.snapshot is not None:
+            self.persisting = (rd, sim.now + sim.rng.randint(1, 3))
+        return True
+
+    def _sync(self, rd: Ready) -> bool:
+        return self._persist(rd, lambda _: self.store.sync(), may_fail=True)
+
+    def _persist(self, rd: Ready, fn: Callable[[Ready], object], *, may_fail: bool) -> bool:
+        sim = self.sim
+        if may_fail and sim.rng.random() < sim.opts.crash / 8:
+            self.fs.fail_next_sync()
+        try:
+            fn(rd)
+        except (WalIOError, StoreIOError):
+            sim.crash(self.id, "fsync failed")
+            return False
+        return True
+
+    def _finish(self, rd: Ready) -> bool:
+        """The Ready is durable: record it, send, apply, advance."""
+        sim = self.sim
+        RaftStore.apply_to_memory(self.storage, rd)
+        if rd.hard_state is not None:
+            sim.check_hard_state(self.id, rd.hard_state.term, rd.hard_state.vote)
+        if not rd.send_before_persist:
+            # 2. send
+            for m in rd.messages:
+                sim.send(m)
+            # 3. apply
+            self._apply_ready(rd)
+        self.node.advance(rd)
+        self._serve_reads()
+        return True
+
+    def _apply_ready(self, rd: Ready) -> None:
+        sim = self.sim
+        if rd.soft_state is not None:
+            self._soft(rd.soft_state.role, rd.soft_state.term)
+        if rd.snapshot is not None:
+            self.kv = decode_kv(rd.snapshot.data)
+            self.applied_config = rd.snapshot.meta.config
+            self.applied = rd.snapshot.meta.index
+            sim.check_state(self.id, self.applied, self.kv)
+        for e in rd.committed_entries:
+            self._apply(e)
+        for rs in rd.read_states:
+            r = self.reads.get(rs.context)
+            if r is not None:
+                r.index = rs.index
 
     def _soft(self, role: Role, term: int) -> None:
         if role is Role.LEADER:
