@@ -10,6 +10,8 @@ fair share of the 2 cores and the generator's GIL is its own. The clients are sp
 across the processes. Each process runs its clients as asyncio tasks on one event loop with
 grpc.aio, pipelined over a few channels per server (`channels`, each its own TCP connection via
 a local subchannel pool), so 64 concurrent requests are 64 outstanding RPCs, not 64 threads.
+Every target's put is one method bound once per channel (`_Channels.unary`), the same code path
+for all of them.
 
 A client loops: put a distinct key (`<run>-<proc>-<client>-<seq>`) with a `value_size`-byte
 value, await the acknowledgement, repeat. Every process builds its target, finds the leader,
@@ -61,6 +63,7 @@ from bench.protos import etcd_kv_pb2
 from service.pb import kvdemo_pb2, kvdemo_pb2_grpc
 
 LEADER_ADDRESS_KEY = "tessera-leader-address"  # service.common.errors.LEADER_ADDRESS_KEY
+KVDEMO_PUT = "/tessera.kvdemo.KvDemo/Put"  # service tessera.kvdemo.KvDemo, rpc Put
 ETCD_PUT = "/etcdserverpb.KV/Put"  # service etcdserverpb.KV, rpc Put (bench/protos/etcd_kv.proto)
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.use_local_subchannel_pool", 1),  # one TCP connection per channel
@@ -85,26 +88,53 @@ class Target(Protocol):
 
 
 class _Channels:
-    """`n` channels (TCP connections) per address, handed out round-robin."""
+    """`n` channels (TCP connections) per address, handed out round-robin.
+
+    `unary` binds a method on each channel once and reuses it: every target's put is the same
+    one bound call (building a stub or a multicallable per put costs the generator CPU that
+    the servers on the same machine then lack)."""
 
     def __init__(self, n: int) -> None:
         self.n = max(1, n)
         self._channels: dict[str, list[grpc.aio.Channel]] = {}
+        self._methods: dict[tuple[str, str], list[grpc.aio.UnaryUnaryMultiCallable]] = {}
         self._rr = itertools.count()
 
-    def get(self, address: str) -> grpc.aio.Channel:
+    def _all(self, address: str) -> list[grpc.aio.Channel]:
         chans = self._channels.get(address)
         if chans is None:
             chans = self._channels[address] = [
                 grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) for _ in range(self.n)
             ]
-        return chans[next(self._rr) % self.n]
+        return chans
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        return self._all(address)[next(self._rr) % self.n]
+
+    def unary(
+        self,
+        address: str,
+        method: str,
+        serializer: Callable[[Any], bytes],
+        deserializer: Callable[[bytes], Any],
+    ) -> grpc.aio.UnaryUnaryMultiCallable:
+        """`method` bound on the next channel to `address` (round-robin), bound once each."""
+        bound = self._methods.get((address, method))
+        if bound is None:
+            bound = self._methods[(address, method)] = [
+                ch.unary_unary(
+                    method, request_serializer=serializer, response_deserializer=deserializer
+                )
+                for ch in self._all(address)
+            ]
+        return bound[next(self._rr) % self.n]
 
     async def aclose(self) -> None:
         for chans in self._channels.values():
             for ch in chans:
                 await ch.close(None)
         self._channels.clear()
+        self._methods.clear()
 
 
 class LeaderTarget:
@@ -199,8 +229,13 @@ class KvDemoTarget(LeaderTarget):
         return bool(st.role == "LEADER")
 
     async def _call_put(self, address: str, key: str, value: bytes, timeout: float) -> None:
-        stub = kvdemo_pb2_grpc.KvDemoStub(self.channels.get(address))
-        await stub.Put(kvdemo_pb2.PutRequest(key=key, value=value), timeout=timeout)
+        put = self.channels.unary(
+            address,
+            KVDEMO_PUT,
+            kvdemo_pb2.PutRequest.SerializeToString,
+            kvdemo_pb2.PutResponse.FromString,
+        )
+        await put(kvdemo_pb2.PutRequest(key=key, value=value), timeout=timeout)
 
 
 class EtcdTarget(LeaderTarget):
@@ -211,10 +246,11 @@ class EtcdTarget(LeaderTarget):
 
     async def _call_put(self, address: str, key: str, value: bytes, timeout: float) -> None:
         # The one method needed, bound directly on the channel (no generated gRPC stub).
-        put = self.channels.get(address).unary_unary(
+        put = self.channels.unary(
+            address,
             ETCD_PUT,
-            request_serializer=etcd_kv_pb2.PutRequest.SerializeToString,
-            response_deserializer=etcd_kv_pb2.PutResponse.FromString,
+            etcd_kv_pb2.PutRequest.SerializeToString,
+            etcd_kv_pb2.PutResponse.FromString,
         )
         await put(etcd_kv_pb2.PutRequest(key=key.encode(), value=value), timeout=timeout)
 

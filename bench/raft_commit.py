@@ -14,7 +14,9 @@ generator (bench/loadgen.py: 64 concurrent clients, distinct keys, 16-byte value
              never fsynced (it cannot be configured to), so it is not durable on acknowledgement.
 
 stdout: a table (puts/s, p50/p99 latency, errors, fsync, the load generator's CPU and the
-servers' CPU in cores during the measured window) and, last, exactly one line
+servers' CPU in cores during the measured window), for Tessera each node's group commit over the
+whole run (entries per fdatasync, proposals per batch, messages: the line each demo node logs
+when it stops) and, last, exactly one line
 
     raft-commit: tessera X/s, etcd Y/s, pysyncobj Z/s, tessera/etcd R
 
@@ -32,7 +34,7 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import etcd_baseline, pysyncobj_baseline
@@ -46,6 +48,8 @@ class Row:
     fsync: str
     result: LoadResult | None  # None: skipped
     note: str = ""
+    details: dict[str, str] = field(default_factory=dict)
+    """Per server, extra lines for the report (Tessera: its group commit statistics)."""
 
 
 async def _find_leader(addresses: list[str]) -> str:
@@ -58,19 +62,37 @@ async def _find_leader(addresses: list[str]) -> str:
         await target.aclose()
 
 
+GROUP_COMMIT = "group commit:"  # the line RaftNode.stats() gives and demo_server logs at exit
+
+
+def group_commit_stats(cluster: DemoCluster, names: dict[str, str]) -> dict[str, str]:
+    """Each stopped node's last group-commit line from its log, by display name."""
+    out = {}
+    for uuid, node in cluster.nodes.items():
+        try:
+            text = node.log.read_text(errors="replace")
+        except OSError:
+            continue
+        lines = [line for line in text.splitlines() if GROUP_COMMIT in line]
+        if lines:
+            out[names.get(uuid, uuid)] = lines[-1].split(GROUP_COMMIT, 1)[1].strip()
+    return out
+
+
 def run_tessera(
     clients: int, seconds: float, warmup: float, value_size: int, procs: int
-) -> LoadResult:
+) -> tuple[LoadResult, dict[str, str]]:
     base = Path(tempfile.mkdtemp(prefix="tessera-bench-"))
     cluster = DemoCluster(base, 3, overrides={"wal.fsync": "true"})
     log("tessera: 3 KV demo nodes (conf/raft-demo.toml), wal.fsync=true")
+    names: dict[str, str] = {}
     try:
         cluster.start()
         leader = asyncio.run(_find_leader(cluster.addresses))
         pids = {}
         for uuid, node in cluster.nodes.items():
             assert node.proc is not None
-            name = f"{uuid} (leader)" if node.address == leader else uuid
+            name = names[uuid] = f"{uuid} (leader)" if node.address == leader else uuid
             pids[name] = node.proc.pid
         spec = LoadSpec(
             kind="kvdemo",
@@ -82,7 +104,9 @@ def run_tessera(
             procs=procs,
             label="tessera",
         )
-        return asyncio.run(run_load(spec, server_pids=pids))
+        result = asyncio.run(run_load(spec, server_pids=pids))
+        cluster.stop()
+        return result, group_commit_stats(cluster, names)
     finally:
         cluster.stop()
         shutil.rmtree(base, ignore_errors=True)
@@ -119,6 +143,9 @@ def table(rows: list[Row]) -> str:
             lines.append(f"  {row.system}: {per}")
         if row.result is not None and row.result.error_kinds:
             lines.append(f"  {row.system} errors: {row.result.error_kinds}")
+        if row.details:
+            lines.append(f"  {row.system} group commit over the whole run (from the node logs):")
+            lines.extend(f"    {name}: {text}" for name, text in row.details.items())
     return "\n".join(lines)
 
 
@@ -148,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.warmup:g} s warm-up + {args.seconds:g} s measured per system, "
         f"{args.procs} load generator process(es); load average {load[0]:.2f}"
     )
-    rows = [Row("tessera", "on", run_tessera(*common))]
+    result, details = run_tessera(*common)
+    rows = [Row("tessera", "on", result, details=details)]
     if args.skip_etcd:
         rows.append(Row("etcd", "on", None, "(--skip-etcd)"))
     else:

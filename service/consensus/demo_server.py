@@ -51,8 +51,11 @@ class KvStateMachine:
 
     @staticmethod
     def encode_put(key: str, value: bytes) -> bytes:
-        k = key.encode()
-        return _PUT + len(k).to_bytes(2, "little") + k + value
+        return KvStateMachine.encode_put_bytes(key.encode(), value)
+
+    @staticmethod
+    def encode_put_bytes(key: bytes, value: bytes) -> bytes:
+        return b"".join((_PUT, len(key).to_bytes(2, "little"), key, value))
 
     def apply(self, index: int, data: bytes) -> object:
         if data[:1] == _PUT:
@@ -84,12 +87,13 @@ class KvDemoServicer(kvdemo_pb2_grpc.KvDemoServicer):
     async def Put(
         self, request: kvdemo_pb2.PutRequest, context: grpc.aio.ServicerContext
     ) -> kvdemo_pb2.PutResponse:
-        _check_key(request.key)
-        if len(request.value) > MAX_VALUE_BYTES:
+        key = _check_key(request.key)
+        value = request.value
+        if len(value) > MAX_VALUE_BYTES:
             raise InvalidArgument(
-                f"value of {len(request.value)} bytes exceeds the {MAX_VALUE_BYTES}-byte limit"
+                f"value of {len(value)} bytes exceeds the {MAX_VALUE_BYTES}-byte limit"
             )
-        data = KvStateMachine.encode_put(request.key, request.value)
+        data = KvStateMachine.encode_put_bytes(key, value)
         index = await self.node.propose(data, timeout=_deadline(context))
         assert isinstance(index, int)
         return kvdemo_pb2.PutResponse(index=index)
@@ -154,11 +158,14 @@ class KvDemoServicer(kvdemo_pb2_grpc.KvDemoServicer):
         return kvdemo_pb2.TransferLeaderResponse()
 
 
-def _check_key(key: str) -> None:
+def _check_key(key: str) -> bytes:
+    """The key's UTF-8 bytes, once checked."""
     if not key:
         raise InvalidArgument("key must not be empty")
-    if len(key.encode()) > MAX_KEY_BYTES:
-        raise InvalidArgument(f"key of {len(key.encode())} bytes exceeds {MAX_KEY_BYTES} bytes")
+    k = key.encode()
+    if len(k) > MAX_KEY_BYTES:
+        raise InvalidArgument(f"key of {len(k)} bytes exceeds {MAX_KEY_BYTES} bytes")
+    return k
 
 
 async def serve(config: DemoNodeConfig, ready_file: Path | None = None) -> int:
@@ -217,6 +224,7 @@ async def serve(config: DemoNodeConfig, ready_file: Path | None = None) -> int:
     await asyncio.wait({stop_task, fatal_task}, return_when=asyncio.FIRST_COMPLETED)
     code = 3 if node.fatal is not None else 0
     log.info("node %s shutting down (%s)", uuid, "fatal" if code else "signal")
+    log.info("node %s %s", uuid, node.stats())  # bench/raft_commit.py reports this line
     # Order: stop taking requests, stop the node (fails waiters, closes the WAL), then the
     # transport's senders.
     await server.stop(grace=1.0)

@@ -15,6 +15,11 @@ before the Ready's vote response is sent); entries and hard state to the WAL; on
 when `must_sync` (group commit: one Ready carries every proposal that arrived meanwhile).
 Only after `persist` returns does the caller send the Ready's messages.
 
+`persist` is `write` (everything but the final fdatasync) followed by `sync`. The asyncio shell
+calls the two separately for a Ready that only appends WAL records (`writes_metadata` false, the
+common case): it encodes and writes on its event loop, where the Python work is cheapest, and
+runs only the fdatasync in a worker thread.
+
 `open` rebuilds a `MemoryStorage` from those files. A snapshot marker in the WAL is written only
 after the snapshot file is durable, so the file is never older than the marker; if a crash
 fell between the two, the newer file wins and WAL entries that do not extend it are dropped.
@@ -222,7 +227,23 @@ class RaftStore:
 
     def persist(self, rd: Ready) -> None:
         """Make a Ready's snapshot, hard state and entries durable (blocking; may run in a
-        worker thread while nothing else touches this store)."""
+        worker thread while nothing else touches this store): `write`, then `sync` if due."""
+        if self.write(rd):
+            self.wal.sync()
+
+    def writes_metadata(self, rd: Ready) -> bool:
+        """Whether persisting `rd` replaces a file besides the WAL: the snapshot, or cmeta for
+        a new term or vote. Each is written atomically with fsyncs of its own, so such a Ready
+        is persisted whole off the event loop; any other is WAL records only (`write` then
+        `sync`)."""
+        hs = rd.hard_state
+        return rd.snapshot is not None or (
+            hs is not None and (hs.term != self.cmeta.term or hs.vote != self.cmeta.vote)
+        )
+
+    def write(self, rd: Ready) -> bool:
+        """Everything `persist` does except the WAL's final fdatasync; returns whether that
+        fdatasync is due (the Ready must not be acknowledged or applied before it)."""
         self._check_usable()
         if rd.snapshot is not None:
             self.save_snapshot(rd.snapshot)
@@ -231,8 +252,13 @@ class RaftStore:
             self.save_cmeta(term=hs.term, vote=hs.vote)
         if rd.entries or hs is not None:
             self.wal.append(rd.entries, hs)
-        if self.fsync and (rd.must_sync or rd.snapshot is not None):
-            self.wal.sync()
+        return self.fsync and (rd.must_sync or rd.snapshot is not None)
+
+    def sync(self) -> None:
+        """The one fdatasync of a group commit: everything `write` wrote is durable after it.
+        May run in a worker thread while nothing else touches this store."""
+        self._check_usable()
+        self.wal.sync()
 
     @staticmethod
     def apply_to_memory(storage: MemoryStorage, rd: Ready) -> None:

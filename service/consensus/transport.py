@@ -5,12 +5,17 @@ Theory of operation
 One `GrpcTransport` per server process, shared by every Raft group the process hosts (a tablet
 server runs hundreds): messages are keyed by group id.
 
-Sending: `send()` never blocks the node's loop. Messages go into a bounded per-peer queue; one
-sender task per peer drains it, packs everything queued for one (peer, group) into one
-`StepRequest` (batching), and calls `Step`. Raft tolerates loss, so when a queue is full the
-newest messages are dropped (and counted) instead of growing memory without bound. On an RPC
+Sending: `send()` never blocks the node's loop. A node hands over a Ready's messages at once;
+they go into a bounded per-peer queue as one item per (peer, call), and one sender task per
+peer drains it, packs everything queued for one (peer, group) into one `StepRequest`
+(batching), and writes it. Raft tolerates loss, so when a peer has `MAX_QUEUE` messages queued
+the newest are dropped (and counted) instead of growing memory without bound. On an RPC
 failure the sender backs off exponentially (50 ms .. 2 s), tells the group the peer is
 unreachable (so its progress drops back to probing), and discards what it could not send.
+
+A request carries this server's known peer addresses (so a receiver that knows nobody can
+answer) only when they are news to the peer: on the first unary Step after a (re)connect and
+after an address changed, not with every write (`addresses_version`).
 
 Receiving: `ConsensusServicer.Step` checks the envelope before anything reaches a core:
   * `dest_uuid` must be this server's uuid (seed 004: never act on a message meant for another
@@ -31,7 +36,6 @@ import json
 import logging
 import posixpath
 import uuid as uuidlib
-from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -106,7 +110,9 @@ class _Peer:
     def __init__(self, transport: GrpcTransport, node: str) -> None:
         self.t = transport
         self.node = node
-        self.queue: asyncio.Queue[tuple[str, Message]] = asyncio.Queue(MAX_QUEUE)
+        self.queue: asyncio.Queue[tuple[str, list[Message]]] = asyncio.Queue()
+        self.queued = 0
+        """Messages in `queue` (bounded by MAX_QUEUE in `GrpcTransport.send`)."""
         self.channel: grpc.aio.Channel | None = None
         self.stub: pb_grpc.ConsensusServiceStub | None = None
         self.address: str | None = None
@@ -116,6 +122,8 @@ class _Peer:
         self.stream: grpc.aio.StreamUnaryCall | None = None
         self.stream_ok = False  # a unary Step succeeded since the last (re)connect or failure
         self._watchers: set[asyncio.Task[None]] = set()
+        self.addresses_sent = -1
+        """The transport's `addresses_version` the peer was last sent (-1: none yet)."""
 
     def connect(self) -> pb_grpc.ConsensusServiceStub | None:
         address = self.t.addresses.get(self.node)
@@ -148,15 +156,18 @@ class _Peer:
 
     async def run(self) -> None:
         while True:
-            first = await self.queue.get()
-            batch = [first]
-            while not self.queue.empty() and len(batch) < 1024:
-                batch.append(self.queue.get_nowait())
-            by_group: dict[str, list[Message]] = defaultdict(list)
-            for group, m in batch:
-                by_group[group].append(m)
-            for group, msgs in by_group.items():
+            group, msgs = await self.queue.get()
+            self.queued -= len(msgs)
+            if self.queue.empty():  # the common case: one node's Ready, one request
                 await self._send(group, msgs)
+                continue
+            by_group: dict[str, list[Message]] = {group: list(msgs)}
+            while not self.queue.empty():
+                group, more = self.queue.get_nowait()
+                self.queued -= len(more)
+                by_group.setdefault(group, []).extend(more)
+            for group, batch in by_group.items():
+                await self._send(group, batch)
 
     async def _send(self, group: str, msgs: list[Message]) -> None:
         stub = self.connect()
@@ -172,10 +183,12 @@ class _Peer:
             dest_instance=self.dest_incarnation,
         )
         req.messages.extend(message_to_pb(m) for m in msgs)
-        for n, addr in self.t.addresses.items():
-            req.addresses[n] = addr
-        if self.t.own_address:
-            req.addresses[self.t.uuid] = self.t.own_address
+        version = self.t.addresses_version
+        if not self.stream_ok or version != self.addresses_sent:
+            for n, addr in self.t.addresses.items():
+                req.addresses[n] = addr
+            if self.t.own_address:
+                req.addresses[self.t.uuid] = self.t.own_address
         try:
             if not self.stream_ok:
                 # First contact, or after a reconnect or failure: a unary call, whose answer
@@ -192,7 +205,9 @@ class _Peer:
                     self._watchers.add(watcher)
                     watcher.add_done_callback(self._watchers.discard)
                 assert self.stream is not None
-                await asyncio.wait_for(self.stream.write(req), STEP_TIMEOUT_S)
+                async with asyncio.timeout(STEP_TIMEOUT_S):  # not wait_for: no task per write
+                    await self.stream.write(req)
+            self.addresses_sent = version
             self.failures = 0
             self.t.sent += len(msgs)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError) as e:
@@ -240,9 +255,11 @@ class GrpcTransport:
         self.unknown_group_batches = 0
         self.incarnations = incarnations
         self.addresses: dict[str, str] = {}
+        self.addresses_version = 0
+        """Bumped whenever `addresses` or `own_address` changes (see "A request carries")."""
         self.own_address: str | None = None
-        """This server's address, sent with every request so that a receiver that knows nobody
-        (a learner booted with no peers) can answer."""
+        """This server's address, sent with the others (when they are news to the peer) so that
+        a receiver that knows nobody (a learner booted with no peers) can answer."""
         self.channel_options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -276,9 +293,12 @@ class GrpcTransport:
 
     def set_address(self, node: str, address: str) -> None:
         if node == self.uuid:
-            self.own_address = address
-        else:
+            if self.own_address != address:
+                self.own_address = address
+                self.addresses_version += 1
+        elif self.addresses.get(node) != address:
             self.addresses[node] = address
+            self.addresses_version += 1
 
     def address_of(self, node: str) -> str | None:
         return self.addresses.get(node)
@@ -308,15 +328,23 @@ class GrpcTransport:
     # -- sending --------------------------------------------------------------------------------
 
     def send(self, group_id: str, messages: list[Message]) -> None:
+        by_peer: dict[str, list[Message]] = {}
         for m in messages:
-            peer = self._peers.get(m.to)
+            msgs = by_peer.get(m.to)
+            if msgs is None:
+                by_peer[m.to] = [m]
+            else:
+                msgs.append(m)
+        for to, msgs in by_peer.items():
+            peer = self._peers.get(to)
             if peer is None:
-                peer = self._peers[m.to] = _Peer(self, m.to)
-                peer.task = asyncio.create_task(peer.run(), name=f"raft-send-{m.to}")
-            try:
-                peer.queue.put_nowait((group_id, m))
-            except asyncio.QueueFull:
-                self.dropped += 1
+                peer = self._peers[to] = _Peer(self, to)
+                peer.task = asyncio.create_task(peer.run(), name=f"raft-send-{to}")
+            if peer.queued and peer.queued + len(msgs) > MAX_QUEUE:
+                self.dropped += len(msgs)  # the peer is not keeping up: Raft re-sends
+                continue
+            peer.queued += len(msgs)
+            peer.queue.put_nowait((group_id, msgs))
 
     # -- receiving ------------------------------------------------------------------------------
 
@@ -347,6 +375,7 @@ class GrpcTransport:
         for node, addr in req.addresses.items():
             if node not in self.addresses and node != self.uuid:
                 self.addresses[node] = addr
+                self.addresses_version += 1
         self.received += len(msgs)
         deliver(msgs)
 

@@ -405,3 +405,44 @@ def test_cmeta_or_snapshot_write_failure_stops_the_store_for_good(target: str) -
     assert rec.storage.hard_state == HardState(1, A, 3)
     assert rec.applied_snapshot is None
     assert log_of(rec.storage) == ents(1, 3)
+
+
+# --- write and sync apart (the asyncio shell's pipelined persist) --------------------------------
+
+
+def test_writes_metadata_only_for_a_snapshot_or_a_new_term_or_vote() -> None:
+    fs = SimFileSystem()
+    store, rec = open_store(fs, SIM_DIR, bootstrap_config=CONFIG)
+    put(store, rec.storage, ents(1, 2), HardState(1, A, 1))
+    assert not store.writes_metadata(Ready(entries=ents(3, 4), must_sync=True))
+    assert not store.writes_metadata(Ready(hard_state=HardState(1, A, 2)))  # commit only
+    assert store.writes_metadata(Ready(hard_state=HardState(2, A, 2), must_sync=True))
+    assert store.writes_metadata(Ready(hard_state=HardState(1, B, 2), must_sync=True))
+    snap = Snapshot(SnapshotMeta(2, 1, CONFIG), b"s")
+    assert store.writes_metadata(Ready(snapshot=snap, must_sync=True))
+    store.close()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_write_then_sync_is_persist_in_two_steps(seed: int) -> None:
+    fs = SimFileSystem()
+    store, rec = open_store(fs, SIM_DIR, bootstrap_config=CONFIG, preallocate=False)
+    put(store, rec.storage, ents(1, 3), HardState(1, A, 2))
+    syncs = store.wal.metrics.syncs
+    rd = Ready(entries=ents(4, 6), hard_state=HardState(1, A, 3), must_sync=True)
+    assert store.write(rd) is True  # an fdatasync is due
+    assert store.wal.metrics.syncs == syncs  # ... and not done by write()
+    assert store.write(Ready(hard_state=HardState(1, A, 4))) is False  # commit only: buffered
+    store.sync()
+    assert store.wal.metrics.syncs == syncs + 1
+    fs.crash(random.Random(seed))
+    _, rec = open_store(fs, SIM_DIR)
+    assert log_of(rec.storage) == ents(1, 6)
+    assert rec.storage.hard_state.commit == 4
+
+
+def test_write_without_fsync_never_asks_for_a_sync() -> None:
+    fs = SimFileSystem()
+    store, _ = open_store(fs, SIM_DIR, bootstrap_config=CONFIG, fsync=False)
+    assert store.write(Ready(entries=ents(1, 2), must_sync=True)) is False
+    store.close()

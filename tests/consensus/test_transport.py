@@ -461,3 +461,82 @@ def test_a_node_that_knows_nobody_can_answer_a_sender(tmp_path: Path) -> None:
         await td.aclose()
 
     asyncio.run(main())
+
+
+# --- batching and what a request carries ----------------------------------------------------------
+
+
+class RecordingTransport(GrpcTransport):
+    """Records every request `deliver` is given (a copy), then delivers it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests: list[pb.StepRequest] = []
+
+    def deliver(self, req: pb.StepRequest) -> None:
+        copy = pb.StepRequest()
+        copy.CopyFrom(req)
+        self.requests.append(copy)
+        super().deliver(req)
+
+
+def test_one_send_is_one_request_and_addresses_travel_only_when_they_are_news(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        ta = make_transport(tmp_path, A)
+        tb = RecordingTransport(
+            B, incarnations=Incarnations(RealFileSystem(), str(tmp_path / "b"), B)
+        )
+        in_b = Inbox()
+        tb.register(GROUP, in_b.deliver)
+        async with serving(tb) as addr_b:
+            ta.set_address(B, addr_b)
+            ta.set_address(C, "127.0.0.1:1")
+            hbs = [heartbeat(term=t) for t in (3, 4, 5)]
+            ta.send(GROUP, hbs)  # one Ready's messages for B: one request
+            await eventually(lambda: len(in_b.messages) == 3)
+            assert [len(r.messages) for r in tb.requests] == [3]
+            assert set(tb.requests[0].addresses) == {B, C}  # first contact: what A knows
+            ta.send(GROUP, [heartbeat(term=6)])
+            await eventually(lambda: len(tb.requests) == 2)
+            assert not tb.requests[1].addresses  # nothing new since
+            ta.set_address("uuid-e", "127.0.0.1:2")
+            ta.send(GROUP, [heartbeat(term=7)])
+            await eventually(lambda: len(tb.requests) == 3)
+            assert set(tb.requests[2].addresses) == {B, C, "uuid-e"}
+            assert tb.address_of("uuid-e") == "127.0.0.1:2"
+            ta.send(GROUP, [heartbeat(term=8)])
+            await eventually(lambda: len(tb.requests) == 4)
+            assert not tb.requests[3].addresses
+            assert ta.sent == 6 and ta.dropped == 0
+        await ta.aclose()
+        await tb.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_peer_with_a_full_queue_drops_the_newest_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import service.consensus.transport as transport_module
+
+    monkeypatch.setattr(transport_module, "MAX_QUEUE", 8)
+
+    async def main() -> None:
+        t = make_transport(tmp_path, A)
+        t.set_address(B, "127.0.0.1:1")  # nothing listens: the sender never drains quickly
+        t.send(GROUP, [heartbeat()] * 5)
+        t.send(GROUP, [heartbeat()] * 5)  # 10 > 8 queued: refused whole
+        assert t.dropped == 5
+        assert t._peers[B].queued == 5
+        await t.aclose()
+
+        # One Ready larger than the bound is still taken when nothing is queued.
+        t2 = make_transport(tmp_path, A, sub="a2")
+        t2.set_address(B, "127.0.0.1:1")
+        t2.send(GROUP, [heartbeat()] * 20)
+        assert t2.dropped == 0 and t2._peers[B].queued == 20
+        await t2.aclose()
+
+    asyncio.run(main())

@@ -1,0 +1,100 @@
+"""What a RaftNode's users hand it and get from it: the state machine and transport it drives,
+its settings, and the leader-change events it reports.
+
+Kept apart from node.py (which re-exports every name here) so that the node's loop reads on its
+own; the master, the tablet servers and the KV demo all build their groups from these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from service.common.config import RaftSettings
+from service.raft import Message, NodeId, Role
+
+
+class StateMachine(Protocol):
+    def apply(self, index: int, data: bytes) -> object:
+        """Apply a committed entry; the result goes back to the proposer."""
+        ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+
+class Sender(Protocol):
+    """What the node needs from a transport."""
+
+    def send(self, group_id: str, messages: list[Message]) -> None: ...
+
+    def set_address(self, node: str, address: str) -> None: ...
+
+    def address_of(self, node: str) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    tick_interval_s: float = 0.1
+    heartbeat_ticks: int = 5
+    election_ticks: int = 15
+    election_jitter_ticks: int | None = None
+    pre_vote: bool = True
+    check_quorum: bool = True
+    lease_reads: bool = False
+    max_size_per_msg: int = 1 << 20
+    max_inflight_msgs: int = 256
+    max_inflight_bytes: int = 16 << 20
+    snapshot_interval_entries: int = 10_000
+    snapshot_catchup_entries: int = 5_000
+    max_batch: int = 4096
+    auto_promote: bool = True
+    batch_linger_s: float = 0.004
+    """Linger under load (node.py): once a batch of at least `linger_min_batch` proposals
+    committed, the next batch starts no sooner than this after the previous one did. 0: off."""
+    linger_min_batch: int = 8
+    """The batch size that shows many clients writing at once; below it nobody lingers."""
+
+    @classmethod
+    def from_raft_settings(cls, r: RaftSettings) -> NodeSettings:
+        """The shell's settings from a node's `[raft]` config section."""
+        return cls(
+            tick_interval_s=r.tick_interval_ms / 1000,
+            heartbeat_ticks=r.heartbeat_ticks,
+            election_ticks=r.election_ticks,
+            election_jitter_ticks=r.election_jitter_ticks,
+            pre_vote=r.pre_vote,
+            check_quorum=r.check_quorum,
+            lease_reads=r.lease_reads,
+            max_size_per_msg=r.max_entries_per_msg_bytes,
+            max_inflight_msgs=r.max_inflight_msgs,
+            max_inflight_bytes=r.max_inflight_bytes,
+            snapshot_interval_entries=r.snapshot_interval_entries,
+            snapshot_catchup_entries=r.snapshot_catchup_entries,
+        )
+
+
+@dataclass(frozen=True)
+class LeaderChange:
+    leader: NodeId
+    term: int
+    role: Role
+
+
+def group_commit_stats(m: Mapping[str, float]) -> str:
+    """`RaftNode.metrics` as one line: fdatasyncs and the entries each made durable, messages,
+    and (on a leader) proposals per batch. bench/raft_commit.py reports it per node."""
+    fsyncs, batches = int(m["fsyncs"]), int(m["batches"])
+    per_fsync = m["fsync_entries"] / fsyncs if fsyncs else 0.0
+    sync_ms = 1000 * m["fsync_seconds"] / fsyncs if fsyncs else 0.0
+    line = (
+        f"group commit: {fsyncs} fdatasyncs covering {int(m['fsync_entries'])} entries "
+        f"({per_fsync:.1f} per fdatasync, {sync_ms:.2f} ms each until the loop saw it done); "
+        f"{int(m['messages_sent'])} messages sent"
+    )
+    if batches:
+        line += f"; {int(m['proposals'])} proposals in {batches} batches"
+        line += f" ({m['proposals'] / batches:.1f} each)"
+    return line
