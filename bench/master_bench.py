@@ -115,7 +115,7 @@ async def entry_bytes(tablets: int) -> int:
 
 async def lookup_p99(tablets: int) -> float:
     cm, rep, table_id = await in_process(tablets, 30)
-    await cm.assign_tablets()
+    await cm.assign_tablets(max_tablets=tablets)  # all in one round
     # Every tablet RUNNING with a leader, as report processing would record it.
     ops = []
     for info in cm.maps.tables_by_id[table_id].tablets.values():  # type: ignore[index]

@@ -427,6 +427,20 @@ class MasterConfig:
     assignment_timeout_ms: int = 30_000
     """A tablet not reported RUNNING this long after its replicas were chosen is REPLACED by a
     new tablet for the same partition (Kudu's tablet_creation_timeout_ms)."""
+    max_tablets_per_assignment_round: int = 200
+    """Tablets one assignment round places (PREPARING -> CREATING) or replaces, in ONE
+    replicated write; the rest wait for the next round, which follows at once. Bounds the
+    event-loop time of a round (a few tens of ms) so a huge CreateTable cannot starve
+    heartbeats. CreateTable itself still writes the table and all its tablets as one entry."""
+    assignment_retry_initial_ms: int = 1000
+    """First pause before the tablets of a table that could not be placed (too few live
+    servers) are tried again; doubles on each failure up to assignment_retry_max_ms."""
+    assignment_retry_max_ms: int = 30_000
+    """Longest pause between placement attempts of a table's unplaced tablets."""
+    loop_stall_threshold_ms: int = 500
+    """A gap longer than this in the master's event loop (between runs of a probe that should
+    run five times as often) is a stall of the master, and time beyond it is not counted
+    against tablet servers' heartbeats: a busy master never declares healthy servers dead."""
     tserver_rpc_timeout_ms: int = 10_000
     """Deadline of one admin RPC from the master to a tablet server."""
     task_retry_initial_ms: int = 500
@@ -476,6 +490,22 @@ class MasterConfig:
             "task_retry_max_ms",
             "max_concurrent_tserver_rpcs",
             "replica_eviction_timeout_ms",
+            "max_tablets_per_assignment_round",
+            "assignment_retry_initial_ms",
+            "assignment_retry_max_ms",
+            "loop_stall_threshold_ms",
+        )
+        c.that(
+            self.assignment_retry_initial_ms <= self.assignment_retry_max_ms,
+            "assignment_retry_initial_ms",
+            f"must be <= assignment_retry_max_ms ({self.assignment_retry_max_ms}),"
+            f" got {self.assignment_retry_initial_ms}",
+        )
+        c.that(
+            self.loop_stall_threshold_ms < self.unresponsive_timeout_ms,
+            "loop_stall_threshold_ms",
+            f"must be < unresponsive_timeout_ms ({self.unresponsive_timeout_ms}),"
+            f" got {self.loop_stall_threshold_ms}",
         )
         c.that(
             self.task_retry_initial_ms <= self.task_retry_max_ms,

@@ -14,12 +14,17 @@ work, `CatalogManager.add_work_listener`), in this order:
   1. Assignment: if a tablet is PREPARING, or a CREATING one has outlived the assignment
      timeout, one `CatalogManager.assign_tablets()` round: ONE replicated write that places
      PREPARING tablets (-> CREATING with their committed config) and REPLACES timed-out ones
-     (seed 001 appendix B, "Background task scanning", with its fixes). A failed replication is
-     logged and retried next round (KUDU-495: never fatal).
+     (seed 001 appendix B, "Background task scanning", with its fixes). A round is bounded
+     (`max_tablets_per_assignment_round`); while more is due the next round follows at once.
+     A table that cannot be placed waits out a doubling backoff, one warning per attempt
+     (`catalog_assignment`, "Bounded rounds" and "Backoff"); the loop sleeps no longer than
+     until the next backoff or creation timeout runs out. A failed replication is logged and
+     retried next round (KUDU-495: never fatal).
   2. Re-replication (`rereplication`, seed 004's 3-4-3): only when some server hosting replicas
      has been dead longer than the eviction time; ChangeConfig to the tablet's leader.
   3. Side effects: every task of `CatalogManager.pending_tasks()` not already running and not
-     waiting out its backoff is started: CreateTablet on every peer of a CREATING tablet (with
+     waiting out its backoff is started (an RPC whose task committed state stopped calling for
+     while it waited for a slot is not sent): CreateTablet on every peer of a CREATING tablet (with
      its schema, partition and initial config with the peers' addresses), DeleteTablet
      (TABLET_DATA_DELETED) on every peer of a DELETED or REPLACED one, AlterSchema to the
      leader of a tablet behind its table's schema. A task whose RPCs all succeeded is reported
@@ -161,6 +166,8 @@ class BackgroundTasks:
         self.rounds = 0
         self.rpcs_sent = 0
         self.rpcs_failed = 0
+        self.rpcs_skipped = 0
+        """Task RPCs not sent because the task was no longer called for (see `_rpc`)."""
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -228,11 +235,17 @@ class BackgroundTasks:
                 raise
             except Exception:
                 log.exception("background tasks: round failed")
-            timeout = self.settings.interval_s
+            now = self.clock.monotonic()
+            due = [now + self.settings.interval_s]
             if self._retries:
-                now = self.clock.monotonic()
-                due = min(r.next_at for r in self._retries.values()) - now
-                timeout = max(0.01, min(timeout, due))
+                due.append(min(r.next_at for r in self._retries.values()))
+            # A backoff or creation timeout running out before the next interval. One already
+            # past was due this round: either the round failed (retried after the interval)
+            # or it left more work and woke the loop itself.
+            assignment_at = self.catalog.next_assignment_at()
+            if assignment_at is not None and assignment_at > now:
+                due.append(assignment_at)
+            timeout = max(0.01, min(due) - now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
@@ -251,8 +264,17 @@ class BackgroundTasks:
                         len(plan.assigned),
                         len(plan.replaced),
                     )
-                for u in plan.unplaced[:1]:
-                    log.warning("assignment: %d tablets unplaced: %s", len(plan.unplaced), u.reason)
+                for d in plan.deferred:
+                    log.warning(
+                        "assignment: %d tablets of table %s wait (attempt %d, next in %.1fs): %s",
+                        d.tablets,
+                        d.table_id,
+                        d.attempts,
+                        d.retry_in_s,
+                        d.reason,
+                    )
+                if catalog.assignment_due():
+                    self.wake()  # a bounded round left work: the next round follows at once
             except TesseraError as e:
                 log.warning("assignment round failed (retried next round): %s", e)
         self._rereplicate()
@@ -330,6 +352,7 @@ class BackgroundTasks:
                         ),
                         ok_errors=(AlreadyExists,),
                         fallback=_last_known(record.consensus, u),
+                        task=task,
                     )
                     for u in todo
                 )
@@ -347,6 +370,7 @@ class BackgroundTasks:
                             a, u, self.fence, task.tablet_id, tombstone=False, reason=task.reason
                         ),
                         ok_errors=(NotFound,),
+                        task=task,
                     )
                     for u in todo
                 )
@@ -379,16 +403,23 @@ class BackgroundTasks:
         call: Any,
         ok_errors: tuple[type[TesseraError], ...] = (),
         fallback: HostPort | None = None,
+        task: Task | None = None,
     ) -> bool:
         """One RPC to `server` (skipped, failed, if it is known dead); True on success.
         `fallback`: the address to use if the server never registered here (a peer's last
-        known address in a committed config)."""
+        known address in a committed config). `task`: the task the RPC belongs to; if
+        committed state no longer calls for it once the RPC gets one of the
+        `max_concurrent_rpcs` slots (a table deleted while its CreateTablets queued), the RPC
+        is not sent and counts as done."""
         address = self.ts.rpc_address(server)
         if address is None and fallback is not None:
             address = f"{fallback.host}:{fallback.port}"
         if address is None or (server in self.ts and not self.ts.is_live(server)):
             return False
         async with self._sem:
+            if task is not None and not self.catalog.task_pending(task):
+                self.rpcs_skipped += 1
+                return True
             self.rpcs_sent += 1
             try:
                 await call(address)

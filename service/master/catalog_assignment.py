@@ -24,10 +24,10 @@ Two things live here.
 
 2. The assignment step (seed 000, "Table Assignment"; seed 001 appendix B "Background task
    scanning", with its fixes). `plan_assignments` looks at committed state only and returns
-   ONE `CatalogWrite` (or none) that
-     * moves every PREPARING tablet it can place to CREATING with its chosen committed config
-       (placement_policy: fewest replicas of the table, then fewest in total, among live
-       servers; `place_table` per table so one round spreads a table evenly);
+   ONE `CatalogWrite` (or none) per round that
+     * moves the PREPARING tablets it can place to CREATING with their chosen committed
+       configs (placement_policy: fewest replicas of the table, then fewest in total, among
+       live servers; one `TablePlacer` per table so a round spreads a table evenly);
      * marks every CREATING tablet whose creation has not been reported within the assignment
        timeout REPLACED, and inserts in the same write a new PREPARING tablet for the same
        partition (`replaces` / `replaced_by` link them). The new tablet is not visible to
@@ -35,6 +35,19 @@ Two things live here.
        audit exception); it is assigned by the next round.
    Each updated row carries a precondition on the version it was read at, so a plan made from
    stale state (a deposed leader) is refused at apply rather than applied.
+
+   Bounded rounds. A round handles at most `max_tablets_per_assignment_round` due tablets
+   (`due_tablets`, in table then partition order); the background tasks run the next round
+   at once while more are due. The round is planned in chunks (`AssignmentPlanner.add`) with
+   a yield to the event loop between them, so one round holds the loop for a few
+   milliseconds at a time and heartbeats are read throughout: a 10,000-tablet CreateTable
+   (still ONE entry, seed 001) is assigned in fifty rounds instead of one multi-second one
+   whose stall made the master declare its tablet servers dead.
+
+   Backoff. A table whose tablets cannot be placed (too few live servers) is not tried again
+   every round: `AssignmentBackoff` doubles its pause from `assignment_retry_initial_s` up to
+   `assignment_retry_max_s`, and each failed attempt yields one `Deferred`, logged once with
+   the count of tablets waiting, instead of a warning every round.
 
    As Kudu 1.x does, no initial leader is chosen: the replicas elect one (pre-vote), and the
    elected leader's report makes the tablet RUNNING (report processing, later work). The
@@ -49,6 +62,7 @@ tablet is never replaced early, only possibly late after a failover, as in Kudu.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from random import Random
@@ -73,18 +87,22 @@ from service.master.catalog_records import (
     TabletState,
     Update,
 )
-from service.master.placement_policy import ServerLoad, place_table
+from service.master.placement_policy import ServerLoad, TablePlacer
 
 __all__ = [
     "ASSIGN_OPERATION",
     "AlterReplicas",
+    "AssignmentBackoff",
     "AssignmentPlan",
+    "AssignmentPlanner",
     "CreateReplicas",
+    "Deferred",
     "DeleteReplicas",
     "PendingTasks",
     "Replacement",
     "Task",
     "Unplaced",
+    "due_tablets",
     "new_catalog_id",
     "plan_assignments",
     "task_key",
@@ -185,9 +203,11 @@ class PendingTasks:
         self._tasks.clear()
         self._done.clear()
 
-    def update(self, tablet: TabletRecord, table: TableRecord | None) -> None:
-        """Recompute one tablet's tasks from its committed record (and its table's)."""
+    def update(self, tablet: TabletRecord, table: TableRecord | None) -> bool:
+        """Recompute one tablet's tasks from its committed record (and its table's); True if
+        a task was added or changed (work for the background tasks; a removal is not)."""
         fresh = {task_key(t): t for t in tasks_for(tablet, table)}
+        added = False
         for kind in self._KINDS:
             key = (kind, tablet.tablet_id)
             old, new = self._tasks.get(key), fresh.get(key)
@@ -198,6 +218,12 @@ class PendingTasks:
                 del self._tasks[key]
             if new is not None:
                 self._tasks[key] = new
+                added = True
+        return added
+
+    def is_pending(self, task: Task) -> bool:
+        """Committed state still calls for exactly `task` and it was not reported done."""
+        return self._tasks.get(task_key(task)) == task and task not in self._done
 
     def pending(self) -> list[Task]:
         """Tasks not reported done, in the order committed state first called for them."""
@@ -226,6 +252,19 @@ class Unplaced:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """A table whose tablets could not be placed this round and now wait out a backoff: the
+    one warning to log for this backoff step (module docstring, "Bounded rounds")."""
+
+    table_id: TableId
+    tablets: int
+    """PREPARING tablets of the table now waiting (not only this round's)."""
+    reason: str
+    attempts: int
+    retry_in_s: float
+
+
 @dataclass(frozen=True)
 class AssignmentPlan:
     """One assignment round: ONE write (None when there is nothing to do) and what it does."""
@@ -236,6 +275,8 @@ class AssignmentPlan:
     replaced: tuple[Replacement, ...] = ()
     """CREATING -> REPLACED, each with its new PREPARING tablet."""
     unplaced: tuple[Unplaced, ...] = ()
+    deferred: tuple[Deferred, ...] = ()
+    """Filled in by the catalog manager once the round is over (`AssignmentBackoff`)."""
 
     @property
     def empty(self) -> bool:
@@ -244,6 +285,164 @@ class AssignmentPlan:
 
 def _key(tablet_id: str) -> RowKey:
     return RowKey(EntryType.TABLET, tablet_id)
+
+
+def due_tablets(
+    maps: CatalogMaps,
+    *,
+    now: float,
+    creating_since: Mapping[TabletId, float],
+    assignment_timeout_s: float,
+    ready: Callable[[TableId], bool] = lambda _: True,
+    tables: Collection[TableId] | None = None,
+    limit: int | None = None,
+) -> list[TabletInfo]:
+    """The pending tablets an assignment round handles, in `pending_tablets` order (by table,
+    then partition), at most `limit`: PREPARING tablets of tables that are `ready` (not
+    waiting out a placement backoff), CREATING ones older than the assignment timeout. Tablets
+    of removed tables are left to DeleteTable; `tables`: only these (None: all)."""
+    out: list[TabletInfo] = []
+    for info in maps.pending_tablets():
+        table = maps.tables_by_id.get(info.table_id)
+        if table is None or table.is_removed:
+            continue  # DeleteTable marks them DELETED in its own write
+        if tables is not None and info.table_id not in tables:
+            continue
+        if info.record.state is TabletState.PREPARING:
+            if not ready(info.table_id):
+                continue
+        elif now - creating_since.get(info.tablet_id, now) < assignment_timeout_s:
+            continue
+        out.append(info)
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+class AssignmentPlanner:
+    """Builds ONE assignment write from due tablets handed over in chunks (`add`), so the
+    caller can yield to the event loop between chunks; `finish` returns the plan.
+
+    Each table is placed by one `TablePlacer` across chunks, and the working loads count the
+    replicas chosen for earlier tables, so chunking changes neither choices nor rng draws.
+    Pure but for `rng` draws and `new_id` calls.
+
+    Invariants: `_ops[i]` goes with `_expected[i]`; `_totals`/`_by_table` are the servers'
+    loads plus every replica chosen so far; `_failed[t]` is why table t could not be placed
+    (its later tablets are unplaced without another attempt).
+    """
+
+    def __init__(
+        self,
+        maps: CatalogMaps,
+        servers: Sequence[ServerLoad],
+        addresses: Mapping[str, HostPort],
+        rng: Random,
+        *,
+        assignment_timeout_s: float,
+        now_us: int,
+        new_id: Callable[[], str],
+    ) -> None:
+        self._maps = maps
+        self._servers = servers
+        self._addresses = addresses
+        self._rng = rng
+        self._timeout_s = assignment_timeout_s
+        self._now_us = now_us
+        self._new_id = new_id
+        self._totals = {s.uuid: s.total_replicas for s in servers}
+        self._by_table = {s.uuid: dict(s.replicas_by_table) for s in servers}
+        self._placer: TablePlacer | None = None
+        self._failed: dict[TableId, str] = {}
+        self._ops: list[RowOp] = []
+        self._expected: list[Precondition] = []
+        self._assigned: list[TabletId] = []
+        self._replaced: list[Replacement] = []
+        self._unplaced: list[Unplaced] = []
+
+    def add(self, infos: Sequence[TabletInfo]) -> None:
+        """Plan these due tablets (`due_tablets` order): replace the CREATING ones, place the
+        PREPARING ones."""
+        preparing: list[TabletInfo] = []
+        for info in infos:
+            if info.record.state is TabletState.PREPARING:
+                preparing.append(info)
+            else:
+                self._replace(info)
+        start = 0
+        while start < len(preparing):  # runs of one table
+            table_id = preparing[start].table_id
+            end = start
+            while end < len(preparing) and preparing[end].table_id == table_id:
+                end += 1
+            self._place(table_id, preparing[start:end])
+            start = end
+
+    def finish(self) -> AssignmentPlan:
+        unplaced = tuple(self._unplaced)
+        if not self._ops:
+            return AssignmentPlan(None, unplaced=unplaced)
+        write = CatalogWrite(
+            ops=tuple(self._ops), expected=tuple(self._expected), operation=ASSIGN_OPERATION
+        )
+        return AssignmentPlan(write, tuple(self._assigned), tuple(self._replaced), unplaced)
+
+    def _replace(self, info: TabletInfo) -> None:
+        record = info.record
+        new = TabletId(self._new_id())
+        timeout = self._timeout_s
+        msg = f"not reported created within {timeout:g}s; replaced by tablet {new}"
+        self._ops.append(
+            Update(replace(record, state=TabletState.REPLACED, replaced_by=new, state_msg=msg))
+        )
+        self._expected.append(Precondition(_key(info.tablet_id), info.version))
+        self._ops.append(
+            Insert(
+                TabletRecord(
+                    tablet_id=new,
+                    table_id=record.table_id,
+                    partition=record.partition,
+                    state=TabletState.PREPARING,
+                    replaces=record.tablet_id,
+                    created_time_us=self._now_us,
+                )
+            )
+        )
+        self._expected.append(Precondition.absent(_key(new)))
+        self._replaced.append(Replacement(info.tablet_id, new))
+
+    def _place(self, table_id: TableId, infos: Sequence[TabletInfo]) -> None:
+        table_record = self._maps.tables_by_id[table_id].record
+        if table_id not in self._failed and (
+            self._placer is None or self._placer.table_id != table_id
+        ):
+            loads = [
+                ServerLoad(s.uuid, s.live, self._totals[s.uuid], self._by_table[s.uuid], s.location)
+                for s in self._servers
+            ]
+            try:
+                self._placer = TablePlacer(loads, table_id, table_record.num_replicas)
+            except FailedPrecondition as e:
+                self._placer = None
+                self._failed[table_id] = f"table {table_record.name!r} ({table_id}): {e.message}"
+        if table_id in self._failed or self._placer is None:
+            self._unplaced.extend(Unplaced(i.tablet_id, self._failed[table_id]) for i in infos)
+            return
+        chosen = self._placer.place(len(infos), self._rng)
+        for info, replicas in zip(infos, chosen, strict=True):
+            peers = tuple(
+                RaftPeer(NodeId(u), MemberType.VOTER, self._addresses.get(u)) for u in replicas
+            )
+            consensus = ConsensusState(term=0, config_index=0, peers=peers)
+            self._ops.append(
+                Update(replace(info.record, state=TabletState.CREATING, consensus=consensus))
+            )
+            self._expected.append(Precondition(_key(info.tablet_id), info.version))
+            self._assigned.append(info.tablet_id)
+            for u in replicas:
+                self._totals[u] += 1
+                by_table = self._by_table[u]
+                by_table[table_id] = by_table.get(table_id, 0) + 1
 
 
 def plan_assignments(
@@ -258,93 +457,125 @@ def plan_assignments(
     now_us: int,
     new_id: Callable[[], str],
     tables: Collection[TableId] | None = None,
+    limit: int | None = None,
 ) -> AssignmentPlan:
-    """One assignment round over committed state (module docstring). Pure but for `rng` draws
-    and `new_id` calls.
+    """One assignment round over committed state in one go (module docstring): `due_tablets`
+    then an `AssignmentPlanner` over all of them. Pure but for `rng` draws and `new_id` calls.
 
     `servers`: every tablet server as placement sees it (`TSManager.server_loads()`);
     `addresses`: their rpc addresses, recorded as each peer's last known address;
     `now`: monotonic, compared with `creating_since` (when each CREATING tablet was seen to
     enter CREATING); `now_us`: wall time for new records; `tables`: only tablets of these
-    tables (the ones whose locks the caller holds); None: all.
+    tables (the ones whose locks the caller holds); None: all; `limit`: at most this many.
     """
-    ops: list[RowOp] = []
-    expected: list[Precondition] = []
-    replaced: list[Replacement] = []
-    preparing: dict[TableId, list[TabletInfo]] = {}
-    for info in maps.pending_tablets():
-        table = maps.tables_by_id.get(info.table_id)
-        if table is None or table.is_removed:
-            continue  # DeleteTable marks them DELETED in its own write
-        if tables is not None and info.table_id not in tables:
-            continue
-        record = info.record
-        if record.state is TabletState.PREPARING:
-            preparing.setdefault(info.table_id, []).append(info)
-            continue
-        since = creating_since.get(info.tablet_id, now)
-        if now - since < assignment_timeout_s:
-            continue
-        new = TabletId(new_id())
-        ops.append(
-            Update(
-                replace(
-                    record,
-                    state=TabletState.REPLACED,
-                    replaced_by=new,
-                    state_msg=(
-                        f"not reported created within {assignment_timeout_s:g}s; "
-                        f"replaced by tablet {new}"
-                    ),
-                )
-            )
-        )
-        expected.append(Precondition(_key(info.tablet_id), info.version))
-        ops.append(
-            Insert(
-                TabletRecord(
-                    tablet_id=new,
-                    table_id=record.table_id,
-                    partition=record.partition,
-                    state=TabletState.PREPARING,
-                    replaces=record.tablet_id,
-                    created_time_us=now_us,
-                )
-            )
-        )
-        expected.append(Precondition.absent(_key(new)))
-        replaced.append(Replacement(info.tablet_id, new))
+    due = due_tablets(
+        maps,
+        now=now,
+        creating_since=creating_since,
+        assignment_timeout_s=assignment_timeout_s,
+        tables=tables,
+        limit=limit,
+    )
+    planner = AssignmentPlanner(
+        maps,
+        servers,
+        addresses,
+        rng,
+        assignment_timeout_s=assignment_timeout_s,
+        now_us=now_us,
+        new_id=new_id,
+    )
+    planner.add(due)
+    return planner.finish()
 
-    # Working loads: each table's placement counts the replicas chosen for earlier tables.
-    totals = {s.uuid: s.total_replicas for s in servers}
-    by_table = {s.uuid: dict(s.replicas_by_table) for s in servers}
-    assigned: list[TabletId] = []
-    unplaced: list[Unplaced] = []
-    for table_id in sorted(preparing):
-        infos = preparing[table_id]
-        table_record = maps.tables_by_id[table_id].record
-        loads = [
-            ServerLoad(s.uuid, s.live, totals[s.uuid], by_table[s.uuid], s.location)
-            for s in servers
-        ]
-        try:
-            chosen = place_table(loads, table_id, len(infos), table_record.num_replicas, rng)
-        except FailedPrecondition as e:
-            msg = f"table {table_record.name!r} ({table_id}): {e.message}"
-            unplaced.extend(Unplaced(i.tablet_id, msg) for i in infos)
-            continue
-        for info, replicas in zip(infos, chosen, strict=True):
-            peers = tuple(RaftPeer(NodeId(u), MemberType.VOTER, addresses.get(u)) for u in replicas)
-            consensus = ConsensusState(term=0, config_index=0, peers=peers)
-            ops.append(
-                Update(replace(info.record, state=TabletState.CREATING, consensus=consensus))
+
+# --- backoff of unplaceable tables -----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Step:
+    attempts: int
+    next_at: float
+
+
+class AssignmentBackoff:
+    """When each table's unplaced PREPARING tablets may be tried again (soft state of one
+    leader: a new leader tries everything at once). Times are the caller's monotonic clock.
+
+    Invariants: every entry has attempts >= 1; its pause was
+    min(max_s, initial_s * 2 ** (attempts - 1)).
+    """
+
+    def __init__(self, initial_s: float, max_s: float) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self._steps: dict[TableId, _Step] = {}
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def ready(self, table_id: TableId, now: float) -> bool:
+        step = self._steps.get(table_id)
+        return step is None or now >= step.next_at
+
+    def failed(self, table_id: TableId, now: float) -> _Step:
+        """One more failed attempt: the next one waits twice as long, up to `max_s`."""
+        step = self._steps.get(table_id)
+        attempts = 1 if step is None else step.attempts + 1
+        pause = min(self.max_s, self.initial_s * 2 ** min(attempts - 1, 62))
+        self._steps[table_id] = new = _Step(attempts, now + pause)
+        return new
+
+    def succeeded(self, table_id: TableId) -> None:
+        self._steps.pop(table_id, None)
+
+    def after_round(self, plan: AssignmentPlan, maps: CatalogMaps, now: float) -> AssignmentPlan:
+        """Record a round's outcome: a table with a tablet placed starts afresh, a table with
+        unplaced tablets waits one more backoff step. Returns `plan` with one `Deferred` per
+        table that failed (its PREPARING tablets counted from `maps`, committed state)."""
+        tablets = maps.tablets_by_id
+        for tablet_id in plan.assigned:
+            info = tablets.get(tablet_id)
+            if info is not None:
+                self.succeeded(info.table_id)
+        reasons: dict[TableId, str] = {}
+        for u in plan.unplaced:
+            info = tablets.get(u.tablet_id)
+            if info is not None:
+                reasons.setdefault(info.table_id, u.reason)
+        if not reasons:
+            return plan
+        waiting = Counter(
+            tablets[t].table_id
+            for t in maps.pending
+            if tablets[t].table_id in reasons and tablets[t].state is TabletState.PREPARING
+        )
+        deferred = []
+        for table_id in sorted(reasons):
+            step = self.failed(table_id, now)
+            deferred.append(
+                Deferred(
+                    table_id=table_id,
+                    tablets=waiting[table_id],
+                    reason=reasons[table_id],
+                    attempts=step.attempts,
+                    retry_in_s=step.next_at - now,
+                )
             )
-            expected.append(Precondition(_key(info.tablet_id), info.version))
-            assigned.append(info.tablet_id)
-            for u in replicas:
-                totals[u] += 1
-                by_table[u][table_id] = by_table[u].get(table_id, 0) + 1
-    if not ops:
-        return AssignmentPlan(None, unplaced=tuple(unplaced))
-    write = CatalogWrite(ops=tuple(ops), expected=tuple(expected), operation=ASSIGN_OPERATION)
-    return AssignmentPlan(write, tuple(assigned), tuple(replaced), tuple(unplaced))
+        return replace(plan, deferred=tuple(deferred))
+
+    def next_at(self, table_id: TableId) -> float | None:
+        step = self._steps.get(table_id)
+        return None if step is None else step.next_at
+
+    def earliest(self) -> float | None:
+        """When the next table becomes ready again (None: none is waiting)."""
+        return min((s.next_at for s in self._steps.values()), default=None)
+
+    def retain(self, table_ids: Collection[TableId]) -> None:
+        """Forget tables no longer waiting (placed, deleted, or replaced by other tablets)."""
+        for t in [t for t in self._steps if t not in table_ids]:
+            del self._steps[t]
+
+    def clear(self) -> None:
+        self._steps.clear()

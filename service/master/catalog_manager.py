@@ -57,6 +57,7 @@ answers NotTheLeader before it reaches this class.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
@@ -82,9 +83,12 @@ from service.common.schema import (
     Schema,
 )
 from service.master.catalog_assignment import (
+    AssignmentBackoff,
     AssignmentPlan,
+    AssignmentPlanner,
     PendingTasks,
     Task,
+    due_tablets,
     new_catalog_id,
     plan_assignments,
 )
@@ -130,13 +134,14 @@ from service.master.catalog_records import (
 from service.master.catalog_settings import CatalogSettings
 from service.master.ddl_checks import (
     check_alter_steps,
+    check_num_replicas,
+    check_owner,
     check_partitioning,
     check_request_id,
     check_schema,
     check_table_name,
     host_port,
     is_int,
-    utf8_size,
 )
 from service.master.report_processing import ReportedTablet, ReportPlan, plan_report
 from service.master.sys_catalog import (
@@ -162,6 +167,9 @@ log = logging.getLogger(__name__)
 CREATE_TABLE = "CreateTable"
 ALTER_TABLE = "AlterTable"
 DELETE_TABLE = "DeleteTable"
+
+_PLAN_CHUNK = 32
+"""Tablets planned between two yields to the event loop in an assignment round."""
 
 Replicate: TypeAlias = Callable[[bytes, float], Awaitable[ApplyResult]]
 """Propose one entry and wait until it is applied here: `RaftNode.propose(data, timeout)`."""
@@ -199,6 +207,9 @@ class CatalogManager:
         self._reserved_names: set[str] = set()
         self._tasks = PendingTasks()
         self._creating_since: dict[TabletId, float] = {}
+        self._backoff = AssignmentBackoff(
+            self._settings.assignment_retry_initial_s, self._settings.assignment_retry_max_s
+        )
         self._sys = sys_catalog
         self._maps = CatalogMaps()
         self._work_listeners: list[Callable[[], None]] = []
@@ -229,6 +240,7 @@ class CatalogManager:
             self._sys = sys_catalog
             self._remove_listener = sys_catalog.add_listener(self._on_change)
         self._loaded = True
+        self._backoff.clear()
         self._reload()
         log.info(
             "catalog loaded at index %d: %d tables, %d tablets, %d pending tasks",
@@ -242,6 +254,7 @@ class CatalogManager:
         """Stop serving (leadership lost). The maps stay warm through the listener."""
         self._loaded = False
         self._tasks.clear()
+        self._backoff.clear()
 
     def close(self) -> None:
         """Detach from sys.catalog."""
@@ -276,8 +289,10 @@ class CatalogManager:
         name = check_table_name(name, "name")
         schema = check_schema(schema)
         partitions = check_partitioning(partition_schema, schema)
-        replicas = self._check_num_replicas(num_replicas)
-        owner = self._check_owner(owner)
+        replicas = check_num_replicas(
+            num_replicas, self._settings.default_num_replicas, self._settings.max_num_replicas
+        )
+        owner = check_owner(owner, self._settings.max_owner_bytes)
         live = self._ts.num_live()
         if replicas > live:
             raise FailedPrecondition(
@@ -568,38 +583,88 @@ class CatalogManager:
         )
 
     def assignment_due(self, now: float | None = None) -> bool:
-        """An assignment round has something to do: a PREPARING tablet, or a CREATING one
-        older than the assignment timeout."""
+        """An assignment round has something to do: a PREPARING tablet of a table not waiting
+        out a placement backoff, or a CREATING one older than the assignment timeout."""
         if not self._loaded or not self._maps.pending:
             return False
         now = self._clock.monotonic() if now is None else now
-        if len(self._creating_since) < len(self._maps.pending):
-            return True  # some pending tablet is PREPARING
+        if len(self._creating_since) < len(self._maps.pending):  # some tablet is PREPARING
+            if not self._backoff:
+                return True
+            tablets = self._maps.tablets_by_id
+            for t in self._maps.pending:
+                info = tablets[t]
+                if info.state is TabletState.PREPARING and self._backoff.ready(info.table_id, now):
+                    return True
         oldest = min(self._creating_since.values(), default=now)
         return now - oldest >= self._settings.assignment_timeout_s
 
-    async def assign_tablets(self, now: float | None = None) -> AssignmentPlan:
-        """Plan an assignment round under the locks of the tables and tablets involved and
-        replicate it; returns the plan (committed when this returns). The background task
-        calls this; replication errors propagate and change nothing."""
+    def next_assignment_at(self) -> float | None:
+        """When, on the monotonic clock, the earliest backoff or creation timeout runs out
+        (None: nothing is waiting); the background loop sleeps no longer than that."""
+        times = [self._backoff.earliest()]
+        if self._creating_since:
+            oldest = min(self._creating_since.values())
+            times.append(oldest + self._settings.assignment_timeout_s)
+        return min((t for t in times if t is not None), default=None)
+
+    async def assign_tablets(
+        self, now: float | None = None, *, max_tablets: int | None = None
+    ) -> AssignmentPlan:
+        """One bounded assignment round (`catalog_assignment`, "Bounded rounds"): at most
+        `max_tablets` (default: the settings') due tablets, locked (tables, then tablets),
+        planned in chunks with a yield between them, replicated as ONE write; returns the plan
+        (committed when this returns) with the tables it deferred. The background task calls
+        this; replication errors propagate and change nothing."""
         self._check_ready()
-        pending = self._maps.pending_tablets()
-        tables = sorted({t.table_id for t in pending})
+        now = self._clock.monotonic() if now is None else now
+        limit = max_tablets or self._settings.max_tablets_per_assignment_round
+        due = self._due(now, limit)
         async with contextlib.AsyncExitStack() as stack:
-            for table_id in tables:
+            for table_id in sorted({t.table_id for t in due}):
                 await stack.enter_async_context(self._maps.tables_by_id[table_id].lock)
-            for tablet in sorted(pending, key=lambda t: t.tablet_id):
+            for tablet in sorted(due, key=lambda t: t.tablet_id):
                 await stack.enter_async_context(tablet.lock)
-            # Tables created while we waited are not locked by us: the next round takes them.
-            plan = self.plan_assignments(now, tables)
+            # Under the locks: drop what moved on while we waited (the next round sees it).
+            again = {t.tablet_id for t in self._due(now, limit)}
+            due = [t for t in due if t.tablet_id in again]
+            addresses = {str(d.uuid): host_port(d.rpc_address) for d in self._ts.descriptors()}
+            planner = AssignmentPlanner(
+                self._maps,
+                self._ts.server_loads(),
+                addresses,
+                self._rng,
+                assignment_timeout_s=self._settings.assignment_timeout_s,
+                now_us=self._now_us(),
+                new_id=lambda: new_catalog_id(self._rng),
+            )
+            for i in range(0, len(due), _PLAN_CHUNK):
+                if i:
+                    await asyncio.sleep(0)  # let heartbeats in between chunks
+                planner.add(due[i : i + _PLAN_CHUNK])
+            plan = planner.finish()
             if plan.write is not None:
                 await self._replicate(plan.write)
                 failpoints.hit("assign_tablets:after_replicate")
-        return plan
+        return self._backoff.after_round(plan, self._maps, now)
+
+    def _due(self, now: float, limit: int) -> list[TabletInfo]:
+        return due_tablets(
+            self._maps,
+            now=now,
+            creating_since=self._creating_since,
+            assignment_timeout_s=self._settings.assignment_timeout_s,
+            ready=lambda table_id: self._backoff.ready(table_id, now),
+            limit=limit,
+        )
 
     def pending_tasks(self) -> list[Task]:
         """Side effects committed state calls for and not yet reported done (`task_done`)."""
         return self._tasks.pending()
+
+    def task_pending(self, task: Task) -> bool:
+        """`task` is still called for and not done (cheap: one lookup)."""
+        return self._tasks.is_pending(task)
 
     def add_work_listener(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Call `fn` (which must not block) whenever committed state may call for new tasks or
@@ -697,6 +762,7 @@ class CatalogManager:
             if self._maps.tablets_by_id[t].state is TabletState.CREATING
         }
         self._tasks.clear()
+        self._backoff.retain({t.table_id for t in self._maps.pending_tablets()})
         if self._loaded:
             for tablet in self._maps.tablets_by_id.values():
                 self._update_tasks(tablet)
@@ -721,36 +787,19 @@ class CatalogManager:
             ):
                 table = self._maps.tables_by_id[new_t.table_id]
                 affected.update(dict.fromkeys(table.tablets))
+        # Wake the background tasks only for new work (a task, a tablet to assign): reports
+        # that merely finish tasks would otherwise run a full round per committed report.
+        work = any(new.state is TabletState.PREPARING for _, new in delta.tablets)
         for tablet_id in affected:
-            self._update_tasks(self._maps.tablets_by_id[tablet_id])
-        if affected:
+            work = self._update_tasks(self._maps.tablets_by_id[tablet_id]) or work
+        if work:
             self._wake()
 
-    def _update_tasks(self, tablet: TabletInfo) -> None:
+    def _update_tasks(self, tablet: TabletInfo) -> bool:
         table = self._maps.tables_by_id.get(tablet.table_id)
-        self._tasks.update(tablet.record, table.record if table is not None else None)
+        return self._tasks.update(tablet.record, table.record if table is not None else None)
 
     # --- validation helpers that need settings or state --------------------------------------
-
-    def _check_num_replicas(self, n: int) -> int:
-        if not is_int(n):
-            raise InvalidArgument(f"num_replicas: must be an integer, got {n!r}")
-        if n == 0:
-            return self._settings.default_num_replicas
-        if n < 0:
-            raise InvalidArgument(f"num_replicas: must be >= 1 (0 for the default), got {n}")
-        if n % 2 == 0:
-            raise InvalidArgument(f"num_replicas: must be odd so a majority survives, got {n}")
-        if n > (top := self._settings.max_num_replicas):
-            raise InvalidArgument(f"num_replicas: {n} is above the maximum {top}")
-        return n
-
-    def _check_owner(self, owner: str) -> str:
-        if not isinstance(owner, str):
-            raise InvalidArgument(f"owner: must be a string, got {owner!r}")
-        if (size := utf8_size(owner, "owner")) > (top := self._settings.max_owner_bytes):
-            raise InvalidArgument(f"owner: {size} bytes, longer than {top}")
-        return owner
 
     def _check_name_free(self, name: str) -> None:
         holder = self._maps.live_table(name)

@@ -32,6 +32,12 @@ class CatalogSettings:
     max_write_bytes: int = 16 * 1024 * 1024
     """Largest replicated entry: about 1.2 MB is a 10,000-tablet CreateTable."""
     max_owner_bytes: int = 256
+    max_tablets_per_assignment_round: int = 200
+    """Tablets one `assign_tablets` round places or replaces (ONE write); see MasterConfig."""
+    assignment_retry_initial_s: float = 1.0
+    """First pause before a table's unplaced tablets are tried again; doubles per failure."""
+    assignment_retry_max_s: float = 30.0
+    """Longest pause between placement attempts of a table's unplaced tablets."""
 
     @classmethod
     def from_config(cls, config: MasterConfig, **overrides: Any) -> CatalogSettings:
@@ -41,6 +47,9 @@ class CatalogSettings:
             max_create_tablets_per_ts=config.max_create_tablets_per_ts,
             table_locations_ttl_ms=config.table_locations_ttl_ms,
             assignment_timeout_s=config.assignment_timeout_ms / 1000.0,
+            max_tablets_per_assignment_round=config.max_tablets_per_assignment_round,
+            assignment_retry_initial_s=config.assignment_retry_initial_ms / 1000.0,
+            assignment_retry_max_s=config.assignment_retry_max_ms / 1000.0,
             max_write_bytes=min(cls.max_write_bytes, config.rpc.max_message_bytes // 2),
         )
         return replace(base, **overrides)
@@ -54,3 +63,7 @@ class CatalogSettings:
                 raise InvalidArgument(f"catalog settings: {name} must be odd")
         if self.default_num_replicas > self.max_num_replicas:
             raise InvalidArgument("catalog settings: default_num_replicas > max_num_replicas")
+        if self.assignment_retry_initial_s > self.assignment_retry_max_s:
+            raise InvalidArgument(
+                "catalog settings: assignment_retry_initial_s must be <= assignment_retry_max_s"
+            )

@@ -1,6 +1,7 @@
-"""Checks of DDL arguments that need neither the catalog nor the settings: pure functions, each
-raising InvalidArgument with a message that names the offending field (issue 3: bad input gets
-a clear error and changes nothing). The catalog manager runs them before it takes any lock.
+"""Checks of DDL arguments that need no catalog state: pure functions (limits from the settings
+are passed in), each raising InvalidArgument with a message that names the offending field
+(issue 3: bad input gets a clear error and changes nothing). The catalog manager runs them
+before it takes any lock.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from service.master.catalog_records import MAX_NAME_BYTES, HostPort, RequestId
 __all__ = [
     "MAX_CLIENT_ID",
     "check_alter_steps",
+    "check_num_replicas",
+    "check_owner",
     "check_partitioning",
     "check_request_id",
     "check_schema",
@@ -109,3 +112,26 @@ def check_alter_steps(ops: object) -> tuple[AlterOp, ...]:
 def host_port(address: str) -> HostPort:
     host, _, port = address.rpartition(":")
     return HostPort(host, int(port))
+
+
+def check_num_replicas(n: int, default: int, maximum: int) -> int:
+    """The replication factor asked for (0: `default`): odd, from 1 to `maximum`."""
+    if not is_int(n):
+        raise InvalidArgument(f"num_replicas: must be an integer, got {n!r}")
+    if n == 0:
+        return default
+    if n < 0:
+        raise InvalidArgument(f"num_replicas: must be >= 1 (0 for the default), got {n}")
+    if n % 2 == 0:
+        raise InvalidArgument(f"num_replicas: must be odd so a majority survives, got {n}")
+    if n > maximum:
+        raise InvalidArgument(f"num_replicas: {n} is above the maximum {maximum}")
+    return n
+
+
+def check_owner(owner: object, max_bytes: int) -> str:
+    if not isinstance(owner, str):
+        raise InvalidArgument(f"owner: must be a string, got {owner!r}")
+    if (size := utf8_size(owner, "owner")) > max_bytes:
+        raise InvalidArgument(f"owner: {size} bytes, longer than {max_bytes}")
+    return owner

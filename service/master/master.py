@@ -57,7 +57,8 @@ Shutdown order (`aclose`), each step relying on the next still being up:
   1. the gRPC server stops taking calls (grace period for calls in flight, which may still
      propose through the node);
   2. the leadership task, the security task and the background tasks are cancelled and the
-     catalog manager closed (unloaded, detached from sys.catalog) so nothing proposes any more;
+     catalog manager closed (unloaded, detached from sys.catalog) so nothing proposes any more,
+     and the progress clock's probe stops;
   3. the Raft node stops: fails its waiters, closes the WAL;
   4. the transport's senders to the peers are closed, and the tablet-server proxy's channels.
 """
@@ -100,6 +101,7 @@ from service.master.catalog_settings import CatalogSettings
 from service.master.heartbeat import HeartbeatContext
 from service.master.master_membership import master_uuid
 from service.master.master_service import MasterServicer
+from service.master.progress_clock import ProgressClock
 from service.master.report_processing import ReportAction
 from service.master.security import ensure_security
 from service.master.status_pages import install_master_metrics, install_master_pages
@@ -178,6 +180,8 @@ class MasterServer:
         self._replicate: Replicate | None = None
         self._clock: Clock = RealClock()
         self._security_task: asyncio.Task[None] | None = None
+        self.progress_clock: ProgressClock | None = None
+        self._probe_task: asyncio.Task[None] | None = None
         # Background tasks (module docstring): the proxy lives as long as the process.
         self.proxy: TServerProxy | None = None
         self.background: BackgroundTasks | None = None
@@ -244,7 +248,12 @@ class MasterServer:
             settings=NodeSettings.from_raft_settings(config.raft),
         )
         self.node = node
-        clock = RealClock()
+        # Heartbeat ages, creation timeouts and retries are measured on the master's own
+        # progress, so a stall of this event loop never makes healthy servers look dead
+        # (progress_clock); the probe runs until aclose.
+        clock = ProgressClock(RealClock(), config.loop_stall_threshold_ms / 1000.0)
+        self.progress_clock = clock
+        self._probe_task = asyncio.create_task(clock.run(), name="master-progress-probe")
         self.ts_manager = TSManager.from_config(config, clock)
 
         async def replicate(data: bytes, timeout: float) -> ApplyResult:
@@ -311,6 +320,10 @@ class MasterServer:
             self.background = None
         if self.catalog is not None:
             self.catalog.close()
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._probe_task
         if self.node is not None:
             await self.node.aclose()
         if self.transport is not None:

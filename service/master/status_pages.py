@@ -123,6 +123,13 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
     def heartbeats() -> float:
         return float(master.ts_manager.heartbeats_received) if master.ts_manager else 0.0
 
+    def revivals() -> float:
+        return float(master.ts_manager.revivals) if master.ts_manager else 0.0
+
+    def stalled() -> float:
+        clock = master.progress_clock
+        return clock.stalled_s if clock is not None else 0.0
+
     def tasks() -> float:
         return float(len(master.background.views())) if master.background is not None else 0.0
 
@@ -150,6 +157,18 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
         "tessera_master_heartbeats_total",
         "Tablet server heartbeats received by this master.",
         heartbeats,
+    )
+    registry.counter_callback(
+        "tessera_master_tserver_revivals_total",
+        "Heartbeats from a tablet server this master held dead at the time (flapping servers, "
+        "or a master too slow to read heartbeats; zero in a healthy fleet).",
+        revivals,
+    )
+    registry.counter_callback(
+        "tessera_master_loop_stalled_seconds_total",
+        "Seconds of this master's event-loop stalls beyond loop_stall_threshold_ms, not "
+        "counted against tablet servers' heartbeats (progress_clock).",
+        stalled,
     )
     registry.gauge_callback(
         "tessera_master_background_tasks",

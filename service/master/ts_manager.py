@@ -17,7 +17,12 @@ what the master knows of it. A heartbeat is handled in this order (`heartbeat()`
 
 Liveness is derived, never stored: a server is live while its last heartbeat is less than
 `unresponsive_timeout_s` old. Nothing sweeps the registry and nothing is ever removed, so a
-silent server is "dead", not forgotten; a heartbeat from it revives it.
+silent server is "dead", not forgotten; a heartbeat from it revives it (counted in
+`revivals`: a healthy fleet keeps it at zero, so a growing count means flapping servers or a
+master too slow to read their heartbeats). Ages are measured on the injected clock; the master
+injects a `ProgressClock`, which stands still while the master's own event loop is stalled, so
+a server is never declared dead because the master was too busy to read its heartbeats
+(`progress_clock` explains why that, and not a re-check after catching up).
 
 Multi-master (seed 001's plan, which ends KUDU-1358). In Kudu's first design only the leader
 master accepted heartbeats, so a newly elected leader started with an empty registry: every
@@ -110,6 +115,8 @@ class TSManager:
         self._counts: dict[str, dict[str, int]] = {}
         self.heartbeats_received = 0
         """Heartbeats handled since this manager was created (for /metrics)."""
+        self.revivals = 0
+        """Heartbeats from a registered server that was dead at the time (for /metrics)."""
 
     @classmethod
     def from_config(cls, config: MasterConfig, clock: Clock) -> TSManager:
@@ -133,13 +140,16 @@ class TSManager:
         Raises `FailedPrecondition` for a registration from a former process (lower seqno).
         """
         self.heartbeats_received += 1
+        now = self._clock.monotonic()
+        known = self._records.get(instance.permanent_uuid)
+        if known is not None and not known.is_live(now, self._timeout):
+            self.revivals += 1
         restarted = False
         if registration is not None:
             restarted = self._register(instance, registration)
         record = self._records.get(instance.permanent_uuid)
         if record is None or not record.matches(instance):
             return HeartbeatOutcome(needs_reregister=True, needs_full_report=True)
-        now = self._clock.monotonic()
         record.heartbeat(now)
         if num_leaders is not None:
             record.num_leaders = num_leaders

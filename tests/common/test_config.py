@@ -227,6 +227,24 @@ def test_master_validation() -> None:
     assert ok.master_addresses == tuple(three)
 
 
+def test_master_assignment_round_and_stall_settings_are_validated() -> None:
+    base: dict[str, Any] = {"data_dir": "/d"}
+    for name in (
+        "max_tablets_per_assignment_round",
+        "assignment_retry_initial_ms",
+        "assignment_retry_max_ms",
+        "loop_stall_threshold_ms",
+    ):
+        err = _error(MasterConfig, {**base, name: 0})
+        assert err.key == name and "must be > 0" in str(err)
+    err = _error(
+        MasterConfig, {**base, "assignment_retry_initial_ms": 5000, "assignment_retry_max_ms": 10}
+    )
+    assert err.key == "assignment_retry_initial_ms" and "assignment_retry_max_ms" in str(err)
+    err = _error(MasterConfig, {**base, "loop_stall_threshold_ms": 60_000})
+    assert err.key == "loop_stall_threshold_ms" and "unresponsive_timeout_ms" in str(err)
+
+
 def test_tserver_validation() -> None:
     err = _error(TServerConfig, {"data_dir": "/d", "master_addresses": []})
     assert err.key == "master_addresses"

@@ -381,6 +381,7 @@ def test_the_module_imports_only_stdlib_and_common_errors_or_ids() -> None:
             imported.add(node.module)
     allowed = {
         "__future__",
+        "bisect",
         "collections",
         "collections.abc",
         "dataclasses",
