@@ -81,6 +81,12 @@ class RaftOptions:
     lease_reads: bool = False
     applied: int = 0
     """Index the caller's state machine has applied already (on restart)."""
+    send_snapshots: bool = True
+    """False for a group whose snapshots carry no state (an anchored state machine: a tablet's
+    rows live in its own files, node.py): a follower that needs entries the leader no longer
+    keeps is not sent a snapshot. It is held in SNAPSHOT state, sent nothing but heartbeats,
+    until the caller has given it the state some other way (a tablet copy, seed 004) and
+    reports that with `report_snapshot`."""
 
     def validate(self) -> None:
         if not self.id:
@@ -570,6 +576,10 @@ class Raft:
             return False  # do not ship a snapshot to a node we have not heard from
         snap = self.log.snapshot()
         if snap.meta.index == 0:
+            return False
+        if not self.opts.send_snapshots:
+            # Held until the caller reports the state delivered (RaftOptions.send_snapshots).
+            pr.become_snapshot(snap.meta.index)
             return False
         self._send(self._msg(MessageType.SNAP, to, snapshot=snap))
         pr.become_snapshot(snap.meta.index)

@@ -18,6 +18,7 @@ from service.raft import (
     ConfigChangeType,
     Entry,
     EntryType,
+    HardState,
     MemoryStorage,
     Message,
     NodeId,
@@ -53,6 +54,7 @@ class Cluster:
         lease_reads: bool = False,
         max_size_per_msg: int = 1 << 20,
         max_inflight_msgs: int = 256,
+        send_snapshots: bool = True,
     ) -> None:
         self.ids = [NodeId(i) for i in ids]
         self.config = RaftConfig(frozenset(self.ids))
@@ -65,6 +67,7 @@ class Cluster:
             lease_reads=lease_reads,
             max_size_per_msg=max_size_per_msg,
             max_inflight_msgs=max_inflight_msgs,
+            send_snapshots=send_snapshots,
         )
         self.nodes: dict[NodeId, NodeState] = {}
         for i, nid in enumerate(self.ids):
@@ -123,6 +126,21 @@ class Cluster:
         st.kv = {}
         self.nodes[n] = st
         assert st.node.raft.term == hs.term
+
+    def install_copy(self, nid: str, source: str) -> None:
+        """Replace `nid` by a copy of `source`'s snapshot (what a tablet copy does, seed 004),
+        keeping `nid`'s term and vote, and restart it from that."""
+        n = NodeId(nid)
+        old = self.nodes[n]
+        snap = self.nodes[NodeId(source)].storage.snapshot()
+        storage = MemoryStorage()
+        storage.apply_snapshot(snap)
+        storage.set_hard_state(
+            HardState(old.storage.hard_state.term, old.storage.hard_state.vote, snap.meta.index)
+        )
+        st = self._new_node(n, storage, self.seed * 104729 + len(old.applied), None)
+        st.kv = decode_kv(snap.data)
+        self.nodes[n] = st
 
     # -- driving ----------------------------------------------------------------------------
 

@@ -293,9 +293,9 @@ def test_proposals_dropped_during_transfer() -> None:
 # -- snapshots and log compaction -------------------------------------------------------------
 
 
-def _c_behind_a_compacted_log() -> Cluster:
+def _c_behind_a_compacted_log(send_snapshots: bool = True) -> Cluster:
     """a leads; c missed 50 entries that a has since compacted away (healed, not yet ticked)."""
-    c = Cluster(["a", "b", "c"])
+    c = Cluster(["a", "b", "c"], send_snapshots=send_snapshots)
     c.elect("a")
     c.isolate("c")
     for i in range(50):
@@ -371,3 +371,27 @@ def test_a_snapshot_lost_on_the_way_is_sent_again_once_the_peer_is_reported_unre
     assert c.nodes[NodeId("c")].kv == c.nodes[NodeId("a")].kv
     c.propose("a", b"after=1")
     assert c.nodes[NodeId("c")].kv[b"after"] == b"1"
+
+
+def test_without_snapshot_sending_a_lagging_follower_is_held_until_given_the_state() -> None:
+    """RaftOptions.send_snapshots=False (a tablet, whose snapshots carry no rows): a follower
+    that needs compacted entries is sent no snapshot, nor any append, only heartbeats, until
+    the caller has copied the state over and reports it; then the log catches it up."""
+    from service.raft.progress import ProgressState
+
+    c = _c_behind_a_compacted_log(send_snapshots=False)
+    c.tick("a", 6)
+    to_c = [m for m in c.delivered if m.to == "c" and m.frm == "a"]
+    assert not [m for m in to_c if m.type is MessageType.SNAP]
+    assert c.node("a").status().progress[NodeId("c")].state is ProgressState.SNAPSHOT
+    held = len([m for m in c.delivered if m.type is MessageType.APP and m.to == "c"])
+    c.tick("a", 6)
+    assert len([m for m in c.delivered if m.type is MessageType.APP and m.to == "c"]) == held
+    assert c.nodes[NodeId("c")].kv != c.nodes[NodeId("a")].kv
+    c.install_copy("c", "a")  # a tablet copy: the state at a's snapshot, then a restart
+    c.node("a").report_snapshot(NodeId("c"), True)
+    c.propose("a", b"after=1")
+    c.tick("a", 3)
+    assert c.nodes[NodeId("c")].kv == c.nodes[NodeId("a")].kv
+    assert c.nodes[NodeId("c")].kv[b"after"] == b"1"
+    assert not [m for m in c.delivered if m.type is MessageType.SNAP]
