@@ -19,7 +19,9 @@ jars, 13 MB), afterwards from the Ivy cache (``~/.ivy2.5.2`` in Spark 4, or
 ``mvn dependency:get`` is an offline way to seed it. If the delta-spark jar sits in the
 repository's git-ignored ``jars/`` folder, those jars are used through ``spark.jars`` instead and
 Ivy is not involved at all. When the JVM cannot start and the Delta jar is nowhere to be found,
-:func:`build_session` raises :class:`SparkSessionError` saying what to do.
+:func:`build_session` tries the download again and then, where Maven is installed, fetches the
+jars with ``mvn dependency:get`` before a last try; only then does it raise
+:class:`SparkSessionError` saying what to do.
 
 Workers are separate Python processes started by the JVM. They run ``PYSPARK_PYTHON``, which,
 unset, means the system ``python3`` without Tessera's packages; so it is set to this interpreter.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
 from importlib import metadata
@@ -175,9 +178,9 @@ def build_session(
                 "Spark did not start: no `java` on PATH and JAVA_HOME is unset; "
                 "PySpark 4 needs Java 17 or 21 (Debian: apt-get install openjdk-17-jre-headless)"
             ) from exc
-        if delta_jar is not None and not _ivy_has(settings, delta_jar):
-            raise SparkSessionError(_ivy_failure_message(settings, delta_jar)) from exc
-        raise
+        if delta_jar is None or _ivy_has(settings, delta_jar):
+            raise
+        spark = _start_after_fetching(builder, settings, delta_jar, exc)
     # The log4j2 file already says WARN; this also covers a caller who replaced that file.
     spark.sparkContext.setLogLevel(LOG_LEVEL)
     from spark_jobs.datasource import register
@@ -278,6 +281,47 @@ def _configure_logging(settings: dict[str, str]) -> None:
         # A URI, so that a path with spaces survives Spark's splitting of the option string.
         option = f"-Dlog4j2.configurationFile={LOG4J2_FILE.as_uri()}"
         settings[_DRIVER_JAVA_OPTIONS] = f"{options} {option}".strip()
+
+
+def _start_after_fetching(
+    builder: SparkSession.Builder, settings: Mapping[str, str], coordinate: str, first: Exception
+) -> SparkSession:
+    """The JVM did not start and the Delta jars are not in the Ivy cache: the first download
+    failed. Seen once in CI on a fresh machine under load, and gone on the next try, so try
+    again; if that fails too and Maven is installed, fetch the jars into ~/.m2 with
+    `mvn dependency:get` (Spark's Ivy looks there before the network) and try a last time."""
+    print(
+        f"tessera: Spark did not start and {coordinate} is not in the Ivy cache; "
+        "trying the download again",
+        file=sys.stderr,
+    )
+    try:
+        return builder.getOrCreate()
+    except Exception:
+        if _ivy_has(settings, coordinate) or not _maven_get(coordinate):
+            raise SparkSessionError(_ivy_failure_message(settings, coordinate)) from first
+    try:
+        return builder.getOrCreate()
+    except Exception as exc:
+        raise SparkSessionError(_ivy_failure_message(settings, coordinate)) from exc
+
+
+def _maven_get(coordinate: str) -> bool:
+    """`mvn dependency:get` of `coordinate` and its dependencies into ~/.m2; whether it
+    succeeded (False without Maven)."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        return False
+    print(f"tessera: fetching {coordinate} with Maven into ~/.m2", file=sys.stderr)
+    try:
+        done = subprocess.run(
+            [mvn, "-q", "-B", "dependency:get", f"-Dartifact={coordinate}"],
+            timeout=900,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 def _java_found() -> bool:
