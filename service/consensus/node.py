@@ -74,6 +74,7 @@ from service.common.errors import (
 from service.consensus import syncer
 from service.consensus.batching import Deadlines, Pacer
 from service.consensus.node_api import (
+    AnchoredStateMachine,
     LeaderChange,
     NodeSettings,
     Sender,
@@ -81,6 +82,7 @@ from service.consensus.node_api import (
     group_commit_stats,
 )
 from service.consensus.raft_store import RaftStore, Recovered, StoreIOError
+from service.consensus.snapshots import ConfigHistory, plan_snapshot
 from service.consensus.wal import WalCorruption, WalIOError
 from service.raft import (
     ConfigChange,
@@ -102,7 +104,14 @@ from service.raft import (
 )
 from service.raft.coalesce import coalesce
 
-__all__ = ["LeaderChange", "NodeSettings", "RaftNode", "Sender", "StateMachine"]
+__all__ = [
+    "AnchoredStateMachine",
+    "LeaderChange",
+    "NodeSettings",
+    "RaftNode",
+    "Sender",
+    "StateMachine",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -126,7 +135,7 @@ class RaftNode:
         uuid: NodeId,
         store: RaftStore,
         recovered: Recovered,
-        state_machine: StateMachine,
+        state_machine: StateMachine | AnchoredStateMachine,
         transport: Sender,
         settings: NodeSettings,
         rng: random.Random | None = None,
@@ -144,6 +153,9 @@ class RaftNode:
         self.applied = snap.meta.index if snap is not None else 0
         self.applied_config: RaftConfig = snap.meta.config if snap else recovered.bootstrap_config
         self.last_snapshot_index = self.applied
+        self._anchored = isinstance(state_machine, AnchoredStateMachine)
+        """Snapshots are anchors to the state machine's own files, never sent (snapshots.py)."""
+        self._configs = ConfigHistory(self.applied, self.applied_config)
         for node, addr in recovered.addresses.items():
             transport.set_address(node, addr)
         self._promotable: set[NodeId] = set()
@@ -159,6 +171,7 @@ class RaftNode:
             max_inflight_msgs=settings.max_inflight_msgs,
             max_inflight_bytes=settings.max_inflight_bytes,
             applied=self.applied,
+            send_snapshots=not self._anchored,
         )
         self.raw = RawNode(opts, self.storage, rng or random.Random(), recovered.bootstrap_config)
         self._inbox: list[Message] = []
@@ -579,6 +592,7 @@ class RaftNode:
             self.applied = rd.snapshot.meta.index
             self.applied_config = rd.snapshot.meta.config
             self.last_snapshot_index = self.applied
+            self._configs.reset(self.applied, self.applied_config)
             for index in [i for i in self._waiting if i <= self.applied]:
                 _, fut = self._waiting.pop(index)
                 if not fut.done():
@@ -609,6 +623,7 @@ class RaftNode:
             result = self.sm.apply(e.index, e.data)
         elif e.type is EntryType.CONFIG:
             self.applied_config = config_after(self.applied_config, e.type, e.data, e.index)
+            self._configs.applied(e.index, self.applied_config)
             result = self.applied_config.index
             log.info("%s/%s: config %s", self.group_id, self.uuid, _fmt_config(self.applied_config))
         self.applied = e.index
@@ -677,28 +692,40 @@ class RaftNode:
         return self.last_snapshot_index
 
     async def _maybe_snapshot(self) -> None:
-        s = self.settings
-        forced = any(index > self.last_snapshot_index for index, _ in self._snapshot_waiters)
-        if not forced and self.applied - self.last_snapshot_index < s.snapshot_interval_entries:
-            return
-        # A state machine that can serialize its state off the loop (`snapshot_exporter`: a
-        # tablet's rows) does so in a worker thread: this group waits, but not the others the
-        # process runs on this event loop. Nothing is applied meanwhile (this is the loop).
-        exporter = getattr(self.sm, "snapshot_exporter", None)
-        if exporter is not None:
-            data = await asyncio.to_thread(exporter())
-        else:
-            data = self.sm.snapshot()
-        snap = self.storage.create_snapshot(self.applied, self.applied_config, data)
-        await asyncio.to_thread(self.store.compact, self.storage, snap, s.snapshot_catchup_entries)
-        self.last_snapshot_index = self.applied
-        log.info(
-            "%s/%s: snapshot at %d (%d bytes)", self.group_id, self.uuid, self.applied, len(data)
+        """Take a snapshot if one is due (snapshots.py) and drop the log it covers."""
+        sm = self.sm
+        plan = plan_snapshot(
+            anchored=self._anchored,
+            applied=self.applied,
+            durable=sm.durable_index() if isinstance(sm, AnchoredStateMachine) else 0,
+            last_snapshot=self.last_snapshot_index,
+            interval=self.settings.snapshot_interval_entries,
+            waiting_for=max((i for i, _ in self._snapshot_waiters), default=0),
         )
-        waiters, self._snapshot_waiters = self._snapshot_waiters, []
-        for _, fut in waiters:
-            if not fut.done():
+        if plan is None:
+            return
+        index = plan.index
+        data = sm.anchor(index) if isinstance(sm, AnchoredStateMachine) else sm.snapshot()
+        snap = self.storage.create_snapshot(index, self._configs.at(index), data)
+        await asyncio.to_thread(
+            self.store.compact, self.storage, snap, self.settings.snapshot_catchup_entries
+        )
+        self.last_snapshot_index = index
+        self._configs.snapshotted(index)
+        if not self._anchored:  # anchors follow every flush of a tablet: too many to log
+            log.info("%s/%s: snapshot at %d (%d bytes)", self.group_id, self.uuid, index, len(data))
+        still = []
+        for target, fut in self._snapshot_waiters:
+            if target > index:
+                still.append((target, fut))
+            elif not fut.done():
                 fut.set_result(None)
+        self._snapshot_waiters = still
+
+    def config_at(self, index: int) -> RaftConfig:
+        """The applied membership as of `index`, from the last snapshot's index on (a tablet
+        copy's image is taken at its flushed index, below what is applied)."""
+        return self._configs.at(index)
 
     def _maybe_promote(self) -> None:
         """Seed 004: the leader promotes a PRE_VOTER once its log has caught up."""

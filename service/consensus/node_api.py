@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from service.common.config import RaftSettings
 from service.raft import Message, NodeId, Role
@@ -23,6 +23,31 @@ class StateMachine(Protocol):
     def snapshot(self) -> bytes: ...
 
     def restore(self, data: bytes) -> None: ...
+
+
+@runtime_checkable
+class AnchoredStateMachine(Protocol):
+    """A state machine that keeps its own durable state (a tablet's row files), so the Raft log
+    need only be kept from what that state already holds (Kudu's log anchors), and a snapshot
+    needs no payload: it is an *anchor*, a reference to the state machine's files at an index.
+
+    Such a node never serializes its state and never sends a snapshot: a follower that needs
+    entries the leader no longer keeps is given the files some other way (tablet copy, seed
+    004; `RaftOptions.send_snapshots`). See `snapshots.py`."""
+
+    def apply(self, index: int, data: bytes) -> object: ...
+
+    def durable_index(self) -> int:
+        """Every entry at or below this index is durable in the state machine's own files."""
+        ...
+
+    def anchor(self, index: int) -> bytes:
+        """The payload of a snapshot at durable `index` (no state: a reference to it)."""
+        ...
+
+    def restore(self, data: bytes) -> None:
+        """Check an anchor against the files (at start): they must hold its index."""
+        ...
 
 
 class Sender(Protocol):

@@ -47,8 +47,9 @@ of keys is looked up with one vectorized `searchsorted` per file.
 Thread safety: every method except `write_frozen` and `write_compaction` must be called from
 one thread (the tablet's apply loop). Those two only read data that no one mutates.
 
-This module holds the store itself: the manifest, writes, flush, compaction, reads and
-snapshots. The memstores and how a write's rows meet the newest versions of their keys are in
+This module holds the store itself: the manifest, writes, flush, compaction and reads (a
+tablet copy ships the manifest and data files as they are, tablet_copy.py). The memstores and
+how a write's rows meet the newest versions of their keys are in
 `rowstore_memstore`; the physical layout, the key index and data file I/O in `rowstore_files`;
 the sorted merge behind scans, compaction and checksums, and checksum hashing, in
 `rowstore_merge`.
@@ -59,16 +60,14 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import itertools
 import json
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
 from service.common.errors import (
@@ -77,7 +76,6 @@ from service.common.errors import (
     InvalidArgument,
     TesseraError,
 )
-from service.common.keys import encode_keys_arrow
 from service.common.schema import Schema
 from service.common.schema_codec import schema_from_pb, schema_to_pb
 from service.consensus.fs import RealFileSystem
@@ -86,7 +84,6 @@ from service.tserver.key_splitting import KeyView, MemRows
 from service.tserver.predicates import ScanSpec, to_arrow_expression, validate_spec
 from service.tserver.row_ops import WriteBatch
 from service.tserver.rowstore_files import (
-    DEL_COL,
     KEY_COL,
     Source,
     file_schema,
@@ -97,14 +94,18 @@ from service.tserver.rowstore_files import (
 from service.tserver.rowstore_memstore import Frozen, MemStore, OlderVersions, apply_batch
 from service.tserver.rowstore_merge import emit_batches, hash_array, merge_sources
 
-__all__ = ["MANIFEST", "Compaction", "Frozen", "RowStore", "WriteResult"]
+__all__ = ["MANIFEST", "Compaction", "Frozen", "RowStore", "WriteResult", "is_store_file"]
 
 MANIFEST = "MANIFEST"
 """The manifest's file name inside the store's directory."""
 
 _FILE_RE = re.compile(r"^rs-\d{8}\.arrow(\.tmp)?$")
 _MANIFEST_MAGIC = b"TESSERA-ROWSTORE-MANIFEST 1\n"
-_SNAPSHOT_SCHEMA_KEY = b"tessera.schema"
+
+
+def is_store_file(name: str) -> bool:
+    """Whether `name` is the manifest or a data file name (what a tablet copy may write)."""
+    return name == MANIFEST or (_FILE_RE.match(name) is not None and not name.endswith(".tmp"))
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,8 @@ class Compaction:
 
 
 class RowStore:
-    """A tablet's rows (see the module docstring). Create with `create`, `open` or
-    `import_snapshot`; apply Raft entries in index order from one thread."""
+    """A tablet's rows (see the module docstring). Create with `create` or `open`; apply Raft
+    entries in index order from one thread."""
 
     def __init__(
         self,
@@ -550,70 +551,6 @@ class RowStore:
             for h in hs:
                 top.update(h.digest())
         return rows, top.digest()
-
-    # --- snapshots -----------------------------------------------------------------------
-
-    def export_snapshot(self) -> bytes:
-        """Every live row and the schema as one Arrow IPC stream (a Raft snapshot payload)."""
-        return self.snapshot_exporter()()
-
-    def snapshot_exporter(self) -> Callable[[], bytes]:
-        """`export_snapshot` in two steps: the state is taken now (call this on the apply
-        thread; cheap: the sources are listed and the memstore materialized), and the returned
-        function merges and serializes it, touching only immutable data, so it may run in a
-        worker thread while writes go on (a tablet copy's image of a large tablet must not
-        stall the event loop every Raft group of the server runs on)."""
-        schema = self._schema
-        arrow_schema = schema.to_arrow().with_metadata(
-            {_SNAPSHOT_SCHEMA_KEY: schema_to_pb(schema).SerializeToString()}
-        )
-        batches = self.scan(ScanSpec())
-
-        def export() -> bytes:
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, arrow_schema) as writer:
-                for batch in batches:
-                    writer.write_batch(batch)
-            return bytes(sink.getvalue().to_pybytes())
-
-        return export
-
-    @classmethod
-    def import_snapshot(cls, directory: Path, data: bytes, index: int) -> RowStore:
-        """A fresh store at `directory` (its row store files replaced) holding the rows of an
-        `export_snapshot` payload, with flushed_index = applied_index = `index`."""
-        directory = Path(directory)
-        try:
-            reader = pa.ipc.open_stream(data)
-            table = reader.read_all()
-            raw_schema = (table.schema.metadata or {})[_SNAPSHOT_SCHEMA_KEY]
-            schema = schema_from_pb(common_pb2.SchemaPB.FromString(raw_schema))
-        except (pa.ArrowException, OSError, KeyError, ValueError, TesseraError) as e:
-            raise Corruption(f"row store snapshot: {type(e).__name__}: {e}") from None
-        fs = RealFileSystem()
-        fs.makedirs(str(directory))
-        for entry in os.listdir(directory):
-            if _FILE_RE.match(entry) or entry in (MANIFEST, MANIFEST + ".tmp"):
-                os.remove(directory / entry)
-        fs.fsync_dir(str(directory))
-        store = cls(directory, schema, [], index, table.num_rows, 1)
-        if table.num_rows:
-            name = store._new_file_name()
-            encoded = encode_keys_arrow(schema.key_columns, table)
-            if any(a >= b for a, b in itertools.pairwise(encoded)):
-                raise Corruption(
-                    "row store snapshot: rows are not in strictly increasing key order"
-                )
-            keys = pa.array(encoded, type=pa.binary())
-            arrays = [keys, pa.array(np.zeros(table.num_rows, dtype=bool))]
-            arrays += [table.column(c.name).combine_chunks() for c in schema.columns]
-            names = [KEY_COL, DEL_COL] + [phys_name(c.id) for c in schema.columns]
-            phys = pa.Table.from_arrays(arrays, names=names)
-            path = directory / name
-            write_arrow_file(path, iter([phys]), file_schema(schema.columns))
-            store._files = [(name, open_arrow_file(path, schema))]
-        store._write_manifest()
-        return store
 
 
 @dataclass(frozen=True)

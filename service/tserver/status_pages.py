@@ -327,7 +327,7 @@ class _TServerPages:
                     sid,
                     ses.tablet_id,
                     ses.requestor,
-                    fmt_bytes(sum(len(d) for d in ses.files.values())),
+                    fmt_bytes(sum(ses.files.values())),
                     fmt_age(mono - ses.last_used),
                 )
                 for sid, ses in sorted(sessions.items())

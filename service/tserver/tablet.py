@@ -18,8 +18,11 @@ only once applied on the leader, i.e. committed on a majority). The RowStore flu
 in-memory rows to columnar files in the background; `flushed_index` says which entries the
 files already hold, and the replay after a restart skips them (`RowStore.apply_write` ignores
 indexes at or below what it has). A Raft snapshot (for a follower that fell behind the log the
-leader kept) is the whole tablet's rows with its index in front; restoring one that is older
-than what the files already hold is a no-op.
+leader kept) is never sent: the tablet's snapshots are *anchors* (consensus/snapshots.py), taken
+at the row store's flushed index once it moves on, with no rows in them. So the log is kept
+exactly from what the files do not yet hold (Kudu's WAL anchored by the flushed index), taking
+one costs a small file write, and a follower behind the leader's log is given the files by a
+tablet copy (tablet_copy.py). At start, the anchor is checked against the files.
 
 Flushing: after an apply, when the in-memory store passes `flush_rows` or `flush_bytes`, one
 background task freezes it (on the loop, cheap), writes and fsyncs the file in a worker thread
@@ -49,6 +52,7 @@ from typing import cast
 import pyarrow as pa
 
 from service.common.errors import (
+    Corruption,
     FailedPrecondition,
     InvalidArgument,
     IOFatal,
@@ -148,27 +152,41 @@ class TabletStateMachine:
             return store.schema.version
         raise InvalidArgument(f"tablet {r.tablet_id}: unknown entry kind {kind!r} at {index}")
 
-    def snapshot(self) -> bytes:
-        return self.snapshot_exporter()()
-
-    def snapshot_exporter(self) -> Callable[[], bytes]:
-        """`snapshot` in two steps (`RowStore.snapshot_exporter`): the state as of now, and a
-        function that serializes it, safe to run in a worker thread."""
+    def durable_index(self) -> int:
+        """The row store's flushed index: the Raft log is kept from there on (its anchor)."""
         store = self.replica.store
-        assert store is not None
-        head = _SNAP_INDEX.pack(store.applied_index)
-        export = store.snapshot_exporter()
-        return lambda: head + export()
+        return store.flushed_index if store is not None else 0
+
+    def anchor(self, index: int) -> bytes:
+        return anchor_payload(index)
 
     def restore(self, data: bytes) -> None:
+        """Check the Raft snapshot's anchor against the row store's files at start: they must
+        hold every entry up to its index (they are flushed before the anchor is taken, and a
+        copy writes both). A snapshot with rows is never sent to a tablet (module docstring)."""
         r = self.replica
-        (index,) = _SNAP_INDEX.unpack_from(data)
-        if r.store is not None and r.store.applied_index >= index:
-            return  # the files already hold a newer state (a restart after a flush)
-        if r.store is not None:
-            r.store.close()
-        r.store = RowStore.import_snapshot(r.data_dir, data[_SNAP_INDEX.size :], index)
-        r.changed()
+        index = anchor_index(data, r.tablet_id)
+        flushed = r.store.flushed_index if r.store is not None else 0
+        if flushed < index:
+            raise Corruption(
+                f"tablet {r.tablet_id}: the Raft log was dropped up to index {index}, but the "
+                f"row store's files hold entries only up to {flushed}: data files lost"
+            )
+
+
+_ANCHOR = b"TESSERA-ANCHOR 1\n"
+
+
+def anchor_payload(index: int) -> bytes:
+    """A tablet's Raft snapshot payload: no rows, the index its row store's files hold."""
+    return _ANCHOR + _SNAP_INDEX.pack(index)
+
+
+def anchor_index(data: bytes, tablet_id: str) -> int:
+    if not data.startswith(_ANCHOR) or len(data) != len(_ANCHOR) + _SNAP_INDEX.size:
+        raise Corruption(f"tablet {tablet_id}: the Raft snapshot is not a tablet anchor")
+    (index,) = _SNAP_INDEX.unpack_from(data, len(_ANCHOR))
+    return int(index)
 
 
 class TabletReplica:
@@ -403,15 +421,17 @@ class TabletReplica:
             return
         self._flush_task = loop.create_task(self._flush(store, idle=True))
 
-    async def _flush(self, store: RowStore, idle: bool = False) -> None:
-        """Flush the memstore; then compact every file if there are more than
-        `compact_files`, or, when the tablet is idle, each group of overlapping files."""
+    async def _flush(self, store: RowStore, idle: bool = False, compact: bool = True) -> None:
+        """Flush the memstore; then (with `compact`) compact every file if there are more
+        than `compact_files`, or, when the tablet is idle, each group of overlapping files."""
         try:
             frozen = store.freeze()
             if frozen is not None:
                 await asyncio.to_thread(store.write_frozen, frozen)
                 if store is self.store:
                     store.install(frozen)
+            if not compact:
+                return
             files = sum(1 for f in store.data_files() if f.endswith(".arrow"))
             overlapping = files <= self.settings.compact_files
             if overlapping and not idle:
@@ -435,6 +455,25 @@ class TabletReplica:
             await self._flush_task
         if self.store is not None:
             await self._flush(self.store)
+
+    async def flush_for_copy(self) -> RowStore:
+        """Make everything applied so far durable in the row store's files, without
+        compacting, and return the store: a copy session then links its files (tablet_copy).
+        Runs as the tablet's flush task, after any under way, so no other flush interleaves
+        (frozen memstores install in freeze order)."""
+        while self._flush_task is not None and not self._flush_task.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._flush_task)
+        store = self.store
+        if store is None:
+            raise TabletNotRunning(f"tablet {self.tablet_id} has no row store open")
+        task = asyncio.get_running_loop().create_task(self._flush(store, compact=False))
+        self._flush_task = task
+        await asyncio.shield(task)
+        self.running_node()  # a failed flush failed the replica: no copy from it
+        if store is not self.store:
+            raise TabletNotRunning(f"tablet {self.tablet_id} was restarted during a flush")
+        return store
 
     # --- reads -------------------------------------------------------------------------------
 

@@ -7,26 +7,30 @@ StartTabletCopy, naming itself as the source, to a peer that for `TRIGGER_S`
   * has acknowledged nothing (its server does not host the tablet: a tombstoned replica, a
     server that lost its data), or
   * needs entries the leader no longer keeps (its match is before the leader's first log
-    index). Raft would send it a snapshot, but a tablet's snapshot is its every row in one
-    message, which fails once the tablet outgrows `rpc.max_message_bytes`; a copy is chunked.
-    The request carries the leader's first index (`retained_from_index`), so the peer knows
-    its READY replica cannot catch up.
+    index). A tablet's Raft snapshot is only an anchor to its files (tablet.py) and is never
+    sent (`RaftOptions.send_snapshots` is off): the core holds such a peer in SNAPSHOT state,
+    sending it nothing but heartbeats, and the copy is how it gets the state. The request
+    carries the leader's first index (`retained_from_index`), so the peer knows its READY
+    replica cannot catch up.
 A non-voter added to be promoted (a move or a 3-4-3 replacement) is known to be empty and is
 sent it at the first check, without the wait. A peer that answers normally never is; one whose
 server is down makes the RPC fail, and the leader tries again later (`RETRY_S`). A peer the
-Raft core holds waiting for a snapshot (sent nothing else until it lands) that has not landed
-within `TRIGGER_S` is reported to the core as landed (`report_snapshot`), so the leader probes
-it again from the snapshot's index: a peer the copy has filled meanwhile then matches, and one
-still behind asks again for what it lacks.
+core holds in SNAPSHOT state for `TRIGGER_S` is reported to it as delivered
+(`report_snapshot`), so the leader probes it again from the anchor's index: a peer the copy has
+filled meanwhile then matches, and one still behind is held again until its copy lands.
 
-Source (`CopySource`, the TabletCopyService). BeginTabletCopySession takes a consistent image of
-the tablet at one applied Raft index: the tablet's Raft snapshot payload (every row, with the
-schema) plus the Raft snapshot metadata (index, term, config) and the source's superblock and
-consensus state. Unlike Kudu, which ships its immutable data blocks and WAL segments, the image
-is one file, "snapshot": the WAL segment being appended cannot be copied consistently without
-a pause, and an image at one index needs no log replay, since the leader replicates everything
-after that index normally. FetchData serves it in chunks with a CRC32C each; sessions expire
-when idle for `SESSION_IDLE_S`.
+Source (`CopySource`, the TabletCopyService). BeginTabletCopySession flushes the tablet's
+in-memory rows (`TabletReplica.flush_for_copy`, no compaction), then, without yielding to the
+event loop, hard-links the row store's MANIFEST and data files into a session directory: an
+image at one index N, the flushed index, which later flushes and compactions cannot change
+(they replace files, never rewrite them, and a link keeps a deleted file's data). Like Kudu,
+the copy ships the tablet's immutable data files; unlike Kudu, no WAL segments: the image holds
+every entry up to N, the leader keeps its log from its anchor (at or below N) on, and it
+replicates everything after N normally. The response carries each file's size and CRC32C, and
+the Raft snapshot metadata at N (term, membership as of N: `RaftNode.config_at`), the source's
+superblock and consensus state. FetchData reads a file chunk by chunk (CRC32C on each) in a
+worker thread; nothing is held in memory. Sessions end on EndTabletCopySession or when idle
+for `SESSION_IDLE_S`; their directories are removed then, and at start (`copy-sessions/`).
 
 Destination (`CopyClient`). StartTabletCopy is idempotent (a READY replica or a copy under way
 is left alone) and refused when the caller's term is lower than the replica's own (a deposed
@@ -36,10 +40,11 @@ bounded by `num_tablets_to_copy_simultaneously`, can be listed and cancelled. On
 
   1. Begin a session; write the superblock COPYING (the commit point: a crash from here on
      leaves a replica that startup tombstones, and the leader copies it again);
-  2. fetch "snapshot" chunk by chunk, checking each CRC;
-  3. build the RowStore from the image (flushed at the image's index) and the Raft state: the
-     snapshot file and consensus metadata merged by the seed's rules (the highest term wins;
-     our vote is kept only for a term we keep; the remote config is adopted);
+  2. fetch every file into the replica's data directory chunk by chunk, checking each chunk's
+     CRC and then the file's; the MANIFEST is written last, atomically;
+  3. the Raft state: a snapshot that is the tablet's anchor at N (tablet.py: no rows, the
+     files hold them) and consensus metadata merged by the seed's rules (the highest term
+     wins; our vote is kept only for a term we keep; the remote config is adopted);
   4. write the superblock READY and start the replica. It catches up from the leader by normal
      replication and, added as a non-voter with `promote`, is promoted once caught up.
 
@@ -47,8 +52,9 @@ Safety of replacing a READY replica. A voter must never lose an entry it acknowl
 leader may have counted that acknowledgement toward a commit. A replica acknowledges only
 entries it has persisted, so it is replaced only if its persisted log (checked again once the
 replica is stopped, `_prepare`) ends before the leader's first index - 1. The copy's image is
-taken at the source's applied index, which is at or past that (the leader keeps its log from
-its last snapshot on, and a snapshot covers only applied entries), so every entry the replica
+taken at the source's flushed index once it flushed, which is at or past that (the leader
+keeps its log from its anchor minus `snapshot_catchup_entries`, and its anchor is a flushed
+index it had already reached), so every entry the replica
 ever acknowledged is in the image or was never committed.
 """
 
@@ -61,8 +67,9 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import google_crc32c
@@ -83,16 +90,16 @@ from service.pb import tserver_pb2_grpc as tpb_grpc
 from service.raft import NO_NODE, NodeId, RaftConfig, Role, Snapshot, SnapshotMeta
 from service.raft.progress import ProgressState
 from service.tserver import superblock as sbmod
-from service.tserver.rowstore import RowStore
+from service.tserver.rowstore import MANIFEST, is_store_file
 from service.tserver.superblock import DataState, Superblock
-from service.tserver.tablet import ReplicaState, TabletReplica, TabletStateMachine
+from service.tserver.tablet import ReplicaState, TabletReplica, anchor_payload
 
 if TYPE_CHECKING:
     from service.tserver.tablet_manager import TabletManager
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_FILE = "snapshot"
+SESSIONS_DIR = "copy-sessions"
 CHUNK_BYTES = 4 << 20
 SESSION_IDLE_S = 60.0
 TRIGGER_S = 3.0
@@ -109,7 +116,10 @@ FAILPOINT_PAUSE = "TESSERA_FAILPOINT_COPY_PAUSE_S"
 class _Session:
     tablet_id: str
     requestor: str
-    files: dict[str, bytes]
+    directory: Path
+    """The session's hard links to the image's files."""
+    files: dict[str, int]
+    """File name -> size."""
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -119,6 +129,9 @@ class CopySource:
     def __init__(self, tablets: TabletManager, max_message_bytes: int = 64 << 20) -> None:
         self.tablets = tablets
         self.sessions: dict[str, _Session] = {}
+        self.root = tablets.root.parent / SESSIONS_DIR
+        # Sessions do not outlive the process: what a previous one left is removed.
+        shutil.rmtree(self.root, ignore_errors=True)
         # A chunk and its envelope must fit in one response this server may send.
         self.max_chunk_bytes = max(4096, min(CHUNK_BYTES, max_message_bytes - (64 << 10)))
 
@@ -128,62 +141,79 @@ class CopySource:
         self._expire()
         replica = self.tablets.get(req.tablet_id)
         node = replica.running_node()
-        index = node.applied
+        store = await replica.flush_for_copy()
+        # From here to the links, no await: the manifest on disk, its files and `index` are
+        # one state of the store (installs and compactions happen on this loop).
+        sid = os.urandom(12).hex()
+        directory = self.root / sid
+        directory.mkdir(parents=True)
+        index = store.flushed_index
+        names = store.data_files()
+        for name in names:
+            os.link(store.directory / name, directory / name)
+        config = node.config_at(index)
         meta = {
             "snapshot_index": index,
             "snapshot_term": node.storage.term(index) if index else 0,
             "current_term": node.status().term,
-            "voters": sorted(node.applied_config.voters),
-            "learners": sorted(node.applied_config.learners),
-            "config_index": node.applied_config.index,
+            "voters": sorted(config.voters),
+            "learners": sorted(config.learners),
+            "config_index": config.index,
             "addresses": {
                 p: a
-                for p in node.applied_config.voters | node.applied_config.learners
+                for p in config.voters | config.learners
                 if (
                     a := replica.transport.address_of(p)
                     or (self.tablets.transport.own_address if p == self.tablets.uuid else None)
                 )
             },
         }
-        # The state is taken here, at `index`; the rows are serialized off the event loop.
-        image = await asyncio.to_thread(TabletStateMachine(replica).snapshot_exporter())
-        sid = os.urandom(12).hex()
-        self.sessions[sid] = _Session(req.tablet_id, req.requestor_uuid, {SNAPSHOT_FILE: image})
+        try:
+            described = await asyncio.to_thread(_describe_files, directory, names)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        self.sessions[sid] = _Session(
+            req.tablet_id, req.requestor_uuid, directory, {f.name: f.size for f in described}
+        )
         log.info(
-            "copy session %s: tablet %s at index %d for %s (%d bytes)",
+            "copy session %s: tablet %s at index %d for %s (%d files, %d bytes)",
             sid,
             req.tablet_id,
             index,
             req.requestor_uuid,
-            len(image),
+            len(described),
+            sum(f.size for f in described),
         )
         return tpb.BeginTabletCopySessionResponsePB(
             session_id=sid,
             superblock=replica.superblock.encode(),
             consensus_meta=json.dumps(meta).encode(),
-            data_files=[
-                tpb.CopyFilePB(
-                    name=SNAPSHOT_FILE, size=len(image), crc32c=google_crc32c.value(image)
-                )
-            ],
+            data_files=described,
             session_idle_timeout_ms=int(SESSION_IDLE_S * 1000),
         )
 
-    def fetch(self, req: tpb.FetchDataRequestPB) -> tpb.FetchDataResponsePB:
+    async def fetch(self, req: tpb.FetchDataRequestPB) -> tpb.FetchDataResponsePB:
         s = self._session(req.session_id)
-        data = s.files.get(req.file_name)
-        if data is None:
+        size = s.files.get(req.file_name)
+        if size is None:
             raise NotFound(f"copy session {req.session_id}: no file {req.file_name!r}")
-        if req.offset > len(data):
-            raise InvalidArgument(f"offset {req.offset} is past the end ({len(data)} bytes)")
-        n = min(req.max_length or self.max_chunk_bytes, self.max_chunk_bytes)
-        chunk = data[req.offset : req.offset + n]
+        if req.offset > size:
+            raise InvalidArgument(f"offset {req.offset} is past the end ({size} bytes)")
+        n = min(req.max_length or self.max_chunk_bytes, self.max_chunk_bytes, size - req.offset)
+        chunk = await asyncio.to_thread(_read_at, s.directory / req.file_name, req.offset, n)
         return tpb.FetchDataResponsePB(
-            data=chunk, offset=req.offset, crc32c=google_crc32c.value(chunk), total_size=len(data)
+            data=chunk, offset=req.offset, crc32c=google_crc32c.value(chunk), total_size=size
         )
 
     def end(self, req: tpb.EndTabletCopySessionRequestPB) -> None:
-        self.sessions.pop(req.session_id, None)
+        s = self.sessions.pop(req.session_id, None)
+        if s is not None:
+            shutil.rmtree(s.directory, ignore_errors=True)
+
+    def close(self) -> None:
+        for sid in list(self.sessions):
+            shutil.rmtree(self.sessions.pop(sid).directory, ignore_errors=True)
 
     def _session(self, sid: str) -> _Session:
         self._expire()
@@ -198,6 +228,28 @@ class CopySource:
         for sid, s in list(self.sessions.items()):
             if now - s.last_used > SESSION_IDLE_S:
                 del self.sessions[sid]
+                shutil.rmtree(s.directory, ignore_errors=True)
+
+
+def _describe_files(directory: Path, names: list[str]) -> list[tpb.CopyFilePB]:
+    """Name, size and CRC32C of each linked file (in a worker thread: reads them all)."""
+    out = []
+    for name in names:
+        crc, size = 0, 0
+        with open(directory / name, "rb") as f:
+            while block := f.read(CHUNK_BYTES):
+                crc = google_crc32c.extend(crc, block)
+                size += len(block)
+        out.append(tpb.CopyFilePB(name=name, size=size, crc32c=crc))
+    return out
+
+
+def _read_at(path: Path, offset: int, n: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.pread(fd, n, offset)
+    finally:
+        os.close(fd)
 
 
 # --- destination -----------------------------------------------------------------------------
@@ -311,39 +363,18 @@ class CopyClient:
                 begin.superblock, f"superblock of {tablet_id} from {source}"
             )
             meta = json.loads(begin.consensus_meta)
-            files = {f.name: f for f in begin.data_files}
-            if SNAPSHOT_FILE not in files:
-                raise Corruption(f"copy session of {tablet_id} offers no {SNAPSHOT_FILE!r}")
-            status.bytes_total = files[SNAPSHOT_FILE].size
+            files = _check_offer(tablet_id, begin.data_files)
+            status.bytes_total = sum(f.size for f in files)
             async with tm.lock(tablet_id):
                 replica = await self._prepare(tablet_id, remote_sb, source, retained_from)
                 pause = float(os.environ.get(FAILPOINT_PAUSE, "0") or 0)
                 if pause:  # tests: a window to kill this server in the middle of a copy
                     log.warning("failpoint %s: pausing %.1fs mid-copy", FAILPOINT_PAUSE, pause)
                     await asyncio.sleep(pause)
-                parts: list[bytes] = []
-                offset = 0
-                while offset < status.bytes_total:
-                    chunk: tpb.FetchDataResponsePB = await stub.FetchData(
-                        tpb.FetchDataRequestPB(
-                            dest_uuid=source,
-                            session_id=begin.session_id,
-                            file_name=SNAPSHOT_FILE,
-                            offset=offset,
-                            max_length=CHUNK_BYTES,
-                        ),
-                        timeout=RPC_TIMEOUT_S,
-                    )
-                    if google_crc32c.value(chunk.data) != chunk.crc32c or chunk.offset != offset:
-                        raise Corruption(f"copy of {tablet_id}: bad chunk at offset {offset}")
-                    if not chunk.data:
-                        raise Corruption(f"copy of {tablet_id}: empty chunk at offset {offset}")
-                    parts.append(chunk.data)
-                    offset += len(chunk.data)
-                    status.bytes_copied = offset
-                image = b"".join(parts)
-                if google_crc32c.value(image) != files[SNAPSHOT_FILE].crc32c:
-                    raise Corruption(f"copy of {tablet_id}: the image's checksum does not match")
+                data_dir = replica.data_dir
+                await asyncio.to_thread(RealFileSystem().makedirs, str(data_dir))
+                for f in files:  # the MANIFEST last (`_check_offer`)
+                    await self._fetch_file(stub, source, begin.session_id, f, data_dir, status)
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     await stub.EndTabletCopySession(
                         tpb.EndTabletCopySessionRequestPB(
@@ -351,7 +382,7 @@ class CopyClient:
                         ),
                         timeout=RPC_TIMEOUT_S,
                     )
-                await asyncio.to_thread(_install, replica, image, meta)
+                await asyncio.to_thread(_install, replica, meta)
                 sb = replica.superblock.with_state(DataState.READY, copy_source="")
                 await asyncio.to_thread(sbmod.save, replica.dir, sb)
                 replica.superblock = sb
@@ -369,6 +400,54 @@ class CopyClient:
             mb / dt if dt else 0.0,
         )
         tm.changed(tablet_id)
+
+    async def _fetch_file(
+        self,
+        stub: tpb_grpc.TabletCopyServiceAsyncStub,
+        source: str,
+        session_id: str,
+        f: tpb.CopyFilePB,
+        data_dir: Path,
+        status: CopyStatus,
+    ) -> None:
+        """Stream one file of the image into `data_dir`: chunk CRCs, then the whole file's CRC,
+        then fsync. The MANIFEST is written to a temporary name and renamed over (atomic), so
+        the store is complete exactly when it has a manifest."""
+        final = data_dir / f.name
+        path = final.with_name(f.name + ".tmp") if f.name == MANIFEST else final
+        fd = await asyncio.to_thread(
+            os.open, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
+        )
+        try:
+            crc, offset = 0, 0
+            while offset < f.size:
+                chunk: tpb.FetchDataResponsePB = await stub.FetchData(
+                    tpb.FetchDataRequestPB(
+                        dest_uuid=source,
+                        session_id=session_id,
+                        file_name=f.name,
+                        offset=offset,
+                        max_length=CHUNK_BYTES,
+                    ),
+                    timeout=RPC_TIMEOUT_S,
+                )
+                data = chunk.data
+                if google_crc32c.value(data) != chunk.crc32c or chunk.offset != offset:
+                    raise Corruption(f"copy of {f.name}: bad chunk at offset {offset}")
+                if not data:
+                    raise Corruption(f"copy of {f.name}: empty chunk at offset {offset}")
+                await asyncio.to_thread(_write_all, fd, data)
+                crc = google_crc32c.extend(crc, data)
+                offset += len(data)
+                status.bytes_copied += len(data)
+            if crc != f.crc32c:
+                raise Corruption(f"copy of {f.name}: the file's checksum does not match")
+            await asyncio.to_thread(os.fsync, fd)
+        finally:
+            os.close(fd)
+        if path != final:
+            await asyncio.to_thread(os.replace, path, final)
+            await asyncio.to_thread(RealFileSystem().fsync_dir, str(data_dir))
 
     async def _prepare(
         self, tablet_id: str, remote_sb: Superblock, source: str, retained_from: int
@@ -433,9 +512,9 @@ class CopyClient:
 
 def _cannot_catch_up(replica: TabletReplica, retained_from: int) -> bool:
     """Whether a running replica's log ends before `retained_from - 1`: the leader no longer
-    has the entries that would follow it, so replication alone can never bring it up to date
-    (a Raft snapshot could, but a tablet's is its every row in one message, which may be too
-    large to send). Such a replica is replaced by a copy; any other READY one is left alone."""
+    has the entries that would follow it, so replication can never bring it up to date (and
+    tablets send no snapshots). Such a replica is replaced by a copy; any other READY one is
+    left alone."""
     node = replica.node
     if retained_from <= 1 or node is None or replica.state is not ReplicaState.RUNNING:
         return False
@@ -449,8 +528,28 @@ def _local_term(replica: TabletReplica) -> int:
     return cm.term if cm is not None else 0
 
 
-def _install(replica: TabletReplica, image: bytes, meta: dict[str, object]) -> None:
-    """Step 3 of the module docstring, in a worker thread."""
+def _check_offer(tablet_id: str, offered: Sequence[tpb.CopyFilePB]) -> list[tpb.CopyFilePB]:
+    """The files a session offers, validated (each a row store file named once, the MANIFEST
+    among them), in fetch order: the MANIFEST last."""
+    names = [f.name for f in offered]
+    bad = [n for n in names if not is_store_file(n)]
+    if bad or len(set(names)) != len(names) or MANIFEST not in names:
+        raise Corruption(
+            f"copy session of {tablet_id} offers {sorted(names)!r}: expected row store files "
+            f"named once each, with a {MANIFEST}"
+        )
+    return sorted(offered, key=lambda f: f.name == MANIFEST)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _install(replica: TabletReplica, meta: dict[str, object]) -> None:
+    """Step 3 of the module docstring, in a worker thread: the row store's files are in place;
+    write the Raft state (a snapshot that anchors the log at the image's index, cmeta)."""
     index = int(meta["snapshot_index"])  # type: ignore[call-overload]
     config = RaftConfig(
         frozenset(NodeId(v) for v in meta["voters"]),  # type: ignore[attr-defined]
@@ -458,8 +557,6 @@ def _install(replica: TabletReplica, image: bytes, meta: dict[str, object]) -> N
         int(meta["config_index"]),  # type: ignore[call-overload]
     )
     addresses = {str(k): str(v) for k, v in dict(meta["addresses"]).items()}  # type: ignore[call-overload]
-    shutil.rmtree(replica.data_dir, ignore_errors=True)
-    RowStore.import_snapshot(replica.data_dir, image[8:], index).close()
     s = replica.settings
     store, _ = RaftStore.open(
         RealFileSystem(),
@@ -481,8 +578,8 @@ def _install(replica: TabletReplica, image: bytes, meta: dict[str, object]) -> N
         store.save_cmeta(
             term=term, vote=vote, config=config, addresses={**local.addresses, **addresses}
         )
-        snap = Snapshot(SnapshotMeta(index, int(meta["snapshot_term"]), config), image)  # type: ignore[call-overload]
-        store.save_snapshot(snap)
+        term_at = int(meta["snapshot_term"])  # type: ignore[call-overload]
+        store.save_snapshot(Snapshot(SnapshotMeta(index, term_at, config), anchor_payload(index)))
         store.wal.sync()
     finally:
         store.close()

@@ -157,7 +157,7 @@ class CopyServicer(_Base, tpb_grpc.TabletCopyServiceServicer):
         self, request: tpb.FetchDataRequestPB, context: Ctx
     ) -> tpb.FetchDataResponsePB:
         self._dest(request.dest_uuid)
-        return self.server.copy_source.fetch(request)
+        return await self.server.copy_source.fetch(request)
 
     @rpc_errors
     async def EndTabletCopySession(

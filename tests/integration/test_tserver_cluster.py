@@ -330,17 +330,17 @@ def test_non_voter_added_without_promote_is_not_promoted(tmp_path: Path) -> None
     asyncio.run(main())
 
 
-def test_follower_behind_the_leaders_log_catches_up_when_the_snapshot_is_too_big_to_send(
+def test_follower_behind_the_leaders_log_catches_up_by_a_copy_of_the_files(
     tmp_path: Path,
 ) -> None:
-    """A follower that missed entries the leader has since compacted needs the whole tablet.
-    A Raft snapshot of a tablet is its every row, one message; here it is larger than
-    `rpc.max_message_bytes` (2 MiB), so it can never be sent. The leader must see that the
-    snapshot did not land and copy the tablet to the follower instead (StartTabletCopy onto
-    the running, lagging replica); the follower then catches up and the replicas agree."""
+    """A follower that missed entries the leader has since dropped from its log (anchored at
+    its flushed index once 100k rows were flushed) needs the tablet's files: a tablet's Raft
+    snapshot is only an anchor and is never sent, so the leader copies the tablet to the
+    follower (StartTabletCopy onto the running, lagging replica). The files (about 4 MB) are
+    more than one message may carry (`rpc.max_message_bytes` = 2 MiB) and go in chunks; the
+    follower then catches up from the log and the replicas agree."""
     overrides = {
         **FAST_TSERVER,
-        "raft.snapshot_interval_entries": "20",
         "raft.snapshot_catchup_entries": "5",
         "rpc.max_message_bytes": str(2 << 20),
     }

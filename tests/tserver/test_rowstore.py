@@ -496,26 +496,31 @@ def test_checksum_independent_of_flush_history(tmp_path: Path, schema: Schema) -
 # --- snapshots and accounting ---------------------------------------------------------------
 
 
-def test_export_import_snapshot(tmp_path: Path, store: RowStore) -> None:
+def test_linked_manifest_and_files_reopen_as_the_store_was_despite_later_compaction(
+    tmp_path: Path, store: RowStore
+) -> None:
+    """What a tablet copy session relies on (tablet_copy.py): hard links to `data_files()`
+    taken right after a flush are the store at its flushed index, whatever flushes and
+    compactions do to the store afterwards."""
     w = Writer(store)
     w([r(i) for i in range(20)])
     store.flush()
     w([{"id": 0}], RowOp.DELETE)
-    data = store.export_snapshot()
-    target = tmp_path / "copy"
-    stale = RowStore.create(target, store.schema)
-    Writer(stale)([r(99)])
-    stale.flush()
-    stale.close()
-    imported = RowStore.import_snapshot(target, data, 57)
-    assert imported.flushed_index == imported.applied_index == 57
-    assert imported.checksum() == store.checksum()
-    assert rows(imported) == rows(store)
-    imported.close()
-    reopened = RowStore.open(target)
-    assert reopened.checksum() == store.checksum() and reopened.flushed_index == 57
-    with pytest.raises(Corruption):
-        RowStore.import_snapshot(tmp_path / "bad", b"junk", 3)
+    w([r(i, x=2.0) for i in range(10, 30)], RowOp.UPSERT)
+    store.flush()
+    expected, flushed = rows(store), store.flushed_index
+    image = tmp_path / "image"
+    image.mkdir()
+    for name in store.data_files():
+        os.link(store.directory / name, image / name)
+    w([r(i) for i in range(100, 110)])  # then the source moves on: a write, a flush...
+    store.flush()
+    store.compact()  # ...and a compaction that deletes the linked inputs
+    assert all(not (store.directory / n).exists() for n in os.listdir(image) if n != "MANIFEST")
+    copy = RowStore.open(image)
+    assert copy.flushed_index == copy.applied_index == flushed
+    assert rows(copy) == expected
+    copy.close()
 
 
 def test_write_frozen_in_a_thread_while_applying_and_scanning(store: RowStore) -> None:

@@ -4,15 +4,19 @@ tablets: the admin and data RPCs, restart and replay, tombstones, fencing, start
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import grpc
 import pyarrow as pa
 import pytest
 
-from service.common.config import TServerConfig
+from service.common.config import RaftSettings, TServerConfig
 from service.common.schema_codec import encode_cell
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
@@ -27,6 +31,8 @@ from service.testing.tablet_fixtures import (
     write_request,
 )
 from service.tserver import superblock as sbmod
+from service.tserver.predicates import ScanSpec
+from service.tserver.rowstore import RowStore
 from service.tserver.superblock import DataState
 from service.tserver.tablet_server import TabletServer
 
@@ -511,3 +517,146 @@ async def test_start_tablet_copy_replaces_a_ready_replica_only_if_it_cannot_catc
     assert (await s.replicas())["tablet-1"].data_state == tpb.TABLET_DATA_READY
     got = await scan_all(s.data, s.uuid, "tablet-1")
     assert got.num_rows == 10
+
+
+# --- the WAL anchored by the flushed index; copy sessions of files ----------------------------
+
+
+@run
+async def test_the_log_is_anchored_at_the_flushed_index_and_no_rows_are_serialized(
+    tmp_path: Path,
+) -> None:
+    """A tablet's Raft snapshot is an anchor at its row store's flushed index: taken once a
+    flush moved it on, holding no rows, dropping the log up to it (less the catch-up entries
+    kept for followers); a restart checks the anchor and replays only what follows."""
+    catchup = 3
+    s = Server(tmp_path / "ts", raft=RaftSettings(snapshot_catchup_entries=catchup))
+    await s.start()
+    await s.create()
+    assert s.ts is not None
+    for lo in range(0, 2000, 100):
+        await s.data.Write(write_request(s.uuid, "tablet-1", rows(lo, lo + 100)))
+    replica = s.ts.tablets.get("tablet-1")
+    node, store = replica.node, replica.store
+    assert node is not None and store is not None
+    assert node.last_snapshot_index == 0 and store.flushed_index == 0  # nothing flushed yet
+    await replica.flush()
+    flushed = store.flushed_index
+    await s.data.Write(write_request(s.uuid, "tablet-1", rows(2000, 2001)))  # one more Ready
+    assert flushed >= 20 and node.last_snapshot_index == flushed
+    assert node.storage.first_index() == flushed - catchup + 1
+    snapshot_file = replica.raft_dir / "snapshot"
+    assert snapshot_file.stat().st_size < 1024  # an anchor, whatever the rows weigh
+    await s.stop()
+    s2 = Server(tmp_path / "ts")
+    await s2.start()
+    try:
+        await s2.wait_leader("tablet-1")
+        assert s2.ts is not None
+        restarted = s2.ts.tablets.get("tablet-1").node
+        assert restarted is not None and restarted.last_snapshot_index == flushed
+        got = await scan_all(s2.data, s2.uuid, "tablet-1")
+        assert got.to_pydict() == rows(0, 2001).to_pydict()
+    finally:
+        await s2.stop()
+
+
+@run
+async def test_a_replica_whose_row_files_fall_short_of_its_anchor_fails(tmp_path: Path) -> None:
+    """Files lost under an anchored log cannot be replayed back: the replica must fail loudly
+    (reported FAILED, serving nothing) rather than serve fewer rows than it acknowledged."""
+    s = Server(tmp_path / "ts")
+    await s.start()
+    await s.create()
+    assert s.ts is not None
+    await s.data.Write(write_request(s.uuid, "tablet-1", rows(0, 100)))
+    replica = s.ts.tablets.get("tablet-1")
+    await replica.flush()
+    await s.data.Write(write_request(s.uuid, "tablet-1", rows(100, 101)))  # takes the anchor
+    assert replica.node is not None and replica.node.last_snapshot_index > 0
+    data_dir = replica.data_dir
+    await s.stop()
+    shutil.rmtree(data_dir)
+    RowStore.create(data_dir, SCHEMA).close()  # files of an empty tablet
+    s2 = Server(tmp_path / "ts")
+    await s2.start()
+    try:
+        status = (await s2.replicas())["tablet-1"]
+        assert status.state == mpb.REPLICA_FAILED
+        assert "data files lost" in status.error.message
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await scan_all(s2.data, s2.uuid, "tablet-1")
+        assert _code(e) is grpc.StatusCode.UNAVAILABLE
+    finally:
+        await s2.stop()
+
+
+@with_server
+async def test_a_copy_session_serves_the_flushed_files_from_hard_links(server: Server) -> None:
+    """BeginTabletCopySession flushes the memstore and offers the row store's MANIFEST and
+    data files as of the flushed index, linked into a session directory: fetched chunk by
+    chunk they open as the tablet's rows, though the tablet moved on meanwhile."""
+    await server.create()
+    assert server.ts is not None
+    for lo in (0, 300):
+        await server.data.Write(write_request(server.uuid, "tablet-1", rows(lo, lo + 300)))
+    replica = server.ts.tablets.get("tablet-1")
+    assert replica.store is not None and replica.store.memstore_rows() == 600
+    copy = tpb_grpc.TabletCopyServiceStub(server.channel)
+    begin = await copy.BeginTabletCopySession(
+        tpb.BeginTabletCopySessionRequestPB(
+            dest_uuid=server.uuid, tablet_id="tablet-1", requestor_uuid="peer-x"
+        )
+    )
+    meta = json.loads(begin.consensus_meta)
+    assert replica.store.memstore_rows() == 0  # flushed for the session
+    assert meta["snapshot_index"] == replica.store.flushed_index > 0
+    assert meta["voters"] == [server.uuid]
+    names = sorted(f.name for f in begin.data_files)
+    assert names == sorted(replica.store.data_files()) and "MANIFEST" in names
+    session_dir = server.data_dir / "copy-sessions" / begin.session_id
+    assert sorted(os.listdir(session_dir)) == names
+    # The tablet moves on: more rows, a flush, a compaction of the linked files.
+    await server.data.Write(write_request(server.uuid, "tablet-1", rows(600, 700)))
+    await replica.flush()
+    replica.store.compact()
+    image = server.data_dir.parent / "image"
+    image.mkdir()
+    for f in begin.data_files:
+        parts, offset = [], 0
+        while offset < f.size:
+            chunk = await copy.FetchData(
+                tpb.FetchDataRequestPB(
+                    dest_uuid=server.uuid,
+                    session_id=begin.session_id,
+                    file_name=f.name,
+                    offset=offset,
+                    max_length=1000,
+                )
+            )
+            assert chunk.total_size == f.size and len(chunk.data) <= 1000
+            parts.append(chunk.data)
+            offset += len(chunk.data)
+        data = b"".join(parts)
+        assert google_crc32c.value(data) == f.crc32c
+        (image / f.name).write_bytes(data)
+    copied = RowStore.open(image)
+    assert copied.flushed_index == meta["snapshot_index"]
+    got = pa.Table.from_batches(list(copied.scan(ScanSpec())))
+    assert got.to_pydict() == rows(0, 600).to_pydict()
+    copied.close()
+    for bad, code in [
+        ({"file_name": "../superblock"}, grpc.StatusCode.NOT_FOUND),
+        ({"file_name": "MANIFEST", "offset": 10**9}, grpc.StatusCode.INVALID_ARGUMENT),
+        ({"session_id": "nope", "file_name": "MANIFEST"}, grpc.StatusCode.NOT_FOUND),
+    ]:
+        req = tpb.FetchDataRequestPB(dest_uuid=server.uuid, session_id=begin.session_id)
+        for k, v in bad.items():
+            setattr(req, k, v)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await copy.FetchData(req)
+        assert _code(e) is code
+    await copy.EndTabletCopySession(
+        tpb.EndTabletCopySessionRequestPB(dest_uuid=server.uuid, session_id=begin.session_id)
+    )
+    assert not session_dir.exists()
