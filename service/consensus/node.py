@@ -5,7 +5,8 @@ Theory of operation
 Everything that touches the RawNode happens in `_run`, one loop iteration at a time:
 
   1. step every message the transport delivered since the last iteration;
-  2. tick the core for every tick interval that has passed;
+  2. tick the core if the process's shared ticker fired since (ticker.py: all groups tick
+     together, so their heartbeats leave in one write per peer);
   3. if no Ready is being persisted: finish the one that was (its fsync is done: send what
      waited for it, apply, advance), append the queued proposals as ONE batch, and start the
      next Ready: a leader sends its appends, the WAL records are encoded and written here, and
@@ -59,7 +60,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from service.common.errors import (
     Aborted,
@@ -71,7 +72,7 @@ from service.common.errors import (
     ServiceUnavailable,
     Timeout,
 )
-from service.consensus import syncer
+from service.consensus import syncer, ticker
 from service.consensus.batching import Deadlines, Pacer
 from service.consensus.node_api import (
     AnchoredStateMachine,
@@ -402,11 +403,8 @@ class RaftNode:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        tick = self.settings.tick_interval_s
-        next_tick = loop.time() + tick
-        # One timer per tick wakes the loop for it (not a timeout per wait: the loop waits
-        # many times per tick under load).
-        timer = loop.call_at(next_tick, self._tick_timer)
+        # The process's groups tick together (ticker.py): their heartbeats leave as one write.
+        stop_ticking = ticker.shared(self.settings.tick_interval_s).add(self._tick_timer)
         try:
             while not self._closed:
                 if not self._has_work():
@@ -418,15 +416,11 @@ class RaftNode:
                 control, self._control = self._control, []
                 for fn in control:
                     fn()
-                now = loop.time()
-                if self._tick_due or now >= next_tick:
+                if self._tick_due:
                     self._tick_due = False
-                    timer.cancel()
                     self._flush_held()
-                    self._deadlines.expire(now)
+                    self._deadlines.expire(loop.time())
                     self.raw.tick()
-                    next_tick = max(next_tick + tick, now)  # never burst to catch up
-                    timer = loop.call_at(next_tick, self._tick_timer)
                     self._maybe_promote()
                 if self._persisting is not None:
                     if not self._persisting.done.done():
@@ -453,7 +447,7 @@ class RaftNode:
             self._fail_all(IOFatal(f"raft loop crashed: {e!r}"))
             self.fatal_event.set()
         finally:
-            timer.cancel()
+            stop_ticking()
             self._pacer.close()
             if self._persisting is not None:
                 # Never return (and let the store be closed) with a write still in its thread.
@@ -693,11 +687,12 @@ class RaftNode:
 
     async def _maybe_snapshot(self) -> None:
         """Take a snapshot if one is due (snapshots.py) and drop the log it covers."""
-        sm = self.sm
+        # `_anchored` was decided once: isinstance on a Protocol is slow for every Ready.
+        anchor = cast(AnchoredStateMachine, self.sm) if self._anchored else None
         plan = plan_snapshot(
             anchored=self._anchored,
             applied=self.applied,
-            durable=sm.durable_index() if isinstance(sm, AnchoredStateMachine) else 0,
+            durable=anchor.durable_index() if anchor is not None else 0,
             last_snapshot=self.last_snapshot_index,
             interval=self.settings.snapshot_interval_entries,
             waiting_for=max((i for i, _ in self._snapshot_waiters), default=0),
@@ -705,7 +700,9 @@ class RaftNode:
         if plan is None:
             return
         index = plan.index
-        data = sm.anchor(index) if isinstance(sm, AnchoredStateMachine) else sm.snapshot()
+        data = (
+            anchor.anchor(index) if anchor is not None else cast(StateMachine, self.sm).snapshot()
+        )
         snap = self.storage.create_snapshot(index, self._configs.at(index), data)
         await asyncio.to_thread(
             self.store.compact, self.storage, snap, self.settings.snapshot_catchup_entries

@@ -7,8 +7,10 @@ server runs hundreds): messages are keyed by group id.
 
 Sending: `send()` never blocks the node's loop. A node hands over a Ready's messages at once;
 they go into a bounded per-peer queue as one item per (peer, call), and one sender task per
-peer drains it, packs everything queued for one (peer, group) into one `StepRequest`
-(batching), and writes it. Raft tolerates loss, so when a peer has `MAX_QUEUE` messages queued
+peer drains it and packs everything queued, for every group, into one `StepRequest` (one
+`GroupBatch` per group) and writes it. The groups of a process tick together (`ticker.py`), so
+the heartbeats of hundreds of idle tablets leave in the same loop iteration and cost one write
+per peer, not one each. Raft tolerates loss, so when a peer has `MAX_QUEUE` messages queued
 the newest are dropped (and counted) instead of growing memory without bound. On an RPC
 failure the sender backs off exponentially (50 ms .. 2 s), tells the group the peer is
 unreachable (so its progress drops back to probing), and discards what it could not send.
@@ -24,7 +26,9 @@ Receiving: `ConsensusServicer.Step` checks the envelope before anything reaches 
     data directory was wiped comes back with the same uuid but a new incarnation, and must not
     vote or acknowledge entries it has forgotten -> FAILED_PRECONDITION;
   * every message must decode and be addressed consistently (codec) -> INVALID_ARGUMENT;
-  * the group must exist here -> NOT_FOUND.
+  * every group must exist here -> NOT_FOUND (a tablet server drops a batch for a group it
+    does not host instead, `drop_unknown_groups`).
+The whole request is checked before any group's batch is delivered: a bad one changes nothing.
 Oversized requests are refused by gRPC itself (RESOURCE_EXHAUSTED) via max_receive_message_length.
 """
 
@@ -144,49 +148,48 @@ class _Peer:
             self.stream.cancel()
             self.stream = None
 
-    async def _watch(self, stream: grpc.aio.StreamUnaryCall, group: str) -> None:
-        """The server ends a stream only on an error (or shutdown): treat it as a failed send."""
+    async def _watch(self, stream: grpc.aio.StreamUnaryCall, groups: list[str]) -> None:
+        """The server ends a stream only on an error (or shutdown): treat it as a failed send
+        (of the groups of the request that opened it)."""
         try:
             await stream
         except asyncio.CancelledError:
             return
         except grpc.aio.AioRpcError as e:
             if self.stream is stream and e.code() is not grpc.StatusCode.CANCELLED:
-                await self._failed(group, 1, e)
+                await self._failed({g: [] for g in groups}, 1, e)
 
     async def run(self) -> None:
         while True:
             group, msgs = await self.queue.get()
             self.queued -= len(msgs)
-            if self.queue.empty():  # the common case: one node's Ready, one request
-                await self._send(group, msgs)
-                continue
-            by_group: dict[str, list[Message]] = {group: list(msgs)}
-            while not self.queue.empty():
+            by_group: dict[str, list[Message]] = {group: msgs}
+            while not self.queue.empty():  # everything queued meanwhile: one request
                 group, more = self.queue.get_nowait()
                 self.queued -= len(more)
-                by_group.setdefault(group, []).extend(more)
-            for group, batch in by_group.items():
-                await self._send(group, batch)
+                have = by_group.get(group)
+                by_group[group] = more if have is None else [*have, *more]
+            await self._send(by_group)
 
-    async def _send(self, group: str, msgs: list[Message]) -> None:
+    async def _send(self, by_group: dict[str, list[Message]]) -> None:
+        n = sum(map(len, by_group.values()))
         stub = self.connect()
         if stub is None:
-            self.t.dropped += len(msgs)
-            self.t.report_unreachable(group, self.node)
+            self._lost(by_group, n)
             return
         req = pb.StepRequest(
-            group_id=group,
             dest_uuid=self.node,
             src_uuid=self.t.uuid,
             src_instance=self.t.incarnations.own if self.t.incarnations else "",
             dest_instance=self.dest_incarnation,
         )
-        req.messages.extend(message_to_pb(m) for m in msgs)
+        for group, msgs in by_group.items():
+            batch = req.groups.add(group_id=group)
+            batch.messages.extend(message_to_pb(m) for m in msgs)
         version = self.t.addresses_version
         if not self.stream_ok or version != self.addresses_sent:
-            for n, addr in self.t.addresses.items():
-                req.addresses[n] = addr
+            for node, addr in self.t.addresses.items():
+                req.addresses[node] = addr
             if self.t.own_address:
                 req.addresses[self.t.uuid] = self.t.own_address
         try:
@@ -201,7 +204,7 @@ class _Peer:
                 if self.stream is None:
                     stream: grpc.aio.StreamUnaryCall = stub.StepStream()  # type: ignore[call-arg,assignment]
                     self.stream = stream
-                    watcher = asyncio.create_task(self._watch(stream, group))
+                    watcher = asyncio.create_task(self._watch(stream, list(by_group)))
                     self._watchers.add(watcher)
                     watcher.add_done_callback(self._watchers.discard)
                 assert self.stream is not None
@@ -209,11 +212,16 @@ class _Peer:
                     await self.stream.write(req)
             self.addresses_sent = version
             self.failures = 0
-            self.t.sent += len(msgs)
+            self.t.sent += n
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError) as e:
-            await self._failed(group, len(msgs), e)
+            await self._failed(by_group, n, e)
 
-    async def _failed(self, group: str, n: int, e: BaseException) -> None:
+    def _lost(self, by_group: dict[str, list[Message]], n: int) -> None:
+        self.t.dropped += n
+        for group in by_group:
+            self.t.report_unreachable(group, self.node)
+
+    async def _failed(self, by_group: dict[str, list[Message]], n: int, e: BaseException) -> None:
         stream = self.stream
         self.close_stream()  # the next send re-handshakes with a unary Step
         if stream is not None and not isinstance(e, grpc.aio.AioRpcError):
@@ -223,8 +231,7 @@ class _Peer:
                 details = await stream.details()
                 e = RuntimeError(f"{code.name} {details}")
         self.failures += 1
-        self.t.dropped += n
-        self.t.report_unreachable(group, self.node)
+        self._lost(by_group, n)
         if self.failures in (1, 10) or self.failures % 100 == 0:
             what = f"{e.code().name} {e.details()}" if isinstance(e, grpc.aio.AioRpcError) else e
             log.warning(
@@ -359,16 +366,25 @@ class GrpcTransport:
                 f"message for incarnation {req.dest_instance} of {self.uuid}, this is "
                 f"{inc.own}: the sender talks to a previous life of this node"
             )
-        deliver = self._groups.get(req.group_id)
-        if deliver is None:
-            if self.drop_unknown_groups:
-                self.unknown_group_batches += 1
-                return
-            raise NotFound(f"no raft group {req.group_id!r} on node {self.uuid}")
-        try:
-            msgs = [message_from_pb(m, to=req.dest_uuid, frm=req.src_uuid) for m in req.messages]
-        except CodecError as e:
-            raise InvalidArgument(f"malformed raft message from {req.src_uuid}: {e}") from e
+        # Every group's batch is checked and decoded before any is delivered: a bad request
+        # changes nothing.
+        batches: list[tuple[Callable[[list[Message]], None], list[Message]]] = []
+        for batch in req.groups:
+            deliver = self._groups.get(batch.group_id)
+            if deliver is None:
+                if self.drop_unknown_groups:
+                    self.unknown_group_batches += 1
+                    continue
+                raise NotFound(f"no raft group {batch.group_id!r} on node {self.uuid}")
+            try:
+                msgs = [
+                    message_from_pb(m, to=req.dest_uuid, frm=req.src_uuid) for m in batch.messages
+                ]
+            except CodecError as e:
+                raise InvalidArgument(
+                    f"malformed raft message from {req.src_uuid} for group {batch.group_id!r}: {e}"
+                ) from e
+            batches.append((deliver, msgs))
         if self.incarnations is not None:
             # Learned (and pinned) only from a request that is otherwise valid.
             self.incarnations.check(req.src_uuid, req.src_instance)
@@ -376,8 +392,9 @@ class GrpcTransport:
             if node not in self.addresses and node != self.uuid:
                 self.addresses[node] = addr
                 self.addresses_version += 1
-        self.received += len(msgs)
-        deliver(msgs)
+        for deliver, msgs in batches:
+            self.received += len(msgs)
+            deliver(msgs)
 
 
 class ConsensusServicer:

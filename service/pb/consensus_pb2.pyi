@@ -213,9 +213,36 @@ class MessagePB(_message.Message):
 Global___MessagePB: _TypeAlias = MessagePB  # noqa: Y015
 
 @_typing.final
+class GroupBatch(_message.Message):
+    """The messages of one Raft group in a StepRequest."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessagePB]: ...
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        messages: _abc.Iterable[Global___MessagePB] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupBatch: _TypeAlias = GroupBatch  # noqa: Y015
+
+@_typing.final
 class StepRequest(_message.Message):
-    """One batch of messages from one node to one node of one Raft group. `dest_uuid` is checked by
-    the receiver: a node never acts on a message addressed to another uuid (seed 004, amnesia).
+    """One batch of messages from one node to one node, for one or more Raft groups (a tablet
+    server's groups share one stream per peer, and everything queued for the peer goes in one
+    request: hundreds of idle tablets' heartbeats cost one write). `dest_uuid` is checked by the
+    receiver: a node never acts on a message addressed to another uuid (seed 004, amnesia).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -240,14 +267,12 @@ class StepRequest(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-    GROUP_ID_FIELD_NUMBER: _builtins.int
     DEST_UUID_FIELD_NUMBER: _builtins.int
     SRC_UUID_FIELD_NUMBER: _builtins.int
-    MESSAGES_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
     ADDRESSES_FIELD_NUMBER: _builtins.int
     SRC_INSTANCE_FIELD_NUMBER: _builtins.int
     DEST_INSTANCE_FIELD_NUMBER: _builtins.int
-    group_id: _builtins.str
     dest_uuid: _builtins.str
     src_uuid: _builtins.str
     src_instance: _builtins.str
@@ -258,7 +283,7 @@ class StepRequest(_message.Message):
     dest_instance: _builtins.str
     """The incarnation the sender believes it is talking to ("" if it has not learned it yet)."""
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessagePB]: ...
+    def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupBatch]: ...
     @_builtins.property
     def addresses(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Addresses of the sender's peers, so a receiver can answer a node it has not met yet."""
@@ -266,17 +291,16 @@ class StepRequest(_message.Message):
     def __init__(
         self,
         *,
-        group_id: _builtins.str = ...,
         dest_uuid: _builtins.str = ...,
         src_uuid: _builtins.str = ...,
-        messages: _abc.Iterable[Global___MessagePB] | None = ...,
+        groups: _abc.Iterable[Global___GroupBatch] | None = ...,
         addresses: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         src_instance: _builtins.str = ...,
         dest_instance: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "dest_instance", b"dest_instance", "dest_uuid", b"dest_uuid", "group_id", b"group_id", "messages", b"messages", "src_instance", b"src_instance", "src_uuid", b"src_uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "dest_instance", b"dest_instance", "dest_uuid", b"dest_uuid", "groups", b"groups", "src_instance", b"src_instance", "src_uuid", b"src_uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -75,13 +75,12 @@ def request(
     group: str = GROUP,
 ) -> pb.StepRequest:
     req = pb.StepRequest(
-        group_id=group,
         dest_uuid=receiver.uuid if dest is None else dest,
         src_uuid=src,
         src_instance=src_instance,
         dest_instance=dest_instance,
     )
-    req.messages.extend(message_to_pb(m) for m in msgs)
+    req.groups.add(group_id=group).messages.extend(message_to_pb(m) for m in msgs)
     return req
 
 
@@ -198,6 +197,28 @@ def test_unknown_group_is_not_found(receiver: tuple[GrpcTransport, Inbox]) -> No
         t.deliver(request(t, [heartbeat()]))
 
 
+def test_a_request_for_several_groups_is_checked_whole_before_any_is_delivered(
+    receiver: tuple[GrpcTransport, Inbox],
+) -> None:
+    t, g1 = receiver
+    g2 = Inbox()
+    t.register("g2", g2.deliver)
+    bad = message_to_pb(heartbeat())
+    bad.term = 0
+    req = request(t, [heartbeat()])
+    req.groups.add(group_id="g2").messages.append(bad)  # g1 first and good, g2 bad
+    with pytest.raises(InvalidArgument, match="group 'g2'"):
+        t.deliver(req)
+    req = request(t, [heartbeat()])
+    req.groups.add(group_id="nowhere").messages.append(message_to_pb(heartbeat()))
+    with pytest.raises(NotFound, match="'nowhere'"):
+        t.deliver(req)
+    assert g1.batches == [] and g2.batches == [] and t.received == 0
+    t.drop_unknown_groups = True  # a tablet server: a group it does not host is skipped
+    t.deliver(req)
+    assert g1.messages == [heartbeat()] and t.unknown_group_batches == 1
+
+
 def test_malformed_message_is_invalid_and_nothing_is_delivered(
     receiver: tuple[GrpcTransport, Inbox],
 ) -> None:
@@ -206,10 +227,10 @@ def test_malformed_message_is_invalid_and_nothing_is_delivered(
     bad = message_to_pb(heartbeat())
     bad.term = 0
     req = request(t)
-    req.messages.extend([good, bad])  # one bad message spoils the whole batch
+    req.groups[0].messages.extend([good, bad])  # one bad message spoils the whole request
     req.addresses[C] = "10.0.0.3:1"
     with pytest.raises(
-        InvalidArgument, match=r"malformed raft message from uuid-a: .*without a term"
+        InvalidArgument, match=r"malformed raft message from uuid-a for group 'g1': .*without a"
     ):
         t.deliver(req)
     assert inbox.batches == []
@@ -496,7 +517,7 @@ def test_one_send_is_one_request_and_addresses_travel_only_when_they_are_news(
             hbs = [heartbeat(term=t) for t in (3, 4, 5)]
             ta.send(GROUP, hbs)  # one Ready's messages for B: one request
             await eventually(lambda: len(in_b.messages) == 3)
-            assert [len(r.messages) for r in tb.requests] == [3]
+            assert [[len(g.messages) for g in r.groups] for r in tb.requests] == [[3]]
             assert set(tb.requests[0].addresses) == {B, C}  # first contact: what A knows
             ta.send(GROUP, [heartbeat(term=6)])
             await eventually(lambda: len(tb.requests) == 2)
@@ -510,6 +531,38 @@ def test_one_send_is_one_request_and_addresses_travel_only_when_they_are_news(
             await eventually(lambda: len(tb.requests) == 4)
             assert not tb.requests[3].addresses
             assert ta.sent == 6 and ta.dropped == 0
+        await ta.aclose()
+        await tb.aclose()
+
+    asyncio.run(main())
+
+
+def test_everything_queued_for_a_peer_goes_in_one_request_whatever_the_groups(
+    tmp_path: Path,
+) -> None:
+    """The groups of a process tick together (ticker.py): what they queue for a peer in one
+    loop iteration leaves as one request of several GroupBatches, in queue order per group."""
+
+    async def main() -> None:
+        ta = make_transport(tmp_path, A)
+        tb = RecordingTransport(
+            B, incarnations=Incarnations(RealFileSystem(), str(tmp_path / "b"), B)
+        )
+        inboxes = {g: Inbox() for g in ("g1", "g2", "g3")}
+        for g, inbox in inboxes.items():
+            tb.register(g, inbox.deliver)
+        async with serving(tb) as addr_b:
+            ta.set_address(B, addr_b)
+            ta.send("g1", [heartbeat(term=3)])  # first contact: its own unary Step
+            await eventually(lambda: len(tb.requests) == 1)
+            for term in (4, 5):  # then, in one loop iteration, six sends for three groups
+                for g in inboxes:
+                    ta.send(g, [heartbeat(term=term)])
+            await eventually(lambda: sum(len(i.messages) for i in inboxes.values()) == 7)
+            assert len(tb.requests) == 2
+            groups = [(g.group_id, [m.term for m in g.messages]) for g in tb.requests[1].groups]
+            assert groups == [("g1", [4, 5]), ("g2", [4, 5]), ("g3", [4, 5])]
+            assert ta.sent == 7
         await ta.aclose()
         await tb.aclose()
 
