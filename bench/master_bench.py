@@ -10,6 +10,9 @@
             replicas in all: the master process's CPU (fraction of one core, from
             /proc/<pid>/stat) and the heartbeat p99 latency the simulator measured
             (goals: < 0.5 core, p99 < 50 ms)
+  spiral    the first of the heartbeat fleet's tables (10,000 tablets x 3 at full scale): how
+            long until RUNNING, and the fewest servers the master held live meanwhile (a busy
+            master must never declare its servers dead: progress_clock, bounded rounds)
 
 Usage: python -m bench.master_bench [--tablets 1000] [--servers 1000] [--replicas 100000]
        [--quick]   (--servers 100 --replicas 3000 --lookup-tablets 2000: a smoke run)
@@ -53,8 +56,11 @@ from service.testing.master_cluster import FAST_RAFT, MasterCluster
 from service.testing.processes import terminate_all
 
 ROOT = Path(__file__).resolve().parents[1]
-FLEET_TABLE_TABLETS = 1000
-"""The heartbeat figure's replicas are created as tables of this many tablets, one at a time."""
+FLEET_TABLE_TABLETS = 10_000
+"""The heartbeat figure's replicas are created as tables of this many tablets (the most a table
+may have), one at a time: each is the CreateTable that once set off the starvation spiral (a
+master too busy assigning to read heartbeats, declaring its servers dead), so the bench also
+reports the fewest servers the master held live while they were created."""
 SCHEMA = Schema.build(
     [("host", ColumnType.STRING), ("ts", ColumnType.INT64), ("value", ColumnType.DOUBLE)],
     ("host", "ts"),
@@ -192,20 +198,38 @@ async def create_table(stub: Any, name: str, tablets: int, seq: int) -> str:
 
 
 async def wait_running(stub: Any, table_id: str, timeout: float) -> float:
+    secs, _ = await wait_running_watching(stub, table_id, timeout, None)
+    return secs
+
+
+async def wait_running_watching(
+    stub: Any, table_id: str, timeout: float, prefix: str | None
+) -> tuple[float, int]:
+    """Seconds until every tablet of the table is RUNNING, and (with `prefix`) the fewest
+    servers named `prefix*` the master listed live meanwhile (-1 without)."""
     t0 = time.monotonic()
     last = -1
+    fewest = -1
     while True:
         r = await stub.IsCreateTableDone(
             pb.IsCreateTableDoneRequestPB(table=pb.TableIdentifierPB(table_id=table_id)), timeout=10
         )
+        if prefix is not None:
+            live = await live_servers(stub, prefix)
+            fewest = live if fewest < 0 else min(fewest, live)
         if r.done:
-            return time.monotonic() - t0
+            return time.monotonic() - t0, fewest
         if r.tablets_running != last:
             last = r.tablets_running
             progress(f"{r.tablets_running}/{r.tablets_total} tablets RUNNING")
         if time.monotonic() - t0 > timeout:
             raise TimeoutError(f"{r.tablets_running}/{r.tablets_total} RUNNING after {timeout}s")
         await asyncio.sleep(0.2)
+
+
+async def live_servers(stub: Any, prefix: str) -> int:
+    r = await stub.ListTabletServers(pb.ListTabletServersRequestPB(), timeout=10)
+    return sum(1 for s in r.servers if s.live and s.instance.permanent_uuid.startswith(prefix))
 
 
 async def rpc_throughput(address: str, table_id: str, clients: int, seconds: float) -> float:
@@ -290,7 +314,13 @@ async def processes(args: argparse.Namespace, workdir: Path) -> None:
                 progress(f"CreateTable {n + 1}/{len(per_table)}: {count} tablets x 3 on "
                          f"{args.servers} servers")  # fmt: skip
                 table2 = await create_table(stub, f"fleet{n}", count, 2 + n)
-                await wait_running(stub, table2, 600)
+                secs, fewest = await wait_running_watching(stub, table2, 600, "h-")
+                if n == 0:
+                    print(
+                        f"spiral   {count}-tablet CreateTable on {args.servers} servers: RUNNING "
+                        f"in {secs:.1f} s, fewest servers live meanwhile {fewest}/{args.servers} "
+                        f"(goal: none marked dead)"
+                    )
             progress("measuring 10 s of steady heartbeats")
             await asyncio.sleep(2.0)
             c0, t0 = cpu_seconds(pid), time.monotonic()
@@ -312,8 +342,7 @@ async def processes(args: argparse.Namespace, workdir: Path) -> None:
 
 async def wait_dead(stub: Any, prefix: str) -> None:
     while True:
-        r = await stub.ListTabletServers(pb.ListTabletServersRequestPB(), timeout=10)
-        live = sum(1 for s in r.servers if s.live and s.instance.permanent_uuid.startswith(prefix))
+        live = await live_servers(stub, prefix)
         if live == 0:
             return
         progress(f"{live} stopped servers {prefix}* not marked dead yet")
@@ -322,8 +351,7 @@ async def wait_dead(stub: Any, prefix: str) -> None:
 
 async def wait_servers(stub: Any, n: int, prefix: str = "") -> None:
     while True:
-        r = await stub.ListTabletServers(pb.ListTabletServersRequestPB(), timeout=10)
-        live = sum(1 for s in r.servers if s.live and s.instance.permanent_uuid.startswith(prefix))
+        live = await live_servers(stub, prefix)
         if live >= n:
             return
         progress(f"{live}/{n} simulated servers registered")

@@ -12,14 +12,20 @@ replicated three ways (created with the admin RPCs, as the master's CreateTablet
   copy   MB/s of a tablet copy over loopback: a fourth server is added as a non-voter, the
          leader sends it StartTabletCopy, and the copy's own byte count and timing (from
          ListTabletCopies) give the rate
+  idle   CPU of each of the three first tablet servers, from /proc/<pid>/stat over 10 s, once
+         they host `--idle-tablets` more 3-replica tablets that take no writes, against the
+         same servers measured just before those were created (the issue: an idle tablet
+         costs close to nothing; Raft timing as in conf/tserver.toml)
 
-Usage: python -m bench.tserver_bench [--rows 300000] [--batch 10000] [--writers 4]
+Usage: python -m bench.tserver_bench [--rows 1000000] [--batch 10000] [--writers 4]
+       [--idle-tablets 200]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -45,8 +51,24 @@ def status(msg: str) -> None:
     print(f"  .. {msg}", file=sys.stderr, flush=True)
 
 
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def servers_cpu(pids: list[int], seconds: float) -> list[float]:
+    """Cores each process used over the next `seconds`."""
+    before, t0 = [cpu_seconds(p) for p in pids], time.monotonic()
+    await asyncio.sleep(seconds)
+    elapsed = time.monotonic() - t0
+    return [(cpu_seconds(p) - b) / elapsed for p, b in zip(pids, before, strict=True)]
+
+
 async def run(args: argparse.Namespace, base: Path) -> None:
-    with MiniCluster(base, num_masters=1, num_tservers=3) as cluster:
+    # Raft timing as configured for production (conf/tserver.toml), not the tests' fast one:
+    # the idle figure counts heartbeats.
+    with MiniCluster(base, num_masters=1, num_tservers=3, tserver_overrides={}) as cluster:
         stubs = ClusterStubs(cluster, TABLET)
         try:
             peers = [(ts.uuid, ts.address) for ts in cluster.tservers.values()]
@@ -140,15 +162,45 @@ async def run(args: argparse.Namespace, base: Path) -> None:
                 f"({copy.bytes_total / 1e6:,.1f} MB in {copy_s:.2f}s, begin to started replica; "
                 f"raw scan of the same rows ran at {nbytes / scan_s / 1e6:,.1f} MB/s)"
             )
+
+            # --- idle tablets --------------------------------------------------------------
+            three = [ts for name, ts in cluster.tservers.items() if name != "ts-4"]
+            pids = [ts.proc.pid for ts in three if ts.proc is not None]
+            status("measuring the tablet servers before the idle tablets")
+            await asyncio.sleep(3.0)
+            before = await servers_cpu(pids, 10.0)
+            status(f"creating {args.idle_tablets} idle 3-replica tablets")
+            idle_peers = [(ts.uuid, ts.address) for ts in three]
+            slots = asyncio.Semaphore(8)
+
+            async def create(i: int) -> None:
+                async with slots:
+                    for uuid, _ in idle_peers:
+                        await stubs.admin(uuid).CreateTablet(
+                            create_request(uuid, f"idle-{i}", idle_peers), timeout=60
+                        )
+
+            await asyncio.gather(*(create(i) for i in range(args.idle_tablets)))
+            await asyncio.sleep(5.0)  # elections settle
+            after = await servers_cpu(pids, 10.0)
+            extra = sum(after) / len(after) - sum(before) / len(before)
+            per_replica_ms = 1000 * max(0.0, extra) / args.idle_tablets  # one replica per server
+            print(
+                f"idle: {args.idle_tablets} idle 3-replica tablets: "
+                f"{', '.join(f'{c:.3f}' for c in after)} cores per tablet server "
+                f"(before they were created: {', '.join(f'{c:.3f}' for c in before)}); "
+                f"{per_replica_ms:.2f} ms of CPU per second per idle replica"
+            )
         finally:
             await stubs.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.tserver_bench", description=__doc__)
-    p.add_argument("--rows", type=int, default=300_000)
+    p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--batch", type=int, default=10_000)
     p.add_argument("--writers", type=int, default=4)
+    p.add_argument("--idle-tablets", type=int, default=200)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tessera-bench-") as d:
         asyncio.run(run(args, Path(d)))
