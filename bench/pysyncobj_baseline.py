@@ -111,6 +111,7 @@ def run(
     value_size: int = 16,
     procs: int = 1,
     batch: bool = True,
+    kind: str = "kvdemo",
 ) -> LoadResult:
     tuning = "library defaults" if batch else "defaults but appendEntriesUseBatch=False"
     log(
@@ -119,7 +120,7 @@ def run(
     )
     with PySyncObjCluster(batch=batch) as cluster:
         spec = LoadSpec(
-            kind="kvdemo",
+            kind=kind,
             addresses=tuple(cluster.addresses),
             clients=clients,
             seconds=seconds,

@@ -30,6 +30,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -69,6 +70,20 @@ class PySyncObjKvServicer(kvdemo_pb2_grpc.KvDemoServicer):
         return self.grpc_of_raft.get(str(leader.address), "")
 
     async def Put(
+        self, request: kvdemo_pb2.PutRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> kvdemo_pb2.PutResponse:
+        return await self._put(request, context)
+
+    async def PutStream(
+        self,
+        request_iterator: AsyncIterator[kvdemo_pb2.PutRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[kvdemo_pb2.PutResponse]:
+        """The same client protocol Tessera's demo offers (so both are measured alike)."""
+        async for request in request_iterator:
+            yield await self._put(request, context)
+
+    async def _put(
         self, request: kvdemo_pb2.PutRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> kvdemo_pb2.PutResponse:
         if not self.obj._isLeader():

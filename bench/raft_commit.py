@@ -5,13 +5,19 @@
 
 Each system runs as 3 real processes on loopback, one system at a time, and the same load
 generator (bench/loadgen.py: 64 concurrent clients, distinct keys, 16-byte values, 2 s warm-up,
-10 s measured, puts sent to the leader) drives each of them:
+10 s measured, puts sent to the leader, one put in flight per client) drives each of them:
 
   tessera    3 KV demo nodes (service.consensus.demo_server via DemoCluster), conf/raft-demo.toml
-             as shipped: wal.fsync = true (one fdatasync per group commit).
+             as shipped: wal.fsync = true (one fdatasync per group commit). Clients put over
+             the demo's PutStream (one stream per client, a put at a time).
+  tessera-unary  the same cluster again, each put a unary Put call: what the client protocol
+             costs (a grpc.aio server spends several hundred microseconds of CPU per unary
+             call, a third of that per stream message). `--skip-unary` leaves it out.
   etcd       3 etcd 3.4 members (Debian's etcd-server), defaults: fsync of every WAL write.
+             Unary KV.Put, its only write API (a Go server's per-call cost is far lower).
   pysyncobj  3 PySyncObj 0.3.17 nodes with a gRPC front end, library defaults; its journal is
              never fsynced (it cannot be configured to), so it is not durable on acknowledgement.
+             Driven over PutStream, as Tessera.
 
 stdout: a table (puts/s, p50/p99 latency, errors, fsync, the load generator's CPU and the
 servers' CPU in cores during the measured window), for Tessera each node's group commit over the
@@ -80,7 +86,12 @@ def group_commit_stats(cluster: DemoCluster, names: dict[str, str]) -> dict[str,
 
 
 def run_tessera(
-    clients: int, seconds: float, warmup: float, value_size: int, procs: int
+    clients: int,
+    seconds: float,
+    warmup: float,
+    value_size: int,
+    procs: int,
+    kind: str = "kvdemo-stream",
 ) -> tuple[LoadResult, dict[str, str]]:
     base = Path(tempfile.mkdtemp(prefix="tessera-bench-"))
     cluster = DemoCluster(base, 3, overrides={"wal.fsync": "true"})
@@ -95,7 +106,7 @@ def run_tessera(
             name = names[uuid] = f"{uuid} (leader)" if node.address == leader else uuid
             pids[name] = node.proc.pid
         spec = LoadSpec(
-            kind="kvdemo",
+            kind=kind,
             addresses=tuple(cluster.addresses),
             clients=clients,
             seconds=seconds,
@@ -118,18 +129,18 @@ def _fmt(x: float, spec: str) -> str:
 
 def table(rows: list[Row]) -> str:
     head = (
-        f"{'system':<10} {'puts/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
+        f"{'system':<13} {'puts/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
         f"{'fsync':>5} {'loadgen':>8} {'servers':>8} {'busiest':>8}"
     )
     lines = [head, "-" * len(head)]
     for row in rows:
         r = row.result
         if r is None:
-            lines.append(f"{row.system:<10} {'skipped':>8}  {row.note}")
+            lines.append(f"{row.system:<13} {'skipped':>8}  {row.note}")
             continue
         busiest = max(r.server_cores.values(), default=math.nan)
         lines.append(
-            f"{row.system:<10} {r.rate:8.0f} {_fmt(r.p50_ms, '8.2f')} {_fmt(r.p99_ms, '8.2f')} "
+            f"{row.system:<13} {r.rate:8.0f} {_fmt(r.p50_ms, '8.2f')} {_fmt(r.p99_ms, '8.2f')} "
             f"{r.errors:6d} {row.fsync:>5} {r.loadgen_cores:8.2f} "
             f"{sum(r.server_cores.values()):8.2f} {_fmt(busiest, '8.2f')}"
         )
@@ -167,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=1, help="load generator processes")
     p.add_argument("--skip-etcd", action="store_true")
     p.add_argument("--skip-pysyncobj", action="store_true")
+    p.add_argument("--skip-unary", action="store_true", help="no tessera-unary row")
     args = p.parse_args(argv)
     common = (args.clients, args.seconds, args.warmup, args.value_size, args.procs)
     load = os.getloadavg()
@@ -177,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     result, details = run_tessera(*common)
     rows = [Row("tessera", "on", result, details=details)]
+    if not args.skip_unary:
+        unary, unary_details = run_tessera(*common, kind="kvdemo")
+        rows.append(Row("tessera-unary", "on", unary, details=unary_details))
     if args.skip_etcd:
         rows.append(Row("etcd", "on", None, "(--skip-etcd)"))
     else:
@@ -185,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_pysyncobj:
         rows.append(Row("pysyncobj", "off", None, "(--skip-pysyncobj)"))
     else:
-        rows.append(Row("pysyncobj", "off", pysyncobj_baseline.run(*common)))
+        rows.append(Row("pysyncobj", "off", pysyncobj_baseline.run(*common, kind="kvdemo-stream")))
     print(
         f"{args.clients} clients, {args.value_size}-byte values, {args.seconds:g} s measured, "
         f"3 processes per system on loopback, {os.cpu_count()} CPUs, load average before the "

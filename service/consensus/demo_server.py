@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -70,6 +71,10 @@ class KvStateMachine:
         self.kv = {k: bytes.fromhex(v) for k, v in json.loads(data).items()} if data else {}
 
 
+STREAM_PUT_TIMEOUT_S = 10.0
+"""Deadline of each put on a PutStream (the stream's own deadline covers all of them)."""
+
+
 def _deadline(context: grpc.aio.ServicerContext, default: float = 10.0) -> float:
     remaining = context.time_remaining()
     return default if remaining is None else max(0.001, remaining - 0.05)
@@ -87,6 +92,19 @@ class KvDemoServicer(kvdemo_pb2_grpc.KvDemoServicer):
     async def Put(
         self, request: kvdemo_pb2.PutRequest, context: grpc.aio.ServicerContext
     ) -> kvdemo_pb2.PutResponse:
+        return await self._put(request, _deadline(context))
+
+    @rpc_errors
+    async def PutStream(
+        self,
+        request_iterator: AsyncIterator[kvdemo_pb2.PutRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[kvdemo_pb2.PutResponse]:
+        """Put, request after request, on one stream; the first error ends it (rpc_errors)."""
+        async for request in request_iterator:
+            yield await self._put(request, STREAM_PUT_TIMEOUT_S)
+
+    async def _put(self, request: kvdemo_pb2.PutRequest, timeout: float) -> kvdemo_pb2.PutResponse:
         key = _check_key(request.key)
         value = request.value
         if len(value) > MAX_VALUE_BYTES:
@@ -94,7 +112,7 @@ class KvDemoServicer(kvdemo_pb2_grpc.KvDemoServicer):
                 f"value of {len(value)} bytes exceeds the {MAX_VALUE_BYTES}-byte limit"
             )
         data = KvStateMachine.encode_put_bytes(key, value)
-        index = await self.node.propose(data, timeout=_deadline(context))
+        index = await self.node.propose(data, timeout=timeout)
         assert isinstance(index, int)
         return kvdemo_pb2.PutResponse(index=index)
 

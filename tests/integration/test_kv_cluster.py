@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from service.common.errors import InvalidArgument, TesseraError, from_grpc
+from service.common.errors import InvalidArgument, NotTheLeader, TesseraError, from_grpc
 from service.consensus.demo_client import KvClient
 from service.pb import kvdemo_pb2 as pb
 from service.testing.demo_cluster import DemoCluster
@@ -202,6 +202,43 @@ def test_bad_requests_get_clear_statuses_and_change_nothing(tmp_path: Path) -> N
             after = await kv.status(leader_addr)
             assert after.commit_index == before  # nothing was replicated
             assert after.voters and "n9" not in after.learners
+            await kv.aclose()
+
+        asyncio.run(scenario())
+
+
+def test_put_stream_applies_each_put_and_ends_on_the_first_error(tmp_path: Path) -> None:
+    """PutStream (the benchmark's client protocol): each put on the stream is a replicated Put
+    answered in order with its index; a follower ends the stream at once with NOT_THE_LEADER
+    and the leader hint; a bad put ends it with INVALID_ARGUMENT, and what came before stays
+    applied while nothing after it is."""
+    with DemoCluster(tmp_path, 3, FAST) as cluster:
+
+        async def scenario() -> None:
+            kv = KvClient(cluster.addresses)
+            leader_addr = await kv.find_leader(timeout=20)
+            call = kv.stub(leader_addr).PutStream()
+            indexes = []
+            for i in range(5):
+                await call.write(pb.PutRequest(key=f"s{i}", value=b"v%d" % i))
+                indexes.append((await call.read()).index)
+            assert indexes == sorted(indexes) and len(set(indexes)) == 5
+            await call.write(pb.PutRequest(key="", value=b"x"))  # bad: the stream ends
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call.read()
+            assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "key must not be empty" in (e.value.details() or "")
+            for i in range(5):
+                assert await kv.get(f"s{i}") == b"v%d" % i
+            follower = next(a for a in cluster.addresses if a != leader_addr)
+            call = kv.stub(follower).PutStream()
+            await call.write(pb.PutRequest(key="f", value=b"x"))
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call.read()
+            err = from_grpc(e.value)
+            assert e.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert isinstance(err, NotTheLeader) and err.leader_address == leader_addr
+            assert await kv.get("f") is None
             await kv.aclose()
 
         asyncio.run(scenario())
