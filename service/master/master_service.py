@@ -327,6 +327,15 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return await handle_heartbeat(self.master.heartbeat_context(), request)
 
     @rpc_errors
+    async def TSHeartbeatStream(
+        self, request_iterator: AsyncIterator[pb.TSHeartbeatRequestPB], context: Ctx
+    ) -> AsyncIterator[pb.TSHeartbeatResponsePB]:
+        """TSHeartbeat, request after request, on one stream per tablet server; the first
+        error ends it (rpc_errors)."""
+        async for request in request_iterator:
+            yield await handle_heartbeat(self.master.heartbeat_context(), request)
+
+    @rpc_errors
     async def ListTabletServers(
         self, request: pb.ListTabletServersRequestPB, context: Ctx
     ) -> pb.ListTabletServersResponsePB:

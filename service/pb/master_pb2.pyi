@@ -2003,6 +2003,10 @@ class TSHeartbeatResponsePB(_message.Message):
     needs_full_tablet_report: _builtins.bool
     """e.g. every server after a new leader's election"""
     acked_report_sequence_number: _builtins.int
+    """The sequence number of the tablet report this heartbeat carried once the leader processed
+    it; 0 when it did not (a follower, a failed or deferred write): the server sends the
+    changes again.
+    """
     @_builtins.property
     def master_instance(self) -> Global___NodeInstancePB: ...
     @_builtins.property

@@ -104,6 +104,11 @@ class MasterServiceStub:
                 request_serializer=service_dot_pb_dot_master__pb2.TSHeartbeatRequestPB.SerializeToString,
                 response_deserializer=service_dot_pb_dot_master__pb2.TSHeartbeatResponsePB.FromString,
                 _registered_method=True)
+        self.TSHeartbeatStream = channel.stream_stream(
+                '/tessera.master.MasterService/TSHeartbeatStream',
+                request_serializer=service_dot_pb_dot_master__pb2.TSHeartbeatRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_master__pb2.TSHeartbeatResponsePB.FromString,
+                _registered_method=True)
         self.AddReplica = channel.unary_unary(
                 '/tessera.master.MasterService/AddReplica',
                 request_serializer=service_dot_pb_dot_master__pb2.AddReplicaRequestPB.SerializeToString,
@@ -223,6 +228,17 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TSHeartbeatStream(self, request_iterator, context):
+        """The same heartbeats on one long-lived stream per tablet server, each answered in order
+        (what tablet servers use). A unary call costs a grpc.aio server a new call to accept, and
+        it accepts one per event-loop iteration: with 1,000 servers heartbeating and a busy loop,
+        heartbeats waited to be accepted past their deadline. A stream is accepted once. The
+        first bad request ends the stream with its status; the server opens a new one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AddReplica(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -330,6 +346,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
             ),
             'TSHeartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.TSHeartbeat,
+                    request_deserializer=service_dot_pb_dot_master__pb2.TSHeartbeatRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_master__pb2.TSHeartbeatResponsePB.SerializeToString,
+            ),
+            'TSHeartbeatStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.TSHeartbeatStream,
                     request_deserializer=service_dot_pb_dot_master__pb2.TSHeartbeatRequestPB.FromString,
                     response_serializer=service_dot_pb_dot_master__pb2.TSHeartbeatResponsePB.SerializeToString,
             ),
@@ -740,6 +761,33 @@ class MasterService:
             request,
             target,
             '/tessera.master.MasterService/TSHeartbeat',
+            service_dot_pb_dot_master__pb2.TSHeartbeatRequestPB.SerializeToString,
+            service_dot_pb_dot_master__pb2.TSHeartbeatResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TSHeartbeatStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tessera.master.MasterService/TSHeartbeatStream',
             service_dot_pb_dot_master__pb2.TSHeartbeatRequestPB.SerializeToString,
             service_dot_pb_dot_master__pb2.TSHeartbeatResponsePB.FromString,
             options,

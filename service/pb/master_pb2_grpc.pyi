@@ -59,6 +59,13 @@ class MasterServiceStub:
     ConnectToMaster: _grpc.UnaryUnaryMultiCallable[_master_pb2.ConnectToMasterRequestPB, _master_pb2.ConnectToMasterResponsePB]
     Ping: _grpc.UnaryUnaryMultiCallable[_master_pb2.PingRequestPB, _master_pb2.PingResponsePB]
     TSHeartbeat: _grpc.UnaryUnaryMultiCallable[_master_pb2.TSHeartbeatRequestPB, _master_pb2.TSHeartbeatResponsePB]
+    TSHeartbeatStream: _grpc.StreamStreamMultiCallable[_master_pb2.TSHeartbeatRequestPB, _master_pb2.TSHeartbeatResponsePB]
+    """The same heartbeats on one long-lived stream per tablet server, each answered in order
+    (what tablet servers use). A unary call costs a grpc.aio server a new call to accept, and
+    it accepts one per event-loop iteration: with 1,000 servers heartbeating and a busy loop,
+    heartbeats waited to be accepted past their deadline. A stream is accepted once. The
+    first bad request ends the stream with its status; the server opens a new one.
+    """
     AddReplica: _grpc.UnaryUnaryMultiCallable[_master_pb2.AddReplicaRequestPB, _master_pb2.AddReplicaResponsePB]
     RemoveReplica: _grpc.UnaryUnaryMultiCallable[_master_pb2.RemoveReplicaRequestPB, _master_pb2.RemoveReplicaResponsePB]
     MoveReplica: _grpc.UnaryUnaryMultiCallable[_master_pb2.MoveReplicaRequestPB, _master_pb2.MoveReplicaResponsePB]
@@ -84,6 +91,13 @@ class MasterServiceAsyncStub(MasterServiceStub):
     ConnectToMaster: _aio.UnaryUnaryMultiCallable[_master_pb2.ConnectToMasterRequestPB, _master_pb2.ConnectToMasterResponsePB]  # type: ignore[assignment]
     Ping: _aio.UnaryUnaryMultiCallable[_master_pb2.PingRequestPB, _master_pb2.PingResponsePB]  # type: ignore[assignment]
     TSHeartbeat: _aio.UnaryUnaryMultiCallable[_master_pb2.TSHeartbeatRequestPB, _master_pb2.TSHeartbeatResponsePB]  # type: ignore[assignment]
+    TSHeartbeatStream: _aio.StreamStreamMultiCallable[_master_pb2.TSHeartbeatRequestPB, _master_pb2.TSHeartbeatResponsePB]  # type: ignore[assignment]
+    """The same heartbeats on one long-lived stream per tablet server, each answered in order
+    (what tablet servers use). A unary call costs a grpc.aio server a new call to accept, and
+    it accepts one per event-loop iteration: with 1,000 servers heartbeating and a busy loop,
+    heartbeats waited to be accepted past their deadline. A stream is accepted once. The
+    first bad request ends the stream with its status; the server opens a new one.
+    """
     AddReplica: _aio.UnaryUnaryMultiCallable[_master_pb2.AddReplicaRequestPB, _master_pb2.AddReplicaResponsePB]  # type: ignore[assignment]
     RemoveReplica: _aio.UnaryUnaryMultiCallable[_master_pb2.RemoveReplicaRequestPB, _master_pb2.RemoveReplicaResponsePB]  # type: ignore[assignment]
     MoveReplica: _aio.UnaryUnaryMultiCallable[_master_pb2.MoveReplicaRequestPB, _master_pb2.MoveReplicaResponsePB]  # type: ignore[assignment]
@@ -190,6 +204,19 @@ class MasterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.TSHeartbeatRequestPB,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.TSHeartbeatResponsePB, _abc.Awaitable[_master_pb2.TSHeartbeatResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def TSHeartbeatStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_master_pb2.TSHeartbeatRequestPB],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_master_pb2.TSHeartbeatResponsePB], _abc.AsyncIterator[_master_pb2.TSHeartbeatResponsePB]]:
+        """The same heartbeats on one long-lived stream per tablet server, each answered in order
+        (what tablet servers use). A unary call costs a grpc.aio server a new call to accept, and
+        it accepts one per event-loop iteration: with 1,000 servers heartbeating and a busy loop,
+        heartbeats waited to be accepted past their deadline. A stream is accepted once. The
+        first bad request ends the stream with its status; the server opens a new one.
+        """
 
     @_abc_1.abstractmethod
     def AddReplica(

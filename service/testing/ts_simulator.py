@@ -38,12 +38,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 import signal
 import threading
 import time
+import zlib
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -62,18 +64,23 @@ from service.common.errors import (
     ServiceUnavailable,
     StaleTerm,
     WrongDestination,
-    from_grpc,
     rpc_errors,
 )
 from service.pb import master_pb2 as mpb
 from service.pb import master_pb2_grpc, tserver_pb2_grpc
 from service.pb import tserver_pb2 as tpb
+from service.tserver.heartbeater import HeartbeatStream
 
 __all__ = ["Simulator", "SimulatorThread", "main"]
 
 log = logging.getLogger(__name__)
 
 Ctx = grpc.aio.ServicerContext
+
+
+HEARTBEAT_CHANNELS = 16
+"""Connections to each master the fleet's heartbeat streams are spread over (a real fleet has
+one per server)."""
 
 
 @dataclass
@@ -159,6 +166,8 @@ class _MasterLink:
     need_full: bool = True
     acked: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     seq: int = 0
+    in_flight: bool = False
+    """A heartbeat on this link has not been answered yet (stagger mode sends no other)."""
 
 
 @dataclass
@@ -220,10 +229,14 @@ class Simulator:
         self.recent_latencies: deque[tuple[float, float]] = deque()
         """(monotonic end time, latency) of the heartbeats of the last RECENT_S seconds."""
         self.heartbeats_failed = 0
+        self.heartbeat_errors: Counter[str] = Counter()
+        """gRPC status name -> heartbeats that failed with it."""
         self._server: grpc.aio.Server | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, Any] = {}
         self._loop_task: asyncio.Task[None] | None = None
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._streams: dict[tuple[str, str], HeartbeatStream] = {}
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -240,9 +253,10 @@ class Simulator:
         await server.start()
         self._server = server
         for m in self.masters:
-            ch = grpc.aio.insecure_channel(m)
-            self._channels[m] = ch
-            self._stubs[m] = master_pb2_grpc.MasterServiceStub(ch)
+            for i in range(HEARTBEAT_CHANNELS):
+                ch = grpc.aio.insecure_channel(m, options=[("grpc.use_local_subchannel_pool", 1)])
+                self._channels[f"{m}#{i}"] = ch
+                self._stubs[f"{m}#{i}"] = master_pb2_grpc.MasterServiceStub(ch)
         self._loop_task = asyncio.create_task(self._heartbeat_loop(), name="ts-sim-heartbeats")
 
     async def aclose(self) -> None:
@@ -250,8 +264,14 @@ class Simulator:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._loop_task
+        for task in list(self._in_flight):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         if self._server is not None:
             await self._server.stop(grace=0.2)
+        for stream in self._streams.values():
+            stream.close()
         for ch in self._channels.values():
             await ch.close(None)
 
@@ -365,15 +385,22 @@ class Simulator:
         if not self.stagger:
             await asyncio.gather(*(self._heartbeat(s, link) for s, link in pairs))
             return
+        # Independent servers: each link heartbeats at its own phase of the interval, one
+        # heartbeat at a time, and a slow answer delays only that link's next heartbeat (as
+        # a real heartbeater), not the whole fleet's next round.
         step = self.heartbeat_interval_s / max(1, len(pairs))
         t0 = time.monotonic()
-        tasks = []
         for i, (s, link) in enumerate(pairs):
             delay = t0 + i * step - time.monotonic()
             if delay > 0.001:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(self._heartbeat(s, link)))
-        await asyncio.gather(*tasks)
+            if link.in_flight:
+                continue
+            link.in_flight = True
+            task = asyncio.create_task(self._heartbeat(s, link))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+            task.add_done_callback(functools.partial(_answered, link))
 
     async def _heartbeat(self, s: _Server, link: _MasterLink) -> None:
         req = mpb.TSHeartbeatRequestPB(
@@ -407,11 +434,13 @@ class Simulator:
                 report.removed_tablet_ids.extend(t for t in link.acked if t not in s.replicas)
         t0 = time.perf_counter()
         try:
-            resp = await self._stubs[link.address].TSHeartbeat(req, timeout=self.rpc_timeout_s)
-        except grpc.aio.AioRpcError as e:
+            resp = await self._stream(s, link).heartbeat(req)
+        except Exception as e:  # counted; the fleet's heartbeat loop must go on
             self.heartbeats_failed += 1
+            why = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
+            self.heartbeat_errors[why] += 1
             link.leader = False
-            log.debug("heartbeat %s -> %s failed: %s", s.uuid, link.address, from_grpc(e))
+            log.debug("heartbeat %s -> %s failed: %s", s.uuid, link.address, why)
             return
         latency = time.perf_counter() - t0
         self.heartbeat_latencies.append(latency)
@@ -439,6 +468,17 @@ class Simulator:
                     del link.acked[t]
             link.need_full = False
         link.need_full = link.need_full or resp.needs_full_tablet_report
+
+    def _stream(self, s: _Server, link: _MasterLink) -> HeartbeatStream:
+        """The server's heartbeat stream to the link's master (as a tablet server keeps one),
+        on one of a few connections the fleet shares."""
+        key = (s.uuid, link.address)
+        stream = self._streams.get(key)
+        if stream is None:
+            i = zlib.crc32(s.uuid.encode()) % HEARTBEAT_CHANNELS
+            stream = HeartbeatStream(self._stubs[f"{link.address}#{i}"], self.rpc_timeout_s)
+            self._streams[key] = stream
+        return stream
 
     # --- admin operations (called by the servicer) -------------------------------------------
 
@@ -669,6 +709,10 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _answered(link: _MasterLink, _: asyncio.Task[None]) -> None:
+    link.in_flight = False
+
+
 def _dump_stats(sim: Simulator, path: Path) -> None:
     lat = sorted(sim.heartbeat_latencies[-50_000:])
     p99 = lat[int(0.99 * (len(lat) - 1))] if lat else 0.0
@@ -685,6 +729,7 @@ def _dump_stats(sim: Simulator, path: Path) -> None:
                 "rounds": sim.rounds,
                 "heartbeats": len(sim.heartbeat_latencies),
                 "failed": sim.heartbeats_failed,
+                "errors": dict(sim.heartbeat_errors),
                 "p99_s": p99,
                 "recent_s": RECENT_S,
                 "recent_heartbeats": len(recent),

@@ -17,8 +17,14 @@ so reports go only to the master that last answered as leader; the others get ba
 An incremental report is the difference between the replicas' current reports and `acked`:
 changed or new replicas in `updated_tablets`, vanished ones in `removed_tablet_ids`
 (edge-triggered: nothing changed, no report). A report is acknowledged when the master answers
-as leader with `acked_report_sequence_number` at least the report's number (or with no number,
-for a master that does not track them); until then the same difference is sent again.
+as leader with `acked_report_sequence_number` at least the report's number; until then the
+same difference is sent again (a leader that could not write it, or deferred it to keep
+heartbeats prompt, answers 0).
+
+Transport: one TSHeartbeatStream per master, each heartbeat a message on it and its answer
+read within `rpc_timeout_s` (a unary call each would be a new call for the master to accept,
+and a busy grpc.aio master accepts one per event-loop iteration). A failure closes the stream
+and counts as a failed heartbeat; the next heartbeat opens a new stream.
 
 Timing: every `heartbeat_interval_ms`; sooner (but at most every `MIN_GAP_S`) when a replica
 changed and this master is the leader, so a new tablet leader is reported within milliseconds,
@@ -43,6 +49,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import grpc
 
@@ -70,6 +77,41 @@ class _Loop:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self.task
         await self.channel.close(None)
+
+
+class HeartbeatStream:
+    """One master's TSHeartbeatStream: a heartbeat is a write and the read of its answer,
+    within `timeout_s`. Opened on first use; any failure closes it, and the next heartbeat
+    opens a new one (the failure is the caller's to count, as a failed unary call's)."""
+
+    def __init__(self, stub: mpb_grpc.MasterServiceStub, timeout_s: float) -> None:
+        self._stub = stub
+        self._timeout_s = timeout_s
+        self._call: Any = None
+
+    async def heartbeat(self, req: mpb.TSHeartbeatRequestPB) -> mpb.TSHeartbeatResponsePB:
+        if self._call is None:
+            self._call = self._stub.TSHeartbeatStream()  # type: ignore[call-arg]
+        call = self._call
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await call.write(req)
+                resp = await call.read()
+        except asyncio.InvalidStateError as e:  # a write on a stream that already ended
+            self.close()
+            raise ConnectionError(f"the heartbeat stream had ended: {e}") from e
+        except BaseException:
+            self.close()
+            raise
+        if resp is grpc.aio.EOF:  # type: ignore[attr-defined]  # ended without a status
+            self.close()
+            raise ConnectionError("the master ended the heartbeat stream")
+        return cast(mpb.TSHeartbeatResponsePB, resp)
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
 
 
 @dataclass
@@ -173,19 +215,27 @@ class Heartbeater:
     async def _loop(
         self, v: MasterView, stub: mpb_grpc.MasterServiceStub, wake: asyncio.Event
     ) -> None:
+        stream = HeartbeatStream(stub, self.rpc_timeout_s)
+        try:
+            await self._beat_forever(v, stream, wake)
+        finally:
+            stream.close()
+
+    async def _beat_forever(
+        self, v: MasterView, stream: HeartbeatStream, wake: asyncio.Event
+    ) -> None:
         while True:
             t0 = time.monotonic()
             try:
-                await self._heartbeat(v, stub)
+                await self._heartbeat(v, stream)
                 v.failures = 0
-            except grpc.aio.AioRpcError as e:
+            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as e:
                 v.failures += 1
                 v.failures_total += 1
                 v.is_leader = False
                 if v.failures == 1 or v.failures % 30 == 0:
-                    log.warning(
-                        "heartbeat to %s failed (%d): %s", v.address, v.failures, from_grpc(e)
-                    )
+                    why = from_grpc(e) if isinstance(e, grpc.aio.AioRpcError) else repr(e)
+                    log.warning("heartbeat to %s failed (%d): %s", v.address, v.failures, why)
             except Exception:
                 v.failures += 1
                 v.failures_total += 1
@@ -201,7 +251,7 @@ class Heartbeater:
                     await wake.wait()
                     await asyncio.sleep(MIN_GAP_S)  # coalesce a burst of changes
 
-    async def _heartbeat(self, v: MasterView, stub: mpb_grpc.MasterServiceStub) -> None:
+    async def _heartbeat(self, v: MasterView, stream: HeartbeatStream) -> None:
         req = mpb.TSHeartbeatRequestPB(
             instance=self.instance,
             num_live_tablets=self.tablets.num_live(),
@@ -229,9 +279,7 @@ class Heartbeater:
                 rep.removed_tablet_ids.extend(sorted(removed))
                 for tid in sorted(changed):
                     rep.updated_tablets.append(reports[tid])
-        resp: mpb.TSHeartbeatResponsePB = await stub.TSHeartbeat(  # type: ignore[misc]
-            req, timeout=self.rpc_timeout_s
-        )
+        resp = await stream.heartbeat(req)
         v.heartbeats += 1
         v.last_ok = time.monotonic()
         v.master_uuid = resp.master_instance.permanent_uuid
@@ -243,19 +291,18 @@ class Heartbeater:
         if v.needs_register and req.HasField("registration"):
             v.needs_register = False
         acked_now = False
-        if sent_seq is not None and resp.leader_master:
-            acked = resp.acked_report_sequence_number
-            if acked == 0 or acked >= sent_seq:
-                acked_now = True
-                rep = req.tablet_report
-                if rep.is_incremental:
-                    for tid in rep.removed_tablet_ids:
-                        v.acked.pop(tid, None)
-                    for r in rep.updated_tablets:
-                        v.acked[r.tablet_id] = current[r.tablet_id]
-                else:
-                    v.acked = dict(current)
-                    v.needs_full = False
+        acked = resp.acked_report_sequence_number
+        if sent_seq is not None and resp.leader_master and acked >= sent_seq:
+            acked_now = True
+            rep = req.tablet_report
+            if rep.is_incremental:
+                for tid in rep.removed_tablet_ids:
+                    v.acked.pop(tid, None)
+                for r in rep.updated_tablets:
+                    v.acked[r.tablet_id] = current[r.tablet_id]
+            else:
+                v.acked = dict(current)
+                v.needs_full = False
         if v.is_leader and not was_leader and not acked_now:
             # It did not process what we sent while it was a follower.
             v.needs_full = True
