@@ -432,11 +432,21 @@ class MasterConfig:
     replicated write; the rest wait for the next round, which follows at once. Bounds the
     event-loop time of a round (a few tens of ms) so a huge CreateTable cannot starve
     heartbeats. CreateTable itself still writes the table and all its tablets as one entry."""
+    max_creating_tablets: int = 1000
+    """Tablets CREATING (replicas chosen, not yet reported RUNNING) at once; more PREPARING ones
+    wait for room, so the assignment timeout measures a tablet's creation, not the queue of
+    CreateTablet calls before it (a 10,000-tablet table is created a thousand at a time)."""
     assignment_retry_initial_ms: int = 1000
     """First pause before the tablets of a table that could not be placed (too few live
     servers) are tried again; doubles on each failure up to assignment_retry_max_ms."""
     assignment_retry_max_ms: int = 30_000
     """Longest pause between placement attempts of a table's unplaced tablets."""
+    max_concurrent_tablet_reports: int = 8
+    """Tablet reports being written to sys.catalog at once; a report beyond them is not
+    processed now (nor acknowledged) and comes again with the server's next heartbeat."""
+    tablet_report_budget_ms: int = 1000
+    """Longest a heartbeat waits for its report's write; past it the heartbeat is answered
+    (the report unacknowledged) and the write goes on. Liveness never waits on the catalog."""
     loop_stall_threshold_ms: int = 500
     """A gap longer than this in the master's event loop (between runs of a probe that should
     run five times as often) is a stall of the master, and time beyond it is not counted
@@ -491,9 +501,12 @@ class MasterConfig:
             "max_concurrent_tserver_rpcs",
             "replica_eviction_timeout_ms",
             "max_tablets_per_assignment_round",
+            "max_creating_tablets",
             "assignment_retry_initial_ms",
             "assignment_retry_max_ms",
             "loop_stall_threshold_ms",
+            "max_concurrent_tablet_reports",
+            "tablet_report_budget_ms",
         )
         c.that(
             self.assignment_retry_initial_ms <= self.assignment_retry_max_ms,

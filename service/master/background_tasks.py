@@ -38,6 +38,13 @@ next report from that server triggers them again if needed.
 
 At most `max_concurrent_rpcs` RPCs are in flight at once (a semaphore); a server known to be
 dead is not called (its tasks wait for it, or for the assignment timeout to replace the tablet).
+
+Bounded tasks. At most `max_concurrent_rpcs` tasks run at once; the others due wait in a queue,
+started as running ones finish. A round never spawns one task per pending tablet: a
+10,000-tablet CreateTable would put tens of thousands of coroutines on the event loop at once,
+and each loop iteration would then run for long. gRPC's asyncio server accepts one incoming
+call per loop iteration, so long iterations, not CPU alone, starved heartbeats: they waited to
+be accepted past their deadline (issue 3's starvation spiral).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from random import Random
@@ -160,6 +168,10 @@ class BackgroundTasks:
         self._wake = asyncio.Event()
         self._sem = asyncio.Semaphore(self.settings.max_concurrent_rpcs)
         self._running: dict[Any, asyncio.Task[None]] = {}
+        self._queue: deque[TaskKey] = deque()
+        """Tasks due and not yet started (at most `max_concurrent_rpcs` run at once)."""
+        self._queued: set[TaskKey] = set()
+        self._stopped = False
         self._retries: dict[TaskKey, _Retry] = {}
         self._main: asyncio.Task[None] | None = None
         self._remove_listener: Any = None
@@ -177,6 +189,9 @@ class BackgroundTasks:
 
     def stop(self) -> None:
         """Cancel everything at once (a change of role); `aclose` also waits."""
+        self._stopped = True
+        self._queue.clear()
+        self._queued.clear()
         if self._remove_listener is not None:
             self._remove_listener()
             self._remove_listener = None
@@ -290,13 +305,29 @@ class BackgroundTasks:
             retry = self._retries.get(key)
             if retry is not None and retry.task != task:
                 retry = self._retries[key] = _Retry(task)
-            if key in self._running or (retry is not None and now < retry.next_at):
+            if key in self._running or key in self._queued:
+                continue
+            if retry is not None and now < retry.next_at:
                 continue
             if retry is None:
                 retry = self._retries[key] = _Retry(task)
-            self._spawn(key, self._run_task(key, retry))
+            self._queue.append(key)
+            self._queued.add(key)
         for key in [k for k in self._retries if k not in keys and k not in self._running]:
             del self._retries[key]
+        self._drain()
+
+    def _drain(self) -> None:
+        """Start queued tasks while fewer than `max_concurrent_rpcs` run (module docstring,
+        "Bounded tasks"); a task no longer called for, or retried meanwhile, is dropped."""
+        limit = self.settings.max_concurrent_rpcs
+        while self._queue and len(self._running) < limit and not self._stopped:
+            key = self._queue.popleft()
+            self._queued.discard(key)
+            retry = self._retries.get(key)
+            if retry is None or not self.catalog.task_pending(retry.task):
+                continue
+            self._spawn(key, self._run_task(key, retry))
 
     def _spawn(self, key: Any, coro: Awaitable[None]) -> None:
         async def wrapped() -> None:
@@ -304,6 +335,7 @@ class BackgroundTasks:
                 await coro
             finally:
                 self._running.pop(key, None)
+                self._drain()
 
         self._running[key] = asyncio.create_task(wrapped())
 
@@ -342,6 +374,7 @@ class BackgroundTasks:
         if isinstance(task, CreateReplicas):
             if record.state is not TabletState.CREATING or record.consensus is None:
                 return True  # superseded: committed state moved on
+            self.catalog.create_started(task.tablet_id)  # its assignment timeout runs from now
             todo = [u for u in task.replicas if u not in retry.succeeded]
             results = await asyncio.gather(
                 *(
@@ -488,11 +521,11 @@ class BackgroundTasks:
     def failed_servers(self) -> set[str]:
         """Servers hosting replicas (per the catalog) dead longer than the eviction time."""
         eviction = self.settings.replica_eviction_s
-        out = set()
-        for d in self.ts.descriptors():
-            if not d.live and d.heartbeat_age_s >= eviction and d.total_replicas:
-                out.add(str(d.uuid))
-        return out
+        return {
+            u
+            for u in self.ts.silent_for(eviction)
+            if not self.ts.is_live(u) and self.ts.replica_counts(u)
+        }
 
     def _rereplicate(self) -> None:
         failed = self.failed_servers()

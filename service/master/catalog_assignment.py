@@ -44,6 +44,14 @@ Two things live here.
    (still ONE entry, seed 001) is assigned in fifty rounds instead of one multi-second one
    whose stall made the master declare its tablet servers dead.
 
+   Creation in step with capacity. At most `max_creating_tablets` tablets are CREATING at
+   once; PREPARING ones wait for room, so replicas are chosen with fresh loads, not long
+   before their CreateTablet calls go out. And a tablet's assignment timeout runs from when
+   its calls were first sent (`CatalogManager.create_started`, Kudu's
+   last_create_tablet_time), not from when it entered CREATING: measured from CREATING, a
+   10,000-tablet table timed out while most of its calls still queued, and the replacements'
+   churn (thousands of deletes and new creates) overwhelmed the master.
+
    Backoff. A table whose tablets cannot be placed (too few live servers) is not tried again
    every round: `AssignmentBackoff` doubles its pause from `assignment_retry_initial_s` up to
    `assignment_retry_max_s`, and each failed attempt yields one `Deferred`, logged once with
@@ -53,16 +61,15 @@ Two things live here.
    elected leader's report makes the tablet RUNNING (report processing, later work). The
    committed config's op index is 0 (the initial config) and its term 0.
 
-The creation timer is soft state: each master notes when it saw a tablet enter CREATING (a
-follower too, when it applied the entry; a master that loaded the tablet from a snapshot or at
-start, when it loaded). Either way the timer starts no earlier than the entry committed, so a
-tablet is never replaced early, only possibly late after a failover, as in Kudu.
+The creation timer is soft state of the leader: it starts when this leader's background tasks
+first send the tablet's CreateTablet calls (a new leader starts it again for the tablets it
+finds CREATING). It starts no earlier than the entry committed, so a tablet is never replaced
+early, only possibly late after a failover, as in Kudu.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from random import Random
@@ -296,26 +303,44 @@ def due_tablets(
     ready: Callable[[TableId], bool] = lambda _: True,
     tables: Collection[TableId] | None = None,
     limit: int | None = None,
+    preparing_limit: int | None = None,
 ) -> list[TabletInfo]:
-    """The pending tablets an assignment round handles, in `pending_tablets` order (by table,
-    then partition), at most `limit`: PREPARING tablets of tables that are `ready` (not
-    waiting out a placement backoff), CREATING ones older than the assignment timeout. Tablets
-    of removed tables are left to DeleteTable; `tables`: only these (None: all)."""
-    out: list[TabletInfo] = []
-    for info in maps.pending_tablets():
-        table = maps.tables_by_id.get(info.table_id)
+    """The pending tablets an assignment round handles, at most `limit`: first the CREATING
+    ones older than the assignment timeout (by table, then partition), then at most
+    `preparing_limit` PREPARING tablets of tables that are `ready` (not waiting out a
+    placement backoff), by table, then partition. Tablets of removed tables are left to
+    DeleteTable; `tables`: only these (None: all). Reads the maps' PREPARING index
+    (`CatalogMaps.preparing`), never every pending tablet, so bounded rounds over a huge
+    table do not cost a full pass each."""
+
+    def wanted(table_id: TableId) -> bool:
+        table = maps.tables_by_id.get(table_id)
         if table is None or table.is_removed:
-            continue  # DeleteTable marks them DELETED in its own write
-        if tables is not None and info.table_id not in tables:
+            return False  # DeleteTable marks them DELETED in its own write
+        return tables is None or table_id in tables
+
+    out: list[TabletInfo] = []
+    timed_out = []
+    for tablet_id, since in creating_since.items():
+        if now - since < assignment_timeout_s:
             continue
-        if info.record.state is TabletState.PREPARING:
-            if not ready(info.table_id):
-                continue
-        elif now - creating_since.get(info.tablet_id, now) < assignment_timeout_s:
-            continue
-        out.append(info)
-        if limit is not None and len(out) >= limit:
+        info = maps.tablets_by_id.get(tablet_id)
+        if info is not None and info.state is TabletState.CREATING and wanted(info.table_id):
+            timed_out.append(info)
+    timed_out.sort(key=lambda t: (t.table_id, t.partition.partition_key_start, t.tablet_id))
+    out.extend(timed_out[:limit])
+    cap = len(out) + preparing_limit if preparing_limit is not None else None
+    if limit is not None:
+        cap = limit if cap is None else min(cap, limit)
+    for table_id in sorted(maps.preparing):
+        if cap is not None and len(out) >= cap:
             break
+        if not wanted(table_id) or not ready(table_id):
+            continue
+        for info in maps.preparing_tablets(table_id):
+            out.append(info)
+            if cap is not None and len(out) >= cap:
+                break
     return out
 
 
@@ -545,11 +570,7 @@ class AssignmentBackoff:
                 reasons.setdefault(info.table_id, u.reason)
         if not reasons:
             return plan
-        waiting = Counter(
-            tablets[t].table_id
-            for t in maps.pending
-            if tablets[t].table_id in reasons and tablets[t].state is TabletState.PREPARING
-        )
+        waiting = {t: len(maps.preparing.get(t, ())) for t in reasons}
         deferred = []
         for table_id in sorted(reasons):
             step = self.failed(table_id, now)

@@ -183,8 +183,9 @@ class CatalogManager:
 
     Invariants: `_maps` equals `CatalogMaps.rebuild(_sys)` whenever control is outside the
     listener; `_tasks` holds the tasks of every tablet while loaded (empty otherwise);
-    `_reserved_names` are names of creates and renames in flight; `_creating_since[t]` exists
-    iff tablet t is CREATING.
+    `_reserved_names` are names of creates and renames in flight; `_creating` holds exactly
+    the CREATING tablets; `_creating_since[t]`, when this leader first sent tablet t's
+    CreateTablet calls (`create_started`), exists only for t in `_creating`.
     """
 
     def __init__(
@@ -206,6 +207,7 @@ class CatalogManager:
         self._loaded = False
         self._reserved_names: set[str] = set()
         self._tasks = PendingTasks()
+        self._creating: set[TabletId] = set()
         self._creating_since: dict[TabletId, float] = {}
         self._backoff = AssignmentBackoff(
             self._settings.assignment_retry_initial_s, self._settings.assignment_retry_max_s
@@ -368,7 +370,7 @@ class CatalogManager:
         if not steps and new_name is None:
             raise InvalidArgument("alter has no operations: give column steps and/or a new name")
         info = self._resolve(table)
-        async with info.lock:
+        async with info.lock.exclusive():
             done = self._remembered(req, ALTER_TABLE)  # a retry that queued behind its original
             if done is not None:
                 return pb.AlterTableResponsePB.FromString(done).schema_version
@@ -434,7 +436,7 @@ class CatalogManager:
         if done is not None:
             return TableId(pb.DeleteTableResponsePB.FromString(done).table_id)
         info = self._resolve(table)
-        async with info.lock, contextlib.AsyncExitStack() as stack:
+        async with info.lock.exclusive(), contextlib.AsyncExitStack() as stack:
             done = self._remembered(req, DELETE_TABLE)  # a retry that queued behind its original
             if done is not None:
                 return TableId(pb.DeleteTableResponsePB.FromString(done).table_id)
@@ -588,14 +590,12 @@ class CatalogManager:
         if not self._loaded or not self._maps.pending:
             return False
         now = self._clock.monotonic() if now is None else now
-        if len(self._creating_since) < len(self._maps.pending):  # some tablet is PREPARING
-            if not self._backoff:
+        tables = self._maps.tables_by_id
+        preparing = self._maps.preparing if self._creating_room() else {}
+        for table_id in preparing:  # tables with PREPARING tablets: few
+            table = tables.get(table_id)
+            if table is not None and not table.is_removed and self._backoff.ready(table_id, now):
                 return True
-            tablets = self._maps.tablets_by_id
-            for t in self._maps.pending:
-                info = tablets[t]
-                if info.state is TabletState.PREPARING and self._backoff.ready(info.table_id, now):
-                    return True
         oldest = min(self._creating_since.values(), default=now)
         return now - oldest >= self._settings.assignment_timeout_s
 
@@ -622,13 +622,13 @@ class CatalogManager:
         due = self._due(now, limit)
         async with contextlib.AsyncExitStack() as stack:
             for table_id in sorted({t.table_id for t in due}):
-                await stack.enter_async_context(self._maps.tables_by_id[table_id].lock)
+                await stack.enter_async_context(self._maps.tables_by_id[table_id].lock.shared())
             for tablet in sorted(due, key=lambda t: t.tablet_id):
                 await stack.enter_async_context(tablet.lock)
             # Under the locks: drop what moved on while we waited (the next round sees it).
             again = {t.tablet_id for t in self._due(now, limit)}
             due = [t for t in due if t.tablet_id in again]
-            addresses = {str(d.uuid): host_port(d.rpc_address) for d in self._ts.descriptors()}
+            addresses = {u: host_port(a) for u, a in self._ts.rpc_addresses().items()}
             planner = AssignmentPlanner(
                 self._maps,
                 self._ts.server_loads(),
@@ -656,7 +656,21 @@ class CatalogManager:
             assignment_timeout_s=self._settings.assignment_timeout_s,
             ready=lambda table_id: self._backoff.ready(table_id, now),
             limit=limit,
+            preparing_limit=self._creating_room(),
         )
+
+    def _creating_room(self) -> int:
+        """How many more tablets may enter CREATING now (`catalog_assignment`, "Creation in
+        step with capacity")."""
+        return max(0, self._settings.max_creating_tablets - len(self._creating))
+
+    def create_started(self, tablet_id: TabletId) -> None:
+        """The background tasks are sending the CreateTablet calls of CREATING tablet
+        `tablet_id` for the first time: its assignment timeout starts now (Kudu's
+        last_create_tablet_time), not when it entered CREATING, so a tablet whose calls
+        waited behind thousands of others is not replaced for the wait."""
+        if tablet_id in self._creating:
+            self._creating_since.setdefault(tablet_id, self._clock.monotonic())
 
     def pending_tasks(self) -> list[Task]:
         """Side effects committed state calls for and not yet reported done (`task_done`)."""
@@ -701,7 +715,7 @@ class CatalogManager:
         tables = sorted({self._maps.tablets_by_id[t].table_id for t in tablets})
         async with contextlib.AsyncExitStack() as stack:
             for table_id in tables:
-                await stack.enter_async_context(self._maps.tables_by_id[table_id].lock)
+                await stack.enter_async_context(self._maps.tables_by_id[table_id].lock.shared())
             for tablet_id in tablets:
                 await stack.enter_async_context(self._maps.tablets_by_id[tablet_id].lock)
             plan = plan_report(self._maps, reporter, reported)  # again, under the locks
@@ -755,14 +769,16 @@ class CatalogManager:
     def _reload(self) -> None:
         self._maps = CatalogMaps.rebuild(self._sys)
         self._ts.replace_replica_counts(self._maps.replica_counts())
-        now = self._clock.monotonic()
-        self._creating_since = {
-            t: self._creating_since.get(t, now)
+        self._creating = {
+            t
             for t in self._maps.pending
             if self._maps.tablets_by_id[t].state is TabletState.CREATING
         }
+        self._creating_since = {
+            t: since for t, since in self._creating_since.items() if t in self._creating
+        }
         self._tasks.clear()
-        self._backoff.retain({t.table_id for t in self._maps.pending_tablets()})
+        self._backoff.retain(set(self._maps.preparing))
         if self._loaded:
             for tablet in self._maps.tablets_by_id.values():
                 self._update_tasks(tablet)
@@ -771,12 +787,11 @@ class CatalogManager:
     def _follow_up(self, delta: MapsDelta) -> None:
         for uuid in delta.servers:
             self._ts.set_replica_counts(uuid, self._maps.replica_counts_of(uuid))
-        now = self._clock.monotonic()
-        for old, new in delta.tablets:
+        for _, new in delta.tablets:
             if new.state is TabletState.CREATING:
-                if old is None or old.state is not TabletState.CREATING:
-                    self._creating_since[new.tablet_id] = now
+                self._creating.add(new.tablet_id)
             else:
+                self._creating.discard(new.tablet_id)
                 self._creating_since.pop(new.tablet_id, None)
         if not self._loaded:
             return

@@ -33,6 +33,8 @@ class CatalogSettings:
     """Largest replicated entry: about 1.2 MB is a 10,000-tablet CreateTable."""
     max_owner_bytes: int = 256
     max_tablets_per_assignment_round: int = 200
+    max_creating_tablets: int = 1000
+    """Tablets CREATING at once; PREPARING ones wait for room (see MasterConfig)."""
     """Tablets one `assign_tablets` round places or replaces (ONE write); see MasterConfig."""
     assignment_retry_initial_s: float = 1.0
     """First pause before a table's unplaced tablets are tried again; doubles per failure."""
@@ -48,6 +50,7 @@ class CatalogSettings:
             table_locations_ttl_ms=config.table_locations_ttl_ms,
             assignment_timeout_s=config.assignment_timeout_ms / 1000.0,
             max_tablets_per_assignment_round=config.max_tablets_per_assignment_round,
+            max_creating_tablets=config.max_creating_tablets,
             assignment_retry_initial_s=config.assignment_retry_initial_ms / 1000.0,
             assignment_retry_max_s=config.assignment_retry_max_ms / 1000.0,
             max_write_bytes=min(cls.max_write_bytes, config.rpc.max_message_bytes // 2),

@@ -13,7 +13,8 @@ is handled in this order:
      write for the whole report), then hand the RPCs it calls for to the background tasks.
      A failed replication is logged and the report is not acknowledged (the server sends it
      again); it never fails the heartbeat nor crashes the master (KUDU-495). A follower
-     ignores the report (its maps follow sys.catalog, never reports);
+     ignores the report (its maps follow sys.catalog, never reports). Reports go through a
+     `ReportGate`: liveness (step 2) must never wait on catalog writes;
   4. answer: `needs_full_tablet_report` while the leader still wants one (after this master's
      election, KUDU-1374, or a registration); a full report processed under the token of the
      latest request clears that wish; `acked_report_sequence_number` is the report's sequence
@@ -22,6 +23,9 @@ is handled in this order:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -35,17 +39,102 @@ from service.master.report_processing import (
     ReportAction,
     ReportedRole,
     ReportedTablet,
+    ReportPlan,
 )
 from service.master.ts_descriptor import NodeInstance, TSRegistration
-from service.master.ts_manager import TSManager
+from service.master.ts_manager import HeartbeatOutcome, TSManager
 from service.pb import master_pb2 as pb
 
-__all__ = ["HeartbeatContext", "decode_report", "handle_heartbeat"]
+__all__ = ["HeartbeatContext", "ReportGate", "decode_report", "handle_heartbeat"]
 
 log = logging.getLogger(__name__)
 
 MAX_REPORTED_TABLETS = 100_000
 """More replicas than this in one report is refused (a runaway or hostile sender)."""
+
+
+class ReportGate:
+    """Tablet reports' admission to the catalog: at most `max_in_flight` report writes at
+    once, and a heartbeat waits at most `budget_s` for its report's.
+
+    Why. Every report is a replicated write, applied on the one event loop; when a fleet's
+    reports come in faster than they apply (a 10,000-tablet table becoming RUNNING on 1,000
+    servers), heartbeats that waited for their report piled up past their deadline, failed,
+    and healthy servers were declared dead (issue 3's starvation spiral). Through the gate a
+    heartbeat answers promptly whatever happens to its report: one over the limit is not
+    processed (shed), one still running when the budget is spent goes on alone (late);
+    either way it is not acknowledged, and the server sends what it has not had acknowledged
+    with its next heartbeat, judged then against committed state (report processing is
+    idempotent). A late report's RPCs are still handed to the background tasks when its
+    write commits.
+
+    Invariant: `in_flight` counts the report tasks started and not yet finished."""
+
+    def __init__(self, max_in_flight: int = 8, budget_s: float = 1.0) -> None:
+        if max_in_flight < 1 or not budget_s > 0:
+            raise InvalidArgument(
+                f"report gate: max_in_flight must be >= 1 and budget_s > 0, got "
+                f"{max_in_flight} and {budget_s}"
+            )
+        self.max_in_flight = max_in_flight
+        self.budget_s = budget_s
+        self.in_flight = 0
+        self.shed = 0
+        """Reports not processed because `max_in_flight` were already running."""
+        self.late = 0
+        """Reports whose heartbeat answered before their write committed."""
+        self._tasks: set[asyncio.Task[ReportPlan]] = set()
+
+    async def process(
+        self,
+        catalog: CatalogManager,
+        reporter: NodeId,
+        reported: list[ReportedTablet],
+        submit: Callable[[Iterable[ReportAction]], None],
+    ) -> ReportPlan | None:
+        """The report's plan once its write committed within the budget (the caller
+        acknowledges it and submits its actions); None if it was shed or is late. Replication
+        errors propagate (not acknowledged either)."""
+        if self.in_flight >= self.max_in_flight:
+            self.shed += 1
+            return None
+        self.in_flight += 1
+        task = asyncio.ensure_future(catalog.process_report(reporter, reported))
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        done, _ = await asyncio.wait({task}, timeout=self.budget_s)
+        if task in done:
+            return task.result()
+        self.late += 1
+        task.add_done_callback(functools.partial(_submit_late, reporter, submit))
+        return None
+
+    def _finished(self, task: asyncio.Task[ReportPlan]) -> None:
+        self.in_flight -= 1
+        self._tasks.discard(task)
+
+    async def aclose(self) -> None:
+        """Cancel the report writes still running (a change of role: nothing to hand on)."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+
+
+def _submit_late(
+    reporter: NodeId,
+    submit: Callable[[Iterable[ReportAction]], None],
+    task: asyncio.Task[ReportPlan],
+) -> None:
+    if task.cancelled():
+        return
+    err = task.exception()
+    if err is not None:
+        log.warning("tablet report of %s (late) not processed: %s", reporter, err)
+        return
+    if task.result().actions:
+        submit(task.result().actions)
 
 
 @dataclass(frozen=True)
@@ -61,6 +150,8 @@ class HeartbeatContext:
     catalog: CatalogManager
     submit: Callable[[Iterable[ReportAction]], None]
     """Where the RPCs a report calls for go (the background tasks of this term)."""
+    reports: ReportGate
+    """Admission of reports to the catalog (this master's, for every heartbeat)."""
 
 
 def decode_report(report: pb.TabletReportPB) -> list[ReportedTablet]:
@@ -129,7 +220,7 @@ async def handle_heartbeat(
         uuid = instance.permanent_uuid
         full = not request.tablet_report.is_incremental
         try:
-            plan = await ctx.catalog.process_report(uuid, reported)
+            plan = await ctx.reports.process(ctx.catalog, uuid, reported, ctx.submit)
         except TesseraError as e:
             log.warning(
                 "tablet report of %s (%d replicas) not processed, not acknowledged: %s",
@@ -138,6 +229,8 @@ async def handle_heartbeat(
                 e,
             )
         else:
+            if plan is None:  # shed or late (ReportGate): sent again with the next heartbeat
+                return _answer(ctx, ts, instance, outcome, 0)
             acked = request.tablet_report.sequence_number
             if plan.orphans:
                 log.info(
@@ -151,6 +244,17 @@ async def handle_heartbeat(
                 ctx.submit(plan.actions)
             if full and outcome.report_token is not None:
                 ts.full_report_processed(outcome.report_token)
+    return _answer(ctx, ts, instance, outcome, acked)
+
+
+def _answer(
+    ctx: HeartbeatContext,
+    ts: TSManager,
+    instance: NodeInstance,
+    outcome: HeartbeatOutcome,
+    acked: int,
+) -> pb.TSHeartbeatResponsePB:
+    """Step 4 of the module docstring."""
     needs_full = (
         ctx.leading
         and not outcome.needs_reregister

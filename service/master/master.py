@@ -98,7 +98,7 @@ from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarn
 from service.master.background_tasks import BackgroundSettings, BackgroundTasks
 from service.master.catalog_manager import CatalogManager, Replicate
 from service.master.catalog_settings import CatalogSettings
-from service.master.heartbeat import HeartbeatContext
+from service.master.heartbeat import HeartbeatContext, ReportGate
 from service.master.master_membership import master_uuid
 from service.master.master_service import MasterServicer
 from service.master.progress_clock import ProgressClock
@@ -181,6 +181,9 @@ class MasterServer:
         self._clock: Clock = RealClock()
         self._security_task: asyncio.Task[None] | None = None
         self.progress_clock: ProgressClock | None = None
+        self.report_gate = ReportGate(
+            config.max_concurrent_tablet_reports, config.tablet_report_budget_ms / 1000.0
+        )
         self._probe_task: asyncio.Task[None] | None = None
         # Background tasks (module docstring): the proxy lives as long as the process.
         self.proxy: TServerProxy | None = None
@@ -320,6 +323,7 @@ class MasterServer:
             self.background = None
         if self.catalog is not None:
             self.catalog.close()
+        await self.report_gate.aclose()
         if self._probe_task is not None:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -461,6 +465,7 @@ class MasterServer:
             ts_manager=ts,
             catalog=catalog,
             submit=self.submit_actions,
+            reports=self.report_gate,
         )
 
     @property

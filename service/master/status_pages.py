@@ -130,6 +130,10 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
         clock = master.progress_clock
         return clock.stalled_s if clock is not None else 0.0
 
+    def reports_deferred() -> list[tuple[tuple[str], float]]:
+        gate = master.report_gate
+        return [(("shed",), float(gate.shed)), (("late",), float(gate.late))]
+
     def tasks() -> float:
         return float(len(master.background.views())) if master.background is not None else 0.0
 
@@ -169,6 +173,13 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
         "Seconds of this master's event-loop stalls beyond loop_stall_threshold_ms, not "
         "counted against tablet servers' heartbeats (progress_clock).",
         stalled,
+    )
+    registry.counter_callback(
+        "tessera_master_tablet_reports_deferred_total",
+        "Tablet reports not acknowledged so that heartbeats stay prompt (heartbeat.ReportGate): "
+        "shed (too many report writes running) or late (write still running at the budget).",
+        reports_deferred,
+        ("reason",),
     )
     registry.gauge_callback(
         "tessera_master_background_tasks",

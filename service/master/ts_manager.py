@@ -249,6 +249,12 @@ class TSManager:
         now = self._clock.monotonic()
         return sum(r.is_live(now, self._timeout) for r in self._records.values())
 
+    def silent_for(self, seconds: float) -> list[str]:
+        """Servers whose last heartbeat is at least `seconds` old, sorted (cheap: no
+        snapshots; the background tasks ask every round which servers to evict)."""
+        now = self._clock.monotonic()
+        return sorted(u for u, r in self._records.items() if r.heartbeat_age(now) >= seconds)
+
     def presumed_dead(self, uuid: str) -> bool:
         """Safe to treat `uuid` as dead (for evicting its replicas).
 
@@ -306,8 +312,27 @@ class TSManager:
 
     def server_loads(self) -> tuple[ServerLoad, ...]:
         """Every registered server as `placement_policy` sees it (dead ones with live=False, so
-        placement errors can name them), sorted by uuid, as of one instant."""
-        return tuple(d.to_server_load() for d in self.descriptors())
+        placement errors can name them), sorted by uuid, as of one instant. Built from the
+        records directly, not from `TSDescriptor` snapshots: every assignment round asks."""
+        now = self._clock.monotonic()
+        out = []
+        for u in sorted(self._records):
+            r = self._records[u]
+            counts = self._counts.get(u, _NO_COUNTS)
+            out.append(
+                ServerLoad(
+                    uuid=u,
+                    live=r.is_live(now, self._timeout),
+                    total_replicas=sum(counts.values()),
+                    replicas_by_table=MappingProxyType(dict(counts)),
+                    location=r.registration.location,
+                )
+            )
+        return tuple(out)
+
+    def rpc_addresses(self) -> dict[str, str]:
+        """Every registered server's preferred rpc address (cheap: no snapshots)."""
+        return {u: r.registration.rpc_addresses[0] for u, r in self._records.items()}
 
     def _snapshot(self, record: TSRecord, now: float) -> TSDescriptor:
         return record.snapshot(now, self._timeout, self._counts.get(record.uuid, _NO_COUNTS))

@@ -231,9 +231,12 @@ def test_master_assignment_round_and_stall_settings_are_validated() -> None:
     base: dict[str, Any] = {"data_dir": "/d"}
     for name in (
         "max_tablets_per_assignment_round",
+        "max_creating_tablets",
         "assignment_retry_initial_ms",
         "assignment_retry_max_ms",
         "loop_stall_threshold_ms",
+        "max_concurrent_tablet_reports",
+        "tablet_report_budget_ms",
     ):
         err = _error(MasterConfig, {**base, name: 0})
         assert err.key == name and "must be > 0" in str(err)

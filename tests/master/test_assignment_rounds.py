@@ -138,7 +138,7 @@ def test_an_unplaceable_table_waits_out_a_doubling_backoff() -> None:
         heartbeat_all(env)  # the servers come back
         plan = await env.cm.assign_tablets()
         assert len(plan.assigned) == 6 and not plan.deferred
-        assert env.cm.next_assignment_at() is not None  # the creation timeout, no backoff
+        assert env.cm.next_assignment_at() is None  # no backoff; no CreateTablet sent yet
         assert not env.cm.assignment_due()
 
     run(go())
@@ -242,15 +242,51 @@ def test_queued_create_tablets_of_a_deleted_table_are_never_sent() -> None:
         table_id = await create(env, partition_schema=hashed(8))
         proxy = RecordingProxy()
         bg = background(env, proxy, max_rpcs=2)
-        await bg.round()  # 8 tablets placed, 24 CreateTablets: 2 in flight, 22 queued
+        # 8 tablets placed: 8 tasks of 3 CreateTablets each. 2 tasks run (max_rpcs), their
+        # 6 calls share 2 RPC slots; the other 6 tasks wait in the queue.
+        await bg.round()
         assert sum(isinstance(t, CreateReplicas) for t in env.cm.pending_tasks()) == 8
         await wait_for(lambda: proxy.calls == 2)
+        assert bg.in_flight == 2
         await env.cm.delete_table(by_id(table_id), Ids()())
         proxy.gate.set()
         while bg.in_flight:
             await asyncio.sleep(0)
         assert len(proxy.created) == 2  # the two already in flight
-        assert bg.rpcs_skipped == 22
+        assert bg.rpcs_skipped == 4  # the running tasks' other calls
+        assert proxy.calls == 2  # the queued tasks never started
+        assert not any(isinstance(t, CreateReplicas) for t in env.cm.pending_tasks())
         await bg.aclose()
+
+    run(go())
+
+
+def test_only_so_many_tablets_are_creating_at_once_and_their_timeout_runs_from_the_send() -> None:
+    """Creation in step with capacity (catalog_assignment): at most max_creating_tablets are
+    CREATING, and a CREATING tablet is replaced only once its CreateTablet calls have been
+    out for the assignment timeout, however long they waited to be sent."""
+    env = bounded_env(servers=3, max_creating_tablets=150, assignment_timeout_s=5.0)
+
+    async def go() -> None:
+        table_id = await create(env, partition_schema=hashed(400))
+        plan = await env.cm.assign_tablets()
+        assert len(plan.assigned) == ROUND
+        plan = await env.cm.assign_tablets()
+        assert len(plan.assigned) == 50  # room for 150 CREATING
+        assert not env.cm.assignment_due()
+        env.clock.advance(60.0)  # calls still queued: nothing times out
+        heartbeat_all(env)
+        assert not env.cm.assignment_due() and (await env.cm.assign_tablets()).empty
+        creating = sorted(
+            t.tablet_id
+            for t in env.cm.maps.tables_by_id[table_id].live_tablets()
+            if t.state is TabletState.CREATING
+        )
+        for tablet_id in creating[:10]:
+            env.cm.create_started(tablet_id)
+        env.clock.advance(5.0)
+        heartbeat_all(env)
+        plan = await env.cm.assign_tablets()
+        assert sorted(r.old for r in plan.replaced) == creating[:10]
 
     run(go())

@@ -227,6 +227,13 @@ async def create_running(env: Env, name: str = "metrics", **kw: Any) -> TableId:
     return table_id
 
 
+def start_creates(env: Env, table_id: str) -> None:
+    """What the background tasks do as they send each CREATING tablet's CreateTablet calls:
+    its assignment timeout starts."""
+    for tablet_id in env.cm.maps.tables_by_id[TableId(table_id)].tablets:
+        env.cm.create_started(tablet_id)
+
+
 async def wait_for(cond: Callable[[], bool]) -> None:
     for _ in range(1000):
         if cond():
@@ -860,6 +867,7 @@ def test_rebuilt_maps_equal_the_incrementally_maintained_ones() -> None:
         a = await create_running(env, "a")
         b = await create(env, "b", num_replicas=1)
         await env.cm.assign_tablets()
+        start_creates(env, b)
         env.clock.advance(6.0)
         plan = await env.cm.assign_tablets()  # b's CREATING tablets are replaced
         assert len(plan.replaced) == 6
@@ -929,6 +937,11 @@ def test_timed_out_tablets_are_replaced_in_one_write_invisible_until_committed()
         table_id = await create(env)
         await env.cm.assign_tablets()
         old_ids = sorted(env.cm.maps.tables_by_id[table_id].tablets)
+        env.clock.advance(timeout)
+        assert env.cm.plan_assignments().empty  # no CreateTablet sent yet: no timeout runs
+        for u in env.ts.uuids():  # (the servers stay live)
+            env.ts.heartbeat(NodeInstance(NodeId(u), 1))
+        start_creates(env, table_id)
         env.clock.advance(timeout - 1)
         assert env.cm.plan_assignments().empty  # not yet
         env.clock.advance(2)
@@ -1007,7 +1020,7 @@ def _percentile(samples: list[float], q: float) -> float:
 
 
 def test_get_table_locations_p99_on_a_10000_tablet_table() -> None:
-    settings = CatalogSettings(max_create_tablets_per_ts=10_000)
+    settings = CatalogSettings(max_create_tablets_per_ts=10_000, max_creating_tablets=10_000)
     env = make_env(servers=3, settings=settings)
     ps = PartitionSchema(
         hash=(HashBucketSchema(("host",), 100),),
