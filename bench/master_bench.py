@@ -5,7 +5,9 @@
             is RUNNING on simulated tablet servers (a real master process, simulator process)
   lookup    GetTableLocations in-process p99 on a --lookup-tablets table (goal <= 100 us)
   rpc       GetTableLocations RPCs/s against the master process with 32 concurrent clients
-            (goal >= 3,000/s on this 2-core machine)
+            (goal >= 3,000/s on this 2-core machine), and the same clients' Ping RPCs/s against
+            an empty grpc.aio server (bench/grpc_baseline.py) in the same run: the ratio is the
+            master's share of what one Python gRPC process can answer here today
   heartbeat --servers simulated servers heartbeating every second, hosting --replicas
             replicas in all: the master process's CPU (fraction of one core, from
             /proc/<pid>/stat) and the heartbeat p99 latency the simulator measured
@@ -235,18 +237,20 @@ async def live_servers(stub: Any, prefix: str) -> int:
     return sum(1 for s in r.servers if s.live and s.instance.permanent_uuid.startswith(prefix))
 
 
-async def rpc_throughput(address: str, table_id: str, clients: int, seconds: float) -> float:
+async def rpc_throughput(
+    address: str, call: str, request: Any, clients: int, seconds: float
+) -> float:
+    """Calls of MasterService.`call` per second, `clients` callers over 4 channels."""
     channels = [grpc.aio.insecure_channel(address) for _ in range(4)]
     stubs = [master_pb2_grpc.MasterServiceStub(c) for c in channels]
-    req = pb.GetTableLocationsRequestPB(table=pb.TableIdentifierPB(table_id=table_id))
     count = 0
     stop = time.monotonic() + seconds
 
     async def client(i: int) -> None:
         nonlocal count
-        stub: Any = stubs[i % len(stubs)]
+        method = getattr(stubs[i % len(stubs)], call)
         while time.monotonic() < stop:
-            await stub.GetTableLocations(req, timeout=10)
+            await method(request, timeout=10)
             count += 1
 
     t0 = time.monotonic()
@@ -255,6 +259,27 @@ async def rpc_throughput(address: str, table_id: str, clients: int, seconds: flo
     for c in channels:
         await c.close(None)
     return count / elapsed
+
+
+async def empty_server_throughput(workdir: Path, clients: int, seconds: float) -> float:
+    """Ping RPCs/s of `bench.grpc_baseline` (an empty grpc.aio server) with the same clients."""
+    port_file = workdir / "baseline.port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.grpc_baseline", "--port-file", str(port_file)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("bench.grpc_baseline did not start")
+            await asyncio.sleep(0.05)
+        address = f"127.0.0.1:{port_file.read_text()}"
+        await rpc_throughput(address, "Ping", pb.PingRequestPB(), clients, 0.5)  # warm up
+        return await rpc_throughput(address, "Ping", pb.PingRequestPB(), clients, seconds)
+    finally:
+        terminate_all([proc])
 
 
 async def processes(args: argparse.Namespace, workdir: Path) -> None:
@@ -294,10 +319,16 @@ async def processes(args: argparse.Namespace, workdir: Path) -> None:
             )
 
             progress("GetTableLocations RPCs, 32 clients")
-            rate = await rpc_throughput(address, table_id, 32, 3.0)
+            req = pb.GetTableLocationsRequestPB(table=pb.TableIdentifierPB(table_id=table_id))
+            c0, t0 = cpu_seconds(pid), time.monotonic()
+            rate = await rpc_throughput(address, "GetTableLocations", req, 32, 5.0)
+            cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+            progress("the same clients against an empty grpc.aio server")
+            empty = await empty_server_throughput(workdir, 32, 5.0)
             print(
-                f"rpc      GetTableLocations {rate:,.0f} RPCs/s, 32 concurrent clients "
-                f"(goal >= 3,000/s)"
+                f"rpc      GetTableLocations {rate:,.0f} RPCs/s, 32 concurrent clients, master "
+                f"{cpu:.2f} core (goal >= 3,000/s); an empty grpc.aio server {empty:,.0f}/s: "
+                f"ratio {rate / empty:.2f}"
             )
             terminate_all([sim])
             procs.remove(sim)

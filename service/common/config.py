@@ -442,11 +442,16 @@ class MasterConfig:
     assignment_retry_max_ms: int = 30_000
     """Longest pause between placement attempts of a table's unplaced tablets."""
     max_concurrent_tablet_reports: int = 8
-    """Tablet reports being written to sys.catalog at once; a report beyond them is not
-    processed now (nor acknowledged) and comes again with the server's next heartbeat."""
+    """Tablet reports being written to sys.catalog at once; a report beyond them waits its
+    turn (heartbeat.ReportGate)."""
+    max_queued_tablet_reports: int = 32
+    """Tablet reports waiting for a turn; one beyond them, or still waiting when
+    tablet_report_budget_ms is spent, is not processed now (nor acknowledged) and comes
+    again with the server's next heartbeat."""
     tablet_report_budget_ms: int = 1000
-    """Longest a heartbeat waits for its report's write; past it the heartbeat is answered
-    (the report unacknowledged) and the write goes on. Liveness never waits on the catalog."""
+    """Longest a heartbeat waits for its report's turn and write; past it the heartbeat is
+    answered (the report unacknowledged) and the write goes on. Liveness never waits on the
+    catalog."""
     loop_stall_threshold_ms: int = 500
     """A gap longer than this in the master's event loop (between runs of a probe that should
     run five times as often) is a stall of the master, and time beyond it is not counted
@@ -508,6 +513,7 @@ class MasterConfig:
             "max_concurrent_tablet_reports",
             "tablet_report_budget_ms",
         )
+        c.non_negative("max_queued_tablet_reports")
         c.that(
             self.assignment_retry_initial_ms <= self.assignment_retry_max_ms,
             "assignment_retry_initial_ms",

@@ -24,6 +24,7 @@ is handled in this order:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -55,35 +56,55 @@ MAX_REPORTED_TABLETS = 100_000
 
 class ReportGate:
     """Tablet reports' admission to the catalog: at most `max_in_flight` report writes at
-    once, and a heartbeat waits at most `budget_s` for its report's.
+    once, and a heartbeat waits at most `budget_s`, for a turn and for its report's write
+    together.
 
     Why. Every report is a replicated write, applied on the one event loop; when a fleet's
     reports come in faster than they apply (a 10,000-tablet table becoming RUNNING on 1,000
     servers), heartbeats that waited for their report piled up past their deadline, failed,
     and healthy servers were declared dead (issue 3's starvation spiral). Through the gate a
-    heartbeat answers promptly whatever happens to its report: one over the limit is not
-    processed (shed), one still running when the budget is spent goes on alone (late);
-    either way it is not acknowledged, and the server sends what it has not had acknowledged
-    with its next heartbeat, judged then against committed state (report processing is
-    idempotent). A late report's RPCs are still handed to the background tasks when its
-    write commits.
+    heartbeat answers within the budget whatever happens to its report: one that finds every
+    slot taken waits its turn (first come, first served, at most `max_waiting` waiting, like
+    Kudu's bounded service queue) and is not processed if the queue is full or the budget
+    runs out first (shed); one still being written when the budget is spent goes on alone
+    (late). Either way it is not acknowledged, and the server sends what it has not had
+    acknowledged with its next heartbeat, judged then against committed state (report
+    processing is idempotent). A late report's RPCs are still handed to the background tasks
+    when its write commits. Liveness was recorded before the gate (step 2): waiting here
+    delays only the answer.
 
-    Invariant: `in_flight` counts the report tasks started and not yet finished."""
+    Waiting rather than shedding at once matters when a few dozen servers report together
+    (30 servers each told a tablet of theirs is RUNNING): the writes share fsyncs and finish
+    in milliseconds, while a shed report waits a whole heartbeat interval to come again
+    (1,000 tablets x 3 on 30 servers: 2.8 s to RUNNING, 5.7 s when shed at once). The queue
+    is bounded because when a thousand servers report together, waiting only makes every
+    heartbeat as slow as the budget (p99 1.3 s) without writing reports any faster.
 
-    def __init__(self, max_in_flight: int = 8, budget_s: float = 1.0) -> None:
-        if max_in_flight < 1 or not budget_s > 0:
+    Invariant: `in_flight` counts the report tasks started and not yet finished;
+    `in_flight + _granted <= max_in_flight`, `_granted` counting the woken waiters that have
+    not resumed yet (a slot handed to a waiter that gives up is handed on)."""
+
+    def __init__(
+        self, max_in_flight: int = 8, budget_s: float = 1.0, max_waiting: int = 32
+    ) -> None:
+        if max_in_flight < 1 or not budget_s > 0 or max_waiting < 0:
             raise InvalidArgument(
-                f"report gate: max_in_flight must be >= 1 and budget_s > 0, got "
-                f"{max_in_flight} and {budget_s}"
+                f"report gate: max_in_flight must be >= 1, budget_s > 0 and max_waiting >= 0, "
+                f"got {max_in_flight}, {budget_s} and {max_waiting}"
             )
         self.max_in_flight = max_in_flight
+        self.max_waiting = max_waiting
         self.budget_s = budget_s
         self.in_flight = 0
         self.shed = 0
-        """Reports not processed because `max_in_flight` were already running."""
+        """Reports not processed: `max_waiting` were already waiting, or no slot came free
+        within the budget."""
         self.late = 0
         """Reports whose heartbeat answered before their write committed."""
         self._tasks: set[asyncio.Task[ReportPlan]] = set()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._granted = 0
+        """Slots handed to woken waiters that have not started their write yet."""
 
     async def process(
         self,
@@ -95,23 +116,59 @@ class ReportGate:
         """The report's plan once its write committed within the budget (the caller
         acknowledges it and submits its actions); None if it was shed or is late. Replication
         errors propagate (not acknowledged either)."""
-        if self.in_flight >= self.max_in_flight:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.budget_s
+        if not await self._turn(deadline):
             self.shed += 1
             return None
         self.in_flight += 1
         task = asyncio.ensure_future(catalog.process_report(reporter, reported))
         self._tasks.add(task)
         task.add_done_callback(self._finished)
-        done, _ = await asyncio.wait({task}, timeout=self.budget_s)
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
         if task in done:
             return task.result()
         self.late += 1
         task.add_done_callback(functools.partial(_submit_late, reporter, submit))
         return None
 
+    async def _turn(self, deadline: float) -> bool:
+        """True once a slot is free for this report (FIFO behind earlier waiters); False if
+        the deadline passed first."""
+        if self.in_flight + self._granted < self.max_in_flight and not self._waiters:
+            return True
+        if len(self._waiters) >= self.max_waiting:
+            return False
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        taken = False
+        try:
+            async with asyncio.timeout_at(deadline):
+                await waiter
+            taken = True
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters.remove(waiter)
+            if waiter.done() and not waiter.cancelled():  # a slot was handed to this waiter
+                self._granted -= 1
+                if not taken:  # ...too late (or cancelled): pass it on
+                    self._wake()
+
     def _finished(self, task: asyncio.Task[ReportPlan]) -> None:
         self.in_flight -= 1
         self._tasks.discard(task)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Hand the free slots to the first waiters still waiting."""
+        for waiter in self._waiters:
+            if self.in_flight + self._granted >= self.max_in_flight:
+                break
+            if not waiter.done():
+                waiter.set_result(None)
+                self._granted += 1
 
     async def aclose(self) -> None:
         """Cancel the report writes still running (a change of role: nothing to hand on)."""

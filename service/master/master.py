@@ -182,7 +182,9 @@ class MasterServer:
         self._security_task: asyncio.Task[None] | None = None
         self.progress_clock: ProgressClock | None = None
         self.report_gate = ReportGate(
-            config.max_concurrent_tablet_reports, config.tablet_report_budget_ms / 1000.0
+            config.max_concurrent_tablet_reports,
+            config.tablet_report_budget_ms / 1000.0,
+            config.max_queued_tablet_reports,
         )
         self._probe_task: asyncio.Task[None] | None = None
         # Background tasks (module docstring): the proxy lives as long as the process.

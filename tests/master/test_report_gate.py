@@ -1,7 +1,8 @@
 """The report gate (service/master/heartbeat.py, `ReportGate`): a heartbeat never waits on the
-catalog for long. Over `max_in_flight` report writes a report is shed; past `budget_s` the
-heartbeat goes on without it; neither is acknowledged, and a late report's RPCs still go out
-once its write commits."""
+catalog for long. Over `max_in_flight` report writes a report waits its turn, and is shed if
+the queue is full or no turn comes within `budget_s`; past `budget_s` the heartbeat goes on
+without it; neither is acknowledged, and a late report's RPCs still go out once its write
+commits."""
 
 from __future__ import annotations
 
@@ -62,6 +63,100 @@ def test_reports_over_the_limit_are_shed_and_late_ones_answered_without_them() -
     asyncio.run(main())
 
 
+class Stepped:
+    """`process_report` that finishes each report when its own event is set."""
+
+    def __init__(self) -> None:
+        self.release: dict[str, asyncio.Event] = {}
+        self.started: list[str] = []
+
+    async def process_report(self, reporter: NodeId, reported: list[Any]) -> ReportPlan:
+        self.started.append(reporter)
+        await self.release.setdefault(reporter, asyncio.Event()).wait()
+        return ReportPlan(None, actions=())
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_reports_over_the_limit_wait_their_turn_in_arrival_order() -> None:
+    async def main() -> None:
+        gate = ReportGate(max_in_flight=2, budget_s=5.0)
+        catalog = Stepped()
+        names = [f"ts-{i}" for i in range(5)]
+        for n in names:
+            catalog.release[n] = asyncio.Event()
+        tasks = [
+            asyncio.ensure_future(gate.process(catalog, NodeId(n), [], lambda _: None))  # type: ignore[arg-type]
+            for n in names
+        ]
+        await settle()
+        assert catalog.started == ["ts-0", "ts-1"] and gate.in_flight == 2
+        catalog.release["ts-1"].set()  # one slot frees: the first waiter takes it
+        await settle()
+        assert catalog.started == ["ts-0", "ts-1", "ts-2"] and gate.in_flight == 2
+        tasks[3].cancel()  # a waiter gives up (its heartbeat stream closed)
+        catalog.release["ts-0"].set()
+        await settle()
+        assert catalog.started == ["ts-0", "ts-1", "ts-2", "ts-4"] and gate.in_flight == 2
+        for n in names:
+            catalog.release[n].set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(results[3], asyncio.CancelledError)
+        assert all(isinstance(r, ReportPlan) for i, r in enumerate(results) if i != 3)
+        assert gate.shed == 0 and gate.late == 0 and gate.in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_a_report_beyond_the_waiting_queue_is_shed_at_once() -> None:
+    async def main() -> None:
+        gate = ReportGate(max_in_flight=1, budget_s=5.0, max_waiting=1)
+        catalog = Stepped()
+        tasks = [
+            asyncio.ensure_future(gate.process(catalog, NodeId(n), [], lambda _: None))  # type: ignore[arg-type]
+            for n in ("a", "b")
+        ]
+        await settle()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        assert await gate.process(catalog, NodeId("c"), [], lambda _: None) is None  # type: ignore[arg-type]
+        assert loop.time() - t0 < 1.0 and gate.shed == 1  # did not wait out the budget
+        for n in ("a", "b"):
+            catalog.release.setdefault(n, asyncio.Event()).set()
+            await settle()
+        assert all(isinstance(r, ReportPlan) for r in await asyncio.gather(*tasks))
+        assert catalog.started == ["a", "b"]
+
+    asyncio.run(main())
+
+
+def test_a_slot_handed_to_a_waiter_that_is_cancelled_passes_to_the_next() -> None:
+    async def main() -> None:
+        gate = ReportGate(max_in_flight=1, budget_s=5.0)
+        catalog = Stepped()
+        for n in ("a", "b", "c"):
+            catalog.release[n] = asyncio.Event()
+        ta = asyncio.ensure_future(gate.process(catalog, NodeId("a"), [], lambda _: None))  # type: ignore[arg-type]
+        await settle()
+        tb = asyncio.ensure_future(gate.process(catalog, NodeId("b"), [], lambda _: None))  # type: ignore[arg-type]
+        tc = asyncio.ensure_future(gate.process(catalog, NodeId("c"), [], lambda _: None))  # type: ignore[arg-type]
+        await settle()
+        catalog.release["a"].set()
+        await asyncio.sleep(0)  # a finishes: the slot is handed to b, which has not resumed
+        await asyncio.sleep(0)
+        tb.cancel()  # ...and b is cancelled before it does: c must get the slot
+        await settle()
+        assert catalog.started == ["a", "c"]
+        catalog.release["c"].set()
+        await asyncio.gather(ta, tc)
+        assert tb.cancelled() and gate.in_flight == 0
+
+    asyncio.run(main())
+
+
 def test_a_failed_report_write_propagates_in_time_and_is_only_logged_when_late() -> None:
     async def main() -> None:
         gate = ReportGate(max_in_flight=4, budget_s=0.05)
@@ -86,3 +181,5 @@ def test_bad_gate_settings_are_refused() -> None:
         ReportGate(max_in_flight=0)
     with pytest.raises(InvalidArgument, match="budget_s"):
         ReportGate(budget_s=0)
+    with pytest.raises(InvalidArgument, match="max_waiting"):
+        ReportGate(max_waiting=-1)
