@@ -73,6 +73,7 @@ import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from random import Random
+from types import MappingProxyType
 from typing import TypeAlias
 
 from service.common.errors import FailedPrecondition
@@ -361,7 +362,7 @@ class AssignmentPlanner:
         self,
         maps: CatalogMaps,
         servers: Sequence[ServerLoad],
-        addresses: Mapping[str, HostPort],
+        address_of: Callable[[str], HostPort | None],
         rng: Random,
         *,
         assignment_timeout_s: float,
@@ -370,7 +371,7 @@ class AssignmentPlanner:
     ) -> None:
         self._maps = maps
         self._servers = servers
-        self._addresses = addresses
+        self._address_of = address_of
         self._rng = rng
         self._timeout_s = assignment_timeout_s
         self._now_us = now_us
@@ -441,8 +442,16 @@ class AssignmentPlanner:
         if table_id not in self._failed and (
             self._placer is None or self._placer.table_id != table_id
         ):
+            # Unchecked: the counts are the servers' (checked) loads plus the replicas chosen
+            # so far; TablePlacer copies what it needs before the planner changes them again.
             loads = [
-                ServerLoad(s.uuid, s.live, self._totals[s.uuid], self._by_table[s.uuid], s.location)
+                ServerLoad.unchecked(
+                    s.uuid,
+                    s.live,
+                    self._totals[s.uuid],
+                    MappingProxyType(self._by_table[s.uuid]),
+                    s.location,
+                )
                 for s in self._servers
             ]
             try:
@@ -456,7 +465,7 @@ class AssignmentPlanner:
         chosen = self._placer.place(len(infos), self._rng)
         for info, replicas in zip(infos, chosen, strict=True):
             peers = tuple(
-                RaftPeer(NodeId(u), MemberType.VOTER, self._addresses.get(u)) for u in replicas
+                RaftPeer(NodeId(u), MemberType.VOTER, self._address_of(u)) for u in replicas
             )
             consensus = ConsensusState(term=0, config_index=0, peers=peers)
             self._ops.append(
@@ -504,7 +513,7 @@ def plan_assignments(
     planner = AssignmentPlanner(
         maps,
         servers,
-        addresses,
+        addresses.get,
         rng,
         assignment_timeout_s=assignment_timeout_s,
         now_us=now_us,

@@ -585,16 +585,22 @@ class CatalogManager:
         )
 
     def assignment_due(self, now: float | None = None) -> bool:
-        """An assignment round has something to do: a PREPARING tablet of a table not waiting
-        out a placement backoff, or a CREATING one older than the assignment timeout."""
+        """An assignment round has something to do: PREPARING tablets of tables not waiting
+        out a placement backoff and room to make them CREATING (for all of them, or at least
+        `_round_quantum`), or a CREATING one older than the assignment timeout."""
         if not self._loaded or not self._maps.pending:
             return False
         now = self._clock.monotonic() if now is None else now
         tables = self._maps.tables_by_id
-        preparing = self._maps.preparing if self._creating_room() else {}
-        for table_id in preparing:  # tables with PREPARING tablets: few
-            table = tables.get(table_id)
-            if table is not None and not table.is_removed and self._backoff.ready(table_id, now):
+        room = self._creating_room()
+        if room:
+            ready = 0
+            for table_id, ids in self._maps.preparing.items():  # tables with PREPARING: few
+                table = tables.get(table_id)
+                if not (table is None or table.is_removed) and self._backoff.ready(table_id, now):
+                    ready += len(ids)
+            # Room for all of them, or for a quantum of them (`_round_quantum`).
+            if ready and room >= min(ready, self._round_quantum()):
                 return True
         oldest = min(self._creating_since.values(), default=now)
         return now - oldest >= self._settings.assignment_timeout_s
@@ -628,11 +634,10 @@ class CatalogManager:
             # Under the locks: drop what moved on while we waited (the next round sees it).
             again = {t.tablet_id for t in self._due(now, limit)}
             due = [t for t in due if t.tablet_id in again]
-            addresses = {u: host_port(a) for u, a in self._ts.rpc_addresses().items()}
             planner = AssignmentPlanner(
                 self._maps,
                 self._ts.server_loads(),
-                addresses,
+                self._address_of,
                 self._rng,
                 assignment_timeout_s=self._settings.assignment_timeout_s,
                 now_us=self._now_us(),
@@ -658,6 +663,18 @@ class CatalogManager:
             limit=limit,
             preparing_limit=self._creating_room(),
         )
+
+    def _round_quantum(self) -> int:
+        """The least room for new CREATING tablets (or PREPARING tablets ready) worth a round.
+
+        Why. Once `max_creating_tablets` are CREATING, room comes back a tablet or two per
+        report; a round as soon as any room appears plans a handful of tablets at the full
+        fixed cost of a round (every server's load, a sys.catalog write), so a 10,000-tablet
+        table took thousands of rounds and half the master's CPU. Waiting until a quarter of
+        a round's worth is free keeps rounds full at no cost in latency that matters: the
+        room is there because earlier tablets are already being created."""
+        s = self._settings
+        return max(1, min(s.max_tablets_per_assignment_round, s.max_creating_tablets) // 4)
 
     def _creating_room(self) -> int:
         """How many more tablets may enter CREATING now (`catalog_assignment`, "Creation in

@@ -320,12 +320,12 @@ class TSManager:
             r = self._records[u]
             counts = self._counts.get(u, _NO_COUNTS)
             out.append(
-                ServerLoad(
-                    uuid=u,
-                    live=r.is_live(now, self._timeout),
-                    total_replicas=sum(counts.values()),
-                    replicas_by_table=MappingProxyType(dict(counts)),
-                    location=r.registration.location,
+                ServerLoad.unchecked(  # counts kept by the catalog: non-negative, copied here
+                    u,
+                    r.is_live(now, self._timeout),
+                    sum(counts.values()),
+                    MappingProxyType(dict(counts)),
+                    r.registration.location,
                 )
             )
         return tuple(out)

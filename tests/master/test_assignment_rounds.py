@@ -11,6 +11,7 @@ Runs in-process on `FakeRaft` (tests/master/test_catalog_manager.py) and a manua
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections import Counter
 from typing import Any
@@ -19,7 +20,7 @@ from service.common.ids import NodeId
 from service.common.partition import HashBucketSchema, PartitionSchema
 from service.master.background_tasks import BackgroundSettings, BackgroundTasks
 from service.master.catalog_assignment import CreateReplicas
-from service.master.catalog_records import TabletState
+from service.master.catalog_records import CatalogWrite, TabletState, Update
 from service.master.catalog_settings import CatalogSettings
 from service.master.placement_policy import ServerLoad, TablePlacer, place_table
 from service.master.ts_descriptor import NodeInstance
@@ -288,5 +289,42 @@ def test_only_so_many_tablets_are_creating_at_once_and_their_timeout_runs_from_t
         heartbeat_all(env)
         plan = await env.cm.assign_tablets()
         assert sorted(r.old for r in plan.replaced) == creating[:10]
+
+    run(go())
+
+
+def report_some_running(env: Env, table_id: str, n: int) -> None:
+    """`n` of the table's CREATING tablets reported RUNNING by their first peer (one write)."""
+    ops = []
+    for row in env.state.tablets_of(table_id):
+        rec = row.record
+        if rec.state is TabletState.CREATING and len(ops) < n:
+            assert rec.consensus is not None
+            cs = dataclasses.replace(rec.consensus, term=1, leader_uuid=rec.consensus.peers[0].uuid)
+            ops.append(Update(dataclasses.replace(rec, state=TabletState.RUNNING, consensus=cs)))
+    assert len(ops) == n
+    result = env.raft.apply(CatalogWrite(ops=tuple(ops), operation="TabletReport").encode())
+    assert result.ok, result.refusal
+
+
+def test_a_round_waits_for_a_quantum_of_room_not_for_every_freed_tablet() -> None:
+    """Once max_creating_tablets are CREATING, a round is due when a quarter of a round's worth
+    of room is free (here 10), or room for every tablet still waiting: not for each tablet
+    that becomes RUNNING (a round per report cost half the master's CPU)."""
+    env = bounded_env(servers=3, max_creating_tablets=40)
+
+    async def go() -> None:
+        table_id = await create(env, partition_schema=hashed(55))
+        assert len((await env.cm.assign_tablets()).assigned) == 40
+        assert not env.cm.assignment_due()
+        report_some_running(env, table_id, 9)
+        assert not env.cm.assignment_due()  # room 9: less than the quantum
+        report_some_running(env, table_id, 1)
+        assert env.cm.assignment_due()
+        assert len((await env.cm.assign_tablets()).assigned) == 10
+        report_some_running(env, table_id, 5)
+        assert env.cm.assignment_due()  # room 5 for the last 5: all of them fit
+        assert len((await env.cm.assign_tablets()).assigned) == 5
+        assert not env.cm.assignment_due()
 
     run(go())

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from random import Random
+from types import MappingProxyType
 
 import pytest
 
@@ -391,3 +392,16 @@ def test_the_module_imports_only_stdlib_and_common_errors_or_ids() -> None:
         "service.common.ids",
     }
     assert imported <= allowed, imported - allowed
+
+
+def test_an_unchecked_load_equals_the_checked_one_and_places_alike() -> None:
+    counts = {"t1": 2, "t2": 1}
+    checked = [ServerLoad(f"ts-{i}", True, 3 + i, counts) for i in range(5)]
+    unchecked = [
+        ServerLoad.unchecked(f"ts-{i}", True, 3 + i, MappingProxyType(dict(counts)), None)
+        for i in range(5)
+    ]
+    assert unchecked == checked
+    assert place_table(unchecked, "t1", 4, 3, Random(7)) == place_table(
+        checked, "t1", 4, 3, Random(7)
+    )
