@@ -200,33 +200,48 @@ async def create_table(stub: Any, name: str, tablets: int, seq: int) -> str:
 
 
 async def wait_running(stub: Any, table_id: str, timeout: float) -> float:
-    secs, _ = await wait_running_watching(stub, table_id, timeout, None)
+    secs, _, _ = await wait_running_watching(stub, table_id, timeout, None)
     return secs
 
 
 async def wait_running_watching(
     stub: Any, table_id: str, timeout: float, prefix: str | None
-) -> tuple[float, int]:
-    """Seconds until every tablet of the table is RUNNING, and (with `prefix`) the fewest
-    servers named `prefix*` the master listed live meanwhile (-1 without)."""
+) -> tuple[float, int, float]:
+    """Seconds until every tablet of the table is RUNNING, (with `prefix`) the fewest servers
+    named `prefix*` the master listed live meanwhile (-1 without), and the slowest answer to
+    the IsCreateTableDone polls (a client's view of how busy the master was; a poll past its
+    10 s deadline counts as 10 s and polling goes on)."""
     t0 = time.monotonic()
-    last = -1
     fewest = -1
     watched = 0.0
+    reported = 0.0
+    slowest = 0.0
     while True:
-        r = await stub.IsCreateTableDone(
-            pb.IsCreateTableDoneRequestPB(table=pb.TableIdentifierPB(table_id=table_id)), timeout=10
-        )
+        sent = time.monotonic()
+        try:
+            r = await stub.IsCreateTableDone(
+                pb.IsCreateTableDoneRequestPB(table=pb.TableIdentifierPB(table_id=table_id)),
+                timeout=10,
+            )
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+            slowest = 10.0
+            progress("IsCreateTableDone past its 10 s deadline")
+            continue
+        slowest = max(slowest, time.monotonic() - sent)
         if prefix is not None and (r.done or time.monotonic() - watched >= 1.0):
             # Once a second: listing 1,000 servers is work for the master being measured.
             watched = time.monotonic()
             live = await live_servers(stub, prefix)
             fewest = live if fewest < 0 else min(fewest, live)
         if r.done:
-            return time.monotonic() - t0, fewest
-        if r.tablets_running != last:
-            last = r.tablets_running
-            progress(f"{r.tablets_running}/{r.tablets_total} tablets RUNNING")
+            return time.monotonic() - t0, fewest, slowest
+        if time.monotonic() - reported >= 5.0:
+            reported = time.monotonic()
+            progress(
+                f"{r.tablets_running}/{r.tablets_total} tablets RUNNING after {reported - t0:.0f} s"
+            )
         if time.monotonic() - t0 > timeout:
             raise TimeoutError(f"{r.tablets_running}/{r.tablets_total} RUNNING after {timeout}s")
         await asyncio.sleep(0.2)
@@ -348,12 +363,12 @@ async def processes(args: argparse.Namespace, workdir: Path) -> None:
                 progress(f"CreateTable {n + 1}/{len(per_table)}: {count} tablets x 3 on "
                          f"{args.servers} servers")  # fmt: skip
                 table2 = await create_table(stub, f"fleet{n}", count, 2 + n)
-                secs, fewest = await wait_running_watching(stub, table2, 600, "h-")
+                secs, fewest, slowest = await wait_running_watching(stub, table2, 600, "h-")
                 if n == 0:
                     print(
                         f"spiral   {count}-tablet CreateTable on {args.servers} servers: RUNNING "
                         f"in {secs:.1f} s, fewest servers live meanwhile {fewest}/{args.servers} "
-                        f"(goal: none marked dead)"
+                        f"(goal: none marked dead), slowest IsCreateTableDone {slowest:.2f} s"
                     )
             progress("measuring 10 s of steady heartbeats")
             await asyncio.sleep(2.0)

@@ -717,6 +717,13 @@ class CatalogManager:
 
     # --- tablet reports ----------------------------------------------------------------------
 
+    def judge_report(self, reporter: NodeId, reported: Sequence[ReportedTablet]) -> ReportPlan:
+        """The report judged against committed state without writing anything: when its plan
+        has no write (a steady server's report: nothing changed), it is the whole answer and
+        `process_report` need not run."""
+        self._check_ready()
+        return plan_report(self._maps, reporter, reported)
+
     async def process_report(
         self, reporter: NodeId, reported: Sequence[ReportedTablet]
     ) -> ReportPlan:

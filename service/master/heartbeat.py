@@ -116,6 +116,12 @@ class ReportGate:
         """The report's plan once its write committed within the budget (the caller
         acknowledges it and submits its actions); None if it was shed or is late. Replication
         errors propagate (not acknowledged either)."""
+        # Most reports change nothing (a steady server's incremental report): judged at once,
+        # with no task, turn or timer. One that needs a write is judged again under its
+        # locks by `process_report`.
+        plan = catalog.judge_report(reporter, reported)
+        if plan.write is None:
+            return plan
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.budget_s
         if not await self._turn(deadline):

@@ -187,6 +187,7 @@ class MasterServer:
             config.max_queued_tablet_reports,
         )
         self._probe_task: asyncio.Task[None] | None = None
+        self._addresses_pb: tuple[tuple[MasterPeer, ...], tuple[pb.HostPortPB, ...]] | None = None
         # Background tasks (module docstring): the proxy lives as long as the process.
         self.proxy: TServerProxy | None = None
         self.background: BackgroundTasks | None = None
@@ -483,13 +484,20 @@ class MasterServer:
         return tuple(sorted(peers, key=lambda p: (p.address, p.uuid)))
 
     def _master_addresses_pb(self) -> tuple[pb.HostPortPB, ...]:
+        """`peers` as HostPortPBs, rebuilt only when the peers change: every heartbeat (a
+        thousand a second) answers with them."""
+        peers = self.peers
+        cached = self._addresses_pb
+        if cached is not None and cached[0] == peers:
+            return cached[1]
         out = []
-        for p in self.peers:
+        for p in peers:
             if not p.address:
                 continue
             host, _, port = p.address.rpartition(":")
             out.append(pb.HostPortPB(host=host, port=int(port) if port.isdigit() else 0))
-        return tuple(out)
+        self._addresses_pb = (peers, tuple(out))
+        return self._addresses_pb[1]
 
     def address_of(self, uuid: str) -> str | None:
         """A master's address by uuid (the transport knows every member's: from the bootstrap

@@ -57,3 +57,33 @@ def test_raft_commit_prints_the_summary_line() -> None:
     assert (etcd, ratio) == ("0", "0.00")  # skipped
     assert any(line.startswith("tessera ") for line in lines)
     assert _bench_processes() == before
+
+
+def test_master_bench_quick_prints_every_figure() -> None:
+    """`bench.master_bench --quick` (100 simulated servers, 3,000 replicas): every figure's line,
+    the rpc line with its empty-server baseline, and no simulator or master left running."""
+
+    def leftovers() -> list[str]:
+        out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        return [
+            line
+            for line in out.splitlines()
+            if "service.testing.ts_simulator" in line or "bench.grpc_baseline" in line
+        ]
+
+    before = leftovers()
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.master_bench", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    kinds = [line.split()[0] for line in r.stdout.splitlines()]
+    assert kinds == ["create", "lookup", "create", "rpc", "spiral", "heartbeat"], r.stdout
+    rpc = next(line for line in r.stdout.splitlines() if line.startswith("rpc"))
+    m = re.search(r"GetTableLocations ([\d,]+) RPCs/s.*empty grpc.aio server ([\d,]+)/s", rpc)
+    assert m is not None and all(int(g.replace(",", "")) > 0 for g in m.groups()), rpc
+    assert "fewest servers live meanwhile 100/100" in r.stdout
+    assert leftovers() == before

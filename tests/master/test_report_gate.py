@@ -13,11 +13,25 @@ import pytest
 
 from service.common.errors import InvalidArgument, NotTheLeader
 from service.common.ids import NodeId, TabletId
+from service.master.catalog_records import CatalogWrite
 from service.master.heartbeat import ReportGate
 from service.master.report_processing import DeleteReplica, ReportAction, ReportPlan
 
 
-class Catalog:
+class NeedsWrite:
+    """`judge_report` of a report that changes the catalog: it must go through the gate
+    (`quiet` reporters' reports change nothing and are answered at once)."""
+
+    quiet: frozenset[str] = frozenset()
+
+    def judge_report(self, reporter: NodeId, reported: list[Any]) -> ReportPlan:
+        if reporter in self.quiet:
+            action = DeleteReplica(TabletId("orphan"), reporter, False, None, "test")
+            return ReportPlan(None, actions=(action,))
+        return ReportPlan(CatalogWrite(ops=()))
+
+
+class Catalog(NeedsWrite):
     """`process_report` that waits for `release` and returns a plan with one action."""
 
     def __init__(self) -> None:
@@ -63,7 +77,7 @@ def test_reports_over_the_limit_are_shed_and_late_ones_answered_without_them() -
     asyncio.run(main())
 
 
-class Stepped:
+class Stepped(NeedsWrite):
     """`process_report` that finishes each report when its own event is set."""
 
     def __init__(self) -> None:
@@ -129,6 +143,23 @@ def test_a_report_beyond_the_waiting_queue_is_shed_at_once() -> None:
             await settle()
         assert all(isinstance(r, ReportPlan) for r in await asyncio.gather(*tasks))
         assert catalog.started == ["a", "b"]
+
+    asyncio.run(main())
+
+
+def test_a_report_that_changes_nothing_is_answered_at_once_even_when_the_gate_is_full() -> None:
+    async def main() -> None:
+        gate = ReportGate(max_in_flight=1, budget_s=5.0, max_waiting=0)
+        catalog = Stepped()
+        catalog.quiet = frozenset({"steady"})
+        busy = asyncio.ensure_future(gate.process(catalog, NodeId("a"), [], lambda _: None))  # type: ignore[arg-type]
+        await settle()
+        assert gate.in_flight == 1
+        plan = await gate.process(catalog, NodeId("steady"), [], lambda _: None)  # type: ignore[arg-type]
+        assert plan is not None and plan.write is None and len(plan.actions) == 1
+        assert catalog.started == ["a"] and gate.shed == 0  # never written, never shed
+        catalog.release.setdefault("a", asyncio.Event()).set()
+        await busy
 
     asyncio.run(main())
 
