@@ -19,13 +19,11 @@ FINAL = re.compile(
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-def _bench_processes() -> list[str]:
+def _bench_processes(*modules: str) -> list[str]:
+    """Command lines of running processes of these modules (default: raft_commit's)."""
+    modules = modules or ("bench.pysyncobj_node", "bench.loadgen")
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [
-        line
-        for line in out.splitlines()
-        if "bench.pysyncobj_node" in line or "bench.loadgen" in line
-    ]
+    return [line for line in out.splitlines() if any(m in line for m in modules)]
 
 
 def test_raft_commit_prints_the_summary_line() -> None:
@@ -63,15 +61,8 @@ def test_master_bench_quick_prints_every_figure() -> None:
     """`bench.master_bench --quick` (100 simulated servers, 3,000 replicas): every figure's line,
     the rpc line with its empty-server baseline, and no simulator or master left running."""
 
-    def leftovers() -> list[str]:
-        out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-        return [
-            line
-            for line in out.splitlines()
-            if "service.testing.ts_simulator" in line or "bench.grpc_baseline" in line
-        ]
-
-    before = leftovers()
+    ours = ("service.testing.ts_simulator", "bench.grpc_baseline")
+    before = _bench_processes(*ours)
     r = subprocess.run(
         [sys.executable, "-m", "bench.master_bench", "--quick"],
         cwd=ROOT,
@@ -86,4 +77,4 @@ def test_master_bench_quick_prints_every_figure() -> None:
     m = re.search(r"GetTableLocations ([\d,]+) RPCs/s.*empty grpc.aio server ([\d,]+)/s", rpc)
     assert m is not None and all(int(g.replace(",", "")) > 0 for g in m.groups()), rpc
     assert "fewest servers live meanwhile 100/100" in r.stdout
-    assert leftovers() == before
+    assert _bench_processes(*ours) == before
