@@ -739,7 +739,15 @@ class CatalogManager:
         tables = sorted({self._maps.tablets_by_id[t].table_id for t in tablets})
         async with contextlib.AsyncExitStack() as stack:
             for table_id in tables:
-                await stack.enter_async_context(self._maps.tables_by_id[table_id].lock.shared())
+                # An ALTERING table is locked exclusively: the report that ends the alter is
+                # judged from every tablet's reported version, so two reports of its tablets
+                # must not plan side by side (each saw the other's tablet behind, neither
+                # ended the alter, and the table stayed ALTERING: edge-triggered reports do
+                # not come again). Kudu takes the table's write lock for the same step.
+                table = self._maps.tables_by_id[table_id]
+                altering = table.record.state is TableState.ALTERING
+                lock = table.lock.exclusive() if altering else table.lock.shared()
+                await stack.enter_async_context(lock)
             for tablet_id in tablets:
                 await stack.enter_async_context(self._maps.tablets_by_id[tablet_id].lock)
             plan = plan_report(self._maps, reporter, reported)  # again, under the locks

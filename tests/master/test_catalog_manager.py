@@ -70,6 +70,7 @@ from service.master.catalog_records import (
     Update,
 )
 from service.master.catalog_settings import CatalogSettings
+from service.master.report_processing import ReplicaState, ReportedRole, ReportedTablet
 from service.master.sys_catalog import ApplyResult, SysCatalogState
 from service.master.ts_descriptor import NodeInstance, TSRegistration
 from service.master.ts_manager import TSManager
@@ -1053,5 +1054,44 @@ def test_get_table_locations_p99_on_a_10000_tablet_table() -> None:
             f"p50 {p50 * 1e6:.1f} us, p99 {p99 * 1e6:.1f} us (goal <= 100 us)"
         )
         assert p99 < 2e-3  # generous: shared CI machines; the goal is 100 us
+
+    run(go())
+
+
+def test_concurrent_reports_of_an_altering_tables_tablets_end_the_alter() -> None:
+    """Two servers report the new schema version of the table's two tablets at once, their
+    writes held in replication together: the second is planned after the first committed
+    (the ALTERING table is locked exclusively), so it sees every tablet at the version and
+    moves the table back to RUNNING. Planned side by side, neither did."""
+    env = make_env()
+
+    async def go() -> None:
+        table_id = await create_running(
+            env,
+            partition_schema=PartitionSchema(hash=(HashBucketSchema(("host",), 2),), split_rows=()),
+        )
+        t = by_id(table_id)
+        assert await env.cm.alter_table(t, [AddColumn("unit", ColumnType.STRING)], Ids()()) == 1
+        reports = []
+        for row in env.state.tablets_of(table_id):
+            rec = row.record
+            assert rec.consensus is not None and rec.consensus.leader_uuid is not None
+            leader = rec.consensus.leader_uuid
+            reported = ReportedTablet(
+                rec.tablet_id, ReplicaState.RUNNING, ReportedRole.LEADER, rec.consensus, 1
+            )
+            reports.append((NodeId(leader), [reported]))
+        assert len(reports) == 2
+        env.raft.gate = asyncio.Event()
+        tasks = [asyncio.ensure_future(env.cm.process_report(u, r)) for u, r in reports]
+        await wait_for(lambda: env.raft.waiting == 1)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert env.raft.waiting == 1  # the second waits for the table, not in replication
+        env.raft.gate.set()
+        await asyncio.gather(*tasks)
+        rec = env.state.table(table_id).record  # type: ignore[union-attr]
+        assert rec.state is TableState.RUNNING and rec.fully_applied_schema is None
+        assert await env.cm.is_alter_table_done(t) == AlterTableStatus(True, 1)
 
     run(go())
