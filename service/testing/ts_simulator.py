@@ -304,6 +304,15 @@ class Simulator:
         self.epoch += 1
         self._bump()
 
+    def tablet_counts(self) -> tuple[int, int]:
+        """(replicas hosted, tablets with a leader) across the fleet; counted again only
+        when something changed since (the change count)."""
+        if self._tablet_counts[0] != self._counter:
+            replicas = sum(len(s.replicas) for s in self.servers.values())
+            leaders = sum(1 for g in self.groups.values() if g.view.leader)
+            self._tablet_counts = (self._counter, replicas, leaders)
+        return self._tablet_counts[1], self._tablet_counts[2]
+
     def replicas_of(self, uuid: str) -> dict[str, _Replica]:
         return self.servers[uuid].replicas
 
@@ -702,6 +711,9 @@ def uuids_for(uuid: str, count: int) -> list[str]:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    # Imported here: the statistics module imports this one.
+    from service.testing.ts_simulator_stats import dump_stats, write_stats_every_second
+
     sim = Simulator(
         [m.strip() for m in args.masters.split(",") if m.strip()],
         uuids_for(args.uuid, args.count),
@@ -723,13 +735,13 @@ async def _serve(args: argparse.Namespace) -> int:
         tmp.replace(path)
     stats_task = None
     if args.stats_file is not None:
-        stats_task = asyncio.create_task(_write_stats(sim, Path(args.stats_file)))
+        stats_task = asyncio.create_task(write_stats_every_second(sim, Path(args.stats_file)))
     await stop.wait()
     if stats_task is not None:
         stats_task.cancel()
     await sim.aclose()
     if args.stats_file is not None:
-        _dump_stats(sim, Path(args.stats_file))
+        dump_stats(sim, Path(args.stats_file))
     return 0
 
 
@@ -737,52 +749,8 @@ def _answered(link: _MasterLink, _: asyncio.Task[None]) -> None:
     link.in_flight = False
 
 
-def _dump_stats(sim: Simulator, path: Path) -> None:
-    _write_stats_file(path, _stats_inputs(sim))
-
-
-def _stats_inputs(sim: Simulator) -> dict[str, Any]:
-    """What the statistics are computed from, copied on the loop (cheap: no sorting)."""
-    if sim._tablet_counts[0] != sim._counter:
-        replicas = sum(len(s.replicas) for s in sim.servers.values())
-        leaders = sum(1 for g in sim.groups.values() if g.view.leader)
-        sim._tablet_counts = (sim._counter, replicas, leaders)
-    return {
-        "latencies": sim.heartbeat_latencies[-50_000:],
-        "recent": [x for _, x in sim.recent_latencies],
-        "rounds": sim.rounds,
-        "heartbeats": len(sim.heartbeat_latencies),
-        "failed": sim.heartbeats_failed,
-        "errors": dict(sim.heartbeat_errors),
-        "replicas": sim._tablet_counts[1],
-        "leaders": sim._tablet_counts[2],
-    }
-
-
-def _write_stats_file(path: Path, inputs: dict[str, Any]) -> None:
-    lat = sorted(inputs.pop("latencies"))
-    recent = sorted(inputs.pop("recent"))
-    stats = {
-        **inputs,
-        "p99_s": lat[int(0.99 * (len(lat) - 1))] if lat else 0.0,
-        "recent_s": RECENT_S,
-        "recent_heartbeats": len(recent),
-        "recent_p99_s": recent[int(0.99 * (len(recent) - 1))] if recent else 0.0,
-    }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(stats))
-    tmp.replace(path)
-
-
-async def _write_stats(sim: Simulator, path: Path) -> None:
-    # Sorted in a worker thread: sorting 50,000 latencies on the loop stalled every
-    # heartbeat in flight once a second, and the stall showed in the p99 being measured.
-    while True:
-        await asyncio.sleep(1.0)
-        await asyncio.to_thread(_write_stats_file, path, _stats_inputs(sim))
-
-
 def main(argv: Iterable[str] | None = None) -> int:
+
     p = argparse.ArgumentParser(prog="python -m service.testing.ts_simulator")
     p.add_argument("--masters", required=True, help="comma-separated master host:port list")
     p.add_argument("--uuid", required=True, help="server uuid (prefix with --count > 1)")
