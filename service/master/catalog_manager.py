@@ -57,10 +57,9 @@ answers NotTheLeader before it reaches this class.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from random import Random
 from typing import TypeAlias, cast
@@ -84,13 +83,9 @@ from service.common.schema import (
 )
 from service.master.catalog_assignment import (
     AssignmentBackoff,
-    AssignmentPlan,
-    AssignmentPlanner,
     PendingTasks,
     Task,
-    due_tablets,
     new_catalog_id,
-    plan_assignments,
 )
 from service.master.catalog_info import (
     CatalogMaps,
@@ -131,6 +126,7 @@ from service.master.catalog_records import (
     TabletState,
     Update,
 )
+from service.master.catalog_rounds import AssignmentRounds
 from service.master.catalog_settings import CatalogSettings
 from service.master.ddl_checks import (
     check_alter_steps,
@@ -140,7 +136,6 @@ from service.master.ddl_checks import (
     check_request_id,
     check_schema,
     check_table_name,
-    host_port,
     is_int,
 )
 from service.master.report_processing import ReportedTablet, ReportPlan, plan_report
@@ -168,9 +163,6 @@ CREATE_TABLE = "CreateTable"
 ALTER_TABLE = "AlterTable"
 DELETE_TABLE = "DeleteTable"
 
-_PLAN_CHUNK = 32
-"""Tablets planned between two yields to the event loop in an assignment round."""
-
 Replicate: TypeAlias = Callable[[bytes, float], Awaitable[ApplyResult]]
 """Propose one entry and wait until it is applied here: `RaftNode.propose(data, timeout)`."""
 
@@ -178,7 +170,7 @@ Replicate: TypeAlias = Callable[[bytes, float], Awaitable[ApplyResult]]
 # --- the manager -----------------------------------------------------------------------------
 
 
-class CatalogManager:
+class CatalogManager(AssignmentRounds):
     """DDL and lookups of the master (module docstring). One event loop owns it.
 
     Invariants: `_maps` equals `CatalogMaps.rebuild(_sys)` whenever control is outside the
@@ -560,134 +552,7 @@ class CatalogManager:
     def _address_of(self, uuid: str) -> HostPort | None:
         return self._registry_address_of(uuid)
 
-    # --- assignment and tasks ----------------------------------------------------------------
-
-    def plan_assignments(
-        self, now: float | None = None, tables: Collection[TableId] | None = None
-    ) -> AssignmentPlan:
-        """One assignment round over committed state as ONE write (`catalog_assignment`);
-        `now` is monotonic (default: the clock's); `tables`: only these. Pure but for rng
-        draws: nothing changes."""
-        self._check_ready()
-        now = self._clock.monotonic() if now is None else now
-        addresses = {str(d.uuid): host_port(d.rpc_address) for d in self._ts.descriptors()}
-        return plan_assignments(
-            self._maps,
-            self._ts.server_loads(),
-            addresses,
-            self._rng,
-            now=now,
-            creating_since=self._creating_since,
-            assignment_timeout_s=self._settings.assignment_timeout_s,
-            now_us=self._now_us(),
-            new_id=lambda: new_catalog_id(self._rng),
-            tables=tables,
-        )
-
-    def assignment_due(self, now: float | None = None) -> bool:
-        """An assignment round has something to do: PREPARING tablets of tables not waiting
-        out a placement backoff and room to make them CREATING (for all of them, or at least
-        `_round_quantum`), or a CREATING one older than the assignment timeout."""
-        if not self._loaded or not self._maps.pending:
-            return False
-        now = self._clock.monotonic() if now is None else now
-        tables = self._maps.tables_by_id
-        room = self._creating_room()
-        if room:
-            ready = 0
-            for table_id, ids in self._maps.preparing.items():  # tables with PREPARING: few
-                table = tables.get(table_id)
-                if not (table is None or table.is_removed) and self._backoff.ready(table_id, now):
-                    ready += len(ids)
-            # Room for all of them, or for a quantum of them (`_round_quantum`).
-            if ready and room >= min(ready, self._round_quantum()):
-                return True
-        oldest = min(self._creating_since.values(), default=now)
-        return now - oldest >= self._settings.assignment_timeout_s
-
-    def next_assignment_at(self) -> float | None:
-        """When, on the monotonic clock, the earliest backoff or creation timeout runs out
-        (None: nothing is waiting); the background loop sleeps no longer than that."""
-        times = [self._backoff.earliest()]
-        if self._creating_since:
-            oldest = min(self._creating_since.values())
-            times.append(oldest + self._settings.assignment_timeout_s)
-        return min((t for t in times if t is not None), default=None)
-
-    async def assign_tablets(
-        self, now: float | None = None, *, max_tablets: int | None = None
-    ) -> AssignmentPlan:
-        """One bounded assignment round (`catalog_assignment`, "Bounded rounds"): at most
-        `max_tablets` (default: the settings') due tablets, locked (tables, then tablets),
-        planned in chunks with a yield between them, replicated as ONE write; returns the plan
-        (committed when this returns) with the tables it deferred. The background task calls
-        this; replication errors propagate and change nothing."""
-        self._check_ready()
-        now = self._clock.monotonic() if now is None else now
-        limit = max_tablets or self._settings.max_tablets_per_assignment_round
-        due = self._due(now, limit)
-        async with contextlib.AsyncExitStack() as stack:
-            for table_id in sorted({t.table_id for t in due}):
-                await stack.enter_async_context(self._maps.tables_by_id[table_id].lock.shared())
-            for tablet in sorted(due, key=lambda t: t.tablet_id):
-                await stack.enter_async_context(tablet.lock)
-            # Under the locks: drop what moved on while we waited (the next round sees it).
-            again = {t.tablet_id for t in self._due(now, limit)}
-            due = [t for t in due if t.tablet_id in again]
-            planner = AssignmentPlanner(
-                self._maps,
-                self._ts.server_loads(),
-                self._address_of,
-                self._rng,
-                assignment_timeout_s=self._settings.assignment_timeout_s,
-                now_us=self._now_us(),
-                new_id=lambda: new_catalog_id(self._rng),
-            )
-            for i in range(0, len(due), _PLAN_CHUNK):
-                if i:
-                    await asyncio.sleep(0)  # let heartbeats in between chunks
-                planner.add(due[i : i + _PLAN_CHUNK])
-            plan = planner.finish()
-            if plan.write is not None:
-                await self._replicate(plan.write)
-                failpoints.hit("assign_tablets:after_replicate")
-        return self._backoff.after_round(plan, self._maps, now)
-
-    def _due(self, now: float, limit: int) -> list[TabletInfo]:
-        return due_tablets(
-            self._maps,
-            now=now,
-            creating_since=self._creating_since,
-            assignment_timeout_s=self._settings.assignment_timeout_s,
-            ready=lambda table_id: self._backoff.ready(table_id, now),
-            limit=limit,
-            preparing_limit=self._creating_room(),
-        )
-
-    def _round_quantum(self) -> int:
-        """The least room for new CREATING tablets (or PREPARING tablets ready) worth a round.
-
-        Why. Once `max_creating_tablets` are CREATING, room comes back a tablet or two per
-        report; a round as soon as any room appears plans a handful of tablets at the full
-        fixed cost of a round (every server's load, a sys.catalog write), so a 10,000-tablet
-        table took thousands of rounds and half the master's CPU. Waiting until a quarter of
-        a round's worth is free keeps rounds full at no cost in latency that matters: the
-        room is there because earlier tablets are already being created."""
-        s = self._settings
-        return max(1, min(s.max_tablets_per_assignment_round, s.max_creating_tablets) // 4)
-
-    def _creating_room(self) -> int:
-        """How many more tablets may enter CREATING now (`catalog_assignment`, "Creation in
-        step with capacity")."""
-        return max(0, self._settings.max_creating_tablets - len(self._creating))
-
-    def create_started(self, tablet_id: TabletId) -> None:
-        """The background tasks are sending the CreateTablet calls of CREATING tablet
-        `tablet_id` for the first time: its assignment timeout starts now (Kudu's
-        last_create_tablet_time), not when it entered CREATING, so a tablet whose calls
-        waited behind thousands of others is not replaced for the wait."""
-        if tablet_id in self._creating:
-            self._creating_since.setdefault(tablet_id, self._clock.monotonic())
+    # --- tasks (assignment rounds: catalog_rounds.AssignmentRounds) ---------------------------
 
     def pending_tasks(self) -> list[Task]:
         """Side effects committed state calls for and not yet reported done (`task_done`)."""
