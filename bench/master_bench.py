@@ -180,12 +180,18 @@ def start_sim(
         stdout=subprocess.DEVNULL,
         stderr=(workdir / f"{prefix}.log").open("wb"),
     )
+    wait_for_port_file(proc, port_file, f"simulator {prefix}")
+    return proc, stats
+
+
+def wait_for_port_file(proc: subprocess.Popen[bytes], port_file: Path, what: str) -> None:
+    """Until `proc` has written `port_file` (it is serving); RuntimeError if it exits or
+    takes over 30 s."""
     deadline = time.monotonic() + 30
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"simulator {prefix} did not start")
+            raise RuntimeError(f"{what} did not start")
         time.sleep(0.05)
-    return proc, stats
 
 
 async def create_table(stub: Any, name: str, tablets: int, seq: int) -> str:
@@ -285,11 +291,7 @@ async def empty_server_throughput(workdir: Path, clients: int, seconds: float) -
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("bench.grpc_baseline did not start")
-            await asyncio.sleep(0.05)
+        wait_for_port_file(proc, port_file, "bench.grpc_baseline")
         address = f"127.0.0.1:{port_file.read_text()}"
         await rpc_throughput(address, "Ping", pb.PingRequestPB(), clients, 0.5)  # warm up
         return await rpc_throughput(address, "Ping", pb.PingRequestPB(), clients, seconds)

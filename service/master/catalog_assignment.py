@@ -482,7 +482,7 @@ class AssignmentPlanner:
 def plan_assignments(
     maps: CatalogMaps,
     servers: Sequence[ServerLoad],
-    addresses: Mapping[str, HostPort],
+    address_of: Callable[[str], HostPort | None],
     rng: Random,
     *,
     now: float,
@@ -497,7 +497,7 @@ def plan_assignments(
     then an `AssignmentPlanner` over all of them. Pure but for `rng` draws and `new_id` calls.
 
     `servers`: every tablet server as placement sees it (`TSManager.server_loads()`);
-    `addresses`: their rpc addresses, recorded as each peer's last known address;
+    `address_of`: a server's rpc address, recorded as each peer's last known address;
     `now`: monotonic, compared with `creating_since` (when each CREATING tablet was seen to
     enter CREATING); `now_us`: wall time for new records; `tables`: only tablets of these
     tables (the ones whose locks the caller holds); None: all; `limit`: at most this many.
@@ -513,7 +513,7 @@ def plan_assignments(
     planner = AssignmentPlanner(
         maps,
         servers,
-        addresses.get,
+        address_of,
         rng,
         assignment_timeout_s=assignment_timeout_s,
         now_us=now_us,

@@ -590,14 +590,19 @@ class CatalogManager(AssignmentRounds):
         return plan_report(self._maps, reporter, reported)
 
     async def process_report(
-        self, reporter: NodeId, reported: Sequence[ReportedTablet]
+        self,
+        reporter: NodeId,
+        reported: Sequence[ReportedTablet],
+        judged: ReportPlan | None = None,
     ) -> ReportPlan:
         """Judge one tablet report against committed state (`report_processing`) and replicate
         its record changes as ONE write; returns the plan, whose `actions` the caller sends
         once this returns (the write committed). Replication errors propagate and change
-        nothing (KUDU-495): the server's next report (not acknowledged) tries again."""
+        nothing (KUDU-495): the server's next report (not acknowledged) tries again.
+        `judged`: `judge_report`'s plan of this report, if the caller has it (it names the
+        tablets to lock; the report is judged again under the locks either way)."""
         self._check_ready()
-        plan = plan_report(self._maps, reporter, reported)
+        plan = judged if judged is not None else plan_report(self._maps, reporter, reported)
         if plan.write is None:
             return plan
         tablets = sorted(plan.updated_tablets)

@@ -28,7 +28,6 @@ from service.master.catalog_assignment import (
 from service.master.catalog_info import CatalogMaps, TabletInfo
 from service.master.catalog_records import CatalogWrite, HostPort
 from service.master.catalog_settings import CatalogSettings
-from service.master.ddl_checks import host_port
 from service.master.sys_catalog import ApplyResult
 from service.master.ts_manager import TSManager
 
@@ -73,11 +72,10 @@ class AssignmentRounds:
         draws: nothing changes."""
         self._check_ready()
         now = self._clock.monotonic() if now is None else now
-        addresses = {str(d.uuid): host_port(d.rpc_address) for d in self._ts.descriptors()}
         return plan_assignments(
             self._maps,
             self._ts.server_loads(),
-            addresses,
+            self._address_of,
             self._rng,
             now=now,
             creating_since=self._creating_since,

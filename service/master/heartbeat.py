@@ -124,11 +124,13 @@ class ReportGate:
             return plan
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.budget_s
+        fresh = self._free()  # no wait: the plan is still current and names what to lock
         if not await self._turn(deadline):
             self.shed += 1
             return None
         self.in_flight += 1
-        task = asyncio.ensure_future(catalog.process_report(reporter, reported))
+        judged = plan if fresh else None
+        task = asyncio.ensure_future(catalog.process_report(reporter, reported, judged))
         self._tasks.add(task)
         task.add_done_callback(self._finished)
         done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
@@ -141,7 +143,7 @@ class ReportGate:
     async def _turn(self, deadline: float) -> bool:
         """True once a slot is free for this report (FIFO behind earlier waiters); False if
         the deadline passed first."""
-        if self.in_flight + self._granted < self.max_in_flight and not self._waiters:
+        if self._free():
             return True
         if len(self._waiters) >= self.max_waiting:
             return False
@@ -161,6 +163,10 @@ class ReportGate:
                 self._granted -= 1
                 if not taken:  # ...too late (or cancelled): pass it on
                     self._wake()
+
+    def _free(self) -> bool:
+        """A slot is free and nobody waits for one."""
+        return self.in_flight + self._granted < self.max_in_flight and not self._waiters
 
     def _finished(self, task: asyncio.Task[ReportPlan]) -> None:
         self.in_flight -= 1

@@ -39,7 +39,9 @@ class Catalog(NeedsWrite):
         self.started: list[str] = []
         self.fail: Exception | None = None
 
-    async def process_report(self, reporter: NodeId, reported: list[Any]) -> ReportPlan:
+    async def process_report(
+        self, reporter: NodeId, reported: list[Any], judged: ReportPlan | None = None
+    ) -> ReportPlan:
         self.started.append(reporter)
         await self.release.wait()
         if self.fail is not None:
@@ -83,9 +85,15 @@ class Stepped(NeedsWrite):
     def __init__(self) -> None:
         self.release: dict[str, asyncio.Event] = {}
         self.started: list[str] = []
+        self.judged: dict[str, bool] = {}
+        """Whether the gate handed its (still current) plan on: only to a report that did
+        not wait for its turn."""
 
-    async def process_report(self, reporter: NodeId, reported: list[Any]) -> ReportPlan:
+    async def process_report(
+        self, reporter: NodeId, reported: list[Any], judged: ReportPlan | None = None
+    ) -> ReportPlan:
         self.started.append(reporter)
+        self.judged[reporter] = judged is not None
         await self.release.setdefault(reporter, asyncio.Event()).wait()
         return ReportPlan(None, actions=())
 
@@ -121,6 +129,7 @@ def test_reports_over_the_limit_wait_their_turn_in_arrival_order() -> None:
         assert isinstance(results[3], asyncio.CancelledError)
         assert all(isinstance(r, ReportPlan) for i, r in enumerate(results) if i != 3)
         assert gate.shed == 0 and gate.late == 0 and gate.in_flight == 0
+        assert catalog.judged == {"ts-0": True, "ts-1": True, "ts-2": False, "ts-4": False}
 
     asyncio.run(main())
 
