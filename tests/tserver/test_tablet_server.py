@@ -84,12 +84,19 @@ class Server:
         await self.wait_leader(tablet_id)
 
     async def wait_leader(self, tablet_id: str) -> None:
+        """Until this replica leads and its first entry of the term committed: before that
+        the leader refuses config changes ("retry after it commits"), which made tests that
+        change the config right after creating the tablet fail now and then."""
+        assert self.ts is not None
         for _ in range(200):
             resp = await self.admin.GetConsensusState(
                 tpb.GetConsensusStateRequestPB(dest_uuid=self.uuid, tablet_ids=[tablet_id])
             )
-            if resp.tablets[0].role == mpb.LEADER:
-                return
+            node = self.ts.tablets.get(tablet_id).node
+            if resp.tablets[0].role == mpb.LEADER and node is not None:
+                st = node.status()
+                if st.commit >= st.last_index:  # nothing else is proposed yet: the no-op
+                    return
             await asyncio.sleep(0.05)
         raise AssertionError(f"{tablet_id} elected no leader")
 
