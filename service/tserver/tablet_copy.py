@@ -436,15 +436,15 @@ class CopyClient:
                     raise Corruption(f"copy of {f.name}: bad chunk at offset {offset}")
                 if not data:
                     raise Corruption(f"copy of {f.name}: empty chunk at offset {offset}")
-                await asyncio.to_thread(_write_all, fd, data)
+                await _to_thread_to_the_end(_write_all, fd, data)
                 crc = google_crc32c.extend(crc, data)
                 offset += len(data)
                 status.bytes_copied += len(data)
             if crc != f.crc32c:
                 raise Corruption(f"copy of {f.name}: the file's checksum does not match")
-            await asyncio.to_thread(os.fsync, fd)
+            await _to_thread_to_the_end(os.fsync, fd)
         finally:
-            os.close(fd)
+            os.close(fd)  # no thread is using it: see _to_thread_to_the_end
         if path != final:
             await asyncio.to_thread(os.replace, path, final)
             await asyncio.to_thread(RealFileSystem().fsync_dir, str(data_dir))
@@ -539,6 +539,23 @@ def _check_offer(tablet_id: str, offered: Sequence[tpb.CopyFilePB]) -> list[tpb.
             f"named once each, with a {MANIFEST}"
         )
     return sorted(offered, key=lambda f: f.name == MANIFEST)
+
+
+async def _to_thread_to_the_end(fn: Callable[..., object], *args: object) -> None:
+    """`asyncio.to_thread`, except that a cancelled caller waits for the call to finish before
+    the cancel goes on. A copy cancelled mid-write closes its file descriptor in `finally`: had
+    the worker thread still been writing, its next write could land in whatever file reused
+    that number (a WAL segment)."""
+    call = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        await asyncio.shield(call)
+    except asyncio.CancelledError:
+        while not call.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([call])
+        if not call.cancelled():
+            call.exception()  # retrieved: the cancel is what the caller hears of
+        raise
 
 
 def _write_all(fd: int, data: bytes) -> None:
