@@ -245,7 +245,7 @@ class Raft:
         for node in list(self.prs):
             if node not in config.members:
                 del self.prs[node]
-        for node in config.members:
+        for node in sorted(config.members):  # sorted: a seed must replay in any process
             pr = self.prs.get(node)
             if pr is None:
                 pr = Progress(

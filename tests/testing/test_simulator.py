@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -76,3 +77,28 @@ def test_simulator_catches_commit_without_log_up_to_date_check(
     monkeypatch.setattr(log_mod.RaftLog, "is_up_to_date", lambda self, i, t: True)
     results = [run_seed(s) for s in range(10)]
     assert any(v.kind == "leader completeness" for r in results for v in r.violations)
+
+
+def test_a_seed_replays_alike_under_any_hash_seed() -> None:
+    """`sim_cli --seed N` replays in a new process, whose str hashes differ: nothing the run
+    draws from may depend on set order (the core once built its progress map from a set)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import hashlib, logging; logging.disable(logging.WARNING);"
+        "from service.testing.simulator import run_seed;"
+        "print(hashlib.sha256('\\n'.join(run_seed(17).trace).encode()).hexdigest())"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": str(h)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for h in (1, 2)
+    }
+    assert len(outs) == 1, outs
+
