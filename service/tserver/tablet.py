@@ -106,7 +106,7 @@ _ROLE_PB = {
 @dataclass(frozen=True)
 class TabletSettings:
     node: NodeSettings
-    wal_segment_bytes: int = 64 << 20
+    wal_segment_bytes: int = 8 << 20
     wal_preallocate: bool = True
     fsync: bool = True
     flush_rows: int = 100_000
