@@ -578,6 +578,10 @@ class TServerConfig:
     """A tablet whose in-memory rows took no write for this long flushes them to a file, then
     compacts files whose key ranges overlap, so a cold tablet is scanned without merging.
     0: never (flushes then happen only by size)."""
+    quiesce_idle_ms: int = 1000
+    """A tablet's Raft group idle this long stops ticking and heartbeating until it has work
+    again (consensus/quiesce.py; CockroachDB's quiesced ranges). 0: never. At least two Raft
+    heartbeat intervals, a multiple of raft.tick_interval_ms, and off with raft.lease_reads."""
     raft: RaftSettings = field(default_factory=RaftSettings)
     wal: WalSettings = field(default_factory=WalSettings)
     rpc: RpcSettings = field(default_factory=RpcSettings)
@@ -598,7 +602,23 @@ class TServerConfig:
             "scanner_ttl_ms",
             "num_tablets_to_copy_simultaneously",
         )
-        c.non_negative("flush_idle_ms")
+        c.non_negative("flush_idle_ms", "quiesce_idle_ms")
+        if self.quiesce_idle_ms:
+            r = self.raft
+            c.that(
+                self.quiesce_idle_ms >= 2 * r.heartbeat_interval_ms
+                and self.quiesce_idle_ms % r.tick_interval_ms == 0,
+                "quiesce_idle_ms",
+                f"must be 0 or a multiple of raft.tick_interval_ms ({r.tick_interval_ms}) of at"
+                f" least two heartbeat intervals ({2 * r.heartbeat_interval_ms}),"
+                f" got {self.quiesce_idle_ms}",
+            )
+            c.that(
+                not r.lease_reads,
+                "quiesce_idle_ms",
+                "must be 0 with raft.lease_reads = true (a quiesced leader cut off from its"
+                " group would serve reads from a lease it no longer holds)",
+            )
         _validate_sections(self.raft, self.wal, self.rpc)
 
 

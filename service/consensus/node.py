@@ -82,6 +82,8 @@ from service.consensus.node_api import (
     StateMachine,
     group_commit_stats,
 )
+from service.consensus.node_quiesce import Quiescing, late_answer
+from service.consensus.quiesce import Quiescence
 from service.consensus.raft_store import RaftStore, Recovered, StoreIOError
 from service.consensus.snapshots import ConfigHistory, plan_snapshot
 from service.consensus.wal import WalCorruption, WalIOError
@@ -128,7 +130,7 @@ class _Persist:
     started: float
 
 
-class RaftNode:
+class RaftNode(Quiescing):
     def __init__(
         self,
         *,
@@ -140,6 +142,7 @@ class RaftNode:
         transport: Sender,
         settings: NodeSettings,
         rng: random.Random | None = None,
+        quiescence: Quiescence | None = None,
     ) -> None:
         self.group_id = group_id
         self.uuid = uuid
@@ -200,6 +203,11 @@ class RaftNode:
         self._held: list[Message] = []
         """Commit-only appends of a leader, sent with its next appends or at the next tick."""
         self._syncer = syncer.shared()
+        self._quiescence = quiescence if settings.quiesce_ticks > 0 else None
+        self._quiesced = False
+        """Ticks are ignored: an idle group's leader and caught-up followers (quiesce.py)."""
+        self._idle_ticks = 0
+        """Consecutive ticks this leader found its group idle (`_maybe_quiesce`)."""
         self.metrics: dict[str, float] = {
             "proposals": 0,
             "batches": 0,
@@ -216,9 +224,13 @@ class RaftNode:
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"raft-{self.group_id}-{self.uuid}")
+        if self._quiescence is not None:
+            self._quiescence.register(self)
 
     async def aclose(self) -> None:
         self._closed = True
+        if self._quiescence is not None:
+            self._quiescence.unregister(self.group_id)
         if self._task is not None:
             self._wakeup.set()  # the loop sees the closed flag at its next iteration
             try:
@@ -235,6 +247,8 @@ class RaftNode:
         (nothing stepped now could leave before it ends), so the loop is not woken for them."""
         if self._closed:
             return
+        if self._quiesced and not all(late_answer(m, self.raw.raft.term) for m in messages):
+            self.wake()
         self._inbox.extend(messages)
         if self._persisting is None:
             self._wakeup.set()
@@ -242,6 +256,7 @@ class RaftNode:
     def report_unreachable(self, peer: str) -> None:
         """Called by the transport when a send to `peer` failed."""
         if not self._closed:
+            self.wake()
             self._control.append(lambda: self.raw.report_unreachable(NodeId(peer)))
             self._wakeup.set()
 
@@ -251,10 +266,14 @@ class RaftNode:
         else, so a snapshot that never arrives (too large, lost) holds it until this is
         called; a tablet's leader calls it once it has had the tablet copied to the peer."""
         if not self._closed:
+            self.wake()
             self._control.append(lambda: self.raw.report_snapshot(NodeId(peer), ok))
             self._wakeup.set()
 
     def _check_open(self) -> None:
+        """Called first by every request for the loop's work, so it also ends quiescence."""
+        if self._quiesced:
+            self.wake()
         if self.fatal is not None:
             raise IOFatal(f"node stopped after a storage failure: {self.fatal}")
         if self._closed:
@@ -422,6 +441,7 @@ class RaftNode:
                     self._deadlines.expire(loop.time())
                     self.raw.tick()
                     self._maybe_promote()
+                    self._maybe_quiesce()
                 if self._persisting is not None:
                     if not self._persisting.done.done():
                         self._status = None
@@ -455,8 +475,20 @@ class RaftNode:
                     await asyncio.shield(self._persisting.done)
 
     def _tick_timer(self) -> None:
+        if self._quiesced:
+            return
         self._tick_due = True
         self._wakeup.set()
+
+    def _busy(self) -> bool:
+        return bool(
+            self._proposals
+            or self._waiting
+            or self._reads
+            or self._held
+            or self._snapshot_waiters
+            or self._persisting is not None
+        )
 
     def _has_work(self) -> bool:
         """Whether the loop has something to do before the next tick. While an fsync runs,
@@ -723,27 +755,6 @@ class RaftNode:
         """The applied membership as of `index`, from the last snapshot's index on (a tablet
         copy's image is taken at its flushed index, below what is applied)."""
         return self._configs.at(index)
-
-    def _maybe_promote(self) -> None:
-        """Seed 004: the leader promotes a PRE_VOTER once its log has caught up."""
-        if not self.settings.auto_promote or self.raw.raft.state is not Role.LEADER:
-            return
-        raft = self.raw.raft
-        if raft.pending_configs or raft.pending_conf_index > raft.log.committed:
-            return
-        for node in sorted(raft.config.learners & self._promotable):
-            pr = raft.prs.get(node)
-            if pr is not None and pr.match >= raft.log.committed:
-                cc = ConfigChange(ConfigChangeType.PROMOTE, node, raft.committed_config.index)
-                try:
-                    self.raw.propose_config_change(cc)
-                    self._promotable.discard(node)
-                    log.info(
-                        "%s/%s: promoting caught-up learner %s", self.group_id, self.uuid, node
-                    )
-                except (ConfigChangeRefused, ProposalDropped):
-                    pass
-                return
 
     def _fail_all(self, err: Exception) -> None:
         for _, fut in self._proposals:

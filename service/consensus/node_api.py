@@ -81,6 +81,9 @@ class NodeSettings:
     committed, the next batch starts no sooner than this after the previous one did. 0: off."""
     linger_min_batch: int = 8
     """The batch size that shows many clients writing at once; below it nobody lingers."""
+    quiesce_ticks: int = 0
+    """A leader idle this many ticks stops ticking and heartbeating, and so do its followers
+    (quiesce.py; needs a `Quiescence` given to the node). 0: never."""
 
     @classmethod
     def from_raft_settings(cls, r: RaftSettings) -> NodeSettings:

@@ -54,6 +54,7 @@ from service.common.errors import (
 )
 from service.consensus.codec import CodecError, message_from_pb, message_to_pb
 from service.consensus.fs import FileSystem
+from service.consensus.quiesce import Quiescence
 from service.pb import consensus_pb2 as pb
 from service.pb import consensus_pb2_grpc as pb_grpc
 from service.raft import Message, NodeId
@@ -114,7 +115,7 @@ class _Peer:
     def __init__(self, transport: GrpcTransport, node: str) -> None:
         self.t = transport
         self.node = node
-        self.queue: asyncio.Queue[tuple[str, list[Message]]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[str, list[Message]] | pb.QuiesceDigest] = asyncio.Queue()
         self.queued = 0
         """Messages in `queue` (bounded by MAX_QUEUE in `GrpcTransport.send`)."""
         self.channel: grpc.aio.Channel | None = None
@@ -161,17 +162,25 @@ class _Peer:
 
     async def run(self) -> None:
         while True:
-            group, msgs = await self.queue.get()
-            self.queued -= len(msgs)
-            by_group: dict[str, list[Message]] = {group: msgs}
-            while not self.queue.empty():  # everything queued meanwhile: one request
-                group, more = self.queue.get_nowait()
-                self.queued -= len(more)
-                have = by_group.get(group)
-                by_group[group] = more if have is None else [*have, *more]
-            await self._send(by_group)
+            by_group: dict[str, list[Message]] = {}
+            digest: pb.QuiesceDigest | None = None
+            item = await self.queue.get()
+            while True:  # everything queued meanwhile: one request
+                if isinstance(item, pb.QuiesceDigest):
+                    digest = item  # a newer one replaces an older one
+                else:
+                    group, msgs = item
+                    self.queued -= len(msgs)
+                    have = by_group.get(group)
+                    by_group[group] = msgs if have is None else [*have, *msgs]
+                if self.queue.empty():
+                    break
+                item = self.queue.get_nowait()
+            await self._send(by_group, digest)
 
-    async def _send(self, by_group: dict[str, list[Message]]) -> None:
+    async def _send(
+        self, by_group: dict[str, list[Message]], digest: pb.QuiesceDigest | None = None
+    ) -> None:
         n = sum(map(len, by_group.values()))
         stub = self.connect()
         if stub is None:
@@ -186,6 +195,8 @@ class _Peer:
         for group, msgs in by_group.items():
             batch = req.groups.add(group_id=group)
             batch.messages.extend(message_to_pb(m) for m in msgs)
+        if digest is not None:
+            req.quiesce.CopyFrom(digest)
         version = self.t.addresses_version
         if not self.stream_ok or version != self.addresses_sent:
             for node, addr in self.t.addresses.items():
@@ -278,6 +289,8 @@ class GrpcTransport:
         self._closing: set[asyncio.Future[None]] = set()
         self._groups: dict[str, Callable[[list[Message]], None]] = {}
         self._unreachable: dict[str, Callable[[str], None]] = {}
+        self.quiescence: Quiescence | None = None
+        """Set by a server whose groups quiesce (quiesce.py): digests received go to it."""
         self.sent = 0
         self.dropped = 0
         self.received = 0
@@ -343,15 +356,25 @@ class GrpcTransport:
             else:
                 msgs.append(m)
         for to, msgs in by_peer.items():
-            peer = self._peers.get(to)
-            if peer is None:
-                peer = self._peers[to] = _Peer(self, to)
-                peer.task = asyncio.create_task(peer.run(), name=f"raft-send-{to}")
+            peer = self._peer(to)
             if peer.queued and peer.queued + len(msgs) > MAX_QUEUE:
                 self.dropped += len(msgs)  # the peer is not keeping up: Raft re-sends
                 continue
             peer.queued += len(msgs)
             peer.queue.put_nowait((group_id, msgs))
+
+    def send_digest(self, peer: str, digest: pb.QuiesceDigest) -> None:
+        """Queue this interval's quiescence digest for `peer` (quiesce.py), after whatever is
+        queued for it already: it goes out with the next request."""
+        p = self._peer(peer)
+        p.queue.put_nowait(digest)
+
+    def _peer(self, to: str) -> _Peer:
+        peer = self._peers.get(to)
+        if peer is None:
+            peer = self._peers[to] = _Peer(self, to)
+            peer.task = asyncio.create_task(peer.run(), name=f"raft-send-{to}")
+        return peer
 
     # -- receiving ------------------------------------------------------------------------------
 
@@ -395,6 +418,9 @@ class GrpcTransport:
         for deliver, msgs in batches:
             self.received += len(msgs)
             deliver(msgs)
+        # After the messages: one that woke a group was stepped before the digest is read.
+        if self.quiescence is not None and req.HasField("quiesce"):
+            self.quiescence.on_digest(req.src_uuid, req.quiesce)
 
 
 class ConsensusServicer:

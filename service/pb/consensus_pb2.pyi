@@ -273,6 +273,7 @@ class StepRequest(_message.Message):
     ADDRESSES_FIELD_NUMBER: _builtins.int
     SRC_INSTANCE_FIELD_NUMBER: _builtins.int
     DEST_INSTANCE_FIELD_NUMBER: _builtins.int
+    QUIESCE_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     src_uuid: _builtins.str
     src_instance: _builtins.str
@@ -288,6 +289,13 @@ class StepRequest(_message.Message):
     def addresses(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Addresses of the sender's peers, so a receiver can answer a node it has not met yet."""
 
+    @_builtins.property
+    def quiesce(self) -> Global___QuiesceDigest:
+        """Set once per heartbeat interval (quiesce.py): the groups the sender leads and has
+        quiesced, of which the receiver is a member. Also the sender's liveness signal to the
+        receiver's quiesced followers, which tick again when it stops coming.
+        """
+
     def __init__(
         self,
         *,
@@ -297,14 +305,65 @@ class StepRequest(_message.Message):
         addresses: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         src_instance: _builtins.str = ...,
         dest_instance: _builtins.str = ...,
+        quiesce: Global___QuiesceDigest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quiesce", b"quiesce"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "dest_instance", b"dest_instance", "dest_uuid", b"dest_uuid", "groups", b"groups", "src_instance", b"src_instance", "src_uuid", b"src_uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "dest_instance", b"dest_instance", "dest_uuid", b"dest_uuid", "groups", b"groups", "quiesce", b"quiesce", "src_instance", b"src_instance", "src_uuid", b"src_uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StepRequest: _TypeAlias = StepRequest  # noqa: Y015
+
+@_typing.final
+class QuiesceDigest(_message.Message):
+    """A leader's idle groups, stopped ticking and heartbeating (quiesce.py). A follower of one,
+    caught up to `commit` under `term`, stops its election timer too; a group missing from the
+    next digest, or a digest that stops coming, starts it again.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuiescedGroup]: ...
+    def __init__(
+        self,
+        *,
+        groups: _abc.Iterable[Global___QuiescedGroup] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuiesceDigest: _TypeAlias = QuiesceDigest  # noqa: Y015
+
+@_typing.final
+class QuiescedGroup(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TERM_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    term: _builtins.int
+    commit: _builtins.int
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        term: _builtins.int = ...,
+        commit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "group_id", b"group_id", "term", b"term"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuiescedGroup: _TypeAlias = QuiescedGroup  # noqa: Y015
 
 @_typing.final
 class StepResponse(_message.Message):

@@ -36,6 +36,7 @@ from service.raft.storage import Storage
 from service.raft.types import (
     EMPTY_HARD_STATE,
     LOCAL_MESSAGES,
+    NO_NODE,
     ConfigChange,
     EntryType,
     HardState,
@@ -93,6 +94,52 @@ class RawNode:
 
     def tick(self) -> None:
         self.raft.tick()
+
+    def expire_election_timer(self) -> None:
+        """Count a full election timeout as passed on a non-leader (a quiesced follower whose
+        leader went silent, consensus/quiesce.py): it campaigns within its random jitter, and
+        no longer ignores votes as if it had heard from a leader lately. Timing only."""
+        r = self.raft
+        if r.state is not Role.LEADER:
+            r.election_elapsed = max(r.election_elapsed, r.opts.election_tick)
+
+    def quiet_leader(self) -> bool:
+        """Whether this leader's group is quiet enough to stop ticking (consensus/quiesce.py):
+        its whole log committed and held by every peer, which answered since the last quorum
+        check, and no leadership transfer or config change under way. The caller adds what
+        only it knows (applied, proposals in hand). With `recent_active` required, a leader
+        woken later still has a full election timeout before check-quorum counts answers."""
+        r = self.raft
+        if r.state is not Role.LEADER or r.lead_transferee or r.pending_configs:
+            return False
+        last = r.log.last_index()
+        if r.log.committed != last or r.pending_conf_index > last:
+            return False
+        return all(
+            pr.match == last and pr.state is ProgressState.REPLICATE and pr.recent_active
+            for node, pr in r.prs.items()
+            if node != r.id
+        )
+
+    def quiet_follower(self, leader: NodeId, term: int, commit: int) -> bool:
+        """Whether this is a follower (or learner) of `leader` at `term` whose log ends at
+        `commit`, all of it committed: what a quiesced leader's digest says it must be to stop
+        its election timer too (consensus/quiesce.py)."""
+        r = self.raft
+        return (
+            r.state in (Role.FOLLOWER, Role.LEARNER)
+            and r.lead == leader
+            and r.term == term
+            and r.log.committed == commit
+            and r.log.last_index() == commit
+        )
+
+    def heard_from_leader(self) -> None:
+        """Restart a follower's election timer as a heartbeat from its leader does (a digest
+        of the leader's server listed this group quiesced at this term). Timing only."""
+        r = self.raft
+        if r.state is not Role.LEADER and r.lead != NO_NODE:
+            r.election_elapsed = 0
 
     def campaign(self) -> None:
         self.raft.step(Message(MessageType.HUP, frm=self.raft.id))

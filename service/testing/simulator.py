@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from service.consensus.raft_store import RaftStore, StoreIOError
 from service.consensus.wal import WalIOError
+from service.pb import consensus_pb2 as pb
 from service.raft import (
     ConfigChange,
     ConfigChangeRefused,
@@ -57,6 +58,7 @@ from service.raft import (
     config_after,
 )
 from service.testing.linearizability import Recorder, check
+from service.testing.sim_quiesce import SimQuiescence, check_quiet_liveness, quiesce_for_seed
 from service.testing.simdisk import SimFileSystem
 
 
@@ -74,6 +76,7 @@ class SimOptions:
     partition: float = 0.006
     snapshot_every: int = 40
     membership: bool = True
+    quiesce: bool | None = None  # None: chosen by the seed (sim_quiesce.quiesce_for_seed)
     verbose: bool = False
 
 
@@ -186,6 +189,13 @@ class SimNode:
         self.pipelined = sim.rng.random() < 0.7
         self.persisting: tuple[Ready, int] | None = None
         """A pipelined node's Ready whose fsync completes at that step (see `process`)."""
+        self.quiet = SimQuiescence(sim, self) if sim.quiesce else None
+        """Idle groups stop ticking (sim_quiesce.py), on seeds that turn quiescence on."""
+
+    def wake(self) -> None:
+        """Work arrives (a client's put or read, a config change): tick again."""
+        if self.quiet is not None:
+            self.quiet.wake()
 
     def process(self) -> bool:
         """Handle every Ready. Returns False if the node crashed while persisting.
@@ -363,6 +373,14 @@ class Simulator:
         self.ids = [NodeId(f"n{i}") for i in range(1, n + 1)]
         self.pre_vote = self.rng.random() < 0.8
         self.lease_reads = self.rng.random() < 0.3
+        if opts.quiesce is None:
+            self.quiesce = quiesce_for_seed(opts.seed, self.lease_reads)
+        else:
+            self.quiesce = opts.quiesce
+            self.lease_reads = self.lease_reads and not opts.quiesce
+        self.digests: list[tuple[int, int, NodeId, NodeId, pb.QuiesceDigest]] = []
+        self.quiet_until = 0
+        """Clients start nothing before this step (a quiet stretch, so groups can quiesce)."""
         self.now = 0
         self.fss = {nid: SimFileSystem() for nid in self.ids}
         boot = RaftConfig(frozenset(self.ids))
@@ -489,9 +507,26 @@ class Simulator:
             node = self.nodes.get(m.to)
             if node is None or (m.frm, m.to) in self.cut:
                 continue
+            if node.quiet is not None:
+                node.quiet.on_message(m)
             node.node.step(m)
             if not node.process():
                 continue
+
+    def send_digest(self, src: NodeId, to: NodeId, digest: pb.QuiesceDigest) -> None:
+        """A quiescence digest: the network treats it like a Raft message (sim_quiesce.py)."""
+        if self.rng.random() < self.opts.drop:
+            return
+        at = self.now + self.rng.randint(0, self.opts.max_delay)
+        self._seq += 1
+        heapq.heappush(self.digests, (at, self._seq, src, to, digest))
+
+    def deliver_digests(self) -> None:
+        while self.digests and self.digests[0][0] <= self.now:
+            _, _, src, to, digest = heapq.heappop(self.digests)
+            node = self.nodes.get(to)
+            if node is not None and node.quiet is not None and (src, to) not in self.cut:
+                node.quiet.registry.on_digest(src, digest)
 
     # -- faults -------------------------------------------------------------------------------
 
@@ -555,6 +590,7 @@ class Simulator:
             return
         node = self.nodes[leader]
         assert node is not None
+        node.wake()
         raft = node.node.raft
         cfg = raft.config
         choice = rng.random()
@@ -603,11 +639,19 @@ class Simulator:
 
     def clients(self) -> None:
         rng = self.rng
+        if self.quiesce:  # quiet stretches, or no group would ever be idle long enough
+            if self.now < self.quiet_until:
+                return
+            if rng.random() < 0.02:
+                self.quiet_until = self.now + rng.randint(15, 60)
+                return
         for c in range(self.opts.clients):
             if self.client_busy[c] or rng.random() > 0.3:
                 continue
             target = self.client_target[c]
             node = self.nodes[target]
+            if node is not None:
+                node.wake()
             key = f"k{rng.randrange(self.opts.keys)}"
             if rng.random() < 0.5:
                 self.client_seq += 1
@@ -643,11 +687,23 @@ class Simulator:
     def step(self) -> None:
         self.now += 1
         self.deliver_due()
+        self.deliver_digests()
         for nid in self.ids:
             n = self.nodes[nid]
-            if n is not None:
+            if n is None:
+                continue
+            if n.quiet is None:
                 n.node.tick()
-                n.process()
+            elif not n.quiet.quiesced:
+                n.node.tick()
+                if n.node.raft.state is Role.LEADER:
+                    n.quiet.after_tick()
+            n.process()
+        if self.quiesce and self.now % 2 == 0:  # every heartbeat interval (heartbeat_tick)
+            for n in self.nodes.values():
+                if n is not None and n.quiet is not None:
+                    n.quiet.registry.beat()
+                    n.process()
         self.random_faults()
         if not self.converging:
             self.admin()
@@ -688,6 +744,11 @@ class Simulator:
         )
         for nid in list(self.down_until):
             self.restart(nid)
+        if self.quiesce:
+            problem = check_quiet_liveness(self, max(self.committed, default=0))
+            if problem is not None:
+                self.violate("liveness (quiescence)", problem)
+                return
         for nid in self.ids:  # a final crash-restart of everyone: recovery from disk only
             self.crash(nid, "final restart")
         for nid in list(self.down_until):

@@ -72,6 +72,7 @@ def install_tserver_metrics(server: TabletServer, registry: MetricsRegistry) -> 
                 "commit": st.commit,
                 "applied": st.applied,
                 "leader": 1 if st.role is Role.LEADER else 0,
+                "quiesced": 1 if node.quiesced else 0,
             }
             out.append(((r.tablet_id,), float(values[field])))
         return out
@@ -85,10 +86,22 @@ def install_tserver_metrics(server: TabletServer, registry: MetricsRegistry) -> 
             "Highest log index applied to the state machine.",
         ),
         ("tessera_raft_is_leader", "leader", "1 if this node leads the Raft group, else 0."),
+        (
+            "tessera_raft_quiesced",
+            "quiesced",
+            "1 if the group is idle and stopped ticking and heartbeating (quiesce.py), else 0.",
+        ),
     ):
         registry.gauge_callback(
             name, f"{text} One series per tablet replica.", partial(raft, field), (GROUP_LABEL,)
         )
+
+    registry.counter_callback(
+        "tessera_raft_quiesce_woken_by_silence_total",
+        "Quiesced followers woken because their leader's server sent no digest for an"
+        " election timeout (it died or is cut off).",
+        lambda: float(server.quiescence.woken_by_silence) if server.quiescence else 0.0,
+    )
 
     def by_state() -> list[tuple[tuple[str], float]]:
         tally = Tally(r.state.name for r in replicas())

@@ -283,6 +283,7 @@ class TabletReplica:
                 state_machine=TabletStateMachine(self),
                 transport=self.transport,
                 settings=self.settings.node,
+                quiescence=getattr(self.transport, "quiescence", None),
             )
         except Exception as e:
             self._fail(e)

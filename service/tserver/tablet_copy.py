@@ -646,8 +646,8 @@ class CopyTrigger:
         waiting: set[tuple[str, str]] = set()
         for replica in self.replica_of():
             node = replica.node
-            if node is None or replica.state is not ReplicaState.RUNNING:
-                continue
+            if node is None or node.quiesced or replica.state is not ReplicaState.RUNNING:
+                continue  # a quiesced leader's peers all have its whole log (quiesce.py)
             st = node.status()
             if st.role is not Role.LEADER:
                 continue

@@ -28,6 +28,7 @@ its WAL), the transport closes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogr
 from service.common.server_main import advertised_address
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import NodeSettings
+from service.consensus.quiesce import Quiescence
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
@@ -100,6 +102,7 @@ class TabletServer:
         self.instance = mpb.NodeInstancePB(instance_seqno=time.time_ns() // 1000)
         self.start_time_us = time.time_ns() // 1000
         self.transport: GrpcTransport | None = None
+        self.quiescence: Quiescence | None = None
         self.tablets: TabletManager = None  # type: ignore[assignment]  # set by start()
         self.scanners = ScannerManager(config.scanner_ttl_ms / 1000)
         self.heartbeater: Heartbeater | None = None
@@ -140,8 +143,20 @@ class TabletServer:
         )
         transport.set_address(self.uuid, self.address)
         self.transport = transport
+        node_settings = NodeSettings.from_raft_settings(config.raft)
+        if config.quiesce_idle_ms:
+            raft = config.raft
+            node_settings = dataclasses.replace(
+                node_settings, quiesce_ticks=config.quiesce_idle_ms // raft.tick_interval_ms
+            )
+            self.quiescence = transport.quiescence = Quiescence(
+                transport,
+                interval_s=raft.heartbeat_interval_ms / 1000,
+                election_timeout_s=raft.election_timeout_ms / 1000,
+            )
+            await self.quiescence.start()
         settings = TabletSettings(
-            node=NodeSettings.from_raft_settings(config.raft),
+            node=node_settings,
             wal_segment_bytes=config.wal.segment_size_bytes,
             wal_preallocate=config.wal.preallocate,
             fsync=config.wal.fsync,
@@ -212,6 +227,8 @@ class TabletServer:
             await self.copies.aclose()
         if self.tablets is not None:
             await self.tablets.aclose()
+        if self.quiescence is not None:
+            await self.quiescence.aclose()
         if self.transport is not None:
             await self.transport.aclose()
 

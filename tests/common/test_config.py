@@ -255,6 +255,20 @@ def test_tserver_validation() -> None:
     assert err.key == "heartbeat_interval_ms"
 
 
+def test_tserver_quiescence_needs_two_heartbeats_whole_ticks_and_no_lease_reads() -> None:
+    base: dict[str, Any] = {"data_dir": "/d"}
+    err = _error(TServerConfig, {**base, "quiesce_idle_ms": 900})  # heartbeat 500 ms
+    assert err.key == "quiesce_idle_ms" and "at least two heartbeat intervals (1000)" in str(err)
+    err = _error(TServerConfig, {**base, "quiesce_idle_ms": 1050})  # tick 100 ms
+    assert err.key == "quiesce_idle_ms" and "tick_interval_ms (100)" in str(err)
+    err = _error(TServerConfig, {**base, "raft": {"lease_reads": True}})
+    assert err.key == "quiesce_idle_ms" and "lease_reads" in str(err)
+    config = from_mapping(
+        TServerConfig, {**base, "quiesce_idle_ms": 0, "raft": {"lease_reads": True}}
+    )
+    config.validate()  # off: lease reads are fine
+
+
 def test_direct_construction_skips_validation_until_asked() -> None:
     odd = RaftSettings(heartbeat_interval_ms=-5)
     with pytest.raises(ConfigError, match=r"^raft\.heartbeat_interval_ms: must be > 0, got -5$"):

@@ -17,6 +17,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -31,6 +32,7 @@ from service.common.errors import (
 )
 from service.consensus.fs import AppendFile, FileSystem, RealFileSystem
 from service.consensus.node import NodeSettings, RaftNode
+from service.consensus.quiesce import Quiescence
 from service.consensus.raft_store import RaftStore
 from service.raft import ConfigChangeType, Message, MessageType, NodeId, RaftConfig, Role
 from service.testing.simdisk import SimFileSystem
@@ -223,15 +225,22 @@ class Cluster:
             store=store,
             recovered=recovered,
             state_machine=sm,
-            transport=MemSender(self.net, uuid),
+            transport=self.sender(uuid),
             settings=self.settings,
             rng=random.Random(uuid),
+            quiescence=await self.quiescence(uuid),
         )
         self.net.nodes[uuid] = node
         self.nodes[uuid] = node
         self.sms[uuid] = sm
         await node.start()
         return node
+
+    def sender(self, uuid: str) -> MemSender:
+        return MemSender(self.net, uuid)
+
+    async def quiescence(self, uuid: str) -> Quiescence | None:
+        return None  # test_quiesce.py's cluster gives each node one
 
     async def stop(self, uuid: str) -> None:
         node = self.nodes.pop(uuid)
@@ -265,18 +274,22 @@ class Cluster:
             assert sm.errors == [], uuid
 
 
+C = TypeVar("C", bound="Cluster")
+
+
 def run(
     tmp_path: Path,
-    scenario: Callable[[Cluster], Awaitable[None]],
+    scenario: Callable[[C], Awaitable[None]],
     *,
     settings: NodeSettings = FAST,
     members: list[str] = UUIDS,
+    cluster: Callable[[Path, NodeSettings], C] = Cluster,  # type: ignore[assignment]
 ) -> None:
     """Start `members` in one event loop, run `scenario`, close every node, and check that
     nothing is left running."""
 
     async def main() -> None:
-        c = Cluster(tmp_path, settings)
+        c = cluster(tmp_path, settings)
         try:
             for uuid in members:
                 await c.start(uuid, members)

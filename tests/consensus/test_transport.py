@@ -593,3 +593,44 @@ def test_a_peer_with_a_full_queue_drops_the_newest_messages(
         await t2.aclose()
 
     asyncio.run(main())
+
+
+# --- quiescence digests (quiesce.py) ----------------------------------------------------------
+
+
+class DigestLog:
+    """Stands in for a Quiescence: records digests, and what the group had received by then."""
+
+    def __init__(self, inbox: Inbox) -> None:
+        self.inbox = inbox
+        self.seen: list[tuple[str, list[str], int]] = []
+
+    def on_digest(self, src: str, digest: pb.QuiesceDigest) -> None:
+        self.seen.append((src, [g.group_id for g in digest.groups], len(self.inbox.messages)))
+
+
+def test_a_digest_travels_in_the_stream_after_the_messages_queued_before_it(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        ta, tb = make_transport(tmp_path, A), make_transport(tmp_path, B)
+        in_b = Inbox()
+        tb.register(GROUP, in_b.deliver, in_b.report_unreachable)
+        digests = DigestLog(in_b)
+        tb.quiescence = digests  # type: ignore[assignment]
+        async with serving(ta) as addr_a, serving(tb) as addr_b:
+            ta.set_address(B, addr_b)
+            tb.set_address(A, addr_a)
+            d = pb.QuiesceDigest()
+            d.groups.add(group_id=GROUP, term=3, commit=2)
+            ta.send(GROUP, [heartbeat()])
+            ta.send_digest(B, d)  # same request: the messages are delivered first
+            await eventually(lambda: len(digests.seen) == 1)
+            assert digests.seen == [(A, [GROUP], 1)]
+            ta.send_digest(B, pb.QuiesceDigest())  # alone, and empty: still delivered
+            await eventually(lambda: len(digests.seen) == 2)
+            assert digests.seen[1] == (A, [], 1)
+        await ta.aclose()
+        await tb.aclose()
+
+    asyncio.run(main())

@@ -102,3 +102,30 @@ def test_a_seed_replays_alike_under_any_hash_seed() -> None:
     }
     assert len(outs) == 1, outs
 
+
+def test_quiescence_seeds_quiesce_wake_and_fail_over() -> None:
+    """Seeds with quiescence (sim_quiesce.py) really quiesce, wake, and pass the liveness
+    phases: settled asleep, a new leader after the quiesced one is killed, a write."""
+    r = run_seed(17, quiesce=True)
+    assert r.ok, r.violations
+    text = "\n".join(r.trace)
+    for line in (
+        "quiesces leading",
+        "quiesces following",
+        "wakes (leader silent)",
+        "settled: after healing",
+        "the quiesced leader, died",
+        "settled: after a write",
+    ):
+        assert line in text, line
+
+
+def test_simulator_catches_followers_that_never_wake_for_a_silent_leader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Drop the silence rule (quiesce.py): followers of a dead quiesced leader sleep on."""
+    from service.consensus import quiesce
+
+    monkeypatch.setattr(quiesce.Quiescence, "check_leaders", lambda self, now: None)
+    results = [run_seed(s, quiesce=True) for s in range(10)]
+    assert any(v.kind == "liveness (quiescence)" for r in results for v in r.violations)
