@@ -13,8 +13,9 @@ replicated three ways (created with the admin RPCs, as the master's CreateTablet
          leader sends it StartTabletCopy, and the copy's own byte count and timing (from
          ListTabletCopies) give the rate
   idle   CPU of each of the three first tablet servers, from /proc/<pid>/stat over 10 s, once
-         they host `--idle-tablets` more 3-replica tablets that take no writes, against the
-         same servers measured just before those were created (the issue: an idle tablet
+         they host `--idle-tablets` more 3-replica tablets that take no writes (and quiesce),
+         against the same servers measured just before those were created and, the baseline,
+         restarted with quiescence off (quiesce_idle_ms = 0) (the issue: an idle tablet
          costs close to nothing; Raft timing as in conf/tserver.toml)
 
 Usage: python -m bench.tserver_bench [--rows 1000000] [--batch 10000] [--writers 4]
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -167,7 +169,9 @@ async def run(args: argparse.Namespace, base: Path) -> None:
             three = [ts for name, ts in cluster.tservers.items() if name != "ts-4"]
             pids = [ts.proc.pid for ts in three if ts.proc is not None]
             status("measuring the tablet servers before the idle tablets")
-            await asyncio.sleep(3.0)
+            # Past flush_idle_ms (10 s) after the last write, and the flush and compaction it
+            # starts: otherwise they land in this window and inflate the "before" figure.
+            await asyncio.sleep(15.0)
             before = await servers_cpu(pids, 10.0)
             status(f"creating {args.idle_tablets} idle 3-replica tablets")
             idle_peers = [(ts.uuid, ts.address) for ts in three]
@@ -183,13 +187,33 @@ async def run(args: argparse.Namespace, base: Path) -> None:
             await asyncio.gather(*(create(i) for i in range(args.idle_tablets)))
             await asyncio.sleep(5.0)  # elections settle
             after = await servers_cpu(pids, 10.0)
-            extra = sum(after) / len(after) - sum(before) / len(before)
-            per_replica_ms = 1000 * max(0.0, extra) / args.idle_tablets  # one replica per server
+
+            # The baseline: the same servers and tablets, restarted without quiescence.
+            status("restarting the three servers with quiesce_idle_ms = 0 (the baseline)")
+            cluster.tserver_overrides = {**cluster.tserver_overrides, "quiesce_idle_ms": "0"}
+            names = [name for name in cluster.tservers if name != "ts-4"]
+            for name in names:
+                cluster.kill_tserver(name, signal.SIGTERM)
+            for name in names:
+                cluster.start_tserver(name)
+            pids = [cluster.tservers[name].proc.pid for name in names]  # type: ignore[union-attr]
+            await asyncio.sleep(10.0)  # every tablet opened, elections settled
+            awake = await servers_cpu(pids, 10.0)
+
+            def per_replica_ms(cores: list[float]) -> float:  # one replica per server
+                extra = sum(cores) / len(cores) - sum(before) / len(before)
+                return 1000 * max(0.0, extra) / args.idle_tablets
+
+            def cores(values: list[float]) -> str:
+                return ", ".join(f"{c:.3f}" for c in values)
+
+            quiet_ms, awake_ms = per_replica_ms(after), per_replica_ms(awake)
             print(
-                f"idle: {args.idle_tablets} idle 3-replica tablets: "
-                f"{', '.join(f'{c:.3f}' for c in after)} cores per tablet server "
-                f"(before they were created: {', '.join(f'{c:.3f}' for c in before)}); "
-                f"{per_replica_ms:.2f} ms of CPU per second per idle replica"
+                f"idle: {args.idle_tablets} idle 3-replica tablets: {cores(after)} cores per "
+                f"tablet server (before they were created: {cores(before)}; the same servers "
+                f"restarted with quiesce_idle_ms = 0: {cores(awake)}); per idle replica "
+                f"{quiet_ms:.3f} ms of CPU per second quiesced, {awake_ms:.3f} without: "
+                f"ratio {quiet_ms / awake_ms if awake_ms else float('nan'):.2f}"
             )
         finally:
             await stubs.close()
