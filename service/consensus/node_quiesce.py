@@ -133,7 +133,11 @@ class Quiescing:
         else:
             self._idle_ticks = 0
             return
-        if self._idle_ticks >= self.settings.quiesce_ticks and not self.raw.has_ready():
+        if (
+            self._idle_ticks >= self.settings.quiesce_ticks
+            and self.raw.peers_recently_active()
+            and not self.raw.has_ready()
+        ):
             self._quiesced = True
             q.lead(self.group_id, raft.term, raft.log.committed, self.members())
 

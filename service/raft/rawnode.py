@@ -104,11 +104,10 @@ class RawNode:
             r.election_elapsed = max(r.election_elapsed, r.opts.election_tick)
 
     def quiet_leader(self) -> bool:
-        """Whether this leader's group is quiet enough to stop ticking (consensus/quiesce.py):
-        its whole log committed and held by every peer, which answered since the last quorum
-        check, and no leadership transfer or config change under way. The caller adds what
-        only it knows (applied, proposals in hand). With `recent_active` required, a leader
-        woken later still has a full election timeout before check-quorum counts answers."""
+        """Whether this leader's group is quiet (consensus/quiesce.py): its whole log committed
+        and held by every peer, and no leadership transfer or config change under way. The
+        caller adds what only it knows (applied, proposals in hand) and counts how long it
+        has been so, then asks `peers_recently_active` at the moment it would stop ticking."""
         r = self.raft
         if r.state is not Role.LEADER or r.lead_transferee or r.pending_configs:
             return False
@@ -116,10 +115,18 @@ class RawNode:
         if r.log.committed != last or r.pending_conf_index > last:
             return False
         return all(
-            pr.match == last and pr.state is ProgressState.REPLICATE and pr.recent_active
+            pr.match == last and pr.state is ProgressState.REPLICATE
             for node, pr in r.prs.items()
             if node != r.id
         )
+
+    def peers_recently_active(self) -> bool:
+        """Whether every peer answered since the last quorum check. A leader stops ticking
+        only when so: woken later, it finds them still counted, and check-quorum gives it a
+        full election timeout before judging them again. (Not part of `quiet_leader`: the
+        flags are cleared at every quorum check, and a quiet stretch must outlast that.)"""
+        r = self.raft
+        return all(pr.recent_active for node, pr in r.prs.items() if node != r.id)
 
     def quiet_follower(self, leader: NodeId, term: int, commit: int) -> bool:
         """Whether this is a follower (or learner) of `leader` at `term` whose log ends at

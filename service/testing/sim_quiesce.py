@@ -125,7 +125,7 @@ class SimQuiescence:
         else:
             self.idle_ticks = 0
             return
-        if self.idle_ticks >= QUIESCE_TICKS and not raw.has_ready():
+        if self.idle_ticks >= QUIESCE_TICKS and raw.peers_recently_active() and not raw.has_ready():
             self.quiesced = True
             self.registry.lead(GROUP, raft.term, raft.log.committed, self.members())
             self.sim.log(f"{self.node.id} quiesces leading at {raft.term}/{raft.log.committed}")

@@ -8,6 +8,7 @@ network, each with its own `Quiescence`, whose digests travel over the same netw
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -267,3 +268,18 @@ def test_late_heartbeat_answers_do_not_wake_a_quiesced_leader(tmp_path: Path) ->
         assert not leader.quiesced  # anything else is work: tick again
 
     run_quiet(tmp_path, scenario)
+
+
+def test_a_quiet_stretch_longer_than_an_election_timeout_still_quiesces(tmp_path: Path) -> None:
+    """Every quorum check clears the peers' recent_active flags, so a leader that needed them
+    throughout its quiet stretch could never quiesce once the stretch outlasts an election
+    timeout (the tests' tserver timing: 20 quiet ticks, 10 election ticks). They are asked
+    for only at the moment of quiescing."""
+    long_quiet = dataclasses.replace(QUIET, quiesce_ticks=3 * QUIET.election_ticks)
+
+    async def scenario(c: QuietCluster) -> None:
+        leader = await c.leader()
+        await leader.propose(b"k=1", timeout=5)
+        await eventually(lambda: all_quiesced(c), "leader and followers quiesce")
+
+    run(tmp_path, scenario, settings=long_quiet, cluster=QuietCluster)

@@ -1,6 +1,7 @@
-"""The core's quiescence predicates (RawNode.quiet_leader / quiet_follower / heard_from_leader /
-expire_election_timer): what the asyncio shell and the simulator ask before a group stops
-ticking (consensus/quiesce.py). Each condition is turned off one at a time."""
+"""The core's quiescence predicates (RawNode.quiet_leader, peers_recently_active,
+quiet_follower, heard_from_leader, expire_election_timer): what the asyncio shell and the
+simulator ask before a group stops ticking (consensus/quiesce.py). Each condition is turned
+off one at a time."""
 
 from __future__ import annotations
 
@@ -45,17 +46,20 @@ def test_an_uncommitted_entry_keeps_the_leader_awake() -> None:
     assert not c.node("a").quiet_leader()
 
 
-def test_a_peer_silent_since_the_last_quorum_check_keeps_the_leader_awake() -> None:
-    """recent_active is required: a leader woken later then gets a whole election timeout
-    before check-quorum counts answers, instead of stepping down on stale flags."""
+def test_a_peer_silent_since_the_last_quorum_check_is_not_recently_active() -> None:
+    """recent_active is asked for at the moment of quiescing: a leader woken later then gets
+    a whole election timeout before check-quorum counts answers, instead of stepping down on
+    flags cleared just before it stopped ticking."""
     c = quiet_group()
+    assert c.node("a").peers_recently_active()
     c.msg_filter.append(lambda m: m.type is MessageType.HEARTBEAT_RESP and m.frm == "c")
     c.tick("a", 10)  # a quorum check (election_tick 10) clears every flag; c never answers
     assert c.role("a") is Role.LEADER  # b answered: still a quorum
-    assert not c.node("a").quiet_leader()
+    assert c.node("a").quiet_leader()  # still quiet: nothing to replicate
+    assert not c.node("a").peers_recently_active()
     c.msg_filter.clear()
     c.tick("a")
-    assert c.node("a").quiet_leader()
+    assert c.node("a").peers_recently_active()
 
 
 def test_a_config_change_or_transfer_under_way_keeps_the_leader_awake() -> None:
