@@ -5,9 +5,12 @@
             is RUNNING on simulated tablet servers (a real master process, simulator process)
   lookup    GetTableLocations in-process p99 on a --lookup-tablets table (goal <= 100 us)
   rpc       GetTableLocations RPCs/s against the master process with 32 concurrent clients
-            (goal >= 3,000/s on this 2-core machine), and the same clients' Ping RPCs/s against
-            an empty grpc.aio server (bench/grpc_baseline.py) in the same run: the ratio is the
-            master's share of what one Python gRPC process can answer here today
+            of the Go load generator (bench/go_load.py; goal >= 3,000/s on this 2-core
+            machine), and the same clients' Ping RPCs/s against an empty grpc.aio server
+            (bench/grpc_baseline.py) in the same run: the ratio is the master's share of what
+            one Python gRPC process can answer here today
+  rpc-py    the same with 32 Python grpc.aio clients in the bench process, which take about
+            as much CPU per call as the master and share its 2 cores
   heartbeat --servers simulated servers heartbeating every second, hosting --replicas
             replicas in all: the master process's CPU (fraction of one core, from
             /proc/<pid>/stat) and the heartbeat p99 latency the simulator measured
@@ -38,6 +41,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from bench import go_load
 from service.common.clock import ManualClock
 from service.common.ids import NodeId
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
@@ -58,6 +62,7 @@ from service.testing.master_cluster import FAST_RAFT, MasterCluster
 from service.testing.processes import terminate_all
 
 ROOT = Path(__file__).resolve().parents[1]
+SERVICE = "/tessera.master.MasterService"
 FLEET_TABLE_TABLETS = 10_000
 """The heartbeat figure's replicas are created as tables of this many tablets (the most a table
 may have), one at a time: each is the CreateTable that once set off the starvation spiral (a
@@ -282,8 +287,11 @@ async def rpc_throughput(
     return count / elapsed
 
 
-async def empty_server_throughput(workdir: Path, clients: int, seconds: float) -> float:
-    """Ping RPCs/s of `bench.grpc_baseline` (an empty grpc.aio server) with the same clients."""
+async def empty_server_throughput(
+    workdir: Path, clients: int, seconds: float, go: Path | None
+) -> tuple[float, float | None]:
+    """Ping RPCs/s of `bench.grpc_baseline` (an empty grpc.aio server) with the same clients:
+    the Python ones, and the Go load generator when there is one."""
     port_file = workdir / "baseline.port"
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.grpc_baseline", "--port-file", str(port_file)],
@@ -294,7 +302,14 @@ async def empty_server_throughput(workdir: Path, clients: int, seconds: float) -
         wait_for_port_file(proc, port_file, "bench.grpc_baseline")
         address = f"127.0.0.1:{port_file.read_text()}"
         await rpc_throughput(address, "Ping", pb.PingRequestPB(), clients, 0.5)  # warm up
-        return await rpc_throughput(address, "Ping", pb.PingRequestPB(), clients, seconds)
+        py = await rpc_throughput(address, "Ping", pb.PingRequestPB(), clients, seconds)
+        if go is None:
+            return py, None
+        ping = pb.PingRequestPB().SerializeToString()
+        result = await asyncio.to_thread(
+            go_load.run, go, address, f"{SERVICE}/Ping", ping, clients=clients, seconds=seconds
+        )
+        return py, result.rps
     finally:
         terminate_all([proc])
 
@@ -335,17 +350,41 @@ async def processes(args: argparse.Namespace, workdir: Path) -> None:
                 f"create   {args.tablets} tablets x 3 RUNNING on simulated servers in {secs:.2f} s"
             )
 
-            progress("GetTableLocations RPCs, 32 clients")
+            progress("GetTableLocations RPCs, 32 Python clients")
             req = pb.GetTableLocationsRequestPB(table=pb.TableIdentifierPB(table_id=table_id))
             c0, t0 = cpu_seconds(pid), time.monotonic()
             rate = await rpc_throughput(address, "GetTableLocations", req, 32, 5.0)
             cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+            go, why = await asyncio.to_thread(go_load.build)
+            go_line = f"Go load generator: none ({why})"
+            if go is not None:
+                progress("GetTableLocations RPCs, 32 clients of the Go load generator")
+                c0, t0 = cpu_seconds(pid), time.monotonic()
+                result = await asyncio.to_thread(
+                    go_load.run,
+                    go,
+                    address,
+                    f"{SERVICE}/GetTableLocations",
+                    req.SerializeToString(),
+                    clients=32,
+                    seconds=5.0,
+                )
+                go_cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+                assert result.errors == 0, result
             progress("the same clients against an empty grpc.aio server")
-            empty = await empty_server_throughput(workdir, 32, 5.0)
+            empty, empty_go = await empty_server_throughput(workdir, 32, 5.0, go)
+            if go is not None and empty_go is not None:
+                go_line = (
+                    f"{result.rps:,.0f} RPCs/s from 32 clients of the Go load generator, p99 "
+                    f"{result.p99_us / 1000:.1f} ms, master {go_cpu:.2f} core (goal >= 3,000/s);"
+                    f" an empty grpc.aio server {empty_go:,.0f}/s:"
+                    f" ratio {result.rps / empty_go:.2f}"
+                )
+            print(f"rpc      GetTableLocations {go_line}")
             print(
-                f"rpc      GetTableLocations {rate:,.0f} RPCs/s, 32 concurrent clients, master "
-                f"{cpu:.2f} core (goal >= 3,000/s); an empty grpc.aio server {empty:,.0f}/s: "
-                f"ratio {rate / empty:.2f}"
+                f"rpc-py   GetTableLocations {rate:,.0f} RPCs/s from 32 Python clients (one"
+                f" process on the same 2 cores), master {cpu:.2f} core; an empty grpc.aio server"
+                f" {empty:,.0f}/s: ratio {rate / empty:.2f}"
             )
             terminate_all([sim])
             procs.remove(sim)
