@@ -38,8 +38,11 @@ ticking again when
 
 *Waking.* Anything that hands a node work (a message, a proposal, a read, a config change, a
 leadership transfer, a report of an unreachable peer) wakes it first (`Quiescing.wake`), and
-it leaves the digest. A follower that missed the quiesce (its commit was behind) times out and
-pre-votes; that message wakes the leader, whose heartbeats bring the follower back.
+it leaves the digest. A digest that cannot be sent to a peer's server wakes every group led
+here with that peer (`peer_unreachable`): a leader that lost its quorum then steps down by
+check-quorum as it would awake, instead of sleeping on as a leader nobody follows. A
+follower that missed the quiesce (its commit was behind) times out and pre-votes; that message
+wakes the leader, whose heartbeats bring the follower back.
 
 *Why it is safe.* Only timing changes: every message is still stepped at once, and the Raft
 core's rules are untouched. The one thing that leans on timing for safety, lease reads, turns
@@ -209,6 +212,18 @@ class Quiescence:
                 if node is not None:
                     self.woken_by_silence += 1
                     node.wake(leader_suspect=True)
+
+    def peer_unreachable(self, peer: str) -> None:
+        """A send to `peer`'s server failed (the transport says so): wake every group led
+        here quiesced with `peer` as a member. They heartbeat again, so the leader's progress
+        for it goes back to probing (no quiescing while it is down) and check-quorum judges
+        the group as it would without quiescence: a leader that lost its quorum steps down."""
+        for group_id, (_, _, members) in list(self._leading.items()):
+            if peer in members:
+                node = self._nodes.get(group_id)
+                self.left(group_id)
+                if node is not None:
+                    node.wake()
 
     # -- receiving -----------------------------------------------------------------------------
 

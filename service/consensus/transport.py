@@ -231,6 +231,8 @@ class _Peer:
         self.t.dropped += n
         for group in by_group:
             self.t.report_unreachable(group, self.node)
+        if self.t.quiescence is not None:  # its quiesced groups send nothing else to report
+            self.t.quiescence.peer_unreachable(self.node)
 
     async def _failed(self, by_group: dict[str, list[Message]], n: int, e: BaseException) -> None:
         stream = self.stream

@@ -514,7 +514,13 @@ class Simulator:
                 continue
 
     def send_digest(self, src: NodeId, to: NodeId, digest: pb.QuiesceDigest) -> None:
-        """A quiescence digest: the network treats it like a Raft message (sim_quiesce.py)."""
+        """A quiescence digest: the network treats it like a Raft message (sim_quiesce.py).
+        Sent to a server that is down or cut off, it fails, as a gRPC send would."""
+        if self.nodes.get(to) is None or (src, to) in self.cut:
+            sender = self.nodes.get(src)
+            if sender is not None and sender.quiet is not None:
+                sender.quiet.registry.peer_unreachable(to)
+            return
         if self.rng.random() < self.opts.drop:
             return
         at = self.now + self.rng.randint(0, self.opts.max_delay)

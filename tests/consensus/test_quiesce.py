@@ -131,6 +131,20 @@ def test_a_silent_leader_server_wakes_its_followers_as_suspects() -> None:
     assert q.woken_by_silence == 1 and q.following == 1
 
 
+def test_an_unreachable_peer_wakes_the_groups_led_here_with_it() -> None:
+    q, _, _ = registry()
+    t1, t2 = FakeNode("t1", ("b", "c")), FakeNode("t2", ("c", "d"))
+    for n in (t1, t2):
+        q.register(n)
+        n.quiesced = True
+    q.lead("t1", 1, 1, ("b", "c"))
+    q.lead("t2", 1, 1, ("c", "d"))
+    q.peer_unreachable("b")
+    assert t1.woken == [False] and t2.woken == [] and q.leading == 1
+    q.peer_unreachable("c")
+    assert t2.woken == [False] and q.leading == 0
+
+
 def test_an_unregistered_group_leaves_the_digest_and_the_followers() -> None:
     q, sender, _ = registry()
     q.register(FakeNode("t1", ("b",)))
@@ -157,6 +171,8 @@ class DigestSender(MemSender):
             q = self.c.registries.get(peer)
             if q is not None and self.net.linked(self.uuid, peer) and peer in self.net.nodes:
                 q.on_digest(self.uuid, digest)
+            elif (own := self.c.registries.get(self.uuid)) is not None:
+                own.peer_unreachable(peer)  # as GrpcTransport reports a failed send
 
         asyncio.get_running_loop().call_soon(deliver)
 
@@ -283,3 +299,20 @@ def test_a_quiet_stretch_longer_than_an_election_timeout_still_quiesces(tmp_path
         await eventually(lambda: all_quiesced(c), "leader and followers quiesce")
 
     run(tmp_path, scenario, settings=long_quiet, cluster=QuietCluster)
+
+
+def test_a_quiesced_leader_whose_followers_died_wakes_and_steps_down(tmp_path: Path) -> None:
+    """Its digests to the dead followers' servers fail, which wakes the group it leads with
+    them; awake, check-quorum finds no quorum and it steps down (asleep it would have stayed
+    a leader nobody follows, and told its master so)."""
+
+    async def scenario(c: QuietCluster) -> None:
+        leader = await c.leader()
+        await leader.propose(b"k=1", timeout=5)
+        await eventually(lambda: all_quiesced(c), "the group quiesces")
+        for f in c.followers(leader):
+            await c.stop(f.uuid)
+        await eventually(lambda: not leader.quiesced, "the leader wakes")
+        await eventually(lambda: leader.status().role is not Role.LEADER, "it steps down")
+
+    run_quiet(tmp_path, scenario)
