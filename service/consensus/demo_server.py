@@ -216,7 +216,7 @@ async def serve(config: DemoNodeConfig, ready_file: Path | None = None) -> int:
         transport=transport,
         settings=NodeSettings.from_raft_settings(config.raft),
     )
-    transport.register(GROUP, node.step, node.report_unreachable)
+    transport.register(GROUP, node.step, node.report_unreachable, node.snapshot_sent)
     server = grpc.aio.server(options=config.rpc.server_options())
     port = server.add_insecure_port(config.rpc_bind)
     if port == 0:

@@ -270,6 +270,10 @@ class RaftNode(Quiescing):
             self._control.append(lambda: self.raw.report_snapshot(NodeId(peer), ok))
             self._wakeup.set()
 
+    def snapshot_sent(self, peer: str) -> None:
+        """Called by the transport once a snapshot for `peer` went out (report_snapshot ok)."""
+        self.report_snapshot(peer, True)
+
     def _check_open(self) -> None:
         """Called first by every request for the loop's work, so it also ends quiescence."""
         if self._quiesced:

@@ -57,7 +57,7 @@ from service.consensus.fs import FileSystem
 from service.consensus.quiesce import Quiescence
 from service.pb import consensus_pb2 as pb
 from service.pb import consensus_pb2_grpc as pb_grpc
-from service.raft import Message, NodeId
+from service.raft import Message, MessageType, NodeId
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +224,8 @@ class _Peer:
             self.addresses_sent = version
             self.failures = 0
             self.t.sent += n
+            if self.t._snapshot_sent:
+                self.t.report_snapshots_sent(by_group, self.node)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError) as e:
             await self._failed(by_group, n, e)
 
@@ -291,6 +293,7 @@ class GrpcTransport:
         self._closing: set[asyncio.Future[None]] = set()
         self._groups: dict[str, Callable[[list[Message]], None]] = {}
         self._unreachable: dict[str, Callable[[str], None]] = {}
+        self._snapshot_sent: dict[str, Callable[[str], None]] = {}
         self.quiescence: Quiescence | None = None
         """Set by a server whose groups quiesce (quiesce.py): digests received go to it."""
         self.sent = 0
@@ -304,14 +307,22 @@ class GrpcTransport:
         group_id: str,
         deliver: Callable[[list[Message]], None],
         unreachable: Callable[[str], None] | None = None,
+        snapshot_sent: Callable[[str], None] | None = None,
     ) -> None:
+        """`unreachable(peer)`: a send to `peer` failed. `snapshot_sent(peer)`: a snapshot for
+        `peer` was written to its stream (etcd's ReportSnapshot(finish): the leader probes from
+        the snapshot's index at the next heartbeat answer instead of waiting, for the rest of
+        its term, for an acknowledgement that may have been lost)."""
         self._groups[group_id] = deliver
         if unreachable is not None:
             self._unreachable[group_id] = unreachable
+        if snapshot_sent is not None:
+            self._snapshot_sent[group_id] = snapshot_sent
 
     def unregister(self, group_id: str) -> None:
         self._groups.pop(group_id, None)
         self._unreachable.pop(group_id, None)
+        self._snapshot_sent.pop(group_id, None)
 
     def set_address(self, node: str, address: str) -> None:
         if node == self.uuid:
@@ -329,6 +340,13 @@ class GrpcTransport:
         cb = self._unreachable.get(group)
         if cb is not None:
             cb(node)
+
+    def report_snapshots_sent(self, by_group: dict[str, list[Message]], node: str) -> None:
+        """After `by_group` was written to `node`'s stream: report its snapshots as sent."""
+        for group, msgs in by_group.items():
+            cb = self._snapshot_sent.get(group)
+            if cb is not None and any(m.type is MessageType.SNAP for m in msgs):
+                cb(node)
 
     async def aclose(self) -> None:
         for p in self._peers.values():

@@ -279,7 +279,7 @@ class MasterServer:
             grpc_options=config.rpc.grpc_options(),
         )
         node.listeners.append(self._on_leader_change)
-        transport.register(GROUP, node.step, node.report_unreachable)
+        transport.register(GROUP, node.step, node.report_unreachable, node.snapshot_sent)
         consensus_servicer = ConsensusServicer(transport)
         master_servicer = MasterServicer(self)
         for servicer in (consensus_servicer, master_servicer):

@@ -48,6 +48,7 @@ from service.raft import (
     EntryType,
     MemoryStorage,
     Message,
+    MessageType,
     NodeId,
     ProposalDropped,
     RaftConfig,
@@ -379,6 +380,7 @@ class Simulator:
             self.quiesce = opts.quiesce
             self.lease_reads = self.lease_reads and not opts.quiesce
         self.digests: list[tuple[int, int, NodeId, NodeId, pb.QuiesceDigest]] = []
+        self.snapshot_reports: list[tuple[NodeId, NodeId, bool]] = []
         self.quiet_until = 0
         """Clients start nothing before this step (a quiet stretch, so groups can quiesce)."""
         self.now = 0
@@ -494,6 +496,7 @@ class Simulator:
 
     def send(self, m: Message) -> None:
         if self.rng.random() < self.opts.drop:
+            self._lost(m)
             return
         copies = 2 if self.rng.random() < self.opts.duplicate else 1
         for _ in range(copies):
@@ -506,12 +509,32 @@ class Simulator:
             _, _, m = heapq.heappop(self.net)
             node = self.nodes.get(m.to)
             if node is None or (m.frm, m.to) in self.cut:
+                self._lost(m)
                 continue
             if node.quiet is not None:
                 node.quiet.on_message(m)
             node.node.step(m)
+            if m.type is MessageType.SNAP:
+                self.snapshot_reports.append((m.frm, m.to, True))
             if not node.process():
                 continue
+
+    def _lost(self, m: Message) -> None:
+        """Lost messages vanish, except that a snapshot's sender hears of it at the next step
+        (the transport reports a failed send: etcd's ReportSnapshot(failure))."""
+        if m.type is MessageType.SNAP:
+            self.snapshot_reports.append((m.frm, m.to, False))
+
+    def report_snapshots(self) -> None:
+        """Snapshots delivered or lost at the last step, reported to their senders (as the
+        transport does once one is written to its stream, or failed): without a report a
+        leader whose peer's acknowledgement was lost waits for the rest of its term."""
+        reports, self.snapshot_reports = self.snapshot_reports, []
+        for frm, to, ok in reports:
+            node = self.nodes.get(frm)
+            if node is not None:
+                node.node.report_snapshot(to, ok)
+                node.process()
 
     def send_digest(self, src: NodeId, to: NodeId, digest: pb.QuiesceDigest) -> None:
         """A quiescence digest: the network treats it like a Raft message (sim_quiesce.py).
@@ -692,6 +715,7 @@ class Simulator:
 
     def step(self) -> None:
         self.now += 1
+        self.report_snapshots()
         self.deliver_due()
         self.deliver_digests()
         for nid in self.ids:

@@ -634,3 +634,35 @@ def test_a_digest_travels_in_the_stream_after_the_messages_queued_before_it(
         await tb.aclose()
 
     asyncio.run(main())
+
+
+# --- snapshot sends (etcd's ReportSnapshot) ------------------------------------------------------
+
+
+def test_a_snapshot_written_to_the_stream_is_reported_sent(tmp_path: Path) -> None:
+    """Only a batch with a snapshot, and only once it went out: the leader then probes from
+    the snapshot's index instead of waiting, perhaps for the rest of its term, for an
+    acknowledgement that may be lost on the way back."""
+    from service.raft.types import RaftConfig, Snapshot, SnapshotMeta
+
+    async def main() -> None:
+        ta, tb = make_transport(tmp_path, A), make_transport(tmp_path, B)
+        in_a, in_b = Inbox(), Inbox()
+        sent: list[str] = []
+        ta.register(GROUP, in_a.deliver, in_a.report_unreachable, sent.append)
+        tb.register(GROUP, in_b.deliver, in_b.report_unreachable)
+        snap = Snapshot(SnapshotMeta(index=5, term=3, config=RaftConfig(frozenset({A, B}))))
+        async with serving(ta) as addr_a, serving(tb) as addr_b:
+            ta.set_address(B, addr_b)
+            tb.set_address(A, addr_a)
+            ta.send(GROUP, [heartbeat()])
+            await eventually(lambda: len(in_b.messages) == 1)
+            assert sent == []  # no snapshot in it
+            m = Message(MessageType.SNAP, to=B, frm=A, term=3, snapshot=snap)
+            ta.send(GROUP, [m])
+            await eventually(lambda: len(in_b.messages) == 2)
+            await eventually(lambda: sent == [B])
+        await ta.aclose()
+        await tb.aclose()
+
+    asyncio.run(main())

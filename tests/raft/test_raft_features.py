@@ -373,6 +373,34 @@ def test_a_snapshot_lost_on_the_way_is_sent_again_once_the_peer_is_reported_unre
     assert c.nodes[NodeId("c")].kv[b"after"] == b"1"
 
 
+def test_a_snapshot_whose_acknowledgement_is_lost_is_settled_by_the_senders_report() -> None:
+    """The snapshot lands but the follower's answer is lost: the leader waits in SNAPSHOT
+    state, sending nothing but heartbeats, until the transport reports the snapshot sent
+    (etcd's ReportSnapshot(finish)); then it probes from the snapshot's index."""
+    from service.raft.progress import ProgressState
+
+    c = _c_behind_a_compacted_log()
+    lost = [True]
+
+    def drop_first_answer_after_the_snapshot(m: Message) -> bool:
+        applied = c.node("c").raft.log.committed >= c.node("a").raft.log.first_index() - 1
+        if m.type is MessageType.APP_RESP and m.frm == "c" and lost[0] and applied:
+            lost[0] = False
+            return True
+        return False
+
+    c.msg_filter.append(drop_first_answer_after_the_snapshot)
+    c.tick("a", 3)
+    assert not lost[0]
+    c.propose("a", b"after=1")
+    c.tick("a", 6)
+    pr = c.node("a").raft.prs[NodeId("c")]
+    assert pr.state is ProgressState.SNAPSHOT and b"after" not in c.nodes[NodeId("c")].kv
+    c.node("a").report_snapshot(NodeId("c"), ok=True)
+    c.tick("a", 3)
+    assert c.nodes[NodeId("c")].kv[b"after"] == b"1"
+
+
 def test_without_snapshot_sending_a_lagging_follower_is_held_until_given_the_state() -> None:
     """RaftOptions.send_snapshots=False (a tablet, whose snapshots carry no rows): a follower
     that needs compacted entries is sent no snapshot, nor any append, only heartbeats, until
