@@ -31,7 +31,6 @@ entry lost, and the clients' history of puts and linearizable gets must be linea
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
 import random
 from collections.abc import Callable
@@ -48,7 +47,6 @@ from service.raft import (
     EntryType,
     MemoryStorage,
     Message,
-    MessageType,
     NodeId,
     ProposalDropped,
     RaftConfig,
@@ -59,6 +57,7 @@ from service.raft import (
     config_after,
 )
 from service.testing.linearizability import Recorder, check
+from service.testing.sim_network import SimNetwork
 from service.testing.sim_quiesce import SimQuiescence, check_quiet_liveness, quiesce_for_seed
 from service.testing.simdisk import SimFileSystem
 
@@ -366,7 +365,7 @@ class SimNode:
 # -- the world --------------------------------------------------------------------------------
 
 
-class Simulator:
+class Simulator(SimNetwork):
     def __init__(self, opts: SimOptions) -> None:
         self.opts = opts
         self.rng = random.Random(opts.seed)
@@ -491,71 +490,6 @@ class Simulator:
                         break
                 if agree >= 0 and ea[: agree + 1] != eb[: agree + 1]:
                     self.violate("log matching", f"{a.id} and {b.id} differ below {lo + agree}")
-
-    # -- network ------------------------------------------------------------------------------
-
-    def send(self, m: Message) -> None:
-        if self.rng.random() < self.opts.drop:
-            self._lost(m)
-            return
-        copies = 2 if self.rng.random() < self.opts.duplicate else 1
-        for _ in range(copies):
-            at = self.now + self.rng.randint(0, self.opts.max_delay)
-            self._seq += 1
-            heapq.heappush(self.net, (at, self._seq, m))
-
-    def deliver_due(self) -> None:
-        while self.net and self.net[0][0] <= self.now:
-            _, _, m = heapq.heappop(self.net)
-            node = self.nodes.get(m.to)
-            if node is None or (m.frm, m.to) in self.cut:
-                self._lost(m)
-                continue
-            if node.quiet is not None:
-                node.quiet.on_message(m)
-            node.node.step(m)
-            if m.type is MessageType.SNAP:
-                self.snapshot_reports.append((m.frm, m.to, True))
-            if not node.process():
-                continue
-
-    def _lost(self, m: Message) -> None:
-        """Lost messages vanish, except that a snapshot's sender hears of it at the next step
-        (the transport reports a failed send: etcd's ReportSnapshot(failure))."""
-        if m.type is MessageType.SNAP:
-            self.snapshot_reports.append((m.frm, m.to, False))
-
-    def report_snapshots(self) -> None:
-        """Snapshots delivered or lost at the last step, reported to their senders (as the
-        transport does once one is written to its stream, or failed): without a report a
-        leader whose peer's acknowledgement was lost waits for the rest of its term."""
-        reports, self.snapshot_reports = self.snapshot_reports, []
-        for frm, to, ok in reports:
-            node = self.nodes.get(frm)
-            if node is not None:
-                node.node.report_snapshot(to, ok)
-                node.process()
-
-    def send_digest(self, src: NodeId, to: NodeId, digest: pb.QuiesceDigest) -> None:
-        """A quiescence digest: the network treats it like a Raft message (sim_quiesce.py).
-        Sent to a server that is down or cut off, it fails, as a gRPC send would."""
-        if self.nodes.get(to) is None or (src, to) in self.cut:
-            sender = self.nodes.get(src)
-            if sender is not None and sender.quiet is not None:
-                sender.quiet.registry.peer_unreachable(to)
-            return
-        if self.rng.random() < self.opts.drop:
-            return
-        at = self.now + self.rng.randint(0, self.opts.max_delay)
-        self._seq += 1
-        heapq.heappush(self.digests, (at, self._seq, src, to, digest))
-
-    def deliver_digests(self) -> None:
-        while self.digests and self.digests[0][0] <= self.now:
-            _, _, src, to, digest = heapq.heappop(self.digests)
-            node = self.nodes.get(to)
-            if node is not None and node.quiet is not None and (src, to) not in self.cut:
-                node.quiet.registry.on_digest(src, digest)
 
     # -- faults -------------------------------------------------------------------------------
 
