@@ -60,13 +60,12 @@ killed, and wakes for a write (testing/sim_quiesce.py).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from service.common.periodic import Periodic
 from service.pb import consensus_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -121,7 +120,7 @@ class Quiescence:
         """leader uuid -> the groups in `_following` it leads (a digest touches only these)."""
         self._heard: dict[str, float] = {}
         """peer uuid -> when its last digest arrived."""
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("raft-quiescence", interval_s, self.beat, log)
         self.digests_sent = 0
         self.woken_by_silence = 0
 
@@ -160,21 +159,10 @@ class Quiescence:
     # -- the periodic work ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="raft-quiescence")
+        self._periodic.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                self.beat()
-            except Exception:
-                log.exception("quiescence digest failed")
+        await self._periodic.aclose()
 
     def beat(self) -> None:
         """Send this interval's digests, and wake followers whose leader went silent."""

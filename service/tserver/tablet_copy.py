@@ -83,6 +83,7 @@ from service.common.errors import (
     StaleTerm,
     from_grpc,
 )
+from service.common.periodic import Periodic
 from service.consensus.fs import RealFileSystem
 from service.consensus.raft_store import RaftStore
 from service.pb import tserver_pb2 as tpb
@@ -620,26 +621,18 @@ class CopyTrigger:
         self._silent_since: dict[tuple[str, str], float] = {}
         self._snapshot_since: dict[tuple[str, str], float] = {}
         self._last_try: dict[tuple[str, str], float] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("copy-trigger", 1.0, self._check_now, log)
         self.sent = 0
         self._sends: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="copy-trigger")
+        self._periodic.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._periodic.aclose()
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            try:
-                await self.check(time.monotonic())
-            except Exception:
-                log.exception("copy trigger failed")
+    async def _check_now(self) -> None:
+        await self.check(time.monotonic())
 
     async def check(self, now: float) -> None:
         seen: set[tuple[str, str]] = set()
