@@ -224,8 +224,7 @@ class _Peer:
             self.addresses_sent = version
             self.failures = 0
             self.t.sent += n
-            if self.t._snapshot_sent:
-                self.t.report_snapshots_sent(by_group, self.node)
+            self.t.report_snapshots_sent(by_group, self.node)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError) as e:
             await self._failed(by_group, n, e)
 
@@ -343,6 +342,8 @@ class GrpcTransport:
 
     def report_snapshots_sent(self, by_group: dict[str, list[Message]], node: str) -> None:
         """After `by_group` was written to `node`'s stream: report its snapshots as sent."""
+        if not self._snapshot_sent:
+            return  # no group here asked (tablets send no Raft snapshots): the common case
         for group, msgs in by_group.items():
             cb = self._snapshot_sent.get(group)
             if cb is not None and any(m.type is MessageType.SNAP for m in msgs):
