@@ -152,6 +152,10 @@ def build_session(
     ``conf`` overrides conf/spark-defaults.conf, which overrides the built-in defaults;
     ``master``, ``warehouse_dir`` and ``metastore_dir`` (where the Hive catalog's Derby
     database and log live) override both. See the module docstring.
+
+    Call it before the process makes its first gRPC call, as the jobs and the demo do: PySpark
+    forks the JVM with ``preexec_fn``, and grpcio >= 1.80's fork handlers can kill that child
+    once gRPC has been running (grpc/grpc#43055; seen as JAVA_GATEWAY_EXITED).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

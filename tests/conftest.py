@@ -3,6 +3,14 @@
 Only the ``spark`` fixture lives here. It is lazy: pyspark is imported and the JVM started
 (8-10 s on these machines, more on the first run, which downloads the Delta jars) only when a test
 asks for ``spark``, and then once for the whole run. Tests that do not use it pay nothing.
+
+The tests that use it run first (`pytest_collection_modifyitems`). PySpark starts the JVM with
+``subprocess.Popen(preexec_fn=...)``, a plain fork; in a process whose gRPC has been running
+(earlier tests' in-process servers and channels), grpcio >= 1.80's fork handlers can kill
+the child before it execs (grpc/grpc#43055, open), and every Spark test then errored with
+JAVA_GATEWAY_EXITED (twice in full runs, never alone). Started before any test has used gRPC,
+the JVM is forked from a process with no gRPC threads. The jobs and the demo already start
+their SparkSession before their first RPC.
 """
 
 from __future__ import annotations
@@ -14,6 +22,11 @@ import pytest
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use ``spark`` (directly or through another fixture) first, in their order."""
+    items.sort(key=lambda item: "spark" not in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="session")
