@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,12 +27,44 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONF = ROOT / "conf" / "raft-demo.toml"
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
+_LOW_PORT = 10_000
+"""Ports below this are left alone (well-known and registered services)."""
+
+
+def _ephemeral_range() -> tuple[int, int]:
     try:
-        for _ in range(n):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32_768, 60_999  # Linux's default
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct loopback ports free now, for servers whose addresses must be known before
+    they start (a master group's `master_addresses`).
+
+    Chosen below the kernel's ephemeral range: a port from that range (what binding port 0
+    gives) can be taken, between this call and the server's bind, as the local port of any
+    outgoing connection on the machine -- a test once failed to start a master that way
+    ("Failed to bind to address 127.0.0.1:40757"). Nothing takes ports below the range unless
+    asked for them by number."""
+    low, _ = _ephemeral_range()
+    candidates = list(range(_LOW_PORT, low))
+    random.SystemRandom().shuffle(candidates)
+    socks: list[socket.socket] = []
+    try:
+        for port in candidates:
+            if len(socks) == n:
+                break
             s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < n:  # no room below the range: let the kernel choose
+            s = socket.socket()
             s.bind(("127.0.0.1", 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
