@@ -8,7 +8,8 @@
             of the Go load generator (bench/go_load.py; goal >= 3,000/s on this 2-core
             machine), and the same clients' Ping RPCs/s against an empty grpc.aio server
             (bench/grpc_baseline.py) in the same run: the ratio is the master's share of what
-            one Python gRPC process can answer here today
+            one Python gRPC process can answer here today; and the master's own Ping RPCs/s
+            (its ceiling: gRPC's per-call cost in this process, without the lookup)
   rpc-py    the same with 32 Python grpc.aio clients in the bench process, which take about
             as much CPU per call as the master and share its 2 cores
   heartbeat --servers simulated servers heartbeating every second, hosting --replicas
@@ -371,6 +372,16 @@ async def processes(args: argparse.Namespace, workdir: Path) -> None:
                 )
                 go_cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
                 assert result.errors == 0, result
+                progress("Ping RPCs against the master, the same Go clients")
+                ping = await asyncio.to_thread(
+                    go_load.run,
+                    go,
+                    address,
+                    f"{SERVICE}/Ping",
+                    pb.PingRequestPB().SerializeToString(),
+                    clients=32,
+                    seconds=5.0,
+                )
             progress("the same clients against an empty grpc.aio server")
             empty, empty_go = await empty_server_throughput(workdir, 32, 5.0, go)
             if go is not None and empty_go is not None:
@@ -378,7 +389,8 @@ async def processes(args: argparse.Namespace, workdir: Path) -> None:
                     f"{result.rps:,.0f} RPCs/s from 32 clients of the Go load generator, p99 "
                     f"{result.p99_us / 1000:.1f} ms, master {go_cpu:.2f} core (goal >= 3,000/s);"
                     f" an empty grpc.aio server {empty_go:,.0f}/s:"
-                    f" ratio {result.rps / empty_go:.2f}"
+                    f" ratio {result.rps / empty_go:.2f}; the master's own Ping"
+                    f" {ping.rps:,.0f}/s: ratio {result.rps / ping.rps:.2f}"
                 )
             print(f"rpc      GetTableLocations {go_line}")
             print(

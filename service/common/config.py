@@ -422,6 +422,10 @@ class MasterConfig:
     """CreateTable refuses more tablets than this times the number of live tablet servers."""
     table_locations_ttl_ms: int = 300_000
     """How long clients may cache tablet locations returned by GetTableLocations."""
+    table_locations_cache_entries: int = 10_000
+    """GetTableLocations answers the leader keeps, each until the table, one of its tablets or
+    a tablet server's address changes (Kudu's table_locations_cache_capacity_mb); 0 turns the
+    cache off."""
     bg_task_interval_ms: int = 1000
     """Period of the leader's background tasks: assignment rounds, retries of pending side
     effects (CreateTablet, DeleteTablet, AlterSchema), re-replication (seed 001). A round also
@@ -515,7 +519,7 @@ class MasterConfig:
             "max_concurrent_tablet_reports",
             "tablet_report_budget_ms",
         )
-        c.non_negative("max_queued_tablet_reports")
+        c.non_negative("max_queued_tablet_reports", "table_locations_cache_entries")
         c.that(
             self.assignment_retry_initial_ms <= self.assignment_retry_max_ms,
             "assignment_retry_initial_ms",

@@ -442,12 +442,12 @@ def _aborted_code(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
     return "UNKNOWN"
 
 
-def _report(observer: RpcObserver, fn: Callable[..., Any], code: str, started: float) -> None:
-    service, _, method = fn.__qualname__.rpartition(".")
+def _report(observer: RpcObserver, names: tuple[str, str], code: str, started: float) -> None:
+    """Tell `observer` of a finished call of `names` = (service, method)."""
     try:
-        observer.rpc_done(service, method, code, time.perf_counter() - started)
+        observer.rpc_done(names[0], names[1], code, time.perf_counter() - started)
     except Exception:
-        _log.exception("RPC observer failed for %s", fn.__qualname__)
+        _log.exception("RPC observer failed for %s.%s", *names)
 
 
 _P = ParamSpec("_P")
@@ -472,6 +472,8 @@ def rpc_errors(fn: Callable[_P, Any]) -> Callable[_P, Any]:
     If the servicer carries an `RpcObserver` (`observe_rpcs`), every finished call is reported
     to it with its outcome code and duration; without one nothing else changes.
     """
+    service, _, method = fn.__qualname__.rpartition(".")
+    names = (service, method)
     if inspect.isasyncgenfunction(fn):
 
         @functools.wraps(fn)
@@ -495,7 +497,7 @@ def rpc_errors(fn: Callable[_P, Any]) -> Callable[_P, Any]:
                 await abort_with(_context_of(args, kwargs), _unexpected(fn, e))
             finally:
                 if observer is not None:
-                    _report(observer, fn, code, started)
+                    _report(observer, names, code, started)
 
         return stream_wrapper
 
@@ -520,7 +522,7 @@ def rpc_errors(fn: Callable[_P, Any]) -> Callable[_P, Any]:
             await abort_with(_context_of(args, kwargs), _unexpected(fn, e))
         finally:
             if observer is not None:
-                _report(observer, fn, code, started)
+                _report(observer, names, code, started)
 
     return unary_wrapper
 

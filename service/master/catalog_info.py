@@ -290,10 +290,11 @@ class TableInfo:
 
     Invariants: `_tablets` holds every tablet of the table the maps know, any state;
     `_live` those in LIVE_TABLET_STATES; `_index` is `PartitionIndex.of(_live.values())`
-    whenever control is outside `CatalogMaps` (rebuilt once per write that changes `_live`).
+    whenever control is outside `CatalogMaps` (rebuilt once per write that changes `_live`);
+    `locations_version` changes whenever one of its tablets' rows does.
     """
 
-    __slots__ = ("_index", "_live", "_lock", "_row", "_tablets", "table_id")
+    __slots__ = ("_index", "_live", "_lock", "_row", "_tablets", "locations_version", "table_id")
 
     def __init__(self, row: Row[TableRecord]) -> None:
         self.table_id: TableId = row.record.table_id
@@ -302,6 +303,10 @@ class TableInfo:
         self._live: dict[TabletId, TabletInfo] = {}
         self._index = PartitionIndex()
         self._lock: RWLock | None = None
+        self.locations_version = 0
+        """Bumped by `CatalogMaps.on_applied` for every write of one of the table's tablets'
+        rows: locations built from this table are current while it is unchanged
+        (`locations_cache`; the table's own row is not in them)."""
 
     @property
     def row(self) -> Row[TableRecord]:
@@ -457,6 +462,7 @@ class CatalogMaps:
                 self._track_pending(info)
             servers |= self._count(rec, +1)
             tablet_changes.append((old, rec))
+            table.locations_version += 1
         for table in reindex.values():
             table._index = PartitionIndex.of(table._live.values())
         table_changes: list[tuple[TableRecord | None, TableRecord]] = []

@@ -138,6 +138,7 @@ from service.master.ddl_checks import (
     check_table_name,
     is_int,
 )
+from service.master.locations_cache import LocationsCache
 from service.master.report_processing import ReportedTablet, ReportPlan, plan_report
 from service.master.sys_catalog import (
     ApplyResult,
@@ -194,6 +195,7 @@ class CatalogManager(AssignmentRounds):
         self._replicate_fn = replicate
         self._ts = ts_manager
         self._registry_address_of = registry_address_of(ts_manager)  # no snapshot copy
+        self._locations_cache = LocationsCache(self._settings.table_locations_cache_entries)
         self._clock = clock
         self._rng = rng
         self._loaded = False
@@ -249,6 +251,7 @@ class CatalogManager(AssignmentRounds):
         self._loaded = False
         self._tasks.clear()
         self._backoff.clear()
+        self._locations_cache.clear()
 
     def close(self) -> None:
         """Detach from sys.catalog."""
@@ -505,14 +508,23 @@ class CatalogManager(AssignmentRounds):
         if not is_int(max_tablets) or max_tablets < 0:
             raise InvalidArgument(f"max_tablets: must be an integer >= 0, got {max_tablets!r}")
         limit = max_tablets or self._settings.default_max_returned_locations
-        return table_locations(
-            self._resolve(table),
+        info = self._resolve(table)
+        # The same object while nothing it was built from changed (locations_cache).
+        key = (info.table_id, partition_key_start, partition_key_end, limit)
+        addresses = self._ts.addresses_version
+        cached = self._locations_cache.get(key, info, addresses)
+        if cached is not None:
+            return cached
+        answer = table_locations(
+            info,
             partition_key_start,
             partition_key_end,
             limit,
             self._settings.table_locations_ttl_ms,
             self._address_of,
         )
+        self._locations_cache.put(key, info, addresses, answer)
+        return answer
 
     async def get_tablet_locations(self, tablet_ids: Sequence[str]) -> TabletLocationsResult:
         """Locations by tablet id; unknown, deleted, replaced or not-running ids are reported
@@ -670,6 +682,7 @@ class CatalogManager(AssignmentRounds):
 
     def _reload(self) -> None:
         self._maps = CatalogMaps.rebuild(self._sys)
+        self._locations_cache.clear()  # built from the old maps' objects: never current again
         self._ts.replace_replica_counts(self._maps.replica_counts())
         self._creating = {
             t

@@ -21,6 +21,8 @@ class CatalogSettings:
     max_create_tablets_per_ts: int = 60
     """CreateTable refuses more tablets than this times the live tablet servers (Kudu's)."""
     table_locations_ttl_ms: int = 300_000
+    table_locations_cache_entries: int = 10_000
+    """GetTableLocations answers kept (`locations_cache`); 0 keeps none."""
     assignment_timeout_s: float = 30.0
     """A CREATING tablet not reported within this is replaced (Kudu's
     tablet_creation_timeout_ms)."""
@@ -48,6 +50,7 @@ class CatalogSettings:
             max_num_replicas=config.max_num_replicas,
             max_create_tablets_per_ts=config.max_create_tablets_per_ts,
             table_locations_ttl_ms=config.table_locations_ttl_ms,
+            table_locations_cache_entries=config.table_locations_cache_entries,
             assignment_timeout_s=config.assignment_timeout_ms / 1000.0,
             max_tablets_per_assignment_round=config.max_tablets_per_assignment_round,
             max_creating_tablets=config.max_creating_tablets,
@@ -59,7 +62,10 @@ class CatalogSettings:
 
     def validate(self) -> None:
         for name, value in vars(self).items():
-            if not value > 0:
+            if name == "table_locations_cache_entries":
+                if not value >= 0:
+                    raise InvalidArgument(f"catalog settings: {name} must be >= 0, got {value}")
+            elif not value > 0:
                 raise InvalidArgument(f"catalog settings: {name} must be > 0, got {value}")
         for name in ("default_num_replicas", "max_num_replicas"):
             if getattr(self, name) % 2 == 0:

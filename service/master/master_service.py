@@ -18,6 +18,7 @@ reports. AddMaster/RemoveMaster change sys.catalog's membership (`master_members
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -40,9 +41,7 @@ from service.master.catalog_info import (
     TabletLocations,
 )
 from service.master.catalog_manager import CatalogManager
-from service.master.catalog_reads import (
-    TableIdentifier,
-)
+from service.master.catalog_reads import TableIdentifier, TableLocations
 from service.master.catalog_records import (
     HostPort,
     MemberType,
@@ -98,6 +97,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
     def __init__(self, master: MasterServer) -> None:
         self.master = master
+        self._locations_responses = _LocationsResponses(_LOCATIONS_RESPONSES_MAX_TABLETS)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         master_pb2_grpc.add_MasterServiceServicer_to_server(self, server)
@@ -236,11 +236,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             request.partition_key_end,
             request.max_returned_locations,
         )
-        return pb.GetTableLocationsResponsePB(
-            table_id=locations.table_id,
-            tablet_locations=[_tablet_locations_pb(t) for t in locations.tablets],
-            ttl_ms=locations.ttl_ms,
-        )
+        return self._locations_responses.response(locations)
 
     @rpc_errors
     async def GetTabletLocations(
@@ -545,6 +541,48 @@ def _tablet_server_pb(d: TSDescriptor) -> pb.ListTabletServersResponsePB.Entry:
         num_replicas=d.total_replicas,
         num_leaders=d.num_leaders,
     )
+
+
+_LOCATIONS_RESPONSES_MAX_TABLETS = 200_000
+"""Tablets in all the GetTableLocations responses a servicer keeps (about 250 bytes each)."""
+
+
+class _LocationsResponses:
+    """GetTableLocations responses by the identity of the `TableLocations` they encode.
+
+    The catalog hands out the same `TableLocations` object for as long as nothing it was built
+    from changed (`locations_cache`), so a hit is exact, and the call answers with the message
+    built the first time. The message is shared: nothing may modify it (gRPC only serializes
+    it). An entry holds its key's object, so the id cannot be reused while cached. Least
+    recently used entries go first once the responses hold more than `max_tablets` tablets.
+    """
+
+    def __init__(self, max_tablets: int) -> None:
+        self._max_tablets = max_tablets
+        self._tablets = 0
+        self._by_id: OrderedDict[int, tuple[TableLocations, pb.GetTableLocationsResponsePB]] = (
+            OrderedDict()
+        )
+
+    def response(self, locations: TableLocations) -> pb.GetTableLocationsResponsePB:
+        hit = self._by_id.get(id(locations))
+        if hit is not None:  # the entry holds its object: an id in use is that object's
+            self._by_id.move_to_end(id(locations))
+            return hit[1]
+        out = pb.GetTableLocationsResponsePB(
+            table_id=locations.table_id,
+            tablet_locations=[_tablet_locations_pb(t) for t in locations.tablets],
+            ttl_ms=locations.ttl_ms,
+        )
+        self._by_id[id(locations)] = (locations, out)
+        self._tablets += len(locations.tablets)
+        while self._tablets > self._max_tablets and len(self._by_id) > 1:
+            self._drop(next(iter(self._by_id)))
+        return out
+
+    def _drop(self, key: int) -> None:
+        locations, _ = self._by_id.pop(key)
+        self._tablets -= len(locations.tablets)
 
 
 _LOCATIONS_PB_MEMO: dict[int, tuple[TabletLocations, pb.TabletLocationsPB]] = {}

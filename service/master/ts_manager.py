@@ -117,6 +117,9 @@ class TSManager:
         """Heartbeats handled since this manager was created (for /metrics)."""
         self.revivals = 0
         """Heartbeats from a registered server that was dead at the time (for /metrics)."""
+        self.addresses_version = 0
+        """Bumped whenever `rpc_address` may answer differently: a server registers for the
+        first time or at another address (the table locations cache checks it)."""
 
     @classmethod
     def from_config(cls, config: MasterConfig, clock: Clock) -> TSManager:
@@ -173,8 +176,13 @@ class TSManager:
             self._records[instance.permanent_uuid] = TSRecord.register_new(
                 instance, registration, now
             )
+            self.addresses_version += 1
             return False
-        return record.register(instance, registration, now)
+        before = record.registration.rpc_addresses[0]
+        restarted = record.register(instance, registration, now)
+        if record.registration.rpc_addresses[0] != before:
+            self.addresses_version += 1
+        return restarted
 
     def lookup(self, instance: NodeInstance) -> TSDescriptor | None:
         """The descriptor if exactly this instance is registered (uuid and seqno), else None."""

@@ -60,7 +60,8 @@ def test_raft_commit_prints_the_summary_line() -> None:
 
 def test_master_bench_quick_prints_every_figure() -> None:
     """`bench.master_bench --quick` (100 simulated servers, 3,000 replicas): every figure's line,
-    the rpc line with its empty-server baseline, and no simulator or master left running."""
+    the rpc line with its empty-server baseline and the master's own Ping rate, and no
+    simulator or master left running."""
 
     ours = ("service.testing.ts_simulator", "bench.grpc_baseline", "grpcload")
     before = _bench_processes(*ours)
@@ -80,5 +81,8 @@ def test_master_bench_quick_prints_every_figure() -> None:
         rpc = next(line for line in r.stdout.splitlines() if line.split()[0] == kind)
         m = re.search(r"GetTableLocations ([\d,]+) RPCs/s.*empty grpc.aio server ([\d,]+)/s", rpc)
         assert m is not None and all(int(g.replace(",", "")) > 0 for g in m.groups()), rpc
+        if kind == "rpc":
+            own = re.search(r"the master's own Ping ([\d,]+)/s", rpc)
+            assert own is not None and int(own.group(1).replace(",", "")) > 0, rpc
     assert "fewest servers live meanwhile 100/100" in r.stdout
     assert _bench_processes(*ours) == before
