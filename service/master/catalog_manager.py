@@ -227,6 +227,11 @@ class CatalogManager(AssignmentRounds):
     def settings(self) -> CatalogSettings:
         return self._settings
 
+    @property
+    def locations_cache(self) -> LocationsCache:
+        """GetTableLocations answers kept (for /metrics: hits, misses, entries)."""
+        return self._locations_cache
+
     def load(self, sys_catalog: SysCatalogState | None = None) -> None:
         """Become ready to serve as leader: rebuild the maps from sys.catalog, recompute every
         pending task (roll-forward, seed 002). sys.catalog must have applied everything up to

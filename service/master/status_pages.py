@@ -134,6 +134,15 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
         gate = master.report_gate
         return [(("shed",), float(gate.shed)), (("late",), float(gate.late))]
 
+    def locations_lookups() -> list[tuple[tuple[str], float]]:
+        if master.catalog is None:
+            return []
+        cache = master.catalog.locations_cache
+        return [(("hit",), float(cache.hits)), (("miss",), float(cache.misses))]
+
+    def locations_entries() -> float:
+        return float(len(master.catalog.locations_cache)) if master.catalog is not None else 0.0
+
     def tasks() -> float:
         return float(len(master.background.views())) if master.background is not None else 0.0
 
@@ -180,6 +189,19 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
         "shed (too many report writes running) or late (write still running at the budget).",
         reports_deferred,
         ("reason",),
+    )
+    registry.counter_callback(
+        "tessera_master_table_locations_cache_lookups_total",
+        "GetTableLocations calls the table locations cache answered (hit) or not (miss: built, "
+        "then kept), as Kudu's table_locations_cache_hits and _misses.",
+        locations_lookups,
+        ("result",),
+    )
+    registry.gauge_callback(
+        "tessera_master_table_locations_cache_entries",
+        "GetTableLocations answers the table locations cache holds (at most "
+        "table_locations_cache_entries).",
+        locations_entries,
     )
     registry.gauge_callback(
         "tessera_master_background_tasks",

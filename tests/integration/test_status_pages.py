@@ -339,6 +339,20 @@ def test_master_metrics(setup: Setup) -> None:
     after = metrics_of(leader.http_address)["tessera_rpc_requests_total"]
     assert after.total(method="ListTables", code="OK") >= before + 5
 
+    # The table locations cache: the setup's lookups filled it; asking again hits it (unless a
+    # heartbeat's report changed one of the tablets in between: then a miss, built and kept).
+    lookups = fam["tessera_master_table_locations_cache_lookups_total"]
+    assert lookups.kind == "counter" and lookups.value(result="miss") >= 1
+    assert fam["tessera_master_table_locations_cache_entries"].value() >= 1
+    table = pb.GetTableLocationsRequestPB(table=pb.TableIdentifierPB(table_id=setup.table_id))
+    with grpc.insecure_channel(leader.address) as ch:
+        stub = master_pb2_grpc.MasterServiceStub(ch)
+        for _ in range(5):
+            stub.GetTableLocations(table, timeout=5)
+    now = metrics_of(leader.http_address)["tessera_master_table_locations_cache_lookups_total"]
+    assert now.total() == lookups.total() + 5
+    assert now.value(result="hit") >= lookups.value(result="hit") + 4
+
 
 # --- tablet servers --------------------------------------------------------------------------
 
