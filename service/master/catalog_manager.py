@@ -159,6 +159,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_MAX_CACHED_KEY_BYTES = 1024
+"""GetTableLocations answers for longer partition keys (start and end together) are not kept:
+the cache is bounded in entries, and keys come from clients (real ones are a few bytes of hash
+buckets and an encoded range key)."""
 
 CREATE_TABLE = "CreateTable"
 ALTER_TABLE = "AlterTable"
@@ -528,7 +532,8 @@ class CatalogManager(AssignmentRounds):
             self._settings.table_locations_ttl_ms,
             self._address_of,
         )
-        self._locations_cache.put(key, info, addresses, answer)
+        if len(partition_key_start) + len(partition_key_end) <= _MAX_CACHED_KEY_BYTES:
+            self._locations_cache.put(key, info, addresses, answer)
         return answer
 
     async def get_tablet_locations(self, tablet_ids: Sequence[str]) -> TabletLocationsResult:

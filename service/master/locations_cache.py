@@ -23,7 +23,9 @@ What an answer depends on, and how a change is seen (an entry is used only if al
 Errors (NotFound, TabletNotRunning, ...) are never cached: they are raised before `put`.
 Leadership is checked by the caller on every call, before the cache is asked.
 
-Bounded: at most `capacity` entries, least recently used dropped first; 0 turns it off.
+Bounded: at most `capacity` entries, least recently used dropped first; 0 turns it off. The
+catalog manager keeps no answer for partition keys longer than 1 KB together (keys come from
+clients), so an entry is a few hundred bytes of key and pointers.
 """
 
 from __future__ import annotations

@@ -179,6 +179,21 @@ def test_the_cache_keeps_at_most_its_capacity_and_zero_turns_it_off() -> None:
     run(go_off())
 
 
+def test_answers_for_long_partition_keys_are_not_kept() -> None:
+    env = make_env(servers=3)
+
+    async def go() -> None:
+        t = by_id(await create_running(env))
+        long_key = b"\xff" * 1025
+        first = await env.cm.get_table_locations(t, long_key)
+        assert await env.cm.get_table_locations(t, long_key) is not first
+        assert len(env.cm.locations_cache) == 0
+        short = await env.cm.get_table_locations(t, long_key[:1024])
+        assert await env.cm.get_table_locations(t, long_key[:1024]) is short
+
+    run(go())
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_cached_answers_always_equal_fresh_ones(seed: int) -> None:
     rng = random.Random(seed)
