@@ -245,7 +245,7 @@ def test_cached_answers_always_equal_fresh_ones(seed: int) -> None:
     run(go())
 
 
-def test_the_servicer_builds_each_answers_response_once_and_keeps_a_bounded_number() -> None:
+def test_the_servicer_builds_one_response_per_answer_and_keeps_a_bounded_number() -> None:
     env = make_env(servers=3)
 
     async def answers() -> list[TableLocations]:
