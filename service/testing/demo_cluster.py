@@ -49,13 +49,16 @@ def free_ports(n: int) -> list[int]:
     ("Failed to bind to address 127.0.0.1:40757"). Nothing takes ports below the range unless
     asked for them by number."""
     low, _ = _ephemeral_range()
-    candidates = list(range(_LOW_PORT, low))
-    random.SystemRandom().shuffle(candidates)
+    rng = random.SystemRandom()
+    tries = min(max(0, low - _LOW_PORT), 64 * n)  # random draws, not a shuffle of the range
+    tried: set[int] = set()
     socks: list[socket.socket] = []
     try:
-        for port in candidates:
-            if len(socks) == n:
-                break
+        while len(socks) < n and len(tried) < tries:
+            port = rng.randrange(_LOW_PORT, low)
+            if port in tried:
+                continue
+            tried.add(port)
             s = socket.socket()
             try:
                 s.bind(("127.0.0.1", port))
