@@ -10,8 +10,10 @@ it built for it (`master_service`), and the call costs little more than a Ping.
 
 What an answer depends on, and how a change is seen (an entry is used only if all still hold):
 
-  * the table's `TableInfo` object: a new leader rebuilds the maps (new objects), a name now
-    naming another table resolves to another object -- compared by identity;
+  * the table's `TableInfo` object, compared by identity: the maps a new leader rebuilds are
+    new objects (the catalog manager also clears the cache then; the check keeps an entry
+    from outliving its maps whatever the caller does). Keys hold the table id, so a name that
+    now names another table finds another entry;
   * its tablets' committed rows (state, partition index, consensus state with roles):
     `TableInfo.locations_version`, bumped by `CatalogMaps.on_applied` for every tablet row
     written. The table's own row is not part of the answer: the table is resolved (by id or
