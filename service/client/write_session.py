@@ -143,6 +143,12 @@ class WriteSession:
         if code is None:
             raise InvalidArgument(f"operation: expected one of {', '.join(OPERATIONS)}, got {op!r}")
         table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+        try:
+            # Routing slices the rows by tablet: on an array whose offsets or lengths lie, that
+            # reads wild memory here, before the server's own check could refuse it.
+            table.validate(full=True)
+        except (pa.ArrowException, ValueError) as e:
+            raise InvalidArgument(f"table {self.table.name!r}: invalid Arrow data: {e}") from None
         missing = [
             c.name for c in self.table.schema.key_columns if c.name not in table.schema.names
         ]

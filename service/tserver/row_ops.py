@@ -105,6 +105,9 @@ class WriteBatch:
         """
         try:
             table = pa.ipc.open_stream(data).read_all()
+            # Full validation here too: an entry that reached a log without it (an older
+            # version, a bug) must fail as Corruption, never reach code that trusts offsets.
+            table.validate(full=True)
         except (pa.ArrowException, OSError, ValueError) as e:
             raise Corruption(f"write entry: not a valid Arrow IPC stream: {e}") from None
         md = table.schema.metadata or {}
@@ -151,10 +154,23 @@ class WriteBatch:
 
 
 def _read_stream(rows_ipc: bytes) -> pa.Table:
+    """The client's rows, fully validated before anything else touches them.
+
+    `read_all` checks only the stream's framing and buffer sizes. Offsets that point outside
+    their data buffer, invalid UTF-8, null counts that disagree with the validity bitmap and
+    out-of-range dictionary indices pass it, and the first cast or `to_pylist` of such an array
+    reads wild memory: one crafted stream appended to the log crashed every replica, on every
+    replay. `validate(full=True)` checks all of them, in time linear in the data.
+    """
     try:
-        return pa.ipc.open_stream(rows_ipc).read_all()
+        table = pa.ipc.open_stream(rows_ipc).read_all()
     except (pa.ArrowException, OSError, ValueError) as e:
         raise InvalidArgument(f"rows: not a valid Arrow IPC stream: {e}") from None
+    try:
+        table.validate(full=True)
+    except (pa.ArrowException, ValueError) as e:
+        raise InvalidArgument(f"rows: invalid Arrow data: {e}") from None
+    return table
 
 
 def _convertible(src: pa.DataType, col: ColumnSchema) -> bool:

@@ -11,6 +11,7 @@ import pytest
 
 from service.common.errors import Corruption, InvalidArgument
 from service.common.schema import AddColumn, ColumnType, DropColumn, RenameColumn, Schema
+from service.testing.hostile_arrow import POISONS
 from service.tserver.row_ops import RowOp, WriteBatch, decode_write
 
 T = ColumnType
@@ -171,3 +172,16 @@ def test_timestamp_from_other_zone_is_the_same_instant(schema: Schema) -> None:
     t = full(1).set_column(4, "ts", pa.array([when], pa.timestamp("us", tz="Asia/Tokyo")))
     b = decode_write(schema, ipc(t), RowOp.INSERT, [])
     assert b.table.column("ts").to_pylist() == [when]
+
+
+@pytest.mark.parametrize("poison", sorted(POISONS))
+def test_poison_streams_are_refused_before_replication_and_at_apply(poison: str) -> None:
+    """Streams that frame correctly but whose offsets, UTF-8, null counts or dictionary
+    indices lie: refused by name before they reach the log, and Corruption (never a crash)
+    if one is found in a log anyway."""
+    kv = Schema.build([("k", T.INT64), ("v", T.STRING)], "k")
+    data = POISONS[poison]()
+    with pytest.raises(InvalidArgument, match="rows: invalid Arrow data"):
+        decode_write(kv, data, RowOp.UPSERT, [])
+    with pytest.raises(Corruption, match="write entry"):
+        WriteBatch.decode(data, kv)

@@ -1,0 +1,90 @@
+"""Arrow IPC streams that frame correctly but lie about their data: the poison writes.
+
+`pa.ipc.open_stream(...).read_all()` checks a stream's framing and buffer sizes, not what the
+buffers say. Each stream here reads back without an error, and the first cast, slice or
+`to_pylist` of its bad column reads memory outside its buffers (or decodes invalid UTF-8). The
+servers must refuse all of them before a write is replicated (`validate(full=True)`); the
+tests and the fuzzing campaign send them.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+import pyarrow as pa
+
+__all__ = ["POISONS", "ipc", "patched_offsets_stream"]
+
+
+def ipc(table: pa.Table) -> bytes:
+    """`table` as one Arrow IPC stream, written without validating its arrays."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _patched(table: pa.Table, find: bytes, replace: bytes) -> bytes:
+    """`table`'s stream with the last occurrence of `find` (in the record batch body, which
+    follows the schema message) replaced by `replace` of the same length."""
+    assert len(find) == len(replace)
+    data = bytearray(ipc(table))
+    at = data.rfind(find)
+    if at < 0:  # pragma: no cover - the IPC layout is Arrow's and stable
+        raise AssertionError(f"{find!r} was not found in the stream")
+    data[at : at + len(find)] = replace
+    return bytes(data)
+
+
+def _two_strings(key: str, value: str) -> pa.Table:
+    return pa.table({key: pa.array([1, 2], pa.int64()), value: pa.array(["ab", "cd"])})
+
+
+def patched_offsets_stream(key: str = "k", value: str = "v") -> bytes:
+    """{key int64, value string}, two rows, the second string offset patched to 0x7fff0000:
+    the stream that once crashed every replica of its tablet."""
+    return _patched(
+        _two_strings(key, value), struct.pack("<3i", 0, 2, 4), struct.pack("<3i", 0, 0x7FFF0000, 4)
+    )
+
+
+def _decreasing_offsets(key: str = "k", value: str = "v") -> bytes:
+    return _patched(
+        _two_strings(key, value), struct.pack("<3i", 0, 2, 4), struct.pack("<3i", 0, 3, 1)
+    )
+
+
+def _offsets_past_the_data(key: str = "k", value: str = "v") -> bytes:
+    return _patched(
+        _two_strings(key, value), struct.pack("<3i", 0, 2, 4), struct.pack("<3i", 0, 2, 1 << 20)
+    )
+
+
+def _invalid_utf8(key: str = "k", value: str = "v") -> bytes:
+    return _patched(_two_strings(key, value), b"abcd", b"ab\xff\xfe")
+
+
+def _dictionary_index_out_of_range(key: str = "k", value: str = "v") -> bytes:
+    arr = pa.DictionaryArray.from_arrays(
+        pa.array([0, 1], pa.int32()), pa.array(["dict-x", "dict-y"])
+    )
+    table = pa.table({key: pa.array([1, 2], pa.int64()), value: arr})
+    return _patched(table, struct.pack("<2i", 0, 1), struct.pack("<2i", 0, 0x3FFFFFFF))
+
+
+def _null_count_lies(key: str = "k", value: str = "v") -> bytes:
+    """A validity bitmap saying every value is null under a header that says none is."""
+    table = pa.table({key: pa.array([1, 2], pa.int64()), value: pa.array(["ab", None])})
+    return _patched(table, bytes([0b01]) + bytes(7), bytes([0b00]) + bytes(7))
+
+
+POISONS: dict[str, Callable[..., bytes]] = {
+    "patched_offsets": patched_offsets_stream,
+    "null_count_lies": _null_count_lies,
+    "offsets_past_the_data": _offsets_past_the_data,
+    "decreasing_offsets": _decreasing_offsets,
+    "invalid_utf8": _invalid_utf8,
+    "dictionary_index_out_of_range": _dictionary_index_out_of_range,
+}
+"""Each `f(key, value)` returns the IPC bytes of {key int64, value string}, a poison write."""
