@@ -6,29 +6,30 @@
 
 Theory of operation
 -------------------
-Spark runs a Python data source in three places: `schema()`, `pushFilters()` and `partitions()`
-in a Python worker beside the driver, once per query; `read(partition)` in executor workers,
-once per partition; the writer's `write()` once per task. Each of them reaches the cluster
-through `SyncClient.shared(masters)`, one client per worker process and master list, so the
-many tasks a reused worker runs share channels and the location cache.
+Spark runs a Python data source in three places: `schema()` and `partitions()` in a Python
+worker beside the driver, once per planned scan; `read(partition)` in executor workers, once per
+partition; the writer's `write()` once per task. Each of them reaches the cluster through
+`SyncClient.shared(masters)`, one client per worker process and master list, so the many tasks
+a reused worker runs share channels and the location cache.
 
 Reading (kudu-spark's design):
 
-* the schema comes from the master: every column, exact type mapping (`spark_type`), key
-  columns NOT NULL. Spark offers Python sources no column pruning, so the `columns` option is
-  the way to read fewer columns;
-* `pushFilters` keeps what the tablet servers evaluate exactly (=, <, <=, >, >=, IN, IS NULL,
-  IS NOT NULL, string prefix, on top-level columns, ANDed) and hands the rest back to Spark.
-  Spark calls it only with `spark.sql.python.filterPushdown.enabled=true`, which
-  `spark_jobs.session.build_session` sets;
-* `partitions()` asks the client for scan tokens: one per tablet, minus the tablets the pushed
-  key predicates prune (`service.client.pruning`). The token carries the replicas, so the
-  executor need not ask the master;
+* the schema comes from the master: every column, exact type mapping (`spark_type`), each
+  column's own nullability (Spark checks every batch against it). Spark offers Python sources
+  no column pruning, so the `columns` option is the way to read fewer columns;
+* Spark's filters are not pushed down: Spark 4.2 reuses a pushed-down read plan across scans of
+  one DataFrame or view (the note above `TesseraReader` says how), so a source that pushed
+  them could return the previous query's rows. Spark evaluates every filter; the `where`
+  option asks the tablet servers to evaluate conditions and prunes the tablets they exclude;
+* `partitions()` asks the client for scan tokens: one per tablet, minus the tablets the `where`
+  key conditions prune (`service.client.pruning`). The token carries the replicas, so the
+  executor need not ask the master. Spark plans a DataFrame's partitions once and keeps them
+  for the DataFrame's life: `load()` again to see tablets added since;
 * `read()` scans its token with `TabletScanner`: the replica is chosen inside the task
   (`replica_selection`: `leader` or `closest`, Spark gives Python sources no preferred
   locations), and with `fault_tolerant` a failed replica is replaced by another one, resuming
-  after the last key returned. Batches are cast to exactly the declared Arrow schema (Spark does
-  not cast Python-source batches itself).
+  after the last key returned. Batches are cast to exactly the declared Arrow schema, types and
+  nullability (Spark does not cast Python-source batches itself).
 
 Writing: an Arrow writer (`DataSourceArrowWriter`) per task feeds its batches to one
 `WriteSession` (routing per tablet leader, batching, retries) with the chosen `operation`.
@@ -50,17 +51,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
     InputPartition,
-    IsNotNull,
-    IsNull,
-    LessThan,
-    LessThanOrEqual,
-    StringStartsWith,
     WriterCommitMessage,
 )
 from pyspark.sql.types import (
@@ -128,10 +119,16 @@ def spark_type(col: ColumnSchema) -> DataType:
 
 
 def spark_schema(schema: Schema, columns: Sequence[str] | None = None) -> StructType:
+    """The Spark schema of a read: each column with its own type and its own nullability.
+
+    Nullability must be the column's, not "is it a key": Spark checks every batch a Python
+    source yields against the declared schema, nullability included, and the tablet servers
+    send NOT NULL columns as non-nullable Arrow fields.
+    """
     names = list(columns) if columns is not None else list(schema.column_names)
     return StructType(
         [
-            StructField(n, spark_type(schema.column(n)), nullable=not schema.is_key_column(n))
+            StructField(n, spark_type(schema.column(n)), nullable=schema.column(n).nullable)
             for n in names
         ]
     )
@@ -143,6 +140,9 @@ OPTIONS: dict[str, str] = {
     "masters": "required: the master addresses, host:port[,host:port...]",
     "table": "required: the table name",
     "columns": "read: the columns to read, comma separated (default: every column)",
+    "where": "read: conditions the tablet servers evaluate, joined by AND (COL OP VALUE, "
+    "COL in (...), COL is [not] null, COL startswith VALUE); tablets that cannot match are not "
+    "read. Spark's own filters are not pushed down (see the module docstring)",
     "replica_selection": "read: leader (default) or closest (a replica on this host first)",
     "fault_tolerant": "read: true (default) resumes on another replica after a failure",
     "batch_size_bytes": "read: scan page size asked of the tablet server (default 2097152)",
@@ -184,6 +184,7 @@ class ReadOptions:
     masters: tuple[str, ...]
     table: str
     columns: tuple[str, ...] | None = None
+    where: str | None = None
     replica_selection: str = "leader"
     fault_tolerant: bool = True
     batch_size_bytes: int = 0
@@ -230,6 +231,7 @@ class ReadOptions:
             masters=masters,
             table=table,
             columns=tuple(c.strip() for c in cols.split(",") if c.strip()) if cols else None,
+            where=opts["where"] if opts.get("where", "").strip() else None,
             replica_selection=sel,
             fault_tolerant=_bool("fault_tolerant", opts.get("fault_tolerant", "true")),
             batch_size_bytes=_int("batch_size_bytes", opts.get("batch_size_bytes", "0")),
@@ -291,36 +293,67 @@ class TesseraDataSource(DataSource):
 
 # --- reading ---------------------------------------------------------------------------------
 
-_COMPARISONS: dict[type, str] = {
-    EqualTo: "EQ",
-    GreaterThan: "GT",
-    GreaterThanOrEqual: "GE",
-    LessThan: "LT",
-    LessThanOrEqual: "LE",
-}
+# Why the reader does not implement pushFilters
+# ----------------------------------------------
+# Spark 4.2's Python scan builder stores the read function and partitions that a pushFilters
+# pass produced on the data source object shared by every scan of one relation, and a later scan
+# of that relation with no filter Spark can hand to Python (a plain count, a filter that is not a
+# simple comparison) reuses them. A reader that kept the pushed predicates would then silently
+# apply the previous query's filter: on one DataFrame, count, count where id = 5, count again
+# returned 60000, 1, 1, and a read-then-write copied 10 of 60,000 rows. Nothing a Python source
+# sees can tell the two scans apart (the reused read runs no Python on the driver at all), so
+# the only source that cannot be fooled is one whose plan does not depend on Spark's filters.
+# Spark evaluates every filter itself; the `where` option, part of the relation's options and so
+# of its identity, is the way to have tablet servers filter and prune (see README).
 
 
-def to_predicate(f: Filter) -> ColumnPredicate | None:
-    """The tablet-server predicate exactly equivalent to Spark filter `f`, or None."""
-    attr = getattr(f, "attribute", None)
-    if not isinstance(attr, tuple) or len(attr) != 1:
-        return None  # nested fields are not Tessera columns
-    col = attr[0]
-    op = _COMPARISONS.get(type(f))
-    if op is not None:
-        value = f.value  # type: ignore[attr-defined]
-        return None if value is None else ColumnPredicate(col, op, (value,))
-    if isinstance(f, In):
-        if any(v is None for v in f.value):
-            return None
-        return ColumnPredicate(col, "IN", tuple(f.value))
-    if isinstance(f, IsNull):
-        return ColumnPredicate(col, "IS_NULL")
-    if isinstance(f, IsNotNull):
-        return ColumnPredicate(col, "IS_NOT_NULL")
-    if isinstance(f, StringStartsWith):
-        return ColumnPredicate(col, "PREFIX", (f.value,))
-    return None
+def parse_where_option(schema: Schema, text: str) -> tuple[ColumnPredicate, ...]:
+    """The `where` option: conditions joined by AND, each as the CLI's `--where` accepts them
+    (`COL OP VALUE`, `COL in (...)`, `COL is [not] null`, `COL startswith VALUE`)."""
+    from service.tools.table_syntax import parse_where  # the CLI's grammar, one home for it
+
+    preds = []
+    for cond in _split_and(text):
+        try:
+            p = parse_where(schema, cond)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"option 'where': {e}") from None
+        if p.op == "NE":
+            raise InvalidArgument(
+                f"option 'where': {cond!r}: != is not evaluated by tablet servers; "
+                "use DataFrame.filter for it"
+            )
+        preds.append(p)
+    if not preds:
+        raise InvalidArgument("option 'where': no condition given")
+    validate_spec(schema, ScanSpec(predicates=tuple(preds)))
+    return tuple(preds)
+
+
+def _split_and(text: str) -> list[str]:
+    """Split on the word AND outside quotes and parentheses."""
+    out: list[str] = []
+    depth, quote, start, i = 0, "", 0, 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "()":
+            depth += 1 if ch == "(" else -1
+        elif (
+            depth == 0
+            and text[i : i + 3].lower() == "and"
+            and (i == 0 or text[i - 1].isspace())
+            and (i + 3 == len(text) or text[i + 3].isspace())
+        ):
+            out.append(text[start:i].strip())
+            start = i = i + 3
+            continue
+        i += 1
+    out.append(text[start:].strip())
+    return [c for c in out if c]
 
 
 @dataclass
@@ -332,32 +365,22 @@ class TabletPartition(InputPartition):
 
 
 class TesseraReader(DataSourceReader):
+    """Plans one partition per tablet (or key range) and reads it; see the note above on why
+    Spark's filters are not pushed."""
+
     def __init__(self, opts: ReadOptions, schema: StructType) -> None:
         self.opts = opts
         self.columns = tuple(f.name for f in schema.fields)
-        self.predicates: list[ColumnPredicate] = []
-
-    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
-        info = self.opts.table_info()
-        for f in filters:
-            p = to_predicate(f)
-            if p is not None:
-                try:
-                    # Values Spark hands over must coerce exactly to the column's type; a
-                    # predicate Tessera would evaluate differently stays with Spark.
-                    validate_spec(info.schema, ScanSpec(predicates=(p,)))
-                except InvalidArgument:
-                    p = None
-            if p is None:
-                yield f
-            else:
-                self.predicates.append(p)
+        self.nullable = {f.name: f.nullable for f in schema.fields}
 
     def partitions(self) -> Sequence[InputPartition]:
+        predicates: tuple[ColumnPredicate, ...] = ()
+        if self.opts.where is not None:
+            predicates = parse_where_option(self.opts.table_info().schema, self.opts.where)
         tokens: list[ScanToken] = self.opts.client().scan_tokens(
             self.opts.table,
             projection=self.columns,
-            predicates=self.predicates,
+            predicates=list(predicates),
             replica_selection=self.opts.replica_selection,
             fault_tolerant=self.opts.fault_tolerant,
             batch_size_bytes=self.opts.batch_size_bytes,
@@ -384,17 +407,21 @@ class TesseraReader(DataSourceReader):
         target: pa.Schema | None = None
         for batch in client.scan_batches(token):
             if target is None:
-                target = arrow_target(batch.schema)
+                target = arrow_target(batch.schema, self.nullable)
             yield batch if batch.schema.equals(target) else batch.cast(target)
 
 
-def arrow_target(schema: pa.Schema) -> pa.Schema:
-    """The Arrow schema Spark expects for a Tessera batch: timestamps as Spark's session-less
-    UTC microseconds, everything else as the tablet server sends it."""
+def arrow_target(schema: pa.Schema, nullable: Mapping[str, bool] | None = None) -> pa.Schema:
+    """The Arrow schema Spark expects for a Tessera batch: the declared nullability of each
+    column (Spark compares it, and a NOT NULL column arrives as a non-nullable field),
+    timestamps as Spark's session-less UTC microseconds, everything else as the tablet server
+    sends it."""
     fields = []
     for f in schema:
         if pa.types.is_timestamp(f.type):
             f = f.with_type(pa.timestamp("us", tz="UTC"))
+        if nullable is not None and f.name in nullable:
+            f = f.with_nullable(nullable[f.name])
         fields.append(f)
     return pa.schema(fields)
 

@@ -3,7 +3,7 @@
 1. start a local cluster of real processes (3 masters, 3 tablet servers) in a temporary dir;
 2. create a table with hash and range partitions and load rows through the client;
 3. read them back with the client, and with Spark through the "tessera" DataSource (one
-   partition per tablet, predicates pushed down), and run a Spark SQL query over it;
+   partition per tablet), and run a Spark SQL query over it;
 4. write a derived table through the DataSource and check it;
 5. `tessera cluster ksck`; the orphan sweep and the schema audit (dry run); an audit snapshot
    of the catalog into Delta, queried with Spark SQL (VERSION AS OF);

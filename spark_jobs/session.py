@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 A session's configuration is layered, later layers winning:
 
-1. ``_BUILTIN_DEFAULTS`` below: what Tessera cannot run without (Delta's extension and catalog,
-   Python filter pushdown) plus small-machine sizing. They make the module work even where the
+1. ``_BUILTIN_DEFAULTS`` below: what Tessera cannot run without (Delta's extension and catalog)
+   plus small-machine sizing. They make the module work even where the
    repository's ``conf/`` is absent (an installed wheel).
 2. ``conf/spark-defaults.conf`` of the repository (``key  value`` lines, ``#`` comments), with
    ``{repo}`` replaced by the repository root so runtime state lands under the git-ignored var/.
@@ -79,9 +79,6 @@ _BUILTIN_DEFAULTS: dict[str, str] = {
     "spark.master": "local[2]",
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-    # The "tessera" Python DataSource defines pushFilters(). Spark (4.1+) calls it only with this
-    # flag on; with it off, planning a scan of a reader that defines pushFilters() fails.
-    "spark.sql.python.filterPushdown.enabled": "true",
     # Delta rebuilds table state with a job of this many partitions (default 50, ~10 s here).
     "spark.databricks.delta.snapshotPartitions": "2",
     # Two cores: the UI costs start-up time and a port, 200 shuffle partitions cost 200 tasks.

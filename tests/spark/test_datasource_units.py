@@ -1,19 +1,9 @@
-"""Pure parts of the DataSource: options, filter translation, write-schema checks. No JVM:
+"""Pure parts of the DataSource: options, the `where` option, write-schema checks. No JVM:
 pyspark's datasource and types modules are plain Python."""
 
 from __future__ import annotations
 
 import pytest
-from pyspark.sql.datasource import (
-    EqualNullSafe,
-    EqualTo,
-    GreaterThan,
-    In,
-    IsNull,
-    Not,
-    StringContains,
-    StringStartsWith,
-)
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from service.client.meta_cache import TableInfo
@@ -21,7 +11,15 @@ from service.common.errors import InvalidArgument
 from service.common.partition import PartitionSchema
 from service.common.schema import ColumnType, Schema
 from service.tserver.predicates import ColumnPredicate
-from spark_jobs.datasource import ReadOptions, check_write_schema, spark_schema, to_predicate
+from spark_jobs.datasource import (
+    ReadOptions,
+    TesseraReader,
+    _split_and,
+    arrow_target,
+    check_write_schema,
+    parse_where_option,
+    spark_schema,
+)
 
 SCHEMA = Schema.build(
     [("id", ColumnType.INT64), ("n", ColumnType.INT32), ("s", ColumnType.STRING)], key="id"
@@ -50,18 +48,50 @@ def test_options_parse_with_defaults_and_refuse_unknown_ones() -> None:
         ReadOptions.parse({"masters": "a:1", "table": "t", "batch_size_bytes": "-1"})
 
 
-def test_filters_translate_exactly_or_stay_with_spark() -> None:
-    assert to_predicate(EqualTo(("id",), 5)) == ColumnPredicate("id", "EQ", (5,))
-    assert to_predicate(GreaterThan(("n",), 1)) == ColumnPredicate("n", "GT", (1,))
-    assert to_predicate(In(("id",), (1, 2))) == ColumnPredicate("id", "IN", (1, 2))
-    assert to_predicate(IsNull(("s",))) == ColumnPredicate("s", "IS_NULL")
-    assert to_predicate(StringStartsWith(("s",), "ab")) == ColumnPredicate("s", "PREFIX", ("ab",))
-    # Not expressible exactly: left to Spark.
-    assert to_predicate(Not(EqualTo(("id",), 5))) is None
-    assert to_predicate(EqualNullSafe(("id",), 5)) is None
-    assert to_predicate(StringContains(("s",), "x")) is None
-    assert to_predicate(EqualTo(("a", "b"), 1)) is None  # a nested field
-    assert to_predicate(In(("id",), (1, None))) is None
+def test_where_option_parses_to_exact_predicates() -> None:
+    assert parse_where_option(SCHEMA, "id = 5") == (ColumnPredicate("id", "EQ", (5,)),)
+    assert parse_where_option(SCHEMA, "id >= 2 AND s startswith 'a and b' and n in (1, 2)") == (
+        ColumnPredicate("id", "GE", (2,)),
+        ColumnPredicate("s", "PREFIX", ("a and b",)),
+        ColumnPredicate("n", "IN", (1, 2)),
+    )
+    assert parse_where_option(SCHEMA, "s is null") == (ColumnPredicate("s", "IS_NULL"),)
+    assert _split_and("a = 'x AND y' AND band = 1") == ["a = 'x AND y'", "band = 1"]
+    for bad, match in [
+        ("id = ", "a value is missing|expected COL OP VALUE"),
+        ("zz = 1", "unknown column 'zz'"),
+        ("id != 1", "!= is not evaluated"),
+        ("n = 99999999999", "option 'where'|out of range|INT32"),
+        ("  ", "no condition"),
+    ]:
+        with pytest.raises(InvalidArgument, match=match):
+            parse_where_option(SCHEMA, bad)
+
+
+def test_reader_has_no_filter_state_spark_could_reuse() -> None:
+    """Spark 4.2 reuses a pushed-down read plan across scans of one DataFrame: the reader must
+    not take Spark's filters (datasource.py says why)."""
+    from pyspark.sql.datasource import DataSourceReader
+
+    assert TesseraReader.pushFilters is DataSourceReader.pushFilters
+    o = ReadOptions.parse({"masters": "a:1", "table": "t", "where": "id > 3"})
+    assert o.where == "id > 3"
+    assert ReadOptions.parse({"masters": "a:1", "table": "t", "where": " "}).where is None
+
+
+def test_arrow_target_takes_the_declared_nullability() -> None:
+    import pyarrow as pa
+
+    sent = pa.schema([pa.field("id", pa.int64(), False), pa.field("ts", pa.timestamp("us"), False)])
+    got = arrow_target(sent, {"id": False, "ts": True})
+    assert got == pa.schema(
+        [pa.field("id", pa.int64(), False), pa.field("ts", pa.timestamp("us", tz="UTC"), True)]
+    )
+    nn = Schema.build(
+        [("id", ColumnType.INT64), ("n", ColumnType.INT32, False), ("s", ColumnType.STRING)],
+        key="id",
+    )
+    assert [f.nullable for f in spark_schema(nn).fields] == [False, False, True]
 
 
 def test_spark_schema_and_write_schema_checks() -> None:

@@ -58,7 +58,7 @@ def test_session_applies_the_repository_defaults(spark: SparkSession) -> None:
 
     defaults = read_spark_defaults()
     assert defaults["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
-    assert defaults["spark.sql.python.filterPushdown.enabled"] == "true"
+    assert defaults["spark.sql.python.filterPushdown.enabled"] == "false"
     applied = dict(spark.sparkContext.getConf().getAll())
     # build_session rewrites these: the fixture's temporary warehouse, Delta jars from Ivy
     # or from jars/, the log4j2 option appended to the driver's Java options.
