@@ -241,6 +241,11 @@ def _check_published(name: str, svc: dict[str, Any], server: Server | None) -> l
         container = int(str(spec).rsplit(":", 1)[-1].split("/")[0])
         if container not in listens:
             problems.append(f"{name}: publishes port {container}, but listens on {sorted(listens)}")
+        if not str(spec).startswith("127.0.0.1:"):
+            problems.append(
+                f"{name}: publishes {spec} on every host address; status pages and UIs are "
+                "published on the host's loopback only (127.0.0.1:HOST:CONTAINER)"
+            )
     return problems
 
 
@@ -370,7 +375,11 @@ def _runner_tservers(c: dict[str, Any]) -> None:
 
 
 def _publish_wrong_port(c: dict[str, Any]) -> None:
-    c["services"]["master-2"]["ports"] = ["8052:8052"]
+    c["services"]["master-2"]["ports"] = ["127.0.0.1:8052:8052"]
+
+
+def _publish_everywhere(c: dict[str, Any]) -> None:
+    c["services"]["tserver-1"]["ports"] = ["8061:8050"]
 
 
 def _runner_masters(c: dict[str, Any]) -> None:
@@ -410,6 +419,7 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("job runner with one master", _runner_masters, "job-runner: masters"),
     ("job runner expecting a tablet server too many", _runner_tservers, "--tservers 3"),
     ("published port nothing listens on", _publish_wrong_port, "master-2: publishes port 8052"),
+    ("port published on every address", _publish_everywhere, "tserver-1: publishes 8061:8050"),
     (
         "unknown module",
         _set("job-runner", "service.tools.cluster_cmd", "service.tools.nope"),

@@ -397,9 +397,10 @@ class MasterConfig:
     rpc_bind: str = "0.0.0.0:7051"
     advertised_address: str | None = None
     """host:port other nodes use to reach this master; unset: derived from rpc_bind."""
-    http_bind: str = "0.0.0.0:8051"
+    http_bind: str = "127.0.0.1:8051"
     """host:port of the status pages and /metrics (Kudu's master webserver port); port 0 picks
-    a free port; "" serves no HTTP at all."""
+    a free port; "" serves no HTTP at all. Loopback by default: the pages show the cluster's
+    layout to anyone who can reach them, so exposing them is a deliberate setting."""
     master_addresses: tuple[str, ...] = ()
     """Every master's host:port, this one included; empty for a single master. Read when the
     data dir is first formatted (the group's first config); afterwards the group's membership
@@ -562,9 +563,9 @@ class TServerConfig:
     rpc_bind: str = "0.0.0.0:7050"
     advertised_address: str | None = None
     """host:port masters and clients use to reach this server; unset: derived from rpc_bind."""
-    http_bind: str = "0.0.0.0:8050"
+    http_bind: str = "127.0.0.1:8050"
     """host:port of the status pages and /metrics (Kudu's tablet server webserver port); port 0
-    picks a free port; "" serves no HTTP at all."""
+    picks a free port; "" serves no HTTP at all. Loopback by default, as the master's."""
     master_addresses: tuple[str, ...] = ("127.0.0.1:7051",)
     """Every master's host:port; the server heartbeats to all of them (seed 001)."""
     log_level: str = "INFO"

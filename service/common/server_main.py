@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 from service.common.config import load_config, parse_override
 from service.common.errors import TesseraError
 from service.common.logging import setup_logging
+from service.common.private_files import owner_only_umask
 
 log = logging.getLogger(__name__)
 C = TypeVar("C")
@@ -123,6 +124,7 @@ def main(
         "--ready-file", type=Path, help="write {address,pid,uuid,http_address} here when serving"
     )
     args = p.parse_args(argv)
+    owner_only_umask()  # before anything is created: files 0600, directories 0700
     try:
         overrides = dict(parse_override(s) for s in args.set)
         config = load_config(config_cls, args.conf, overrides)

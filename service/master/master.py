@@ -90,6 +90,7 @@ from service.common.errors import (
 from service.common.http_status import StatusServer, public_address
 from service.common.ids import NodeId
 from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
+from service.common.private_files import check_private_tree, private_dir
 from service.common.server_main import advertised_address
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import LeaderChange, NodeSettings, RaftNode
@@ -139,8 +140,12 @@ class MasterPeer:
 
 
 def _check_instance(data_dir: Path, uuid: NodeId) -> None:
-    """Write `<data_dir>/instance` on first start; refuse a data dir of another identity."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    """Write `<data_dir>/instance` on first start; refuse a data dir of another identity, or
+    one whose sys.catalog files (the CA key, the token signing keys) others could read."""
+    private_dir(data_dir)
+    check_private_tree(
+        data_dir / "raft", "sys.catalog (the cluster's CA key and token signing keys)"
+    )
     path = data_dir / INSTANCE_FILE
     if path.exists():
         recorded = path.read_text().strip()

@@ -32,6 +32,7 @@ import sys
 import grpc
 
 from service.common.errors import TesseraError, from_grpc
+from service.common.private_files import owner_only_umask
 
 
 def _addresses(text: str) -> list[str]:
@@ -175,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    owner_only_umask()  # local clusters' directories and files it writes: owner-only
     try:
         if args.command == "cluster":
             from service.tools import cluster_cmd

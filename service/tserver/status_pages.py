@@ -359,9 +359,10 @@ class _TServerPages:
         self._label()
         sm = self.s.scanners
         now = time.monotonic()
+        # No scanner ids: an id with its next call sequence number is enough to continue
+        # someone else's scan, so the page shows what each scan is doing, not its handle.
         rows = [
             (
-                sc.id.hex(),
                 sc.tablet_id,
                 sc.rows_returned,
                 sc.call_seq,
@@ -380,7 +381,7 @@ class _TServerPages:
             ]
         )
         scanners = table(
-            ["Scanner id", "Tablet", "Rows returned", "Calls", "Finished", "Idle"],
+            ["Tablet", "Rows returned", "Calls", "Finished", "Idle"],
             rows,
             empty="no open scanners",
         )

@@ -42,6 +42,7 @@ from service.common.config import TServerConfig
 from service.common.errors import FailedPrecondition, StaleTerm, observe_rpcs
 from service.common.http_status import StatusServer, public_address
 from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
+from service.common.private_files import private_dir
 from service.common.server_main import advertised_address
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import NodeSettings
@@ -67,8 +68,9 @@ RPC_TIMEOUT_S = 30.0
 
 
 def load_or_create_uuid(data_dir: Path) -> NodeId:
-    """The uuid recorded in `<data_dir>/instance`, created (durably) on first start."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    """The uuid recorded in `<data_dir>/instance`, created (durably) on first start. The data
+    dir (every row of every tablet) is made owner-only (service/common/private_files.py)."""
+    private_dir(data_dir)
     path = data_dir / INSTANCE_FILE
     if path.exists():
         try:
