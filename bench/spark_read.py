@@ -119,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         pdir = base / "parquet"
         pdir.mkdir()
-        with MiniCluster(base / "cluster") as cluster, SyncClient(cluster.master_addresses) as c:
+        with (
+            MiniCluster(base / "cluster") as cluster,
+            SyncClient(cluster.master_addresses, credentials=cluster.credentials()) as c,
+        ):
             c.call(
                 "create_table",
                 "bench",
@@ -150,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tessera": lambda: (
                     spark.read.format("tessera")
                     .option("masters", masters)
+                    .option("credentials", cluster.credentials_dir() or "")
                     .option("table", "bench")
                     .load()
                     .selectExpr(*AGG)

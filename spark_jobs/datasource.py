@@ -42,6 +42,7 @@ every row of the table once, when the write is planned, before any task writes.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from service.client.credentials import ENV_VAR, find_credentials
 from service.client.meta_cache import TableInfo
 from service.client.scanner import REPLICA_SELECTIONS, ScanToken
 from service.client.sync import SyncClient
@@ -138,6 +140,9 @@ def spark_schema(schema: Schema, columns: Sequence[str] | None = None) -> Struct
 
 OPTIONS: dict[str, str] = {
     "masters": "required: the master addresses, host:port[,host:port...]",
+    "credentials": "a directory with ca.pem, cert.pem and key.pem for a secured cluster, "
+    "readable on the driver and every executor (default: $TESSERA_CREDENTIALS); only the path "
+    "travels in plans and partitions, never key material",
     "table": "required: the table name",
     "columns": "read: the columns to read, comma separated (default: every column)",
     "where": "read: conditions the tablet servers evaluate, joined by AND (COL OP VALUE, "
@@ -183,6 +188,7 @@ class ReadOptions:
 
     masters: tuple[str, ...]
     table: str
+    credentials_dir: str | None = None
     columns: tuple[str, ...] | None = None
     where: str | None = None
     replica_selection: str = "leader"
@@ -230,6 +236,7 @@ class ReadOptions:
         return cls(
             masters=masters,
             table=table,
+            credentials_dir=opts.get("credentials", "").strip() or os.environ.get(ENV_VAR) or None,
             columns=tuple(c.strip() for c in cols.split(",") if c.strip()) if cols else None,
             where=opts["where"] if opts.get("where", "").strip() else None,
             replica_selection=sel,
@@ -246,7 +253,11 @@ class ReadOptions:
         )
 
     def client(self) -> SyncClient:
-        return SyncClient.shared(self.masters, timeout=self.rpc_timeout_s)
+        return SyncClient.shared(
+            self.masters,
+            timeout=self.rpc_timeout_s,
+            credentials=find_credentials(self.credentials_dir),
+        )
 
     def table_info(self) -> TableInfo:
         info: TableInfo = self.client().call("open_table", self.table, refresh=True)
@@ -362,6 +373,8 @@ class TabletPartition(InputPartition):
 
     token: bytes
     tablet_id: str = ""
+    credentials_dir: str | None = None
+    """Where the executor loads its credentials from (a path, not the key)."""
 
 
 class TesseraReader(DataSourceReader):
@@ -396,14 +409,19 @@ class TesseraReader(DataSourceReader):
             ]
         if not tokens:
             return [TabletPartition(b"", "")]  # Spark needs one partition; it reads nothing
-        return [TabletPartition(t.to_bytes(), t.tablet_id) for t in tokens]
+        creds = self.opts.credentials_dir
+        return [TabletPartition(t.to_bytes(), t.tablet_id, creds) for t in tokens]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, TabletPartition)
         if not partition.token:
             return
         token = ScanToken.from_bytes(partition.token)
-        client = SyncClient.shared(token.masters, timeout=token.rpc_timeout_s)
+        client = SyncClient.shared(
+            token.masters,
+            timeout=token.rpc_timeout_s,
+            credentials=find_credentials(partition.credentials_dir),
+        )
         target: pa.Schema | None = None
         for batch in client.scan_batches(token):
             if target is None:
@@ -558,10 +576,14 @@ def register(spark: Any) -> None:
 
 
 def register_views(spark: Any, masters: str | Sequence[str], **options: str) -> list[str]:
-    """Register every Tessera table as a temporary view of the same name; the names."""
+    """Register every Tessera table as a temporary view of the same name; the names.
+    `options` are passed to each view (`credentials` included)."""
     register(spark)
     addrs = masters if isinstance(masters, str) else ",".join(masters)
-    client = SyncClient.shared(tuple(a.strip() for a in addrs.split(",") if a.strip()))
+    client = SyncClient.shared(
+        tuple(a.strip() for a in addrs.split(",") if a.strip()),
+        credentials=find_credentials(options.get("credentials")),
+    )
     names = []
     for t in client.call("list_tables"):
         reader = spark.read.format(FORMAT).option("masters", addrs).option("table", t.name)

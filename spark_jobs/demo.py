@@ -83,9 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         record = local_cluster.up(base / "cluster", 3, 3, progress=lambda m: print(f"    {m}"))
     masters = record.master_addresses
     mlist = ",".join(masters)
+    # The cluster is secured (mutual TLS): `up` wrote the admin's credentials here.
+    creds_dir = str(base / "cluster" / "credentials")
     code = 0
     try:
-        client = SyncClient(masters, timeout=60)
+        client = SyncClient(
+            masters, timeout=60, credentials=local_cluster.credentials(base / "cluster")
+        )
         schema = Schema.build(
             [
                 ("region", ColumnType.STRING),
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         with timed(results, "spark read", f"{args.rows:,} rows, 12 partitions"):
             spark.sql(
                 f"CREATE OR REPLACE TEMPORARY VIEW orders USING tessera "
-                f"OPTIONS (masters '{mlist}', table 'orders')"
+                f"OPTIONS (masters '{mlist}', credentials '{creds_dir}', table 'orders')"
             )
             agg = spark.sql(
                 "SELECT region, count(*) AS n, round(sum(amount), 2) AS total, "
@@ -148,12 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         with timed(results, "spark write", "amount > 40000"):
             big = spark.sql("SELECT * FROM orders WHERE amount > 40000")
             expected = big.count()
-            big.write.format("tessera").option("masters", mlist).option("table", "big_orders").mode(
-                "append"
-            ).save()
+            big.write.format("tessera").option("masters", mlist).option(
+                "credentials", creds_dir
+            ).option("table", "big_orders").mode("append").save()
         n = (
             spark.read.format("tessera")
             .option("masters", mlist)
+            .option("credentials", creds_dir)
             .option("table", "big_orders")
             .load()
             .count()
@@ -163,13 +168,13 @@ def main(argv: list[str] | None = None) -> int:
 
         step("tessera cluster ksck")
         with timed(results, "ksck"):
-            code = ksck_cmd.main(["ksck", "--masters", mlist])
+            code = ksck_cmd.main(["ksck", "--masters", mlist, "--credentials", creds_dir])
         print(f"    ksck exit code {code} ({'healthy' if code == 0 else 'NOT healthy'})")
 
         step("reconciliation jobs (dry run) and a Delta audit snapshot")
         with timed(results, "jobs", "orphan_sweep, schema_audit, audit_snapshot"):
             for job in (orphan_sweep, schema_audit, audit_snapshot):
-                rc = job.main(["--masters", mlist])
+                rc = job.main(["--masters", mlist, "--credentials", creds_dir])
                 print(f"    {job.__name__.rsplit('.', 1)[-1]}: exit {rc}")
         tables = spark.sql(
             "SELECT name, state, schema_version FROM tessera_audit.tables VERSION AS OF 0 "

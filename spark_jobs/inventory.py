@@ -234,16 +234,24 @@ def catalog_rows(
 
 
 def list_hosted(
-    ts_uuid: str, address: str, timeout: float = LIST_TIMEOUT_S
+    ts_uuid: str,
+    address: str,
+    timeout: float = LIST_TIMEOUT_S,
+    credentials_dir: str | None = None,
 ) -> tuple[list[HostedRow], str]:
     """One tablet server's replicas, or ([], error) when it cannot be asked. Synchronous gRPC:
     this runs in Spark executors, one call per partition."""
     import grpc
 
+    from service.client.credentials import find_credentials
+    from service.common.tls import open_sync_channel
     from service.pb import tserver_pb2_grpc
 
-    channel = grpc.insecure_channel(
-        address, options=[("grpc.max_receive_message_length", 256 << 20)]
+    channel = open_sync_channel(
+        address,
+        find_credentials(credentials_dir),
+        role="tserver",
+        options=[("grpc.max_receive_message_length", 256 << 20)],
     )
     try:
         stub = tserver_pb2_grpc.TabletServerAdminServiceStub(channel)
@@ -280,18 +288,28 @@ def list_hosted(
 
 
 def _list_partition(
-    servers: Iterator[tuple[str, str]],
+    servers: Iterator[tuple[str, str, str | None]],
 ) -> Iterator[tuple[str, str, list[HostedRow]]]:
-    for uuid, address in servers:
-        rows, error = list_hosted(uuid, address)
+    for uuid, address, credentials_dir in servers:
+        rows, error = list_hosted(uuid, address, credentials_dir=credentials_dir)
         yield uuid, error, rows
 
 
 def fetch_inventory(
-    spark: Any, masters: Sequence[str], *, snapshot_id: str | None = None, timeout: float = 60.0
+    spark: Any,
+    masters: Sequence[str],
+    *,
+    snapshot_id: str | None = None,
+    timeout: float = 60.0,
+    credentials_dir: str | None = None,
 ) -> Inventory:
-    """The live inventory: the catalog from the master leader, the listings through Spark."""
-    client = SyncClient.shared(tuple(masters), timeout=timeout)
+    """The live inventory: the catalog from the master leader, the listings through Spark.
+    `credentials_dir` (a path each executor loads, never key bytes in a closure or a plan)."""
+    from service.client.credentials import find_credentials
+
+    client = SyncClient.shared(
+        tuple(masters), timeout=timeout, credentials=find_credentials(credentials_dir)
+    )
     dump = client.call("dump_catalog", include_removed=True)
     ms = client.call("list_masters")
     servers = client.call("list_tablet_servers")
@@ -308,7 +326,7 @@ def fetch_inventory(
     inv.masters = [
         MasterRow(m.uuid, m.address, m.role, m.term, m.committed_index, m.error) for m in ms
     ]
-    targets = [(s.uuid, s.address) for s in servers if s.address]
+    targets = [(s.uuid, s.address, credentials_dir) for s in servers if s.address]
     listed: dict[str, tuple[str, list[HostedRow]]] = {}
     if targets:
         rdd = spark.sparkContext.parallelize(targets, len(targets))

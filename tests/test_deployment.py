@@ -186,6 +186,12 @@ def _check_server(name: str, svc: dict[str, Any], args: Any, named: set[str]) ->
         problems.append(f"{name}: data_dir {data_dir} is not on a named volume")
     if not config.rpc_bind.startswith("0.0.0.0:"):
         problems.append(f"{name}: rpc_bind {config.rpc_bind} is unreachable from other containers")
+    if config.security.mode != "secure":
+        problems.append(f"{name}: security.mode is {config.security.mode!r}, not 'secure'")
+    for key in ("ca_file", "cert_file", "key_file"):
+        path = getattr(config.security, key)
+        if not any(src in named and path.startswith(dst + "/") for src, dst in _mounts(svc)):
+            problems.append(f"{name}: security.{key} {path!r} is not on a named volume")
     return problems, Server(name, args.command, config)
 
 
@@ -252,7 +258,8 @@ def _check_published(name: str, svc: dict[str, Any], server: Server | None) -> l
 def _check_health(name: str, svc: dict[str, Any], server: Server | None) -> list[str]:
     hc = svc.get("healthcheck")
     if hc is None:
-        return [] if name == "job-runner" else [f"{name}: no healthcheck"]
+        # One-shot services (the job runner, the pki provisioner) run and exit: nothing to probe.
+        return [] if svc.get("restart") == "no" else [f"{name}: no healthcheck"]
     test = hc.get("test") or []
     if test[:1] != ["CMD"]:
         return [f"{name}: healthcheck should be exec form [CMD, ...], got {test[:1]}"]
@@ -420,6 +427,24 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("job runner expecting a tablet server too many", _runner_tservers, "--tservers 3"),
     ("published port nothing listens on", _publish_wrong_port, "master-2: publishes port 8052"),
     ("port published on every address", _publish_everywhere, "tserver-1: publishes 8061:8050"),
+    (
+        "a master run insecure",
+        _set(
+            "master-3",
+            "security.key_file=/var/lib/tessera-pki/master-3/key.pem",
+            "security.mode=insecure",
+        ),
+        "master-3: security.mode is 'insecure'",
+    ),
+    (
+        "a key file off the pki volume",
+        _set(
+            "tserver-2",
+            "security.key_file=/var/lib/tessera-pki/tserver-2/key.pem",
+            "security.key_file=/tmp/key.pem",
+        ),
+        "tserver-2: security.key_file '/tmp/key.pem' is not on a named volume",
+    ),
     (
         "unknown module",
         _set("job-runner", "service.tools.cluster_cmd", "service.tools.nope"),

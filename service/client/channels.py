@@ -12,6 +12,7 @@ from __future__ import annotations
 import grpc
 import grpc.aio
 
+from service.common.tls import Credentials, open_channel
 from service.pb import master_pb2_grpc, tserver_pb2_grpc
 
 __all__ = ["MAX_MESSAGE_BYTES", "ChannelPool"]
@@ -29,25 +30,29 @@ _OPTIONS = [
 
 
 class ChannelPool:
-    """Channels by address, created on first use, closed together by `aclose()`."""
+    """Channels by address and server role, created on first use, closed together by
+    `aclose()`. With `credentials`, every channel is mutual TLS and accepts only a server
+    certificate of the role asked for (service/common/tls.py)."""
 
-    def __init__(self) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
+    def __init__(self, credentials: Credentials | None = None) -> None:
+        self.credentials = credentials
+        self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
 
-    def channel(self, address: str) -> grpc.aio.Channel:
-        ch = self._channels.get(address)
+    def channel(self, address: str, role: str = "") -> grpc.aio.Channel:
+        ch = self._channels.get((address, role))
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=_OPTIONS)
+            ch = open_channel(address, self.credentials, role=role, options=_OPTIONS)
+            self._channels[(address, role)] = ch
         return ch
 
     def master(self, address: str) -> master_pb2_grpc.MasterServiceStub:
-        return master_pb2_grpc.MasterServiceStub(self.channel(address))
+        return master_pb2_grpc.MasterServiceStub(self.channel(address, "master"))
 
     def tserver(self, address: str) -> tserver_pb2_grpc.TabletServerServiceStub:
-        return tserver_pb2_grpc.TabletServerServiceStub(self.channel(address))
+        return tserver_pb2_grpc.TabletServerServiceStub(self.channel(address, "tserver"))
 
     def tserver_admin(self, address: str) -> tserver_pb2_grpc.TabletServerAdminServiceStub:
-        return tserver_pb2_grpc.TabletServerAdminServiceStub(self.channel(address))
+        return tserver_pb2_grpc.TabletServerAdminServiceStub(self.channel(address, "tserver"))
 
     async def aclose(self) -> None:
         channels, self._channels = list(self._channels.values()), {}

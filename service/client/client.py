@@ -47,6 +47,7 @@ from service.common.errors import (
 from service.common.partition import PartitionSchema
 from service.common.schema import AddColumn, DropColumn, RenameColumn, Schema
 from service.common.schema_codec import column_to_pb, partition_schema_to_pb, schema_to_pb
+from service.common.tls import Credentials
 from service.pb import master_pb2 as pb
 from service.pb import tserver_pb2 as tpb
 from service.tserver.predicates import ColumnPredicate, ScanSpec, predicate_to_pb, validate_spec
@@ -157,10 +158,13 @@ class TesseraClient:
         *,
         timeout: float = 30.0,
         client_id: str | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.masters = tuple(masters)
         self.timeout = timeout
-        self.channels = ChannelPool()
+        self.credentials = credentials
+        """Mutual TLS with this certificate (a secured cluster); None: plaintext."""
+        self.channels = ChannelPool(credentials)
         self.master = MasterClient(self.masters, self.channels, client_id=client_id)
         self.meta = MetaCache(self.master)
         self._applied: dict[str, int] = {}

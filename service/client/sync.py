@@ -23,6 +23,7 @@ import pyarrow as pa
 from service.client.client import TesseraClient
 from service.client.scanner import ScanToken
 from service.client.write_session import WriteResult
+from service.common.tls import Credentials
 
 __all__ = ["SyncClient"]
 
@@ -32,10 +33,16 @@ T = TypeVar("T")
 class SyncClient:
     """Blocking calls onto a `TesseraClient` running in its own thread."""
 
-    _shared: ClassVar[dict[tuple[str, ...], SyncClient]] = {}
+    _shared: ClassVar[dict[tuple[tuple[str, ...], bytes], SyncClient]] = {}
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, masters: Sequence[str], *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        masters: Sequence[str],
+        *,
+        timeout: float = 30.0,
+        credentials: Credentials | None = None,
+    ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="tessera-client", daemon=True
@@ -44,17 +51,23 @@ class SyncClient:
         self._closed = False
 
         async def make() -> TesseraClient:
-            return TesseraClient(masters, timeout=timeout)
+            return TesseraClient(masters, timeout=timeout, credentials=credentials)
 
         self.client: TesseraClient = self.run(make())
 
     @classmethod
-    def shared(cls, masters: Sequence[str], *, timeout: float = 30.0) -> SyncClient:
-        key = tuple(masters)
+    def shared(
+        cls,
+        masters: Sequence[str],
+        *,
+        timeout: float = 30.0,
+        credentials: Credentials | None = None,
+    ) -> SyncClient:
+        key = (tuple(masters), credentials.cert_pem if credentials else b"")
         with cls._shared_lock:
             c = cls._shared.get(key)
             if c is None or c._closed:
-                c = cls._shared[key] = cls(masters, timeout=timeout)
+                c = cls._shared[key] = cls(masters, timeout=timeout, credentials=credentials)
             return c
 
     def run(self, coro: Awaitable[T]) -> T:

@@ -42,6 +42,7 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 
 from service.common.errors import InvalidArgument
 from service.common.ids import NodeId, validate_node_id
+from service.common.pki import IdentityFiles
 
 __all__ = [
     "LOG_LEVELS",
@@ -320,6 +321,56 @@ def _validate_sections(raft: RaftSettings, wal: WalSettings, rpc: RpcSettings) -
         )
 
 
+SECURE = "secure"
+INSECURE = "insecure"
+
+
+@dataclass(frozen=True, slots=True)
+class SecuritySettings:
+    """`[security]`: mutual TLS from the cluster CA (service/common/tls.py)."""
+
+    mode: str = SECURE
+    """"secure" (the default): mutual TLS on every port and channel, callers identified by
+    certificate; "insecure": plaintext, anyone may call anything (comparison runs only; warned
+    at start)."""
+    ca_file: str = ""
+    """The cluster CA's certificate (PEM); "" means `<data_dir>/credentials/ca.pem`."""
+    cert_file: str = ""
+    """This server's certificate (PEM); "" means `<data_dir>/credentials/cert.pem`."""
+    key_file: str = ""
+    """This server's private key (PEM, owner-only); "" means `<data_dir>/credentials/key.pem`."""
+
+    @property
+    def secure(self) -> bool:
+        return self.mode == SECURE
+
+    def validate(self, section: str = "security") -> None:
+        if self.mode not in (SECURE, INSECURE):
+            _fail(f"{section}.mode", f"expected {SECURE!r} or {INSECURE!r}, got {self.mode!r}")
+
+    def files(self, data_dir: Path) -> IdentityFiles:
+        """The three files, defaults resolved under `data_dir`."""
+        default = IdentityFiles.in_dir(Path(data_dir) / "credentials")
+        return IdentityFiles(
+            Path(self.ca_file) if self.ca_file else default.ca_file,
+            Path(self.cert_file) if self.cert_file else default.cert_file,
+            Path(self.key_file) if self.key_file else default.key_file,
+        )
+
+    @classmethod
+    def from_files(cls, files: IdentityFiles) -> SecuritySettings:
+        return cls(SECURE, str(files.ca_file), str(files.cert_file), str(files.key_file))
+
+    def overrides(self, prefix: str = "security") -> list[str]:
+        """These settings as `--set` arguments of a server command line."""
+        return [
+            f"{prefix}.mode={self.mode}",
+            f"{prefix}.ca_file={self.ca_file}",
+            f"{prefix}.cert_file={self.cert_file}",
+            f"{prefix}.key_file={self.key_file}",
+        ]
+
+
 # --- process configs -------------------------------------------------------------------------
 
 
@@ -478,6 +529,8 @@ class MasterConfig:
     raft: RaftSettings = field(default_factory=RaftSettings)
     wal: WalSettings = field(default_factory=WalSettings)
     rpc: RpcSettings = field(default_factory=RpcSettings)
+    security: SecuritySettings = field(default_factory=SecuritySettings)
+    """`[security]`: mutual TLS from the cluster CA (service/common/tls.py)."""
 
     def validate(self) -> None:
         c = _Check(self, "")
@@ -549,6 +602,7 @@ class MasterConfig:
             f" got {self.default_num_replicas}",
         )
         _validate_sections(self.raft, self.wal, self.rpc)
+        self.security.validate()
 
 
 @dataclass(frozen=True, slots=True)
@@ -590,6 +644,8 @@ class TServerConfig:
     raft: RaftSettings = field(default_factory=RaftSettings)
     wal: WalSettings = field(default_factory=WalSettings)
     rpc: RpcSettings = field(default_factory=RpcSettings)
+    security: SecuritySettings = field(default_factory=SecuritySettings)
+    """`[security]`: mutual TLS from the cluster CA (service/common/tls.py)."""
 
     def validate(self) -> None:
         c = _Check(self, "")
@@ -625,6 +681,7 @@ class TServerConfig:
                 " group would serve reads from a lease it no longer holds)",
             )
         _validate_sections(self.raft, self.wal, self.rpc)
+        self.security.validate()
 
 
 # --- loading ---------------------------------------------------------------------------------

@@ -85,6 +85,7 @@ __all__ = [
     "TabletNotRunning",
     "TesseraError",
     "Timeout",
+    "Unauthenticated",
     "WrongDestination",
     "abort_with",
     "error_class",
@@ -331,6 +332,13 @@ class PermissionDenied(TesseraError):
     grpc_status = grpc.StatusCode.PERMISSION_DENIED
 
 
+class Unauthenticated(PermissionDenied):
+    """The caller did not prove who it is (no client certificate, an invalid token)."""
+
+    code = "UNAUTHENTICATED"
+    grpc_status = grpc.StatusCode.UNAUTHENTICATED
+
+
 class NotSupported(TesseraError):
     """The server does not implement the operation or feature requested."""
 
@@ -454,6 +462,19 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
+def _authorize(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Ask the servicer's `authorizer` (service/common/authz.py), when it has one, whether the
+    caller may make this call; it raises PermissionDenied if not. A streaming request is passed
+    as None (the handler checks each message itself)."""
+    authorizer = getattr(args[0], "authorizer", None) if args else None
+    if authorizer is None:
+        return
+    request = args[1] if len(args) > 2 else None
+    if request is not None and hasattr(request, "__aiter__"):
+        request = None
+    authorizer.check(method, request, _context_of(args, kwargs))
+
+
 @overload
 def rpc_errors(fn: Callable[_P, AsyncIterator[_R]]) -> Callable[_P, AsyncIterator[_R]]: ...
 
@@ -469,6 +490,9 @@ def rpc_errors(fn: Callable[_P, Any]) -> Callable[_P, Any]:
 
     Cancellation (a BaseException) and grpc.aio's own AbortError pass through untouched.
 
+    Before the handler runs, the servicer's `authorizer` (if it has one) decides whether the
+    caller may make the call (service/common/authz.py); a refusal is raised like any error.
+
     If the servicer carries an `RpcObserver` (`observe_rpcs`), every finished call is reported
     to it with its outcome code and duration; without one nothing else changes.
     """
@@ -482,6 +506,7 @@ def rpc_errors(fn: Callable[_P, Any]) -> Callable[_P, Any]:
             started = time.perf_counter() if observer is not None else 0.0
             code = "CANCELLED"  # unless the call ends one of the ways below
             try:
+                _authorize(method, args, kwargs)
                 async for item in fn(*args, **kwargs):
                     yield item
                 code = "OK"
@@ -507,6 +532,7 @@ def rpc_errors(fn: Callable[_P, Any]) -> Callable[_P, Any]:
         started = time.perf_counter() if observer is not None else 0.0
         code = "CANCELLED"  # unless the call ends one of the ways below
         try:
+            _authorize(method, args, kwargs)
             result = await fn(*args, **kwargs)
             code = "OK"
             return result
@@ -541,7 +567,7 @@ _BY_STATUS: dict[grpc.StatusCode, type[TesseraError]] = {
     grpc.StatusCode.CANCELLED: Aborted,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-    grpc.StatusCode.UNAUTHENTICATED: PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.UNIMPLEMENTED: NotSupported,
     grpc.StatusCode.DATA_LOSS: Corruption,
 }

@@ -45,13 +45,16 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from google.protobuf.message import DecodeError
 
+from service.common.authz import Authorizer, Rule, allow
 from service.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     WrongDestination,
     rpc_errors,
 )
+from service.common.tls import INSECURE_PEER, Credentials, open_channel
 from service.consensus.codec import CodecError, message_from_pb, message_to_pb
 from service.consensus.fs import FileSystem
 from service.consensus.quiesce import Quiescence
@@ -138,7 +141,9 @@ class _Peer:
             self.close_stream()
             if self.channel is not None:
                 self.t._closing.add(asyncio.ensure_future(self.channel.close(None)))
-            self.channel = grpc.aio.insecure_channel(address, options=self.t.channel_options)
+            self.channel = open_channel(
+                address, self.t.credentials, role=self.t.peer_role, options=self.t.channel_options
+            )
             self.stub = pb_grpc.ConsensusServiceStub(self.channel)
             self.address = address
         return self.stub
@@ -266,8 +271,15 @@ class GrpcTransport:
         incarnations: Incarnations | None,
         max_message_bytes: int = 64 << 20,
         drop_unknown_groups: bool = False,
+        credentials: Credentials | None = None,
+        peer_role: str = "",
     ) -> None:
         self.uuid = uuid
+        self.credentials = credentials
+        """Mutual TLS to every peer when set (service/common/tls.py); plaintext otherwise."""
+        self.peer_role = peer_role
+        """The role a peer's certificate must have ("master" for sys.catalog's group,
+        "tserver" for tablets)."""
         self.drop_unknown_groups = drop_unknown_groups
         """A tablet server hosts hundreds of groups on one stream per peer: a batch for a group
         it does not host (yet: a CreateTablet still on its way; or any more: deleted) is
@@ -450,8 +462,26 @@ class ConsensusServicer:
     Registered with a raw-bytes deserializer (`add_to_server`) so that garbage on the wire is
     answered with INVALID_ARGUMENT naming the problem, not gRPC's generic INTERNAL."""
 
-    def __init__(self, transport: GrpcTransport) -> None:
+    def __init__(self, transport: GrpcTransport, authorizer: Authorizer | None = None) -> None:
         self.transport = transport
+        self.authorizer = authorizer
+        """Set by a secured server: only peers of `transport.peer_role` may send, and each
+        only as itself (`_check_sender`)."""
+
+    @staticmethod
+    def policy(role: str) -> dict[str, Rule]:
+        """Who may send Raft messages to a server whose groups' peers have `role`."""
+        return {"Step": allow(role), "StepStream": allow(role)}
+
+    def _check_sender(self, req: pb.StepRequest, context: grpc.aio.ServicerContext) -> None:
+        """A peer speaks only for itself: the message's src_uuid must be its certificate's."""
+        if self.authorizer is None:
+            return
+        who = self.authorizer.identity(context)
+        if who is not INSECURE_PEER and who.name != req.src_uuid:
+            raise PermissionDenied(
+                f"raft message claims to come from {req.src_uuid!r}, but the caller is {who}"
+            )
 
     @rpc_errors
     async def Step(self, request: bytes, context: grpc.aio.ServicerContext) -> pb.StepResponse:
@@ -460,6 +490,7 @@ class ConsensusServicer:
             req.ParseFromString(request)
         except DecodeError as e:
             raise InvalidArgument(f"undecodable StepRequest ({len(request)} bytes): {e}") from e
+        self._check_sender(req, context)
         self.transport.deliver(req)
         inc = self.transport.incarnations
         return pb.StepResponse(instance=inc.own if inc else "")
@@ -474,6 +505,7 @@ class ConsensusServicer:
                 req.ParseFromString(raw)
             except DecodeError as e:
                 raise InvalidArgument(f"undecodable StepRequest ({len(raw)} bytes): {e}") from e
+            self._check_sender(req, context)
             self.transport.deliver(req)
         inc = self.transport.incarnations
         return pb.StepResponse(instance=inc.own if inc else "")

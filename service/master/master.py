@@ -79,6 +79,7 @@ from typing import cast
 import grpc
 import grpc.aio
 
+from service.common.authz import Authorizer
 from service.common.clock import Clock, RealClock
 from service.common.config import MasterConfig
 from service.common.errors import (
@@ -90,8 +91,10 @@ from service.common.errors import (
 from service.common.http_status import StatusServer, public_address
 from service.common.ids import NodeId
 from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
+from service.common.pki import Identity
 from service.common.private_files import check_private_tree, private_dir
 from service.common.server_main import advertised_address
+from service.common.tls import Credentials, add_port, server_credentials_for
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import LeaderChange, NodeSettings, RaftNode
 from service.consensus.raft_store import RaftStore
@@ -101,6 +104,7 @@ from service.master.catalog_manager import CatalogManager, Replicate
 from service.master.catalog_settings import CatalogSettings
 from service.master.heartbeat import HeartbeatContext, ReportGate
 from service.master.master_membership import master_uuid
+from service.master.master_service import POLICY as MASTER_POLICY
 from service.master.master_service import MasterServicer
 from service.master.progress_clock import ProgressClock
 from service.master.report_processing import ReportAction
@@ -195,6 +199,8 @@ class MasterServer:
         self._addresses_pb: tuple[tuple[MasterPeer, ...], tuple[pb.HostPortPB, ...]] | None = None
         # Background tasks (module docstring): the proxy lives as long as the process.
         self.proxy: TServerProxy | None = None
+        self.credentials: Credentials | None = None
+        """This master's certificate and key (security.mode = "secure"), for every channel."""
         self.background: BackgroundTasks | None = None
         self._rng = random.Random()
         # Status pages and metrics (module docstring): one registry per server object.
@@ -210,13 +216,20 @@ class MasterServer:
     async def start(self) -> None:
         """Bind, open sys.catalog (WAL recovery), wire the services, start serving."""
         config = self.config
+        creds = server_credentials_for(config.security, Path(config.data_dir), config.rpc_bind)
+        self.credentials = creds
         server = grpc.aio.server(options=config.rpc.server_options())
-        port = server.add_insecure_port(config.rpc_bind)
+        port = add_port(server, config.rpc_bind, creds)
         if port == 0:
             raise OSError(f"could not bind {config.rpc_bind}")
         self._server = server
         self.address = advertised_address(config.rpc_bind, config.advertised_address, port)
         self.uuid = master_uuid(self.address)
+        if creds is not None and creds.identity != Identity("master", self.uuid):
+            raise InvalidArgument(
+                f"{config.security.cert_file}: the certificate binds {creds.identity}, but this "
+                f"server is master {self.uuid!r}: give it a certificate of its own"
+            )
         addresses = config.master_addresses or (self.address,)
         joining = config.join_existing
         if self.address not in addresses and not joining:
@@ -234,7 +247,11 @@ class MasterServer:
         fs = RealFileSystem()
         incarnations = Incarnations(fs, str(data_dir), self.uuid)
         transport = GrpcTransport(
-            self.uuid, incarnations=incarnations, max_message_bytes=config.rpc.max_message_bytes
+            self.uuid,
+            incarnations=incarnations,
+            max_message_bytes=config.rpc.max_message_bytes,
+            credentials=creds,
+            peer_role="master",
         )
         self.transport = transport
         store, recovered = RaftStore.open(
@@ -282,11 +299,16 @@ class MasterServer:
         self.proxy = TServerProxy(
             rpc_timeout_s=config.tserver_rpc_timeout_ms / 1000.0,
             grpc_options=config.rpc.grpc_options(),
+            credentials=creds,
         )
         node.listeners.append(self._on_leader_change)
         transport.register(GROUP, node.step, node.report_unreachable, node.snapshot_sent)
-        consensus_servicer = ConsensusServicer(transport)
+        secure = creds is not None
+        consensus_servicer = ConsensusServicer(
+            transport, Authorizer(ConsensusServicer.policy("master"), secure=secure)
+        )
         master_servicer = MasterServicer(self)
+        master_servicer.authorizer = Authorizer(MASTER_POLICY, secure=secure)
         for servicer in (consensus_servicer, master_servicer):
             observe_rpcs(servicer, self.rpc_metrics)
         consensus_servicer.add_to_server(server)

@@ -59,6 +59,7 @@ from service.common.errors import (
     from_grpc,
 )
 from service.common.ids import NodeId
+from service.common.tls import open_channel
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.raft import ConfigChangeType, Role
@@ -136,7 +137,9 @@ class MasterMembership:
     async def _probe(self, address: str, uuid: NodeId) -> None:
         """The master to add must be up, have `uuid`, and not lead a group of its own."""
         try:
-            async with grpc.aio.insecure_channel(address) as channel:
+            # Over mutual TLS in a secure cluster: the new master must hold a master
+            # certificate of the cluster's CA, or the handshake fails here.
+            async with open_channel(address, self.master.credentials, role="master") as channel:
                 stub = master_pb2_grpc.MasterServiceStub(channel)
                 resp: pb.ConnectToMasterResponsePB = await stub.ConnectToMaster(
                     pb.ConnectToMasterRequestPB(), timeout=PROBE_TIMEOUT_S

@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
+from service.common.authz import ADMIN, ANYONE, Authorizer, Rule, allow
 from service.common.errors import InvalidArgument, NotReady, NotTheLeader, rpc_errors
 from service.common.partition import PartitionSchema
+from service.common.pki import Identity
 from service.common.schema import AddColumn, AlterOp, DropColumn, RenameColumn, Schema
 from service.common.schema_codec import (
     column_from_pb,
@@ -92,8 +94,57 @@ _MEMBER_TYPE_TO_PB = {MemberType.VOTER: pb.VOTER, MemberType.NON_VOTER: pb.NON_V
 _MAX_NAME_FILTER = 256
 
 
+def _heartbeat_is_its_own(request: pb.TSHeartbeatRequestPB, who: Identity) -> str | None:
+    """A tablet server heartbeats only as itself: registering, reporting or moving another
+    server's address under its uuid is refused."""
+    uuid = request.instance.permanent_uuid
+    return None if uuid == who.name else f"the heartbeat is for {uuid!r}"
+
+
+POLICY: dict[str, Rule] = {
+    # DDL, replica moves and master membership: admins.
+    **dict.fromkeys(
+        [
+            "CreateTable",
+            "AlterTable",
+            "DeleteTable",
+            "AddReplica",
+            "RemoveReplica",
+            "MoveReplica",
+            "AddMaster",
+            "RemoveMaster",
+            "DumpCatalog",
+        ],
+        ADMIN,
+    ),
+    # Reads of the catalog's public face: any authenticated party.
+    **dict.fromkeys(
+        [
+            "IsCreateTableDone",
+            "IsAlterTableDone",
+            "ListTables",
+            "GetTableSchema",
+            "GetTableLocations",
+            "GetTabletLocations",
+            "ConnectToMaster",
+            "Ping",
+            "ListMasters",
+            "ListTabletServers",
+        ],
+        ANYONE,
+    ),
+    # Heartbeats: a tablet server, as itself.
+    "TSHeartbeat": allow("tserver", check=_heartbeat_is_its_own),
+    "TSHeartbeatStream": allow("tserver", check=_heartbeat_is_its_own),
+}
+"""Who may call each MasterService method (service/common/authz.py; default deny)."""
+
+
 class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     """Thin: validate, leader check, delegate, return (module docstring)."""
+
+    authorizer: Authorizer | None = None
+    """Set by a secured master (POLICY); None in unit tests that call handlers directly."""
 
     def __init__(self, master: MasterServer) -> None:
         self.master = master
@@ -329,6 +380,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         """TSHeartbeat, request after request, on one stream per tablet server; the first
         error ends it (rpc_errors)."""
         async for request in request_iterator:
+            if self.authorizer is not None:
+                self.authorizer.check("TSHeartbeatStream", request, context)
             yield await handle_heartbeat(self.master.heartbeat_context(), request)
 
     @rpc_errors

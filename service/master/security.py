@@ -63,9 +63,8 @@ from typing import Any, TypeAlias
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-from cryptography.x509.oid import NameOID
 
 from service.common.errors import (
     Corruption,
@@ -74,6 +73,7 @@ from service.common.errors import (
     PermissionDenied,
     TesseraError,
 )
+from service.common.pki import BACKDATE, CA_VALIDITY, CertificateAuthority
 from service.master.catalog_manager import Replicate
 from service.master.catalog_records import (
     CatalogWrite,
@@ -115,9 +115,8 @@ log = logging.getLogger(__name__)
 
 SECOND_US = 1_000_000
 DAY_US = 86_400 * SECOND_US
-CA_VALIDITY = datetime.timedelta(days=3650)
 """The root CA's validity: about 10 years (Kudu's default for its internal CA)."""
-CA_BACKDATE = datetime.timedelta(hours=1)
+CA_BACKDATE = BACKDATE
 """The CA is valid from this long before `now`: slack for clocks skewed among the servers."""
 CA_COMMON_NAME = "Tessera internal root CA"
 
@@ -150,46 +149,11 @@ class LoadedCA:
 
 def generate_ca(now_us: int) -> CertAuthorityRecord:
     """A new self-signed root CA (module docstring), valid from `now_us` - CA_BACKDATE for
-    CA_VALIDITY. The key comes from the OS's random source; nothing else is random but the
+    CA_VALIDITY (`service.common.pki.CertificateAuthority.create`, the one place certificates
+    are built). The key comes from the OS's random source; nothing else is random but the
     serial number."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_COMMON_NAME)])
-    start = _utc(now_us) - CA_BACKDATE
-    public = key.public_key()
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(public)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(start + CA_VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return CertAuthorityRecord(
-        certificate_pem=cert.public_bytes(serialization.Encoding.PEM),
-        private_key_pem=key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ),
-    )
+    ca = CertificateAuthority.create(now=_utc(now_us), common_name=CA_COMMON_NAME)
+    return CertAuthorityRecord(certificate_pem=ca.cert_pem, private_key_pem=ca.key_pem)
 
 
 def load_ca(record: CertAuthorityRecord) -> LoadedCA:

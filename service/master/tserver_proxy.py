@@ -35,6 +35,7 @@ import grpc.aio
 from service.common.errors import from_grpc
 from service.common.schema import Schema
 from service.common.schema_codec import partition_schema_to_pb, partition_to_pb, schema_to_pb
+from service.common.tls import Credentials, open_channel
 from service.master.catalog_records import (
     ConsensusState,
     HostPort,
@@ -88,12 +89,14 @@ class TServerProxy:
         rpc_timeout_s: float = 10.0,
         grpc_options: list[tuple[str, Any]] | None = None,
         max_channels: int = 4096,
+        credentials: Credentials | None = None,
     ) -> None:
         if not rpc_timeout_s > 0:
             raise ValueError(f"rpc_timeout_s must be > 0, got {rpc_timeout_s}")
         self.rpc_timeout_s = rpc_timeout_s
         self._options = list(grpc_options or [])
         self._max_channels = max_channels
+        self._credentials = credentials
         self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
         self._stubs: dict[str, tserver_pb2_grpc.TabletServerAdminServiceStub] = {}
         self._closing: set[asyncio.Future[None]] = set()
@@ -237,7 +240,7 @@ class TServerProxy:
             closing = asyncio.ensure_future(channel.close(None))
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
-        channel = grpc.aio.insecure_channel(address, options=self._options)
+        channel = open_channel(address, self._credentials, role="tserver", options=self._options)
         self._channels[address] = channel
         stub = self._stubs[address] = tserver_pb2_grpc.TabletServerAdminServiceStub(channel)
         return stub

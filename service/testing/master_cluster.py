@@ -21,6 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+import grpc.aio
+
+from service.common.pki import ClusterPki
+from service.common.tls import Credentials, SecuritySettings, open_channel, open_sync_channel
 from service.master.master import master_uuid
 from service.testing.demo_cluster import free_ports
 from service.testing.processes import terminate_all
@@ -65,9 +70,17 @@ class MasterCluster:
     size: int = 3
     overrides: Mapping[str, str] = field(default_factory=lambda: dict(FAST_RAFT))
     masters: dict[str, MasterProcess] = field(default_factory=dict)
+    secure: bool = True
+    """Mutual TLS from a CA made for the cluster in `<base>/pki` (the product's default)."""
+    pki: ClusterPki | None = None
+    """The CA to issue from (another cluster's, to share it); default: a new one in base."""
 
     def __post_init__(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
+        if self.secure and self.pki is None:
+            self.pki = ClusterPki(self.base / "pki")
+        elif not self.secure:
+            self.pki = None
         for i, port in enumerate(free_ports(self.size), start=1):
             name = f"master-{i}"
             self.masters[name] = MasterProcess(
@@ -77,6 +90,33 @@ class MasterCluster:
     @property
     def addresses(self) -> list[str]:
         return [m.address for m in self.masters.values()]
+
+    def credentials(self, role: str = "admin", name: str = "test-admin") -> Credentials | None:
+        """A client's credentials for this cluster (None when it runs insecure)."""
+        if self.pki is None:
+            return None
+        return Credentials.from_files(self.pki.files(role, name))
+
+    def credentials_dir(self) -> str | None:
+        """An admin's credentials directory for this cluster (ca.pem, cert.pem, key.pem):
+        what `--credentials` and the Spark option `credentials` take; None when insecure."""
+        if self.pki is None:
+            return None
+        return str(self.pki.export("admin", "test-admin", self.base / "credentials").ca_file.parent)
+
+    def sync_channel(self, address: str) -> grpc.Channel:
+        """A blocking channel to any server of this cluster, as its admin."""
+        return open_sync_channel(address, self.credentials())
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """An asyncio channel to any server of this cluster, as its admin."""
+        return open_channel(address, self.credentials())
+
+    def security_overrides(self, role: str, name: str) -> list[str]:
+        """`--set` arguments giving a server of (role, name) its certificate (none insecure)."""
+        if self.pki is None:
+            return ["security.mode=insecure"]
+        return SecuritySettings.from_files(self.pki.files(role, name)).overrides()
 
     def by_address(self, address: str) -> MasterProcess:
         for m in self.masters.values():
@@ -127,6 +167,8 @@ class MasterCluster:
         ]
         if join:
             args += ["--set", "join_existing=true"]
+        for s in self.security_overrides("master", m.uuid):
+            args += ["--set", s]
         for k, v in self.overrides.items():
             args += ["--set", f"{k}={v}"]
         logf = m.log.open("ab")

@@ -17,12 +17,15 @@ import signal
 import subprocess
 import sys
 import time
+import uuid as uuidlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
+from service.client.sync import SyncClient
+from service.common.tls import Credentials, open_sync_channel
 from service.pb import master_pb2 as mpb
 from service.pb import master_pb2_grpc
 from service.testing.master_cluster import FAST_RAFT, ROOT, MasterCluster
@@ -63,10 +66,14 @@ class MiniCluster:
     master_overrides: Mapping[str, str] = field(default_factory=lambda: dict(FAST_RAFT))
     tserver_overrides: Mapping[str, str] = field(default_factory=lambda: dict(FAST_TSERVER))
     tservers: dict[str, TServerProcess] = field(default_factory=dict)
+    secure: bool = True
+    """Mutual TLS from a CA made for the cluster in `<base>/pki` (the product's default)."""
 
     def __post_init__(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
-        self.masters = MasterCluster(self.base, self.num_masters, self.master_overrides)
+        self.masters = MasterCluster(
+            self.base, self.num_masters, self.master_overrides, secure=self.secure
+        )
         for i in range(1, self.num_tservers + 1):
             self.add_tserver_slot(f"ts-{i}")
 
@@ -78,6 +85,35 @@ class MiniCluster:
     @property
     def master_addresses(self) -> list[str]:
         return self.masters.addresses
+
+    def credentials(self, role: str = "admin", name: str = "test-admin") -> Credentials | None:
+        """A client's credentials for this cluster (None when it runs insecure)."""
+        return self.masters.credentials(role, name)
+
+    def credentials_dir(self) -> str | None:
+        """An admin's credentials directory for this cluster (None when insecure)."""
+        return self.masters.credentials_dir()
+
+    def sync_channel(self, address: str) -> grpc.Channel:
+        """A blocking channel to any server of this cluster, as its admin."""
+        return self.masters.sync_channel(address)
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """An asyncio channel to any server of this cluster, as its admin."""
+        return self.masters.channel(address)
+
+    def client(self, timeout: float = 60.0, **kwargs: object) -> SyncClient:
+        """A blocking client of this cluster with admin credentials."""
+        return SyncClient(
+            self.master_addresses, timeout=timeout, credentials=self.credentials(), **kwargs
+        )
+
+    def _tserver_uuid(self, ts: TServerProcess) -> str:
+        """The uuid the server has (its instance file) or will take (from its certificate)."""
+        try:
+            return str(json.loads((ts.data_dir / "instance").read_text())["uuid"])
+        except (OSError, ValueError, KeyError):
+            return f"ts-{uuidlib.uuid4().hex}"
 
     def start(self) -> None:
         self.masters.start()
@@ -94,7 +130,7 @@ class MiniCluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for address in self.master_addresses:
-                with grpc.insecure_channel(address) as ch:
+                with open_sync_channel(address, self.credentials(), role="master") as ch:
                     stub = master_pb2_grpc.MasterServiceStub(ch)
                     try:
                         r = stub.ListTabletServers(mpb.ListTabletServersRequestPB(), timeout=2)
@@ -133,6 +169,8 @@ class MiniCluster:
         ]
         for k, v in self.tserver_overrides.items():
             args += ["--set", f"{k}={v}"]
+        for s in self.masters.security_overrides("tserver", self._tserver_uuid(ts)):
+            args += ["--set", s]
         logf = ts.log.open("ab")
         penv = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         ts.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, env=penv)

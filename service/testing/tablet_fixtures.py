@@ -12,6 +12,7 @@ import pyarrow as pa
 from service.common.partition import Partition
 from service.common.schema import ColumnType, Schema
 from service.common.schema_codec import partition_to_pb, schema_to_pb
+from service.common.tls import open_channel
 from service.pb import common_pb2 as cpb
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
@@ -129,8 +130,10 @@ class ClusterStubs:
         ts = self.cluster.tserver_by_uuid(uuid)
         ch = self.channels.get(uuid)
         if ch is None:
-            ch = self.channels[uuid] = grpc.aio.insecure_channel(
+            ch = self.channels[uuid] = open_channel(
                 ts.address,
+                self.cluster.credentials(),
+                role="tserver",
                 options=[
                     ("grpc.max_reconnect_backoff_ms", 300),
                     ("grpc.max_receive_message_length", 64 << 20),

@@ -45,9 +45,11 @@ from typing import Any
 
 from service.client import TableInfo, TesseraClient
 from service.client.client import AlterStep
+from service.client.credentials import find_credentials
 from service.common.errors import InvalidArgument
 from service.common.partition import PartitionSchema, RangeSchema
 from service.common.schema import AddColumn, DropColumn, RenameColumn
+from service.common.tls import Credentials
 from service.tools.cli_args import exit_code_of_errors, run_parsed
 from service.tools.output import dumps, format_table
 from service.tools.table_syntax import (
@@ -105,6 +107,12 @@ def masters_of(args: argparse.Namespace) -> list[str]:
     return _dir_masters(Path(args.dir))
 
 
+def credentials_of(args: argparse.Namespace) -> Credentials | None:
+    """--credentials DIR, else `<--dir>/credentials`, else $TESSERA_CREDENTIALS
+    (service/client/credentials.py)."""
+    return find_credentials(getattr(args, "credentials", None), getattr(args, "dir", None))
+
+
 def add_connection_args(
     p: argparse.ArgumentParser, *, fmt: bool = True, timeout: float = 30.0
 ) -> None:
@@ -114,6 +122,13 @@ def add_connection_args(
     where.add_argument("--dir", type=Path, help="a cluster started by `tessera cluster up`")
     p.add_argument(
         "--timeout", type=float, default=timeout, help=f"deadline of each call in s ({timeout:g})"
+    )
+    p.add_argument(
+        "--credentials",
+        type=Path,
+        metavar="DIR",
+        help="ca.pem, cert.pem and key.pem of a secured cluster (default: <--dir>/credentials, "
+        "else $TESSERA_CREDENTIALS)",
     )
     if fmt:
         p.add_argument("--format", choices=["plain", "json"], default="plain")
@@ -126,7 +141,7 @@ def run_command(fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) ->
 
 
 def _client(args: argparse.Namespace) -> TesseraClient:
-    return TesseraClient(masters_of(args), timeout=args.timeout)
+    return TesseraClient(masters_of(args), timeout=args.timeout, credentials=credentials_of(args))
 
 
 # --- argparse glue -------------------------------------------------------------------------

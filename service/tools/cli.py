@@ -156,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         ksck_cmd,
         master_cmd,
         rebalance_cmd,
+        security_cmd,
     )
 
     cluster_sub = cluster_cmd.register(sub)
@@ -165,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     master_cmd.register(sub)
     rebalance_cmd.register_replica(sub)
     jobs_cmd.register(sub)
+    security_cmd.register(sub)
 
     sim = sub.add_parser("sim", help="run the deterministic Raft simulator")
     sim.add_argument("--seeds", type=int, default=200)

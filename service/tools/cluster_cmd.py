@@ -26,6 +26,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from service.client.credentials import find_credentials
 from service.common.errors import InvalidArgument
 from service.tools import local_cluster
 from service.tools.cli_args import exit_code_of_errors, int_at_least
@@ -80,7 +81,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         st = local_cluster.status(args.dir, rpc_timeout=args.rpc_timeout)
     else:
         st = status_of_masters(
-            args.masters, rpc_timeout=args.rpc_timeout, expect_tservers=args.tservers
+            args.masters,
+            rpc_timeout=args.rpc_timeout,
+            expect_tservers=args.tservers,
+            credentials=find_credentials(args.credentials),
         )
     if args.format == "json":
         print(json.dumps(st.to_json(), indent=2))
@@ -188,6 +192,12 @@ def _add_actions(
         type=int_at_least(0),
         help="with --masters: how many tablet servers must be live (unregistered ones are"
         " invisible to the masters)",
+    )
+    status.add_argument(
+        "--credentials",
+        metavar="DIR",
+        help="with --masters: ca.pem, cert.pem, key.pem of a secured cluster "
+        "(default: $TESSERA_CREDENTIALS)",
     )
     status.add_argument("--format", choices=["plain", "json"], default="plain")
     status.add_argument("--rpc-timeout", type=float, default=2.0, help=argparse.SUPPRESS)

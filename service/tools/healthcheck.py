@@ -33,6 +33,8 @@ from typing import Any
 
 import grpc
 
+from service.client.credentials import find_credentials
+from service.common.tls import Credentials, open_channel, tls_hint
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc, tserver_pb2_grpc
 
@@ -52,9 +54,11 @@ __all__ = [
 KINDS = ("master", "tserver")
 
 
-async def check(address: str, kind: str, timeout: float = 3.0) -> str | None:
+async def check(
+    address: str, kind: str, timeout: float = 3.0, credentials: Credentials | None = None
+) -> str | None:
     """None if the `kind` server at `address` answers Ping within `timeout`, else the problem."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with open_channel(address, credentials, role=kind) as channel:
         if kind == "master":
             ping = master_pb2_grpc.MasterServiceStub(channel).Ping
         else:
@@ -62,7 +66,11 @@ async def check(address: str, kind: str, timeout: float = 3.0) -> str | None:
         try:
             await ping(pb.PingRequestPB(), timeout=timeout)
         except grpc.aio.AioRpcError as e:
-            return f"{kind} at {address} does not answer Ping: {e.code().name} {e.details() or ''}"
+            hint = "" if credentials is not None else tls_hint(e)
+            return (
+                f"{kind} at {address} does not answer Ping: {e.code().name} {e.details() or ''}"
+                + hint
+            )
     return None
 
 
@@ -101,22 +109,26 @@ class MasterProbe:
     tservers: tuple[TabletServerView, ...] = ()
 
 
-def _rpc_error(address: str, e: grpc.aio.AioRpcError) -> str:
-    return f"unreachable at {address}: {e.code().name} {e.details() or ''}".rstrip()
+def _rpc_error(address: str, e: grpc.aio.AioRpcError, credentials: Credentials | None) -> str:
+    return f"unreachable at {address}: {e.code().name} {e.details() or ''}".rstrip() + (
+        "" if credentials is not None else tls_hint(e)
+    )
 
 
 _LeaderViews = tuple[pb.ListMastersResponsePB, pb.ListTabletServersResponsePB]
 
 
-async def _ask(address: str, rpc_timeout: float) -> tuple[MasterView, _LeaderViews | None]:
+async def _ask(
+    address: str, rpc_timeout: float, credentials: Credentials | None
+) -> tuple[MasterView, _LeaderViews | None]:
     """ConnectToMaster on one master; if it leads, also ListTables, ListMasters and
     ListTabletServers. Returns its view and (a serving leader only) the last two responses."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with open_channel(address, credentials, role="master") as channel:
         stub = master_pb2_grpc.MasterServiceStub(channel)
         try:
             r = await stub.ConnectToMaster(pb.ConnectToMasterRequestPB(), timeout=rpc_timeout)
         except grpc.aio.AioRpcError as e:
-            return MasterView(address, error=_rpc_error(address, e)), None
+            return MasterView(address, error=_rpc_error(address, e, credentials)), None
         view = MasterView(address, pb.RaftRolePB.Name(r.role), r.term)
         if r.role != pb.LEADER:
             return view, None
@@ -125,13 +137,17 @@ async def _ask(address: str, rpc_timeout: float) -> tuple[MasterView, _LeaderVie
             masters = await stub.ListMasters(pb.ListMastersRequestPB(), timeout=rpc_timeout)
             ts = await stub.ListTabletServers(pb.ListTabletServersRequestPB(), timeout=rpc_timeout)
         except grpc.aio.AioRpcError as e:
-            return replace(view, error=f"leader not serving: {_rpc_error(address, e)}"), None
+            return replace(
+                view, error=f"leader not serving: {_rpc_error(address, e, credentials)}"
+            ), None
         return view, (masters, ts)
 
 
-async def probe_masters(addresses: Sequence[str], rpc_timeout: float = 2.0) -> MasterProbe:
+async def probe_masters(
+    addresses: Sequence[str], rpc_timeout: float = 2.0, credentials: Credentials | None = None
+) -> MasterProbe:
     """Ask every master at once; an unreachable master is reported, naming its address."""
-    answers = await asyncio.gather(*(_ask(a, rpc_timeout) for a in addresses))
+    answers = await asyncio.gather(*(_ask(a, rpc_timeout, credentials) for a in addresses))
     views = [v for v, _ in answers]
     lead = next(((v, extra) for v, extra in answers if extra is not None), None)
     if lead is None:
@@ -206,13 +222,16 @@ class ClusterStatus:
 
 
 def status_of_masters(
-    addresses: Sequence[str], rpc_timeout: float = 2.0, expect_tservers: int | None = None
+    addresses: Sequence[str],
+    rpc_timeout: float = 2.0,
+    expect_tservers: int | None = None,
+    credentials: Credentials | None = None,
 ) -> ClusterStatus:
     """Status of a cluster known only by its masters' addresses (no pids: a remote cluster,
     e.g. from the compose job runner): the masters, and the tablet servers the leader knows.
     A tablet server that never registered is invisible here; `expect_tservers` makes fewer
     live ones than that a problem."""
-    probe = asyncio.run(probe_masters(addresses, rpc_timeout))
+    probe = asyncio.run(probe_masters(addresses, rpc_timeout, credentials))
     out: list[ServerStatus] = []
     problems: list[str] = []
     for v in probe.masters:
@@ -254,12 +273,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", required=True, metavar="HOST:PORT")
     p.add_argument("--kind", required=True, choices=KINDS)
     p.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
+    p.add_argument(
+        "--credentials",
+        metavar="DIR",
+        help="ca.pem, cert.pem, key.pem for a secured cluster (default: $TESSERA_CREDENTIALS)",
+    )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    problem = asyncio.run(check(args.address, args.kind, args.timeout))
+    problem = asyncio.run(
+        check(args.address, args.kind, args.timeout, find_credentials(args.credentials))
+    )
     if problem is not None:
         print(f"unhealthy: {problem.rstrip()}", file=sys.stderr)
         return 1

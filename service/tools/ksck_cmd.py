@@ -36,9 +36,16 @@ from service.client import TesseraClient
 from service.client.channels import ChannelPool
 from service.client.client import TableSummary, TabletServerInfo
 from service.common.errors import NotFound, TesseraError, WrongDestination, from_grpc
+from service.common.tls import Credentials
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
-from service.tools.admin_cmd import add_connection_args, group_actions, masters_of, run_command
+from service.tools.admin_cmd import (
+    add_connection_args,
+    credentials_of,
+    group_actions,
+    masters_of,
+    run_command,
+)
 from service.tools.ksck import (
     ClusterSnapshot,
     Config,
@@ -150,12 +157,16 @@ async def _table(client: TesseraClient, t: TableSummary, timeout: float) -> Tabl
 
 
 async def gather(
-    masters: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S, tables: Sequence[str] = ()
+    masters: Sequence[str],
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    tables: Sequence[str] = (),
+    credentials: Credentials | None = None,
 ) -> ClusterSnapshot:
     """Ask every server (module docstring). NotFound if a table in `tables` does not exist;
     any other failure is recorded in the snapshot for `check` to report."""
-    pool = ChannelPool()
-    client = TesseraClient(masters, timeout=timeout)
+    pool = ChannelPool(credentials)
+    client = TesseraClient(masters, timeout=timeout, credentials=credentials)
     try:
         probes = await asyncio.gather(*(_probe_master(pool, a, timeout) for a in masters))
         try:
@@ -273,7 +284,9 @@ def report_json(report: KsckReport) -> dict[str, object]:
 
 async def ksck(args: argparse.Namespace) -> int:
     tables = [t.strip() for t in (args.tables or "").split(",") if t.strip()]
-    snapshot = await gather(masters_of(args), timeout=args.timeout, tables=tables)
+    snapshot = await gather(
+        masters_of(args), timeout=args.timeout, tables=tables, credentials=credentials_of(args)
+    )
     report = check(snapshot)
     print(dumps(report_json(report)) if args.format == "json" else format_report(report))
     return 0 if report.healthy else 1

@@ -55,13 +55,18 @@ import signal
 import subprocess
 import sys
 import time
+import uuid as uuidlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from service.client.credentials import find_credentials
 from service.common.config import MasterConfig, TServerConfig, load_config, parse_override
 from service.common.errors import FailedPrecondition, InvalidArgument
+from service.common.pki import ClusterPki
+from service.common.tls import Credentials, SecuritySettings
+from service.master.master import master_uuid
 from service.testing.demo_cluster import free_ports
 from service.tools.healthcheck import ClusterStatus, ServerStatus, probe_masters
 
@@ -273,7 +278,45 @@ def _settings(record: ClusterRecord, server: ServerRecord) -> tuple[str, list[st
     settings.append(f"master_addresses={master_list}")
     if _http_supported(server.kind):
         settings.append("http_bind=127.0.0.1:0")
+    if not any(s.startswith("security.") for s in settings):
+        settings += _security(record, server)
     return conf, settings
+
+
+def _secured(record: ClusterRecord) -> bool:
+    """Secure unless the overrides say `security.mode=insecure` (comparison runs)."""
+    return not any(
+        s.replace(" ", "") == "security.mode=insecure"
+        for s in (*record.master_overrides, *record.tserver_overrides)
+    )
+
+
+def _pki(record: ClusterRecord) -> ClusterPki:
+    """The cluster's CA in DIR/pki, created with the cluster (module docstring: security)."""
+    return ClusterPki(record.dir / "pki")
+
+
+def _security(record: ClusterRecord, server: ServerRecord) -> list[str]:
+    """`security.*` settings giving `server` its certificate from the cluster's CA: a master's
+    names its address-derived uuid; a tablet server's the uuid in its data dir, or a new one
+    it takes when it formats it."""
+    if server.kind == "master":
+        name: str = master_uuid(server.address)
+    else:
+        name = server.uuid or _instance_uuid(Path(server.data_dir)) or f"ts-{uuidlib.uuid4().hex}"
+    return SecuritySettings.from_files(_pki(record).files(server.kind, name)).overrides()
+
+
+def _instance_uuid(data_dir: Path) -> str:
+    try:
+        return str(json.loads((data_dir / "instance").read_text())["uuid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def credentials(dir: Path | str) -> Credentials | None:
+    """The admin credentials of the cluster in DIR (DIR/credentials), None if it is insecure."""
+    return find_credentials(None, Path(dir).resolve())
 
 
 def _check_config(record: ClusterRecord) -> None:
@@ -474,6 +517,9 @@ def up(
     _check_config(record)
     for sub in ("data", "logs", "run"):
         (dir / sub).mkdir(parents=True, exist_ok=True)
+    if _secured(record):
+        # The admin's credentials, where every `--dir DIR` command finds them.
+        _pki(record).export("admin", "admin", dir / "credentials")
 
     launches: list[_Launch] = []
     try:
@@ -515,7 +561,9 @@ async def _wait_serving(
     expected = {s.uuid: s.name for s in record.tservers}
     while True:
         _check_alive(launches)
-        probe = await probe_masters(record.master_addresses, rpc_timeout=1.0)
+        probe = await probe_masters(
+            record.master_addresses, rpc_timeout=1.0, credentials=credentials(record.dir)
+        )
         live = {t.uuid for t in probe.tservers if t.live}
         missing = [name for uuid, name in expected.items() if uuid not in live]
         if probe.leader is not None and not missing:
@@ -569,7 +617,9 @@ def add_master(
         say(f"starting {name} ... ok (pid {launch.server.pid}, {launch.server.address})")
 
         async def add() -> None:
-            async with TesseraClient(record.master_addresses, timeout=timeout) as client:
+            async with TesseraClient(
+                record.master_addresses, timeout=timeout, credentials=credentials(record.dir)
+            ) as client:
                 await client.add_master(launch.server.address)
 
         asyncio.run(add())
@@ -605,7 +655,9 @@ def remove_master(
     server = found[0]
 
     async def remove() -> None:
-        async with TesseraClient(record.master_addresses, timeout=timeout) as client:
+        async with TesseraClient(
+            record.master_addresses, timeout=timeout, credentials=credentials(record.dir)
+        ) as client:
             await client.remove_master(server.address)
 
     asyncio.run(remove())
@@ -626,7 +678,9 @@ def status(dir: Path | str, rpc_timeout: float = 2.0) -> ClusterStatus:
     process or an unreachable master is reported in `problems`, not raised."""
     record = load_record(dir)
     running = {s.name: is_running(s) for s in record.servers}
-    probe = asyncio.run(probe_masters(record.master_addresses, rpc_timeout))
+    probe = asyncio.run(
+        probe_masters(record.master_addresses, rpc_timeout, credentials(record.dir))
+    )
     views = {v.address: v for v in probe.masters}
     registered = {t.uuid: t for t in probe.tservers}
     out: list[ServerStatus] = []

@@ -24,7 +24,7 @@ import sys
 from service.client.client import TesseraClient
 from service.common.errors import InvalidArgument
 from service.tools import local_cluster
-from service.tools.admin_cmd import add_connection_args, group_actions, masters_of
+from service.tools.admin_cmd import add_connection_args, credentials_of, group_actions, masters_of
 from service.tools.cli_args import exit_code_of_errors
 
 __all__ = ["register"]
@@ -40,7 +40,9 @@ def _on_leader(args: argparse.Namespace, method: str, master: str) -> None:
     """`TesseraClient.<method>(master)` against the cluster of `--masters`/`--dir`."""
 
     async def call() -> None:
-        async with TesseraClient(masters_of(args), timeout=args.timeout) as client:
+        async with TesseraClient(
+            masters_of(args), timeout=args.timeout, credentials=credentials_of(args)
+        ) as client:
             await getattr(client, method)(master)
 
     asyncio.run(call())

@@ -62,7 +62,13 @@ from service.master.rebalancing import (
     skew_report,
 )
 from service.pb import master_pb2 as mpb
-from service.tools.admin_cmd import add_connection_args, group_actions, masters_of, run_command
+from service.tools.admin_cmd import (
+    add_connection_args,
+    credentials_of,
+    group_actions,
+    masters_of,
+    run_command,
+)
 from service.tools.cli_args import int_at_least, run_parsed
 from service.tools.output import dumps, format_table
 
@@ -246,7 +252,9 @@ async def _catalog_shows(client: TesseraClient, done: Sequence[Move], timeout: f
 async def cmd_rebalance(args: argparse.Namespace) -> int:
     as_json = args.format == "json"
     out: dict[str, Any] = {}
-    async with TesseraClient(masters_of(args), timeout=args.timeout) as c:
+    async with TesseraClient(
+        masters_of(args), timeout=args.timeout, credentials=credentials_of(args)
+    ) as c:
         view = await gather(c, args.timeout)
         before = skew_report(view.distribution)
         out["before"] = _report_json(view, before)
@@ -327,7 +335,9 @@ def _print_view(args: argparse.Namespace, verb: str, v: ConsensusView) -> None:
 
 
 async def cmd_replica_add(args: argparse.Namespace) -> int:
-    async with TesseraClient(masters_of(args), timeout=args.timeout) as c:
+    async with TesseraClient(
+        masters_of(args), timeout=args.timeout, credentials=credentials_of(args)
+    ) as c:
         v = await add_replica(
             c, args.tablet_id, args.ts_uuid, timeout=args.timeout, wait_for_voter=not args.no_wait
         )
@@ -336,7 +346,9 @@ async def cmd_replica_add(args: argparse.Namespace) -> int:
 
 
 async def cmd_replica_remove(args: argparse.Namespace) -> int:
-    async with TesseraClient(masters_of(args), timeout=args.timeout) as c:
+    async with TesseraClient(
+        masters_of(args), timeout=args.timeout, credentials=credentials_of(args)
+    ) as c:
         v = await remove_replica(
             c,
             args.tablet_id,
@@ -349,7 +361,9 @@ async def cmd_replica_remove(args: argparse.Namespace) -> int:
 
 
 async def cmd_replica_move(args: argparse.Namespace) -> int:
-    async with TesseraClient(masters_of(args), timeout=args.timeout) as c:
+    async with TesseraClient(
+        masters_of(args), timeout=args.timeout, credentials=credentials_of(args)
+    ) as c:
         v = await move_replica(c, args.tablet_id, args.from_ts, args.to_ts, timeout=args.timeout)
     _print_view(args, f"moved from {args.from_ts} to {args.to_ts}", v)
     return 0

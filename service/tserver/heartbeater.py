@@ -54,6 +54,7 @@ from typing import Any, cast
 import grpc
 
 from service.common.errors import from_grpc
+from service.common.tls import Credentials, open_channel
 from service.pb import master_pb2 as mpb
 from service.pb import master_pb2_grpc as mpb_grpc
 from service.tserver.tablet_manager import TabletManager
@@ -143,8 +144,10 @@ class Heartbeater:
         max_failures_before_backoff: int,
         on_master_term: Callable[[int], None],
         highest_term: Callable[[], int],
+        credentials: Credentials | None = None,
     ) -> None:
         self.views = [MasterView(a) for a in master_addresses]
+        self.credentials = credentials
         self.instance = instance
         self.registration = registration
         self.tablets = tablets
@@ -162,7 +165,7 @@ class Heartbeater:
             self._start_loop(v)
 
     def _start_loop(self, v: MasterView) -> None:
-        ch = grpc.aio.insecure_channel(v.address)
+        ch = open_channel(v.address, self.credentials, role="master")
         ev = asyncio.Event()
         stub = mpb_grpc.MasterServiceStub(ch)
         task = asyncio.create_task(self._loop(v, stub, ev), name=f"hb-{v.address}")

@@ -84,6 +84,7 @@ from service.common.errors import (
     from_grpc,
 )
 from service.common.periodic import Periodic
+from service.common.tls import Credentials, open_channel
 from service.consensus.fs import RealFileSystem
 from service.consensus.raft_store import RaftStore
 from service.pb import tserver_pb2 as tpb
@@ -282,8 +283,11 @@ class CopyStatus:
 class CopyClient:
     """Runs the copies this server is the destination of (module docstring)."""
 
-    def __init__(self, tablets: TabletManager, max_concurrent: int) -> None:
+    def __init__(
+        self, tablets: TabletManager, max_concurrent: int, credentials: Credentials | None = None
+    ) -> None:
         self.tablets = tablets
+        self.credentials = credentials
         self.copies: dict[str, CopyStatus] = {}
         self._sem = asyncio.Semaphore(max_concurrent)
 
@@ -349,8 +353,10 @@ class CopyClient:
         tm = self.tablets
         tablet_id = status.tablet_id
         t0 = time.monotonic()
-        async with grpc.aio.insecure_channel(
+        async with open_channel(
             address,
+            self.credentials,
+            role="tserver",
             options=[("grpc.max_receive_message_length", 2 * CHUNK_BYTES + (1 << 20))],
         ) as ch:
             stub = tpb_grpc.TabletCopyServiceStub(ch)
@@ -614,8 +620,10 @@ class CopyTrigger:
         replica_of: Callable[[], list[TabletReplica]],
         own_uuid: str,
         own_address: Callable[[], str],
+        credentials: Credentials | None = None,
     ) -> None:
         self.replica_of = replica_of
+        self.credentials = credentials
         self.own_uuid = own_uuid
         self.own_address = own_address
         self._silent_since: dict[tuple[str, str], float] = {}
@@ -689,7 +697,7 @@ class CopyTrigger:
         )
         req.copy_peer_addr.host, req.copy_peer_addr.port = host, int(port)
         try:
-            async with grpc.aio.insecure_channel(address) as ch:
+            async with open_channel(address, self.credentials, role="tserver") as ch:
                 await tpb_grpc.TabletServerAdminServiceStub(ch).StartTabletCopy(
                     req, timeout=RPC_TIMEOUT_S
                 )

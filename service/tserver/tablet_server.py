@@ -38,12 +38,14 @@ from pathlib import Path
 
 import grpc
 
+from service.common.authz import Authorizer
 from service.common.config import TServerConfig
-from service.common.errors import FailedPrecondition, StaleTerm, observe_rpcs
+from service.common.errors import FailedPrecondition, InvalidArgument, StaleTerm, observe_rpcs
 from service.common.http_status import StatusServer, public_address
 from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
 from service.common.private_files import private_dir
 from service.common.server_main import advertised_address
+from service.common.tls import Credentials, add_port, server_credentials_for
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import NodeSettings
 from service.consensus.quiesce import Quiescence
@@ -58,7 +60,14 @@ from service.tserver.status_pages import install_tserver_metrics, install_tserve
 from service.tserver.tablet import TabletSettings
 from service.tserver.tablet_copy import CopyClient, CopySource, CopyTrigger
 from service.tserver.tablet_manager import TabletManager
-from service.tserver.tablet_service import AdminServicer, CopyServicer, DataServicer
+from service.tserver.tablet_service import (
+    ADMIN_POLICY,
+    COPY_POLICY,
+    DATA_POLICY,
+    AdminServicer,
+    CopyServicer,
+    DataServicer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +76,26 @@ SERVER_GRACE_S = 1.0
 RPC_TIMEOUT_S = 30.0
 
 
-def load_or_create_uuid(data_dir: Path) -> NodeId:
+def load_or_create_uuid(data_dir: Path, wanted: str | None = None) -> NodeId:
     """The uuid recorded in `<data_dir>/instance`, created (durably) on first start. The data
-    dir (every row of every tablet) is made owner-only (service/common/private_files.py)."""
+    dir (every row of every tablet) is made owner-only (service/common/private_files.py).
+
+    `wanted`: the uuid this server's certificate binds. A new data dir takes it; an existing
+    one must already have it (a certificate is one server's identity, not a role)."""
     private_dir(data_dir)
     path = data_dir / INSTANCE_FILE
     if path.exists():
         try:
-            return NodeId(json.loads(path.read_text())["uuid"])
+            recorded = NodeId(json.loads(path.read_text())["uuid"])
         except (ValueError, KeyError) as e:
             raise FailedPrecondition(f"{path}: not a tablet server instance file: {e}") from e
-    new = NodeId(f"ts-{uuidlib.uuid4().hex}")
+        if wanted is not None and recorded != wanted:
+            raise FailedPrecondition(
+                f"{data_dir} belongs to tablet server {recorded!r}, but the certificate is "
+                f"for {wanted!r}: give this server a certificate for {recorded!r}"
+            )
+        return recorded
+    new = NodeId(wanted or f"ts-{uuidlib.uuid4().hex}")
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
         f.write(json.dumps({"uuid": new, "formatted_at": time.time()}))
@@ -123,15 +141,23 @@ class TabletServer:
         )
         install_tserver_metrics(self, self.metrics)
         self.http: StatusServer | None = None
+        self.credentials: Credentials | None = None
         self.http_address = ""
 
     async def start(self) -> None:
         config = self.config
         data_dir = Path(config.data_dir)
-        self.uuid = load_or_create_uuid(data_dir)
+        creds = server_credentials_for(config.security, data_dir, config.rpc_bind)
+        self.credentials = creds
+        if creds is not None and creds.identity.role != "tserver":
+            raise InvalidArgument(
+                f"{config.security.cert_file}: the certificate binds {creds.identity}, not a "
+                "tablet server"
+            )
+        self.uuid = load_or_create_uuid(data_dir, creds.identity.name if creds else None)
         self.instance.permanent_uuid = self.uuid
         server = grpc.aio.server(options=config.rpc.server_options())
-        port = server.add_insecure_port(config.rpc_bind)
+        port = add_port(server, config.rpc_bind, creds)
         if port == 0:
             raise OSError(f"could not bind {config.rpc_bind}")
         self._server = server
@@ -142,6 +168,8 @@ class TabletServer:
             incarnations=incarnations,
             max_message_bytes=config.rpc.max_message_bytes,
             drop_unknown_groups=True,
+            credentials=creds,
+            peer_role="tserver",
         )
         transport.set_address(self.uuid, self.address)
         self.transport = transport
@@ -168,10 +196,18 @@ class TabletServer:
         )
         self.tablets = TabletManager(data_dir, self.uuid, transport, settings)
         await self.tablets.open()
-        self.copies = CopyClient(self.tablets, config.num_tablets_to_copy_simultaneously)
+        self.copies = CopyClient(
+            self.tablets, config.num_tablets_to_copy_simultaneously, credentials=creds
+        )
         self.copy_source = CopySource(self.tablets, config.rpc.max_message_bytes)
-        consensus = ConsensusServicer(transport)
+        secure = creds is not None
+        consensus = ConsensusServicer(
+            transport, Authorizer(ConsensusServicer.policy("tserver"), secure=secure)
+        )
         admin, data, copy = AdminServicer(self), DataServicer(self), CopyServicer(self)
+        admin.authorizer = Authorizer(ADMIN_POLICY, secure=secure)
+        data.authorizer = Authorizer(DATA_POLICY, secure=secure)
+        copy.authorizer = Authorizer(COPY_POLICY, secure=secure)
         for servicer in (consensus, admin, data, copy):
             observe_rpcs(servicer, self.rpc_metrics)
         consensus.add_to_server(server)
@@ -181,7 +217,10 @@ class TabletServer:
         await server.start()
         await self.scanners.start()
         self.copy_trigger = CopyTrigger(
-            lambda: list(self.tablets.replicas.values()), self.uuid, lambda: self.address
+            lambda: list(self.tablets.replicas.values()),
+            self.uuid,
+            lambda: self.address,
+            credentials=creds,
         )
         await self.copy_trigger.start()
         if config.http_bind:
@@ -201,6 +240,7 @@ class TabletServer:
             max_failures_before_backoff=config.heartbeat_max_failures_before_backoff,
             on_master_term=self._saw_master_term,
             highest_term=lambda: self.highest_master_term,
+            credentials=creds,
         )
         await self.heartbeater.start()
         log.info(

@@ -15,6 +15,7 @@ import grpc
 import pyarrow as pa
 
 from service.common import failpoints
+from service.common.authz import ANYONE, TSERVERS, Authorizer, Rule, allow
 from service.common.errors import InvalidArgument, WrongDestination, rpc_errors
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
@@ -30,7 +31,43 @@ if TYPE_CHECKING:
 Ctx = grpc.aio.ServicerContext
 
 
+_ADMINS_AND_MASTERS = allow("master", "admin")
+
+ADMIN_POLICY: dict[str, Rule] = {
+    # Changes to replicas: the master (fenced by its term), or an admin's repair tool.
+    **dict.fromkeys(
+        [
+            "CreateTablet",
+            "DeleteTablet",
+            "AlterSchema",
+            "ChangeConfig",
+            "LeaderStepDown",
+            "CancelTabletCopy",
+        ],
+        _ADMINS_AND_MASTERS,
+    ),
+    # A tablet's leader also asks a lagging follower to copy from it (tablet_copy.CopyTrigger).
+    "StartTabletCopy": allow("master", "admin", "tserver"),
+    # Reading replica state: masters, admins (ksck) and other tablet servers.
+    **dict.fromkeys(
+        ["GetConsensusState", "ListTablets", "ListTabletCopies"],
+        allow("master", "admin", "tserver"),
+    ),
+}
+COPY_POLICY: dict[str, Rule] = dict.fromkeys(
+    ["BeginTabletCopySession", "FetchData", "EndTabletCopySession"], TSERVERS
+)
+"""A tablet copy's data goes only to another tablet server."""
+DATA_POLICY: dict[str, Rule] = dict.fromkeys(
+    ["Write", "Scan", "ScanNext", "ScanClose", "Checksum", "SplitKeyRange", "Ping"], ANYONE
+)
+"""Rows: any authenticated party for now (per-table authz tokens are the next step)."""
+
+
 class _Base:
+    authorizer: Authorizer | None = None
+    """Set by a secured server to the servicer's policy; None in unit tests."""
+
     def __init__(self, server: TabletServer) -> None:
         self.server = server
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import grpc
 
 from service.common.errors import CasMismatch, TesseraError, from_grpc
+from service.common.tls import Credentials, open_sync_channel
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc
 from spark_jobs.inventory import Inventory
@@ -21,19 +22,21 @@ __all__ = ["apply_delete", "apply_schema"]
 TIMEOUT_S = 30.0
 
 
-def _admin(address: str) -> tuple[grpc.Channel, tserver_pb2_grpc.TabletServerAdminServiceStub]:
-    ch = grpc.insecure_channel(address)
+def _admin(
+    address: str, credentials: Credentials | None
+) -> tuple[grpc.Channel, tserver_pb2_grpc.TabletServerAdminServiceStub]:
+    ch = open_sync_channel(address, credentials, role="tserver")
     return ch, tserver_pb2_grpc.TabletServerAdminServiceStub(ch)
 
 
-def apply_delete(inv: Inventory, f: Finding) -> str:
+def apply_delete(inv: Inventory, f: Finding, credentials: Credentials | None = None) -> str:
     """DeleteTablet for a replica of a deleted tablet (DELETED) or one out of its config
     (TOMBSTONED), refused by the server if its config changed since it was listed."""
     server = next((s for s in inv.tservers if s.ts_uuid == f.ts_uuid), None)
     if server is None or not server.address:
         return "failed: the tablet server's address is unknown"
     kind = tpb.TABLET_DATA_DELETED if f.action == "delete" else tpb.TABLET_DATA_TOMBSTONED
-    ch, stub = _admin(server.address)
+    ch, stub = _admin(server.address, credentials)
     try:
         stub.DeleteTablet(
             tpb.DeleteTabletRequestPB(
@@ -55,12 +58,14 @@ def apply_delete(inv: Inventory, f: Finding) -> str:
     return "deleted" if f.action == "delete" else "tombstoned"
 
 
-def apply_schema(inv: Inventory, f: Finding, masters: list[str]) -> str:
+def apply_schema(
+    inv: Inventory, f: Finding, masters: list[str], credentials: Credentials | None = None
+) -> str:
     """Re-send the table's current schema to the tablet's leader (idempotent there)."""
     from service.client.sync import SyncClient
     from service.common.schema_codec import schema_to_pb
 
-    client = SyncClient.shared(tuple(masters))
+    client = SyncClient.shared(tuple(masters), credentials=credentials)
     try:
         info = client.call("open_table", f.table_name, refresh=True)
         (loc,) = [
@@ -71,7 +76,7 @@ def apply_schema(inv: Inventory, f: Finding, masters: list[str]) -> str:
     leader = loc.leader()
     if leader is None:
         return "failed: the tablet has no known leader"
-    ch, stub = _admin(leader.address)
+    ch, stub = _admin(leader.address, credentials)
     try:
         r = stub.AlterSchema(
             tpb.AlterSchemaRequestPB(

@@ -31,7 +31,11 @@ def _run(ctx: JobContext) -> int:
     if ctx.args.snapshot:
         raise InvalidArgument("audit_snapshot reads a live cluster: give --masters or --dir")
     inv = fetch_inventory(
-        ctx.spark, ctx.masters, snapshot_id=ctx.args.snapshot_id, timeout=ctx.args.timeout
+        ctx.spark,
+        ctx.masters,
+        snapshot_id=ctx.args.snapshot_id,
+        timeout=ctx.args.timeout,
+        credentials_dir=ctx.credentials_dir,
     )
     counts = write_snapshot(ctx.spark, inv)
     print(

@@ -14,13 +14,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
+from service.client.credentials import ENV_VAR, find_credentials
 from service.common.errors import InvalidArgument, TesseraError
+from service.common.tls import Credentials
 from spark_jobs.audit import read_snapshot, write_findings
 from spark_jobs.inventory import Inventory, fetch_inventory
 from spark_jobs.reconcile import Finding
@@ -45,6 +49,12 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
         "--no-record", action="store_true", help="do not append findings to tessera_audit"
     )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per cluster call")
+    p.add_argument(
+        "--credentials",
+        metavar="DIR",
+        help="ca.pem, cert.pem, key.pem of a secured cluster (default: <--dir>/credentials, "
+        "else $TESSERA_CREDENTIALS)",
+    )
     return p
 
 
@@ -70,10 +80,29 @@ class JobContext:
             return master_addresses(self.args.dir)
         raise InvalidArgument("this needs a live cluster: give --masters or --dir")
 
+    @property
+    def credentials_dir(self) -> str | None:
+        """The credentials directory (a path: Spark executors load it themselves), by the
+        rules of service/client/credentials.py."""
+        if getattr(self.args, "credentials", None):
+            return str(self.args.credentials)
+        if self.args.dir and (Path(self.args.dir) / "credentials").is_dir():
+            return str(Path(self.args.dir).resolve() / "credentials")
+        return os.environ.get(ENV_VAR) or None
+
+    @property
+    def credentials(self) -> Credentials | None:
+        return find_credentials(self.credentials_dir)
+
     def inventory(self) -> Inventory:
         if self.args.snapshot:
             return read_snapshot(self.spark, self.args.snapshot)
-        return fetch_inventory(self.spark, self.masters, timeout=self.args.timeout)
+        return fetch_inventory(
+            self.spark,
+            self.masters,
+            timeout=self.args.timeout,
+            credentials_dir=self.credentials_dir,
+        )
 
     def report(self, findings: Sequence[Finding], outcomes: Sequence[str]) -> int:
         """Print and record the findings; the job's exit code."""

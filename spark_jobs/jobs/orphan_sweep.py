@@ -45,7 +45,7 @@ def _run(ctx: JobContext) -> int:
     outcomes = []
     for f in findings:
         if ctx.args.apply and f.action in ("delete", "tombstone"):
-            outcomes.append(apply_delete(inv, f))
+            outcomes.append(apply_delete(inv, f, ctx.credentials))
         else:
             outcomes.append("reported" if f.action == "report" else "dry run")
     return ctx.report(findings, outcomes)

@@ -164,7 +164,9 @@ def _execute(ctx: JobContext, moves: Sequence[Move]) -> list[str]:
     from service.client.replica_ops import MoveStatus, execute_moves, verify_unchanged
     from service.client.sync import SyncClient
 
-    client = SyncClient.shared(tuple(ctx.masters), timeout=ctx.args.timeout)
+    client = SyncClient.shared(
+        tuple(ctx.masters), timeout=ctx.args.timeout, credentials=ctx.credentials
+    )
     stale = {s.move: s.reason for s in client.run(verify_unchanged(client.client, list(moves)))}
     todo = [m for m in moves if m not in stale]
 

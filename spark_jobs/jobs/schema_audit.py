@@ -29,7 +29,7 @@ def _run(ctx: JobContext) -> int:
         if ctx.args.apply and f.action == "alter_schema":
             # One AlterSchema per tablet, however many of its replicas are behind.
             if f.tablet_id not in done:
-                done[f.tablet_id] = apply_schema(inv, f, ctx.masters)
+                done[f.tablet_id] = apply_schema(inv, f, ctx.masters, ctx.credentials)
             outcomes.append(done[f.tablet_id])
         else:
             outcomes.append("reported" if f.action == "report" else "dry run")

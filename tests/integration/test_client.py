@@ -69,7 +69,9 @@ def test_client_ddl_writes_scans_and_failures(tmp_path: Path) -> None:
     with MiniCluster(tmp_path) as cluster:
 
         async def main() -> None:
-            async with TesseraClient(cluster.master_addresses, timeout=60) as c:
+            async with TesseraClient(
+                cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+            ) as c:
                 table_id = await c.create_table("events", SCHEMA, PARTITIONING, num_replicas=3)
                 with pytest.raises(AlreadyExists):
                     await c.create_table("events", SCHEMA, PARTITIONING)
@@ -160,7 +162,9 @@ def test_client_survives_tablet_server_loss(tmp_path: Path) -> None:
     with MiniCluster(tmp_path) as cluster:
 
         async def main() -> None:
-            async with TesseraClient(cluster.master_addresses, timeout=60) as c:
+            async with TesseraClient(
+                cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+            ) as c:
                 await c.create_table(
                     "t", SCHEMA, PartitionSchema(range=RangeSchema(("id",))), num_replicas=3
                 )
@@ -197,7 +201,7 @@ def test_client_survives_tablet_server_loss(tmp_path: Path) -> None:
 def test_sync_client_facade(tmp_path: Path) -> None:
     with (
         MiniCluster(tmp_path, num_masters=1, num_tservers=1) as cluster,
-        SyncClient(cluster.master_addresses) as sc,
+        SyncClient(cluster.master_addresses, credentials=cluster.credentials()) as sc,
     ):
         sc.call(
             "create_table",
@@ -216,7 +220,9 @@ def test_dump_catalog_is_one_committed_index(tmp_path: Path) -> None:
     with MiniCluster(tmp_path, num_masters=1, num_tservers=1) as cluster:
 
         async def main() -> None:
-            async with TesseraClient(cluster.master_addresses, timeout=60) as c:
+            async with TesseraClient(
+                cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+            ) as c:
                 ps = PartitionSchema(hash=(HashBucketSchema(("id",), 3),), range=RangeSchema(()))
                 await c.create_table("a", SCHEMA, ps, num_replicas=1)
                 await c.create_table("b", SCHEMA, ps, num_replicas=1)

@@ -55,7 +55,7 @@ def _leader(stubs: dict[str, master_pb2_grpc.MasterServiceStub]) -> str | None:
 
 def test_create_table_runs_on_real_tablet_servers_write_scan_delete(tmp_path: Path) -> None:
     with MiniCluster(tmp_path) as cluster:
-        channels = [grpc.insecure_channel(a) for a in cluster.master_addresses]
+        channels = [cluster.sync_channel(a) for a in cluster.master_addresses]
         stubs = {
             a: master_pb2_grpc.MasterServiceStub(c)
             for a, c in zip(cluster.master_addresses, channels, strict=True)
@@ -144,7 +144,7 @@ def test_dead_server_is_replaced_by_a_copy_on_a_fourth_server(tmp_path: Path) ->
         "bg_task_interval_ms": "200",
     }
     with MiniCluster(tmp_path, num_tservers=3, master_overrides=overrides) as cluster:
-        channels = [grpc.insecure_channel(a) for a in cluster.master_addresses]
+        channels = [cluster.sync_channel(a) for a in cluster.master_addresses]
         stubs = {
             a: master_pb2_grpc.MasterServiceStub(c)
             for a, c in zip(cluster.master_addresses, channels, strict=True)
@@ -201,6 +201,7 @@ def test_dead_server_is_replaced_by_a_copy_on_a_fourth_server(tmp_path: Path) ->
                 return None
 
             ksck = ["ksck", "--masters", ",".join(cluster.master_addresses), "--timeout", "3"]
+            ksck += ["--credentials", cluster.credentials_dir() or ""]
             assert ksck_cmd.main(ksck) == 1  # a voter's server is down: UNDER_REPLICATED
             members = _wait("the dead replica replaced by ts-4", replaced, timeout=90)
             # Healed by 3-4-3: the dead server is GONE (no config names it), ksck is clean.

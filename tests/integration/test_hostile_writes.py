@@ -39,11 +39,11 @@ def _good(lo: int, hi: int) -> pa.Table:
 
 
 async def _send_to_every_replica(
-    replicas: list[tuple[str, str]], tablet_id: str, rows: bytes
+    cluster: MiniCluster, replicas: list[tuple[str, str]], tablet_id: str, rows: bytes
 ) -> list[grpc.StatusCode]:
     codes = []
     for uuid, address in replicas:
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with cluster.channel(address) as ch:
             stub = tpb_grpc.TabletServerServiceStub(ch)
             req = tpb.WriteRequestPB(
                 dest_uuid=uuid, tablet_id=tablet_id, rows=rows, default_op=tpb.ROW_OP_UPSERT
@@ -60,7 +60,7 @@ async def _send_to_every_replica(
 
 def _checksums(client: SyncClient, cluster: MiniCluster, tablet_id: str) -> set[tuple[int, bytes]]:
     async def one(uuid: str, address: str) -> tuple[int, bytes]:
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with cluster.channel(address) as ch:
             r = await tpb_grpc.TabletServerServiceStub(ch).Checksum(
                 tpb.ChecksumRequestPB(dest_uuid=uuid, tablet_id=tablet_id), timeout=30
             )
@@ -72,7 +72,9 @@ def _checksums(client: SyncClient, cluster: MiniCluster, tablet_id: str) -> set[
 def test_poison_writes_are_refused_and_nothing_changes(tmp_path: Path) -> None:
     with (
         MiniCluster(tmp_path) as cluster,
-        SyncClient(cluster.master_addresses, timeout=60) as client,
+        SyncClient(
+            cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+        ) as client,
     ):
         client.call(
             "create_table", "poison", KV, PartitionSchema(range=RangeSchema(("k",))), num_replicas=3
@@ -87,7 +89,9 @@ def test_poison_writes_are_refused_and_nothing_changes(tmp_path: Path) -> None:
             # may, so a poison is sent until the leader has judged it (never applied).
             deadline = time.monotonic() + 30
             while True:
-                codes = asyncio.run(_send_to_every_replica(replicas, token.tablet_id, make()))
+                codes = asyncio.run(
+                    _send_to_every_replica(cluster, replicas, token.tablet_id, make())
+                )
                 assert grpc.StatusCode.OK not in codes, (name, codes)
                 if grpc.StatusCode.INVALID_ARGUMENT in codes or time.monotonic() > deadline:
                     break

@@ -70,8 +70,11 @@ class Scenario:
 
 @pytest.fixture(name="s")
 def scenario(tmp_path: Path) -> Iterator[Scenario]:
-    with MasterCluster(tmp_path, 3, overrides=OVERRIDES) as cluster:
-        masters = Masters(cluster.addresses)
+    # Insecure: the simulated tablet servers (service/testing/ts_simulator.py) heartbeat under
+    # many uuids from one process, which a secured master refuses by design
+    # (tests/integration/test_security.py).
+    with MasterCluster(tmp_path, 3, overrides=OVERRIDES, secure=False) as cluster:
+        masters = Masters(cluster)
         try:
             leader = _wait("a leader", lambda: _serving_leader(masters, cluster.addresses))
             with SimulatorThread(cluster.addresses, SERVERS, heartbeat_interval_s=0.1) as sims:

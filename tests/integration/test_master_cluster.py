@@ -43,8 +43,8 @@ PARTITIONING = PartitionSchema(
 class Masters:
     """Sync stubs by address."""
 
-    def __init__(self, addresses: list[str]) -> None:
-        self.channels = {a: grpc.insecure_channel(a) for a in addresses}
+    def __init__(self, cluster: MasterCluster) -> None:
+        self.channels = {a: cluster.sync_channel(a) for a in cluster.addresses}
         self.stubs = {a: master_pb2_grpc.MasterServiceStub(c) for a, c in self.channels.items()}
 
     def __getitem__(self, address: str) -> master_pb2_grpc.MasterServiceStub:
@@ -157,12 +157,14 @@ def _table_names(stub: master_pb2_grpc.MasterServiceStub) -> list[tuple[str, str
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[MasterCluster]:
-    with MasterCluster(tmp_path, 3) as c:
+    # Insecure: FakeTabletServers heartbeat under three uuids over one channel, which a secured
+    # master refuses by design (tests/integration/test_security.py).
+    with MasterCluster(tmp_path, 3, secure=False) as c:
         yield c
 
 
 def test_ddl_failover_exactly_once_and_bad_input(cluster: MasterCluster) -> None:
-    masters = Masters(cluster.addresses)
+    masters = Masters(cluster)
     try:
         leader = _wait("a serving leader", lambda: _serving_leader(masters, cluster.addresses))
         with FakeTabletServers(masters, 3) as servers:

@@ -153,7 +153,7 @@ async def _replicas(cluster: MiniCluster, tablet_ids: set[str]) -> list[tpb.Repl
     """Every replica of `tablet_ids` the tablet servers host now."""
     out: list[tpb.ReplicaStatusPB] = []
     for ts in cluster.tservers.values():
-        async with grpc.aio.insecure_channel(ts.address) as ch:
+        async with cluster.channel(ts.address) as ch:
             stub = tserver_pb2_grpc.TabletServerAdminServiceStub(ch)
             r = await stub.ListTablets(tpb.ListTabletsRequestPB(dest_uuid=ts.uuid), timeout=5)
         out.extend(x for x in r.replicas if x.tablet_id in tablet_ids)
@@ -191,8 +191,8 @@ class Watch:
 
         await _until(f"the watcher saw {what}", probe)
 
-    async def run(self, addresses: list[str]) -> None:
-        channels = [grpc.aio.insecure_channel(a) for a in addresses]
+    async def run(self, cluster: MiniCluster) -> None:
+        channels = [cluster.channel(a) for a in cluster.master_addresses]
         stubs = [master_pb2_grpc.MasterServiceStub(ch) for ch in channels]
         try:
             while not self.stop.is_set():
@@ -286,7 +286,7 @@ async def _watching(
 ) -> AsyncIterator[Watch]:
     """Run a `Watch` for the duration of the block; fail if it saw anything wrong."""
     w = Watch(versions=versions)
-    w.task = task = asyncio.create_task(w.run(cluster.master_addresses))
+    w.task = task = asyncio.create_task(w.run(cluster))
     try:
         # Its first answer from a leader comes before the DDL under test starts.
         await w.until("a leader's answer", lambda w: w.absent + w.pending + w.complete > 0)
@@ -340,7 +340,9 @@ def test_create_table_survives_leader_crash(
 
         async def main() -> None:
             async with (
-                TesseraClient(cluster.master_addresses, timeout=DEADLINE_S) as c,
+                TesseraClient(
+                    cluster.master_addresses, timeout=DEADLINE_S, credentials=cluster.credentials()
+                ) as c,
                 _watching(cluster) as seen,
             ):
                 assert seen.absent > 0 and seen.pending == seen.complete == 0
@@ -363,7 +365,9 @@ def test_alter_table_survives_leader_crash(
     with _armed_cluster(tmp_path, point, monkeypatch) as (cluster, once):
 
         async def main() -> None:
-            async with TesseraClient(cluster.master_addresses, timeout=DEADLINE_S) as c:
+            async with TesseraClient(
+                cluster.master_addresses, timeout=DEADLINE_S, credentials=cluster.credentials()
+            ) as c:
                 table_id = await c.create_table(NAME, SCHEMA, PARTITIONING, num_replicas=REPLICAS)
                 assert (await c.write(NAME, _rows(100))).rows_applied == 100
                 assert not once.exists()
@@ -406,7 +410,9 @@ def test_delete_table_survives_leader_crash(
     with _armed_cluster(tmp_path, point, monkeypatch) as (cluster, once):
 
         async def main() -> None:
-            async with TesseraClient(cluster.master_addresses, timeout=DEADLINE_S) as c:
+            async with TesseraClient(
+                cluster.master_addresses, timeout=DEADLINE_S, credentials=cluster.credentials()
+            ) as c:
                 table_id = await c.create_table(NAME, SCHEMA, PARTITIONING, num_replicas=REPLICAS)
                 tablet_ids = {t.tablet_id for t in await _created_once(c, table_id)}
                 await _all_replicas_running(cluster, tablet_ids)

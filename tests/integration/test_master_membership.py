@@ -16,7 +16,6 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pyarrow as pa
 import pytest
 
@@ -40,15 +39,15 @@ SNAPSHOTTING = {
 snapshot (the log it would need is gone)."""
 
 
-def _list_masters(address: str) -> pb.ListMastersResponsePB:
-    with grpc.insecure_channel(address) as ch:
+def _list_masters(cluster: MasterCluster, address: str) -> pb.ListMastersResponsePB:
+    with cluster.sync_channel(address) as ch:
         return master_pb2_grpc.MasterServiceStub(ch).ListMasters(
             pb.ListMastersRequestPB(), timeout=5
         )
 
 
-def _connect(address: str) -> pb.ConnectToMasterResponsePB:
-    with grpc.insecure_channel(address) as ch:
+def _connect(cluster: MasterCluster, address: str) -> pb.ConnectToMasterResponsePB:
+    with cluster.sync_channel(address) as ch:
         return master_pb2_grpc.MasterServiceStub(ch).ConnectToMaster(
             pb.ConnectToMasterRequestPB(), timeout=5
         )
@@ -98,7 +97,7 @@ def test_grow_to_four_then_shrink_to_the_new_master(tmp_path: Path) -> None:
     cluster = MiniCluster(tmp_path, num_tservers=2, master_overrides=SNAPSHOTTING)
     with cluster:
         originals = list(cluster.master_addresses)
-        with SyncClient(originals) as client:
+        with SyncClient(originals, credentials=cluster.credentials()) as client:
             for i in range(4):  # enough entries that the masters have snapshotted
                 _create(client, f"t{i}")
             client.write("t0", _rows(100))
@@ -107,10 +106,14 @@ def test_grow_to_four_then_shrink_to_the_new_master(tmp_path: Path) -> None:
             m4 = cluster.masters.add_master_slot("master-4")
             cluster.masters.start_master("master-4", join=True)
             cluster.masters.wait_ready(["master-4"])
-            assert _connect(m4.address).role == pb.NON_PARTICIPANT
+            assert _connect(cluster.masters, m4.address).role == pb.NON_PARTICIPANT
             client.run(client.client.add_master(m4.address, timeout=60))
             assert _voters(client) == {*originals, m4.address}
-            own = [e for e in _list_masters(m4.address).masters if e.instance.instance_seqno]
+            own = [
+                e
+                for e in _list_masters(cluster.masters, m4.address).masters
+                if e.instance.instance_seqno
+            ]
             assert own[0].member_type == pb.VOTER and own[0].role == pb.FOLLOWER
             # It was sent the catalog as a snapshot: its log starts after the early entries.
             assert "installing snapshot" in m4.log.read_text()
@@ -138,8 +141,8 @@ def test_grow_to_four_then_shrink_to_the_new_master(tmp_path: Path) -> None:
 
             # master-4 leads alone, has the whole catalog, and knows every tablet server,
             # though none was configured with its address (they followed the membership).
-            assert _connect(m4.address).role == pb.LEADER
-            with SyncClient([m4.address]) as solo:
+            assert _connect(cluster.masters, m4.address).role == pb.LEADER
+            with SyncClient([m4.address], credentials=cluster.credentials()) as solo:
                 assert {t.name for t in solo.call("list_tables")} >= {f"t{i}" for i in range(4)}
                 want = {ts.uuid for ts in cluster.tservers.values()}
                 _wait(
@@ -167,7 +170,7 @@ def test_bad_membership_requests_are_refused_and_change_nothing(
     three_masters: MasterCluster, tmp_path: Path
 ) -> None:
     addresses = three_masters.addresses
-    with SyncClient(addresses) as client:
+    with SyncClient(addresses, credentials=three_masters.credentials()) as client:
         _wait(lambda: len(_voters(client)) == 3, "a leader")
         before = _voters(client)
         add, remove = client.client.add_master, client.client.remove_master
@@ -187,9 +190,11 @@ def test_bad_membership_requests_are_refused_and_change_nothing(
         with pytest.raises(InvalidArgument, match="rpc_address"):
             client.run(client.client.master.ddl("AddMaster", pb.AddMasterRequestPB(), 20))
         # A master that bootstrapped a group of its own (started without join_existing).
-        loner = MasterCluster(tmp_path / "loner", 1)
+        loner = MasterCluster(tmp_path / "loner", 1, pki=three_masters.pki)  # the same CA
         with loner:
-            _wait(lambda: _connect(loner.addresses[0]).role == pb.LEADER, "the loner leading")
+            _wait(
+                lambda: _connect(loner, loner.addresses[0]).role == pb.LEADER, "the loner leading"
+            )
             with pytest.raises(FailedPrecondition, match="group of its own"):
                 client.run(add(loner.addresses[0], timeout=20))
         # Unknown master to remove.

@@ -25,6 +25,7 @@ from service.common.errors import StaleTerm, from_grpc
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
 from service.common.schema import ColumnType, Schema
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
+from service.common.tls import SecuritySettings
 from service.master.master import MasterServer
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc, tserver_pb2_grpc
@@ -52,6 +53,9 @@ def master_config(tmp: Path, **kw: Any) -> MasterConfig:
         "tserver_rpc_timeout_ms": 2000,
         "raft": FAST,
         "wal": WalSettings(fsync=False, preallocate=False),
+        # In-process master with simulated tablet servers on one plaintext server: these tests
+        # are about background tasks; tests/integration/test_security.py covers who may call.
+        "security": SecuritySettings(mode="insecure"),
     }
     args.update(kw)
     return MasterConfig(**args)

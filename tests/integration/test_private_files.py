@@ -36,7 +36,9 @@ def test_servers_write_owner_only_and_a_readable_catalog_file_stops_a_master(
     base.mkdir(mode=0o755)  # as a launcher with the usual umask would make it
     with (
         MiniCluster(base) as cluster,
-        SyncClient(cluster.master_addresses, timeout=60) as client,
+        SyncClient(
+            cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+        ) as client,
     ):
         schema = Schema.build([("k", ColumnType.INT64), ("v", ColumnType.STRING)], key="k")
         client.call("create_table", "t", schema, PartitionSchema(range=RangeSchema(("k",))))

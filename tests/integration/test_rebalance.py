@@ -97,7 +97,9 @@ def skews(dump: CatalogDump, live: set[str]) -> tuple[int, int]:
 
 async def wait_live(cluster: MiniCluster, n: int) -> None:
     """Until the master leader lists `n` live tablet servers."""
-    async with TesseraClient(cluster.master_addresses, timeout=30) as c:
+    async with TesseraClient(
+        cluster.master_addresses, timeout=30, credentials=cluster.credentials()
+    ) as c:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if sum(s.live for s in await c.list_tablet_servers()) == n:
@@ -111,10 +113,13 @@ def test_rebalance_onto_a_new_server_then_move_one_replica(
 ) -> None:
     with MiniCluster(tmp_path) as cluster:
         masters = ",".join(cluster.master_addresses)
+        creds = ["--credentials", cluster.credentials_dir() or ""]
 
         async def setup() -> tuple[dict[str, tuple[int, bytes]], pa.Table, pa.Table]:
             await wait_live(cluster, 3)  # the servers are up; the master must have them too
-            async with TesseraClient(cluster.master_addresses, timeout=60) as c:
+            async with TesseraClient(
+                cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+            ) as c:
                 await c.create_table("alpha", SCHEMA, SIX, num_replicas=3)
                 await c.create_table("beta", SCHEMA, FOUR, num_replicas=3)
                 assert not (await c.write("alpha", data(0, 2_000))).errors
@@ -129,17 +134,17 @@ def test_rebalance_onto_a_new_server_then_move_one_replica(
         new = cluster.start_tserver("ts-4")
 
         asyncio.run(wait_live(cluster, 4))
-        assert rebalance_cmd.main(["cluster", "rebalance", "--masters", masters]) == 0
+        assert rebalance_cmd.main(["cluster", "rebalance", "--masters", masters, *creds]) == 0
         assert "dry run" in capsys.readouterr().out
-        report = ["cluster", "rebalance", "--masters", masters, "--report-only", "--format", "json"]
+        report = ["cluster", "rebalance", "--masters", masters, *creds, "--report-only"]
+        report += ["--format", "json"]
         assert rebalance_cmd.main(report) == 0
         doc = json.loads(capsys.readouterr().out)
         assert not doc["before"]["balanced"] and doc["before"]["servers"][new.uuid] == 0
         assert rebalance_cmd.main([*report, "--apply"]) == 2  # exclusive modes: usage error
 
-        code = rebalance_cmd.main(
-            ["cluster", "rebalance", "--masters", masters, "--apply", "--max-moves-per-server", "2"]
-        )
+        apply = ["cluster", "rebalance", "--masters", masters, *creds, "--apply"]
+        code = rebalance_cmd.main([*apply, "--max-moves-per-server", "2"])
         out = capsys.readouterr().out
         assert code == 0, out
         assert "0 failed" in out and "after (measured)" in out
@@ -147,7 +152,9 @@ def test_rebalance_onto_a_new_server_then_move_one_replica(
         assert json.loads(capsys.readouterr().out)["before"]["balanced"]
 
         async def verify() -> tuple[str, str, str]:
-            async with TesseraClient(cluster.master_addresses, timeout=60) as c:
+            async with TesseraClient(
+                cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+            ) as c:
                 dump = await c.dump_catalog()
                 live = {s.uuid for s in await c.list_tablet_servers() if s.live}
                 assert skews(dump, live) <= (1, 1), skews(dump, live)
@@ -164,13 +171,17 @@ def test_rebalance_onto_a_new_server_then_move_one_replica(
                 return t.tablet_id, t.consensus_state.leader_uuid, to
 
         tablet, src, dst = asyncio.run(verify())
-        code = rebalance_cmd.main(["replica", "move", tablet, src, dst, "--masters", masters])
+        code = rebalance_cmd.main(
+            ["replica", "move", tablet, src, dst, "--masters", masters, *creds]
+        )
         out = capsys.readouterr().out
         assert code == 0, out
         assert f"moved from {src} to {dst}" in out
 
         async def verify_move() -> None:
-            async with TesseraClient(cluster.master_addresses, timeout=60) as c:
+            async with TesseraClient(
+                cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+            ) as c:
                 deadline = time.monotonic() + 30
                 while True:
                     dump = await c.dump_catalog()
@@ -185,8 +196,13 @@ def test_rebalance_onto_a_new_server_then_move_one_replica(
         asyncio.run(verify_move())
         # The same move again finds it done (idempotent); a move from a server that holds no
         # replica is refused with exit 1 and the reason.
-        assert rebalance_cmd.main(["replica", "move", tablet, src, dst, "--masters", masters]) == 0
-        code = rebalance_cmd.main(["replica", "move", tablet, "ts-nope", src, "--masters", masters])
+        assert (
+            rebalance_cmd.main(["replica", "move", tablet, src, dst, "--masters", masters, *creds])
+            == 0
+        )
+        code = rebalance_cmd.main(
+            ["replica", "move", tablet, "ts-nope", src, "--masters", masters, *creds]
+        )
         assert code == 1
         assert "holds no replica" in capsys.readouterr().err
 
@@ -259,7 +275,9 @@ def test_master_add_remove_move_replica_rpcs(tmp_path: Path) -> None:
     with MiniCluster(tmp_path) as cluster:
 
         async def main() -> None:
-            async with TesseraClient(cluster.master_addresses, timeout=60) as c:
+            async with TesseraClient(
+                cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+            ) as c:
                 await c.create_table(
                     "m", SCHEMA, PartitionSchema(range=RangeSchema(("id",))), num_replicas=3
                 )

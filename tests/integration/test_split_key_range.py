@@ -79,7 +79,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MiniCluster]:
     with MiniCluster(tmp_path_factory.mktemp("split")) as c:
 
         async def load() -> None:
-            async with TesseraClient(c.master_addresses, timeout=60) as client:
+            async with TesseraClient(
+                c.master_addresses, timeout=60, credentials=c.credentials()
+            ) as client:
                 await client.create_table("t", SCHEMA, PARTITIONING, num_replicas=3)
                 for lo in range(0, 160_000, 40_000):
                     r = await client.write("t", data(lo, lo + 40_000), "insert")
@@ -111,7 +113,9 @@ async def scan_all(c: TesseraClient, tokens: list[ScanToken]) -> tuple[pa.Table,
 
 def test_split_tokens_tile_tablets_read_exactly_and_scan_nothing(cluster: MiniCluster) -> None:
     async def main() -> None:
-        async with TesseraClient(cluster.master_addresses, timeout=60) as c:
+        async with TesseraClient(
+            cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+        ) as c:
             tokens = await c.scan_tokens("t")
             assert len(tokens) == 2
             # The layout the split reads: the first tablet has a flushed file on every replica
@@ -177,7 +181,9 @@ def test_split_tokens_tile_tablets_read_exactly_and_scan_nothing(cluster: MiniCl
 
 def test_bad_requests_get_their_status(cluster: MiniCluster) -> None:
     async def main() -> None:
-        async with TesseraClient(cluster.master_addresses, timeout=60) as c:
+        async with TesseraClient(
+            cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+        ) as c:
             (tok, _) = await c.scan_tokens("t")
             rep = tok.replicas[0]
             stub = tpb_grpc.TabletServerServiceStub(c.channels.channel(rep.address))
@@ -222,7 +228,9 @@ def test_bad_requests_get_their_status(cluster: MiniCluster) -> None:
 
 def test_followers_answer_and_the_client_fails_over(cluster: MiniCluster) -> None:
     async def main() -> None:
-        async with TesseraClient(cluster.master_addresses, timeout=60) as c:
+        async with TesseraClient(
+            cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+        ) as c:
             tok, _ = await c.scan_tokens("t")
             assert len(tok.replicas) == 3
             # Every replica answers, leader or follower, once it has applied the writes.

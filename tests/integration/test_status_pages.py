@@ -143,7 +143,7 @@ def create_table(
 ) -> tuple[str, str, pb.GetTableLocationsResponsePB]:
     """Create `name` through the master leader and wait until RUNNING: (leader address,
     table id, locations)."""
-    channels = [grpc.insecure_channel(a) for a in cluster.master_addresses]
+    channels = [cluster.sync_channel(a) for a in cluster.master_addresses]
     try:
         stubs = {
             a: master_pb2_grpc.MasterServiceStub(c)
@@ -205,7 +205,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         first = locs.tablet_locations[0]
         written_to = wait_for("a write accepted", lambda: _write(cluster, first))
         ts = cluster.tserver_by_uuid(written_to)
-        with grpc.insecure_channel(ts.address) as ch:
+        with cluster.sync_channel(ts.address) as ch:
             # One page of one row: the scanner stays open for /scans.
             page = tpb_grpc.TabletServerServiceStub(ch).Scan(
                 tpb.ScanRequestPB(
@@ -223,7 +223,7 @@ def _write(cluster: MiniCluster, tablet: pb.TabletLocationsPB) -> str | None:
     """Write 500 rows to the tablet's current leader; its uuid (None if none took them). A
     non-leader refuses before proposing, so trying every replica writes the rows once."""
     for r in tablet.replicas:
-        with grpc.insecure_channel(cluster.tserver_by_uuid(r.ts_uuid).address) as ch:
+        with cluster.sync_channel(cluster.tserver_by_uuid(r.ts_uuid).address) as ch:
             data = tpb_grpc.TabletServerServiceStub(ch)
             try:
                 data.Write(write_request(r.ts_uuid, tablet.tablet_id, rows(0, 500)), timeout=10)
@@ -332,7 +332,7 @@ def test_master_metrics(setup: Setup) -> None:
 
     # RPC counts rise with calls.
     before = rpc.total(method="ListTables")
-    with grpc.insecure_channel(leader.address) as ch:
+    with setup.cluster.sync_channel(leader.address) as ch:
         stub = master_pb2_grpc.MasterServiceStub(ch)
         for _ in range(5):
             stub.ListTables(pb.ListTablesRequestPB(), timeout=5)
@@ -345,7 +345,7 @@ def test_master_metrics(setup: Setup) -> None:
     assert lookups.kind == "counter" and lookups.value(result="miss") >= 1
     assert fam["tessera_master_table_locations_cache_entries"].value() >= 1
     table = pb.GetTableLocationsRequestPB(table=pb.TableIdentifierPB(table_id=setup.table_id))
-    with grpc.insecure_channel(leader.address) as ch:
+    with setup.cluster.sync_channel(leader.address) as ch:
         stub = master_pb2_grpc.MasterServiceStub(ch)
         for _ in range(5):
             stub.GetTableLocations(table, timeout=5)

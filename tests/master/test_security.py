@@ -26,6 +26,7 @@ from service.common.errors import (
     NotReady,
     PermissionDenied,
 )
+from service.common.tls import SecuritySettings
 from service.master.catalog_records import CertAuthorityRecord, TokenSigningKeyRecord
 from service.master.master import MasterServer
 from service.master.security import (
@@ -356,7 +357,13 @@ def test_insert_twice_refused_by_sys_catalog() -> None:
 
 def test_single_master_leader_generates_ca_and_keys(tmp_path: Path) -> None:
     async def go() -> None:
-        server = MasterServer(MasterConfig(data_dir=tmp_path, rpc_bind="127.0.0.1:0", http_bind=""))
+        config = MasterConfig(
+            data_dir=tmp_path,
+            rpc_bind="127.0.0.1:0",
+            http_bind="",
+            security=SecuritySettings(mode="insecure"),  # the CA in sys.catalog is the subject
+        )
+        server = MasterServer(config)
         await server.start()
         try:
             state = server._sys_catalog

@@ -24,7 +24,7 @@ def cluster(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture(scope="module")
 def client(cluster: MiniCluster) -> Iterator[SyncClient]:
-    with SyncClient(cluster.master_addresses, timeout=60) as c:
+    with SyncClient(cluster.master_addresses, timeout=60, credentials=cluster.credentials()) as c:
         yield c
 
 
@@ -34,7 +34,12 @@ def masters(cluster: MiniCluster) -> str:
 
 def read(spark: SparkSession, cluster: MiniCluster, table: str, **opts: str) -> DataFrame:
     """`spark.read.format("tessera")` of `table` on `cluster`, with `opts` as options."""
-    r = spark.read.format("tessera").option("masters", masters(cluster)).option("table", table)
+    r = (
+        spark.read.format("tessera")
+        .option("masters", masters(cluster))
+        .option("credentials", cluster.credentials_dir())
+        .option("table", table)
+    )
     for k, v in opts.items():
         r = r.option(k, v)
     return r.load()

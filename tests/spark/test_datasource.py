@@ -108,8 +108,8 @@ def test_every_type_round_trips(
         "create_table", "typed_copy", ALL_TYPES, PartitionSchema(range=RangeSchema(("id",)))
     )
     df.write.format("tessera").option("masters", masters(cluster)).option(
-        "table", "typed_copy"
-    ).option("operation", "insert").mode("append").save()
+        "credentials", cluster.credentials_dir()
+    ).option("table", "typed_copy").option("operation", "insert").mode("append").save()
     (tok,) = client.scan_tokens("typed_copy")
     copied = pa.Table.from_batches(list(client.scan_batches(tok)))
     assert by_id(copied).equals(by_id(typed_table)), "write differs"
@@ -211,11 +211,12 @@ def test_sql_view_and_register_views(
 ) -> None:
     spark.sql(
         f"CREATE OR REPLACE TEMPORARY VIEW tv USING tessera "
-        f"OPTIONS (masters '{masters(cluster)}', table 'typed', columns 'id,s')"
+        f"OPTIONS (masters '{masters(cluster)}', "
+        f"credentials '{cluster.credentials_dir()}', table 'typed', columns 'id,s')"
     )
     assert spark.sql("SELECT count(*) FROM tv").collect()[0][0] == N
     assert spark.table("tv").columns == ["id", "s"]
-    names = register_views(spark, masters(cluster))
+    names = register_views(spark, masters(cluster), credentials=cluster.credentials_dir() or "")
     assert "typed" in names
     assert spark.sql("SELECT max(id) FROM typed").collect()[0][0] == N - 1
 
@@ -232,12 +233,12 @@ def test_bad_input_is_refused_with_a_clear_error(
     bad = spark.range(3).selectExpr("id", "cast(id as string) as i32")
     with pytest.raises(Exception, match=r"'i32'.*string.*INT32"):
         bad.write.format("tessera").option("masters", masters(cluster)).option(
-            "table", "typed"
-        ).mode("append").save()
+            "credentials", cluster.credentials_dir()
+        ).option("table", "typed").mode("append").save()
     with pytest.raises(Exception, match="overwrite"):
         spark.range(3).write.format("tessera").option("masters", masters(cluster)).option(
-            "table", "typed"
-        ).mode("overwrite").save()
+            "credentials", cluster.credentials_dir()
+        ).option("table", "typed").mode("overwrite").save()
     with pytest.raises(Exception, match=r"127\.0\.0\.1:1"):
         spark.read.format("tessera").option("masters", "127.0.0.1:1").option(
             "table", "typed"
@@ -246,8 +247,8 @@ def test_bad_input_is_refused_with_a_clear_error(
     dup = spark.range(5, 6).selectExpr("id", "true as b")
     with pytest.raises(Exception, match=r"key \(5,\): ALREADY_EXISTS"):
         dup.write.format("tessera").option("masters", masters(cluster)).option(
-            "table", "typed"
-        ).option("operation", "insert").mode("append").save()
+            "credentials", cluster.credentials_dir()
+        ).option("table", "typed").option("operation", "insert").mode("append").save()
 
 
 def test_million_rows_write_then_read_back(
@@ -266,9 +267,9 @@ def test_million_rows_write_then_read_back(
     src = spark.range(n).selectExpr(
         "id as k", "cast(id * 0.5 as double) as v", "concat('t', id % 1000) as tag"
     )
-    src.write.format("tessera").option("masters", masters(cluster)).option("table", "big").mode(
-        "append"
-    ).save()
+    src.write.format("tessera").option("masters", masters(cluster)).option(
+        "credentials", cluster.credentials_dir()
+    ).option("table", "big").mode("append").save()
     df = read(spark, cluster, "big")
     assert df.count() == n
     diff = df.exceptAll(src).count() + src.exceptAll(df).count()
@@ -297,7 +298,9 @@ def test_tablet_server_dies_in_the_middle_of_a_read(
                 "pad": [f"{i:08d}" * 8 for i in range(40_000)],
             }
         )
-        with SyncClient(cluster.master_addresses, timeout=60) as c:
+        with SyncClient(
+            cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+        ) as c:
             c.call(
                 "create_table",
                 "crashy",

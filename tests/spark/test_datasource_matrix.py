@@ -133,9 +133,9 @@ def matrix(client: SyncClient) -> pa.Table:
 
 
 def write(df: DataFrame, cluster: MiniCluster, table: str, operation: str = "insert") -> None:
-    df.write.format("tessera").option("masters", masters(cluster)).option("table", table).option(
-        "operation", operation
-    ).mode("append").save()
+    df.write.format("tessera").option("masters", masters(cluster)).option(
+        "credentials", cluster.credentials_dir()
+    ).option("table", table).option("operation", operation).mode("append").save()
 
 
 def scan_all(client: SyncClient, table: str) -> pa.Table:
@@ -173,7 +173,8 @@ def test_sql_over_not_null_columns_matches_pyarrow(
 ) -> None:
     spark.sql(
         f"CREATE OR REPLACE TEMPORARY VIEW matrix USING tessera "
-        f"OPTIONS (masters '{masters(cluster)}', table 'matrix')"
+        f"OPTIONS (masters '{masters(cluster)}', "
+        f"credentials '{cluster.credentials_dir()}', table 'matrix')"
     )
     t = matrix
     row = spark.sql(
@@ -260,7 +261,8 @@ def test_reused_view_counts_stay_exact(
 ) -> None:
     spark.sql(
         f"CREATE OR REPLACE TEMPORARY VIEW matrix_reuse USING tessera "
-        f"OPTIONS (masters '{masters(cluster)}', table 'matrix')"
+        f"OPTIONS (masters '{masters(cluster)}', "
+        f"credentials '{cluster.credentials_dir()}', table 'matrix')"
     )
     count = "SELECT count(*) FROM matrix_reuse"
     assert spark.sql(count).collect()[0][0] == N

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import grpc
 import pyarrow as pa
 import pytest
 
@@ -60,6 +59,8 @@ class Planted:
         self.client = client
         self.orphan = orphan
         self.masters = ",".join(cluster.master_addresses)
+        # Every job run below passes the admin's credentials with --masters.
+        self.credentials = ["--credentials", cluster.credentials_dir() or ""]
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +73,14 @@ def planted(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> It
     finally:
         del os.environ[failpoints.SKIP]
     try:
-        with SyncClient(cluster.master_addresses, timeout=60) as c:
+        with SyncClient(
+            cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+        ) as c:
             for name in ("keep", "doomed", "altered"):
                 c.call("create_table", name, SCHEMA, PS)
             ts1 = cluster.tservers["ts-1"]
             orphan = uuid.uuid4().hex
-            with grpc.insecure_channel(ts1.address) as ch:
+            with cluster.sync_channel(ts1.address) as ch:
                 tserver_pb2_grpc.TabletServerAdminServiceStub(ch).CreateTablet(
                     create_request(ts1.uuid, orphan, [(ts1.uuid, ts1.address)]), timeout=10
                 )
@@ -98,7 +101,15 @@ def findings(spark: SparkSession, run_id: str) -> list[tuple[str, str, str]]:
 def test_audit_snapshot_is_idempotent_and_time_travels(
     spark: SparkSession, planted: Planted
 ) -> None:
-    args = ["--masters", planted.masters, "--snapshot-id", "before", "--run-id", "audit-1"]
+    args = [
+        "--masters",
+        planted.masters,
+        *planted.credentials,
+        "--snapshot-id",
+        "before",
+        "--run-id",
+        "audit-1",
+    ]
     assert audit_snapshot.main(args) == 0
     assert audit_snapshot.main(args) == 0  # a retry appends nothing twice
     counts = spark.sql(
@@ -114,7 +125,7 @@ def test_audit_snapshot_is_idempotent_and_time_travels(
 
 
 def test_jobs_find_fix_and_come_back_clean(spark: SparkSession, planted: Planted) -> None:
-    m = ["--masters", planted.masters]
+    m = ["--masters", planted.masters, *planted.credentials]
     assert orphan_sweep.main([*m, "--run-id", "orphans-1"]) == 2
     found = findings(spark, "orphans-1")
     assert (
@@ -174,7 +185,12 @@ def test_documented_audit_queries_run(spark: SparkSession, planted: Planted) -> 
     earlier tests took the snapshots `before` and `after`)."""
     planted.client.call("create_table", "fresh", SCHEMA, PS)
     planted.client.call("delete_table", "keep")
-    assert audit_snapshot.main(["--masters", planted.masters, "--snapshot-id", "third"]) == 0
+    assert (
+        audit_snapshot.main(
+            ["--masters", planted.masters, *planted.credentials, "--snapshot-id", "third"]
+        )
+        == 0
+    )
     doc = (Path(__file__).resolve().parents[2] / "docs" / "audit_queries.md").read_text()
     queries = re.findall(r"```sql\n(.*?)```", doc, flags=re.S)
     assert len(queries) >= 7
@@ -206,7 +222,7 @@ def test_rebalance_plan_saved_reviewed_and_applied(spark: SparkSession, planted:
     cluster.add_tserver_slot("ts-4")
     cluster.start_tserver("ts-4")
     cluster.wait_registered()
-    m = ["--masters", planted.masters]
+    m = ["--masters", planted.masters, *planted.credentials]
     assert rebalance_plan.main([*m, "--run-id", "plan-1"]) == 2
     kinds = {f[0] for f in findings(spark, "plan-1")}
     assert "table_imbalance" in kinds
@@ -274,12 +290,12 @@ def test_replica_left_behind_by_a_move_is_tombstoned(spark: SparkSession, plante
         lambda: tablets_of(c, "moved")[tablet_id][1] == [dst],
     )
     source = cluster.tserver_by_uuid(src)
-    left, _ = list_hosted(src, source.address)
+    left, _ = list_hosted(src, source.address, credentials_dir=planted.cluster.credentials_dir())
     assert [(h.tablet_id, h.data_state) for h in left if h.tablet_id == tablet_id] == [
         (tablet_id, "READY")
     ]
 
-    m = ["--masters", planted.masters]
+    m = ["--masters", planted.masters, *planted.credentials]
     assert orphan_sweep.main([*m, "--run-id", "moved-1"]) == 2
     ((kind, tablet, ts, outcome, _),) = table_findings(spark, "moved-1", "moved")
     assert (kind, tablet, ts, outcome) == ("replica_not_in_config", tablet_id, src, "dry run")
@@ -288,12 +304,14 @@ def test_replica_left_behind_by_a_move_is_tombstoned(spark: SparkSession, plante
     assert [f[:4] for f in table_findings(spark, "moved-2", "moved")] == [
         ("replica_not_in_config", tablet_id, src, "tombstoned")
     ]
-    left, _ = list_hosted(src, source.address)
+    left, _ = list_hosted(src, source.address, credentials_dir=planted.cluster.credentials_dir())
     assert [h.data_state for h in left if h.tablet_id == tablet_id] == ["TOMBSTONED"]
 
     assert orphan_sweep.main([*m, "--run-id", "moved-3"]) == 2  # the orphan, forever
     assert table_findings(spark, "moved-3", "moved") == []
-    with SyncClient(cluster.master_addresses, timeout=60) as fresh:  # no cached locations
+    with SyncClient(
+        cluster.master_addresses, timeout=60, credentials=cluster.credentials()
+    ) as fresh:  # no cached locations
         assert fresh.call("scan", "moved").num_rows == 3  # the moved replica serves the rows
 
 
@@ -335,7 +353,7 @@ def test_killed_server_leaves_tablets_unavailable_and_stuck_creating(
         wait_for("stuck's tablets placed, all but the dead server's RUNNING", stuck_placed)
         (stuck,) = [tid for tid, (t, _) in tablets_of(c, "stuck").items() if t.state != "RUNNING"]
 
-        m = ["--masters", planted.masters]
+        m = ["--masters", planted.masters, *planted.credentials]
         sweep = [*m, "--assignment-timeout-s", "1"]
         assert orphan_sweep.main([*sweep, "--apply", "--run-id", "down-1"]) == 2
         ((kind, tablet, ts, outcome, detail),) = table_findings(spark, "down-1", "lonely")
@@ -363,7 +381,9 @@ def test_killed_server_leaves_tablets_unavailable_and_stuck_creating(
         "lonely's tablet running again on the restarted server",
         lambda: any(
             h.tablet_id == unavailable and h.state == "RUNNING"
-            for h in list_hosted(victim.uuid, victim.address)[0]
+            for h in list_hosted(
+                victim.uuid, victim.address, credentials_dir=cluster.credentials_dir()
+            )[0]
         ),
     )
     assert orphan_sweep.main([*sweep, "--run-id", "down-2"]) == 2  # the orphan, forever

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -45,7 +46,8 @@ def run(cluster: MiniCluster, capsys: pytest.CaptureFixture[str]) -> Run:
     """`run("table", "list", ...)`: (exit code, stdout, stderr) with --masters added."""
 
     def go(*argv: str, masters: bool = True, main: Callable[..., int] = admin_cmd.main) -> Any:
-        extra = ["--masters", ",".join(cluster.master_addresses)] if masters else []
+        where = ["--masters", ",".join(cluster.master_addresses)]
+        extra = [*where, "--credentials", cluster.credentials_dir() or ""] if masters else []
         code = main([*argv, *extra])
         out, err = capsys.readouterr()
         return code, out, err
@@ -119,6 +121,7 @@ def test_create_with_a_string_range_and_list_by_dir(
     )
     record = ClusterRecord(tmp_path, "master.toml", "tserver.toml", masters=masters)
     (tmp_path / "cluster.json").write_text(json.dumps(record.to_json()))
+    shutil.copytree(cluster.credentials_dir() or "", tmp_path / "credentials")  # as `up` writes
     code, out, _ = run("table", "list", "--dir", str(tmp_path), "--format", "json", masters=False)
     assert code == 0 and {t["name"] for t in json.loads(out)} >= {"events", "by_region"}
 
@@ -134,7 +137,7 @@ def _write_rows(cluster: MiniCluster) -> None:
     )
 
     async def write() -> None:
-        async with TesseraClient(cluster.master_addresses) as c:
+        async with TesseraClient(cluster.master_addresses, credentials=cluster.credentials()) as c:
             result = await c.write("events", data)
             assert result.errors == []
 
@@ -309,6 +312,7 @@ def test_unreachable_masters_are_named(run: Run) -> None:
 
 def test_a_real_process(cluster: MiniCluster) -> None:
     argv = ["table", "list", "--masters", ",".join(cluster.master_addresses), "--format", "json"]
+    argv += ["--credentials", cluster.credentials_dir() or ""]
     proc = subprocess.run(
         [sys.executable, "-m", "service.tools.admin_cmd", *argv],
         cwd=ROOT,

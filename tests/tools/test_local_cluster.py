@@ -93,11 +93,14 @@ def test_up_status_down_and_restart_with_the_same_servers(tmp_path: Path) -> Non
         assert (master.running, master.role) == (True, "LEADER")
         assert (tserver.running, tserver.live, tserver.uuid) == (True, True, first.tservers[0].uuid)
 
-        # The compose health check, against the real servers (and the wrong kind of server).
+        # The compose health check, against the real servers (and the wrong kind of server),
+        # with the credentials `up` wrote; without them the secured servers refuse it.
         ts_address = first.tservers[0].address
-        assert healthcheck.main(["--address", master.address, "--kind", "master"]) == 0
-        assert healthcheck.main(["--address", ts_address, "--kind", "tserver"]) == 0
-        assert healthcheck.main(["--address", ts_address, "--kind", "master"]) == 1
+        creds = ["--credentials", str(d / "credentials")]
+        assert healthcheck.main(["--address", master.address, "--kind", "master", *creds]) == 0
+        assert healthcheck.main(["--address", ts_address, "--kind", "tserver", *creds]) == 0
+        assert healthcheck.main(["--address", ts_address, "--kind", "master", *creds]) == 1
+        assert healthcheck.main(["--address", master.address, "--kind", "master"]) == 1
 
         with pytest.raises(LocalClusterError, match="already running") as refused:
             _up(d)
@@ -105,7 +108,7 @@ def test_up_status_down_and_restart_with_the_same_servers(tmp_path: Path) -> Non
 
         assert {r.outcome for r in down(d)} == {"stopped"}
         assert all(_gone(pid) for pid in seen)
-        assert healthcheck.main(["--address", master.address, "--kind", "master"]) == 1
+        assert healthcheck.main(["--address", master.address, "--kind", "master", *creds]) == 1
         assert all(s.pid is None for s in load_record(d).servers)
         after = status(d)  # dead processes are reported, not raised
         assert not after.healthy
@@ -140,8 +143,13 @@ def test_cli_up_status_down(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         assert cluster_cmd.main(["status", "--dir", d]) == 0
         table = capsys.readouterr().out
         assert "LEADER" in table and "live" in table and "healthy in" in table
-        assert cluster_cmd.main(["status", "--masters", addresses, "--tservers", "1"]) == 0
+        creds = ["--credentials", f"{d}/credentials"]
+        assert cluster_cmd.main(["status", "--masters", addresses, "--tservers", "1", *creds]) == 0
         capsys.readouterr()
+        # Without credentials the secured masters refuse the connection, and the report says
+        # what to do.
+        assert cluster_cmd.main(["status", "--masters", addresses, "--tservers", "1"]) == 1
+        assert "--credentials" in capsys.readouterr().out
         assert cluster_cmd.main(["status", "--dir", d, "--format", "json"]) == 0
         report = json.loads(capsys.readouterr().out)
         assert report["healthy"] and len(report["servers"]) == 2

@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import grpc
 import pytest
 
+from service.common.tls import open_sync_channel
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.testing.master_cluster import FAST_RAFT
 from service.testing.mini_cluster import FAST_TSERVER
-from service.tools import cli
+from service.tools import cli, local_cluster
 from service.tools.local_cluster import down, load_record, status, up
 
 pytestmark = pytest.mark.integration
@@ -29,9 +29,9 @@ def _members(d: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
     return {m["address"]: m["member_type"] for m in json.loads(capsys.readouterr().out)}
 
 
-def _own_voters(address: str) -> set[str]:
+def _own_voters(d: Path, address: str) -> set[str]:
     """The voters in the config of the master at `address`, as it sees them."""
-    with grpc.insecure_channel(address) as ch:
+    with open_sync_channel(address, local_cluster.credentials(d)) as ch:
         r = master_pb2_grpc.MasterServiceStub(ch).ListMasters(pb.ListMastersRequestPB(), timeout=5)
     return {f"{e.rpc_addresses[0].host}:{e.rpc_addresses[0].port}"
             for e in r.masters if e.member_type == pb.VOTER}  # fmt: skip
@@ -65,7 +65,7 @@ def test_add_and_remove_masters_of_a_local_cluster(
         # Each master's own view agrees: the added ones were sent a snapshot carrying the
         # bootstrapped config, so none believes in a smaller quorum.
         for address in record.master_addresses:
-            assert _own_voters(address) == set(record.master_addresses), address
+            assert _own_voters(d, address) == set(record.master_addresses), address
 
         assert cli.main(["master", "remove", "master-1", "--dir", str(d)]) == 0
         assert "master-1" in capsys.readouterr().out

@@ -18,6 +18,7 @@ import pytest
 
 from service.common.config import RaftSettings, TServerConfig
 from service.common.schema_codec import encode_cell
+from service.common.tls import SecuritySettings
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
@@ -49,6 +50,9 @@ def _config(data_dir: Path, **settings: Any) -> TServerConfig:
         master_addresses=(f"127.0.0.1:{dead_master}",),
         heartbeat_interval_ms=200,
         scanner_ttl_ms=400,
+        # In process, with no master: the servicers are what these tests exercise; who may call
+        # them is tests/integration/test_security.py's subject.
+        security=SecuritySettings(mode="insecure"),
         **settings,
     )
 

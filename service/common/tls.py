@@ -1,0 +1,215 @@
+"""Mutual TLS on every gRPC connection, and who is calling.
+
+Theory of operation
+-------------------
+`SecuritySettings` (the `[security]` section of a server's config) names three files: the
+cluster CA's certificate, this party's certificate and its key (`service/common/pki.py` says
+what a certificate binds). With `mode = "secure"`:
+
+* a server listens with `server_credentials`: TLS, and a client certificate signed by the
+  cluster CA is *required* (mutual TLS). A plaintext connection, or one whose certificate
+  another CA signed, is refused during the handshake, before any RPC exists;
+* every channel a party opens (`open_channel`) presents its own certificate and verifies the
+  server's against the CA and against the DNS name of the role it meant to reach
+  (`pki.server_name`), so a tablet server's certificate cannot pass for a master's;
+* a servicer learns the caller's identity from the connection (`peer_identity`), and the
+  servicers' policies (`service/common/authz.py`) decide from it.
+
+`mode = "insecure"` keeps plaintext and answers every `peer_identity` with `INSECURE_PEER`,
+which every policy allows: it exists for comparison runs and says so with a warning at start.
+
+Key files must be owner-only: `Credentials.load` refuses a key readable by group or others,
+naming it, before the server has opened a port.
+"""
+
+from __future__ import annotations
+
+import logging
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from service.common.config import SecuritySettings
+from service.common.errors import InvalidArgument, Unauthenticated
+from service.common.pki import Identity, IdentityFiles, identity_of, server_name
+
+__all__ = [
+    "INSECURE_PEER",
+    "Credentials",
+    "SecuritySettings",
+    "open_channel",
+    "peer_identity",
+    "server_credentials",
+]
+
+log = logging.getLogger(__name__)
+
+INSECURE_PEER = Identity("insecure", "")
+"""The identity of every caller of a server in insecure mode: policies allow it."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A party's loaded credentials: the CA, its certificate and key (PEM), its identity."""
+
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes = field(repr=False)
+    identity: Identity
+
+    @classmethod
+    def load(cls, settings: SecuritySettings, data_dir: Path) -> Credentials | None:
+        """The credentials `settings` name, by default `<data_dir>/credentials/` (None in
+        insecure mode); InvalidArgument naming the file when one is missing, unreadable,
+        world-readable (the key) or not what it should be."""
+        settings.validate()
+        if not settings.secure:
+            return None
+        files = settings.files(data_dir)
+        try:
+            return cls.from_files(files)
+        except InvalidArgument as e:
+            raise InvalidArgument(
+                f"security: {e.message}. A secured server needs its certificate from the "
+                "cluster's CA: `tessera security provision` (README, Security), or set "
+                'security.mode = "insecure" for a comparison run'
+            ) from None
+
+    @classmethod
+    def from_files(cls, files: IdentityFiles) -> Credentials:
+        key_mode = _mode(files.key_file)
+        if key_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise InvalidArgument(
+                f"{files.key_file}: private key is accessible to group or others (mode "
+                f"{key_mode:04o}); refusing to use it. Fix with: chmod 600 {files.key_file}"
+            )
+        ca, cert, key = (_read(p) for p in (files.ca_file, files.cert_file, files.key_file))
+        try:
+            identity = identity_of(cert)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"{files.cert_file}: {e.message}") from None
+        return cls(ca, cert, key, identity)
+
+
+def _mode(path: Path) -> int:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError as e:
+        raise InvalidArgument(f"{path}: cannot read: {e.strerror}") from None
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise InvalidArgument(f"{path}: cannot read: {e.strerror}") from None
+
+
+def server_credentials_for(
+    settings: SecuritySettings, data_dir: Path, bind: str
+) -> Credentials | None:
+    """A server's credentials at start (`Credentials.load`), warning loudly when it is about to
+    serve insecure."""
+    creds = Credentials.load(settings, data_dir)
+    if creds is None:
+        log.warning(
+            "security.mode is 'insecure': plaintext RPCs, and anyone who can reach %s may call "
+            "anything (comparison runs only)",
+            bind,
+        )
+    return creds
+
+
+def server_credentials(creds: Credentials) -> grpc.ServerCredentials:
+    """TLS with a required client certificate signed by the cluster CA."""
+    return grpc.ssl_server_credentials(
+        [(creds.key_pem, creds.cert_pem)], root_certificates=creds.ca_pem, require_client_auth=True
+    )
+
+
+def add_port(server: grpc.aio.Server, bind: str, creds: Credentials | None) -> int:
+    """Listen on `bind`: TLS with client certificates when `creds`, plaintext otherwise."""
+    if creds is None:
+        return server.add_insecure_port(bind)
+    return server.add_secure_port(bind, server_credentials(creds))
+
+
+def open_channel(
+    address: str,
+    creds: Credentials | None,
+    *,
+    role: str = "",
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.aio.Channel:
+    """A channel to `address`. With `creds`: mutual TLS, the server's certificate verified
+    against the CA and the DNS name of `role` ("" accepts any server role)."""
+    if creds is None:
+        return grpc.aio.insecure_channel(address, options=list(options))
+    tls = grpc.ssl_channel_credentials(
+        root_certificates=creds.ca_pem,
+        private_key=creds.key_pem,
+        certificate_chain=creds.cert_pem,
+    )
+    opts = [*options, ("grpc.ssl_target_name_override", server_name(role))]
+    return grpc.aio.secure_channel(address, tls, options=opts)
+
+
+def open_sync_channel(
+    address: str,
+    creds: Credentials | None,
+    *,
+    role: str = "",
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.Channel:
+    """`open_channel` for the blocking API (Spark executors' helpers, health checks)."""
+    if creds is None:
+        return grpc.insecure_channel(address, options=list(options))
+    tls = grpc.ssl_channel_credentials(
+        root_certificates=creds.ca_pem,
+        private_key=creds.key_pem,
+        certificate_chain=creds.cert_pem,
+    )
+    opts = [*options, ("grpc.ssl_target_name_override", server_name(role))]
+    return grpc.secure_channel(address, tls, options=opts)
+
+
+def tls_hint(e: grpc.RpcError) -> str:
+    """For a plaintext call that failed to connect: a hint that the server may be secured."""
+    code = getattr(e, "code", None)
+    if callable(code) and code() is grpc.StatusCode.UNAVAILABLE:
+        return (
+            " (a secured cluster refuses plaintext connections: give credentials with "
+            "--credentials DIR or $TESSERA_CREDENTIALS)"
+        )
+    return ""
+
+
+_IDENTITIES: dict[bytes, Identity] = {}
+_MAX_CACHED = 10_000
+
+
+def peer_identity(context: grpc.aio.ServicerContext[Any, Any], secure: bool) -> Identity:
+    """The caller's identity from its verified client certificate; INSECURE_PEER when the
+    server runs insecure. Unauthenticated if a secure server somehow has no peer certificate
+    (the handshake requires one, so this is a guard, not a path)."""
+    if not secure:
+        return INSECURE_PEER
+    pems = context.auth_context().get("x509_pem_cert") or []
+    if not pems:
+        raise Unauthenticated("no client certificate")
+    pem = bytes(next(iter(pems)))
+    ident = _IDENTITIES.get(pem)
+    if ident is None:
+        try:
+            ident = identity_of(pem)
+        except InvalidArgument as e:
+            raise Unauthenticated(f"client certificate: {e.message}") from None
+        if len(_IDENTITIES) >= _MAX_CACHED:
+            _IDENTITIES.clear()
+        _IDENTITIES[pem] = ident
+    return ident
