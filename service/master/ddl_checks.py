@@ -12,7 +12,15 @@ from dataclasses import replace
 
 from service.common.errors import InvalidArgument
 from service.common.partition import Partition, PartitionSchema
-from service.common.schema import AddColumn, AlterOp, ColumnSchema, DropColumn, RenameColumn, Schema
+from service.common.schema import (
+    MAX_COLUMNS,
+    AddColumn,
+    AlterOp,
+    ColumnSchema,
+    DropColumn,
+    RenameColumn,
+    Schema,
+)
 from service.master.catalog_records import MAX_NAME_BYTES, HostPort, RequestId
 
 __all__ = [
@@ -99,10 +107,21 @@ def check_partitioning(partition_schema: object, schema: Schema) -> list[Partiti
         raise InvalidArgument(f"partition_schema: {e.message}") from None
 
 
+MAX_ALTER_STEPS = MAX_COLUMNS
+"""Steps in one AlterTable: a table never has more than MAX_COLUMNS columns, so no valid alter
+needs more, and each step costs a schema rebuild on the leader's event loop (10,000 steps once
+froze a master for over 12 s and cost it leadership)."""
+
+
 def check_alter_steps(ops: object) -> tuple[AlterOp, ...]:
     if isinstance(ops, str | bytes) or not isinstance(ops, Iterable):
         raise InvalidArgument(f"steps: must be a list of alter steps, got {ops!r}")
     steps = tuple(ops)
+    if len(steps) > MAX_ALTER_STEPS:
+        raise InvalidArgument(
+            f"steps: {len(steps)} alter steps in one request; at most {MAX_ALTER_STEPS} (a table "
+            f"has at most {MAX_COLUMNS} columns): split the alter"
+        )
     for i, op in enumerate(steps):
         if not isinstance(op, AddColumn | DropColumn | RenameColumn):
             raise InvalidArgument(f"steps[{i}]: unknown alter step {op!r}")

@@ -54,6 +54,7 @@ from service.master.catalog_records import (
     table_to_pb,
     tablet_to_pb,
 )
+from service.master.ddl_checks import MAX_ALTER_STEPS, check_alter_steps
 from service.master.heartbeat import handle_heartbeat
 from service.master.master_membership import MasterMembership
 from service.master.replica_changes import ReplicaChanges
@@ -536,6 +537,8 @@ def _schema_and_partitioning(request: pb.CreateTableRequestPB) -> tuple[Schema, 
 
 
 def _alter_steps(request: pb.AlterTableRequestPB) -> list[AlterOp]:
+    if len(request.steps) > MAX_ALTER_STEPS:  # before decoding them (ddl_checks.MAX_ALTER_STEPS)
+        check_alter_steps(request.steps)
     steps: list[AlterOp] = []
     for i, step in enumerate(request.steps):
         path = f"steps[{i}]"

@@ -17,12 +17,15 @@ import pyarrow as pa
 from service.common import failpoints
 from service.common.authz import ANYONE, TSERVERS, Authorizer, Rule, allow
 from service.common.errors import InvalidArgument, WrongDestination, rpc_errors
+from service.common.keys import decode_key
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
+from service.raft import Role
 from service.tserver.key_splitting import check_split_args, column_ids, split_key_range
 from service.tserver.predicates import ScanSpec, predicates_from_pb
 from service.tserver.scanners import ScanPage
+from service.tserver.tablet import TabletReplica
 from service.tserver.tablet_manager import check_tablet_id
 
 if TYPE_CHECKING:
@@ -62,6 +65,45 @@ DATA_POLICY: dict[str, Rule] = dict.fromkeys(
     ["Write", "Scan", "ScanNext", "ScanClose", "Checksum", "SplitKeyRange", "Ping"], ANYONE
 )
 """Rows: any authenticated party for now (per-table authz tokens are the next step)."""
+
+
+_READ_MODES = frozenset(tpb.ReadModePB.values())
+
+
+def check_scan_fields(ns: tpb.NewScanRequestPB, replica: TabletReplica) -> None:
+    """Refuse at once what a scan can never satisfy, naming the field: an unknown read mode,
+    key bounds that do not decode under the tablet's key, and a `min_applied_index` beyond the
+    log of a replica that leads (no write can have been acknowledged past its last index;
+    waiting would only run out the caller's deadline). A follower may lag its leader, so it
+    waits for such an index as before."""
+    if ns.read_mode not in _READ_MODES:
+        raise InvalidArgument(
+            f"read_mode: unknown read mode {ns.read_mode} (READ_LATEST = 0, READ_AT_LEADER = 1)"
+        )
+    store = replica.store
+    if store is not None:
+        cols = store.schema.key_columns
+        for field in (
+            "lower_bound_primary_key",
+            "exclusive_upper_bound_primary_key",
+            "start_after_primary_key",
+        ):
+            key = getattr(ns, field)
+            if key:
+                try:
+                    decode_key(cols, key, allow_prefix=True)
+                except InvalidArgument as e:
+                    raise InvalidArgument(
+                        f"{field}: not a key of this table: {e.message}"
+                    ) from None
+    if ns.min_applied_index:
+        node = replica.running_node()
+        st = node.status()
+        if st.role is Role.LEADER and ns.min_applied_index > st.last_index:
+            raise InvalidArgument(
+                f"min_applied_index: {ns.min_applied_index} is beyond the log of this tablet's "
+                f"leader (last index {st.last_index}): no write was acknowledged there"
+            )
 
 
 class _Base:
@@ -223,6 +265,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
             raise InvalidArgument("new_scan: required (use ScanNext to continue a scanner)")
         ns = request.new_scan
         replica = self.server.tablets.get(check_tablet_id(ns.tablet_id))
+        check_scan_fields(ns, replica)
         await replica.wait_readable(
             ns.read_mode == tpb.READ_AT_LEADER, ns.min_applied_index, self._timeout(context)
         )
