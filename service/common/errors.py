@@ -55,10 +55,22 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any, ClassVar, NoReturn, ParamSpec, Protocol, TypeAlias, TypeVar, overload
+from typing import (
+    Any,
+    ClassVar,
+    NoReturn,
+    ParamSpec,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+    cast,
+    overload,
+)
 
 import grpc
 import grpc.aio
+
+from service.common.registration import Undecodable
 
 __all__ = [
     "CODE_KEY",
@@ -462,17 +474,31 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
-def _authorize(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Ask the servicer's `authorizer` (service/common/authz.py), when it has one, whether the
-    caller may make this call; it raises PermissionDenied if not. A streaming request is passed
-    as None (the handler checks each message itself)."""
-    authorizer = getattr(args[0], "authorizer", None) if args else None
-    if authorizer is None:
-        return
+def _admit(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Before a handler runs: ask the servicer's `authorizer` (service/common/authz.py), when
+    it has one, whether the caller may make this call (PermissionDenied if not), then refuse a
+    request that did not decode (`registration.Undecodable`) as InvalidArgument. Returns the
+    arguments to call the handler with: a streaming request is wrapped so that an undecodable
+    message in it is refused the same way, and is passed to the authorizer as None (the handler
+    checks each message itself)."""
     request = args[1] if len(args) > 2 else None
-    if request is not None and hasattr(request, "__aiter__"):
-        request = None
-    authorizer.check(method, request, _context_of(args, kwargs))
+    streaming = request is not None and hasattr(request, "__aiter__")
+    authorizer = getattr(args[0], "authorizer", None) if args else None
+    if authorizer is not None:
+        checked = None if streaming or isinstance(request, Undecodable) else request
+        authorizer.check(method, checked, _context_of(args, kwargs))
+    if isinstance(request, Undecodable):
+        raise InvalidArgument(request.describe())
+    if streaming:
+        return (args[0], _decoded(cast(AsyncIterator[Any], request)), *args[2:])
+    return args
+
+
+async def _decoded(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for r in requests:
+        if isinstance(r, Undecodable):
+            raise InvalidArgument(r.describe())
+        yield r
 
 
 @overload
@@ -506,7 +532,7 @@ def rpc_errors(fn: Callable[_P, Any]) -> Callable[_P, Any]:
             started = time.perf_counter() if observer is not None else 0.0
             code = "CANCELLED"  # unless the call ends one of the ways below
             try:
-                _authorize(method, args, kwargs)
+                args = _admit(method, args, kwargs)  # type: ignore[assignment]
                 async for item in fn(*args, **kwargs):
                     yield item
                 code = "OK"
@@ -532,7 +558,7 @@ def rpc_errors(fn: Callable[_P, Any]) -> Callable[_P, Any]:
         started = time.perf_counter() if observer is not None else 0.0
         code = "CANCELLED"  # unless the call ends one of the ways below
         try:
-            _authorize(method, args, kwargs)
+            args = _admit(method, args, kwargs)  # type: ignore[assignment]
             result = await fn(*args, **kwargs)
             code = "OK"
             return result

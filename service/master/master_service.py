@@ -29,6 +29,7 @@ from service.common.authz import ADMIN, ANYONE, Authorizer, Rule, allow
 from service.common.errors import InvalidArgument, NotReady, NotTheLeader, rpc_errors
 from service.common.partition import PartitionSchema
 from service.common.pki import Identity
+from service.common.registration import register
 from service.common.schema import AddColumn, AlterOp, DropColumn, RenameColumn, Schema
 from service.common.schema_codec import (
     column_from_pb,
@@ -152,7 +153,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self._locations_responses = _LocationsResponses(_LOCATIONS_RESPONSES_MAX_TABLETS)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        master_pb2_grpc.add_MasterServiceServicer_to_server(self, server)
+        # Lenient request decoding: garbage is INVALID_ARGUMENT naming the message type.
+        register(master_pb2_grpc.add_MasterServiceServicer_to_server, self, server)
 
     # --- the leader check --------------------------------------------------------------------
 

@@ -46,13 +46,13 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-import grpc
 import pyarrow as pa
 
 from service.common.errors import InvalidArgument, NotFound
 from service.common.keys import encode_keys_arrow
+from service.common.registration import register
 from service.common.schema import ColumnSchema
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
@@ -105,21 +105,12 @@ def serialize_scan_response(resp: ScanPage | tpb.ScanResponsePB) -> bytes:
 def add_data_servicer(servicer: tpb_grpc.TabletServerServiceServicer, server: Any) -> None:
     """Register the data service on `server` as the generated code does, except that Scan and
     ScanNext may answer with a pre-serialized `ScanPage` (`serialize_scan_response`)."""
-    captured: dict[str, dict[str, Any]] = {}
-
-    class _Capture:
-        def add_generic_rpc_handlers(self, handlers: object) -> None:
-            pass
-
-        def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
-            captured[name] = handlers
-
-    tpb_grpc.add_TabletServerServiceServicer_to_server(servicer, cast(Any, _Capture()))
-    ((name, handlers),) = captured.items()
-    for method in ("Scan", "ScanNext"):
-        handlers[method] = handlers[method]._replace(response_serializer=serialize_scan_response)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
-    server.add_registered_method_handlers(name, handlers)
+    register(
+        tpb_grpc.add_TabletServerServiceServicer_to_server,
+        servicer,
+        server,
+        response_serializers=dict.fromkeys(("Scan", "ScanNext"), serialize_scan_response),
+    )
 
 
 @dataclass

@@ -44,6 +44,7 @@ from service.common.errors import FailedPrecondition, InvalidArgument, StaleTerm
 from service.common.http_status import StatusServer, public_address
 from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
 from service.common.private_files import private_dir
+from service.common.registration import register
 from service.common.server_main import advertised_address
 from service.common.tls import Credentials, add_port, server_credentials_for
 from service.consensus.fs import RealFileSystem
@@ -211,9 +212,9 @@ class TabletServer:
         for servicer in (consensus, admin, data, copy):
             observe_rpcs(servicer, self.rpc_metrics)
         consensus.add_to_server(server)
-        tpb_grpc.add_TabletServerAdminServiceServicer_to_server(admin, server)
+        register(tpb_grpc.add_TabletServerAdminServiceServicer_to_server, admin, server)
         add_data_servicer(data, server)  # Scan pages go out pre-serialized (scanners.py)
-        tpb_grpc.add_TabletCopyServiceServicer_to_server(copy, server)
+        register(tpb_grpc.add_TabletCopyServiceServicer_to_server, copy, server)
         await server.start()
         await self.scanners.start()
         self.copy_trigger = CopyTrigger(

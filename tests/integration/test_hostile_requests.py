@@ -122,3 +122,53 @@ def test_bad_scan_fields_are_refused_at_once(
     # A good scan still works.
     ok = _scan(cluster, token)
     assert not isinstance(ok, grpc.RpcError), ok
+
+
+NOT_PROTOBUF = b"\xff\xff\xff\xff\x0f garbage"
+BAD_UTF8 = b"\x0a\x03\xff\xfe\xfd"  # field 1, a string (or, nested, a message's string 1)
+NESTED_BAD_UTF8 = b"\x0a\x05" + BAD_UTF8
+
+
+@pytest.mark.parametrize("case", ["not protobuf", "invalid UTF-8"])
+@pytest.mark.parametrize(
+    ("service", "method", "server", "bad_utf8"),
+    [
+        ("tessera.master.MasterService", "CreateTable", "master", b"\x12\x03\xff\xfe\xfd"),
+        ("tessera.master.MasterService", "GetTableLocations", "master", NESTED_BAD_UTF8),
+        ("tessera.master.MasterService", "TSHeartbeat", "master", NESTED_BAD_UTF8),
+        ("tessera.tserver.TabletServerService", "Write", "tserver", BAD_UTF8),
+        ("tessera.tserver.TabletServerService", "Scan", "tserver", BAD_UTF8),
+        ("tessera.tserver.TabletServerAdminService", "DeleteTablet", "tserver", BAD_UTF8),
+    ],
+    ids=["CreateTable", "GetTableLocations", "TSHeartbeat", "Write", "Scan", "DeleteTablet"],
+)
+def test_undecodable_requests_are_invalid_argument_naming_the_message(
+    cluster: MiniCluster, service: str, method: str, server: str, bad_utf8: bytes, case: str
+) -> None:
+    """Garbage bodies and invalid UTF-8 were UNKNOWN with a DecodeError text and an ERROR
+    traceback in the server's log; now INVALID_ARGUMENT naming the message type."""
+    body = NOT_PROTOBUF if case == "not protobuf" else bad_utf8
+    if server == "master":
+        address = _leader(cluster)[0]
+        creds = cluster.credentials()
+    else:
+        ts = next(iter(cluster.tservers.values()))
+        address = ts.address
+        # A role the method allows, so the decode (not the policy) is what refuses it.
+        creds = cluster.credentials("tserver" if method == "TSHeartbeat" else "admin", ts.uuid)
+    if method == "TSHeartbeat":
+        creds = cluster.credentials("tserver", "ts-garbage")
+    from service.common.tls import open_sync_channel
+
+    with open_sync_channel(address, creds) as ch:
+        call = ch.unary_unary(
+            f"/{service}/{method}", request_serializer=None, response_deserializer=None
+        )
+        with pytest.raises(grpc.RpcError) as e:
+            call(body, timeout=10)
+    assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT, (e.value.code(), e.value.details())
+    assert (e.value.details() or "").startswith("undecodable "), e.value.details()
+    assert "RequestPB" in (e.value.details() or ""), e.value.details()
+    log = next(iter(cluster.tservers.values())).log if server == "tserver" else None
+    if log is not None:
+        assert "Traceback" not in log.read_text()
