@@ -117,6 +117,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+LEASE_FRACTION = 0.5
+"""The leader lease of `RaftNode.read`, as a fraction of the election timeout."""
 T = TypeVar("T")
 
 
@@ -189,6 +192,21 @@ class RaftNode(Quiescing):
         self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._snapshot_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._read_seq = 0
+        self._read_batch: asyncio.Future[int] | None = None
+        """The ReadIndex batch new reads join until the loop issues it (`read`)."""
+        self._read_inflight: bytes | None = None
+        """The context of the ReadIndex round in flight, if any."""
+        self._read_pending: Callable[[], None] | None = None
+        """Issues the next batch once the round in flight completes."""
+        self._read_issued_at = 0.0
+        """Monotonic time the round in flight was issued (its heartbeats left after it)."""
+        self._lease_until = 0.0
+        """Monotonic time until which reads are served without a round (`read`); 0: none."""
+        self._lease_s = (
+            settings.election_ticks * settings.tick_interval_s * LEASE_FRACTION
+            if settings.check_quorum
+            else 0.0
+        )
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.fatal: BaseException | None = None
@@ -315,31 +333,79 @@ class RaftNode(Quiescing):
         self._proposals.append((data, fut))
         return await fut  # a cancelled caller cancels `fut`: the loop skips it
 
+    @property
+    def lease_s(self) -> float:
+        """How long a confirmed leadership serves reads without a round (`read`); 0: never."""
+        return self._lease_s
+
     async def read(self, timeout: float | None = None) -> int:
         """Linearizable read barrier: returns an applied index that reflects every write
-        acknowledged before this call started."""
+        acknowledged before this call started.
+
+        Lease: a round that a quorum acknowledged also proves that, by the time it was issued,
+        every node of that quorum had heard from this leader; with check-quorum none of them
+        will vote for another candidate within an election timeout of that (their timers never
+        fire early, they count ticks of at least `tick_interval_s`). So for `LEASE_FRACTION` of
+        an election timeout after the round was issued, measured on this process's monotonic
+        clock, reads are served at once at the leader's commit index (once its term has a
+        committed entry). The lease is dropped with leadership and never used during a
+        leadership transfer (whose votes bypass that rule). It is wall-clock time, not ticks: a
+        process paused longer than the lease (SIGSTOP, a stall) finds it expired when it
+        resumes, and must confirm its leadership with a round, which a deposed leader fails.
+        Clock drift between nodes only matters as a rate difference over the lease (half an
+        election timeout): the margin covers any drift under 50%.
+
+        Reads are batched (as etcd's and TiKV's ReadIndex users do): one ReadIndex round is in
+        flight at a time, and every read that arrives meanwhile joins the next batch, issued
+        when the round in flight completes, after all of its reads arrived; so its index covers
+        every write acknowledged before any of them. A catalog serving thousands of lookups a
+        second costs one heartbeat round per round trip to a majority, not one per lookup. A
+        caller that times out leaves the batch to the others (the shared future is shielded)."""
         self._check_open()
-        if self.raw.raft.state is not Role.LEADER:
+        raft = self.raw.raft
+        if raft.state is not Role.LEADER:
             raise self._not_leader()
-        self._read_seq += 1
-        ctx = f"{self.uuid}:{self._read_seq}".encode()
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._reads[ctx] = fut
+        if (
+            time.monotonic() < self._lease_until
+            and not raft.lead_transferee
+            and raft.log.term_or_zero(raft.log.committed) == raft.term
+        ):
+            index = raft.log.committed  # under the lease no other leader can have committed
+            await self.wait_applied(index, timeout)
+            return index
+        fut = self._read_batch
+        if fut is None or fut.done():
+            fut = self._read_batch = asyncio.get_running_loop().create_future()
+            # Retrieved here in case every waiter gave up (shield): no "never retrieved" noise.
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._read_seq += 1
+            ctx = f"{self.uuid}:{self._read_seq}".encode()
+            self._reads[ctx] = fut
+            batch = fut
 
-        def issue() -> None:
-            if fut.done():  # the caller gave up already
-                self._reads.pop(ctx, None)
-                return
-            try:
-                self.raw.read_index(ctx)
-            except ProposalDropped:
-                self._reads.pop(ctx, None)
-                if not fut.done():
-                    fut.set_exception(self._not_leader())
+            def issue() -> None:
+                if self._read_batch is batch:
+                    self._read_batch = None  # later reads start the next batch
+                if batch.done():  # failed already (leadership lost)
+                    self._reads.pop(ctx, None)
+                    self._read_issue_next()
+                    return
+                self._read_inflight = ctx
+                self._read_issued_at = time.monotonic()
+                try:
+                    self.raw.read_index(ctx)
+                except ProposalDropped:
+                    self._reads.pop(ctx, None)
+                    self._read_inflight = None
+                    if not batch.done():
+                        batch.set_exception(self._not_leader())
 
-        self._control.append(issue)
-        self._wakeup.set()
-        index = await self._wait(fut, timeout, "read")
+            if self._read_inflight is None and self._read_pending is None:
+                self._control.append(issue)
+                self._wakeup.set()
+            else:
+                self._read_pending = issue  # issued when the round in flight completes
+        index = await self._wait(asyncio.shield(fut), timeout, "read")
         await self.wait_applied(index, timeout)
         return index
 
@@ -633,6 +699,11 @@ class RaftNode(Quiescing):
             read = self._reads.pop(rs.context, None)
             if read is not None and not read.done():
                 read.set_result(rs.index)
+            if rs.context == self._read_inflight:
+                self._read_inflight = None
+                if self._lease_s and not self.raw.raft.lead_transferee:
+                    self._lease_until = self._read_issued_at + self._lease_s
+                self._read_issue_next()
         self._wake_applied()
 
     def _learn_addresses(self, entries: list[Entry]) -> None:
@@ -681,15 +752,26 @@ class RaftNode(Quiescing):
                 still.append((index, fut))
         self._applied_waiters = still
 
+    def _read_issue_next(self) -> None:
+        """Queue the batch that waited for the round in flight (issued on the next loop turn)."""
+        pending, self._read_pending = self._read_pending, None
+        if pending is not None:
+            self._control.append(pending)
+            self._wakeup.set()
+
+    def _reset_reads(self, err: Exception) -> None:
+        for read in self._reads.values():
+            if not read.done():
+                read.set_exception(err)
+        self._reads.clear()
+        self._read_inflight = self._read_pending = None
+        self._lease_until = 0.0
+
     def _on_soft_state(self, leader: NodeId, term: int, role: Role) -> None:
         was_leader, self._was_leader = self._was_leader, role is Role.LEADER
         self._status = None
         if was_leader and role is not Role.LEADER:
-            err = self._not_leader()
-            for read in self._reads.values():
-                if not read.done():
-                    read.set_exception(err)
-            self._reads.clear()
+            self._reset_reads(self._not_leader())
         log.info(
             "%s/%s: term %d, role %s, leader %s",
             self.group_id,
@@ -769,10 +851,7 @@ class RaftNode(Quiescing):
             if not fut.done():
                 fut.set_exception(err)
         self._waiting.clear()
-        for read in self._reads.values():
-            if not read.done():
-                read.set_exception(err)
-        self._reads.clear()
+        self._reset_reads(err)
         for _, f in self._applied_waiters + self._snapshot_waiters:
             if not f.done():
                 f.set_exception(err)

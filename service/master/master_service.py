@@ -18,6 +18,7 @@ reports. AddMaster/RemoveMaster change sys.catalog's membership (`master_members
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -26,7 +27,15 @@ import grpc
 import grpc.aio
 
 from service.common.authz import ADMIN, ANYONE, Authorizer, Rule, allow
-from service.common.errors import InvalidArgument, NotReady, NotTheLeader, rpc_errors
+from service.common.errors import (
+    InvalidArgument,
+    NotReady,
+    NotTheLeader,
+    ServiceUnavailable,
+    TesseraError,
+    Timeout,
+    rpc_errors,
+)
 from service.common.partition import PartitionSchema
 from service.common.pki import Identity
 from service.common.registration import register
@@ -71,6 +80,8 @@ _MEMBERSHIP_TIMEOUT_S = 60.0
 _DEFAULT_DUMP_CHUNK = 1000
 """Catalog rows per DumpCatalog chunk unless the caller asks otherwise (about 1 MB of tablets)."""
 _MAX_DUMP_CHUNK = 20_000
+_READ_BARRIER_TIMEOUT_S = 5.0
+"""Longest a catalog read waits to confirm leadership (a few election timeouts)."""
 
 if TYPE_CHECKING:
     from service.master.master import MasterServer
@@ -176,6 +187,33 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             )
         return m.catalog
 
+    async def _read_catalog(self, context: Ctx) -> CatalogManager:
+        """The catalog manager for a read a client will see: `_leader_catalog`, then a ReadIndex
+        round (batched, `RaftNode.read`) that confirms this master still leads a majority and
+        waits until everything committed before the read is applied here.
+
+        Without it a leader that was paused (SIGSTOP, a long GC, a stalled disk) past an
+        election answered from memory after it resumed: LEADER of its old term, tables created
+        meanwhile missing, deleted ones still there. A lease would not do here: a paused
+        process's ticks stop too, so its lease looks fresh when it resumes."""
+        self._leader_catalog()  # not the leader, or not loaded yet: refused at once
+        node = self.master.node
+        assert node is not None
+        remaining = context.time_remaining()
+        timeout = (
+            _READ_BARRIER_TIMEOUT_S
+            if remaining is None
+            else min(remaining, _READ_BARRIER_TIMEOUT_S)
+        )
+        try:
+            await node.read(timeout=max(0.01, timeout))
+        except Timeout:
+            raise ServiceUnavailable(
+                f"master {self.master.uuid} could not confirm its leadership within "
+                f"{timeout:.1f}s; retry (another master may be taking over)"
+            ) from None
+        return self._leader_catalog()
+
     # --- DDL ---------------------------------------------------------------------------------
 
     @rpc_errors
@@ -195,7 +233,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self, request: pb.IsCreateTableDoneRequestPB, context: Ctx
     ) -> pb.IsCreateTableDoneResponsePB:
         table = _table(request)
-        status = await self._leader_catalog().is_create_table_done(table)
+        status = await (await self._read_catalog(context)).is_create_table_done(table)
         return pb.IsCreateTableDoneResponsePB(
             done=status.done,
             tablets_running=status.tablets_running,
@@ -228,7 +266,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self, request: pb.IsAlterTableDoneRequestPB, context: Ctx
     ) -> pb.IsAlterTableDoneResponsePB:
         table = _table(request)
-        status = await self._leader_catalog().is_alter_table_done(table)
+        status = await (await self._read_catalog(context)).is_alter_table_done(table)
         return pb.IsAlterTableDoneResponsePB(done=status.done, schema_version=status.schema_version)
 
     @rpc_errors
@@ -248,7 +286,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     ) -> pb.ListTablesResponsePB:
         if len(request.name_filter) > _MAX_NAME_FILTER:
             raise InvalidArgument(f"name_filter: longer than {_MAX_NAME_FILTER} characters")
-        tables = await self._leader_catalog().list_tables(request.name_filter)
+        tables = await (await self._read_catalog(context)).list_tables(request.name_filter)
         return pb.ListTablesResponsePB(
             tables=[
                 pb.ListTablesResponsePB.TableInfo(
@@ -269,7 +307,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self, request: pb.GetTableSchemaRequestPB, context: Ctx
     ) -> pb.GetTableSchemaResponsePB:
         table = _table(request)
-        info = await self._leader_catalog().get_table_schema(table)
+        info = await (await self._read_catalog(context)).get_table_schema(table)
         return pb.GetTableSchemaResponsePB(
             table_id=info.table_id,
             table_name=info.name,
@@ -284,7 +322,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self, request: pb.GetTableLocationsRequestPB, context: Ctx
     ) -> pb.GetTableLocationsResponsePB:
         table = _table(request)
-        locations = await self._leader_catalog().get_table_locations(
+        locations = await (await self._read_catalog(context)).get_table_locations(
             table,
             request.partition_key_start,
             request.partition_key_end,
@@ -296,7 +334,9 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     async def GetTabletLocations(
         self, request: pb.GetTabletLocationsRequestPB, context: Ctx
     ) -> pb.GetTabletLocationsResponsePB:
-        result = await self._leader_catalog().get_tablet_locations(list(request.tablet_ids))
+        result = await (await self._read_catalog(context)).get_tablet_locations(
+            list(request.tablet_ids)
+        )
         return pb.GetTabletLocationsResponsePB(
             tablet_locations=[_tablet_locations_pb(t) for t in result.locations],
             errors=[
@@ -315,9 +355,19 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     ) -> pb.ConnectToMasterResponsePB:
         m = self.master
         assert m.node is not None
+        confirmed = False
+        if m.node.status().role is Role.LEADER:
+            # Claim leadership only once a majority confirmed it (a ReadIndex round): a leader
+            # resuming from a pause must not tell clients it leads a term that has moved on.
+            with contextlib.suppress(TesseraError):
+                await m.node.read(timeout=_READ_BARRIER_TIMEOUT_S)
+                confirmed = True
         st = m.node.status()
+        role = _own_role(m.uuid, st)
+        if role == pb.LEADER and not confirmed:
+            role = pb.ROLE_UNKNOWN  # leads in its own view only: no majority answered
         out = pb.ConnectToMasterResponsePB(
-            role=_own_role(m.uuid, st),
+            role=role,
             leader_uuid=st.lead,
             term=st.term,
             master_addresses=[_host_port_pb(p.address) for p in m.peers],
@@ -490,7 +540,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             raise InvalidArgument(
                 f"max_rows_per_chunk: at most {_MAX_DUMP_CHUNK}, got {request.max_rows_per_chunk}"
             )
-        index, rows = self._leader_catalog().dump(request.include_removed)
+        index, rows = (await self._read_catalog(context)).dump(request.include_removed)
         size = request.max_rows_per_chunk or _DEFAULT_DUMP_CHUNK
         for start in range(0, max(len(rows), 1), size):
             chunk = pb.DumpCatalogChunkPB(committed_index=index)

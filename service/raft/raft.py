@@ -402,7 +402,7 @@ class Raft:
     def _step_leader(self, m: Message) -> None:
         t = m.type
         if t is MessageType.BEAT:
-            self._bcast_heartbeat(b"")
+            self._bcast_heartbeat(reads.last_pending(self))
             return
         if t is MessageType.CHECK_QUORUM:
             if not self._quorum_active():

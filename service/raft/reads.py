@@ -87,6 +87,13 @@ def issue(r: Raft, ctx: bytes) -> None:
     r._bcast_heartbeat(ctx)
 
 
+def last_pending(r: Raft) -> bytes:
+    """The context of the newest read still waiting for a quorum (b"" if none): every regular
+    heartbeat carries it, as etcd's do, so a read whose own heartbeat round lost a message is
+    confirmed by the next round instead of waiting forever."""
+    return r.reads.order[-1] if r.reads.order else b""
+
+
 def on_commit(r: Raft) -> None:
     """The commit index advanced: issue the reads that waited for this term's first commit."""
     if r.state is Role.LEADER and r.reads.awaiting_commit and committed_in_term(r):

@@ -381,11 +381,16 @@ def test_read_returns_an_index_covering_every_acknowledged_write(tmp_path: Path)
 
 
 def test_read_on_an_isolated_leader_does_not_return(tmp_path: Path) -> None:
-    """ReadIndex needs a quorum's answer: cut off, the old leader cannot serve a read."""
+    """ReadIndex needs a quorum's answer: cut off, the old leader cannot serve a read once its
+    lease (half an election timeout after its last confirmed round) has run out."""
 
     async def scenario(c: Cluster) -> None:
         leader = await c.leader()
+        await leader.read(timeout=WAIT_S)  # a confirmed round: the lease starts
         c.net.isolate(leader.uuid)
+        assert leader.lease_s > 0
+        await leader.read(timeout=0.5)  # within the lease: served (no other leader can exist)
+        await asyncio.sleep(leader.lease_s)
         with pytest.raises((Timeout, NotTheLeader)):
             await leader.read(timeout=0.5)
         c.net.heal()
