@@ -482,6 +482,12 @@ class MasterConfig:
     """Period of the leader's background tasks: assignment rounds, retries of pending side
     effects (CreateTablet, DeleteTablet, AlterSchema), re-replication (seed 001). A round also
     runs as soon as a committed change calls for work."""
+    leader_warmup_ms: int = 15_000
+    """For this long after a master becomes leader, "not enough live tablet servers" for a
+    CreateTable is NotReady (retryable; clients retry within their deadline), not a definite
+    failure: tablet servers that backed off from a restarting master (up to 10 heartbeat
+    intervals) are still registering with it. Keep it above 10 x the servers'
+    heartbeat_interval_ms. 0: no warm-up."""
     assignment_timeout_ms: int = 30_000
     """A tablet not reported RUNNING this long after its replicas were chosen is REPLACED by a
     new tablet for the same partition (Kudu's tablet_creation_timeout_ms)."""

@@ -203,6 +203,8 @@ class CatalogManager(AssignmentRounds):
         self._clock = clock
         self._rng = rng
         self._loaded = False
+        self._loaded_at = 0.0
+        """When this manager last became ready as leader (clock seconds): the warm-up starts."""
         self._reserved_names: set[str] = set()
         self._tasks = PendingTasks()
         self._creating: set[TabletId] = set()
@@ -245,6 +247,7 @@ class CatalogManager(AssignmentRounds):
             self._sys = sys_catalog
             self._remove_listener = sys_catalog.add_listener(self._on_change)
         self._loaded = True
+        self._loaded_at = self._clock.now()
         self._backoff.clear()
         self._reload()
         log.info(
@@ -301,10 +304,19 @@ class CatalogManager(AssignmentRounds):
         owner = check_owner(owner, self._settings.max_owner_bytes)
         live = self._ts.num_live()
         if replicas > live:
-            raise FailedPrecondition(
+            problem = (
                 f"num_replicas {replicas}: need {replicas} live tablet servers, have {live}"
                 f" ({len(self._ts)} registered)"
             )
+            led = self._clock.now() - self._loaded_at
+            if led < self._settings.leader_warmup_s:
+                # A new leader's registry fills as servers find it (some backed off from it
+                # while it restarted): a retry soon may succeed (leader_warmup_ms).
+                raise NotReady(
+                    f"{problem}; this master became leader {led:.1f}s ago and tablet servers "
+                    "are still registering: retry"
+                )
+            raise FailedPrecondition(problem)
         limit = self._settings.max_create_tablets_per_ts * live
         if len(partitions) > limit:
             raise InvalidArgument(

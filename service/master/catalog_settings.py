@@ -23,6 +23,9 @@ class CatalogSettings:
     table_locations_ttl_ms: int = 300_000
     table_locations_cache_entries: int = 10_000
     """GetTableLocations answers kept (`locations_cache`); 0 keeps none."""
+    leader_warmup_s: float = 15.0
+    """After load, "not enough live tablet servers" is NotReady for this long (MasterConfig's
+    leader_warmup_ms); 0: no warm-up."""
     assignment_timeout_s: float = 30.0
     """A CREATING tablet not reported within this is replaced (Kudu's
     tablet_creation_timeout_ms)."""
@@ -52,6 +55,7 @@ class CatalogSettings:
             table_locations_ttl_ms=config.table_locations_ttl_ms,
             table_locations_cache_entries=config.table_locations_cache_entries,
             assignment_timeout_s=config.assignment_timeout_ms / 1000.0,
+            leader_warmup_s=config.leader_warmup_ms / 1000.0,
             max_tablets_per_assignment_round=config.max_tablets_per_assignment_round,
             max_creating_tablets=config.max_creating_tablets,
             assignment_retry_initial_s=config.assignment_retry_initial_ms / 1000.0,
@@ -62,7 +66,7 @@ class CatalogSettings:
 
     def validate(self) -> None:
         for name, value in vars(self).items():
-            if name == "table_locations_cache_entries":
+            if name in ("table_locations_cache_entries", "leader_warmup_s"):
                 if not value >= 0:
                     raise InvalidArgument(f"catalog settings: {name} must be >= 0, got {value}")
             elif not value > 0:

@@ -29,8 +29,9 @@ and counts as a failed heartbeat; the next heartbeat opens a new stream.
 Timing: every `heartbeat_interval_ms`; sooner (but at most every `MIN_GAP_S`) when a replica
 changed and this master is the leader, so a new tablet leader is reported within milliseconds,
 not a full interval. After `max_failures_before_backoff` consecutive failures the loop backs off
-exponentially up to 10 intervals. A server that loses every master keeps serving data: nothing
-here gates the data path.
+exponentially up to 10 intervals; a higher master term in any answer wakes the backed-off
+loops at once (leadership moved, maybe to a master that just came back). A server that loses
+every master keeps serving data: nothing here gates the data path.
 
 Membership (AddMaster/RemoveMaster): `master_addresses` from the configuration is only where
 the loops start. Every answer carries the masters of the answering master's latest config. A
@@ -207,6 +208,14 @@ class Heartbeater:
             # Not awaited here (this runs inside a loop, possibly the one being stopped).
             asyncio.get_running_loop().create_task(lp.stop())
 
+    def _reprobe_backed_off(self, answered: MasterView) -> None:
+        """A new master term: leadership moved, perhaps to a master this server backed off
+        from while it restarted. Every backed-off loop tries its master now instead of waiting
+        out its backoff, so a new leader's registry fills within a heartbeat or two."""
+        for lp in self._loops.values():
+            if lp.view is not answered and lp.view.failures > self.max_failures:
+                lp.wake.set()
+
     def leader_address(self) -> str | None:
         for v in self.views:
             if v.is_leader:
@@ -288,6 +297,8 @@ class Heartbeater:
         v.master_uuid = resp.master_instance.permanent_uuid
         if resp.master_term:
             v.term = resp.master_term
+            if resp.master_term > self.highest_term():
+                self._reprobe_backed_off(v)
             self.on_master_term(resp.master_term)
         was_leader = v.is_leader
         v.is_leader = resp.leader_master

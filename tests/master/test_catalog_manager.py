@@ -157,6 +157,8 @@ def make_env(
     register_servers(ts, servers)
     state = SysCatalogState()
     raft = FakeRaft(state)
+    # No leader warm-up unless a test asks for one: "not enough servers" is then definite.
+    settings = settings or CatalogSettings(leader_warmup_s=0.0)
     cm = CatalogManager(state, raft, ts, clock, random.Random(seed), settings)
     if load:
         cm.load()
@@ -462,6 +464,26 @@ def test_more_replicas_than_live_servers_counts_only_live_ones() -> None:
         with pytest.raises(FailedPrecondition, match="need 3 live tablet servers, have 1"):
             await create(env)
         assert len(env.state) == 0
+
+    run(go())
+
+
+def test_a_new_leader_answers_not_enough_servers_with_retry_during_its_warm_up() -> None:
+    """Right after a master becomes leader, tablet servers that backed off from it are still
+    registering: "need 3 live tablet servers" is NotReady (retryable) for leader_warmup_s,
+    and a definite FailedPrecondition only after it."""
+    env = make_env(servers=1, settings=CatalogSettings(leader_warmup_s=5.0))
+
+    async def go() -> None:
+        with pytest.raises(
+            NotReady, match=r"need 3 live tablet servers, have 1.*still registering"
+        ):
+            await create(env, "early")
+        register_servers(env.ts, 3)  # the others find the new leader: a retry succeeds
+        await create(env, "early")
+        env.clock.advance(6.0)  # past the warm-up; the 3 servers are still live (10 s timeout)
+        with pytest.raises(FailedPrecondition, match="need 5 live tablet servers, have 3"):
+            await create(env, "late", num_replicas=5)
 
     run(go())
 
