@@ -9,8 +9,12 @@ A session's configuration is layered, later layers winning:
    repository's ``conf/`` is absent (an installed wheel).
 2. ``conf/spark-defaults.conf`` of the repository (``key  value`` lines, ``#`` comments), with
    ``{repo}`` replaced by the repository root so runtime state lands under the git-ignored var/.
-3. The ``conf`` mapping given to :func:`build_session`.
-4. The ``master`` and ``warehouse_dir`` keyword arguments.
+3. ``$SPARK_MASTER_URL`` for the master (docker-compose's job runner sets it).
+4. What spark-submit launched the process with (``--master``, ``--conf``, ``--packages``, the
+   installation's spark-defaults.conf): our defaults never override a key it set
+   (:func:`launcher_settings`).
+5. The ``conf`` mapping given to :func:`build_session`.
+6. The ``master`` and ``warehouse_dir`` keyword arguments.
 
 Delta's JVM half is not on PyPI. Its jars are named in ``spark.jars.packages`` and spark-submit
 resolves them with Ivy while it launches the driver JVM: from Maven Central the first time (eight
@@ -136,6 +140,26 @@ def delta_package() -> str:
     )
 
 
+MASTER_URL_ENV = "SPARK_MASTER_URL"
+"""A Spark master URL from the environment (docker-compose's job runner sets it); it replaces
+the default `local[2]` but not what spark-submit or the caller chose."""
+
+
+def launcher_settings() -> dict[str, str]:
+    """The Spark settings the process was launched with: under spark-submit (the JVM exists
+    before Python runs, and PYSPARK_GATEWAY_PORT names it) everything spark-submit put into the
+    driver's configuration, `--master`, `--conf`, `--packages` and its installation's
+    spark-defaults.conf included; in a plain Python process, nothing (no JVM is started
+    here)."""
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return {}
+    from pyspark import SparkConf
+    from pyspark.core.context import SparkContext
+
+    SparkContext._ensure_initialized()
+    return dict(SparkConf().getAll())
+
+
 def build_session(
     app_name: str = "tessera",
     *,
@@ -146,9 +170,11 @@ def build_session(
 ) -> SparkSession:
     """Build (or return the existing) SparkSession with Delta and Tessera's defaults.
 
-    ``conf`` overrides conf/spark-defaults.conf, which overrides the built-in defaults;
-    ``master``, ``warehouse_dir`` and ``metastore_dir`` (where the Hive catalog's Derby
-    database and log live) override both. See the module docstring.
+    Layers, later ones winning: the built-in defaults; conf/spark-defaults.conf;
+    ``$SPARK_MASTER_URL`` for the master; whatever spark-submit launched the process with
+    (`launcher_settings`: our defaults never override it); ``conf``; then ``master``,
+    ``warehouse_dir`` and ``metastore_dir`` (where the Hive catalog's Derby database and log
+    live). See the module docstring.
 
     Call it before the process makes its first gRPC call, as the jobs and the demo do: PySpark
     forks the JVM with ``preexec_fn``, and grpcio >= 1.80's fork handlers can kill that child
@@ -158,14 +184,25 @@ def build_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
     file_defaults = read_spark_defaults()
-    settings = {**_BUILTIN_DEFAULTS, **file_defaults, **(conf or {})}
+    settings = {**_BUILTIN_DEFAULTS, **file_defaults}
+    if os.environ.get(MASTER_URL_ENV):
+        settings["spark.master"] = os.environ[MASTER_URL_ENV]
+    # What the launcher already set (spark-submit's --master and --conf, its installation's
+    # spark-defaults.conf) wins over our small-machine defaults: drop ours for those keys.
+    launched = launcher_settings()
+    for key in launched:
+        settings.pop(key, None)
+    settings.update(conf or {})
     if master is not None:
         settings["spark.master"] = master
     if warehouse_dir is not None:
         settings["spark.sql.warehouse.dir"] = str(Path(warehouse_dir).resolve())
     if metastore_dir is not None:
         _configure_metastore(settings, Path(metastore_dir).resolve())
-    delta_jar = _configure_delta_jars(settings, file_defaults.get(_PACKAGES, ""))
+    # Under spark-submit the JVM and its jars exist already (pass --packages there, README).
+    delta_jar = (
+        None if launched else _configure_delta_jars(settings, file_defaults.get(_PACKAGES, ""))
+    )
     _configure_logging(settings)
 
     builder = SparkSession.builder.appName(app_name)
