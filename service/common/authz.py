@@ -33,7 +33,7 @@ from service.common.errors import PermissionDenied
 from service.common.pki import Identity
 from service.common.tls import INSECURE_PEER, peer_identity
 
-__all__ = ["ADMIN", "ANYONE", "MASTERS", "SERVERS", "TSERVERS", "Authorizer", "Rule", "allow"]
+__all__ = ["ADMIN", "ANYONE", "TSERVERS", "Authorizer", "Rule", "allow"]
 
 RequestCheck = Callable[[Any, Identity], str | None]
 """(request, caller) -> None when the request may be made by this caller, else why not."""
@@ -57,9 +57,7 @@ def allow(*roles: str, check: RequestCheck | None = None) -> Rule:
 ANYONE = allow("master", "tserver", "admin", "user")
 """Any authenticated party (reads of metadata, Ping)."""
 ADMIN = allow("admin")
-MASTERS = allow("master")
 TSERVERS = allow("tserver")
-SERVERS = allow("master", "tserver")
 
 
 class Authorizer:

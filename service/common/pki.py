@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from service.common.errors import InvalidArgument
+from service.common.private_files import write_private_file
 
 __all__ = [
     "BACKDATE",
@@ -212,20 +213,9 @@ class IdentityFiles:
         others even for an instant)."""
         for path, data in ((self.ca_file, ca_pem), (self.cert_file, cert_pem)):
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _write_private(path, data)
-        _write_private(self.key_file, key_pem)
+            write_private_file(path, data)
+        write_private_file(self.key_file, key_pem)
         return self
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 class ClusterPki:
@@ -245,8 +235,8 @@ class ClusterPki:
             self.ca = CertificateAuthority(cert.read_bytes(), key.read_bytes())
         else:
             self.ca = CertificateAuthority.create()
-            _write_private(key, self.ca.key_pem)
-            _write_private(cert, self.ca.cert_pem)
+            write_private_file(key, self.ca.key_pem)
+            write_private_file(cert, self.ca.cert_pem)
 
     def files(self, role: str, name: str) -> IdentityFiles:
         """The identity files of (role, name), issued now if they do not exist yet."""
@@ -257,8 +247,8 @@ class ClusterPki:
         )
         if not (files.cert_file.exists() and files.key_file.exists()):
             cert, key = self.ca.issue(role, name)
-            _write_private(files.key_file, key)
-            _write_private(files.cert_file, cert)
+            write_private_file(files.key_file, key)
+            write_private_file(files.cert_file, cert)
         return files
 
     def export(self, role: str, name: str, directory: Path) -> IdentityFiles:

@@ -30,7 +30,13 @@ from pathlib import Path
 
 from service.common.errors import InvalidArgument
 
-__all__ = ["OWNER_ONLY_UMASK", "check_private_tree", "owner_only_umask", "private_dir"]
+__all__ = [
+    "OWNER_ONLY_UMASK",
+    "check_private_tree",
+    "owner_only_umask",
+    "private_dir",
+    "write_private_file",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +64,20 @@ def private_dir(path: Path) -> Path:
             mode,
         )
     return path
+
+
+def write_private_file(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically and durably (a fsynced temporary file renamed over
+    it), owner-only from its creation: never readable by others, even for an instant. The
+    caller fsyncs the directory when the rename itself must survive a crash."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
 
 
 def check_private_tree(root: Path, what: str) -> None:

@@ -139,6 +139,18 @@ def add_port(server: grpc.aio.Server, bind: str, creds: Credentials | None) -> i
     return server.add_secure_port(bind, server_credentials(creds))
 
 
+def _tls(
+    creds: Credentials, role: str, options: Sequence[tuple[str, Any]]
+) -> tuple[grpc.ChannelCredentials, list[tuple[str, Any]]]:
+    """Mutual TLS with `creds`, verifying the server against the DNS name of `role`."""
+    tls = grpc.ssl_channel_credentials(
+        root_certificates=creds.ca_pem,
+        private_key=creds.key_pem,
+        certificate_chain=creds.cert_pem,
+    )
+    return tls, [*options, ("grpc.ssl_target_name_override", server_name(role))]
+
+
 def open_channel(
     address: str,
     creds: Credentials | None,
@@ -150,13 +162,7 @@ def open_channel(
     against the CA and the DNS name of `role` ("" accepts any server role)."""
     if creds is None:
         return grpc.aio.insecure_channel(address, options=list(options))
-    tls = grpc.ssl_channel_credentials(
-        root_certificates=creds.ca_pem,
-        private_key=creds.key_pem,
-        certificate_chain=creds.cert_pem,
-    )
-    opts = [*options, ("grpc.ssl_target_name_override", server_name(role))]
-    return grpc.aio.secure_channel(address, tls, options=opts)
+    return grpc.aio.secure_channel(address, *_tls(creds, role, options))
 
 
 def open_sync_channel(
@@ -169,13 +175,7 @@ def open_sync_channel(
     """`open_channel` for the blocking API (Spark executors' helpers, health checks)."""
     if creds is None:
         return grpc.insecure_channel(address, options=list(options))
-    tls = grpc.ssl_channel_credentials(
-        root_certificates=creds.ca_pem,
-        private_key=creds.key_pem,
-        certificate_chain=creds.cert_pem,
-    )
-    opts = [*options, ("grpc.ssl_target_name_override", server_name(role))]
-    return grpc.secure_channel(address, tls, options=opts)
+    return grpc.secure_channel(address, *_tls(creds, role, options))
 
 
 def tls_hint(e: grpc.RpcError) -> str:

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +27,8 @@ import grpc.aio
 from service.common.pki import ClusterPki
 from service.common.tls import Credentials, SecuritySettings, open_channel, open_sync_channel
 from service.master.master import master_uuid
+from service.pb import master_pb2 as pb
+from service.pb import master_pb2_grpc
 from service.testing.demo_cluster import free_ports
 from service.testing.processes import terminate_all
 
@@ -111,6 +113,24 @@ class MasterCluster:
     def channel(self, address: str) -> grpc.aio.Channel:
         """An asyncio channel to any server of this cluster, as its admin."""
         return open_channel(address, self.credentials())
+
+    def leader(self, among: Sequence[str] | None = None, timeout: float = 30.0) -> tuple[str, int]:
+        """(address, term) of the master among `among` (default: all) that answers
+        ConnectToMaster as LEADER (which it does only after a majority confirmed it)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for address in among if among is not None else self.addresses:
+                with self.sync_channel(address) as ch:
+                    try:
+                        r = master_pb2_grpc.MasterServiceStub(ch).ConnectToMaster(
+                            pb.ConnectToMasterRequestPB(), timeout=5
+                        )
+                    except grpc.RpcError:
+                        continue
+                if r.role == pb.LEADER:
+                    return address, r.term
+            time.sleep(0.1)
+        raise TimeoutError(f"no master leader within {timeout}s")
 
     def security_overrides(self, role: str, name: str) -> list[str]:
         """`--set` arguments giving a server of (role, name) its certificate (none insecure)."""

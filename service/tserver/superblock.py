@@ -39,6 +39,7 @@ from pathlib import Path
 import google_crc32c
 
 from service.common.errors import Corruption
+from service.common.private_files import write_private_file
 
 _HEADER = struct.Struct("<4sI")  # magic, crc32c(body)
 _MAGIC = b"TSBK"
@@ -116,16 +117,7 @@ def load(tablet_dir: Path) -> Superblock | None:
 
 def save(tablet_dir: Path, sb: Superblock) -> None:
     """Replace the superblock atomically and durably."""
-    p = path_of(tablet_dir)
-    tmp = p.with_suffix(".tmp")
-    data = sb.encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, p)
+    write_private_file(path_of(tablet_dir), sb.encode())
     fsync_dir(tablet_dir)
 
 

@@ -39,25 +39,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MiniCluster]:
         yield c
 
 
-def _leader(cluster: MiniCluster) -> tuple[str, int]:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for a in cluster.master_addresses:
-            with cluster.sync_channel(a) as ch:
-                try:
-                    r = master_pb2_grpc.MasterServiceStub(ch).ConnectToMaster(
-                        pb.ConnectToMasterRequestPB(), timeout=5
-                    )
-                except grpc.RpcError:
-                    continue
-                if r.role == pb.LEADER:
-                    return a, r.term
-        time.sleep(0.1)
-    raise AssertionError("no master leader")
-
-
 def test_an_alter_with_ten_thousand_steps_is_refused_at_once(cluster: MiniCluster) -> None:
-    leader, term = _leader(cluster)
+    leader, term = cluster.masters.leader()
     col = Schema.build([("k", ColumnType.INT64), ("c", ColumnType.INT32)], key="k").column("c")
     req = pb.AlterTableRequestPB(
         request_id=pb.RequestIdPB(client_id="hostile", seq_no=1),
@@ -79,7 +62,7 @@ def test_an_alter_with_ten_thousand_steps_is_refused_at_once(cluster: MiniCluste
     )
     assert took < 2.0, took
     time.sleep(1.0)  # longer than an election timeout of the test's Raft timing
-    assert _leader(cluster) == (leader, term)  # no election happened
+    assert cluster.masters.leader() == (leader, term)  # no election happened
     with cluster.client() as c:
         assert c.call("open_table", "t", refresh=True).schema.column_names == ("id", "v")
 
@@ -149,7 +132,7 @@ def test_undecodable_requests_are_invalid_argument_naming_the_message(
     traceback in the server's log; now INVALID_ARGUMENT naming the message type."""
     body = NOT_PROTOBUF if case == "not protobuf" else bad_utf8
     if server == "master":
-        address = _leader(cluster)[0]
+        address = cluster.masters.leader()[0]
         creds = cluster.credentials()
     else:
         ts = next(iter(cluster.tservers.values()))

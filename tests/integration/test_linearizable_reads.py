@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,23 +37,6 @@ CLIENTS = 40
 def cluster(tmp_path: Path) -> Iterator[MasterCluster]:
     with MiniCluster(tmp_path, num_tservers=1) as c:
         yield c.masters
-
-
-def _leader(cluster: MasterCluster, among: list[str]) -> tuple[str, int]:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for a in among:
-            with cluster.sync_channel(a) as ch:
-                try:
-                    r = master_pb2_grpc.MasterServiceStub(ch).ConnectToMaster(
-                        pb.ConnectToMasterRequestPB(), timeout=2
-                    )
-                except grpc.RpcError:
-                    continue
-                if r.role == pb.LEADER:
-                    return a, r.term
-        time.sleep(0.1)
-    raise AssertionError("no master leader")
 
 
 def _ddl(cluster: MasterCluster, fn: str, *args: Any, **kwargs: Any) -> None:
@@ -100,7 +82,7 @@ async def _queued_reads(
 def test_a_paused_old_leader_never_serves_stale_catalog_reads(cluster: MasterCluster) -> None:
     ps = PartitionSchema(range=RangeSchema(("id",)))
     _ddl(cluster, "create_table", "gone_t", SCHEMA, ps, num_replicas=1)
-    old, old_term = _leader(cluster, cluster.addresses)
+    old, old_term = cluster.leader()
     old_proc = cluster.by_address(old).proc
     assert old_proc is not None
     others = [a for a in cluster.addresses if a != old]
@@ -111,7 +93,7 @@ def test_a_paused_old_leader_never_serves_stale_catalog_reads(cluster: MasterClu
         await stopped.wait()
         old_proc.send_signal(signal.SIGSTOP)
         try:
-            _new, new_term = await asyncio.to_thread(_leader, cluster, others)
+            _new, new_term = await asyncio.to_thread(cluster.leader, others)
             assert new_term > old_term
             await asyncio.to_thread(
                 _ddl, cluster, "create_table", "new_t", SCHEMA, ps, num_replicas=1

@@ -12,7 +12,6 @@ security layer, not from the requests being malformed.
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,21 +57,7 @@ def _master_stub(
 
 
 def _leader(cluster: MiniCluster) -> str:
-    admin = cluster.credentials()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for a in cluster.master_addresses:
-            ch, stub = _master_stub(a, admin)
-            with ch:
-                try:
-                    if stub.ConnectToMaster(pb.ConnectToMasterRequestPB(), timeout=5).role == (
-                        pb.LEADER
-                    ):
-                        return a
-                except grpc.RpcError:
-                    pass
-        time.sleep(0.1)
-    raise AssertionError("no master leader")
+    return cluster.masters.leader()[0]
 
 
 def _refused(call: object, *args: object) -> Exception:

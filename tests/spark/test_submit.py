@@ -76,7 +76,7 @@ def test_spark_master_url_replaces_the_default_master(tmp_path: Path) -> None:
     assert json.loads(line.removeprefix("RESULT "))["master"] == "local[1]"
 
 
-def test_outside_spark_submit_nothing_is_launched() -> None:
-    assert "PYSPARK_GATEWAY_PORT" not in os.environ or launcher_settings()
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        assert launcher_settings() == {}
+def test_outside_spark_submit_the_launcher_set_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without spark-submit's gateway no JVM is asked (none is started for it): {}."""
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    assert launcher_settings() == {}
