@@ -48,12 +48,14 @@ from service.common.partition import PartitionSchema
 from service.common.schema import AddColumn, DropColumn, RenameColumn, Schema
 from service.common.schema_codec import column_to_pb, partition_schema_to_pb, schema_to_pb
 from service.common.tls import Credentials
+from service.common.tokens import Privilege
 from service.pb import master_pb2 as pb
 from service.pb import tserver_pb2 as tpb
 from service.tserver.predicates import ColumnPredicate, ScanSpec, predicate_to_pb, validate_spec
 
 __all__ = [
     "CatalogDump",
+    "Grant",
     "KeyRangeSplit",
     "MasterInfo",
     "TableSummary",
@@ -72,6 +74,29 @@ class TableSummary:
     schema_version: int
     num_replicas: int
     num_tablets: int
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The privileges `user` holds on one table ("read", "write", "alter")."""
+
+    table_id: str
+    table_name: str
+    user: str
+    privileges: tuple[str, ...]
+
+    @classmethod
+    def from_pb(cls, g: pb.GrantPB) -> Grant:
+        names = tuple(
+            pb.PrivilegePB.Name(p).removeprefix("PRIVILEGE_").lower() for p in g.privileges
+        )
+        return cls(g.table_id, g.table_name, g.user, names)
+
+
+def _privileges_pb(privileges: Sequence[str]) -> list[pb.PrivilegePB.ValueType]:
+    return [
+        pb.PrivilegePB.Value("PRIVILEGE_" + Privilege.parse(p).value.upper()) for p in privileges
+    ]
 
 
 @dataclass(frozen=True)
@@ -274,6 +299,35 @@ class TesseraClient:
         self.meta.forget_table(name)
         return str(r.table_id)
 
+    async def grant(
+        self,
+        table: str,
+        user: str,
+        privileges: Sequence[str],
+        *,
+        revoke: bool = False,
+        timeout: float | None = None,
+    ) -> Grant:
+        """Give `user` (or with `revoke`, take away) `privileges` on `table`, exactly once
+        across retries and master failovers; what the user holds afterwards."""
+        req = pb.GrantPrivilegesRequestPB(
+            table=pb.TableIdentifierPB(table_name=table),
+            user=user,
+            privileges=_privileges_pb(privileges),
+        )
+        method = "RevokePrivileges" if revoke else "GrantPrivileges"
+        r = await self.master.ddl(method, req, self._t(timeout))
+        return Grant.from_pb(r.grant)
+
+    async def list_grants(
+        self, table: str = "", user: str = "", *, timeout: float | None = None
+    ) -> list[Grant]:
+        """Grants on live tables (admins only), optionally of one table or one user."""
+        r = await self.master.call(
+            "ListGrants", pb.ListGrantsRequestPB(table_name=table, user=user), self._t(timeout)
+        )
+        return [Grant.from_pb(g) for g in r.grants]
+
     async def list_tables(
         self, name_filter: str = "", *, timeout: float | None = None
     ) -> list[TableSummary]:
@@ -443,6 +497,7 @@ class TesseraClient:
                 min_applied_index=self._applied.get(t.tablet_id, 0),
                 partition_key_start=t.start,
                 partition_key_end=t.end,
+                authz_token=self.meta.authz_token(info.table_id),
             )
             for t in locs
             if t.partition in keep
@@ -462,6 +517,7 @@ class TesseraClient:
             target_chunk_rows=target_rows,
             target_chunk_bytes=target_bytes,
             columns=list(token.projection or ()),
+            authz_token=token.authz_token,
         )
         last: TesseraError | None = None
         for rep in order_replicas(token.replicas, token.replica_selection):

@@ -185,6 +185,9 @@ class MetaCache:
         self._maps: dict[str, _TabletMap] = {}
         self.location_fetches = 0
         """GetTableLocations calls made (tests assert that caching works)."""
+        self._authz: dict[str, bytes] = {}
+        """The newest authz token the master sent with each table's locations (callers with
+        a user identity get one; tablet servers check their writes and scans against it)."""
 
     # --- tables ------------------------------------------------------------------------------
 
@@ -224,6 +227,8 @@ class MetaCache:
             timeout,
         )
         self.location_fetches += 1
+        if r.authz_token:
+            self._authz[table_id] = r.authz_token
         expires = self._clock() + r.ttl_ms / 1000.0 if r.ttl_ms else float("inf")
         m = self._maps.setdefault(table_id, _TabletMap())
         out = [location_from_pb(t, expires) for t in r.tablet_locations]
@@ -261,6 +266,18 @@ class MetaCache:
             if not last_end or (end and last_end >= end):
                 return out
             key = last_end
+
+    def authz_token(self, table_id: str) -> bytes:
+        """The authz token for the table (b"" when the master sent none: admins and servers
+        need none)."""
+        return self._authz.get(table_id, b"")
+
+    async def refresh_authz_token(self, table_id: str, timeout: float) -> bytes:
+        """A fresh authz token, after a tablet server refused the one we had (expired, or a
+        grant changed): one GetTableLocations of one tablet."""
+        self._authz.pop(table_id, None)
+        await self._fetch(table_id, b"", b"", 1, timeout)
+        return self.authz_token(table_id)
 
     def cached(self, table_id: str) -> Sequence[TabletLocation]:
         m = self._maps.get(table_id)

@@ -47,6 +47,7 @@ from service.client.meta_cache import location_from_pb
 from service.client.retry import Backoff, Deadline
 from service.common.errors import (
     InvalidArgument,
+    InvalidAuthzToken,
     NotFound,
     NotTheLeader,
     ServiceUnavailable,
@@ -105,6 +106,9 @@ class ScanToken:
     """Read-your-writes: the replica must have applied at least this index."""
     partition_key_start: bytes = b""
     partition_key_end: bytes = b""
+    authz_token: bytes = field(default=b"", repr=False)
+    """For a user: the master-signed token naming the privileges on the table (it expires;
+    the scanner fetches a fresh one when a tablet server refuses it). Never printed."""
 
     def __post_init__(self) -> None:
         if self.replica_selection not in REPLICA_SELECTIONS:
@@ -180,6 +184,7 @@ class TabletScanner:
     """Applied index the first successful scan read; later scans wait for it."""
     replicas_tried: list[str] = field(default_factory=list)
     failovers: int = 0
+    authz_refreshes: int = 0
 
     async def batches(self) -> AsyncIterator[pa.RecordBatch]:
         tok = self.token
@@ -197,6 +202,14 @@ class TabletScanner:
                         yield b
                     return
                 except TesseraError as e:
+                    if isinstance(e, InvalidAuthzToken) and self.authz_refreshes < 2:
+                        self.authz_refreshes += 1  # expired on the way: fresh token, same replica
+                        token = await self.client.meta.refresh_authz_token(
+                            tok.table_id, max(0.1, deadline.remaining())
+                        )
+                        self.token = tok = replace(tok, authz_token=token)
+                        replicas = [rep] + [r for r in replicas if r is not rep]
+                        break
                     if not tok.fault_tolerant or not isinstance(e, _FAIL_OVER):
                         raise
                     last_error = e
@@ -273,6 +286,7 @@ class TabletScanner:
                         dest_uuid=rep.ts_uuid,
                         new_scan=self._new_scan(),
                         batch_size_bytes=tok.batch_size_bytes,
+                        authz_token=tok.authz_token,
                     ),
                     timeout=tok.rpc_timeout_s,
                 )

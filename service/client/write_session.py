@@ -48,6 +48,7 @@ from service.client.retry import Backoff, Deadline
 from service.common.errors import (
     Aborted,
     InvalidArgument,
+    InvalidAuthzToken,
     NotFound,
     NotTheLeader,
     ServiceUnavailable,
@@ -265,6 +266,7 @@ class WriteSession:
         payload = sink.getvalue().to_pybytes()
         backoff = Backoff()
         tried: set[str] = set()
+        refreshed = False
         last: TesseraError | None = None
         while True:
             target = loc.leader()
@@ -291,6 +293,7 @@ class WriteSession:
                 rows=payload,
                 default_op=tpb.RowOperationTypePB.ValueType(p.op),
                 schema_version=self.table.schema.version,
+                authz_token=self.client.meta.authz_token(loc.table_id),
             )
             stub = self.client.channels.tserver(target.address)
             try:
@@ -303,6 +306,11 @@ class WriteSession:
             last = err
             result.retries += 1
             tried.add(target.ts_uuid)
+            if isinstance(err, InvalidAuthzToken) and not refreshed:
+                refreshed = True  # expired or outdated: one fresh token, then the same target
+                await self.client.meta.refresh_authz_token(loc.table_id, deadline.attempt_timeout())
+                tried.discard(target.ts_uuid)
+                continue
             if isinstance(err, NotTheLeader):
                 if err.leader_uuid and loc.replica(err.leader_uuid) is not None:
                     loc = self.client.meta.note_leader(loc, err.leader_uuid)

@@ -488,6 +488,10 @@ class MasterConfig:
     failure: tablet servers that backed off from a restarting master (up to 10 heartbeat
     intervals) are still registering with it. Keep it above 10 x the servers'
     heartbeat_interval_ms. 0: no warm-up."""
+    authz_token_ttl_ms: int = 300_000
+    """How long an authz token the master hands a user with a table's locations lives (Kudu's
+    default, 5 minutes). Tablet servers check a user's writes and scans against it without
+    asking a master, so a revoked grant keeps working for at most this long."""
     assignment_timeout_ms: int = 30_000
     """A tablet not reported RUNNING this long after its replicas were chosen is REPLACED by a
     new tablet for the same partition (Kudu's tablet_creation_timeout_ms)."""
@@ -578,6 +582,13 @@ class MasterConfig:
             "loop_stall_threshold_ms",
             "max_concurrent_tablet_reports",
             "tablet_report_budget_ms",
+            "authz_token_ttl_ms",
+        )
+        c.that(
+            self.authz_token_ttl_ms <= 86_400_000,
+            "authz_token_ttl_ms",
+            f"must be <= 1 day (86400000): it bounds how long a revoked grant keeps working, "
+            f"got {self.authz_token_ttl_ms}",
         )
         c.non_negative("max_queued_tablet_reports", "table_locations_cache_entries")
         c.that(

@@ -85,6 +85,7 @@ __all__ = [
     "IOFatal",
     "Internal",
     "InvalidArgument",
+    "InvalidAuthzToken",
     "NotFound",
     "NotReady",
     "NotSupported",
@@ -349,6 +350,15 @@ class Unauthenticated(PermissionDenied):
 
     code = "UNAUTHENTICATED"
     grpc_status = grpc.StatusCode.UNAUTHENTICATED
+
+
+class InvalidAuthzToken(PermissionDenied):
+    """A tablet server refused a user's authz token: missing, expired, or signed by a key it
+    does not know (yet). The client fetches the table's locations again, which carries a fresh
+    token, and retries once; a token that names too few privileges is PermissionDenied."""
+
+    code = "INVALID_AUTHZ_TOKEN"
+    grpc_status = grpc.StatusCode.PERMISSION_DENIED
 
 
 class NotSupported(TesseraError):

@@ -138,8 +138,10 @@ from service.master.ddl_checks import (
     check_table_name,
     is_int,
 )
+from service.master.grants import GrantChange, grant_change_write, grant_deletes, grant_pb
 from service.master.locations_cache import LocationsCache
 from service.master.report_processing import ReportedTablet, ReportPlan, plan_report
+from service.master.rereplication import FailedReplicas
 from service.master.sys_catalog import (
     ApplyResult,
     CatalogChange,
@@ -215,6 +217,7 @@ class CatalogManager(AssignmentRounds):
         self._sys = sys_catalog
         self._maps = CatalogMaps()
         self._work_listeners: list[Callable[[], None]] = []
+        self._failed_replicas = FailedReplicas()
         self._reload()
         self._remove_listener = sys_catalog.add_listener(self._on_change)
 
@@ -234,6 +237,12 @@ class CatalogManager(AssignmentRounds):
         return self._settings
 
     @property
+    def failed_replicas(self) -> FailedReplicas:
+        """Replicas their servers report FAILED, as this leader heard (`note_replica_states`);
+        empty while not loaded (read it, never change it)."""
+        return self._failed_replicas
+
+    @property
     def locations_cache(self) -> LocationsCache:
         """GetTableLocations answers kept (for /metrics: hits, misses, entries)."""
         return self._locations_cache
@@ -249,6 +258,7 @@ class CatalogManager(AssignmentRounds):
         self._loaded = True
         self._loaded_at = self._clock.now()
         self._backoff.clear()
+        self._failed_replicas.clear()  # rebuilt by the full reports a new leader asks for
         self._reload()
         log.info(
             "catalog loaded at index %d: %d tables, %d tablets, %d pending tasks",
@@ -263,6 +273,7 @@ class CatalogManager(AssignmentRounds):
         self._loaded = False
         self._tasks.clear()
         self._backoff.clear()
+        self._failed_replicas.clear()
         self._locations_cache.clear()
 
     def close(self) -> None:
@@ -472,6 +483,10 @@ class CatalogManager(AssignmentRounds):
                     continue
                 ops.append(Update(replace(tablet.record, state=TabletState.DELETED, state_msg=msg)))
                 expected.append(Precondition(tablet.row.key, tablet.version))
+            # Its grants go with it: a later table of the same name starts with none.
+            grant_ops, grant_expected = grant_deletes(self._sys.grants_of(info.table_id))
+            ops += grant_ops
+            expected += grant_expected
             write = CatalogWrite(
                 ops=tuple(ops),
                 expected=tuple(expected),
@@ -483,6 +498,41 @@ class CatalogManager(AssignmentRounds):
             result = await self._replicate(write)
         failpoints.hit("delete_table:after_replicate")
         return TableId(pb.DeleteTableResponsePB.FromString(result.response).table_id)
+
+    async def change_grant(
+        self, table: TableIdentifier, change: GrantChange, request_id: RequestId
+    ) -> pb.GrantPB:
+        """Grant or revoke privileges of one user on one live table, exactly once per request
+        id (service/master/grants.py); returns what the user holds afterwards."""
+        self._check_ready()
+        req = check_request_id(request_id)
+        done = self._remembered(req, change.operation)
+        if done is None:
+            info = self._resolve(table)
+            async with info.lock.exclusive():
+                done = self._remembered(req, change.operation)
+                if done is None:
+                    if info.is_removed:
+                        raise NotFound(f"table {info.name!r} ({info.table_id}) was deleted")
+                    current = self._sys.grant(info.table_id, change.user)
+                    write = grant_change_write(info.table_id, info.name, current, change, req)
+                    done = (await self._replicate(write)).response
+        return pb.GrantPrivilegesResponsePB.FromString(done).grant
+
+    def list_grants(self, table_name: str = "", user: str = "") -> list[pb.GrantPB]:
+        """Grants on live tables, by table name then user, optionally of one table or user."""
+        self._check_ready()
+        out = []
+        for row in self._sys.grants():
+            g = row.record
+            info = self._maps.tables_by_id.get(g.table_id)
+            if info is None or info.is_removed:
+                continue
+            if (table_name and info.name != table_name) or (user and g.user != user):
+                continue
+            out.append(grant_pb(g.table_id, info.name, g.user, g.privileges))
+        out.sort(key=lambda p: (p.table_name, p.user))
+        return out
 
     # --- reads -------------------------------------------------------------------------------
 
@@ -615,6 +665,15 @@ class CatalogManager(AssignmentRounds):
         self._tasks.done(task)
 
     # --- tablet reports ----------------------------------------------------------------------
+
+    def note_replica_states(
+        self, reporter: NodeId, reported: Sequence[ReportedTablet], *, full: bool
+    ) -> None:
+        """Learn which of `reporter`'s replicas are FAILED from one of its reports (leader
+        only; not replicated: `rereplication.FailedReplicas`). A newly FAILED replica wakes
+        the background tasks, which replace it."""
+        if self._loaded and self._failed_replicas.note_report(reporter, reported, full=full):
+            self._wake()
 
     def judge_report(self, reporter: NodeId, reported: Sequence[ReportedTablet]) -> ReportPlan:
         """The report judged against committed state without writing anything: when its plan

@@ -7,7 +7,8 @@ sys.catalog tablet (seeds 000 and 001): a table, a tablet, the root CA (seed 000
 token signing key (seed 000's TSK). This module holds
 
 * the records as frozen dataclasses (`TableRecord`, `TabletRecord`, `CertAuthorityRecord`,
-  `TokenSigningKeyRecord`) with their states as enums, and `RowKey`, a row's key;
+  `TokenSigningKeyRecord`, `GrantRecord`: a user's privileges on one table) with their states
+  as enums, and `RowKey`, a row's key;
 * the codec between them and master.proto. Encoding takes valid values. Decoding takes whatever
   a replicated entry or a snapshot holds and returns a *validated* record, or raises
   InvalidArgument naming the record by its id and the field by its path ("tablet 'ab12...':
@@ -27,8 +28,9 @@ checked at apply time against the replicated state.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 from service.common.errors import InvalidArgument
 from service.common.ids import NodeId, TableId, TabletId, validate_node_id, validate_uuid
@@ -42,6 +44,7 @@ from service.common.schema_codec import (
     schema_from_pb,
     schema_to_pb,
 )
+from service.common.tokens import Privilege
 from service.pb import master_pb2 as pb
 
 __all__ = [
@@ -97,6 +100,7 @@ class EntryType(enum.Enum):
     TABLET = pb.ENTRY_TYPE_TABLET
     CERT_AUTHORITY = pb.ENTRY_TYPE_CERT_AUTHORITY
     TOKEN_SIGNING_KEY = pb.ENTRY_TYPE_TOKEN_SIGNING_KEY
+    GRANT = pb.ENTRY_TYPE_GRANT
 
     @property
     def noun(self) -> str:
@@ -250,7 +254,57 @@ class TokenSigningKeyRecord:
     private_key_der: bytes = field(repr=False)
 
 
-Record: TypeAlias = TableRecord | TabletRecord | CertAuthorityRecord | TokenSigningKeyRecord
+_PRIVILEGE_TO_PB = {
+    Privilege.READ: pb.PRIVILEGE_READ,
+    Privilege.WRITE: pb.PRIVILEGE_WRITE,
+    Privilege.ALTER: pb.PRIVILEGE_ALTER,
+}
+_PRIVILEGE_OF_PB = {v: k for k, v in _PRIVILEGE_TO_PB.items()}
+MAX_USER_NAME = 128
+
+
+def privileges_to_pb(privileges: Iterable[Privilege]) -> list[pb.PrivilegePB.ValueType]:
+    """Ascending by number, no repeats: the canonical stored order."""
+    return sorted({_PRIVILEGE_TO_PB[p] for p in privileges})
+
+
+def privileges_from_pb(values: Iterable[int], path: str) -> frozenset[Privilege]:
+    out = set()
+    for v in values:
+        if v not in _PRIVILEGE_OF_PB:
+            raise InvalidArgument(f"{path}: unknown privilege {v}")
+        out.add(_PRIVILEGE_OF_PB[cast(pb.PrivilegePB.ValueType, v)])
+    return frozenset(out)
+
+
+def check_user_name(user: str, path: str = "user") -> str:
+    """A user name as certificates and tokens carry it: 1-128 printable characters, no spaces."""
+    if not user:
+        raise InvalidArgument(f"{path}: missing")
+    if len(user) > MAX_USER_NAME:
+        raise InvalidArgument(f"{path}: longer than {MAX_USER_NAME} characters")
+    if not user.isprintable() or any(c.isspace() for c in user):
+        raise InvalidArgument(f"{path}: {user!r} has spaces or unprintable characters")
+    return user
+
+
+def grant_entry_id(table_id: str, user: str) -> str:
+    """A grant's row id: "<table_id>/<user>" (a table id is a uuid, so the first "/" splits)."""
+    return f"{table_id}/{user}"
+
+
+@dataclass(frozen=True)
+class GrantRecord:
+    """The privileges `user` holds on table `table_id` (never empty: an empty grant is deleted)."""
+
+    table_id: TableId
+    user: str
+    privileges: frozenset[Privilege]
+
+
+Record: TypeAlias = (
+    TableRecord | TabletRecord | CertAuthorityRecord | TokenSigningKeyRecord | GrantRecord
+)
 
 
 def record_key(record: Record) -> RowKey:
@@ -261,6 +315,8 @@ def record_key(record: Record) -> RowKey:
         return RowKey(EntryType.TABLET, record.tablet_id)
     if isinstance(record, CertAuthorityRecord):
         return RowKey(EntryType.CERT_AUTHORITY, CA_ENTRY_ID)
+    if isinstance(record, GrantRecord):
+        return RowKey(EntryType.GRANT, grant_entry_id(record.table_id, record.user))
     return RowKey(EntryType.TOKEN_SIGNING_KEY, tsk_entry_id(record.key_seq))
 
 
@@ -525,8 +581,31 @@ def tsk_from_pb(p: pb.TokenSigningKeyRecordPB) -> TokenSigningKeyRecord:
     return TokenSigningKeyRecord(p.key_seq, p.expire_time_us, p.private_key_der)
 
 
+def grant_to_pb(g: GrantRecord) -> pb.GrantRecordPB:
+    return pb.GrantRecordPB(
+        table_id=g.table_id, user=g.user, privileges=privileges_to_pb(g.privileges)
+    )
+
+
+def grant_from_pb(p: pb.GrantRecordPB) -> GrantRecord:
+    where = f"grant {p.table_id}/{p.user}"
+    try:
+        table_id = TableId(_canonical_uuid(p.table_id, "table_id"))
+        user = check_user_name(p.user)
+        privileges = privileges_from_pb(p.privileges, "privileges")
+    except InvalidArgument as e:
+        raise _at(where, e) from None
+    if not privileges:
+        raise InvalidArgument(f"{where}: privileges: empty (a grant with none is deleted)")
+    return GrantRecord(table_id, user, privileges)
+
+
 RecordPB: TypeAlias = (
-    pb.TableRecordPB | pb.TabletRecordPB | pb.CertAuthorityRecordPB | pb.TokenSigningKeyRecordPB
+    pb.TableRecordPB
+    | pb.TabletRecordPB
+    | pb.CertAuthorityRecordPB
+    | pb.TokenSigningKeyRecordPB
+    | pb.GrantRecordPB
 )
 
 # The oneof field that carries each record type in CatalogRowOpPB and CatalogRowPB.
@@ -535,6 +614,7 @@ _FIELD = {
     EntryType.TABLET: "tablet",
     EntryType.CERT_AUTHORITY: "cert_authority",
     EntryType.TOKEN_SIGNING_KEY: "token_signing_key",
+    EntryType.GRANT: "grant",
 }
 _ENTRY_OF_FIELD = {v: k for k, v in _FIELD.items()}
 _MESSAGE = {
@@ -542,6 +622,7 @@ _MESSAGE = {
     EntryType.TABLET: pb.TabletRecordPB,
     EntryType.CERT_AUTHORITY: pb.CertAuthorityRecordPB,
     EntryType.TOKEN_SIGNING_KEY: pb.TokenSigningKeyRecordPB,
+    EntryType.GRANT: pb.GrantRecordPB,
 }
 
 
@@ -552,6 +633,8 @@ def record_to_pb(record: Record) -> RecordPB:
         return tablet_to_pb(record)
     if isinstance(record, CertAuthorityRecord):
         return cert_authority_to_pb(record)
+    if isinstance(record, GrantRecord):
+        return grant_to_pb(record)
     return tsk_to_pb(record)
 
 
@@ -566,6 +649,9 @@ def record_from_pb(entry_type: EntryType, message: RecordPB) -> Record:
     if entry_type is EntryType.CERT_AUTHORITY:
         assert isinstance(message, pb.CertAuthorityRecordPB)
         return cert_authority_from_pb(message)
+    if entry_type is EntryType.GRANT:
+        assert isinstance(message, pb.GrantRecordPB)
+        return grant_from_pb(message)
     assert isinstance(message, pb.TokenSigningKeyRecordPB)
     return tsk_from_pb(message)
 

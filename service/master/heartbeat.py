@@ -8,9 +8,11 @@ is handled in this order:
   1. decode and validate the whole request (instance, registration, tablet report) into
      dataclasses; a bad field is InvalidArgument naming it, and nothing has changed;
   2. `TSManager.heartbeat`: registration and liveness, on every master alike;
-  3. only on the leader whose catalog is loaded, and only for a registered instance: process
-     the tablet report, full or incremental (`CatalogManager.process_report`: ONE replicated
-     write for the whole report), then hand the RPCs it calls for to the background tasks.
+  3. only on the leader whose catalog is loaded, and only for a registered instance: note
+     which replicas the report says are FAILED (`CatalogManager.note_replica_states`, in
+     memory: re-replication replaces them), process the tablet report, full or incremental
+     (`CatalogManager.process_report`: ONE replicated write for the whole report), then hand
+     the RPCs it calls for to the background tasks.
      A failed replication is logged and the report is not acknowledged (the server sends it
      again); it never fails the heartbeat nor crashes the master (KUDU-495). A follower
      ignores the report (its maps follow sys.catalog, never reports). Reports go through a
@@ -221,6 +223,9 @@ class HeartbeatContext:
     """Where the RPCs a report calls for go (the background tasks of this term)."""
     reports: ReportGate
     """Admission of reports to the catalog (this master's, for every heartbeat)."""
+    token_keys: tuple[pb.TokenVerifyingKeyPB, ...] = ()
+    """The public halves of the token signing keys (sent by the leader): tablet servers verify
+    authz tokens with them."""
 
 
 def decode_report(report: pb.TabletReportPB) -> list[ReportedTablet]:
@@ -288,6 +293,7 @@ async def handle_heartbeat(
     if ctx.leading and has_report and not outcome.needs_reregister:
         uuid = instance.permanent_uuid
         full = not request.tablet_report.is_incremental
+        ctx.catalog.note_replica_states(uuid, reported, full=full)
         try:
             plan = await ctx.reports.process(ctx.catalog, uuid, reported, ctx.submit)
         except TesseraError as e:
@@ -337,4 +343,5 @@ def _answer(
         needs_full_tablet_report=needs_full or (ctx.leading and outcome.needs_reregister),
         acked_report_sequence_number=acked,
         master_addresses=list(ctx.master_addresses),
+        token_verifying_keys=list(ctx.token_keys) if ctx.leading else [],
     )

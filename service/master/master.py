@@ -108,9 +108,10 @@ from service.master.master_service import POLICY as MASTER_POLICY
 from service.master.master_service import MasterServicer
 from service.master.progress_clock import ProgressClock
 from service.master.report_processing import ReportAction
-from service.master.security import ensure_security
+from service.master.security import ensure_security, public_key
 from service.master.status_pages import install_master_metrics, install_master_pages
 from service.master.sys_catalog import ApplyResult, SysCatalogState
+from service.master.table_access import TableAccess
 from service.master.ts_manager import TSManager
 from service.master.tserver_proxy import Fence, TServerProxy
 from service.pb import master_pb2 as pb
@@ -186,6 +187,10 @@ class MasterServer:
         self._closed = False
         # Security (module docstring): set by start(), the task runs while leader.
         self._sys_catalog: SysCatalogState | None = None
+        self.access: TableAccess | None = None
+        self._token_keys: tuple[tuple[tuple[int, int], ...], tuple[pb.TokenVerifyingKeyPB, ...]]
+        self._token_keys = ((), ())
+        """Per-table authorization and authz tokens (table_access.py); set at start."""
         self._replicate: Replicate | None = None
         self._clock: Clock = RealClock()
         self._security_task: asyncio.Task[None] | None = None
@@ -295,6 +300,12 @@ class MasterServer:
             clock,
             self._rng,
             CatalogSettings.from_config(config),
+        )
+        # Token expiry is wall-clock time: tablet servers compare it with their own clocks.
+        self.access = TableAccess(
+            sys_catalog,
+            token_ttl_s=config.authz_token_ttl_ms / 1000.0,
+            now_us=lambda: int(time.time() * 1_000_000),
         )
         self.proxy = TServerProxy(
             rpc_timeout_s=config.tserver_rpc_timeout_ms / 1000.0,
@@ -496,7 +507,28 @@ class MasterServer:
             catalog=catalog,
             submit=self.submit_actions,
             reports=self.report_gate,
+            token_keys=self._token_keys_pb(),
         )
+
+    def _token_keys_pb(self) -> tuple[pb.TokenVerifyingKeyPB, ...]:
+        """The signing keys' public halves, rebuilt only when the keys change."""
+        sys_catalog = self._sys_catalog
+        if sys_catalog is None:
+            return ()
+        rows = sys_catalog.signing_keys()
+        versions = tuple((r.record.key_seq, r.version) for r in rows)
+        if versions != self._token_keys[0]:
+            keys = (public_key(r.record) for r in rows)
+            self._token_keys = (
+                versions,
+                tuple(
+                    pb.TokenVerifyingKeyPB(
+                        key_seq=k.key_seq, expire_time_us=k.expire_time_us, public_key=k.public_key
+                    )
+                    for k in keys
+                ),
+            )
+        return self._token_keys[1]
 
     @property
     def peers(self) -> tuple[MasterPeer, ...]:

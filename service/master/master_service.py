@@ -29,8 +29,10 @@ import grpc.aio
 from service.common.authz import ADMIN, ANYONE, Authorizer, Rule, allow
 from service.common.errors import (
     InvalidArgument,
+    NotFound,
     NotReady,
     NotTheLeader,
+    PermissionDenied,
     ServiceUnavailable,
     TesseraError,
     Timeout,
@@ -48,6 +50,7 @@ from service.common.schema_codec import (
     schema_from_pb,
     schema_to_pb,
 )
+from service.common.tokens import Privilege
 from service.master.catalog_info import (
     ReplicaRole,
     TabletLocations,
@@ -65,9 +68,11 @@ from service.master.catalog_records import (
     tablet_to_pb,
 )
 from service.master.ddl_checks import MAX_ALTER_STEPS, check_alter_steps
+from service.master.grants import GrantChange
 from service.master.heartbeat import handle_heartbeat
 from service.master.master_membership import MasterMembership
 from service.master.replica_changes import ReplicaChanges
+from service.master.table_access import TableAccess
 from service.master.ts_descriptor import TSDescriptor
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
@@ -119,7 +124,6 @@ POLICY: dict[str, Rule] = {
     **dict.fromkeys(
         [
             "CreateTable",
-            "AlterTable",
             "DeleteTable",
             "AddReplica",
             "RemoveReplica",
@@ -127,10 +131,16 @@ POLICY: dict[str, Rule] = {
             "AddMaster",
             "RemoveMaster",
             "DumpCatalog",
+            "GrantPrivileges",
+            "RevokePrivileges",
+            "ListGrants",
         ],
         ADMIN,
     ),
-    # Reads of the catalog's public face: any authenticated party.
+    # A user may alter a table they hold the `alter` privilege on (table_access.py).
+    "AlterTable": allow("admin", "user"),
+    # Reads of the catalog's public face: any authenticated party; a user sees only tables
+    # they hold a privilege on (table_access.py).
     **dict.fromkeys(
         [
             "IsCreateTableDone",
@@ -232,8 +242,9 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     async def IsCreateTableDone(
         self, request: pb.IsCreateTableDoneRequestPB, context: Ctx
     ) -> pb.IsCreateTableDoneResponsePB:
-        table = _table(request)
-        status = await (await self._read_catalog(context)).is_create_table_done(table)
+        catalog = await self._read_catalog(context)
+        table = await self._check_table(context, catalog, _table(request))
+        status = await catalog.is_create_table_done(table)
         return pb.IsCreateTableDoneResponsePB(
             done=status.done,
             tablets_running=status.tablets_running,
@@ -252,6 +263,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             request.expected_schema_version if request.HasField("expected_schema_version") else None
         )
         catalog = self._leader_catalog()
+        if self._user(context) is not None:  # a user alters the table its privilege is on
+            table = await self._check_table(context, catalog, table, Privilege.ALTER)
         version = await catalog.alter_table(
             table, steps, req, new_name=new_name, expected_schema_version=expected
         )
@@ -265,8 +278,9 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     async def IsAlterTableDone(
         self, request: pb.IsAlterTableDoneRequestPB, context: Ctx
     ) -> pb.IsAlterTableDoneResponsePB:
-        table = _table(request)
-        status = await (await self._read_catalog(context)).is_alter_table_done(table)
+        catalog = await self._read_catalog(context)
+        table = await self._check_table(context, catalog, _table(request))
+        status = await catalog.is_alter_table_done(table)
         return pb.IsAlterTableDoneResponsePB(done=status.done, schema_version=status.schema_version)
 
     @rpc_errors
@@ -287,6 +301,9 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         if len(request.name_filter) > _MAX_NAME_FILTER:
             raise InvalidArgument(f"name_filter: longer than {_MAX_NAME_FILTER} characters")
         tables = await (await self._read_catalog(context)).list_tables(request.name_filter)
+        user = self._user(context)
+        if user is not None:
+            tables = [t for t in tables if self._access().privileges(user, t.table_id)]
         return pb.ListTablesResponsePB(
             tables=[
                 pb.ListTablesResponsePB.TableInfo(
@@ -306,8 +323,10 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     async def GetTableSchema(
         self, request: pb.GetTableSchemaRequestPB, context: Ctx
     ) -> pb.GetTableSchemaResponsePB:
-        table = _table(request)
-        info = await (await self._read_catalog(context)).get_table_schema(table)
+        catalog = await self._read_catalog(context)
+        info = await catalog.get_table_schema(
+            await self._check_table(context, catalog, _table(request))
+        )
         return pb.GetTableSchemaResponsePB(
             table_id=info.table_id,
             table_name=info.name,
@@ -321,14 +340,26 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     async def GetTableLocations(
         self, request: pb.GetTableLocationsRequestPB, context: Ctx
     ) -> pb.GetTableLocationsResponsePB:
+        catalog = await self._read_catalog(context)
         table = _table(request)
-        locations = await (await self._read_catalog(context)).get_table_locations(
+        user = self._user(context)
+        if user is not None:
+            table = await self._check_table(context, catalog, table)
+        locations = await catalog.get_table_locations(
             table,
             request.partition_key_start,
             request.partition_key_end,
             request.max_returned_locations,
         )
-        return self._locations_responses.response(locations)
+        response = self._locations_responses.response(locations)
+        if user is None:
+            return response
+        # A user's copy carries their authz token (the cached message is shared: not modified).
+        token = self._access().authz_token(user, locations.table_id, table.name or "")
+        out = pb.GetTableLocationsResponsePB()
+        out.CopyFrom(response)
+        out.authz_token = token
+        return out
 
     @rpc_errors
     async def GetTabletLocations(
@@ -337,15 +368,95 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         result = await (await self._read_catalog(context)).get_tablet_locations(
             list(request.tablet_ids)
         )
+        found, errors = list(result.locations), list(result.errors)
+        user = self._user(context)
+        if user is not None:  # a user sees tablets of the tables they hold a privilege on
+            access = self._access()
+            visible = [t for t in found if access.privileges(user, t.table_id)]
+            errors += [
+                (t.tablet_id, PermissionDenied(f"{user} holds no privilege on its table"))
+                for t in found
+                if t not in visible
+            ]
+            found = visible
         return pb.GetTabletLocationsResponsePB(
-            tablet_locations=[_tablet_locations_pb(t) for t in result.locations],
+            tablet_locations=[_tablet_locations_pb(t) for t in found],
             errors=[
                 pb.GetTabletLocationsResponsePB.Error(
                     tablet_id=tablet_id, error=pb.ErrorPB(code=err.code, message=err.message)
                 )
-                for tablet_id, err in result.errors
+                for tablet_id, err in errors
             ],
         )
+
+    # --- grants ------------------------------------------------------------------------------
+
+    @rpc_errors
+    async def GrantPrivileges(
+        self, request: pb.GrantPrivilegesRequestPB, context: Ctx
+    ) -> pb.GrantPrivilegesResponsePB:
+        return await self._change_grant(request, revoke=False)
+
+    @rpc_errors
+    async def RevokePrivileges(
+        self, request: pb.GrantPrivilegesRequestPB, context: Ctx
+    ) -> pb.GrantPrivilegesResponsePB:
+        return await self._change_grant(request, revoke=True)
+
+    async def _change_grant(
+        self, request: pb.GrantPrivilegesRequestPB, *, revoke: bool
+    ) -> pb.GrantPrivilegesResponsePB:
+        req = _request_id(request)
+        table = _table(request)
+        change = GrantChange.from_pb(request, revoke=revoke)
+        grant = await self._leader_catalog().change_grant(table, change, req)
+        return pb.GrantPrivilegesResponsePB(grant=grant)
+
+    @rpc_errors
+    async def ListGrants(
+        self, request: pb.ListGrantsRequestPB, context: Ctx
+    ) -> pb.ListGrantsResponsePB:
+        if len(request.table_name) > _MAX_NAME_FILTER or len(request.user) > _MAX_NAME_FILTER:
+            raise InvalidArgument(f"table_name, user: longer than {_MAX_NAME_FILTER} characters")
+        catalog = await self._read_catalog(context)
+        return pb.ListGrantsResponsePB(grants=catalog.list_grants(request.table_name, request.user))
+
+    # --- per-table access (table_access.py) --------------------------------------------------
+
+    def _access(self) -> TableAccess:
+        access = self.master.access
+        assert access is not None
+        return access
+
+    def _user(self, context: Ctx) -> Identity | None:
+        """The caller if it has the user role (subject to per-table grants), else None."""
+        if self.authorizer is None:
+            return None
+        who = self.authorizer.identity(context)
+        return who if TableAccess.is_user(who) else None
+
+    async def _check_table(
+        self,
+        context: Ctx,
+        catalog: CatalogManager,
+        table: TableIdentifier,
+        needed: Privilege | None = None,
+    ) -> TableIdentifier:
+        """For a user: PermissionDenied unless they hold `needed` (None: any privilege) on the
+        table, told the same way whether the table exists or not; the table by id, so the call
+        then acts on the table that was checked even if it is renamed meanwhile. Other callers:
+        `table` unchanged."""
+        user = self._user(context)
+        if user is None:
+            return table
+        try:
+            info = await catalog.get_table_schema(table)
+        except NotFound:
+            raise PermissionDenied(
+                f"{user} holds no privilege on table {table.name or table.table_id!r}"
+            ) from None
+        self._access().require(user, info.table_id, info.name, needed)
+        return TableIdentifier(table_id=info.table_id, name=info.name)
 
     # --- masters -----------------------------------------------------------------------------
 
@@ -558,7 +669,10 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
 
 def _request_id(
-    request: pb.CreateTableRequestPB | pb.AlterTableRequestPB | pb.DeleteTableRequestPB,
+    request: pb.CreateTableRequestPB
+    | pb.AlterTableRequestPB
+    | pb.DeleteTableRequestPB
+    | pb.GrantPrivilegesRequestPB,
 ) -> RequestId:
     if not request.HasField("request_id"):
         raise InvalidArgument("request_id: missing (DDL requests carry a client request id)")
@@ -571,7 +685,8 @@ def _table(
     | pb.IsAlterTableDoneRequestPB
     | pb.DeleteTableRequestPB
     | pb.GetTableSchemaRequestPB
-    | pb.GetTableLocationsRequestPB,
+    | pb.GetTableLocationsRequestPB
+    | pb.GrantPrivilegesRequestPB,
 ) -> TableIdentifier:
     if not request.HasField("table"):
         raise InvalidArgument("table: missing (give table.table_id or table.table_name)")

@@ -25,20 +25,9 @@ wiring TLS and tokens into every RPC is a later issue.
   purges expired keys. Every function takes `now` (microseconds since the epoch, the unit of
   `expire_time_us`); none reads a clock.
 
-* Tokens (`sign_token`, `verify_token`), big-endian, in this order::
-
-      version    1 byte   TOKEN_FORMAT_VERSION (1)
-      key_seq    8 bytes  the signing key's sequence number
-      expire_us  8 bytes  the token's expiry, microseconds since the epoch
-      kind       1 byte   0: payload is raw bytes; 1: payload is a JSON object (UTF-8, sorted
-                          keys, no spaces)
-      length     4 bytes  payload length, at most MAX_PAYLOAD_BYTES
-      payload    length bytes
-      signature  64 bytes Ed25519 over every byte before it
-
-  Verification refuses, with `PermissionDenied` naming the reason: malformed bytes (length,
-  version, kind), a key seq not among the committed keys, a signature that does not verify
-  (checked before the expiry, so a forged expiry is a bad signature), an expired token.
+* Tokens (`sign_token`, `verify_token`): signed with a key's private half, verified with its
+  public half (`public_key`, which masters send to tablet servers). The byte format and what
+  verification refuses are `service/common/tokens.py`'s, shared with the tablet servers.
 
 * `ensure_security(sys_catalog, replicate, now)`, run by the leader after its catalog is loaded
   and then periodically: inserts the CA if absent (with a "row absent" precondition, so of two
@@ -54,26 +43,19 @@ Private key material never appears in a repr (`CertAuthorityRecord`, `TokenSigni
 from __future__ import annotations
 
 import datetime
-import json
 import logging
-import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from service.common.errors import (
-    Corruption,
-    InvalidArgument,
-    NotReady,
-    PermissionDenied,
-    TesseraError,
-)
+from service.common import tokens
+from service.common.errors import Corruption, InvalidArgument, NotReady, TesseraError
 from service.common.pki import BACKDATE, CA_VALIDITY, CertificateAuthority
+from service.common.tokens import MAX_PAYLOAD_BYTES, TOKEN_FORMAT_VERSION, VerifyingKey
 from service.master.catalog_manager import Replicate
 from service.master.catalog_records import (
     CatalogWrite,
@@ -106,6 +88,7 @@ __all__ = [
     "generate_ca",
     "generate_signing_key",
     "load_ca",
+    "public_key",
     "sign_token",
     "tsk_write",
     "verify_token",
@@ -120,16 +103,7 @@ CA_BACKDATE = BACKDATE
 """The CA is valid from this long before `now`: slack for clocks skewed among the servers."""
 CA_COMMON_NAME = "Tessera internal root CA"
 
-TOKEN_FORMAT_VERSION = 1
-MAX_PAYLOAD_BYTES = 64 * 1024
-"""Largest token payload; a token is a credential, not a data channel."""
-_HEADER = struct.Struct(">BQQBI")  # version, key_seq, expire_us, kind, payload length
-_SIGNATURE_BYTES = 64
-_KIND_BYTES = 0
-_KIND_JSON = 1
-
-Payload: TypeAlias = bytes | dict[str, Any]
-"""A token's payload: raw bytes, or a JSON object (returned as a dict by `verify_token`)."""
+Payload = tokens.Payload
 
 
 def _utc(now_us: int) -> datetime.datetime:
@@ -318,75 +292,27 @@ def tsk_write(
 # --- tokens ----------------------------------------------------------------------------------
 
 
+def public_key(key: TokenSigningKeyRecord) -> VerifyingKey:
+    """The public half of a signing key, as masters hand it to tablet servers."""
+    raw = (
+        _private_key(key)
+        .public_key()
+        .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    )
+    return VerifyingKey(key.key_seq, key.expire_time_us, raw)
+
+
 def sign_token(key: TokenSigningKeyRecord, payload: Payload, now_us: int, ttl_us: int) -> bytes:
-    """A token carrying `payload`, signed by `key`, expiring at `now_us + ttl_us` (format in
-    the module docstring). Refused (InvalidArgument) if the token would outlive its key, or the
-    payload is too large or (a dict) not JSON-serializable."""
-    if ttl_us <= 0:
-        raise InvalidArgument(f"token ttl must be > 0, got {ttl_us} us")
-    expire_us = now_us + ttl_us
-    if expire_us > key.expire_time_us:
-        raise InvalidArgument(
-            f"a token expiring at {_utc(expire_us).isoformat()} would outlive token signing key "
-            f"{key.key_seq}, which expires at {_utc(key.expire_time_us).isoformat()}"
-        )
-    if isinstance(payload, bytes):
-        kind, body = _KIND_BYTES, payload
-    elif isinstance(payload, dict):
-        try:
-            text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        except (TypeError, ValueError) as e:
-            raise InvalidArgument(f"token payload is not JSON-serializable: {e}") from None
-        kind, body = _KIND_JSON, text.encode("utf-8")
-    else:
-        raise InvalidArgument(
-            f"token payload must be bytes or a dict, not {type(payload).__name__}"
-        )
-    if len(body) > MAX_PAYLOAD_BYTES:
-        raise InvalidArgument(
-            f"token payload is {len(body)} bytes, more than the {MAX_PAYLOAD_BYTES} allowed"
-        )
-    signed = _HEADER.pack(TOKEN_FORMAT_VERSION, key.key_seq, expire_us, kind, len(body)) + body
-    return signed + _private_key(key).sign(signed)
+    """A token carrying `payload`, signed by `key`, expiring at `now_us + ttl_us`
+    (`service.common.tokens.sign`, which says what is refused)."""
+    return tokens.sign(_private_key(key), key.key_seq, key.expire_time_us, payload, now_us, ttl_us)
 
 
 def verify_token(keys: Iterable[TokenSigningKeyRecord], token: bytes, now_us: int) -> Payload:
     """The payload of `token` if it is well formed, signed by one of `keys` and not expired at
-    `now_us`; otherwise `PermissionDenied` saying which check failed (module docstring)."""
-    if not isinstance(token, bytes) or len(token) < _HEADER.size + _SIGNATURE_BYTES:
-        raise PermissionDenied("token is malformed: too short")
-    version, key_seq, expire_us, kind, length = _HEADER.unpack_from(token)
-    if version != TOKEN_FORMAT_VERSION:
-        raise PermissionDenied(f"token is malformed: unknown format version {version}")
-    if kind not in (_KIND_BYTES, _KIND_JSON):
-        raise PermissionDenied(f"token is malformed: unknown payload kind {kind}")
-    if length > MAX_PAYLOAD_BYTES or len(token) != _HEADER.size + length + _SIGNATURE_BYTES:
-        raise PermissionDenied("token is malformed: its length does not match its header")
-    key = next((k for k in keys if k.key_seq == key_seq), None)
-    if key is None:
-        raise PermissionDenied(
-            f"token is signed by unknown token signing key {key_seq} (never issued, or expired "
-            "and purged)"
-        )
-    signed, signature = token[:-_SIGNATURE_BYTES], token[-_SIGNATURE_BYTES:]
-    try:
-        _private_key(key).public_key().verify(signature, signed)
-    except InvalidSignature:
-        raise PermissionDenied(
-            f"token signature does not verify with token signing key {key_seq}"
-        ) from None
-    if now_us >= expire_us:
-        raise PermissionDenied(f"token expired at {_utc(expire_us).isoformat()}")
-    body = signed[_HEADER.size :]
-    if kind == _KIND_BYTES:
-        return bytes(body)
-    try:
-        value = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise PermissionDenied("token is malformed: its JSON payload does not decode") from None
-    if not isinstance(value, dict):
-        raise PermissionDenied("token is malformed: its JSON payload is not an object")
-    return value
+    `now_us`; otherwise `PermissionDenied` saying which check failed (`tokens.verify`)."""
+    public = {k.key_seq: _private_key(k).public_key() for k in keys}
+    return tokens.verify(public, token, now_us)[0]
 
 
 # --- the leader's step -----------------------------------------------------------------------

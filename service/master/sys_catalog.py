@@ -60,7 +60,8 @@ Invariants protected at apply (each refusal names the id):
 * table and tablet rows are never deleted: seed 001's appendix A keeps the persistent state of
   deleted tables and tablets forever, so that a tablet the master has no record of is never one
   it deleted, and such tablets are never deleted by the master. Only CA and signing-key rows
-  (purged when expired) can be deleted.
+  (purged when expired) and grants (revoked, or their table deleted) can be deleted;
+* a grant names a table that exists and is not REMOVED when it is written.
 
 Rows are kept as frozen dataclasses (decoded and validated once, at apply) together with the
 exact bytes of their record: the snapshot writes those bytes back, so it needs no re-encoding
@@ -96,6 +97,7 @@ from service.master.catalog_records import (
     CA_ENTRY_ID,
     CertAuthorityRecord,
     EntryType,
+    GrantRecord,
     Record,
     RequestId,
     RowKey,
@@ -104,6 +106,7 @@ from service.master.catalog_records import (
     TabletState,
     TokenSigningKeyRecord,
     entry_type_of_field,
+    grant_entry_id,
     key_from_pb,
     record_from_pb,
     record_key,
@@ -392,6 +395,21 @@ class SysCatalogState:
         """Token signing keys by key_seq (expired ones included until purged)."""
         return cast(list[Row[TokenSigningKeyRecord]], self._of_type(EntryType.TOKEN_SIGNING_KEY))
 
+    def grant(self, table_id: str, user: str) -> Row[GrantRecord] | None:
+        """What `user` holds on table `table_id`, if anything."""
+        row = self._rows[EntryType.GRANT].get(grant_entry_id(table_id, user))
+        return cast(Row[GrantRecord] | None, row)
+
+    def grants(self) -> list[Row[GrantRecord]]:
+        """Every grant, by (table id, user)."""
+        return cast(list[Row[GrantRecord]], self._of_type(EntryType.GRANT))
+
+    def grants_of(self, table_id: str) -> list[Row[GrantRecord]]:
+        """The grants on one table, by user."""
+        rows = self._rows[EntryType.GRANT]
+        prefix = grant_entry_id(table_id, "")
+        return cast(list[Row[GrantRecord]], [rows[i] for i in sorted(rows) if i.startswith(prefix)])
+
     def remembered(self, client_id: str, seq_no: int) -> RememberedResult | None:
         """The remembered result of a request id, if any: the catalog manager answers a retry
         from it without proposing anything."""
@@ -499,6 +517,16 @@ class SysCatalogState:
             row = self._tablet(tablet_id)
             return row.record if row is not None else None
 
+        for s in staged:
+            g = s.record
+            if isinstance(g, GrantRecord):
+                granted_on = table_after(g.table_id)
+                if granted_on is None:
+                    raise NotFound(f"{s.key} names unknown table {g.table_id!r}")
+                if granted_on.is_removed:
+                    raise FailedPrecondition(
+                        f"{s.key}: table {g.table_id!r} is REMOVED; it gets no grants"
+                    )
         for s in staged:
             t = s.record
             if not isinstance(t, TabletRecord):
@@ -649,7 +677,10 @@ class SysCatalogState:
             key = row.key
             if row.version > applied_index or row.version < 1:
                 raise InvalidArgument(f"{key}: version {row.version} outside 1..{applied_index}")
-            if isinstance(row.record, TabletRecord) and self._table(row.record.table_id) is None:
+            if (
+                isinstance(row.record, TabletRecord | GrantRecord)
+                and self._table(row.record.table_id) is None
+            ):
                 raise InvalidArgument(f"{key} names unknown table {row.record.table_id!r}")
         live = [r for r in self.tables() if not r.record.is_removed]
         if len(live) != len(self._live_names):

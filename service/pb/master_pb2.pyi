@@ -90,6 +90,8 @@ class _EntryTypePBEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryType
     """id: "root-ca" (one row)"""
     ENTRY_TYPE_TOKEN_SIGNING_KEY: _EntryTypePB.ValueType  # 4
     """id: key_seq as 20 zero-padded decimal digits"""
+    ENTRY_TYPE_GRANT: _EntryTypePB.ValueType  # 5
+    """id: "<table_id>/<user>" """
 
 class EntryTypePB(_EntryTypePB, metaclass=_EntryTypePBEnumTypeWrapper):
     """=============================================================================================
@@ -106,7 +108,35 @@ ENTRY_TYPE_CERT_AUTHORITY: EntryTypePB.ValueType  # 3
 """id: "root-ca" (one row)"""
 ENTRY_TYPE_TOKEN_SIGNING_KEY: EntryTypePB.ValueType  # 4
 """id: key_seq as 20 zero-padded decimal digits"""
+ENTRY_TYPE_GRANT: EntryTypePB.ValueType  # 5
+"""id: "<table_id>/<user>" """
 Global___EntryTypePB: _TypeAlias = EntryTypePB  # noqa: Y015
+
+class _PrivilegePB:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PrivilegePBEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PrivilegePB.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PRIVILEGE_UNKNOWN: _PrivilegePB.ValueType  # 0
+    PRIVILEGE_READ: _PrivilegePB.ValueType  # 1
+    """scan, checksum, split key ranges; see the table's schema and locations"""
+    PRIVILEGE_WRITE: _PrivilegePB.ValueType  # 2
+    """insert, update, upsert, delete rows"""
+    PRIVILEGE_ALTER: _PrivilegePB.ValueType  # 3
+    """AlterTable"""
+
+class PrivilegePB(_PrivilegePB, metaclass=_PrivilegePBEnumTypeWrapper):
+    """A per-table privilege of a user (service/master/grants.py)."""
+
+PRIVILEGE_UNKNOWN: PrivilegePB.ValueType  # 0
+PRIVILEGE_READ: PrivilegePB.ValueType  # 1
+"""scan, checksum, split key ranges; see the table's schema and locations"""
+PRIVILEGE_WRITE: PrivilegePB.ValueType  # 2
+"""insert, update, upsert, delete rows"""
+PRIVILEGE_ALTER: PrivilegePB.ValueType  # 3
+"""AlterTable"""
+Global___PrivilegePB: _TypeAlias = PrivilegePB  # noqa: Y015
 
 class _ReplicaStatePB:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -576,6 +606,36 @@ class TokenSigningKeyRecordPB(_message.Message):
 Global___TokenSigningKeyRecordPB: _TypeAlias = TokenSigningKeyRecordPB  # noqa: Y015
 
 @_typing.final
+class GrantRecordPB(_message.Message):
+    """The privileges one user holds on one table. A row with no privileges is deleted, not stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_ID_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    PRIVILEGES_FIELD_NUMBER: _builtins.int
+    table_id: _builtins.str
+    user: _builtins.str
+    @_builtins.property
+    def privileges(self) -> _containers.RepeatedScalarFieldContainer[Global___PrivilegePB.ValueType]:
+        """ascending, no repeats"""
+
+    def __init__(
+        self,
+        *,
+        table_id: _builtins.str = ...,
+        user: _builtins.str = ...,
+        privileges: _abc.Iterable[Global___PrivilegePB.ValueType] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["privileges", b"privileges", "table_id", b"table_id", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantRecordPB: _TypeAlias = GrantRecordPB  # noqa: Y015
+
+@_typing.final
 class CatalogKeyPB(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -636,6 +696,7 @@ class CatalogRowOpPB(_message.Message):
     CERT_AUTHORITY_FIELD_NUMBER: _builtins.int
     TOKEN_SIGNING_KEY_FIELD_NUMBER: _builtins.int
     KEY_FIELD_NUMBER: _builtins.int
+    GRANT_FIELD_NUMBER: _builtins.int
     kind: Global___CatalogRowOpPB.Kind.ValueType
     @_builtins.property
     def table(self) -> Global___TableRecordPB: ...
@@ -649,6 +710,8 @@ class CatalogRowOpPB(_message.Message):
     def key(self) -> Global___CatalogKeyPB:
         """DELETE only"""
 
+    @_builtins.property
+    def grant(self) -> Global___GrantRecordPB: ...
     def __init__(
         self,
         *,
@@ -658,12 +721,13 @@ class CatalogRowOpPB(_message.Message):
         cert_authority: Global___CertAuthorityRecordPB | None = ...,
         token_signing_key: Global___TokenSigningKeyRecordPB | None = ...,
         key: Global___CatalogKeyPB | None = ...,
+        grant: Global___GrantRecordPB | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cert_authority", b"cert_authority", "key", b"key", "record", b"record", "table", b"table", "tablet", b"tablet", "token_signing_key", b"token_signing_key"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cert_authority", b"cert_authority", "grant", b"grant", "key", b"key", "record", b"record", "table", b"table", "tablet", b"tablet", "token_signing_key", b"token_signing_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_authority", b"cert_authority", "key", b"key", "kind", b"kind", "record", b"record", "table", b"table", "tablet", b"tablet", "token_signing_key", b"token_signing_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_authority", b"cert_authority", "grant", b"grant", "key", b"key", "kind", b"kind", "record", b"record", "table", b"table", "tablet", b"tablet", "token_signing_key", b"token_signing_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_record: _TypeAlias = _typing.Literal["table", "tablet", "cert_authority", "token_signing_key", "key"]  # noqa: Y015
+    _WhichOneofReturnType_record: _TypeAlias = _typing.Literal["table", "tablet", "cert_authority", "token_signing_key", "key", "grant"]  # noqa: Y015
     _WhichOneofArgType_record: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_record) -> _WhichOneofReturnType_record | None: ...
 
@@ -1489,9 +1553,15 @@ class GetTableLocationsResponsePB(_message.Message):
     TABLE_ID_FIELD_NUMBER: _builtins.int
     TABLET_LOCATIONS_FIELD_NUMBER: _builtins.int
     TTL_MS_FIELD_NUMBER: _builtins.int
+    AUTHZ_TOKEN_FIELD_NUMBER: _builtins.int
     table_id: _builtins.str
     ttl_ms: _builtins.int
     """how long a client may cache these locations"""
+    authz_token: _builtins.bytes
+    """For a caller with a user identity: a signed token naming the user, this table and the
+    privileges they hold on it, which tablet servers check on every Write and Scan. Expires
+    after the master's authz_token_ttl_ms; empty for admins and servers, who need none.
+    """
     @_builtins.property
     def tablet_locations(self) -> _containers.RepeatedCompositeFieldContainer[Global___TabletLocationsPB]:
         """by partition_key_start"""
@@ -1502,10 +1572,11 @@ class GetTableLocationsResponsePB(_message.Message):
         table_id: _builtins.str = ...,
         tablet_locations: _abc.Iterable[Global___TabletLocationsPB] | None = ...,
         ttl_ms: _builtins.int = ...,
+        authz_token: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["table_id", b"table_id", "tablet_locations", b"tablet_locations", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "table_id", b"table_id", "tablet_locations", b"tablet_locations", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1996,6 +2067,7 @@ class TSHeartbeatResponsePB(_message.Message):
     NEEDS_FULL_TABLET_REPORT_FIELD_NUMBER: _builtins.int
     ACKED_REPORT_SEQUENCE_NUMBER_FIELD_NUMBER: _builtins.int
     MASTER_ADDRESSES_FIELD_NUMBER: _builtins.int
+    TOKEN_VERIFYING_KEYS_FIELD_NUMBER: _builtins.int
     leader_master: _builtins.bool
     """followers record liveness only (seed 001)"""
     master_term: _builtins.int
@@ -2011,6 +2083,12 @@ class TSHeartbeatResponsePB(_message.Message):
     def master_instance(self) -> Global___NodeInstancePB: ...
     @_builtins.property
     def master_addresses(self) -> _containers.RepeatedCompositeFieldContainer[Global___HostPortPB]: ...
+    @_builtins.property
+    def token_verifying_keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenVerifyingKeyPB]:
+        """The public halves of the token signing keys, from the leader: a tablet server verifies
+        authz tokens with them, without a round trip to a master.
+        """
+
     def __init__(
         self,
         *,
@@ -2021,14 +2099,41 @@ class TSHeartbeatResponsePB(_message.Message):
         needs_full_tablet_report: _builtins.bool = ...,
         acked_report_sequence_number: _builtins.int = ...,
         master_addresses: _abc.Iterable[Global___HostPortPB] | None = ...,
+        token_verifying_keys: _abc.Iterable[Global___TokenVerifyingKeyPB] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["master_instance", b"master_instance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_report_sequence_number", b"acked_report_sequence_number", "leader_master", b"leader_master", "master_addresses", b"master_addresses", "master_instance", b"master_instance", "master_term", b"master_term", "needs_full_tablet_report", b"needs_full_tablet_report", "needs_reregister", b"needs_reregister"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_report_sequence_number", b"acked_report_sequence_number", "leader_master", b"leader_master", "master_addresses", b"master_addresses", "master_instance", b"master_instance", "master_term", b"master_term", "needs_full_tablet_report", b"needs_full_tablet_report", "needs_reregister", b"needs_reregister", "token_verifying_keys", b"token_verifying_keys"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TSHeartbeatResponsePB: _TypeAlias = TSHeartbeatResponsePB  # noqa: Y015
+
+@_typing.final
+class TokenVerifyingKeyPB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_SEQ_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_US_FIELD_NUMBER: _builtins.int
+    PUBLIC_KEY_FIELD_NUMBER: _builtins.int
+    key_seq: _builtins.int
+    expire_time_us: _builtins.int
+    public_key: _builtins.bytes
+    """raw Ed25519 public key (32 bytes)"""
+    def __init__(
+        self,
+        *,
+        key_seq: _builtins.int = ...,
+        expire_time_us: _builtins.int = ...,
+        public_key: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expire_time_us", b"expire_time_us", "key_seq", b"key_seq", "public_key", b"public_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenVerifyingKeyPB: _TypeAlias = TokenVerifyingKeyPB  # noqa: Y015
 
 @_typing.final
 class AddReplicaRequestPB(_message.Message):
@@ -2258,6 +2363,140 @@ class RemoveMasterResponsePB(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RemoveMasterResponsePB: _TypeAlias = RemoveMasterResponsePB  # noqa: Y015
+
+@_typing.final
+class GrantPB(_message.Message):
+    """--- per-table grants ------------------------------------------------------------------------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_ID_FIELD_NUMBER: _builtins.int
+    TABLE_NAME_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    PRIVILEGES_FIELD_NUMBER: _builtins.int
+    table_id: _builtins.str
+    table_name: _builtins.str
+    user: _builtins.str
+    @_builtins.property
+    def privileges(self) -> _containers.RepeatedScalarFieldContainer[Global___PrivilegePB.ValueType]: ...
+    def __init__(
+        self,
+        *,
+        table_id: _builtins.str = ...,
+        table_name: _builtins.str = ...,
+        user: _builtins.str = ...,
+        privileges: _abc.Iterable[Global___PrivilegePB.ValueType] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["privileges", b"privileges", "table_id", b"table_id", "table_name", b"table_name", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantPB: _TypeAlias = GrantPB  # noqa: Y015
+
+@_typing.final
+class GrantPrivilegesRequestPB(_message.Message):
+    """Adds privileges (GrantPrivileges) or takes them away (RevokePrivileges); exactly once per
+    request id. Revoking every privilege a user holds on a table removes the grant.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    PRIVILEGES_FIELD_NUMBER: _builtins.int
+    user: _builtins.str
+    @_builtins.property
+    def request_id(self) -> Global___RequestIdPB: ...
+    @_builtins.property
+    def table(self) -> Global___TableIdentifierPB: ...
+    @_builtins.property
+    def privileges(self) -> _containers.RepeatedScalarFieldContainer[Global___PrivilegePB.ValueType]: ...
+    def __init__(
+        self,
+        *,
+        request_id: Global___RequestIdPB | None = ...,
+        table: Global___TableIdentifierPB | None = ...,
+        user: _builtins.str = ...,
+        privileges: _abc.Iterable[Global___PrivilegePB.ValueType] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "table", b"table"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["privileges", b"privileges", "request_id", b"request_id", "table", b"table", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantPrivilegesRequestPB: _TypeAlias = GrantPrivilegesRequestPB  # noqa: Y015
+
+@_typing.final
+class GrantPrivilegesResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def grant(self) -> Global___GrantPB:
+        """what the user holds afterwards (no privileges: the grant is gone)"""
+
+    def __init__(
+        self,
+        *,
+        grant: Global___GrantPB | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["grant", b"grant"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grant", b"grant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantPrivilegesResponsePB: _TypeAlias = GrantPrivilegesResponsePB  # noqa: Y015
+
+@_typing.final
+class ListGrantsRequestPB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_NAME_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    table_name: _builtins.str
+    """"": every table"""
+    user: _builtins.str
+    """"": every user"""
+    def __init__(
+        self,
+        *,
+        table_name: _builtins.str = ...,
+        user: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["table_name", b"table_name", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGrantsRequestPB: _TypeAlias = ListGrantsRequestPB  # noqa: Y015
+
+@_typing.final
+class ListGrantsResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def grants(self) -> _containers.RepeatedCompositeFieldContainer[Global___GrantPB]:
+        """by table name, then user"""
+
+    def __init__(
+        self,
+        *,
+        grants: _abc.Iterable[Global___GrantPB] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grants", b"grants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGrantsResponsePB: _TypeAlias = ListGrantsResponsePB  # noqa: Y015
 
 @_typing.final
 class DumpCatalogRequestPB(_message.Message):

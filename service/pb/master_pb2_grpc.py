@@ -134,6 +134,21 @@ class MasterServiceStub:
                 request_serializer=service_dot_pb_dot_master__pb2.RemoveMasterRequestPB.SerializeToString,
                 response_deserializer=service_dot_pb_dot_master__pb2.RemoveMasterResponsePB.FromString,
                 _registered_method=True)
+        self.GrantPrivileges = channel.unary_unary(
+                '/tessera.master.MasterService/GrantPrivileges',
+                request_serializer=service_dot_pb_dot_master__pb2.GrantPrivilegesRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_master__pb2.GrantPrivilegesResponsePB.FromString,
+                _registered_method=True)
+        self.RevokePrivileges = channel.unary_unary(
+                '/tessera.master.MasterService/RevokePrivileges',
+                request_serializer=service_dot_pb_dot_master__pb2.GrantPrivilegesRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_master__pb2.GrantPrivilegesResponsePB.FromString,
+                _registered_method=True)
+        self.ListGrants = channel.unary_unary(
+                '/tessera.master.MasterService/ListGrants',
+                request_serializer=service_dot_pb_dot_master__pb2.ListGrantsRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_master__pb2.ListGrantsResponsePB.FromString,
+                _registered_method=True)
         self.DumpCatalog = channel.unary_stream(
                 '/tessera.master.MasterService/DumpCatalog',
                 request_serializer=service_dot_pb_dot_master__pb2.DumpCatalogRequestPB.SerializeToString,
@@ -269,6 +284,24 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GrantPrivileges(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokePrivileges(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGrants(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DumpCatalog(self, request, context):
         """The catalog as of one committed index, in chunks (for the Spark jobs).
         """
@@ -378,6 +411,21 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.RemoveMaster,
                     request_deserializer=service_dot_pb_dot_master__pb2.RemoveMasterRequestPB.FromString,
                     response_serializer=service_dot_pb_dot_master__pb2.RemoveMasterResponsePB.SerializeToString,
+            ),
+            'GrantPrivileges': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantPrivileges,
+                    request_deserializer=service_dot_pb_dot_master__pb2.GrantPrivilegesRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_master__pb2.GrantPrivilegesResponsePB.SerializeToString,
+            ),
+            'RevokePrivileges': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokePrivileges,
+                    request_deserializer=service_dot_pb_dot_master__pb2.GrantPrivilegesRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_master__pb2.GrantPrivilegesResponsePB.SerializeToString,
+            ),
+            'ListGrants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGrants,
+                    request_deserializer=service_dot_pb_dot_master__pb2.ListGrantsRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_master__pb2.ListGrantsResponsePB.SerializeToString,
             ),
             'DumpCatalog': grpc.unary_stream_rpc_method_handler(
                     servicer.DumpCatalog,
@@ -925,6 +973,87 @@ class MasterService:
             '/tessera.master.MasterService/RemoveMaster',
             service_dot_pb_dot_master__pb2.RemoveMasterRequestPB.SerializeToString,
             service_dot_pb_dot_master__pb2.RemoveMasterResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrantPrivileges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.master.MasterService/GrantPrivileges',
+            service_dot_pb_dot_master__pb2.GrantPrivilegesRequestPB.SerializeToString,
+            service_dot_pb_dot_master__pb2.GrantPrivilegesResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokePrivileges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.master.MasterService/RevokePrivileges',
+            service_dot_pb_dot_master__pb2.GrantPrivilegesRequestPB.SerializeToString,
+            service_dot_pb_dot_master__pb2.GrantPrivilegesResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGrants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.master.MasterService/ListGrants',
+            service_dot_pb_dot_master__pb2.ListGrantsRequestPB.SerializeToString,
+            service_dot_pb_dot_master__pb2.ListGrantsResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

@@ -71,6 +71,9 @@ class MasterServiceStub:
     MoveReplica: _grpc.UnaryUnaryMultiCallable[_master_pb2.MoveReplicaRequestPB, _master_pb2.MoveReplicaResponsePB]
     AddMaster: _grpc.UnaryUnaryMultiCallable[_master_pb2.AddMasterRequestPB, _master_pb2.AddMasterResponsePB]
     RemoveMaster: _grpc.UnaryUnaryMultiCallable[_master_pb2.RemoveMasterRequestPB, _master_pb2.RemoveMasterResponsePB]
+    GrantPrivileges: _grpc.UnaryUnaryMultiCallable[_master_pb2.GrantPrivilegesRequestPB, _master_pb2.GrantPrivilegesResponsePB]
+    RevokePrivileges: _grpc.UnaryUnaryMultiCallable[_master_pb2.GrantPrivilegesRequestPB, _master_pb2.GrantPrivilegesResponsePB]
+    ListGrants: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListGrantsRequestPB, _master_pb2.ListGrantsResponsePB]
     DumpCatalog: _grpc.UnaryStreamMultiCallable[_master_pb2.DumpCatalogRequestPB, _master_pb2.DumpCatalogChunkPB]
     """The catalog as of one committed index, in chunks (for the Spark jobs)."""
 
@@ -103,6 +106,9 @@ class MasterServiceAsyncStub(MasterServiceStub):
     MoveReplica: _aio.UnaryUnaryMultiCallable[_master_pb2.MoveReplicaRequestPB, _master_pb2.MoveReplicaResponsePB]  # type: ignore[assignment]
     AddMaster: _aio.UnaryUnaryMultiCallable[_master_pb2.AddMasterRequestPB, _master_pb2.AddMasterResponsePB]  # type: ignore[assignment]
     RemoveMaster: _aio.UnaryUnaryMultiCallable[_master_pb2.RemoveMasterRequestPB, _master_pb2.RemoveMasterResponsePB]  # type: ignore[assignment]
+    GrantPrivileges: _aio.UnaryUnaryMultiCallable[_master_pb2.GrantPrivilegesRequestPB, _master_pb2.GrantPrivilegesResponsePB]  # type: ignore[assignment]
+    RevokePrivileges: _aio.UnaryUnaryMultiCallable[_master_pb2.GrantPrivilegesRequestPB, _master_pb2.GrantPrivilegesResponsePB]  # type: ignore[assignment]
+    ListGrants: _aio.UnaryUnaryMultiCallable[_master_pb2.ListGrantsRequestPB, _master_pb2.ListGrantsResponsePB]  # type: ignore[assignment]
     DumpCatalog: _aio.UnaryStreamMultiCallable[_master_pb2.DumpCatalogRequestPB, _master_pb2.DumpCatalogChunkPB]  # type: ignore[assignment]
     """The catalog as of one committed index, in chunks (for the Spark jobs)."""
 
@@ -252,6 +258,27 @@ class MasterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.RemoveMasterRequestPB,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.RemoveMasterResponsePB, _abc.Awaitable[_master_pb2.RemoveMasterResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def GrantPrivileges(
+        self,
+        request: _master_pb2.GrantPrivilegesRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.GrantPrivilegesResponsePB, _abc.Awaitable[_master_pb2.GrantPrivilegesResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def RevokePrivileges(
+        self,
+        request: _master_pb2.GrantPrivilegesRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.GrantPrivilegesResponsePB, _abc.Awaitable[_master_pb2.GrantPrivilegesResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def ListGrants(
+        self,
+        request: _master_pb2.ListGrantsRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.ListGrantsResponsePB, _abc.Awaitable[_master_pb2.ListGrantsResponsePB]]: ...
 
     @_abc_1.abstractmethod
     def DumpCatalog(

@@ -636,6 +636,7 @@ class WriteRequestPB(_message.Message):
     DEFAULT_OP_FIELD_NUMBER: _builtins.int
     OPS_FIELD_NUMBER: _builtins.int
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
+    AUTHZ_TOKEN_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     rows: _builtins.bytes
@@ -647,6 +648,10 @@ class WriteRequestPB(_message.Message):
     schema_version: _builtins.int
     """The schema version the client wrote against; a newer version here is fine if every
     column sent still exists with the same type, an unknown column is refused.
+    """
+    authz_token: _builtins.bytes
+    """Authorization for a caller with a user identity: a token the master signed (GetTableLocations)
+    granting write on this tablet's table. Admin, master and tablet server callers need none.
     """
     @_builtins.property
     def ops(self) -> _containers.RepeatedScalarFieldContainer[Global___RowOperationTypePB.ValueType]:
@@ -661,10 +666,11 @@ class WriteRequestPB(_message.Message):
         default_op: Global___RowOperationTypePB.ValueType = ...,
         ops: _abc.Iterable[Global___RowOperationTypePB.ValueType] | None = ...,
         schema_version: _builtins.int = ...,
+        authz_token: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_op", b"default_op", "dest_uuid", b"dest_uuid", "ops", b"ops", "rows", b"rows", "schema_version", b"schema_version", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "default_op", b"default_op", "dest_uuid", b"dest_uuid", "ops", b"ops", "rows", b"rows", "schema_version", b"schema_version", "tablet_id", b"tablet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -839,9 +845,14 @@ class ScanRequestPB(_message.Message):
     DEST_UUID_FIELD_NUMBER: _builtins.int
     NEW_SCAN_FIELD_NUMBER: _builtins.int
     BATCH_SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    AUTHZ_TOKEN_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     batch_size_bytes: _builtins.int
     """0: the server's default"""
+    authz_token: _builtins.bytes
+    """Authorization for a caller with a user identity: a token the master signed (GetTableLocations)
+    granting read on this tablet's table. Admin, master and tablet server callers need none.
+    """
     @_builtins.property
     def new_scan(self) -> Global___NewScanRequestPB: ...
     def __init__(
@@ -850,10 +861,11 @@ class ScanRequestPB(_message.Message):
         dest_uuid: _builtins.str = ...,
         new_scan: Global___NewScanRequestPB | None = ...,
         batch_size_bytes: _builtins.int = ...,
+        authz_token: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["new_scan", b"new_scan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size_bytes", b"batch_size_bytes", "dest_uuid", b"dest_uuid", "new_scan", b"new_scan"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "batch_size_bytes", b"batch_size_bytes", "dest_uuid", b"dest_uuid", "new_scan", b"new_scan"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -970,20 +982,26 @@ class ChecksumRequestPB(_message.Message):
     DEST_UUID_FIELD_NUMBER: _builtins.int
     TABLET_ID_FIELD_NUMBER: _builtins.int
     MIN_APPLIED_INDEX_FIELD_NUMBER: _builtins.int
+    AUTHZ_TOKEN_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     min_applied_index: _builtins.int
     """Wait until this index is applied before computing (0: what is applied now)."""
+    authz_token: _builtins.bytes
+    """Authorization for a caller with a user identity: a token the master signed (GetTableLocations)
+    granting read on this tablet's table. Admin, master and tablet server callers need none.
+    """
     def __init__(
         self,
         *,
         dest_uuid: _builtins.str = ...,
         tablet_id: _builtins.str = ...,
         min_applied_index: _builtins.int = ...,
+        authz_token: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "min_applied_index", b"min_applied_index", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "dest_uuid", b"dest_uuid", "min_applied_index", b"min_applied_index", "tablet_id", b"tablet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1033,6 +1051,7 @@ class SplitKeyRangeRequestPB(_message.Message):
     TARGET_CHUNK_ROWS_FIELD_NUMBER: _builtins.int
     TARGET_CHUNK_BYTES_FIELD_NUMBER: _builtins.int
     COLUMNS_FIELD_NUMBER: _builtins.int
+    AUTHZ_TOKEN_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     start_primary_key: _builtins.bytes
@@ -1046,6 +1065,10 @@ class SplitKeyRangeRequestPB(_message.Message):
     most 10,000 chunks are made: a smaller target gets that many larger chunks.
     """
     target_chunk_bytes: _builtins.int
+    authz_token: _builtins.bytes
+    """Authorization for a caller with a user identity: a token the master signed (GetTableLocations)
+    granting read on this tablet's table. Admin, master and tablet server callers need none.
+    """
     @_builtins.property
     def columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The columns whose bytes count (target_chunk_bytes, estimated_bytes); empty: every column."""
@@ -1060,10 +1083,11 @@ class SplitKeyRangeRequestPB(_message.Message):
         target_chunk_rows: _builtins.int = ...,
         target_chunk_bytes: _builtins.int = ...,
         columns: _abc.Iterable[_builtins.str] | None = ...,
+        authz_token: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "dest_uuid", b"dest_uuid", "start_primary_key", b"start_primary_key", "stop_primary_key", b"stop_primary_key", "tablet_id", b"tablet_id", "target_chunk_bytes", b"target_chunk_bytes", "target_chunk_rows", b"target_chunk_rows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "columns", b"columns", "dest_uuid", b"dest_uuid", "start_primary_key", b"start_primary_key", "stop_primary_key", b"stop_primary_key", "tablet_id", b"tablet_id", "target_chunk_bytes", b"target_chunk_bytes", "target_chunk_rows", b"target_chunk_rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -99,12 +99,14 @@ class MasterCluster:
             return None
         return Credentials.from_files(self.pki.files(role, name))
 
-    def credentials_dir(self) -> str | None:
-        """An admin's credentials directory for this cluster (ca.pem, cert.pem, key.pem):
-        what `--credentials` and the Spark option `credentials` take; None when insecure."""
+    def credentials_dir(self, role: str = "admin", name: str = "test-admin") -> str | None:
+        """A credentials directory for this cluster (ca.pem, cert.pem, key.pem), an admin's by
+        default: what `--credentials` and the Spark option `credentials` take; None when
+        insecure."""
         if self.pki is None:
             return None
-        return str(self.pki.export("admin", "test-admin", self.base / "credentials").ca_file.parent)
+        where = "credentials" if (role, name) == ("admin", "test-admin") else f"{role}-{name}"
+        return str(self.pki.export(role, name, self.base / where).ca_file.parent)
 
     def sync_channel(self, address: str) -> grpc.Channel:
         """A blocking channel to any server of this cluster, as its admin."""

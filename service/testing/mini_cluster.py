@@ -90,9 +90,10 @@ class MiniCluster:
         """A client's credentials for this cluster (None when it runs insecure)."""
         return self.masters.credentials(role, name)
 
-    def credentials_dir(self) -> str | None:
-        """An admin's credentials directory for this cluster (None when insecure)."""
-        return self.masters.credentials_dir()
+    def credentials_dir(self, role: str = "admin", name: str = "test-admin") -> str | None:
+        """A credentials directory for this cluster, an admin's by default (None when
+        insecure)."""
+        return self.masters.credentials_dir(role, name)
 
     def sync_channel(self, address: str) -> grpc.Channel:
         """A blocking channel to any server of this cluster, as its admin."""

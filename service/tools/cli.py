@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     from service.tools import (
         admin_cmd,
         cluster_cmd,
+        grant_cmd,
         jobs_cmd,
         ksck_cmd,
         master_cmd,
@@ -167,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     rebalance_cmd.register_replica(sub)
     jobs_cmd.register(sub)
     security_cmd.register(sub)
+    grant_cmd.register(sub)
 
     sim = sub.add_parser("sim", help="run the deterministic Raft simulator")
     sim.add_argument("--seeds", type=int, default=200)

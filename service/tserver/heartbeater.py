@@ -56,6 +56,7 @@ import grpc
 
 from service.common.errors import from_grpc
 from service.common.tls import Credentials, open_channel
+from service.common.tokens import VerifyingKey
 from service.pb import master_pb2 as mpb
 from service.pb import master_pb2_grpc as mpb_grpc
 from service.tserver.tablet_manager import TabletManager
@@ -146,7 +147,10 @@ class Heartbeater:
         on_master_term: Callable[[int], None],
         highest_term: Callable[[], int],
         credentials: Credentials | None = None,
+        on_token_keys: Callable[[list[VerifyingKey]], None] | None = None,
     ) -> None:
+        self.on_token_keys = on_token_keys
+        """Told the token signing keys' public halves the leader sends (authz token checks)."""
         self.views = [MasterView(a) for a in master_addresses]
         self.credentials = credentials
         self.instance = instance
@@ -326,6 +330,13 @@ class Heartbeater:
             v.needs_full = True
         if resp.needs_full_tablet_report:
             v.needs_full = True
+        if resp.leader_master and resp.token_verifying_keys and self.on_token_keys is not None:
+            self.on_token_keys(
+                [
+                    VerifyingKey(k.key_seq, k.expire_time_us, k.public_key)
+                    for k in resp.token_verifying_keys
+                ]
+            )
         if resp.master_addresses:
             self._follow_membership(
                 [f"{h.host}:{h.port}" for h in resp.master_addresses if h.host and h.port],

@@ -149,6 +149,8 @@ class Scanner:
     ahead: asyncio.Future[_Built] | None = None
     """The next page, being built in a worker thread (read-ahead)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    owner: str = ""
+    """Who opened it (their identity); only they may continue or close it."""
 
 
 class ScannerManager:
@@ -197,9 +199,20 @@ class ScannerManager:
         schema_version: int,
         limit: int,
         batch_bytes: int,
+        owner: str = "",
     ) -> ScanPage:
+        """Open a scanner and build its first page. `owner` (the caller's identity) is the
+        only caller that may continue or close it."""
         s = Scanner(
-            os.urandom(16), tablet_id, schema, it, key_cols, applied_index, schema_version, limit
+            os.urandom(16),
+            tablet_id,
+            schema,
+            it,
+            key_cols,
+            applied_index,
+            schema_version,
+            limit,
+            owner=owner,
         )
         self.opened += 1
         self.opened_by_tablet[tablet_id] += 1
@@ -211,9 +224,11 @@ class ScannerManager:
                 self.scanners[s.id] = s
             return self._sent(s, built, limit)
 
-    async def next(self, scanner_id: bytes, call_seq_id: int, batch_bytes: int) -> ScanPage:
+    async def next(
+        self, scanner_id: bytes, call_seq_id: int, batch_bytes: int, owner: str = ""
+    ) -> ScanPage:
         s = self.scanners.get(scanner_id)
-        if s is None:
+        if s is None or s.owner != owner:  # another caller's scanner looks like no scanner
             raise NotFound(
                 f"scanner {scanner_id.hex()} not found (expired after {self.ttl_s:g}s idle, "
                 "finished, or the server restarted): resume with start_after_primary_key"
@@ -248,9 +263,10 @@ class ScannerManager:
             s.call_seq = call_seq_id
             return self._sent(s, built, limit)
 
-    def close(self, scanner_id: bytes) -> None:
-        s = self.scanners.pop(scanner_id, None)
-        if s is not None:
+    def close(self, scanner_id: bytes, owner: str = "") -> None:
+        s = self.scanners.get(scanner_id)
+        if s is not None and s.owner == owner:
+            del self.scanners[scanner_id]
             _drop_ahead(s)
 
     def _sent(self, s: Scanner, built: _Built, limit: int) -> ScanPage:

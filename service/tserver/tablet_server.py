@@ -47,6 +47,7 @@ from service.common.private_files import private_dir
 from service.common.registration import register
 from service.common.server_main import advertised_address
 from service.common.tls import Credentials, add_port, server_credentials_for
+from service.common.tokens import TokenVerifier
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import NodeSettings
 from service.consensus.quiesce import Quiescence
@@ -126,6 +127,8 @@ class TabletServer:
         self.quiescence: Quiescence | None = None
         self.tablets: TabletManager = None  # type: ignore[assignment]  # set by start()
         self.scanners = ScannerManager(config.scanner_ttl_ms / 1000)
+        self.tokens = TokenVerifier()
+        """Verifies users' authz tokens with the signing keys the leader master sends."""
         self.heartbeater: Heartbeater | None = None
         self.copies: CopyClient = None  # type: ignore[assignment]  # set by start()
         self.copy_source: CopySource = None  # type: ignore[assignment]
@@ -242,6 +245,7 @@ class TabletServer:
             on_master_term=self._saw_master_term,
             highest_term=lambda: self.highest_master_term,
             credentials=creds,
+            on_token_keys=self.tokens.update,
         )
         await self.heartbeater.start()
         log.info(

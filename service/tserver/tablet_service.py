@@ -9,6 +9,7 @@ leader) with `StaleTerm`. Errors map to gRPC statuses in one place (`rpc_errors`
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING
 
 import grpc
@@ -16,8 +17,17 @@ import pyarrow as pa
 
 from service.common import failpoints
 from service.common.authz import ANYONE, TSERVERS, Authorizer, Rule, allow
-from service.common.errors import InvalidArgument, WrongDestination, rpc_errors
+from service.common.errors import (
+    InvalidArgument,
+    InvalidAuthzToken,
+    PermissionDenied,
+    WrongDestination,
+    rpc_errors,
+)
 from service.common.keys import decode_key
+from service.common.pki import Identity
+from service.common.tls import INSECURE_PEER
+from service.common.tokens import Privilege
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
@@ -64,7 +74,9 @@ COPY_POLICY: dict[str, Rule] = dict.fromkeys(
 DATA_POLICY: dict[str, Rule] = dict.fromkeys(
     ["Write", "Scan", "ScanNext", "ScanClose", "Checksum", "SplitKeyRange", "Ping"], ANYONE
 )
-"""Rows: any authenticated party for now (per-table authz tokens are the next step)."""
+"""Rows: any authenticated party, and then a user (not an admin or a server) needs an authz
+token for the tablet's table naming the privilege the call needs (`DataServicer._authorize`);
+a scanner continues only for whoever opened it."""
 
 
 _READ_MODES = frozenset(tpb.ReadModePB.values())
@@ -248,10 +260,37 @@ class CopyServicer(_Base, tpb_grpc.TabletCopyServiceServicer):
 
 
 class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
+    def _caller(self, context: Ctx) -> Identity:
+        return self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
+
+    def _authorize(
+        self, context: Ctx, replica: TabletReplica, token: bytes, needed: Privilege
+    ) -> None:
+        """A user's call needs an authz token (service/common/tokens.py) that verifies with a
+        signing key the leader master sent, names this user, this tablet's table and `needed`.
+        Admins and servers pass on their role (DATA_POLICY); insecure mode passes everyone."""
+        who = self._caller(context)
+        if who is INSECURE_PEER or who.role != "user":
+            return
+        claim = self.server.tokens.authz(token, int(time.time() * 1_000_000))
+        if claim.user != who.name:
+            raise InvalidAuthzToken(f"the authz token is for user {claim.user!r}, not {who}")
+        table_id = replica.superblock.table_id
+        if claim.table_id != table_id:
+            raise InvalidAuthzToken(
+                f"the authz token is for table {claim.table_id}, not this tablet's {table_id}"
+            )
+        if needed not in claim.privileges:
+            raise PermissionDenied(
+                f"{who} lacks the {needed.value!r} privilege on table "
+                f"{replica.superblock.table_name!r}"
+            )
+
     @rpc_errors
     async def Write(self, request: tpb.WriteRequestPB, context: Ctx) -> tpb.WriteResponsePB:
         self._dest(request.dest_uuid)
         replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        self._authorize(context, replica, request.authz_token, Privilege.WRITE)
         return await replica.write(request, self._timeout(context))
 
     # Scan and ScanNext answer with a pre-serialized ScanResponsePB (`ScanPage`), which the
@@ -265,6 +304,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
             raise InvalidArgument("new_scan: required (use ScanNext to continue a scanner)")
         ns = request.new_scan
         replica = self.server.tablets.get(check_tablet_id(ns.tablet_id))
+        self._authorize(context, replica, request.authz_token, Privilege.READ)
         check_scan_fields(ns, replica)
         await replica.wait_readable(
             ns.read_mode == tpb.READ_AT_LEADER, ns.min_applied_index, self._timeout(context)
@@ -306,6 +346,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
             schema.version,
             ns.limit,
             request.batch_size_bytes,
+            owner=str(self._caller(context)),
         )
 
     @rpc_errors
@@ -315,7 +356,10 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         self._dest(request.dest_uuid)
         failpoints.hit("scan_next")
         return await self.server.scanners.next(
-            request.scanner_id, request.call_seq_id, request.batch_size_bytes
+            request.scanner_id,
+            request.call_seq_id,
+            request.batch_size_bytes,
+            owner=str(self._caller(context)),
         )
 
     @rpc_errors
@@ -323,7 +367,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         self, request: tpb.ScanCloseRequestPB, context: Ctx
     ) -> tpb.ScanCloseResponsePB:
         self._dest(request.dest_uuid)
-        self.server.scanners.close(request.scanner_id)
+        self.server.scanners.close(request.scanner_id, owner=str(self._caller(context)))
         return tpb.ScanCloseResponsePB()
 
     @rpc_errors
@@ -332,6 +376,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
     ) -> tpb.ChecksumResponsePB:
         self._dest(request.dest_uuid)
         replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        self._authorize(context, replica, request.authz_token, Privilege.READ)
         await replica.wait_readable(False, request.min_applied_index, self._timeout(context))
         node = replica.running_node()
         store = replica.store
@@ -349,6 +394,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         start, stop = request.start_primary_key, request.stop_primary_key
         check_split_args(start, stop, request.target_chunk_rows, request.target_chunk_bytes)
         replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        self._authorize(context, replica, request.authz_token, Privilege.READ)
         node = replica.running_node()
         store = replica.store
         assert store is not None
