@@ -5,8 +5,15 @@ Theory of operation
 Every party of a secured cluster holds a certificate signed by the cluster's CA (the root CA
 that sys.catalog also keeps, `service/master/security.py`). The certificate *is* the identity:
 
-* the subject's organizational unit is the **role**: `master`, `tserver`, `admin` or `user`;
+* the subject's organizational unit is the **role**: `master`, `tserver`, `admin`, `user`, or
+  `join` (a short-lived join credential, which may only ask a master for a tablet server
+  certificate: the bootstrap of a server that comes without one);
 * the subject's common name is the **name**: a server's permanent uuid, a person's user name.
+
+The CA that signs them is the one a cluster is provisioned with (`ClusterPki`, `tessera
+security provision`); masters also hold its key (`ca.key` beside `ca.pem`) and store it in
+sys.catalog, so the leader master can sign certificates for certificate requests
+(`sign_request`): users' short-lived credentials, tablet servers that join, renewals.
 
 Servers' certificates also carry the DNS names `tessera` and `<role>.tessera`: callers dial
 servers by address but verify the certificate against one of these names (gRPC's
@@ -44,11 +51,14 @@ __all__ = [
     "ClusterPki",
     "Identity",
     "IdentityFiles",
+    "ca_key_file",
     "identity_of",
+    "new_request",
+    "request_public_key",
     "server_name",
 ]
 
-ROLES = ("master", "tserver", "admin", "user")
+ROLES = ("master", "tserver", "admin", "user", "join")
 SERVER_ROLES = ("master", "tserver")
 BACKDATE = datetime.timedelta(hours=1)
 CA_VALIDITY = datetime.timedelta(days=3650)
@@ -149,6 +159,22 @@ class CertificateAuthority:
         validity: datetime.timedelta | None = None,
     ) -> tuple[bytes, bytes]:
         """A new key and a certificate binding (role, name): (cert PEM, key PEM)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = self.sign(role, name, key.public_key(), now=now, validity=validity)
+        return cert, _key_pem(key)
+
+    def sign(
+        self,
+        role: str,
+        name: str,
+        public_key: ec.EllipticCurvePublicKey,
+        *,
+        now: datetime.datetime | None = None,
+        validity: datetime.timedelta | None = None,
+    ) -> bytes:
+        """A certificate binding (role, name) to `public_key` (PEM), valid from BACKDATE before
+        `now` (clock skew) until `validity` (default by role) after it, never past the CA's own
+        expiry."""
         if role not in ROLES:
             raise InvalidArgument(f"role: expected one of {', '.join(ROLES)}, got {role!r}")
         if not name or len(name) > 128 or any(c in name for c in '/,=+<>#;\\"\n'):
@@ -158,8 +184,8 @@ class CertificateAuthority:
         ca_cert = x509.load_pem_x509_certificate(self.cert_pem)
         ca_key = serialization.load_pem_private_key(self.key_pem, None)
         assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-        key = ec.generate_private_key(ec.SECP256R1())
-        start = (now or datetime.datetime.now(datetime.UTC)) - BACKDATE
+        now = now or datetime.datetime.now(datetime.UTC)
+        start = now - BACKDATE
         server = role in SERVER_ROLES
         life = validity or (SERVER_VALIDITY if server else USER_VALIDITY)
         usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -174,10 +200,10 @@ class CertificateAuthority:
                 )
             )
             .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
+            .public_key(public_key)
             .serial_number(x509.random_serial_number())
             .not_valid_before(start)
-            .not_valid_after(min(start + life, ca_cert.not_valid_after_utc))
+            .not_valid_after(min(now + life, ca_cert.not_valid_after_utc))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         )
         if server:
@@ -191,7 +217,35 @@ class CertificateAuthority:
         cert = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False).sign(
             ca_key, hashes.SHA256()
         )
-        return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+        return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def new_request() -> tuple[bytes, bytes]:
+    """A new EC P-256 key and a certificate request for it: (key PEM, request DER). The key
+    never leaves the party that made it; a master signs the public half (`sign_request`)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tessera")]))
+        .sign(key, hashes.SHA256())
+    )
+    return _key_pem(key), csr.public_bytes(serialization.Encoding.DER)
+
+
+def request_public_key(csr_der: bytes) -> ec.EllipticCurvePublicKey:
+    """The public key of a certificate request whose signature proves its owner holds the
+    private half; InvalidArgument otherwise. Its subject is ignored: the signer decides the
+    identity."""
+    try:
+        csr = x509.load_der_x509_csr(csr_der)
+    except ValueError as e:
+        raise InvalidArgument(f"csr_der: not a DER certificate request: {e}") from None
+    if not csr.is_signature_valid:
+        raise InvalidArgument("csr_der: the request's signature does not verify")
+    public = csr.public_key()
+    if not isinstance(public, ec.EllipticCurvePublicKey) or public.curve.name != "secp256r1":
+        raise InvalidArgument("csr_der: the key must be EC P-256")
+    return public
 
 
 @dataclass(frozen=True)
@@ -209,12 +263,15 @@ class IdentityFiles:
         return cls(directory / "ca.pem", directory / "cert.pem", directory / "key.pem")
 
     def write(self, ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> IdentityFiles:
-        """Write the three files, owner-only (the key 0600, created so: never readable by
-        others even for an instant)."""
-        for path, data in ((self.ca_file, ca_pem), (self.cert_file, cert_pem)):
+        """Write the three files, owner-only (created so: never readable by others even for an
+        instant), each replaced atomically, the key before its certificate."""
+        for path, data in (
+            (self.ca_file, ca_pem),
+            (self.key_file, key_pem),
+            (self.cert_file, cert_pem),
+        ):
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             write_private_file(path, data)
-        write_private_file(self.key_file, key_pem)
         return self
 
 
@@ -252,9 +309,18 @@ class ClusterPki:
         return files
 
     def export(self, role: str, name: str, directory: Path) -> IdentityFiles:
-        """Copy the identity of (role, name) into a credentials directory (`in_dir`)."""
+        """Copy the identity of (role, name) into a credentials directory (`in_dir`); a
+        master's also gets the CA's key (`ca.key`: masters sign certificates)."""
         src = self.files(role, name)
         out = IdentityFiles.in_dir(directory)
-        return out.write(
+        written = out.write(
             src.ca_file.read_bytes(), src.cert_file.read_bytes(), src.key_file.read_bytes()
         )
+        if role == "master":
+            write_private_file(ca_key_file(out.ca_file), self.ca.key_pem)
+        return written
+
+
+def ca_key_file(ca_file: Path) -> Path:
+    """Where a master finds the CA's key: `ca.key` beside the CA certificate."""
+    return ca_file.with_name("ca.key")

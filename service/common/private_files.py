@@ -32,6 +32,7 @@ from service.common.errors import InvalidArgument
 
 __all__ = [
     "OWNER_ONLY_UMASK",
+    "check_owner_only",
     "check_private_tree",
     "owner_only_umask",
     "private_dir",
@@ -78,6 +79,20 @@ def write_private_file(path: Path, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+def check_owner_only(path: Path, what: str) -> None:
+    """Refuse (InvalidArgument, naming the file and the fix) a key file that group or others
+    may access, or one that cannot be read."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError as e:
+        raise InvalidArgument(f"{path}: cannot read: {e.strerror}") from None
+    if mode & _GROUP_OTHER:
+        raise InvalidArgument(
+            f"{path}: {what} is accessible to group or others (mode {mode:04o}); refusing to "
+            f"use it. Fix with: chmod 600 {path}"
+        )
 
 
 def check_private_tree(root: Path, what: str) -> None:

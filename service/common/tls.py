@@ -25,7 +25,6 @@ naming it, before the server has opened a port.
 from __future__ import annotations
 
 import logging
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ import grpc.aio
 from service.common.config import SecuritySettings
 from service.common.errors import InvalidArgument, Unauthenticated
 from service.common.pki import Identity, IdentityFiles, identity_of, server_name
+from service.common.private_files import check_owner_only
 
 __all__ = [
     "INSECURE_PEER",
@@ -82,25 +82,13 @@ class Credentials:
 
     @classmethod
     def from_files(cls, files: IdentityFiles) -> Credentials:
-        key_mode = _mode(files.key_file)
-        if key_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise InvalidArgument(
-                f"{files.key_file}: private key is accessible to group or others (mode "
-                f"{key_mode:04o}); refusing to use it. Fix with: chmod 600 {files.key_file}"
-            )
+        check_owner_only(files.key_file, "private key")
         ca, cert, key = (_read(p) for p in (files.ca_file, files.cert_file, files.key_file))
         try:
             identity = identity_of(cert)
         except InvalidArgument as e:
             raise InvalidArgument(f"{files.cert_file}: {e.message}") from None
         return cls(ca, cert, key, identity)
-
-
-def _mode(path: Path) -> int:
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except OSError as e:
-        raise InvalidArgument(f"{path}: cannot read: {e.strerror}") from None
 
 
 def _read(path: Path) -> bytes:

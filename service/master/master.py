@@ -83,6 +83,7 @@ from service.common.authz import Authorizer
 from service.common.clock import Clock, RealClock
 from service.common.config import MasterConfig
 from service.common.errors import (
+    Corruption,
     FailedPrecondition,
     InvalidArgument,
     TesseraError,
@@ -91,8 +92,8 @@ from service.common.errors import (
 from service.common.http_status import StatusServer, public_address
 from service.common.ids import NodeId
 from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
-from service.common.pki import Identity
-from service.common.private_files import check_private_tree, private_dir
+from service.common.pki import Identity, ca_key_file
+from service.common.private_files import check_owner_only, check_private_tree, private_dir
 from service.common.server_main import advertised_address
 from service.common.tls import Credentials, add_port, server_credentials_for
 from service.consensus.fs import RealFileSystem
@@ -101,14 +102,16 @@ from service.consensus.raft_store import RaftStore
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
 from service.master.background_tasks import BackgroundSettings, BackgroundTasks
 from service.master.catalog_manager import CatalogManager, Replicate
+from service.master.catalog_records import CertAuthorityRecord
 from service.master.catalog_settings import CatalogSettings
+from service.master.cert_issuer import CertIssuer
 from service.master.heartbeat import HeartbeatContext, ReportGate
 from service.master.master_membership import master_uuid
 from service.master.master_service import POLICY as MASTER_POLICY
 from service.master.master_service import MasterServicer
 from service.master.progress_clock import ProgressClock
 from service.master.report_processing import ReportAction
-from service.master.security import ensure_security, public_key
+from service.master.security import ensure_security, load_ca, public_key
 from service.master.status_pages import install_master_metrics, install_master_pages
 from service.master.sys_catalog import ApplyResult, SysCatalogState
 from service.master.table_access import TableAccess
@@ -188,6 +191,9 @@ class MasterServer:
         # Security (module docstring): set by start(), the task runs while leader.
         self._sys_catalog: SysCatalogState | None = None
         self.access: TableAccess | None = None
+        self.issuer: CertIssuer | None = None
+        """Signs certificates on request (cert_issuer.py); None when insecure."""
+        self._provisioned_ca: CertAuthorityRecord | None = None
         self._token_keys: tuple[tuple[tuple[int, int], ...], tuple[pb.TokenVerifyingKeyPB, ...]]
         self._token_keys = ((), ())
         """Per-table authorization and authz tokens (table_access.py); set at start."""
@@ -223,6 +229,7 @@ class MasterServer:
         config = self.config
         creds = server_credentials_for(config.security, Path(config.data_dir), config.rpc_bind)
         self.credentials = creds
+        self._provisioned_ca = self._load_provisioned_ca(creds)
         server = grpc.aio.server(options=config.rpc.server_options())
         port = add_port(server, config.rpc_bind, creds)
         if port == 0:
@@ -301,6 +308,7 @@ class MasterServer:
             self._rng,
             CatalogSettings.from_config(config),
         )
+        self.issuer = CertIssuer(sys_catalog, creds.ca_pem) if creds is not None else None
         # Token expiry is wall-clock time: tablet servers compare it with their own clocks.
         self.access = TableAccess(
             sys_catalog,
@@ -453,7 +461,9 @@ class MasterServer:
             pause = SECURITY_CHECK_INTERVAL_S
             try:
                 now_us = int(self._clock.now() * 1_000_000)
-                await ensure_security(sys_catalog, replicate, now_us)
+                await ensure_security(
+                    sys_catalog, replicate, now_us, provisioned=self._provisioned_ca
+                )
             except TesseraError as e:
                 log.warning("master %s: CA/signing key check failed: %s", self.uuid, e)
                 pause = SECURITY_RETRY_S
@@ -509,6 +519,27 @@ class MasterServer:
             reports=self.report_gate,
             token_keys=self._token_keys_pb(),
         )
+
+    def _load_provisioned_ca(self, creds: Credentials | None) -> CertAuthorityRecord | None:
+        """The CA this master was provisioned with, if its key is here (`ca.key` beside
+        `ca.pem`, owner-only): the leader stores it in sys.catalog, after which any leader
+        signs certificates with it. None without one (the master then signs nothing until a
+        master that has it stored it)."""
+        if creds is None:
+            return None
+        path = ca_key_file(self.config.security.files(Path(self.config.data_dir)).ca_file)
+        if not path.exists():
+            log.info(
+                "master: no CA key at %s; certificates are signed by masters that have it", path
+            )
+            return None
+        check_owner_only(path, "the CA's private key")
+        record = CertAuthorityRecord(creds.ca_pem, path.read_bytes())
+        try:
+            load_ca(record)
+        except Corruption as e:
+            raise InvalidArgument(f"{path}: {e.message}") from None
+        return record
 
     def _token_keys_pb(self) -> tuple[pb.TokenVerifyingKeyPB, ...]:
         """The signing keys' public halves, rebuilt only when the keys change."""

@@ -19,6 +19,7 @@ reports. AddMaster/RemoveMaster change sys.catalog's membership (`master_members
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ import grpc.aio
 
 from service.common.authz import ADMIN, ANYONE, Authorizer, Rule, allow
 from service.common.errors import (
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     NotReady,
@@ -67,6 +69,7 @@ from service.master.catalog_records import (
     table_to_pb,
     tablet_to_pb,
 )
+from service.master.cert_issuer import check_request
 from service.master.ddl_checks import MAX_ALTER_STEPS, check_alter_steps
 from service.master.grants import GrantChange
 from service.master.heartbeat import handle_heartbeat
@@ -93,6 +96,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MasterServicer"]
 
+log = logging.getLogger(__name__)
 Ctx = grpc.aio.ServicerContext
 
 _ROLE_TO_PB = {
@@ -156,6 +160,8 @@ POLICY: dict[str, Rule] = {
         ],
         ANYONE,
     ),
+    # Certificates on request (cert_issuer.py decides what each may get).
+    "IssueCertificate": allow("admin", "tserver", "join"),
     # Heartbeats: a tablet server, as itself.
     "TSHeartbeat": allow("tserver", check=_heartbeat_is_its_own),
     "TSHeartbeatStream": allow("tserver", check=_heartbeat_is_its_own),
@@ -420,6 +426,40 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             raise InvalidArgument(f"table_name, user: longer than {_MAX_NAME_FILTER} characters")
         catalog = await self._read_catalog(context)
         return pb.ListGrantsResponsePB(grants=catalog.list_grants(request.table_name, request.user))
+
+    # --- certificates (cert_issuer.py) -------------------------------------------------------
+
+    @rpc_errors
+    async def IssueCertificate(
+        self, request: pb.IssueCertificateRequestPB, context: Ctx
+    ) -> pb.IssueCertificateResponsePB:
+        issuer = self.master.issuer
+        if issuer is None or self.authorizer is None:
+            raise FailedPrecondition("this master runs insecure: it has no CA to sign with")
+        caller = self.authorizer.identity(context)
+        self._leader_catalog()  # one signer: the leader (it also knows every live server)
+        ts = self.master.ts_manager
+        assert ts is not None
+        validity = check_request(
+            caller,
+            request.role,
+            request.name,
+            request.validity_s,
+            lambda name: issuer.known_server(name, lambda uuid: uuid in ts),
+        )
+        issued = issuer.issue(request.role, request.name, request.csr_der, validity)
+        log.info(
+            "issued a %s certificate for %r to %s, valid until %d us",
+            request.role,
+            request.name,
+            caller,
+            issued.expire_time_us,
+        )
+        return pb.IssueCertificateResponsePB(
+            certificate_pem=issued.certificate_pem,
+            ca_certificate_pem=issued.ca_certificate_pem,
+            expire_time_us=issued.expire_time_us,
+        )
 
     # --- per-table access (table_access.py) --------------------------------------------------
 

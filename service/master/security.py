@@ -343,8 +343,13 @@ async def ensure_security(
     *,
     policy: TokenSigningKeys | None = None,
     timeout_s: float = 10.0,
+    provisioned: CertAuthorityRecord | None = None,
 ) -> SecurityReport:
     """The leader's step (module docstring): CA if absent, then the TSK plan as ONE write.
+
+    The CA stored is `provisioned` when given (the CA the cluster was provisioned with, whose
+    key this master holds: then sys.catalog's CA is the one every certificate chains to, and
+    any leader can sign with it), else a new one.
 
     `replicate` must return after the entry is applied to `sys_catalog` (RaftNode.propose
     does). Idempotent: a call with nothing to do proposes nothing. A CA insert refused because
@@ -354,10 +359,12 @@ async def ensure_security(
     policy = policy or TokenSigningKeys()
     ca_created = False
     if sys_catalog.cert_authority() is None:
-        refusal = await _propose(replicate, ca_write(generate_ca(now_us)), timeout_s)
+        record = provisioned if provisioned is not None else generate_ca(now_us)
+        refusal = await _propose(replicate, ca_write(record), timeout_s)
         if refusal is None:
             ca_created = True
-            log.info("sys.catalog: root CA generated and stored")
+            how = "the provisioned CA" if provisioned is not None else "a new root CA"
+            log.info("sys.catalog: stored %s", how)
         elif sys_catalog.cert_authority() is None:
             raise refusal
         else:

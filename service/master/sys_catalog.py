@@ -387,6 +387,10 @@ class SysCatalogState:
     def tablet(self, tablet_id: str) -> Row[TabletRecord] | None:
         return self._tablet(tablet_id)
 
+    def all_tablets(self) -> list[Row[TabletRecord]]:
+        """Every tablet row (deleted and replaced ones included), by tablet id."""
+        return cast(list[Row[TabletRecord]], self._of_type(EntryType.TABLET))
+
     def cert_authority(self) -> Row[CertAuthorityRecord] | None:
         row = self._rows[EntryType.CERT_AUTHORITY].get(CA_ENTRY_ID)
         return cast(Row[CertAuthorityRecord] | None, row)

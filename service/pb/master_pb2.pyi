@@ -2499,6 +2499,69 @@ class ListGrantsResponsePB(_message.Message):
 Global___ListGrantsResponsePB: _TypeAlias = ListGrantsResponsePB  # noqa: Y015
 
 @_typing.final
+class IssueCertificateRequestPB(_message.Message):
+    """--- certificates ----------------------------------------------------------------------------
+
+    A certificate for (role, name), signed by the cluster's CA (service/master/cert_issuer.py says
+    who may ask for what). The caller keeps its private key: it sends a certificate request.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    CSR_DER_FIELD_NUMBER: _builtins.int
+    VALIDITY_S_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    """"user", "admin", "join" or "tserver" """
+    name: _builtins.str
+    """the user name, or the tablet server's uuid"""
+    csr_der: _builtins.bytes
+    """a PKCS#10 request (DER) for an EC P-256 key"""
+    validity_s: _builtins.int
+    """0: the role's default"""
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+        name: _builtins.str = ...,
+        csr_der: _builtins.bytes = ...,
+        validity_s: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["csr_der", b"csr_der", "name", b"name", "role", b"role", "validity_s", b"validity_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IssueCertificateRequestPB: _TypeAlias = IssueCertificateRequestPB  # noqa: Y015
+
+@_typing.final
+class IssueCertificateResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CERTIFICATE_PEM_FIELD_NUMBER: _builtins.int
+    CA_CERTIFICATE_PEM_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_US_FIELD_NUMBER: _builtins.int
+    certificate_pem: _builtins.bytes
+    ca_certificate_pem: _builtins.bytes
+    expire_time_us: _builtins.int
+    def __init__(
+        self,
+        *,
+        certificate_pem: _builtins.bytes = ...,
+        ca_certificate_pem: _builtins.bytes = ...,
+        expire_time_us: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ca_certificate_pem", b"ca_certificate_pem", "certificate_pem", b"certificate_pem", "expire_time_us", b"expire_time_us"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IssueCertificateResponsePB: _TypeAlias = IssueCertificateResponsePB  # noqa: Y015
+
+@_typing.final
 class DumpCatalogRequestPB(_message.Message):
     """--- catalog dump ----------------------------------------------------------------------------"""
 

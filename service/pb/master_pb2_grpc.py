@@ -149,6 +149,11 @@ class MasterServiceStub:
                 request_serializer=service_dot_pb_dot_master__pb2.ListGrantsRequestPB.SerializeToString,
                 response_deserializer=service_dot_pb_dot_master__pb2.ListGrantsResponsePB.FromString,
                 _registered_method=True)
+        self.IssueCertificate = channel.unary_unary(
+                '/tessera.master.MasterService/IssueCertificate',
+                request_serializer=service_dot_pb_dot_master__pb2.IssueCertificateRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_master__pb2.IssueCertificateResponsePB.FromString,
+                _registered_method=True)
         self.DumpCatalog = channel.unary_stream(
                 '/tessera.master.MasterService/DumpCatalog',
                 request_serializer=service_dot_pb_dot_master__pb2.DumpCatalogRequestPB.SerializeToString,
@@ -302,6 +307,12 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IssueCertificate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DumpCatalog(self, request, context):
         """The catalog as of one committed index, in chunks (for the Spark jobs).
         """
@@ -426,6 +437,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.ListGrants,
                     request_deserializer=service_dot_pb_dot_master__pb2.ListGrantsRequestPB.FromString,
                     response_serializer=service_dot_pb_dot_master__pb2.ListGrantsResponsePB.SerializeToString,
+            ),
+            'IssueCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueCertificate,
+                    request_deserializer=service_dot_pb_dot_master__pb2.IssueCertificateRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_master__pb2.IssueCertificateResponsePB.SerializeToString,
             ),
             'DumpCatalog': grpc.unary_stream_rpc_method_handler(
                     servicer.DumpCatalog,
@@ -1054,6 +1070,33 @@ class MasterService:
             '/tessera.master.MasterService/ListGrants',
             service_dot_pb_dot_master__pb2.ListGrantsRequestPB.SerializeToString,
             service_dot_pb_dot_master__pb2.ListGrantsResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.master.MasterService/IssueCertificate',
+            service_dot_pb_dot_master__pb2.IssueCertificateRequestPB.SerializeToString,
+            service_dot_pb_dot_master__pb2.IssueCertificateResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

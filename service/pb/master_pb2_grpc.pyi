@@ -74,6 +74,7 @@ class MasterServiceStub:
     GrantPrivileges: _grpc.UnaryUnaryMultiCallable[_master_pb2.GrantPrivilegesRequestPB, _master_pb2.GrantPrivilegesResponsePB]
     RevokePrivileges: _grpc.UnaryUnaryMultiCallable[_master_pb2.GrantPrivilegesRequestPB, _master_pb2.GrantPrivilegesResponsePB]
     ListGrants: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListGrantsRequestPB, _master_pb2.ListGrantsResponsePB]
+    IssueCertificate: _grpc.UnaryUnaryMultiCallable[_master_pb2.IssueCertificateRequestPB, _master_pb2.IssueCertificateResponsePB]
     DumpCatalog: _grpc.UnaryStreamMultiCallable[_master_pb2.DumpCatalogRequestPB, _master_pb2.DumpCatalogChunkPB]
     """The catalog as of one committed index, in chunks (for the Spark jobs)."""
 
@@ -109,6 +110,7 @@ class MasterServiceAsyncStub(MasterServiceStub):
     GrantPrivileges: _aio.UnaryUnaryMultiCallable[_master_pb2.GrantPrivilegesRequestPB, _master_pb2.GrantPrivilegesResponsePB]  # type: ignore[assignment]
     RevokePrivileges: _aio.UnaryUnaryMultiCallable[_master_pb2.GrantPrivilegesRequestPB, _master_pb2.GrantPrivilegesResponsePB]  # type: ignore[assignment]
     ListGrants: _aio.UnaryUnaryMultiCallable[_master_pb2.ListGrantsRequestPB, _master_pb2.ListGrantsResponsePB]  # type: ignore[assignment]
+    IssueCertificate: _aio.UnaryUnaryMultiCallable[_master_pb2.IssueCertificateRequestPB, _master_pb2.IssueCertificateResponsePB]  # type: ignore[assignment]
     DumpCatalog: _aio.UnaryStreamMultiCallable[_master_pb2.DumpCatalogRequestPB, _master_pb2.DumpCatalogChunkPB]  # type: ignore[assignment]
     """The catalog as of one committed index, in chunks (for the Spark jobs)."""
 
@@ -279,6 +281,13 @@ class MasterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.ListGrantsRequestPB,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.ListGrantsResponsePB, _abc.Awaitable[_master_pb2.ListGrantsResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def IssueCertificate(
+        self,
+        request: _master_pb2.IssueCertificateRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.IssueCertificateResponsePB, _abc.Awaitable[_master_pb2.IssueCertificateResponsePB]]: ...
 
     @_abc_1.abstractmethod
     def DumpCatalog(

@@ -25,6 +25,8 @@ from pathlib import Path
 import grpc
 
 from service.client.sync import SyncClient
+from service.common.config import SecuritySettings
+from service.common.pki import IdentityFiles
 from service.common.tls import Credentials, open_sync_channel
 from service.pb import master_pb2 as mpb
 from service.pb import master_pb2_grpc
@@ -144,8 +146,14 @@ class MiniCluster:
         raise TimeoutError(f"tablet servers not registered with the master after {timeout}s")
 
     def start_tserver(
-        self, name: str, wait: bool = True, env: Mapping[str, str] | None = None
+        self,
+        name: str,
+        wait: bool = True,
+        env: Mapping[str, str] | None = None,
+        credentials_dir: Path | None = None,
     ) -> TServerProcess:
+        """Launch tablet server `name` with a certificate of its own from the cluster's CA, or
+        with the credentials directory `credentials_dir` (a join credential, say)."""
         ts = self.tservers[name]
         ready = self.base / f"{name}.ready"
         ready.unlink(missing_ok=True)
@@ -170,7 +178,12 @@ class MiniCluster:
         ]
         for k, v in self.tserver_overrides.items():
             args += ["--set", f"{k}={v}"]
-        for s in self.masters.security_overrides("tserver", self._tserver_uuid(ts)):
+        if credentials_dir is not None:
+            security = SecuritySettings.from_files(IdentityFiles.in_dir(credentials_dir))
+            overrides = security.overrides()
+        else:
+            overrides = self.masters.security_overrides("tserver", self._tserver_uuid(ts))
+        for s in overrides:
             args += ["--set", s]
         logf = ts.log.open("ab")
         penv = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}

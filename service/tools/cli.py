@@ -158,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         master_cmd,
         rebalance_cmd,
         security_cmd,
+        token_cmd,
     )
 
     cluster_sub = cluster_cmd.register(sub)
@@ -169,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_cmd.register(sub)
     security_cmd.register(sub)
     grant_cmd.register(sub)
+    token_cmd.register(sub)
 
     sim = sub.add_parser("sim", help="run the deterministic Raft simulator")
     sim.add_argument("--seeds", type=int, default=200)

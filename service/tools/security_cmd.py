@@ -10,7 +10,8 @@ credentials directory (`ca.pem`, `cert.pem`, `key.pem`) that a server names in i
 `[security]` settings and a client passes with `--credentials`:
 
 * a master's certificate binds the uuid its address gives it (`master-<host>-<port>`), written
-  to `DIR/<host>` (`master-1` for `master-1:7051`);
+  to `DIR/<host>` (`master-1` for `master-1:7051`) with the CA's key (`ca.key`): the leader
+  stores the CA in sys.catalog and signs certificates on request (`tessera token create`);
 * a tablet server's binds NAME as its uuid (it takes that uuid when it formats its data dir),
   written to `DIR/NAME`;
 * admins (DDL, membership, repairs) and users (reads and writes) to `DIR/NAME`.

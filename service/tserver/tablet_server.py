@@ -38,6 +38,7 @@ from pathlib import Path
 
 import grpc
 
+from service.client.enrollment import request_certificate
 from service.common.authz import Authorizer
 from service.common.config import TServerConfig
 from service.common.errors import FailedPrecondition, InvalidArgument, StaleTerm, observe_rpcs
@@ -148,10 +149,28 @@ class TabletServer:
         self.credentials: Credentials | None = None
         self.http_address = ""
 
+    async def _enroll(self, join: Credentials, data_dir: Path) -> Credentials:
+        """Trade a join credential for a certificate of this server's own uuid (a new data dir
+        gets a new uuid first): the leader master signs a request for a key made here, and the
+        certificate and key replace the join credential in the files `[security]` names."""
+        uuid = load_or_create_uuid(data_dir, None)
+        files = self.config.security.files(data_dir)
+        enrolled = await request_certificate(
+            self.config.master_addresses, join, "tserver", uuid, files, timeout=60.0
+        )
+        log.info(
+            "tablet server %s: enrolled with a join credential; certificate in %s",
+            uuid,
+            enrolled.files.cert_file,
+        )
+        return Credentials.from_files(enrolled.files)
+
     async def start(self) -> None:
         config = self.config
         data_dir = Path(config.data_dir)
         creds = server_credentials_for(config.security, data_dir, config.rpc_bind)
+        if creds is not None and creds.identity.role == "join":
+            creds = await self._enroll(creds, data_dir)
         self.credentials = creds
         if creds is not None and creds.identity.role != "tserver":
             raise InvalidArgument(
