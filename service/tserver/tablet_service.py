@@ -1,9 +1,10 @@
 """Thin gRPC servicers of the tablet server: check the destination and the fence, delegate.
 
 Every request names `dest_uuid`; one meant for another server is refused before anything else
-(`WrongDestination`, FAILED_PRECONDITION). Admin requests from a master carry its term in
-`fence`; `TabletServer.check_fence` refuses one lower than the highest term seen (a deposed
-leader) with `StaleTerm`. Errors map to gRPC statuses in one place (`rpc_errors`).
+(`WrongDestination`, FAILED_PRECONDITION). Admin requests from a master must carry its uuid and
+term in `fence` (`AdminServicer._check_fence`); `TabletServer.check_fence` refuses a term lower
+than the highest seen (a deposed leader) with `StaleTerm`. Errors map to gRPC statuses in one
+place (`rpc_errors`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ if TYPE_CHECKING:
     from service.tserver.tablet_server import TabletServer
 
 Ctx = grpc.aio.ServicerContext
+_Fenced = (
+    tpb.CreateTabletRequestPB
+    | tpb.DeleteTabletRequestPB
+    | tpb.AlterSchemaRequestPB
+    | tpb.ChangeConfigRequestPB
+)
 
 
 _ADMINS_AND_MASTERS = allow("master", "admin")
@@ -138,12 +145,32 @@ class _Base:
 
 
 class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
+    def _check_fence(self, request: _Fenced, context: Ctx) -> None:
+        """A master's change to a replica must carry its fence (its uuid and term), and the
+        fence must be the caller's own: a call without one, or with another master's, is
+        refused, so no change can bypass the deposed-leader check. An admin's repair tool may
+        omit it (it acts outside the masters' terms); insecure mode cannot tell callers apart
+        and checks a fence only when one is sent."""
+        fence = request.fence if request.HasField("fence") else None
+        who = self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
+        if who is not INSECURE_PEER and who.role == "master":
+            if fence is None:
+                raise PermissionDenied(
+                    f"{who}: a master's admin call carries its fence (uuid and term); refused "
+                    "without one"
+                )
+            if fence.master_uuid != who.name:
+                raise PermissionDenied(
+                    f"{who}: the fence names master {fence.master_uuid!r}, not the caller"
+                )
+        self.server.check_fence(fence)
+
     @rpc_errors
     async def CreateTablet(
         self, request: tpb.CreateTabletRequestPB, context: Ctx
     ) -> tpb.CreateTabletResponsePB:
         self._dest(request.dest_uuid)
-        self.server.check_fence(request.fence if request.HasField("fence") else None)
+        self._check_fence(request, context)
         await self.server.tablets.create_tablet(request)
         return tpb.CreateTabletResponsePB()
 
@@ -152,7 +179,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         self, request: tpb.DeleteTabletRequestPB, context: Ctx
     ) -> tpb.DeleteTabletResponsePB:
         self._dest(request.dest_uuid)
-        self.server.check_fence(request.fence if request.HasField("fence") else None)
+        self._check_fence(request, context)
         await self.server.tablets.delete_tablet(request)
         return tpb.DeleteTabletResponsePB()
 
@@ -161,7 +188,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         self, request: tpb.AlterSchemaRequestPB, context: Ctx
     ) -> tpb.AlterSchemaResponsePB:
         self._dest(request.dest_uuid)
-        self.server.check_fence(request.fence if request.HasField("fence") else None)
+        self._check_fence(request, context)
         version = await self.server.tablets.alter_schema(request, self._timeout(context))
         return tpb.AlterSchemaResponsePB(schema_version=version)
 
@@ -170,7 +197,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         self, request: tpb.ChangeConfigRequestPB, context: Ctx
     ) -> tpb.ChangeConfigResponsePB:
         self._dest(request.dest_uuid)
-        self.server.check_fence(request.fence if request.HasField("fence") else None)
+        self._check_fence(request, context)
         replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
         await replica.change_config(request, self._timeout(context))
         return tpb.ChangeConfigResponsePB(consensus_state=replica.consensus_state())

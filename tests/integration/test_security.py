@@ -228,6 +228,17 @@ def test_tablet_admin_calls_only_from_masters_and_admins(cluster: MiniCluster) -
             stub = tserver_pb2_grpc.TabletServerAdminServiceStub(ch)
             err = _refused(stub.DeleteTablet, req, 5)
         assert isinstance(err, PermissionDenied) and "DeleteTablet" in err.message, err
+    # A master's call must carry its own fence: none, or another master's, is refused.
+    ch = open_sync_channel(replica.address, _creds(cluster, "master", "m-x"), role="tserver")
+    with ch:
+        stub = tserver_pb2_grpc.TabletServerAdminServiceStub(ch)
+        err = _refused(stub.DeleteTablet, req, 5)
+        assert isinstance(err, PermissionDenied) and "carries its fence" in err.message, err
+        forged = tpb.DeleteTabletRequestPB()
+        forged.CopyFrom(req)
+        forged.fence.master_uuid, forged.fence.master_term = "m-y", 10**6
+        err = _refused(stub.DeleteTablet, forged, 5)
+        assert isinstance(err, PermissionDenied) and "not the caller" in err.message, err
     # The replica is still there (as its server tells an admin); a user may not even list it.
     ch = open_sync_channel(replica.address, cluster.credentials(), role="tserver")
     with ch:
