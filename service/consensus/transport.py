@@ -305,6 +305,9 @@ class GrpcTransport:
         self._groups: dict[str, Callable[[list[Message]], None]] = {}
         self._unreachable: dict[str, Callable[[str], None]] = {}
         self._snapshot_sent: dict[str, Callable[[str], None]] = {}
+        self._members: dict[str, Callable[[], frozenset[str]]] = {}
+        self.foreign_batches = 0
+        """Batches dropped because their sender is not a member of the group (`deliver`)."""
         self.quiescence: Quiescence | None = None
         """Set by a server whose groups quiesce (quiesce.py): digests received go to it."""
         self.sent = 0
@@ -319,12 +322,16 @@ class GrpcTransport:
         deliver: Callable[[list[Message]], None],
         unreachable: Callable[[str], None] | None = None,
         snapshot_sent: Callable[[str], None] | None = None,
+        members: Callable[[], frozenset[str]] | None = None,
     ) -> None:
         """`unreachable(peer)`: a send to `peer` failed. `snapshot_sent(peer)`: a snapshot for
         `peer` was written to its stream (etcd's ReportSnapshot(finish): the leader probes from
         the snapshot's index at the next heartbeat answer instead of waiting, for the rest of
-        its term, for an acknowledgement that may have been lost)."""
+        its term, for an acknowledgement that may have been lost). `members()`: who may send
+        this group messages (`deliver`)."""
         self._groups[group_id] = deliver
+        if members is not None:
+            self._members[group_id] = members
         if unreachable is not None:
             self._unreachable[group_id] = unreachable
         if snapshot_sent is not None:
@@ -334,6 +341,7 @@ class GrpcTransport:
         self._groups.pop(group_id, None)
         self._unreachable.pop(group_id, None)
         self._snapshot_sent.pop(group_id, None)
+        self._members.pop(group_id, None)
 
     def set_address(self, node: str, address: str) -> None:
         if node == self.uuid:
@@ -425,6 +433,7 @@ class GrpcTransport:
         # Every group's batch is checked and decoded before any is delivered: a bad request
         # changes nothing.
         batches: list[tuple[Callable[[list[Message]], None], list[Message]]] = []
+        foreign: list[str] = []
         for batch in req.groups:
             deliver = self._groups.get(batch.group_id)
             if deliver is None:
@@ -432,6 +441,17 @@ class GrpcTransport:
                     self.unknown_group_batches += 1
                     continue
                 raise NotFound(f"no raft group {batch.group_id!r} on node {self.uuid}")
+            members_of = self._members.get(batch.group_id)
+            if members_of is not None:
+                members = members_of()
+                if members and req.src_uuid not in members:
+                    # Not (or no longer) in this group's config: its votes and entries are
+                    # not the group's business. Dropped, not refused: the same request may
+                    # carry other groups' messages that it sends rightly (a replica removed
+                    # here and still a member elsewhere).
+                    self.foreign_batches += 1
+                    foreign.append(batch.group_id)
+                    continue
             try:
                 msgs = [
                     message_from_pb(m, to=req.dest_uuid, frm=req.src_uuid) for m in batch.messages
@@ -441,6 +461,11 @@ class GrpcTransport:
                     f"malformed raft message from {req.src_uuid} for group {batch.group_id!r}: {e}"
                 ) from e
             batches.append((deliver, msgs))
+        if foreign and not batches:
+            raise PermissionDenied(
+                f"raft messages from {req.src_uuid!r} for group(s) {sorted(foreign)[:3]} of "
+                "which it is not a member"
+            )
         if self.incarnations is not None:
             # Learned (and pinned) only from a request that is otherwise valid.
             self.incarnations.check(req.src_uuid, req.src_instance)

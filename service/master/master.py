@@ -321,7 +321,9 @@ class MasterServer:
             credentials=creds,
         )
         node.listeners.append(self._on_leader_change)
-        transport.register(GROUP, node.step, node.report_unreachable, node.snapshot_sent)
+        transport.register(
+            GROUP, node.step, node.report_unreachable, node.snapshot_sent, members=node.members
+        )
         secure = creds is not None
         consensus_servicer = ConsensusServicer(
             transport, Authorizer(ConsensusServicer.policy("master"), secure=secure)

@@ -134,7 +134,10 @@ class TabletManager:
         await replica.start()
         if replica.node is not None:
             self.transport.register(
-                replica.tablet_id, replica.node.step, replica.node.report_unreachable
+                replica.tablet_id,
+                replica.node.step,
+                replica.node.report_unreachable,
+                members=replica.node.members,
             )
 
     async def aclose(self) -> None:

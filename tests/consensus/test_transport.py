@@ -20,6 +20,7 @@ from service.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     WrongDestination,
     from_grpc,
@@ -217,6 +218,27 @@ def test_a_request_for_several_groups_is_checked_whole_before_any_is_delivered(
     t.drop_unknown_groups = True  # a tablet server: a group it does not host is skipped
     t.deliver(req)
     assert g1.messages == [heartbeat()] and t.unknown_group_batches == 1
+
+
+def test_only_members_of_a_group_may_send_it_messages(tmp_path: Path) -> None:
+    t = make_transport(tmp_path, B)
+    g1, g2 = Inbox(), Inbox()
+    members = {GROUP: frozenset({A, B}), "g2": frozenset[str]()}
+    t.register(GROUP, g1.deliver, members=lambda: members[GROUP])
+    t.register("g2", g2.deliver, members=lambda: members["g2"])
+    outsider = "node-c"
+    req = request(t, [heartbeat(frm=outsider)], src=outsider, src_instance="inc-c-1")
+    with pytest.raises(PermissionDenied, match="not a member"):
+        t.deliver(req)
+    assert g1.batches == [] and t.foreign_batches == 1 and t.received == 0
+    # A group that knows no config yet (a node joining empty) hears from anyone; in one
+    # request, the group the sender is foreign to is skipped and the other delivered.
+    req.groups.add(group_id="g2").messages.append(message_to_pb(heartbeat(frm=outsider)))
+    t.deliver(req)
+    assert g1.batches == [] and g2.messages == [heartbeat(frm=outsider)]
+    assert t.foreign_batches == 2
+    t.deliver(request(t, [heartbeat()]))  # a member
+    assert g1.messages == [heartbeat()]
 
 
 def test_malformed_message_is_invalid_and_nothing_is_delivered(

@@ -213,6 +213,25 @@ def test_consensus_only_from_group_members_as_themselves(cluster: MiniCluster) -
         spoof = cpb.StepRequest(src_uuid="master-127.0.0.1-1", dest_uuid="x")
         err = _refused(stub.Step, spoof, 5)
     assert isinstance(err, PermissionDenied) and "master-127.0.0.1-1" in err.message, err
+    # A master certificate speaking as itself, but for a group it is not a member of: a vote
+    # request at a huge term would have deposed the leader.
+    from service.consensus.codec import message_to_pb
+    from service.master.master import GROUP, master_uuid
+    from service.raft.types import Message, MessageType, NodeId
+
+    vote = Message(
+        MessageType.VOTE, to=NodeId(master_uuid(leader)), frm=NodeId("master-evil"), term=10**6
+    )
+    ch = open_sync_channel(leader, _creds(cluster, "master", "master-evil"), role="master")
+    with ch:
+        stub = consensus_pb2_grpc.ConsensusServiceStub(ch)
+        req = cpb.StepRequest(
+            src_uuid="master-evil", src_instance="evil-1", dest_uuid=master_uuid(leader)
+        )
+        req.groups.add(group_id=GROUP).messages.append(message_to_pb(vote))
+        err = _refused(stub.Step, req, 5)
+    assert isinstance(err, PermissionDenied) and "not a member" in err.message, err
+    assert cluster.masters.leader()[0] == leader  # still leading, its term untouched
 
 
 def test_tablet_admin_calls_only_from_masters_and_admins(cluster: MiniCluster) -> None:
