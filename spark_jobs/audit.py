@@ -6,7 +6,9 @@ Theory of operation
 `tablets`, `replicas` (catalog configs), `hosted_replicas` (tablet-server listings),
 `tservers`, `masters`, plus one row in `snapshots` that names the snapshot. Every row is stamped
 with the snapshot id, the time it was taken, the master leader's term and the catalog's
-committed index, so the history of the catalog is a query away:
+committed index (and the snapshot's own row, like every job's findings, records who ran it:
+the cluster identity of its credentials and the OS user), so the history of the catalog is a
+query away:
 
     SELECT * FROM tessera_audit.tables VERSION AS OF 3
     SELECT * FROM tessera_audit.tablets TIMESTAMP AS OF '2026-11-22 10:00:00'
@@ -26,19 +28,23 @@ against history with `--snapshot ID|latest`.
 from __future__ import annotations
 
 import datetime as dt
+import getpass
+import os
 import typing
 from collections.abc import Sequence
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import pyarrow as pa
 
 from service.common.errors import NotFound
+from service.common.tls import Credentials
 from spark_jobs.inventory import Inventory, SnapshotStamp
 from spark_jobs.reconcile import Finding
 
 __all__ = [
     "DATABASE",
+    "RunBy",
     "findings_table",
     "read_snapshot",
     "write_findings",
@@ -84,12 +90,15 @@ def _append(spark: Any, table: pa.Table, name: str, snapshot_id: str) -> None:
         .mode("append")
         .option("txnAppId", f"{DATABASE}.{name}.{snapshot_id}")
         .option("txnVersion", "1")
+        .option("mergeSchema", "true")  # tables written before a column was added
         .saveAsTable(f"{DATABASE}.{name}")
     )
 
 
-def write_snapshot(spark: Any, inv: Inventory) -> dict[str, int]:
-    """Append `inv` to the audit tables (idempotent); rows written per table."""
+def write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None = None) -> dict[str, int]:
+    """Append `inv` to the audit tables (idempotent); rows written per table. The snapshot's
+    row records who took it (`run_by`)."""
+    who = run_by or RunBy.of(None)
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
     sid = inv.stamp.snapshot_id
     counts: dict[str, int] = {}
@@ -105,9 +114,15 @@ def write_snapshot(spark: Any, inv: Inventory) -> dict[str, int]:
                 "master_term": inv.stamp.master_term,
                 "committed_index": inv.stamp.committed_index,
                 **{f"num_{k}": v for k, v in counts.items()},
+                "run_by": who.identity,
+                "os_user": who.os_user,
             }
         ],
-        schema=pa.schema(_STAMP + [pa.field(f"num_{k}", pa.int64()) for k in counts]),
+        schema=pa.schema(
+            _STAMP
+            + [pa.field(f"num_{k}", pa.int64()) for k in counts]
+            + [pa.field("run_by", pa.string()), pa.field("os_user", pa.string())]
+        ),
     )
     _append(spark, summary, "snapshots", sid)
     return counts
@@ -144,33 +159,70 @@ def read_snapshot(spark: Any, snapshot_id: str = "latest") -> Inventory:
 _FINDING_FIELDS = [f.name for f in fields(Finding)]
 
 
+@dataclass(frozen=True)
+class RunBy:
+    """Who ran a job, as audit rows record it: the cluster identity its credentials bind
+    ("admin 'ops'", or "insecure" without credentials) and the operating-system user."""
+
+    identity: str
+    os_user: str
+
+    @classmethod
+    def of(cls, credentials: Credentials | None) -> RunBy:
+        try:
+            os_user = getpass.getuser()
+        except (KeyError, OSError):  # no passwd entry (some containers)
+            os_user = f"uid {os.getuid()}"
+        who = str(credentials.identity) if credentials is not None else "insecure"
+        return cls(who, os_user)
+
+
 def findings_table(
-    run_id: str, at: dt.datetime, findings: Sequence[Finding], outcomes: Sequence[str]
+    run_id: str,
+    at: dt.datetime,
+    findings: Sequence[Finding],
+    outcomes: Sequence[str],
+    run_by: RunBy | None = None,
 ) -> pa.Table:
+    who = run_by or RunBy.of(None)
     hints = typing.get_type_hints(Finding)
     schema = pa.schema(
         [pa.field("run_id", pa.string()), pa.field("at", pa.timestamp("us", tz="UTC"))]
         + [pa.field(n, _ARROW[hints[n].__name__]) for n in _FINDING_FIELDS]
         + [pa.field("outcome", pa.string())]
+        + [pa.field("run_by", pa.string()), pa.field("os_user", pa.string())]
     )
     rows = [
-        {"run_id": run_id, "at": at, **asdict(f), "outcome": o}
+        {
+            "run_id": run_id,
+            "at": at,
+            **asdict(f),
+            "outcome": o,
+            "run_by": who.identity,
+            "os_user": who.os_user,
+        }
         for f, o in zip(findings, outcomes, strict=True)
     ]
     return pa.Table.from_pylist(rows, schema=schema)
 
 
 def write_findings(
-    spark: Any, run_id: str, at: dt.datetime, findings: Sequence[Finding], outcomes: Sequence[str]
+    spark: Any,
+    run_id: str,
+    at: dt.datetime,
+    findings: Sequence[Finding],
+    outcomes: Sequence[str],
+    run_by: RunBy | None = None,
 ) -> None:
-    """Append a run's findings to tessera_audit.findings (once per run id)."""
+    """Append a run's findings to tessera_audit.findings (once per run id), with who ran it."""
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
-    table = findings_table(run_id, at, findings, outcomes)
+    table = findings_table(run_id, at, findings, outcomes, run_by)
     df = spark.createDataFrame(table)
     (
         df.write.format("delta")
         .mode("append")
         .option("txnAppId", f"{DATABASE}.findings.{run_id}")
         .option("txnVersion", "1")
+        .option("mergeSchema", "true")
         .saveAsTable(f"{DATABASE}.findings")
     )

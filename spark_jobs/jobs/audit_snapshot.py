@@ -37,7 +37,7 @@ def _run(ctx: JobContext) -> int:
         timeout=ctx.args.timeout,
         credentials_dir=ctx.credentials_dir,
     )
-    counts = write_snapshot(ctx.spark, inv)
+    counts = write_snapshot(ctx.spark, inv, ctx.run_by)
     print(
         f"{JOB}: snapshot {inv.stamp.snapshot_id} (term {inv.stamp.master_term}, index "
         f"{inv.stamp.committed_index}): " + ", ".join(f"{k} {v}" for k, v in counts.items())

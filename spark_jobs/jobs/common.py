@@ -25,7 +25,7 @@ from typing import Any
 from service.client.credentials import ENV_VAR, find_credentials
 from service.common.errors import InvalidArgument, TesseraError
 from service.common.tls import Credentials
-from spark_jobs.audit import read_snapshot, write_findings
+from spark_jobs.audit import RunBy, read_snapshot, write_findings
 from spark_jobs.inventory import Inventory, fetch_inventory
 from spark_jobs.reconcile import Finding
 
@@ -94,6 +94,11 @@ class JobContext:
     def credentials(self) -> Credentials | None:
         return find_credentials(self.credentials_dir)
 
+    @property
+    def run_by(self) -> RunBy:
+        """Who runs this job, for the audit rows it writes."""
+        return RunBy.of(self.credentials)
+
     def inventory(self) -> Inventory:
         if self.args.snapshot:
             return read_snapshot(self.spark, self.args.snapshot)
@@ -112,7 +117,7 @@ class JobContext:
         else:
             print(render(self.job, findings, outcomes))
         if not self.args.no_record:
-            write_findings(self.spark, self.run_id, self.started, findings, outcomes)
+            write_findings(self.spark, self.run_id, self.started, findings, outcomes, self.run_by)
         return EXIT_FOUND if findings else EXIT_CLEAN
 
 

@@ -122,11 +122,20 @@ def test_audit_snapshot_is_idempotent_and_time_travels(
     assert any(h.tablet_id == planted.orphan for h in inv.hosted)
     history = spark.sql("DESCRIBE HISTORY tessera_audit.tables").collect()
     assert len(history) == 1  # one append (plus none for the retry)
+    # Who took it: the cluster identity of the job's credentials, and the OS user.
+    (who,) = spark.sql(
+        "SELECT run_by, os_user FROM tessera_audit.snapshots WHERE snapshot_id = 'before'"
+    ).collect()
+    assert who.run_by.startswith("admin ") and who.os_user
 
 
 def test_jobs_find_fix_and_come_back_clean(spark: SparkSession, planted: Planted) -> None:
     m = ["--masters", planted.masters, *planted.credentials]
     assert orphan_sweep.main([*m, "--run-id", "orphans-1"]) == 2
+    runners = spark.sql(
+        "SELECT DISTINCT run_by FROM tessera_audit.findings WHERE run_id = 'orphans-1'"
+    ).collect()
+    assert [r.run_by for r in runners] and all(r.run_by.startswith("admin ") for r in runners)
     found = findings(spark, "orphans-1")
     assert (
         found
