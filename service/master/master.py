@@ -91,6 +91,7 @@ from service.common.errors import (
 )
 from service.common.http_status import StatusServer, public_address
 from service.common.ids import NodeId
+from service.common.loop_lag import LoopLagMonitor
 from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
 from service.common.pki import Identity, ca_key_file
 from service.common.private_files import check_owner_only, check_private_tree, private_dir
@@ -216,6 +217,9 @@ class MasterServer:
         self._rng = random.Random()
         # Status pages and metrics (module docstring): one registry per server object.
         self.metrics = MetricsRegistry()
+        self.loop_lag = LoopLagMonitor(
+            self.metrics, stall_s=config.raft.heartbeat_interval_ms / 1000.0
+        )
         self.rpc_metrics = RpcMetrics(self.metrics)
         self.wal_sync = wal_sync_histogram(self.metrics)
         install_master_metrics(self, self.metrics)
@@ -294,6 +298,7 @@ class MasterServer:
         clock = ProgressClock(RealClock(), config.loop_stall_threshold_ms / 1000.0)
         self.progress_clock = clock
         self._probe_task = asyncio.create_task(clock.run(), name="master-progress-probe")
+        self.loop_lag.start()
         self.ts_manager = TSManager.from_config(config, clock)
 
         async def replicate(data: bytes, timeout: float) -> ApplyResult:
@@ -379,6 +384,7 @@ class MasterServer:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._probe_task
+        await self.loop_lag.aclose()
         if self.node is not None:
             await self.node.aclose()
         if self.transport is not None:

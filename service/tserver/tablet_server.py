@@ -43,6 +43,7 @@ from service.common.authz import Authorizer
 from service.common.config import TServerConfig
 from service.common.errors import FailedPrecondition, InvalidArgument, StaleTerm, observe_rpcs
 from service.common.http_status import StatusServer, public_address
+from service.common.loop_lag import LoopLagMonitor
 from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
 from service.common.private_files import private_dir
 from service.common.registration import register
@@ -138,6 +139,9 @@ class TabletServer:
         self._closed = False
         # Status pages and metrics (module docstring): one registry per server object.
         self.metrics = MetricsRegistry()
+        self.loop_lag = LoopLagMonitor(
+            self.metrics, stall_s=config.raft.heartbeat_interval_ms / 1000.0
+        )
         self.rpc_metrics = RpcMetrics(self.metrics)
         self.wal_sync = wal_sync_histogram(self.metrics)
         self.rows_written = self.metrics.counter(
@@ -267,6 +271,7 @@ class TabletServer:
             on_token_keys=self.tokens.update,
         )
         await self.heartbeater.start()
+        self.loop_lag.start()
         log.info(
             "tablet server %s serving on %s (data %s, masters %s, status pages %s)",
             self.uuid,
@@ -297,6 +302,7 @@ class TabletServer:
             await self.quiescence.aclose()
         if self.transport is not None:
             await self.transport.aclose()
+        await self.loop_lag.aclose()
 
     def _registration(self) -> mpb.ServerRegistrationPB:
         return mpb.ServerRegistrationPB(
