@@ -21,7 +21,9 @@ work, `CatalogManager.add_work_listener`), in this order:
      until the next backoff or creation timeout runs out. A failed replication is logged and
      retried next round (KUDU-495: never fatal).
   2. Re-replication (`rereplication`, seed 004's 3-4-3): only when some server hosting replicas
-     has been dead longer than the eviction time; ChangeConfig to the tablet's leader.
+     has been dead longer than the eviction time, or some server reports a replica FAILED;
+     ChangeConfig to the tablet's leader, and a tombstone to a FAILED replica once the
+     committed config no longer names it.
   3. Side effects: every task of `CatalogManager.pending_tasks()` not already running and not
      waiting out its backoff is started (an RPC whose task committed state stopped calling for
      while it waited for a slot is not sent): CreateTablet on every peer of a CREATING tablet (with
@@ -80,7 +82,7 @@ from service.master.report_processing import (
     DeleteReplica,
     ReportAction,
 )
-from service.master.rereplication import plan_rereplication
+from service.master.rereplication import plan_failed_cleanup, plan_rereplication
 from service.master.ts_manager import TSManager
 from service.master.tserver_proxy import Fence, TServerProxy
 from service.pb import tserver_pb2 as tpb
@@ -528,31 +530,47 @@ class BackgroundTasks:
         }
 
     def _rereplicate(self) -> None:
-        failed = self.failed_servers()
-        if not failed:
+        """A replica is lost when its server has been dead past the eviction time (every
+        tablet is looked at) or its server reports it FAILED (only those tablets are)."""
+        dead = self.failed_servers()
+        reported = self.catalog.failed_replicas
+        if not dead and not reported:
             return
         maps = self.catalog.maps
+        if dead:
+            tablets = list(maps.tablets_by_id.values())
+        else:
+            tablets = [
+                maps.tablets_by_id[t] for t in reported.tablet_ids() if t in maps.tablets_by_id
+            ]
         loads = self.ts.server_loads()
         addresses = {
             str(d.uuid): _host_port(d.rpc_address) for d in self.ts.descriptors() if d.live
         }
-        actions = []
-        for tablet in maps.tablets_by_id.values():
+        changes: list[ReportAction] = []
+        cleanups: list[ReportAction] = []
+        for tablet in tablets:
             record = tablet.record
             cs = record.consensus
             if record.state is not TabletState.RUNNING or cs is None:
                 continue
-            if not any(p.uuid in failed for p in cs.peers):
+            failed_here = reported.servers_of(record.tablet_id)
+            cleanups.extend(plan_failed_cleanup(record, failed_here))
+            lost = dead | failed_here
+            if not any(p.uuid in lost for p in cs.peers):
                 continue
             table = maps.tables_by_id[record.table_id]
             action = plan_rereplication(
-                record, table.record, failed.__contains__, loads, addresses, self.rng
+                record, table.record, lost.__contains__, loads, addresses, self.rng
             )
             if action is not None:
-                actions.append(action)
-        if actions:
-            log.info("re-replication: %d config changes", len(actions))
-            self.submit(actions)
+                changes.append(action)
+        if changes:
+            log.info("re-replication: %d config changes", len(changes))
+        if cleanups:
+            log.info("re-replication: %d replaced FAILED replicas to tombstone", len(cleanups))
+        if changes or cleanups:
+            self.submit(changes + cleanups)
 
 
 def _last_known(cs: ConsensusState | None, uuid: str) -> HostPort | None:

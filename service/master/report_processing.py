@@ -15,10 +15,11 @@ records), as seed 001's appendix B ("Heartbeat for tablet t") lists the steps, w
      to the reporter. Appendix A case 2: persistent state consulted, a decision that cannot
      become wrong, so it needs no compare-and-set.
   3. The reporter is the LEADER of its reported committed config (role LEADER, leader_uuid is
-     itself, a VOTER of that config) and that consensus state is not older than the recorded one
-     (term and config op index both >=) and differs from it: the reported COMMITTED state (never
-     the pending config) becomes the tablet's consensus state. A CREATING tablet so reported
-     becomes RUNNING ("if t CREATING and has leader": RUNNING when its leader reports it).
+     itself, a VOTER of that config, the replica not FAILED) and that consensus state is not
+     older than the recorded one (term and config op index both >=) and differs from it: the
+     reported COMMITTED state (never the pending config) becomes the tablet's consensus state.
+     A CREATING tablet so reported becomes RUNNING ("if t CREATING and has leader": RUNNING
+     when its leader reports it).
   4. The reporter is not a peer of the newest committed config the master knows (it was
      evicted), its replica is not already tombstoned, and its own committed config is not newer
      than the master's: DeleteTablet(TABLET_DATA_TOMBSTONED) with `cas_config_opid_index` = the
@@ -209,8 +210,11 @@ def _with_addresses(reported: ConsensusState, recorded: ConsensusState | None) -
 
 
 def is_leader_report(reporter: str, reported: ReportedTablet) -> bool:
-    """The reporter says it leads its committed config (step 3 of the module docstring)."""
+    """The reporter says it leads its committed config (step 3 of the module docstring). A
+    FAILED replica never does: its Raft loop stopped in whatever role it had."""
     cs = reported.consensus
+    if reported.state is ReplicaState.FAILED:
+        return False
     if reported.role is not ReportedRole.LEADER or cs is None or cs.leader_uuid != reporter:
         return False
     peer = cs.peer(reporter)

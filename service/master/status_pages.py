@@ -146,6 +146,9 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
     def tasks() -> float:
         return float(len(master.background.views())) if master.background is not None else 0.0
 
+    def failed_replicas() -> float:
+        return float(len(master.catalog.failed_replicas)) if master.catalog is not None else 0.0
+
     registry.gauge_callback(
         "tessera_master_catalog_loaded",
         "1 if this master is the leader and has loaded the catalog (serves DDL and lookups).",
@@ -207,6 +210,12 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
         "tessera_master_background_tasks",
         "Leader background tasks in flight or waiting for a retry.",
         tasks,
+    )
+    registry.gauge_callback(
+        "tessera_master_failed_replicas",
+        "Tablet replicas their tablet servers report FAILED, as the leader last heard (0 on "
+        "followers); each is replaced by re-replication, then tombstoned.",
+        failed_replicas,
     )
 
 

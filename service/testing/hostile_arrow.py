@@ -14,7 +14,14 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-__all__ = ["POISONS", "ipc", "patched_offsets_stream"]
+__all__ = [
+    "POISONS",
+    "TWO_STRING_OFFSETS",
+    "WILD_OFFSETS",
+    "ipc",
+    "patch_last",
+    "patched_offsets_stream",
+]
 
 
 def ipc(table: pa.Table) -> bytes:
@@ -28,13 +35,24 @@ def ipc(table: pa.Table) -> bytes:
 def _patched(table: pa.Table, find: bytes, replace: bytes) -> bytes:
     """`table`'s stream with the last occurrence of `find` (in the record batch body, which
     follows the schema message) replaced by `replace` of the same length."""
+    return patch_last(ipc(table), find, replace)
+
+
+def patch_last(stream: bytes, find: bytes, replace: bytes) -> bytes:
+    """`stream` with the last occurrence of `find` replaced by `replace` of the same length."""
     assert len(find) == len(replace)
-    data = bytearray(ipc(table))
+    data = bytearray(stream)
     at = data.rfind(find)
     if at < 0:  # pragma: no cover - the IPC layout is Arrow's and stable
         raise AssertionError(f"{find!r} was not found in the stream")
     data[at : at + len(find)] = replace
     return bytes(data)
+
+
+TWO_STRING_OFFSETS = struct.pack("<3i", 0, 2, 4)
+"""The offsets of the strings "ab" and "cd" in an IPC stream."""
+WILD_OFFSETS = struct.pack("<3i", 0, 0x7FFF0000, 4)
+"""Those offsets with the second one far outside the data buffer."""
 
 
 def _two_strings(key: str, value: str) -> pa.Table:
@@ -44,21 +62,15 @@ def _two_strings(key: str, value: str) -> pa.Table:
 def patched_offsets_stream(key: str = "k", value: str = "v") -> bytes:
     """{key int64, value string}, two rows, the second string offset patched to 0x7fff0000:
     the stream that once crashed every replica of its tablet."""
-    return _patched(
-        _two_strings(key, value), struct.pack("<3i", 0, 2, 4), struct.pack("<3i", 0, 0x7FFF0000, 4)
-    )
+    return _patched(_two_strings(key, value), TWO_STRING_OFFSETS, WILD_OFFSETS)
 
 
 def _decreasing_offsets(key: str = "k", value: str = "v") -> bytes:
-    return _patched(
-        _two_strings(key, value), struct.pack("<3i", 0, 2, 4), struct.pack("<3i", 0, 3, 1)
-    )
+    return _patched(_two_strings(key, value), TWO_STRING_OFFSETS, struct.pack("<3i", 0, 3, 1))
 
 
 def _offsets_past_the_data(key: str = "k", value: str = "v") -> bytes:
-    return _patched(
-        _two_strings(key, value), struct.pack("<3i", 0, 2, 4), struct.pack("<3i", 0, 2, 1 << 20)
-    )
+    return _patched(_two_strings(key, value), TWO_STRING_OFFSETS, struct.pack("<3i", 0, 2, 1 << 20))
 
 
 def _invalid_utf8(key: str = "k", value: str = "v") -> bytes:

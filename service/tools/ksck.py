@@ -22,10 +22,11 @@ rates tables):
   term, every replica's committed config equals the master's, everyone names the same leader.
 * RECOVERING: something is being repaired but no voter is lost: a replica is COPYING (tablet
   copy), BOOTSTRAPPING or NOT_STARTED, a non-voter (a replacement being added) is not running,
-  or a config change is pending.
-* UNDER_REPLICATED: a voter is not running (its server is unreachable, it FAILED, it is
-  missing from its server) but a majority of voters runs; or the config has fewer voters than
-  the table's replication factor.
+  a config change is pending, or a server still hosts a FAILED replica the config no longer
+  names (replaced; the master tombstones it).
+* UNDER_REPLICATED: a voter is not running (its server is unreachable, it FAILED, with the
+  error its server gives, it is missing from its server) but a majority of voters runs; or
+  the config has fewer voters than the table's replication factor.
 * CONSENSUS_MISMATCH: replicas disagree with the master's record of the config, name different
   leaders, two replicas claim leadership in the same term, or the master records a leader the
   replicas did not elect.
@@ -55,6 +56,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "ClusterSnapshot",
     "Config",
+    "FailedByTablet",
     "Health",
     "KsckReport",
     "MasterReport",
@@ -70,6 +72,7 @@ __all__ = [
     "check",
     "check_masters",
     "check_tservers",
+    "failed_by_tablet",
     "rate_table",
     "rate_tablet",
 ]
@@ -126,6 +129,7 @@ class Config:
 
 
 RUNNING = "RUNNING"
+FAILED = "FAILED"
 RECOVERING_STATES = frozenset({"BOOTSTRAPPING", "COPYING", "NOT_STARTED"})
 """Replica states on the way to RUNNING (ReplicaStatePB names without the REPLICA_ prefix)."""
 
@@ -314,13 +318,30 @@ def _replica_problem(
     return "running", rep, ""
 
 
+FailedByTablet = Mapping[str, Sequence[tuple[str, ReplicaReport]]]
+"""Tablet id -> (server uuid, replica) of each FAILED replica of it the servers host."""
+
+
+def failed_by_tablet(servers: Mapping[str, TServerReport]) -> FailedByTablet:
+    """Every FAILED replica the servers host, by tablet: gathered once per check, so rating a
+    tablet does not look through every server for one."""
+    out: dict[str, list[tuple[str, ReplicaReport]]] = {}
+    for uuid, srv in sorted(servers.items()):
+        for rep in srv.replicas:
+            if rep.state == FAILED:
+                out.setdefault(rep.tablet_id, []).append((uuid, rep))
+    return out
+
+
 def rate_tablet(
     tablet: MasterTablet,
     servers: Mapping[str, TServerReport],
     num_replicas: int,
     table_name: str = "",
+    failed: FailedByTablet | None = None,
 ) -> TabletVerdict:
-    """Rate one tablet from the master's record and its servers' reports (module docstring)."""
+    """Rate one tablet from the master's record and its servers' reports (module docstring);
+    `failed` is `failed_by_tablet(servers)` (computed here if not given)."""
     f = _Findings()
     names = {u: s.address for u, s in servers.items() if s.address}
     cfg = tablet.config
@@ -335,6 +356,17 @@ def rate_tablet(
             f.add(Health.RECOVERING, why if uuid in voters else f"non-voter {why}")
         else:
             f.add(Health.UNDER_REPLICATED, why)
+    if failed is None:
+        failed = failed_by_tablet(servers)
+    for uuid, rep in failed.get(tablet.tablet_id, ()):
+        if uuid in voters | cfg.non_voters:
+            continue  # rated above
+        why = f": {rep.error}" if rep.error else ""
+        f.add(
+            Health.RECOVERING,
+            f"replica on {names.get(uuid, uuid)} is FAILED outside the config (replaced, "
+            f"not yet tombstoned){why}",
+        )
     running_voters = [u for u in running if u in voters]
     if len(running_voters) < majority:
         f.add(
@@ -403,9 +435,17 @@ def rate_tablet(
     )
 
 
-def rate_table(table: TableSnapshot, servers: Mapping[str, TServerReport]) -> TableVerdict:
+def rate_table(
+    table: TableSnapshot,
+    servers: Mapping[str, TServerReport],
+    failed: FailedByTablet | None = None,
+) -> TableVerdict:
     """Rate every tablet; the table takes its worst tablet's rating (UNAVAILABLE on error)."""
-    tablets = tuple(rate_tablet(t, servers, table.num_replicas, table.name) for t in table.tablets)
+    if failed is None:
+        failed = failed_by_tablet(servers)
+    tablets = tuple(
+        rate_tablet(t, servers, table.num_replicas, table.name, failed) for t in table.tablets
+    )
     if table.error:
         health = Health.UNAVAILABLE
     else:
@@ -522,10 +562,13 @@ def _members(snapshot: ClusterSnapshot) -> frozenset[str] | None:
 def check(snapshot: ClusterSnapshot) -> KsckReport:
     """The whole verdict over one snapshot."""
     servers = {s.uuid: s for s in snapshot.tservers}
+    failed = failed_by_tablet(servers)
     return KsckReport(
         masters=check_masters(snapshot.given_masters, snapshot.masters),
         master_reports=snapshot.masters,
         tservers=check_tservers(snapshot.tservers, _members(snapshot)),
-        tables=tuple(rate_table(t, servers) for t in sorted(snapshot.tables, key=lambda t: t.name)),
+        tables=tuple(
+            rate_table(t, servers, failed) for t in sorted(snapshot.tables, key=lambda t: t.name)
+        ),
         error=snapshot.error,
     )

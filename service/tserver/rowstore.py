@@ -44,6 +44,13 @@ Key checks on apply never scan files: each file keeps its sorted keys as a numpy
 fixed-width byte strings (or a Python list when widths differ) for binary search, and a batch
 of keys is looked up with one vectorized `searchsorted` per file.
 
+A failed apply. An entry that raises while it is applied may leave part of itself in the
+memstore (`apply_write` notes the index first), and a manifest written after that would say
+the entry is durable: the next start would skip it and run on with part of a write, silently.
+So the tablet calls `fail` when an entry cannot be applied, and from then on nothing reaches
+the disk (`freeze` and every manifest write raise): the files keep saying only what was fully
+applied, and the replay after a restart meets the same entry and fails the same way.
+
 Thread safety: every method except `write_frozen` and `write_compaction` must be called from
 one thread (the tablet's apply loop). Those two only read data that no one mutates.
 
@@ -166,6 +173,7 @@ class RowStore:
         self._compacting: Compaction | None = None
         self._lock = threading.Lock()  # guards _next_seq only when called from workers
         self._closed = False
+        self._failed: str | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -229,6 +237,17 @@ class RowStore:
         self._frozen = []
         self._mem = MemStore(self._schema, self._applied)
 
+    def fail(self, reason: str) -> None:
+        """An entry could not be applied: write nothing more to disk (module docstring)."""
+        if self._failed is None:
+            self._failed = reason
+
+    def _check_not_failed(self) -> None:
+        if self._failed is not None:
+            raise Corruption(
+                f"row store {self._dir}: nothing is written after a failed apply ({self._failed})"
+            )
+
     # --- state ---------------------------------------------------------------------------
 
     @property
@@ -275,6 +294,7 @@ class RowStore:
     # --- manifest ------------------------------------------------------------------------
 
     def _write_manifest(self) -> None:
+        self._check_not_failed()
         body = json.dumps(
             {
                 "files": [name for name, _ in self._files],
@@ -351,6 +371,7 @@ class RowStore:
 
     def freeze(self) -> Frozen | None:
         """Make the active memstore immutable and start a new one; None if it is empty."""
+        self._check_not_failed()
         mem = self._mem
         if not mem.rows:
             return None

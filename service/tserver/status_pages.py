@@ -2,9 +2,9 @@
 
 Pages:
 
-  /               this server: uuid, addresses, the highest master term seen, and its
-                  heartbeat state towards every master (leader or not, term, successes,
-                  failures, time since the last success)
+  /               this server: uuid, addresses, the highest master term seen, its replicas
+                  running, hosted and FAILED, and its heartbeat state towards every master
+                  (leader or not, term, successes, failures, time since the last success)
   /tablets        every replica hosted here: tablet, table, data state, replica state, Raft
                   role, term and leader, schema version, rows, bytes on disk, error if any
   /tablet-copies  copies this server runs as the destination (running and finished) and the
@@ -13,7 +13,8 @@ Pages:
 
 Metrics are read at scrape time from the objects that own the state (callback families,
 `metrics` module docstring): every replica's Raft term, commit and applied index and role
-(labelled by `group`, the tablet id, as the master labels sys.catalog's), replicas by state,
+(labelled by `group`, the tablet id, as the master labels sys.catalog's), replicas by state
+(`tessera_tserver_replicas{state="FAILED"}` counts the replicas an entry or a file failed),
 leaders, heartbeats by master and outcome, scanner bytes and pages. Rows written (counted by
 `TabletSettings.on_rows_written`), RPC counts and latencies (`RpcMetrics`) and the WAL fsync
 histogram are pushed by the code that sees them and created by `TabletServer`.
@@ -212,6 +213,7 @@ class _TServerPages:
         s = self.s
         replicas = list(s.tablets.replicas.values()) if s.tablets is not None else []
         running = sum(r.state is ReplicaState.RUNNING for r in replicas)
+        failed = sum(r.state is ReplicaState.FAILED for r in replicas)
         uptime = time.time() - s.start_time_us / 1_000_000
         facts = kv_table(
             [
@@ -222,6 +224,8 @@ class _TServerPages:
                 ("Up for", fmt_age(uptime)),
                 ("Highest master term seen", s.highest_master_term),
                 ("Replicas (running / hosted)", f"{running} / {len(replicas)}"),
+                # Offline, each with its error on /tablets; the master replaces them.
+                ("Replicas FAILED", failed),
                 ("Leaders", sum(r.is_leader() for r in replicas)),
             ]
         )

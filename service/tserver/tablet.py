@@ -34,6 +34,19 @@ tablet, armed by the first write after the last idle flush).
 
 State (`state`): NOT_STARTED -> BOOTSTRAPPING -> RUNNING; FAILED if opening or the Raft loop
 failed (the replica stays offline and is reported with its error); STOPPED after close.
+
+Applying never takes the server down. An entry already in a log may not apply: written by an
+older version that validated less, or by a bug. Such an entry fails this one replica, FAILED
+(Kudu's tablet FAILED), while the server's other replicas carry on: whatever an apply raises
+is caught by the state machine (`TabletStateMachine.apply`), which marks the row store failed
+(nothing more reaches its files, rowstore.py) and the replica FAILED with the entry's index
+and the cause, then lets the Raft loop stop. The loop's node is closed, so it takes no more
+messages; the replica reports no role and no consensus state from then on (both are frozen at
+the failure). The master treats a FAILED replica as lost and replaces it (3-4-3, see
+master/rereplication.py), then tombstones it. A restart replays the same entry and fails the
+same way: a FAILED replica, never a crash loop. A write entry is decoded with full Arrow
+validation before anything reads its buffers (`WriteBatch.decode`), so bytes that would make
+native code read wild memory fail here as Corruption instead of taking the process down.
 """
 
 from __future__ import annotations
@@ -79,6 +92,11 @@ log = logging.getLogger(__name__)
 _WRITE = b"W"
 _ALTER = b"A"
 _SNAP_INDEX = struct.Struct("<Q")
+
+
+def write_entry(batch: WriteBatch) -> bytes:
+    """The Raft entry of a validated write (module docstring)."""
+    return _WRITE + batch.encode()
 
 
 class ReplicaState(enum.Enum):
@@ -131,6 +149,19 @@ class TabletStateMachine:
         self.replica = replica
 
     def apply(self, index: int, data: bytes) -> object:
+        """Apply entry `index`; if it cannot be applied, fail this replica only (module
+        docstring) and raise, which stops the Raft loop of this group and no other."""
+        try:
+            return self._apply(index, data)
+        except Exception as e:
+            cause = str(e) if isinstance(e, TesseraError) else f"{type(e).__name__}: {e}"
+            err = Corruption(
+                f"tablet {self.replica.tablet_id}: log entry {index} could not be applied: {cause}"
+            )
+            self.replica.fail_apply(err)
+            raise err from e
+
+    def _apply(self, index: int, data: bytes) -> object:
         r = self.replica
         store = r.store
         assert store is not None
@@ -315,13 +346,31 @@ class TabletReplica:
             self.state = ReplicaState.STOPPED
 
     async def _watch(self, node: RaftNode) -> None:
+        """Fail the replica once its Raft loop stops, then close the node: a stopped loop
+        never reads its inbox, so an open node would keep queueing the leader's messages."""
         await node.fatal_event.wait()
         self._fail(node.fatal or IOFatal("raft loop stopped"))
+        await node.aclose()
+
+    def fail_apply(self, err: Corruption) -> None:
+        """Entry application failed (`TabletStateMachine.apply`): no more files are written,
+        so the next start replays the same entry, and the replica is FAILED at once, before a
+        flush already scheduled could run."""
+        if self.store is not None:
+            self.store.fail(str(err))
+        self._fail(err)
 
     def _fail(self, e: BaseException) -> None:
+        """FAILED with `e` as the error; the first failure is kept (what follows it, a flush
+        refused by the failed store, or the stopped Raft loop, is its consequence)."""
+        if self.state is ReplicaState.FAILED:
+            return
         log.error("tablet %s failed: %s", self.tablet_id, e)
         self.state = ReplicaState.FAILED
         self.error = e if isinstance(e, TesseraError) else IOFatal(f"{type(e).__name__}: {e}")
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         self.changed()
 
     def delete_files(self) -> None:
@@ -368,7 +417,7 @@ class TabletReplica:
         batch = decode_write(store.schema, req.rows, int(req.default_op), list(req.ops))
         if batch.table.num_rows == 0:
             return tpb.WriteResponsePB(applied_index=node.applied)
-        result = cast(WriteResult, await node.propose(_WRITE + batch.encode(), timeout=timeout))
+        result = cast(WriteResult, await node.propose(write_entry(batch), timeout=timeout))
         if self.settings.on_rows_written is not None:
             self.settings.on_rows_written(result.rows_applied)
         resp = tpb.WriteResponsePB(applied_index=node.applied, rows_applied=result.rows_applied)
@@ -523,7 +572,9 @@ class TabletReplica:
                 peer.last_known_addr.port = int(port)
 
     def role_pb(self) -> mpb.RaftRolePB.ValueType:
-        if self.node is None:
+        """The replica's Raft role; unknown once FAILED (its node stopped in whatever role it
+        had, and a stopped leader leads nothing)."""
+        if self.node is None or self.state is ReplicaState.FAILED:
             return mpb.ROLE_UNKNOWN
         return _ROLE_PB.get(self.node.status().role, mpb.ROLE_UNKNOWN)
 
@@ -578,7 +629,11 @@ class TabletReplica:
     # --- status ------------------------------------------------------------------------------
 
     def is_leader(self) -> bool:
-        return self.node is not None and self.node.status().role is Role.LEADER
+        return (
+            self.node is not None
+            and self.state is not ReplicaState.FAILED
+            and self.node.status().role is Role.LEADER
+        )
 
     def schema_version(self) -> int:
         return self.store.schema.version if self.store is not None else 0

@@ -12,7 +12,9 @@ machine over every directory:
   DELETED              a delete that may not have finished: the directory is removed
   TOMBSTONED           roll the delete forward (data and WAL removed if still present); the
                        replica is kept, not started, and reported as TOMBSTONED
-  READY                started; one that fails to open stays offline, reported FAILED
+  READY                started; one that fails to open, or to replay its log (an entry that
+                       does not apply, tablet.py), stays offline, reported FAILED; the
+                       server and its other replicas carry on
 
 All groups share the server's one `GrpcTransport` (messages are keyed by tablet id) and each
 group's ticks are a timer wait in its own task: an idle tablet costs a sleeping task.
@@ -302,7 +304,9 @@ class TabletManager:
             role=replica.role_pb(),
             schema_version=replica.schema_version(),
         )
-        if replica.node is not None:
+        if replica.node is not None and replica.state is not ReplicaState.FAILED:
+            # A FAILED replica's Raft state froze when its loop stopped: the master must learn
+            # nothing from it (a leader that failed would still say it leads).
             r.consensus_state.CopyFrom(replica.consensus_state())
         if replica.error is not None:
             r.error.code = replica.error.code

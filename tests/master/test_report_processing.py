@@ -124,6 +124,12 @@ CASES = [
     ("evicted and already tombstoned: nothing", replace(RUNNING,
      consensus=cs(2, "ts-0", 5, NEW_PEERS)), TABLE, "ts-2",
      rep(FOLLOWER, cs(1, "ts-0"), state=ReplicaState.TOMBSTONED), None, []),
+    ("a FAILED replica claiming to lead a newer term: nothing learned from it", RUNNING,
+     TABLE, "ts-1", rep(LEADER, cs(2, "ts-1"), state=ReplicaState.FAILED), None, []),
+    ("evicted FAILED replica: TOMBSTONED with cas", replace(RUNNING,
+     consensus=cs(2, "ts-0", 5, NEW_PEERS)), TABLE, "ts-2",
+     rep(ReportedRole.UNKNOWN, None, state=ReplicaState.FAILED), None,
+     ["tombstone ts-2 cas 5"]),
     ("leader on an old schema: AlterSchema, version recorded", replace(RUNNING,
      reported_schema_version=0), TABLE, "ts-0", rep(LEADER, cs(1, "ts-0"), schema=1),
      {"schema": 1}, ["alter ts-0 to 2"]),
@@ -286,3 +292,20 @@ def test_orphans_are_listed_and_left_alone() -> None:
         assert plan.write is None and plan.actions == () and plan.orphans == (orphan.tablet_id,)
 
     run(main())
+
+
+def test_failed_replicas_are_noted_by_the_loaded_leader_only_and_wake_its_tasks() -> None:
+    env = make_env(load=False)
+    woken: list[int] = []
+    env.cm.add_work_listener(lambda: woken.append(1))
+    failed = [ReportedTablet(X, ReplicaState.FAILED, ReportedRole.UNKNOWN, None)]
+    env.cm.note_replica_states(NodeId("ts-1"), failed, full=True)
+    assert len(env.cm.failed_replicas) == 0 and not woken  # not the leader: nothing kept
+    env.cm.load()
+    woken.clear()
+    env.cm.note_replica_states(NodeId("ts-1"), failed, full=True)
+    assert env.cm.failed_replicas.servers_of(X) == {"ts-1"} and woken == [1]
+    env.cm.note_replica_states(NodeId("ts-1"), failed, full=False)
+    assert woken == [1]  # nothing new to replace
+    env.cm.unload()  # a new leader learns them again from the full reports it asks for
+    assert len(env.cm.failed_replicas) == 0

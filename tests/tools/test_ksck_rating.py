@@ -49,6 +49,8 @@ def srv(uuid: str, *replicas: ReplicaReport, **kw: object) -> TServerReport:
 
 ABC_D = replace(ABC, non_voters=frozenset({"d"}))
 """ABC with d being added as a non-voter (seed 004's 3-4-3)."""
+ABD = Config(frozenset({"a", "b", "d"}), opid_index=9)
+"""ABC once d replaced c (the end of 3-4-3)."""
 
 
 def healthy_servers(config: Config = ABC) -> dict[str, TServerReport]:
@@ -75,6 +77,15 @@ def without(*uuids: str) -> Change:
 
 def same(s: Servers) -> Servers:
     return s
+
+
+def c_replaced_by_d(c: ReplicaReport) -> Change:
+    """The end of 3-4-3 (config ABD, d running), c's server still hosting replica `c`."""
+    return lambda s: {
+        **healthy_servers(ABD),
+        "c": srv("c", c),
+        "d": srv("d", rep("FOLLOWER", config=ABD)),
+    }
 
 
 # (name, change to the servers, master record, replication factor, rating, reason phrase)
@@ -131,6 +142,23 @@ CASES: list[tuple[str, Change, MasterTablet, int, Health, str]] = [
         3,
         Health.UNDER_REPLICATED,
         "is FAILED (data READY): disk gone",
+    ),
+    (
+        "a FAILED replica the config no longer names, not yet tombstoned",
+        c_replaced_by_d(rep(state="FAILED", error="log entry 7 could not be applied")),
+        replace(MASTER, config=ABD),
+        3,
+        Health.RECOVERING,
+        "replica on c:7050 is FAILED outside the config (replaced, not yet tombstoned): "
+        "log entry 7 could not be applied",
+    ),
+    (
+        "a TOMBSTONED replica the config no longer names",
+        c_replaced_by_d(rep(state="TOMBSTONED", data_state="TOMBSTONED")),
+        replace(MASTER, config=ABD),
+        3,
+        Health.HEALTHY,
+        "",
     ),
     (
         "replica TOMBSTONED",

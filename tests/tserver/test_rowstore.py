@@ -210,6 +210,26 @@ def test_flush_with_only_noops_advances_flushed_index(tmp_path: Path, store: Row
     assert RowStore.open(tmp_path / "t").flushed_index == 4
 
 
+def test_after_a_failed_apply_nothing_reaches_the_files(tmp_path: Path, store: RowStore) -> None:
+    """What the memstore holds after an entry failed half way must never be made durable: the
+    manifest would say that entry is in the files and the replay would skip it."""
+    w = Writer(store)
+    w([r(i) for i in range(10)])
+    store.flush()
+    w([r(10)])  # as if the next entry raised after its first row went in
+    store.fail("tablet t: log entry 2 could not be applied: a bug")
+    manifest = (tmp_path / "t" / MANIFEST).read_bytes()
+    for write in (store.flush, store.freeze):
+        with pytest.raises(Corruption, match="nothing is written after a failed apply"):
+            write()
+    store.note_index(4)
+    with pytest.raises(Corruption):
+        store.flush()  # even one that would only advance flushed_index
+    assert (tmp_path / "t" / MANIFEST).read_bytes() == manifest
+    assert RowStore.open(tmp_path / "t").flushed_index == 1
+    assert len(rows(store)) == 11  # still readable (the status pages count its rows)
+
+
 def test_files_not_in_manifest_are_removed(tmp_path: Path, store: RowStore) -> None:
     w = Writer(store)
     w([r(1)])

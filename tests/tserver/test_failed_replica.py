@@ -1,0 +1,154 @@
+"""A log entry that does not apply fails its replica, never the server (tablet.py, "Applying
+never takes the server down"), in one real tablet server in-process.
+
+A poison write planted in a stopped replica's WAL (service/testing/poison_log.py: bytes that
+segfault pyarrow if read unvalidated) makes the replay fail that replica, FAILED with the
+entry's index and the cause, on every restart, while the server's other replica serves. A write
+whose apply raises half way through leaves the row store's files as they were, so the entry is
+replayed after a restart instead of being skipped with part of it applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from service.common.schema import Schema
+from service.pb import master_pb2 as mpb
+from service.testing.poison_log import plant_committed_entry, poison_write_entry
+from service.testing.tablet_fixtures import SCHEMA, rows, scan_all, write_request
+from service.tserver import rowstore
+from service.tserver.row_ops import WriteBatch
+from service.tserver.rowstore import RowStore
+from service.tserver.rowstore_memstore import MemStore, OlderVersions
+from service.tserver.tablet import ReplicaState
+from tests.tserver.test_tablet_server import Server, run
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def _restarted(s: Server, tmp_path: Path) -> Server:
+    await s.stop()
+    s2 = Server(tmp_path / "ts")
+    await s2.start()
+    return s2
+
+
+@run
+async def test_a_poison_entry_in_the_log_fails_its_replica_only_on_every_restart(
+    tmp_path: Path,
+) -> None:
+    s = Server(tmp_path / "ts")
+    await s.start()
+    await s.create("poisoned")
+    await s.create("healthy")
+    for tablet in ("poisoned", "healthy"):
+        await s.data.Write(write_request(s.uuid, tablet, rows(0, 50)))
+    assert s.ts is not None
+    tablet_dir = s.ts.tablets.get("poisoned").dir
+    await s.stop()
+    index = plant_committed_entry(tablet_dir, poison_write_entry(SCHEMA, "id", "name"))
+
+    s = Server(tmp_path / "ts")
+    await s.start()
+    n = 50
+    try:
+        for _ in range(2):  # the same on every start: never a crash loop
+            await s.wait_leader("healthy")
+            replicas = await s.replicas()
+            status = replicas["poisoned"]
+            assert status.state == mpb.REPLICA_FAILED
+            assert f"log entry {index} could not be applied" in status.error.message
+            assert "not a valid Arrow IPC stream" in status.error.message
+            assert status.role == mpb.ROLE_UNKNOWN
+            assert replicas["healthy"].state == mpb.REPLICA_RUNNING
+
+            # The healthy replica serves writes and reads; the failed one refuses both.
+            await s.data.Write(write_request(s.uuid, "healthy", rows(n, n + 10)))
+            n += 10
+            assert (await scan_all(s.data, s.uuid, "healthy")).num_rows == n
+            for call in (
+                s.data.Write(write_request(s.uuid, "poisoned", rows(100, 101))),
+                scan_all(s.data, s.uuid, "poisoned"),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await call
+                assert e.value.code() is grpc.StatusCode.UNAVAILABLE
+
+            assert s.ts is not None
+            tm = s.ts.tablets
+            failed = tm.get("poisoned")
+            # Reported with its error and without the consensus state its stopped loop froze
+            # (a failed leader would still claim to lead); its node takes no more messages.
+            report = tm.reported_tablet(failed)
+            assert report.state == mpb.REPLICA_FAILED and report.error.message
+            assert not report.HasField("consensus_state")
+            assert report.role == mpb.ROLE_UNKNOWN and not failed.is_leader()
+            assert tm.num_leaders() == 1 and tm.num_live() == 1
+            metrics = s.ts.metrics.render()
+            assert 'tessera_tserver_replicas{state="FAILED"} 1' in metrics
+            assert 'tessera_tserver_replicas{state="RUNNING"} 1' in metrics
+            s = await _restarted(s, tmp_path)
+        await s.wait_leader("healthy")
+        assert (await scan_all(s.data, s.uuid, "healthy")).num_rows == n
+    finally:
+        await s.stop()
+
+
+def test_an_apply_that_raises_half_way_writes_nothing_more_and_replays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asyncio.run(_apply_raises_half_way(tmp_path, monkeypatch))
+
+
+async def _apply_raises_half_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = rowstore.apply_batch
+
+    def half_then_raise(
+        mem: MemStore, schema: Schema, batch: WriteBatch, older: OlderVersions
+    ) -> object:
+        half = batch.num_rows // 2
+        real(
+            mem,
+            schema,
+            WriteBatch(
+                batch.table.slice(0, half), batch.ops[:half], batch.schema_version, batch.column_ids
+            ),
+            older,
+        )
+        raise RuntimeError("a bug after half the rows went in")
+
+    s = Server(tmp_path / "ts")
+    await s.start()
+    try:
+        await s.create("t")
+        await s.data.Write(write_request(s.uuid, "t", rows(0, 10)))
+        assert s.ts is not None
+        replica = s.ts.tablets.get("t")
+        store = replica.store
+        assert store is not None
+        await replica.flush()
+        flushed, files = store.flushed_index, store.data_files()
+        monkeypatch.setattr(rowstore, "apply_batch", half_then_raise)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await s.data.Write(write_request(s.uuid, "t", rows(10, 20)))
+        monkeypatch.setattr(rowstore, "apply_batch", real)
+        assert replica.state is ReplicaState.FAILED
+        assert replica.error is not None
+        assert "RuntimeError: a bug after half the rows went in" in str(replica.error)
+        # The memstore holds the half-applied entry; none of it may reach the files.
+        await replica.flush()
+        with pytest.raises(Exception, match="nothing is written after a failed apply"):
+            store.flush()
+        assert RowStore.open(replica.data_dir).flushed_index == flushed
+        assert store.data_files() == files
+    finally:
+        s = await _restarted(s, tmp_path)
+    try:
+        await s.wait_leader("t")
+        assert (await scan_all(s.data, s.uuid, "t")).num_rows == 20  # replayed, not skipped
+    finally:
+        await s.stop()
