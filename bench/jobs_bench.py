@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         status(f"generated in {time.perf_counter() - t0:.1f}s: {inv.summary()}")
         timings: list[tuple[str, float, str]] = []
         t0 = time.perf_counter()
-        counts = write_snapshot(spark, inv)
+        counts = write_snapshot(spark, inv).counts
         timings.append(
             ("audit_snapshot", time.perf_counter() - t0, f"{sum(counts.values()):,} rows")
         )

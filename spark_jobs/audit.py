@@ -2,27 +2,38 @@
 
 Theory of operation
 -------------------
-`write_snapshot` appends one `Inventory` to one Delta table per kind of row: `tables`,
-`tablets`, `replicas` (catalog configs), `hosted_replicas` (tablet-server listings),
-`tservers`, `masters`, plus one row in `snapshots` that names the snapshot. Every row is stamped
-with the snapshot id, the time it was taken, the master leader's term and the catalog's
-committed index (and the snapshot's own row, like every job's findings, records who ran it:
-the cluster identity of its credentials and the OS user), so the history of the catalog is a
-query away:
+One `Inventory` (the catalog and every server's listing at one moment) is one snapshot. For
+each kind of row (`tables`, `tablets`, `replicas` (catalog configs), `hosted_replicas`
+(tablet-server listings), `tservers`, `masters`) `write_snapshot` keeps two Delta tables:
+
+* `<kind>`: the catalog as of the latest snapshot, made so by one MERGE by key (`KEYS`) per
+  snapshot that changed it (changed rows updated, new ones inserted, vanished ones deleted;
+  no commit at all when nothing changed). So each Delta version is exactly one snapshot,
+  `VERSION AS OF` / `TIMESTAMP AS OF` give one snapshot's rows, and with the change data feed
+  on, `table_changes('tessera_audit.tables', v1, v2)` is the catalog's diff between two
+  snapshots. A row's stamp columns name the snapshot that last changed it.
+* `<kind>_history`: every snapshot's rows, appended, for questions "over time".
+
+Every row is stamped with the snapshot id, the time it was taken, the master leader's term and
+the catalog's committed index. Then one row goes into `snapshots`: the commit point (a
+snapshot id found there was written whole), with each current table's Delta version after the
+snapshot and who took it (the cluster identity of its credentials and the OS user; job
+findings record the same):
 
     SELECT * FROM tessera_audit.tables VERSION AS OF 3
     SELECT * FROM tessera_audit.tablets TIMESTAMP AS OF '2026-11-22 10:00:00'
-    DESCRIBE HISTORY tessera_audit.replicas
+    SELECT * FROM table_changes('tessera_audit.replicas', 1, 2)
 
-(more in docs/audit_queries.md). Appends are idempotent: each carries Delta's `txnAppId`
-(the audit table and the snapshot id) and `txnVersion` 1. Delta skips a write whose version it
-has already committed for that app id, so a job retried with the same `--snapshot-id` after a
-failure half-way through appends each table exactly once.
+(more in docs/audit_queries.md). A snapshot id already in `snapshots`, or a catalog at the
+latest snapshot's master term and committed index, writes nothing. A retry after a failure
+half-way through appends nothing twice (history appends carry Delta's `txnAppId`, the table
+and snapshot id, with `txnVersion` 1, and Delta skips a version it has committed for that app
+id) and the MERGE converges on the same rows.
 
 The tables live in the Spark SQL catalog (a Hive metastore kept on disk, see
 conf/spark-defaults.conf), so a later session or a SQL shell finds them by name.
-`read_snapshot` turns a saved snapshot back into an `Inventory`: every job can run offline
-against history with `--snapshot ID|latest`.
+`read_snapshot` turns a saved snapshot back into an `Inventory` (from the history tables):
+every job can run offline against history with `--snapshot ID|latest`.
 """
 
 from __future__ import annotations
@@ -44,7 +55,9 @@ from spark_jobs.reconcile import Finding
 
 __all__ = [
     "DATABASE",
+    "KEYS",
     "RunBy",
+    "SnapshotWrite",
     "findings_table",
     "read_snapshot",
     "write_findings",
@@ -95,17 +108,100 @@ def _append(spark: Any, table: pa.Table, name: str, snapshot_id: str) -> None:
     )
 
 
-def write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None = None) -> dict[str, int]:
-    """Append `inv` to the audit tables (idempotent); rows written per table. The snapshot's
-    row records who took it (`run_by`)."""
+KEYS: dict[str, tuple[str, ...]] = {
+    "tables": ("table_id",),
+    "tablets": ("tablet_id",),
+    "replicas": ("tablet_id", "ts_uuid"),
+    "hosted_replicas": ("ts_uuid", "tablet_id"),
+    "tservers": ("ts_uuid",),
+    "masters": ("uuid",),
+}
+"""The key of each current audit table's rows (what MERGE matches on)."""
+
+
+@dataclass(frozen=True)
+class SnapshotWrite:
+    """What `write_snapshot` did: "written", "unchanged" (the catalog is at the latest
+    snapshot's term and committed index: nothing written) or "exists" (this snapshot id was
+    written before: nothing written); rows per table; each current table's Delta version."""
+
+    status: str
+    counts: dict[str, int]
+    versions: dict[str, int]
+    previous: str = ""
+    """The snapshot found unchanged or already there."""
+
+
+def _latest_version(spark: Any, name: str) -> int:
+    return int(spark.sql(f"DESCRIBE HISTORY {name} LIMIT 1").collect()[0].version)
+
+
+def _count(spark: Any, query: str) -> int:
+    return int(spark.sql(f"SELECT count(*) AS n FROM ({query})").collect()[0].n)
+
+
+def _merge_current(spark: Any, table: pa.Table, kind: str) -> int:
+    """Make `tessera_audit.<kind>` hold exactly `table`'s rows: one Delta commit (a MERGE by
+    key that updates changed rows, inserts new ones and deletes vanished ones), or none when
+    nothing changed, so its versions are snapshots and its change data feed is the catalog's
+    diff. The stamp columns of a row are the snapshot that last changed it. Returns the
+    table's Delta version afterwards."""
+    name = f"{DATABASE}.{kind}"
+    view = f"tessera_audit_src_{kind}"
+    spark.createDataFrame(table).createOrReplaceTempView(view)
+    if kind not in _tables(spark):
+        spark.sql(
+            f"CREATE TABLE {name} USING delta "
+            "TBLPROPERTIES (delta.enableChangeDataFeed = true) "
+            f"AS SELECT * FROM {view}"
+        )
+        return _latest_version(spark, name)
+    stamp = {f.name for f in _STAMP}
+    data = [c for c in table.column_names if c not in stamp]
+    keys = KEYS[kind]
+    cols = ", ".join(data)
+    key_cols = ", ".join(keys)
+    changed = _count(spark, f"SELECT {cols} FROM {view} EXCEPT SELECT {cols} FROM {name}") + _count(
+        spark, f"SELECT {key_cols} FROM {name} EXCEPT SELECT {key_cols} FROM {view}"
+    )
+    if changed:
+        on = " AND ".join(f"t.{k} = s.{k}" for k in keys)
+        same = " AND ".join(f"t.{c} <=> s.{c}" for c in data)
+        spark.sql(
+            f"MERGE INTO {name} t USING {view} s ON {on} "
+            f"WHEN MATCHED AND NOT ({same}) THEN UPDATE SET * "
+            "WHEN NOT MATCHED THEN INSERT * "
+            "WHEN NOT MATCHED BY SOURCE THEN DELETE"
+        )
+    return _latest_version(spark, name)
+
+
+def write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None = None) -> SnapshotWrite:
+    """Write `inv` (module docstring): append it to the `*_history` tables, MERGE it into the
+    current tables, then record it in `snapshots` (the commit point: a snapshot id in
+    `snapshots` was written whole). A snapshot id already there, or a catalog at the latest
+    snapshot's master term and committed index, writes nothing. Retrying after a failure
+    half-way appends nothing twice (history appends carry Delta's txnAppId) and the MERGE
+    converges. `run_by` (who took it) goes in the `snapshots` row."""
     who = run_by or RunBy.of(None)
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
     sid = inv.stamp.snapshot_id
-    counts: dict[str, int] = {}
+    counts = {kind: len(inv.rows(kind)) for kind in Inventory.KINDS}
+    if "snapshots" in _tables(spark):
+        snaps = spark.table(f"{DATABASE}.snapshots")
+        if snaps.filter(snaps.snapshot_id == sid).limit(1).count():
+            return SnapshotWrite("exists", counts, {}, sid)
+        latest = snaps.orderBy(snaps.taken_at.desc()).limit(1).collect()
+        if latest and (latest[0].master_term, latest[0].committed_index) == (
+            inv.stamp.master_term,
+            inv.stamp.committed_index,
+        ):
+            return SnapshotWrite("unchanged", counts, {}, latest[0].snapshot_id)
+    versions: dict[str, int] = {}
     for kind, row_type in Inventory.KINDS.items():
-        rows = inv.rows(kind)
-        _append(spark, _arrow_rows(row_type, inv.stamp, rows), kind, sid)
-        counts[kind] = len(rows)
+        rows = _arrow_rows(row_type, inv.stamp, inv.rows(kind))
+        _append(spark, rows, f"{kind}_history", sid)
+        versions[kind] = _merge_current(spark, rows, kind)
     summary = pa.Table.from_pylist(
         [
             {
@@ -114,6 +210,7 @@ def write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None = None) -> d
                 "master_term": inv.stamp.master_term,
                 "committed_index": inv.stamp.committed_index,
                 **{f"num_{k}": v for k, v in counts.items()},
+                **{f"{k}_version": v for k, v in versions.items()},
                 "run_by": who.identity,
                 "os_user": who.os_user,
             }
@@ -121,11 +218,12 @@ def write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None = None) -> d
         schema=pa.schema(
             _STAMP
             + [pa.field(f"num_{k}", pa.int64()) for k in counts]
+            + [pa.field(f"{k}_version", pa.int64()) for k in versions]
             + [pa.field("run_by", pa.string()), pa.field("os_user", pa.string())]
         ),
     )
     _append(spark, summary, "snapshots", sid)
-    return counts
+    return SnapshotWrite("written", counts, versions)
 
 
 def _tables(spark: Any) -> set[str]:
@@ -148,7 +246,9 @@ def read_snapshot(spark: Any, snapshot_id: str = "latest") -> Inventory:
     stamp = SnapshotStamp(s.snapshot_id, taken, s.master_term, s.committed_index)
     inv = Inventory(stamp)
     for kind, row_type in Inventory.KINDS.items():
-        df = spark.table(f"{DATABASE}.{kind}").filter(f"snapshot_id = '{stamp.snapshot_id}'")
+        df = spark.table(f"{DATABASE}.{kind}_history").filter(
+            f"snapshot_id = '{stamp.snapshot_id}'"
+        )
         names = [f.name for f in fields(row_type)]
         table = df.select(*names).toArrow()
         rows_out = [row_type(**r) for r in table.to_pylist()]
@@ -214,7 +314,10 @@ def write_findings(
     outcomes: Sequence[str],
     run_by: RunBy | None = None,
 ) -> None:
-    """Append a run's findings to tessera_audit.findings (once per run id), with who ran it."""
+    """Append a run's findings to tessera_audit.findings (once per run id), with who ran it.
+    A run that found nothing writes nothing (no empty Delta commit per run)."""
+    if not findings:
+        return
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
     table = findings_table(run_id, at, findings, outcomes, run_by)
     df = spark.createDataFrame(table)

@@ -3,9 +3,12 @@
     spark-submit spark_jobs/jobs/audit_snapshot.py --masters HOST:PORT,... [--snapshot-id ID]
     tessera jobs run audit_snapshot --dir DIR
 
-Writes tessera_audit.{snapshots,tables,tablets,replicas,hosted_replicas,tservers,masters}
-(spark_jobs.audit); retrying with the same --snapshot-id appends nothing twice. Unreachable
-tablet servers are findings (kind unreachable_tserver), not failures.
+Writes tessera_audit.{tables,tablets,replicas,hosted_replicas,tservers,masters} (the catalog as
+of this snapshot, merged by key) and their *_history twins (every snapshot's rows), then a row
+in tessera_audit.snapshots (spark_jobs.audit). Retrying with the same --snapshot-id, or
+snapshotting a catalog that has not moved (same master term and committed index), writes
+nothing and says so. Unreachable tablet servers are findings (kind unreachable_tserver), not
+failures.
 """
 
 from __future__ import annotations
@@ -37,11 +40,19 @@ def _run(ctx: JobContext) -> int:
         timeout=ctx.args.timeout,
         credentials_dir=ctx.credentials_dir,
     )
-    counts = write_snapshot(ctx.spark, inv, ctx.run_by)
-    print(
-        f"{JOB}: snapshot {inv.stamp.snapshot_id} (term {inv.stamp.master_term}, index "
-        f"{inv.stamp.committed_index}): " + ", ".join(f"{k} {v}" for k, v in counts.items())
-    )
+    done = write_snapshot(ctx.spark, inv, ctx.run_by)
+    where = f"term {inv.stamp.master_term}, index {inv.stamp.committed_index}"
+    if done.status == "exists":
+        print(f"{JOB}: snapshot {done.previous} was already written; nothing to do")
+    elif done.status == "unchanged":
+        print(
+            f"{JOB}: the catalog ({where}) is as snapshot {done.previous} saw it; nothing written"
+        )
+    else:
+        print(
+            f"{JOB}: snapshot {inv.stamp.snapshot_id} ({where}): "
+            + ", ".join(f"{k} {v}" for k, v in done.counts.items())
+        )
     findings = [
         Finding(JOB, "unreachable_tserver", ts_uuid=s.ts_uuid, detail=s.error)
         for s in inv.tservers

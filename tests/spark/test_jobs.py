@@ -18,6 +18,7 @@ are declared dead, a minute later): tests/spark/test_reconcile_units.py covers i
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -38,7 +39,7 @@ from service.pb import tserver_pb2_grpc
 from service.testing.master_cluster import FAST_RAFT
 from service.testing.mini_cluster import MiniCluster
 from service.testing.tablet_fixtures import create_request
-from spark_jobs.audit import read_snapshot
+from spark_jobs.audit import read_snapshot, write_snapshot
 from spark_jobs.inventory import TabletRow, catalog_rows, list_hosted
 from spark_jobs.jobs import audit_snapshot, orphan_sweep, rebalance_plan, schema_audit
 
@@ -121,7 +122,12 @@ def test_audit_snapshot_is_idempotent_and_time_travels(
     assert len(inv.replicas) == 27 and len(inv.tservers) == 3
     assert any(h.tablet_id == planted.orphan for h in inv.hosted)
     history = spark.sql("DESCRIBE HISTORY tessera_audit.tables").collect()
-    assert len(history) == 1  # one append (plus none for the retry)
+    assert len(history) == 1  # one commit (plus none for the retry)
+    # A snapshot of a catalog that has not moved since writes nothing.
+    same = dataclasses.replace(inv, stamp=dataclasses.replace(inv.stamp, snapshot_id="again"))
+    done = write_snapshot(spark, same)
+    assert (done.status, done.previous) == ("unchanged", "before")
+    assert spark.sql("SELECT count(*) FROM tessera_audit.snapshots").collect()[0][0] == 1
     # Who took it: the cluster identity of the job's credentials, and the OS user.
     (who,) = spark.sql(
         "SELECT run_by, os_user FROM tessera_audit.snapshots WHERE snapshot_id = 'before'"
@@ -172,7 +178,7 @@ def test_jobs_find_fix_and_come_back_clean(spark: SparkSession, planted: Planted
     assert audit_snapshot.main([*m, "--snapshot-id", "after", "--run-id", "audit-2"]) == 0
     per_snapshot = dict(
         spark.sql(
-            "SELECT snapshot_id, count(*) FROM tessera_audit.hosted_replicas "
+            "SELECT snapshot_id, count(*) FROM tessera_audit.hosted_replicas_history "
             "WHERE table_name = 'doomed' GROUP BY snapshot_id"
         ).collect()
     )
@@ -222,6 +228,13 @@ def test_documented_audit_queries_run(spark: SparkSession, planted: Planted) -> 
     moved = {r.change for r in results[5]}
     # fresh's replicas came; a deleted table's tablet records keep their last config.
     assert moved == {"added"}
+    # The current table is the latest snapshot's catalog, once per table, and its change feed
+    # the diff: keep went REMOVED, fresh came.
+    names = [r.name for r in spark.sql("SELECT name FROM tessera_audit.tables").collect()]
+    assert sorted(names) == sorted(set(names)) and "fresh" in names
+    changes = {(r.name, r._change_type, r.state) for r in results[-1]}
+    assert ("fresh", "insert", "RUNNING") in changes
+    assert ("keep", "update_postimage", "REMOVED") in changes
 
 
 def test_rebalance_plan_saved_reviewed_and_applied(spark: SparkSession, planted: Planted) -> None:
