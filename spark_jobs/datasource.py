@@ -204,6 +204,16 @@ class ReadOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
         opts = {k.lower(): v for k, v in options.items() if k.lower() != "path"}
+        if any(k.startswith("option.") for k in opts):
+            # Spark's catalog path (CREATE TABLE ... USING) prefixes every option so; it
+            # cannot read a Python data source back (SELECT fails with "not a valid Spark SQL
+            # Data Source"), so such a table is refused here, at CREATE, with the way that works.
+            raise InvalidArgument(
+                f"CREATE TABLE ... USING {FORMAT} (a catalog table) is not supported: Spark "
+                "cannot read a Python data source through its catalog. Use CREATE TEMPORARY "
+                f"VIEW name USING {FORMAT} OPTIONS (masters '...', table '...'), or "
+                "spark_jobs.datasource.register_views(spark, masters) for every table"
+            )
         unknown = sorted(set(opts) - set(OPTIONS))
         if unknown:
             raise InvalidArgument(

@@ -298,3 +298,15 @@ def test_cached_dataframe_reuse(
     finally:
         cached.unpersist()
     assert df.count() == N
+
+
+def test_a_catalog_table_is_refused_at_create_pointing_to_views(
+    spark: SparkSession, cluster: MiniCluster
+) -> None:
+    with pytest.raises(Exception, match="CREATE TEMPORARY VIEW") as e:
+        spark.sql(
+            f"CREATE TABLE cat_t USING tessera OPTIONS (masters '{masters(cluster)}', "
+            f"credentials '{cluster.credentials_dir()}', table 'typed')"
+        )
+    assert "catalog table" in str(e.value)
+    assert not spark.catalog.tableExists("cat_t")
