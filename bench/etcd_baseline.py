@@ -12,12 +12,20 @@ off in 3.4 short of `--unsafe-no-fsync`, which is not used), `--heartbeat-interv
 `--election-timeout 1000` (etcd's documented defaults, spelled out), snapshot count and backend
 quota at their defaults. `stop()` sends SIGTERM, then SIGKILL to whatever is left, and removes
 the data directories, so no process or file is left behind.
+
+Secured by default (`secure=True`), as Tessera is in the same run: a CA made for the cluster
+with our own PKI (`service.common.pki.ClusterPki`) signs each member's certificate, and the
+members speak TLS with client certificates required on both their client and their peer URLs
+(`--client-cert-auth`, `--peer-client-cert-auth`, every `--*-file` from that CA). The load
+generator connects as a `user` identity of the same CA (`client_credentials`), over TLS too.
+`--insecure` measures plain HTTP/2 for comparison.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import os
 import shutil
@@ -28,7 +36,21 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.loadgen import LoadResult, LoadSpec, etcd_is_leader, log, run_load
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from bench.loadgen import (
+    LoadResult,
+    LoadSpec,
+    etcd_is_leader,
+    etcd_url,
+    https_context,
+    log,
+    run_load,
+)
+from service.common.pki import CertificateAuthority, ClusterPki, IdentityFiles
+from service.common.private_files import write_private_file
 from service.testing.demo_cluster import free_ports
 from service.testing.processes import terminate_all
 
@@ -69,8 +91,42 @@ def ensure_etcd(install: bool = True) -> str | None:
     return found
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def member_certificate(ca: CertificateAuthority, name: str) -> tuple[bytes, bytes]:
+    """(cert PEM, key PEM) of the etcd member `name`: our CA's server certificate for it
+    (`CertificateAuthority.issue`: its key, subject, usages and DNS names), signed again with
+    the loopback address added to its names. etcd dials a peer by its URL and verifies the
+    certificate against the URL's host, and checks a peer's client certificate against the
+    connection's address; neither can be told to expect the name `tessera` that our servers'
+    certificates carry for this purpose."""
+    cert_pem, key_pem = ca.issue("master", name)
+    issued = x509.load_pem_x509_certificate(cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    builder = x509.CertificateBuilder(
+        issuer_name=issued.issuer,
+        subject_name=issued.subject,
+        public_key=issued.public_key(),
+        serial_number=issued.serial_number,
+        not_valid_before=issued.not_valid_before_utc,
+        not_valid_after=issued.not_valid_after_utc,
+    )
+    for ext in issued.extensions:
+        value = ext.value
+        if isinstance(value, x509.SubjectAlternativeName):
+            ip = x509.IPAddress(ipaddress.ip_address(LOOPBACK))
+            value = x509.SubjectAlternativeName([*value, ip])
+        builder = builder.add_extension(value, ext.critical)
+    signed = builder.sign(ca_key, hashes.SHA256())
+    return signed.public_bytes(serialization.Encoding.PEM), key_pem
+
+
 class EtcdCluster:
-    def __init__(self, binary: str, base: Path | None = None, size: int = 3) -> None:
+    def __init__(
+        self, binary: str, base: Path | None = None, size: int = 3, *, secure: bool = True
+    ) -> None:
         self.binary = binary
         self.base = Path(tempfile.mkdtemp(prefix="etcd-bench-")) if base is None else base
         self.size = size
@@ -79,6 +135,38 @@ class EtcdCluster:
         self.client_ports = ports[:size]
         self.peer_ports = ports[size:]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.pki = ClusterPki(self.base / "pki") if secure else None
+        self.client_credentials: IdentityFiles | None = None
+        """The load generator's identity (a credentials directory); None when insecure."""
+        if self.pki is not None:
+            self.client_credentials = self.pki.export("user", "bench", self.base / "client")
+        self._https = (
+            None if self.client_credentials is None else https_context(self.client_credentials)
+        )
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.pki is None else "https"
+
+    def _tls_args(self, name: str) -> list[str]:
+        """A member's certificate and etcd's flags requiring TLS and client certificates."""
+        if self.pki is None:
+            return []
+        cert, key = member_certificate(self.pki.ca, name)
+        cert_file, key_file = self.base / f"{name}.pem", self.base / f"{name}.key"
+        write_private_file(cert_file, cert)
+        write_private_file(key_file, key)
+        ca_file = self.pki.directory / "ca.pem"
+        return [
+            f"--{side}{flag}"
+            for side in ("", "peer-")
+            for flag in (
+                f"cert-file={cert_file}",
+                f"key-file={key_file}",
+                f"trusted-ca-file={ca_file}",
+                "client-cert-auth",
+            )
+        ]
 
     @property
     def addresses(self) -> list[str]:
@@ -89,12 +177,14 @@ class EtcdCluster:
         return {n: p.pid for n, p in self.procs.items()}
 
     def start(self, timeout: float = 30.0) -> None:
+        scheme = self.scheme
         initial = ",".join(
-            f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports, strict=True)
+            f"{n}={scheme}://{LOOPBACK}:{p}"
+            for n, p in zip(self.names, self.peer_ports, strict=True)
         )
         for name, cport, pport in zip(self.names, self.client_ports, self.peer_ports, strict=True):
-            client_url = f"http://127.0.0.1:{cport}"
-            peer_url = f"http://127.0.0.1:{pport}"
+            client_url = f"{scheme}://{LOOPBACK}:{cport}"
+            peer_url = f"{scheme}://{LOOPBACK}:{pport}"
             args = [
                 self.binary,
                 f"--name={name}",
@@ -110,6 +200,7 @@ class EtcdCluster:
                 f"--election-timeout={ELECTION_MS}",
                 "--logger=zap",
                 "--log-level=warn",
+                *self._tls_args(name),
             ]
             logf = (self.base / f"{name}.log").open("ab")
             self.procs[name] = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT)
@@ -124,7 +215,8 @@ class EtcdCluster:
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name} exited: {self.log_tail(name)}")
                 try:
-                    with urllib.request.urlopen(f"http://{address}/health", timeout=1) as r:
+                    url = etcd_url(address, "/health", self._https)
+                    with urllib.request.urlopen(url, timeout=1, context=self._https) as r:
                         if json.loads(r.read()).get("health") == "true":
                             break
                 except OSError:
@@ -136,7 +228,7 @@ class EtcdCluster:
     def leader(self) -> str | None:
         for address in self.addresses:
             try:
-                if etcd_is_leader(address):
+                if etcd_is_leader(address, self._https):
                     return address
             except OSError:
                 continue
@@ -171,13 +263,19 @@ def run(
     value_size: int = 16,
     procs: int = 1,
     install: bool = True,
+    *,
+    secure: bool = True,
 ) -> LoadResult | None:
     """One measurement of etcd; None when etcd is not available (skipped)."""
     binary = ensure_etcd(install)
     if binary is None:
         return None
-    log(f"etcd: {etcd_version(binary)} at {binary}; 3 members, fsync on (etcd default)")
-    with EtcdCluster(binary) as cluster:
+    log(
+        f"etcd: {etcd_version(binary)} at {binary}; 3 members, fsync on (etcd default), "
+        + ("client and peer TLS with client certificates" if secure else "plaintext")
+    )
+    with EtcdCluster(binary, secure=secure) as cluster:
+        creds = cluster.client_credentials
         spec = LoadSpec(
             kind="etcd",
             addresses=tuple(cluster.addresses),
@@ -187,6 +285,7 @@ def run(
             value_size=value_size,
             procs=procs,
             label="etcd",
+            credentials="" if creds is None else str(creds.ca_file.parent),
         )
         return asyncio.run(run_load(spec, server_pids=cluster.pids))
 
@@ -197,8 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--procs", type=int, default=1)
+    p.add_argument("--insecure", action="store_true", help="plaintext client and peer URLs")
     args = p.parse_args(argv)
-    r = run(args.clients, args.seconds, args.warmup, procs=args.procs)
+    r = run(args.clients, args.seconds, args.warmup, procs=args.procs, secure=not args.insecure)
     if r is None:
         print("etcd: skipped (not installed)")
         return 0

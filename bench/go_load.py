@@ -10,6 +10,10 @@ Go is on the project's machines (not needed by the README's two commands): the f
 builds the binary into `bench/grpcload/bin/` (git-ignored), fetching google.golang.org/grpc
 from the Go module proxy; later runs reuse it until main.go or go.sum changes. Without Go,
 `build` says why and the benchmark prints the Python-client figures alone.
+
+With `credentials` it speaks mutual TLS as that identity (the files Tessera's own clients
+use), so a secured server is measured with the handshake and record encryption a real client
+costs it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from service.common.pki import IdentityFiles
 
 SRC = Path(__file__).resolve().parent / "grpcload"
 BIN = SRC / "bin" / "grpcload"
@@ -59,9 +65,15 @@ def run(
     clients: int = 32,
     conns: int = 4,
     seconds: float = 5.0,
+    credentials: IdentityFiles | None = None,
 ) -> LoadResult:
     """`clients` closed-loop callers of `method` (/package.Service/Method) over `conns`
-    connections for `seconds`, after half a second of warm-up."""
+    connections for `seconds`, after half a second of warm-up; mutual TLS as `credentials`
+    (the server verified as any Tessera server), plaintext without."""
+    tls = []
+    if credentials is not None:
+        tls = ["-ca", str(credentials.ca_file), "-cert", str(credentials.cert_file),
+               "-key", str(credentials.key_file)]  # fmt: skip
     r = subprocess.run(
         [
             str(binary),
@@ -71,6 +83,7 @@ def run(
             "-clients", str(clients),
             "-conns", str(conns),
             "-seconds", str(seconds),
+            *tls,
         ],
         capture_output=True,
         text=True,

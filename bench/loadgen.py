@@ -38,6 +38,12 @@ Targets (`kind`), each a `put(key, value)` coroutine that returns the acknowledg
   etcd    etcd's v3 `etcdserverpb.KV/Put` (bench/protos/etcd_kv.proto). Puts go to the leader too,
           found from each member's `/metrics` (`etcd_server_is_leader 1`), so no member forwards.
 
+Security: with `credentials` (a directory of ca.pem, cert.pem, key.pem, `pki.IdentityFiles`)
+every channel is mutual TLS (`service.common.tls.open_channel`, the client code Tessera's own
+clients use), the server verified against the cluster CA and the name `tessera` every server
+certificate of ours carries (etcd's included, bench/etcd_baseline.py); etcd's `/metrics` is
+then read over HTTPS with the same certificate. Without it, plaintext.
+
 Progress: each worker prints one JSON line per half second with its running count; the parent
 turns them into a status line on stderr every `progress_s` seconds.
 """
@@ -52,6 +58,7 @@ import json
 import math
 import os
 import resource
+import ssl
 import sys
 import time
 import urllib.request
@@ -65,6 +72,8 @@ import grpc
 import grpc.aio
 
 from bench.protos import etcd_kv_pb2
+from service.common.pki import IdentityFiles
+from service.common.tls import Credentials, open_channel
 from service.pb import kvdemo_pb2, kvdemo_pb2_grpc
 
 LEADER_ADDRESS_KEY = "tessera-leader-address"  # service.common.errors.LEADER_ADDRESS_KEY
@@ -98,10 +107,11 @@ class _Channels:
 
     `unary` binds a method on each channel once and reuses it: every target's put is the same
     one bound call (building a stub or a multicallable per put costs the generator CPU that
-    the servers on the same machine then lack)."""
+    the servers on the same machine then lack). With `creds`, every channel is mutual TLS."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, creds: Credentials | None = None) -> None:
         self.n = max(1, n)
+        self.creds = creds
         self._channels: dict[str, list[grpc.aio.Channel]] = {}
         self._methods: dict[tuple[str, str], list[grpc.aio.UnaryUnaryMultiCallable]] = {}
         self._streams: dict[tuple[str, str], list[grpc.aio.StreamStreamMultiCallable]] = {}
@@ -111,7 +121,7 @@ class _Channels:
         chans = self._channels.get(address)
         if chans is None:
             chans = self._channels[address] = [
-                grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) for _ in range(self.n)
+                open_channel(address, self.creds, options=CHANNEL_OPTIONS) for _ in range(self.n)
             ]
         return chans
 
@@ -173,9 +183,13 @@ class LeaderTarget:
         channels: int = 4,
         rpc_timeout: float = 10.0,
         give_up_after: float = 30.0,
+        credentials: IdentityFiles | None = None,
     ) -> None:
         self.addresses = list(addresses)
-        self.channels = _Channels(channels)
+        self.credentials = credentials
+        """Mutual TLS as this identity when set (module docstring); plaintext otherwise."""
+        creds = None if credentials is None else Credentials.from_files(credentials)
+        self.channels = _Channels(channels, creds)
         self.rpc_timeout = rpc_timeout
         self.give_up_after = give_up_after
         self.leader: str | None = None
@@ -313,8 +327,12 @@ class KvDemoStreamTarget(KvDemoTarget):
 class EtcdTarget(LeaderTarget):
     """etcd v3 KV.Put over gRPC; the leader is found from the members' /metrics."""
 
+    def __init__(self, addresses: Sequence[str], **kwargs: Any) -> None:
+        super().__init__(addresses, **kwargs)
+        self._https = None if self.credentials is None else https_context(self.credentials)
+
     async def _is_leader(self, address: str) -> bool:
-        return await asyncio.to_thread(etcd_is_leader, address)
+        return await asyncio.to_thread(etcd_is_leader, address, self._https)
 
     async def _call_put(
         self, address: str, key: str, value: bytes, timeout: float, client: int
@@ -329,9 +347,22 @@ class EtcdTarget(LeaderTarget):
         await put(etcd_kv_pb2.PutRequest(key=key.encode(), value=value), timeout=timeout)
 
 
-def etcd_is_leader(address: str, timeout: float = 1.0) -> bool:
+def https_context(files: IdentityFiles) -> ssl.SSLContext:
+    """HTTPS to a secured etcd member's client URL: its certificate verified against the CA
+    (and its IP address), ours presented for `--client-cert-auth`."""
+    context = ssl.create_default_context(cafile=str(files.ca_file))
+    context.load_cert_chain(str(files.cert_file), str(files.key_file))
+    return context
+
+
+def etcd_url(address: str, path: str, https: ssl.SSLContext | None) -> str:
+    return f"{'https' if https else 'http'}://{address}{path}"
+
+
+def etcd_is_leader(address: str, https: ssl.SSLContext | None = None, timeout: float = 1.0) -> bool:
     """etcd serves Prometheus metrics on its client URL; `etcd_server_is_leader 1` on the leader."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as r:
+    url = etcd_url(address, "/metrics", https)
+    with urllib.request.urlopen(url, timeout=timeout, context=https) as r:
         for line in r.read().decode().splitlines():
             if line.startswith("etcd_server_is_leader "):
                 return float(line.split()[1]) == 1.0
@@ -359,7 +390,10 @@ def _cpu_seconds() -> float:
 
 
 async def _worker_main(args: argparse.Namespace) -> None:
-    target = TARGETS[args.kind](args.addresses.split(","), channels=args.channels)
+    files = IdentityFiles.in_dir(Path(args.credentials)) if args.credentials else None
+    target = TARGETS[args.kind](
+        args.addresses.split(","), channels=args.channels, credentials=files
+    )
     await target.ready(timeout=30.0)
     _emit({"ready": True})
     line = await asyncio.to_thread(sys.stdin.readline)
@@ -449,6 +483,8 @@ class LoadSpec:
     procs: int = 1
     channels: int = 4
     label: str = ""
+    credentials: str = ""
+    """A credentials directory (ca.pem, cert.pem, key.pem): mutual TLS; "" for plaintext."""
 
 
 @dataclass
@@ -521,6 +557,7 @@ async def run_load(
             f"--warmup={spec.warmup}",
             f"--value-size={spec.value_size}",
             f"--channels={spec.channels}",
+            f"--credentials={spec.credentials}",
             f"--run={run_id}",
             f"--proc={i}",
         ]
@@ -664,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--value-size", type=int, default=16)
     p.add_argument("--procs", type=int, default=1, help="load generator processes")
     p.add_argument("--channels", type=int, default=4, help="connections per server per process")
+    p.add_argument("--credentials", default="", help="mutual TLS as the identity in this directory")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--run", default="", help=argparse.SUPPRESS)
     p.add_argument("--proc", type=int, default=0, help=argparse.SUPPRESS)
@@ -680,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         value_size=args.value_size,
         procs=args.procs,
         channels=args.channels,
+        credentials=args.credentials,
     )
     r = asyncio.run(run_load(spec))
     print(

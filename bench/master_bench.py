@@ -1,29 +1,48 @@
 """Master benchmark (`make bench-master`): one line per figure, progress on stderr.
 
+Secured, as the product ships: the master, its simulated tablet servers and every client speak
+mutual TLS from a CA made for the run, and the master authorizes every call by certificate.
+Each simulated server heartbeats over its own connection with its own `tserver` certificate
+(service/testing/ts_simulator.py `--pki`), because a master accepts a heartbeat only from the
+server it names; so the heartbeat figures are secured too. GetTableLocations and Raft commits
+are also measured with security off, and the run ends with their ratios.
+
   create    CreateTable with --tablets tablets x 3 replicas: bytes of its ONE replicated entry
             (Kudu measured ~117 KB for 1,000 tablets, seed 001) and seconds until every tablet
-            is RUNNING on simulated tablet servers (a real master process, simulator process)
+            is RUNNING on simulated tablet servers (a real master process, simulator process),
+            on the secured master and on an insecure one with its own plaintext fleet
   lookup    GetTableLocations in-process p99 on a --lookup-tablets table (goal <= 100 us)
-  rpc       GetTableLocations RPCs/s against the master process with 32 concurrent clients
-            of the Go load generator (bench/go_load.py; goal >= 3,000/s on this 2-core
-            machine), the same clients' Ping RPCs/s against the master (its ceiling: gRPC's
-            per-call cost in this process, without the lookup) and against an empty grpc.aio
-            server (bench/grpc_baseline.py): what one Python gRPC process can answer here
-            today. --rpc-rounds rounds (3; 1 with --quick) of 5 s each, the three in turn, so
-            they share the machine's good and bad minutes; medians, the rate's range, ratios
+  rpc       GetTableLocations RPCs/s against the secured master process with 32 concurrent
+            clients of the Go load generator over mutual TLS (bench/go_load.py; goal >= 3,000/s
+            on this 2-core machine), the same clients' Ping RPCs/s against the master (its
+            ceiling: gRPC's per-call cost in this process, without the lookup) and against an
+            empty grpc.aio server with TLS (bench/grpc_baseline.py): what one Python gRPC
+            process can answer here today. --rpc-rounds rounds (3; 1 with --quick) of 5 s
+            each, every target in turn, so they share the machine's good and bad minutes;
+            medians, the rate's range, ratios
+  rpc-insecure  the same clients in plaintext against the insecure master (security.mode =
+            "insecure", up at the same time, measured right after the secured one in every
+            round), secured/insecure (goal >= 0.8), and the empty server in plaintext
   rpc-py    the same with 32 Python grpc.aio clients in the bench process, which take about
-            as much CPU per call as the master and share its 2 cores
+            as much CPU per call as the master and share its 2 cores, secured and insecure
+  spiral    the first of the heartbeat fleet's tables (10,000 tablets x 3 at full scale): how
+            long until RUNNING, and the fewest servers the master held live meanwhile (a busy
+            master must never declare its servers dead: progress_clock, bounded rounds)
   heartbeat --servers simulated servers heartbeating every second, hosting --replicas
             replicas in all: the master process's CPU (fraction of one core, from
             /proc/<pid>/stat) and the heartbeat p99 latency the simulator measured
             (goals: < 0.5 core, p99 < 50 ms)
-  spiral    the first of the heartbeat fleet's tables (10,000 tablets x 3 at full scale): how
-            long until RUNNING, and the fewest servers the master held live meanwhile (a busy
-            master must never declare its servers dead: progress_clock, bounded rounds)
+  raft      Raft commits/s, secured and insecure: bench.raft_commit's Tessera measurement
+            (3 KV demo nodes, fsync on, 64 clients over PutStream), run once every master is
+            stopped, so that bench-master reports both security goals
+  security-overhead: raft-commit S1, get-table-locations S2
+            the last line: each S is secured / insecure, two decimals (goals >= 0.8); S2 from
+            the Go load generator's figures, the Python clients' where Go is missing
 
 Usage: python -m bench.master_bench [--tablets 1000] [--servers 1000] [--replicas 100000]
-       [--rpc-rounds 3] [--quick]
-       (--quick: --servers 100 --replicas 3000 --lookup-tablets 2000 --rpc-rounds 1, a smoke run)
+       [--rpc-rounds 3] [--raft-seconds 10] [--quick]
+       (--quick: --servers 100 --replicas 3000 --lookup-tablets 2000 --rpc-rounds 1
+       --raft-seconds 2, a smoke run)
 """
 
 from __future__ import annotations
@@ -40,19 +59,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 
-from bench import go_load
+from bench import go_load, raft_commit
 from service.common.clock import ManualClock
 from service.common.ids import NodeId
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
+from service.common.pki import IdentityFiles
 from service.common.schema import ColumnType, Schema
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
+from service.common.tls import Credentials, open_channel
 from service.master.catalog_manager import CatalogManager
 from service.master.catalog_reads import (
     TableIdentifier,
@@ -165,8 +186,16 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start_sim(
-    masters: list[str], prefix: str, count: int, workdir: Path, *, stagger: bool = False
+    masters: list[str],
+    prefix: str,
+    count: int,
+    workdir: Path,
+    *,
+    stagger: bool = False,
+    pki: Path | None = None,
 ) -> tuple[subprocess.Popen[bytes], Path]:
+    """`count` simulated tablet servers `<prefix>-NNNN` in one process, heartbeating to
+    `masters`; with `pki` (the masters' CA directory), each over mutual TLS as itself."""
     port_file = workdir / f"{prefix}.port"
     stats = workdir / f"{prefix}.stats"
     proc = subprocess.Popen(
@@ -185,6 +214,7 @@ def start_sim(
             "--stats-file",
             str(stats),
             *(["--stagger"] if stagger else []),
+            *(["--pki", str(pki)] if pki is not None else []),
         ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -270,10 +300,16 @@ async def live_servers(stub: Any, prefix: str) -> int:
 
 
 async def rpc_throughput(
-    address: str, call: str, request: Any, clients: int, seconds: float
+    address: str,
+    call: str,
+    request: Any,
+    clients: int,
+    seconds: float,
+    creds: Credentials | None = None,
 ) -> float:
-    """Calls of MasterService.`call` per second, `clients` callers over 4 channels."""
-    channels = [grpc.aio.insecure_channel(address) for _ in range(4)]
+    """Calls of MasterService.`call` per second, `clients` callers over 4 channels (mutual TLS
+    as `creds`, plaintext without)."""
+    channels = [open_channel(address, creds, role="master") for _ in range(4)]
     stubs = [master_pb2_grpc.MasterServiceStub(c) for c in channels]
     count = 0
     stop = time.monotonic() + seconds
@@ -294,11 +330,13 @@ async def rpc_throughput(
 
 
 @contextlib.contextmanager
-def empty_server(workdir: Path) -> Iterator[str]:
-    """`bench.grpc_baseline` (an empty grpc.aio server) in its own process; its address."""
-    port_file = workdir / "baseline.port"
+def empty_server(workdir: Path, credentials: Path | None) -> Iterator[str]:
+    """`bench.grpc_baseline` (an empty grpc.aio server) in its own process, serving mutual TLS
+    as the identity in the directory `credentials` or plaintext; its address."""
+    port_file = workdir / f"baseline-{'tls' if credentials else 'plaintext'}.port"
+    tls = ["--credentials", str(credentials)] if credentials is not None else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.grpc_baseline", "--port-file", str(port_file)],
+        [sys.executable, "-m", "bench.grpc_baseline", "--port-file", str(port_file), *tls],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
@@ -309,23 +347,46 @@ def empty_server(workdir: Path) -> Iterator[str]:
         terminate_all([proc])
 
 
+@dataclass(frozen=True)
+class GoTarget:
+    """One thing the Go load generator measures: a method of a server, as an identity."""
+
+    address: str
+    method: str
+    request: bytes
+    credentials: IdentityFiles | None
+    """Mutual TLS as this identity; None: plaintext."""
+    pid: int | None = None
+    """The server process whose CPU is sampled while it is measured."""
+
+
 async def go_rounds(
-    go: Path, targets: dict[str, tuple[str, str, bytes]], rounds: int, pid: int
-) -> tuple[dict[str, list[go_load.LoadResult]], list[float]]:
-    """`rounds` rounds of 5 s per target (name -> address, method, request), in turn, 32 Go
-    clients each: on a noisy machine the targets then share its good and bad minutes. Also
-    the master's CPU (cores) during each round's first target."""
+    go: Path, targets: dict[str, GoTarget], rounds: int
+) -> tuple[dict[str, list[go_load.LoadResult]], dict[str, list[float]]]:
+    """`rounds` rounds of 5 s per target, in turn, 32 Go clients each: on a noisy machine the
+    targets then share its good and bad minutes. Also, per target with a pid, that process's
+    CPU (cores) during each of its runs."""
     results: dict[str, list[go_load.LoadResult]] = {name: [] for name in targets}
-    cpu: list[float] = []
+    cpu: dict[str, list[float]] = {name: [] for name in targets}
     for r in range(rounds):
-        for i, (name, (address, method, request)) in enumerate(targets.items()):
-            progress(f"round {r + 1}/{rounds}: {name}, 32 clients of the Go load generator, 5 s")
-            c0, t0 = cpu_seconds(pid), time.monotonic()
-            result = await asyncio.to_thread(
-                go_load.run, go, address, f"{SERVICE}/{method}", request, clients=32, seconds=5.0
+        for name, t in targets.items():
+            progress(
+                f"round {r + 1}/{rounds}: {name}, 32 clients of the Go load generator, 5 s"
+                f" (load average {os.getloadavg()[0]:.2f})"
             )
-            if i == 0:
-                cpu.append((cpu_seconds(pid) - c0) / (time.monotonic() - t0))
+            c0, t0 = (cpu_seconds(t.pid) if t.pid else 0.0), time.monotonic()
+            result = await asyncio.to_thread(
+                go_load.run,
+                go,
+                t.address,
+                f"{SERVICE}/{t.method}",
+                t.request,
+                clients=32,
+                seconds=5.0,
+                credentials=t.credentials,
+            )
+            if t.pid:
+                cpu[name].append((cpu_seconds(t.pid) - c0) / (time.monotonic() - t0))
             assert result.errors == 0, (name, result)
             results[name].append(result)
     return results, cpu
@@ -335,131 +396,233 @@ def _median_rps(results: list[go_load.LoadResult]) -> float:
     return statistics.median(r.rps for r in results)
 
 
-async def processes(args: argparse.Namespace, workdir: Path) -> None:
-    # A 10 s unresponsive timeout: the create phase's fleet, stopped, is marked dead soon.
-    overrides = {
-        **FAST_RAFT,
-        "bg_task_interval_ms": "200",
-        "max_create_tablets_per_ts": "1000",
-        "unresponsive_timeout_ms": "10000",
-    }
-    # Insecure for now: the simulated tablet servers heartbeat as 1,000 uuids from one process,
-    # and the load generators speak plaintext; a secured run needs a certificate per simulated
-    # server (the secured/insecure ratio is the benchmark's next figure).
-    with MasterCluster(workdir / "masters", 1, overrides=overrides, secure=False) as cluster:
-        address = cluster.addresses[0]
-        pid = cluster.masters["master-1"].proc.pid  # type: ignore[union-attr]
-        procs: list[subprocess.Popen[bytes]] = []
+def _spread(results: list[go_load.LoadResult]) -> str:
+    if len(results) == 1:
+        return "one round of 5 s"
+    low, high = min(r.rps for r in results), max(r.rps for r in results)
+    return f"median of {len(results)} rounds of 5 s: {low:,.0f}-{high:,.0f}"
+
+
+OVERRIDES = {
+    **FAST_RAFT,
+    "bg_task_interval_ms": "200",
+    "max_create_tablets_per_ts": "1000",
+    "unresponsive_timeout_ms": "10000",
+}
+"""A 10 s unresponsive timeout: the create phase's fleet, stopped, is marked dead soon."""
+
+CREATE_FLEET = 30
+"""Simulated servers the create phase's table is placed on (and the rpc figures' table lives)."""
+
+
+@dataclass
+class Setup:
+    """One master process, a small simulated fleet and a table of --tablets tablets on it."""
+
+    cluster: MasterCluster
+    address: str
+    pid: int
+    channel: grpc.aio.Channel
+    stub: Any
+    sim: subprocess.Popen[bytes]
+    table_id: str
+    create_s: float
+    """Seconds from CreateTable until every tablet was RUNNING."""
+
+    @property
+    def load_identity(self) -> IdentityFiles | None:
+        """The load generators' identity (None: insecure): the cluster's admin, whose DDL made
+        the table. Every authenticated role may call GetTableLocations and Ping, so the calls
+        pay for TLS and the role check; an admin holds every privilege on every table, so the
+        figure stays the cost of those whatever per-table rules a `user` is subject to."""
+        pki = self.cluster.pki
+        return None if pki is None else pki.files("admin", "test-admin")
+
+    def load_credentials(self) -> Credentials | None:
+        files = self.load_identity
+        return None if files is None else Credentials.from_files(files)
+
+    def locations_request(self) -> pb.GetTableLocationsRequestPB:
+        return pb.GetTableLocationsRequestPB(table=pb.TableIdentifierPB(table_id=self.table_id))
+
+
+async def set_up(
+    cluster: MasterCluster, workdir: Path, prefix: str, tablets: int, procs: list[Any]
+) -> Setup:
+    """Wait for `cluster`'s one master to lead, start CREATE_FLEET simulated servers for it
+    (secured like the master), and create a `tablets`-tablet table on them."""
+    what = "secured" if cluster.pki is not None else "insecure"
+    address = cluster.addresses[0]
+    proc = cluster.masters["master-1"].proc
+    assert proc is not None
+    channel = cluster.channel(address)  # as the cluster's admin: CreateTable is DDL
+    stub: Any = master_pb2_grpc.MasterServiceStub(channel)
+    progress(f"waiting for the {what} master to lead")
+    while True:
         try:
-            channel = grpc.aio.insecure_channel(address)
-            stub: Any = master_pb2_grpc.MasterServiceStub(channel)
-            progress("waiting for the master to lead")
-            while True:
-                try:
-                    await stub.ListTables(pb.ListTablesRequestPB(), timeout=2)
-                    break
-                except grpc.aio.AioRpcError:
-                    await asyncio.sleep(0.1)
+            await stub.ListTables(pb.ListTablesRequestPB(), timeout=2)
+            break
+        except grpc.aio.AioRpcError:
+            await asyncio.sleep(0.1)
+    pki = None if cluster.pki is None else cluster.pki.directory
+    sim, _ = start_sim([address], prefix, CREATE_FLEET, workdir, pki=pki)
+    procs.append(sim)
+    await wait_servers(stub, CREATE_FLEET, prefix=f"{prefix}-")
+    progress(f"CreateTable with {tablets} tablets x 3 on the {what} master")
+    t0 = time.monotonic()
+    table_id = await create_table(stub, "create", tablets, 1)
+    await wait_running(stub, table_id, 300)
+    create_s = time.monotonic() - t0
+    return Setup(cluster, address, proc.pid, channel, stub, sim, table_id, create_s)
 
-            # create: a small fleet, one big table.
-            sim, _ = start_sim([address], "c", 30, workdir)
-            procs.append(sim)
-            await wait_servers(stub, 30)
-            progress(f"CreateTable with {args.tablets} tablets x 3")
-            t0 = time.monotonic()
-            table_id = await create_table(stub, "create", args.tablets, 1)
-            await wait_running(stub, table_id, 300)
-            secs = time.monotonic() - t0
-            print(
-                f"create   {args.tablets} tablets x 3 RUNNING on simulated servers in {secs:.2f} s"
-            )
 
-            req = pb.GetTableLocationsRequestPB(table=pb.TableIdentifierPB(table_id=table_id))
-            ping = pb.PingRequestPB()
-            go, why = await asyncio.to_thread(go_load.build)
-            with empty_server(workdir) as empty_address:
-                go_line = f"Go load generator: none ({why})"
-                if go is not None:
-                    targets = {
-                        "GetTableLocations on the master": (
-                            address, "GetTableLocations", req.SerializeToString()),
-                        "Ping on the master": (address, "Ping", ping.SerializeToString()),
-                        "Ping on an empty grpc.aio server": (
-                            empty_address, "Ping", ping.SerializeToString()),
-                    }  # fmt: skip
-                    results, cpus = await go_rounds(go, targets, args.rpc_rounds, pid)
-                    gtl, own, empty_go = (results[name] for name in targets)
-                    rps = _median_rps(gtl)
-                    spread = (
-                        f"median of {len(gtl)} rounds of 5 s:"
-                        f" {min(r.rps for r in gtl):,.0f}-{max(r.rps for r in gtl):,.0f}"
-                        if len(gtl) > 1
-                        else "one round of 5 s"
-                    )
-                    go_line = (
-                        f"{rps:,.0f} RPCs/s ({spread}) from 32 clients of the Go load generator,"
-                        " p99"
-                        f" {statistics.median(r.p99_us for r in gtl) / 1000:.1f} ms, master"
-                        f" {statistics.median(cpus):.2f} core (goal >= 3,000/s); an empty"
-                        f" grpc.aio server {_median_rps(empty_go):,.0f}/s: ratio"
-                        f" {rps / _median_rps(empty_go):.2f}; the master's own Ping"
-                        f" {_median_rps(own):,.0f}/s: ratio {rps / _median_rps(own):.2f}"
-                    )
-                progress("GetTableLocations RPCs, 32 Python clients")
-                c0, t0 = cpu_seconds(pid), time.monotonic()
-                rate = await rpc_throughput(address, "GetTableLocations", req, 32, 5.0)
-                cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
-                progress("Ping RPCs, the same Python clients, against an empty grpc.aio server")
-                await rpc_throughput(empty_address, "Ping", ping, 32, 0.5)  # warm up
-                empty = await rpc_throughput(empty_address, "Ping", ping, 32, 5.0)
-            print(f"rpc      GetTableLocations {go_line}")
+async def rpc_figures(args: argparse.Namespace, workdir: Path, sec: Setup, ins: Setup) -> float:
+    """Print the `rpc`, `rpc-insecure` and `rpc-py` lines; GetTableLocations secured/insecure
+    (from the Go load generator's figures where Go is available, the Python clients' else)."""
+    assert sec.cluster.pki is not None
+    empty_identity = sec.cluster.pki.export("master", "empty-server", workdir / "empty-creds")
+    go, why = await asyncio.to_thread(go_load.build)
+    with (
+        empty_server(workdir, empty_identity.ca_file.parent) as empty_tls,
+        empty_server(workdir, None) as empty_plain,
+    ):
+        ratio = 0.0
+        if go is None:
+            print(f"rpc      GetTableLocations: no Go load generator ({why})")
+        else:
+            ping = pb.PingRequestPB().SerializeToString()
+            user = sec.load_identity
+            targets = {
+                "GetTableLocations, secured master": GoTarget(
+                    sec.address, "GetTableLocations", sec.locations_request().SerializeToString(),
+                    user, sec.pid),
+                "GetTableLocations, insecure master": GoTarget(
+                    ins.address, "GetTableLocations", ins.locations_request().SerializeToString(),
+                    None, ins.pid),
+                "Ping, secured master": GoTarget(sec.address, "Ping", ping, user),
+                "Ping, empty server with TLS": GoTarget(empty_tls, "Ping", ping, user),
+                "Ping, empty server in plaintext": GoTarget(empty_plain, "Ping", ping, None),
+            }  # fmt: skip
+            results, cpus = await go_rounds(go, targets, args.rpc_rounds)
+            s_gtl, i_gtl, own, e_tls, e_plain = results.values()
+            s_cpu, i_cpu = (statistics.median(c) for c in list(cpus.values())[:2])
+            rps, rps_i = _median_rps(s_gtl), _median_rps(i_gtl)
+            ratio = rps / rps_i
             print(
-                f"rpc-py   GetTableLocations {rate:,.0f} RPCs/s from 32 Python clients (one"
-                f" process on the same 2 cores), master {cpu:.2f} core; an empty grpc.aio server"
-                f" {empty:,.0f}/s: ratio {rate / empty:.2f}"
+                f"rpc      GetTableLocations {rps:,.0f} RPCs/s ({_spread(s_gtl)}) from 32 clients"
+                " of the Go load generator over mutual TLS, p99"
+                f" {statistics.median(r.p99_us for r in s_gtl) / 1000:.1f} ms, master"
+                f" {s_cpu:.2f} core (goal >= 3,000/s); an empty grpc.aio server with TLS"
+                f" {_median_rps(e_tls):,.0f}/s: ratio {rps / _median_rps(e_tls):.2f}; the"
+                f" master's own Ping {_median_rps(own):,.0f}/s: ratio {rps / _median_rps(own):.2f}"
             )
-            terminate_all([sim])
-            procs.remove(sim)
+            print(
+                f"rpc-insecure GetTableLocations {rps_i:,.0f} RPCs/s ({_spread(i_gtl)}) from the"
+                ' same clients in plaintext, master with security.mode = "insecure", p99'
+                f" {statistics.median(r.p99_us for r in i_gtl) / 1000:.1f} ms, master"
+                f" {i_cpu:.2f} core; secured/insecure {ratio:.2f} (goal >= 0.8); an empty"
+                f" grpc.aio server in plaintext {_median_rps(e_plain):,.0f}/s (with TLS:"
+                f" {_median_rps(e_tls) / _median_rps(e_plain):.2f} of that)"
+            )
+        progress("GetTableLocations RPCs, 32 Python clients over mutual TLS")
+        creds = sec.load_credentials()
+        c0, t0 = cpu_seconds(sec.pid), time.monotonic()
+        rate = await rpc_throughput(
+            sec.address, "GetTableLocations", sec.locations_request(), 32, 5.0, creds
+        )
+        cpu = (cpu_seconds(sec.pid) - c0) / (time.monotonic() - t0)
+        progress("the same, plaintext, against the insecure master")
+        rate_i = await rpc_throughput(
+            ins.address, "GetTableLocations", ins.locations_request(), 32, 5.0
+        )
+        progress("Ping RPCs, the same Python clients, against an empty grpc.aio server with TLS")
+        ping_req = pb.PingRequestPB()
+        await rpc_throughput(empty_tls, "Ping", ping_req, 32, 0.5, creds)  # warm up
+        empty = await rpc_throughput(empty_tls, "Ping", ping_req, 32, 5.0, creds)
+    print(
+        f"rpc-py   GetTableLocations {rate:,.0f} RPCs/s from 32 Python clients over mutual TLS"
+        f" (one process on the same 2 cores), master {cpu:.2f} core; an empty grpc.aio server"
+        f" with TLS {empty:,.0f}/s: ratio {rate / empty:.2f}; the insecure master in plaintext"
+        f" {rate_i:,.0f}/s: secured/insecure {rate / rate_i:.2f}"
+    )
+    return ratio if go is not None else rate / rate_i
 
-            # heartbeat: the big fleet, --replicas replicas in all.
-            # Staggered: independent servers heartbeat at their own phase of the second.
-            fleet, stats = start_sim([address], "h", args.servers, workdir, stagger=True)
-            procs.append(fleet)
-            await wait_servers(stub, args.servers, prefix="h-")
-            # Tables of at most FLEET_TABLE_TABLETS tablets each, as many as it takes, once
-            # the master has marked the create phase's servers dead (none is placed on them).
-            await wait_dead(stub, "c-")
-            tablets = args.replicas // 3
-            per_table = [min(FLEET_TABLE_TABLETS, tablets - i)
-                         for i in range(0, tablets, FLEET_TABLE_TABLETS)]  # fmt: skip
-            for n, count in enumerate(per_table):
-                progress(f"CreateTable {n + 1}/{len(per_table)}: {count} tablets x 3 on "
-                         f"{args.servers} servers")  # fmt: skip
-                table2 = await create_table(stub, f"fleet{n}", count, 2 + n)
-                secs, fewest, slowest = await wait_running_watching(stub, table2, 600, "h-")
-                if n == 0:
-                    print(
-                        f"spiral   {count}-tablet CreateTable on {args.servers} servers: RUNNING "
-                        f"in {secs:.1f} s, fewest servers live meanwhile {fewest}/{args.servers} "
-                        f"(goal: none marked dead), slowest IsCreateTableDone {slowest:.2f} s"
-                    )
-            progress("measuring 10 s of steady heartbeats")
-            await asyncio.sleep(2.0)
-            c0, t0 = cpu_seconds(pid), time.monotonic()
-            await asyncio.sleep(10.0)
-            cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
-            await asyncio.sleep(1.5)  # the simulator writes its statistics every second
-            data = json.loads(stats.read_text())
-            # p99 of the heartbeats of the simulator's last 10 s: the steady window, not the
-            # creation of the tables before it.
-            print(
-                f"heartbeat {args.servers} servers x 1/s, {data['replicas']} replicas: master CPU "
-                f"{cpu:.2f} core (goal < 0.5), heartbeat p99 {data['recent_p99_s'] * 1000:.1f} "
-                f"ms over {data['recent_heartbeats']} heartbeats (goal < 50 ms)"
-            )
-            await channel.close(None)
+
+async def processes(args: argparse.Namespace, workdir: Path) -> float:
+    """The figures of real processes, on a secured master (the product's default) with
+    simulated servers heartbeating over mutual TLS; GetTableLocations also against a master
+    with security.mode = "insecure" and its own plaintext fleet, both up at once so that the
+    rounds alternate between them. Returns GetTableLocations secured/insecure."""
+    procs: list[subprocess.Popen[bytes]] = []
+    with MasterCluster(workdir / "secured", 1, overrides=OVERRIDES) as cluster:
+        try:
+            sec = await set_up(cluster, workdir, "c", args.tablets, procs)
+            plain = MasterCluster(workdir / "insecure", 1, overrides=OVERRIDES, secure=False)
+            with plain:
+                ins = await set_up(plain, workdir, "p", args.tablets, procs)
+                print(
+                    f"create   {args.tablets} tablets x 3 RUNNING on simulated servers in"
+                    f" {sec.create_s:.2f} s (secured; the insecure master and fleet:"
+                    f" {ins.create_s:.2f} s)"
+                )
+                ratio = await rpc_figures(args, workdir, sec, ins)
+                await ins.channel.close(None)
+                terminate_all([ins.sim])
+                procs.remove(ins.sim)
+            terminate_all([sec.sim])
+            procs.remove(sec.sim)
+            await heartbeat_figures(args, workdir, sec, procs)
+            await sec.channel.close(None)
         finally:
             terminate_all(procs)
+    return ratio
+
+
+async def heartbeat_figures(
+    args: argparse.Namespace, workdir: Path, sec: Setup, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """The `spiral` and `heartbeat` lines: --servers simulated servers, each over its own
+    mutual-TLS connection, hosting --replicas replicas created as tables of at most
+    FLEET_TABLE_TABLETS tablets."""
+    stub, pid = sec.stub, sec.pid
+    # Staggered: independent servers heartbeat at their own phase of the second.
+    assert sec.cluster.pki is not None
+    fleet, stats = start_sim(
+        [sec.address], "h", args.servers, workdir, stagger=True, pki=sec.cluster.pki.directory
+    )
+    procs.append(fleet)
+    await wait_servers(stub, args.servers, prefix="h-")
+    # Once the master has marked the create phase's servers dead (none is placed on them).
+    await wait_dead(stub, "c-")
+    tablets = args.replicas // 3
+    per_table = [min(FLEET_TABLE_TABLETS, tablets - i)
+                 for i in range(0, tablets, FLEET_TABLE_TABLETS)]  # fmt: skip
+    for n, count in enumerate(per_table):
+        progress(f"CreateTable {n + 1}/{len(per_table)}: {count} tablets x 3 on "
+                 f"{args.servers} servers")  # fmt: skip
+        table2 = await create_table(stub, f"fleet{n}", count, 2 + n)
+        secs, fewest, slowest = await wait_running_watching(stub, table2, 600, "h-")
+        if n == 0:
+            print(
+                f"spiral   {count}-tablet CreateTable on {args.servers} servers: RUNNING "
+                f"in {secs:.1f} s, fewest servers live meanwhile {fewest}/{args.servers} "
+                f"(goal: none marked dead), slowest IsCreateTableDone {slowest:.2f} s"
+            )
+    progress("measuring 10 s of steady heartbeats")
+    await asyncio.sleep(2.0)
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    await asyncio.sleep(10.0)
+    cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+    await asyncio.sleep(1.5)  # the simulator writes its statistics every second
+    data = json.loads(stats.read_text())
+    # p99 of the heartbeats of the simulator's last 10 s: the steady window, not the
+    # creation of the tables before it.
+    print(
+        f"heartbeat {args.servers} servers x 1/s over mutual TLS, {data['replicas']} replicas:"
+        f" master CPU {cpu:.2f} core (goal < 0.5), heartbeat p99"
+        f" {data['recent_p99_s'] * 1000:.1f} ms over {data['recent_heartbeats']} heartbeats"
+        " (goal < 50 ms)"
+    )
 
 
 async def wait_dead(stub: Any, prefix: str) -> None:
@@ -480,8 +643,28 @@ async def wait_servers(stub: Any, n: int, prefix: str = "") -> None:
         await asyncio.sleep(0.5)
 
 
+async def raft_figure(args: argparse.Namespace) -> float:
+    """The `raft` line: bench.raft_commit's Tessera measurement (3 KV demo nodes, PutStream,
+    64 clients), secured and insecure, once every master process is gone. Returns
+    secured/insecure."""
+    progress("Raft commits (bench.raft_commit's tessera rows): secured, then insecure")
+    # In a thread: the measurement runs its own event loops (asyncio.run).
+    rows = await asyncio.to_thread(
+        raft_commit.run_secured_and_insecure, 64, args.raft_seconds, args.raft_warmup, 16, 1
+    )
+    secured, insecure = (row.result.rate if row.result else 0.0 for row in rows)
+    overhead = raft_commit.security_overhead(rows)
+    print(
+        f"raft     {secured:,.0f} commits/s over mutual TLS (3 KV demo nodes, fsync on, 64"
+        f" clients over PutStream, {args.raft_seconds:g} s); insecure {insecure:,.0f}/s:"
+        f" secured/insecure {overhead:.2f} (goal >= 0.8)"
+    )
+    return overhead
+
+
 async def main_async(args: argparse.Namespace) -> None:
-    progress("entry size")
+    # The machines are shared: a figure means little without the load it was measured under.
+    progress(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; entry size")
     size = await entry_bytes(args.tablets)
     print(
         f"create   CreateTable entry for {args.tablets} tablets x 3: {size / 1024:.1f} KB "
@@ -494,7 +677,9 @@ async def main_async(args: argparse.Namespace) -> None:
         f"{args.lookup_tablets} tablets (goal <= 100 us)"
     )
     with tempfile.TemporaryDirectory(prefix="master-bench-") as tmp:
-        await processes(args, Path(tmp))
+        locations = await processes(args, Path(tmp))
+    raft = await raft_figure(args)
+    print(f"security-overhead: raft-commit {raft:.2f}, get-table-locations {locations:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -504,11 +689,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", type=int, default=1000)
     p.add_argument("--replicas", type=int, default=100_000)
     p.add_argument("--rpc-rounds", type=int, default=3)
+    p.add_argument("--raft-seconds", type=float, default=10.0, help="measured, per mode")
+    p.add_argument("--raft-warmup", type=float, default=2.0)
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
         args.servers, args.replicas, args.lookup_tablets = 100, 3000, 2000
         args.rpc_rounds = 1
+        args.raft_seconds, args.raft_warmup = 2.0, 0.5
     asyncio.run(main_async(args))
     return 0
 

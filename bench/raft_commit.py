@@ -8,16 +8,23 @@ generator (bench/loadgen.py: 64 concurrent clients, distinct keys, 16-byte value
 10 s measured, puts sent to the leader, one put in flight per client) drives each of them:
 
   tessera    3 KV demo nodes (service.consensus.demo_server via DemoCluster), conf/raft-demo.toml
-             as shipped: wal.fsync = true (one fdatasync per group commit). Clients put over
-             the demo's PutStream (one stream per client, a put at a time).
-  tessera-unary  the same cluster again, each put a unary Put call: what the client protocol
+             as shipped: wal.fsync = true (one fdatasync per group commit), secured as the
+             product is by default: mutual TLS from a CA made for the run between the nodes and
+             to the clients, Raft messages and client calls authorized by certificate. Clients
+             put over the demo's PutStream (one stream per client, a put at a time).
+  tessera-insecure  the same, measured right after it, plaintext and admitting anyone (what
+             `security.mode = "insecure"` gives a master or tablet server): tessera divided by
+             this row is the cost of security.
+  tessera-unary  the secured cluster again, each put a unary Put call: what the client protocol
              costs (a grpc.aio server spends several hundred microseconds of CPU per unary
              call, a third of that per stream message). `--skip-unary` leaves it out.
-  etcd       3 etcd 3.4 members (Debian's etcd-server), defaults: fsync of every WAL write.
-             Unary KV.Put, its only write API (a Go server's per-call cost is far lower).
+  etcd       3 etcd 3.4 members (Debian's etcd-server), defaults: fsync of every WAL write; TLS
+             with client certificates on its client and peer URLs, from a CA of our own PKI, so
+             tessera/etcd compares secured with secured. Unary KV.Put, its only write API (a Go
+             server's per-call cost is far lower).
   pysyncobj  3 PySyncObj 0.3.17 nodes with a gRPC front end, library defaults; its journal is
-             never fsynced (it cannot be configured to), so it is not durable on acknowledgement.
-             Driven over PutStream, as Tessera.
+             never fsynced (it cannot be configured to), so it is not durable on acknowledgement,
+             and it has no TLS. Driven over PutStream, as Tessera.
 
 stdout: a table (puts/s, p50/p99 latency, errors, fsync, the load generator's CPU and the
 servers' CPU in cores during the measured window), for Tessera each node's group commit over the
@@ -25,9 +32,11 @@ whole run (entries per fdatasync, proposals per batch, messages: the line each d
 when it stops) and, last, exactly one line
 
     raft-commit: tessera X/s, etcd Y/s, pysyncobj Z/s, tessera/etcd R
+    security-overhead: raft-commit S
 
-with X, Y, Z integers (0 for a skipped system) and R = X / Y with two decimals (0.00 when etcd
-was skipped). Progress goes to stderr. The machine may be shared: the load average is printed
+with X (secured), Y, Z integers (0 for a skipped system), R = X / Y with two decimals (0.00
+when etcd was skipped) and S = X / the tessera-insecure rate with two decimals (goal >= 0.8).
+Progress goes to stderr. The machine may be shared: the load average is printed
 with the table, and numbers are indicative, best compared within one run.
 """
 
@@ -45,6 +54,7 @@ from pathlib import Path
 
 from bench import etcd_baseline, pysyncobj_baseline
 from bench.loadgen import KvDemoTarget, LoadResult, LoadSpec, log, run_load
+from service.common.pki import IdentityFiles
 from service.testing.demo_cluster import DemoCluster
 
 
@@ -56,10 +66,13 @@ class Row:
     note: str = ""
     details: dict[str, str] = field(default_factory=dict)
     """Per server, extra lines for the report (Tessera: its group commit statistics)."""
+    tls: str = "on"
+    """"on": clients and peers spoke mutual TLS; "off": plaintext."""
 
 
-async def _find_leader(addresses: list[str]) -> str:
-    target = KvDemoTarget(addresses)
+async def _find_leader(addresses: list[str], creds: Path | None) -> str:
+    files = None if creds is None else IdentityFiles.in_dir(creds)
+    target = KvDemoTarget(addresses, credentials=files)
     try:
         await target.ready(30.0)
         assert target.leader is not None
@@ -92,14 +105,24 @@ def run_tessera(
     value_size: int,
     procs: int,
     kind: str = "kvdemo-stream",
+    *,
+    secure: bool = True,
+    label: str = "tessera",
 ) -> tuple[LoadResult, dict[str, str]]:
+    """One measurement of a new 3-node cluster: the load's result and each node's group
+    commit statistics. `secure`: mutual TLS and authorization by certificate, the load
+    generator a `user` of the cluster's CA; otherwise plaintext, admitting anyone."""
     base = Path(tempfile.mkdtemp(prefix="tessera-bench-"))
-    cluster = DemoCluster(base, 3, overrides={"wal.fsync": "true"})
-    log("tessera: 3 KV demo nodes (conf/raft-demo.toml), wal.fsync=true")
+    cluster = DemoCluster(base, 3, overrides={"wal.fsync": "true"}, secure=secure)
+    log(
+        f"{label}: 3 KV demo nodes (conf/raft-demo.toml), wal.fsync=true, "
+        + ("mutual TLS" if secure else "plaintext")
+    )
     names: dict[str, str] = {}
     try:
+        creds = cluster.credentials_dir("user", "bench")
         cluster.start()
-        leader = asyncio.run(_find_leader(cluster.addresses))
+        leader = asyncio.run(_find_leader(cluster.addresses, creds))
         pids = {}
         for uuid, node in cluster.nodes.items():
             assert node.proc is not None
@@ -113,7 +136,8 @@ def run_tessera(
             warmup=warmup,
             value_size=value_size,
             procs=procs,
-            label="tessera",
+            label=label,
+            credentials="" if creds is None else str(creds),
         )
         result = asyncio.run(run_load(spec, server_pids=pids))
         cluster.stop()
@@ -123,30 +147,45 @@ def run_tessera(
         shutil.rmtree(base, ignore_errors=True)
 
 
+def run_secured_and_insecure(
+    clients: int, seconds: float, warmup: float, value_size: int, procs: int
+) -> list[Row]:
+    """Tessera's PutStream commits secured, then the same insecure, one after the other so
+    that they share the machine's minute: the rows `tessera` and `tessera-insecure`."""
+    common = (clients, seconds, warmup, value_size, procs)
+    secured, secured_details = run_tessera(*common)
+    insecure, insecure_details = run_tessera(*common, secure=False, label="tessera-insecure")
+    return [
+        Row("tessera", "on", secured, details=secured_details),
+        Row("tessera-insecure", "on", insecure, details=insecure_details, tls="off"),
+    ]
+
+
 def _fmt(x: float, spec: str) -> str:
     return "-" if math.isnan(x) else format(x, spec)
 
 
 def table(rows: list[Row]) -> str:
     head = (
-        f"{'system':<13} {'puts/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
-        f"{'fsync':>5} {'loadgen':>8} {'servers':>8} {'busiest':>8}"
+        f"{'system':<16} {'puts/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
+        f"{'fsync':>5} {'tls':>4} {'loadgen':>8} {'servers':>8} {'busiest':>8}"
     )
     lines = [head, "-" * len(head)]
     for row in rows:
         r = row.result
         if r is None:
-            lines.append(f"{row.system:<13} {'skipped':>8}  {row.note}")
+            lines.append(f"{row.system:<16} {'skipped':>8}  {row.note}")
             continue
         busiest = max(r.server_cores.values(), default=math.nan)
         lines.append(
-            f"{row.system:<13} {r.rate:8.0f} {_fmt(r.p50_ms, '8.2f')} {_fmt(r.p99_ms, '8.2f')} "
-            f"{r.errors:6d} {row.fsync:>5} {r.loadgen_cores:8.2f} "
+            f"{row.system:<16} {r.rate:8.0f} {_fmt(r.p50_ms, '8.2f')} {_fmt(r.p99_ms, '8.2f')} "
+            f"{r.errors:6d} {row.fsync:>5} {row.tls:>4} {r.loadgen_cores:8.2f} "
             f"{sum(r.server_cores.values()):8.2f} {_fmt(busiest, '8.2f')}"
         )
     lines.append(
         "loadgen/servers/busiest: CPU cores used during the measured window by the load "
-        "generator, by all 3 server processes, and by the busiest one"
+        "generator, by all 3 server processes, and by the busiest one; tls: mutual TLS between "
+        "clients and servers and among the servers"
     )
     for row in rows:
         if row.result is not None and row.result.server_cores:
@@ -160,11 +199,26 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _rates(rows: list[Row]) -> dict[str, float]:
+    return {row.system: (row.result.rate if row.result else 0.0) for row in rows}
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator, 0.0 when the denominator was not measured."""
+    return numerator / denominator if denominator else 0.0
+
+
+def security_overhead(rows: list[Row]) -> float:
+    """Secured Tessera's commit rate over the insecure one's (the goal is >= 0.8)."""
+    rate = _rates(rows)
+    return ratio(rate.get("tessera", 0.0), rate.get("tessera-insecure", 0.0))
+
+
 def final_line(rows: list[Row]) -> str:
-    rate = {row.system: (row.result.rate if row.result else 0.0) for row in rows}
+    rate = _rates(rows)
     t, e, p = (round(rate.get(s, 0.0)) for s in ("tessera", "etcd", "pysyncobj"))
-    ratio = rate.get("tessera", 0.0) / rate["etcd"] if rate.get("etcd") else 0.0
-    return f"raft-commit: tessera {t}/s, etcd {e}/s, pysyncobj {p}/s, tessera/etcd {ratio:.2f}"
+    r = ratio(rate.get("tessera", 0.0), rate.get("etcd", 0.0))
+    return f"raft-commit: tessera {t}/s, etcd {e}/s, pysyncobj {p}/s, tessera/etcd {r:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,10 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.warmup:g} s warm-up + {args.seconds:g} s measured per system, "
         f"{args.procs} load generator process(es); load average {load[0]:.2f}"
     )
-    result, details = run_tessera(*common)
-    rows = [Row("tessera", "on", result, details=details)]
+    rows = run_secured_and_insecure(*common)
     if not args.skip_unary:
-        unary, unary_details = run_tessera(*common, kind="kvdemo")
+        unary, unary_details = run_tessera(*common, kind="kvdemo", label="tessera-unary")
         rows.append(Row("tessera-unary", "on", unary, details=unary_details))
     if args.skip_etcd:
         rows.append(Row("etcd", "on", None, "(--skip-etcd)"))
@@ -198,9 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         r = etcd_baseline.run(*common)
         rows.append(Row("etcd", "on", r, "" if r else "(etcd not available)"))
     if args.skip_pysyncobj:
-        rows.append(Row("pysyncobj", "off", None, "(--skip-pysyncobj)"))
+        rows.append(Row("pysyncobj", "off", None, "(--skip-pysyncobj)", tls="off"))
     else:
-        rows.append(Row("pysyncobj", "off", pysyncobj_baseline.run(*common, kind="kvdemo-stream")))
+        r = pysyncobj_baseline.run(*common, kind="kvdemo-stream")
+        rows.append(Row("pysyncobj", "off", r, tls="off"))
     print(
         f"{args.clients} clients, {args.value_size}-byte values, {args.seconds:g} s measured, "
         f"3 processes per system on loopback, {os.cpu_count()} CPUs, load average before the "
@@ -208,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(table(rows))
     print(final_line(rows))
+    print(f"security-overhead: raft-commit {security_overhead(rows):.2f}")
     return 0
 
 

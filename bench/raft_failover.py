@@ -8,6 +8,9 @@ raft.election_timeout_ms=1500 and raft.tick_interval_ms=100: a follower starts a
 A light, continuous write load runs throughout: `--writers` clients (default 4), each putting a
 distinct key and pausing `--pause-ms` (default 20) between puts, with the same leader-following
 client as bench/loadgen.py (NOT_THE_LEADER hints, re-discovery with Status every 20 ms).
+Secured, as the product runs by default: mutual TLS from a CA made for the run between the
+nodes and to the writers (`--insecure`: plaintext). A new leader's first acknowledgement then
+includes the TLS handshakes of the writers' reconnection to it.
 
 Each trial:
   1. find the leader (Status) and wait until every node has applied the leader's commit index;
@@ -42,6 +45,8 @@ import grpc
 import grpc.aio
 
 from bench.loadgen import KvDemoTarget, log, percentile
+from service.common.pki import IdentityFiles
+from service.common.tls import Credentials, open_channel
 from service.pb import kvdemo_pb2, kvdemo_pb2_grpc
 from service.testing.demo_cluster import DemoCluster
 
@@ -55,8 +60,12 @@ TIMING = {
 class Load:
     """A few writers; remembers the first acknowledgement from a node other than `excluded`."""
 
-    def __init__(self, addresses: list[str], writers: int, pause_s: float) -> None:
-        self.target = KvDemoTarget(addresses, channels=1, rpc_timeout=2.0, give_up_after=60.0)
+    def __init__(
+        self, addresses: list[str], writers: int, pause_s: float, creds: IdentityFiles | None
+    ) -> None:
+        self.target = KvDemoTarget(
+            addresses, channels=1, rpc_timeout=2.0, give_up_after=60.0, credentials=creds
+        )
         self.writers = writers
         self.pause_s = pause_s
         self.excluded: str | None = None
@@ -97,8 +106,14 @@ class Load:
         await self.target.aclose()
 
 
-async def status(address: str) -> kvdemo_pb2.StatusResponse | None:
-    async with grpc.aio.insecure_channel(address) as ch:
+def client_identity(cluster: DemoCluster) -> IdentityFiles | None:
+    """The writers' and probes' identity (a `user`), None when the cluster is insecure."""
+    directory = cluster.credentials_dir("user", "bench")
+    return None if directory is None else IdentityFiles.in_dir(directory)
+
+
+async def status(address: str, creds: Credentials | None) -> kvdemo_pb2.StatusResponse | None:
+    async with open_channel(address, creds) as ch:
         try:
             st: kvdemo_pb2.StatusResponse = await kvdemo_pb2_grpc.KvDemoStub(ch).Status(
                 kvdemo_pb2.StatusRequest(), timeout=0.5
@@ -108,12 +123,18 @@ async def status(address: str) -> kvdemo_pb2.StatusResponse | None:
             return None
 
 
+def _credentials(cluster: DemoCluster) -> Credentials | None:
+    files = client_identity(cluster)
+    return None if files is None else Credentials.from_files(files)
+
+
 async def leader_of(cluster: DemoCluster, timeout: float = 30.0) -> tuple[str, int]:
     """(uuid, commit index) of the node that says it is the leader."""
     deadline = time.monotonic() + timeout
+    creds = _credentials(cluster)
     while time.monotonic() < deadline:
         for uuid, node in cluster.nodes.items():
-            st = await status(node.address)
+            st = await status(node.address, creds)
             if st is not None and st.role == "LEADER":
                 return uuid, int(st.commit_index)
         await asyncio.sleep(0.05)
@@ -125,9 +146,10 @@ async def wait_caught_up(cluster: DemoCluster, timeout: float = 60.0) -> float:
     t0 = time.perf_counter()
     _, commit = await leader_of(cluster)
     deadline = time.monotonic() + timeout
+    creds = _credentials(cluster)
     for node in cluster.nodes.values():
         while True:
-            st = await status(node.address)
+            st = await status(node.address, creds)
             if st is not None and st.applied_index >= commit and st.leader_uuid:
                 break
             if time.monotonic() > deadline:
@@ -137,7 +159,7 @@ async def wait_caught_up(cluster: DemoCluster, timeout: float = 60.0) -> float:
 
 
 async def trials(cluster: DemoCluster, kills: int, writers: int, pause_s: float) -> list[float]:
-    load = Load(cluster.addresses, writers, pause_s)
+    load = Load(cluster.addresses, writers, pause_s, client_identity(cluster))
     await load.start()
     samples: list[float] = []
     try:
@@ -174,12 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kills", type=int, default=20, help="trials (leader kills)")
     p.add_argument("--writers", type=int, default=4, help="concurrent writers of the load")
     p.add_argument("--pause-ms", type=float, default=20.0, help="pause between a writer's puts")
+    p.add_argument("--insecure", action="store_true", help="plaintext nodes and writers")
     args = p.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="tessera-failover-"))
-    cluster = DemoCluster(base, 3, overrides={**TIMING, "wal.fsync": "true"})
+    overrides = {**TIMING, "wal.fsync": "true"}
+    cluster = DemoCluster(base, 3, overrides=overrides, secure=not args.insecure)
     log(
         "raft-failover: 3 KV demo nodes, heartbeat 500 ms, election timeout 1500 ms "
-        f"(randomized up to 2x), tick 100 ms, fsync on; {args.writers} writers, "
+        f"(randomized up to 2x), tick 100 ms, fsync on, "
+        f"{'plaintext' if args.insecure else 'mutual TLS'}; {args.writers} writers, "
         f"{args.pause_ms:g} ms pause; {args.kills} leader kills"
     )
     try:

@@ -8,6 +8,13 @@ Status, ChangeConfig, TransferLeader) and the consensus transport (Step) on one 
 `make demo`, the benchmarks and the integration tests. With `--ready-file F` it writes
 {"address", "pid", "uuid"} to F once it serves, so launchers can bind port 0.
 
+With `--credentials DIR` (ca.pem, cert.pem, key.pem: `pki.IdentityFiles.in_dir`) the node is
+secured as a tablet server is: mutual TLS from the cluster CA on its port and on every channel
+to its peers, Raft messages accepted only from `tserver` certificates each speaking for itself,
+and the KvDemo calls authorized by `POLICY`. The certificate must be a `tserver` one named by
+the node's uuid. Without it the node is plaintext and lets anyone call anything, which the
+demo's tests and `make raft-demo` rely on; the benchmarks measure both (bench/README.md).
+
 Exit codes: 0 after SIGTERM/SIGINT, 3 when the node stopped on a storage failure, 2 for a
 configuration error.
 """
@@ -26,9 +33,12 @@ from pathlib import Path
 
 import grpc
 
+from service.common.authz import ADMIN, ANYONE, Authorizer, Rule, allow
 from service.common.config import DemoNodeConfig, load_config, parse_override
 from service.common.errors import InvalidArgument, TesseraError, rpc_errors
 from service.common.logging import setup_logging
+from service.common.pki import IdentityFiles
+from service.common.tls import Credentials, add_port
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import NodeSettings, RaftNode
 from service.consensus.raft_store import RaftStore
@@ -80,8 +90,22 @@ def _deadline(context: grpc.aio.ServicerContext, default: float = 10.0) -> float
     return default if remaining is None else max(0.001, remaining - 0.05)
 
 
+PEER_ROLE = "tserver"
+"""The role of a node's certificate: its Raft group is replicated as a tablet's is."""
+
+POLICY: dict[str, Rule] = {
+    **dict.fromkeys(["Put", "PutStream", "Get"], allow("user", "admin")),
+    "Status": ANYONE,
+    **dict.fromkeys(["ChangeConfig", "TransferLeader"], ADMIN),
+}
+"""Who may call each KvDemo method on a secured node (service/common/authz.py)."""
+
+
 class KvDemoServicer(kvdemo_pb2_grpc.KvDemoServicer):
     """Thin: validate, delegate to the node, return."""
+
+    authorizer: Authorizer | None = None
+    """Set by `serve` (POLICY): `rpc_errors` asks it before every call."""
 
     def __init__(self, node: RaftNode, sm: KvStateMachine, address: str) -> None:
         self.node = node
@@ -186,13 +210,31 @@ def _check_key(key: str) -> bytes:
     return k
 
 
-async def serve(config: DemoNodeConfig, ready_file: Path | None = None) -> int:
+def load_credentials(directory: Path, uuid: str) -> Credentials:
+    """The node's identity from `directory`; InvalidArgument unless it is a `tserver`
+    certificate named `uuid` (peers check that a Raft message's sender is its certificate)."""
+    creds = Credentials.from_files(IdentityFiles.in_dir(directory))
+    if (creds.identity.role, creds.identity.name) != (PEER_ROLE, uuid):
+        raise InvalidArgument(
+            f"{directory}: the certificate is for {creds.identity}, expected {PEER_ROLE} {uuid!r}"
+        )
+    return creds
+
+
+async def serve(
+    config: DemoNodeConfig, ready_file: Path | None = None, creds: Credentials | None = None
+) -> int:
+    """Run the node until SIGTERM/SIGINT; secured when `creds` (module docstring)."""
     fs = RealFileSystem()
     data_dir = str(config.data_dir)
     uuid = NodeId(config.uuid)
     incarnations = Incarnations(fs, data_dir, uuid)
     transport = GrpcTransport(
-        uuid, incarnations=incarnations, max_message_bytes=config.rpc.max_message_bytes
+        uuid,
+        incarnations=incarnations,
+        max_message_bytes=config.rpc.max_message_bytes,
+        credentials=creds,
+        peer_role=PEER_ROLE,
     )
     addresses: dict[str, str] = {p.uuid: p.address for p in config.peers}
     bootstrap = RaftConfig(frozenset(NodeId(p.uuid) for p in config.peers))
@@ -218,16 +260,30 @@ async def serve(config: DemoNodeConfig, ready_file: Path | None = None) -> int:
     )
     transport.register(GROUP, node.step, node.report_unreachable, node.snapshot_sent)
     server = grpc.aio.server(options=config.rpc.server_options())
-    port = server.add_insecure_port(config.rpc_bind)
+    port = add_port(server, config.rpc_bind, creds)
     if port == 0:
         raise OSError(f"could not bind {config.rpc_bind}")
     host = config.rpc_bind.rsplit(":", 1)[0]
     address = f"{host}:{port}"
-    ConsensusServicer(transport).add_to_server(server)
-    kvdemo_pb2_grpc.add_KvDemoServicer_to_server(KvDemoServicer(node, sm, address), server)
+    # Authorizers in both modes, as a master or tablet server has: insecure, they admit
+    # everyone, so the two modes differ by exactly what security adds.
+    secure = creds is not None
+    consensus = ConsensusServicer(
+        transport, Authorizer(ConsensusServicer.policy(PEER_ROLE), secure=secure)
+    )
+    consensus.add_to_server(server)
+    kv = KvDemoServicer(node, sm, address)
+    kv.authorizer = Authorizer(POLICY, secure=secure)
+    kvdemo_pb2_grpc.add_KvDemoServicer_to_server(kv, server)
     await server.start()
     await node.start()
-    log.info("node %s serving on %s (data %s)", uuid, address, data_dir)
+    log.info(
+        "node %s serving on %s (data %s, %s)",
+        uuid,
+        address,
+        data_dir,
+        "mutual TLS" if secure else "plaintext",
+    )
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"address": address, "pid": os.getpid(), "uuid": uuid}))
@@ -264,15 +320,24 @@ def main(argv: list[str] | None = None) -> int:
         help="override a config setting, e.g. --set raft.lease_reads=true",
     )
     p.add_argument("--ready-file", type=Path, help="write {address,pid,uuid} here when serving")
+    p.add_argument(
+        "--credentials",
+        type=Path,
+        metavar="DIR",
+        help="serve with mutual TLS as the tserver identity in DIR (ca.pem, cert.pem, key.pem)",
+    )
     args = p.parse_args(argv)
     try:
         overrides = dict(parse_override(s) for s in args.set)
         config = load_config(DemoNodeConfig, args.conf, overrides)
+        creds = (
+            None if args.credentials is None else load_credentials(args.credentials, config.uuid)
+        )
     except TesseraError as e:
         print(f"tessera: {e.message}", file=sys.stderr)
         return 2
     setup_logging(config.log_level, node=config.uuid)
-    return asyncio.run(serve(config, args.ready_file))
+    return asyncio.run(serve(config, args.ready_file, creds))
 
 
 if __name__ == "__main__":

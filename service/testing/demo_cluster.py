@@ -4,6 +4,11 @@ Ports are picked free on 127.0.0.1 before launch (the peers must know each other
 to bootstrap); every node logs to `<dir>/<uuid>.log`. `stop()` sends SIGTERM and then SIGKILL
 to whatever is left, so a test that uses the cluster as a context manager never leaves a
 process running.
+
+`secure=True` makes a CA for the cluster in `<dir>/pki` and starts every node with its own
+`tserver` certificate (`demo_server --credentials`): mutual TLS between the nodes and towards
+their clients, who get identities from `credentials_dir`. Off by default: the demo and its
+tests speak plaintext; the benchmarks run both (bench/README.md).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from service.common.pki import ClusterPki
 from service.testing.processes import terminate_all
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,9 +101,12 @@ class DemoCluster:
     size: int = 3
     overrides: Mapping[str, str] = field(default_factory=dict)
     nodes: dict[str, DemoNode] = field(default_factory=dict)
+    secure: bool = False
+    """Mutual TLS from a CA made for the cluster in `<base>/pki` (module docstring)."""
 
     def __post_init__(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
+        self.pki = ClusterPki(self.base / "pki") if self.secure else None
         ports = free_ports(self.size)
         for i, port in enumerate(ports, start=1):
             uuid = f"node-{i}"
@@ -109,6 +118,16 @@ class DemoCluster:
     @property
     def addresses(self) -> list[str]:
         return [n.address for n in self.nodes.values()]
+
+    def credentials_dir(self, role: str, name: str) -> Path | None:
+        """A credentials directory (ca.pem, cert.pem, key.pem) of (role, name) from the
+        cluster's CA, made on first use; None when the cluster is insecure."""
+        if self.pki is None:
+            return None
+        directory = self.base / "credentials" / f"{role}-{name}"
+        if not directory.exists():
+            self.pki.export(role, name, directory)
+        return directory
 
     def _peers_toml(self, members: list[str]) -> str:
         return (
@@ -155,6 +174,9 @@ class DemoCluster:
         ]
         for k, v in self.overrides.items():
             args += ["--set", f"{k}={v}"]
+        creds = self.credentials_dir("tserver", uuid)
+        if creds is not None:
+            args += ["--credentials", str(creds)]
         logf = node.log.open("ab")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         node.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, env=env)

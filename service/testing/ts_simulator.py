@@ -29,6 +29,14 @@ leader has term 1). A replica removed from the config, or whose server is stoppe
 view it had (its old config and term), so when its server comes back it reports a stale config,
 as an evicted replica would.
 
+Security: with `pki` (`--pki DIR`, a `ClusterPki` directory holding the masters' CA) the
+simulator speaks to secured masters as a fleet of real tablet servers would: each simulated
+server heartbeats over its own mutual-TLS connection to each master with its own `tserver`
+certificate, issued from that CA on start (a master accepts a heartbeat only from the server
+it names), and the admin port serves TLS with one `tserver` certificate and requires the
+callers' certificates from the CA (it does not authorize further: it is a simulator). Without
+it, plaintext, the fleet's heartbeats sharing HEARTBEAT_CHANNELS connections per master.
+
 Use `Simulator` in-process (tests own its event loop, or `SimulatorThread` runs one in a
 thread), or the command line, which serves until SIGTERM/SIGINT.
 """
@@ -66,6 +74,8 @@ from service.common.errors import (
     WrongDestination,
     rpc_errors,
 )
+from service.common.pki import ClusterPki
+from service.common.tls import Credentials, add_port, open_channel
 from service.pb import master_pb2 as mpb
 from service.pb import master_pb2_grpc, tserver_pb2_grpc
 from service.pb import tserver_pb2 as tpb
@@ -203,6 +213,7 @@ class Simulator:
         rpc_timeout_s: float = 5.0,
         location: str = "",
         stagger: bool = False,
+        pki: ClusterPki | None = None,
     ) -> None:
         if not masters:
             raise InvalidArgument("masters: give at least one master address")
@@ -216,6 +227,9 @@ class Simulator:
         self.stagger = stagger
         """Spread each round's heartbeats evenly over the interval, as independent servers
         send them, instead of sending all at once (a burst no real fleet produces)."""
+        self.pki = pki
+        """Mutual TLS, each server as itself (module docstring); None: plaintext."""
+        self._credentials: dict[str, Credentials] = {}
         seqno = time.time_ns() // 1000
         self.servers = {u: _Server(u, seqno) for u in uuids}
         for s in self.servers.values():
@@ -252,7 +266,12 @@ class Simulator:
     async def start(self) -> None:
         # SO_REUSEPORT off: one server per port (see RpcSettings.server_options).
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        port = server.add_insecure_port(self.bind)
+        if self.pki is not None:
+            self._credentials = {
+                u: Credentials.from_files(self.pki.files("tserver", u)) for u in self.servers
+            }
+        admin_creds = next(iter(self._credentials.values()), None)
+        port = add_port(server, self.bind, admin_creds)
         if port == 0:
             raise OSError(f"could not bind {self.bind}")
         host = self.bind.rsplit(":", 1)[0]
@@ -261,7 +280,7 @@ class Simulator:
         tserver_pb2_grpc.add_TabletServerAdminServiceServicer_to_server(servicer, server)
         await server.start()
         self._server = server
-        for m in self.masters:
+        for m in self.masters if self.pki is None else ():
             for i in range(HEARTBEAT_CHANNELS):
                 ch = grpc.aio.insecure_channel(m, options=[("grpc.use_local_subchannel_pool", 1)])
                 self._channels[f"{m}#{i}"] = ch
@@ -503,14 +522,27 @@ class Simulator:
 
     def _stream(self, s: _Server, link: _MasterLink) -> HeartbeatStream:
         """The server's heartbeat stream to the link's master (as a tablet server keeps one),
-        on one of a few connections the fleet shares."""
+        on one of a few connections the fleet shares, or secured on its own connection."""
         key = (s.uuid, link.address)
         stream = self._streams.get(key)
         if stream is None:
-            i = zlib.crc32(s.uuid.encode()) % HEARTBEAT_CHANNELS
-            stream = HeartbeatStream(self._stubs[f"{link.address}#{i}"], self.rpc_timeout_s)
+            stream = HeartbeatStream(self._stub(s.uuid, link.address), self.rpc_timeout_s)
             self._streams[key] = stream
         return stream
+
+    def _stub(self, uuid: str, master: str) -> Any:
+        """A stub on a shared plaintext connection, or (secured) on a mutual-TLS connection of
+        this server's own, made on first use."""
+        creds = self._credentials.get(uuid)
+        if creds is None:
+            return self._stubs[f"{master}#{zlib.crc32(uuid.encode()) % HEARTBEAT_CHANNELS}"]
+        key = f"{master}#{uuid}"
+        stub = self._stubs.get(key)
+        if stub is None:
+            options = [("grpc.use_local_subchannel_pool", 1)]
+            ch = self._channels[key] = open_channel(master, creds, role="master", options=options)
+            stub = self._stubs[key] = master_pb2_grpc.MasterServiceStub(ch)
+        return stub
 
     # --- admin operations (called by the servicer) -------------------------------------------
 
@@ -720,6 +752,7 @@ async def _serve(args: argparse.Namespace) -> int:
         args.bind,
         args.heartbeat_interval_ms / 1000.0,
         stagger=args.stagger,
+        pki=None if args.pki is None else ClusterPki(Path(args.pki)),
     )
     await sim.start()
     stop = asyncio.Event()
@@ -763,6 +796,11 @@ def main(argv: Iterable[str] | None = None) -> int:
         "--stagger",
         action="store_true",
         help="spread each round's heartbeats over the interval, as independent servers do",
+    )
+    p.add_argument(
+        "--pki",
+        metavar="DIR",
+        help="mutual TLS: each server's certificate issued from the ClusterPki CA in DIR",
     )
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(list(argv) if argv is not None else None)

@@ -1,6 +1,7 @@
-"""Smoke test of the Raft commit benchmark: a short real run (Tessera + PySyncObj processes on
-loopback, etcd skipped) must end with the machine-readable summary line and leave no process
-behind. Slow (about 15 s), so only in `make test-slow`."""
+"""Smoke tests of the Raft commit and master benchmarks: short real runs (Tessera secured and
+insecure, PySyncObj; the master bench's quick mode) must end with their machine-readable
+summary lines, the security-overhead ratios among them, and leave no process behind. Slow
+(about 20 s and 2 minutes), so only in `make test-slow`."""
 
 from __future__ import annotations
 
@@ -16,13 +17,19 @@ ROOT = Path(__file__).resolve().parents[2]
 FINAL = re.compile(
     r"raft-commit: tessera (\d+)/s, etcd (\d+)/s, pysyncobj (\d+)/s, tessera/etcd (\d+\.\d\d)"
 )
+RAFT_OVERHEAD = re.compile(r"security-overhead: raft-commit (\d+\.\d\d)")
+OVERHEAD = re.compile(
+    r"security-overhead: raft-commit (\d+\.\d\d), get-table-locations (\d+\.\d\d)"
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def _bench_processes(*modules: str) -> list[str]:
-    """Command lines of running processes of these modules (default: raft_commit's)."""
-    modules = modules or ("bench.pysyncobj_node", "bench.loadgen")
+    """Command lines of running processes that name any of these modules or the benchmarks'
+    temporary directories (default: raft_commit's). Masters and KV nodes are found by their
+    directories: other tests may run masters meanwhile."""
+    modules = modules or ("bench.pysyncobj_node", "bench.loadgen", "tessera-bench-")
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if any(m in line for m in modules)]
 
@@ -49,21 +56,33 @@ def test_raft_commit_prints_the_summary_line() -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.strip().splitlines()
-    m = FINAL.fullmatch(lines[-1])
+    m = FINAL.fullmatch(lines[-2])
     assert m is not None, r.stdout
     tessera, etcd, pysyncobj, ratio = m.groups()
     assert int(tessera) > 0 and int(pysyncobj) > 0
     assert (etcd, ratio) == ("0", "0.00")  # skipped
-    assert any(line.startswith("tessera ") for line in lines)
+    overhead = RAFT_OVERHEAD.fullmatch(lines[-1])
+    assert overhead is not None and float(overhead.group(1)) > 0, r.stdout
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith("tessera")}
+    assert rows["tessera"][6] == "on" and rows["tessera-insecure"][6] == "off", r.stdout
+    assert "mutual TLS" in r.stderr, r.stderr  # the secured cluster said how it runs
     assert _bench_processes() == before
 
 
 def test_master_bench_quick_prints_every_figure() -> None:
     """`bench.master_bench --quick` (100 simulated servers, 3,000 replicas): every figure's line,
-    the rpc line with its empty-server baseline and the master's own Ping rate, and no
-    simulator or master left running."""
+    the rpc line with its empty-server baseline and the master's own Ping rate, the insecure
+    comparisons, the security-overhead line last, and no simulator, master or KV node left
+    running."""
 
-    ours = ("service.testing.ts_simulator", "bench.grpc_baseline", "grpcload")
+    ours = (
+        "service.testing.ts_simulator",
+        "bench.grpc_baseline",
+        "grpcload",
+        "master-bench-",  # the masters' directories
+        "tessera-bench-",  # the KV nodes' (the raft figure)
+        "bench.loadgen",
+    )
     before = _bench_processes(*ours)
     r = subprocess.run(
         [sys.executable, "-m", "bench.master_bench", "--quick"],
@@ -73,16 +92,29 @@ def test_master_bench_quick_prints_every_figure() -> None:
         timeout=600,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    kinds = [line.split()[0] for line in r.stdout.splitlines()]
-    assert kinds == ["create", "lookup", "create", "rpc", "rpc-py", "spiral", "heartbeat"], r.stdout
+    lines = r.stdout.splitlines()
+    kinds = [line.split()[0] for line in lines]
+    go = shutil.which("go") is not None
+    expected = ["create", "lookup", "create", "rpc", *(["rpc-insecure"] if go else []), "rpc-py"]
+    expected += ["spiral", "heartbeat", "raft", "security-overhead:"]
+    assert kinds == expected, r.stdout
     for kind in ("rpc", "rpc-py"):  # rpc: the Go load generator, where Go is installed
-        if kind == "rpc" and shutil.which("go") is None:
+        if kind == "rpc" and not go:
             continue
-        rpc = next(line for line in r.stdout.splitlines() if line.split()[0] == kind)
-        m = re.search(r"GetTableLocations ([\d,]+) RPCs/s.*empty grpc.aio server ([\d,]+)/s", rpc)
+        rpc = next(line for line in lines if line.split()[0] == kind)
+        m = re.search(
+            r"GetTableLocations ([\d,]+) RPCs/s.*over mutual TLS.*empty grpc.aio server with TLS"
+            r" ([\d,]+)/s",
+            rpc,
+        )
         assert m is not None and all(int(g.replace(",", "")) > 0 for g in m.groups()), rpc
         if kind == "rpc":
             own = re.search(r"the master's own Ping ([\d,]+)/s", rpc)
             assert own is not None and int(own.group(1).replace(",", "")) > 0, rpc
+    ratios = [line.split()[0] for line in lines if re.search(r"secured/insecure \d+\.\d\d", line)]
+    assert ratios == [*(["rpc-insecure"] if go else []), "rpc-py", "raft"], r.stdout
     assert "fewest servers live meanwhile 100/100" in r.stdout
+    assert "heartbeat 100 servers x 1/s over mutual TLS" in r.stdout
+    m = OVERHEAD.fullmatch(lines[-1])
+    assert m is not None and all(float(g) > 0 for g in m.groups()), r.stdout
     assert _bench_processes(*ours) == before
