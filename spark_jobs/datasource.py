@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -81,6 +81,7 @@ from service.client.sync import SyncClient
 from service.client.write_session import OPERATIONS, format_errors
 from service.common.errors import InvalidArgument
 from service.common.schema import ColumnSchema, ColumnType, Schema
+from service.common.tls import Credentials
 from service.tserver.predicates import ColumnPredicate, ScanSpec, validate_spec
 
 __all__ = [
@@ -200,6 +201,10 @@ class ReadOptions:
     operation: str = "upsert"
     row_errors: str = "fail"
     truncate: bool = False
+    shipped: ShippedCredentials | None = field(default=None, repr=False, compare=False)
+    """The driver's credentials, loaded once and carried to executors inside the pickled
+    reader partitions and writer (`with_shipped_credentials`): executors on other machines need
+    no credentials files, and nothing of them is in an option, a plan, a log or the UI."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -262,11 +267,19 @@ class ReadOptions:
             truncate=_bool("truncate", opts.get("truncate", "false")),
         )
 
+    def credentials(self) -> Credentials | None:
+        if self.shipped is not None:
+            return self.shipped.load()
+        return find_credentials(self.credentials_dir)
+
+    def with_shipped_credentials(self) -> ReadOptions:
+        """These options carrying the driver's loaded credentials (see `shipped`)."""
+        creds = find_credentials(self.credentials_dir)
+        return replace(self, shipped=ShippedCredentials.of(creds) if creds else None)
+
     def client(self) -> SyncClient:
         return SyncClient.shared(
-            self.masters,
-            timeout=self.rpc_timeout_s,
-            credentials=find_credentials(self.credentials_dir),
+            self.masters, timeout=self.rpc_timeout_s, credentials=self.credentials()
         )
 
     def table_info(self) -> TableInfo:
@@ -278,6 +291,24 @@ class ReadOptions:
                         f"option 'columns': table {self.table!r} has no column {c!r}"
                     )
         return info
+
+
+@dataclass(frozen=True)
+class ShippedCredentials:
+    """A party's credentials as bytes, to travel inside Spark tasks (`ReadOptions.shipped`).
+    Give Spark a short-lived user credential (`tessera token create --user`), not an admin's:
+    whoever can read the tasks' bytes can use it until it expires."""
+
+    ca_pem: bytes = field(repr=False)
+    cert_pem: bytes = field(repr=False)
+    key_pem: bytes = field(repr=False)
+
+    @classmethod
+    def of(cls, creds: Credentials) -> ShippedCredentials:
+        return cls(creds.ca_pem, creds.cert_pem, creds.key_pem)
+
+    def load(self) -> Credentials:
+        return Credentials.from_pems(self.ca_pem, self.cert_pem, self.key_pem)
 
 
 # --- the source ------------------------------------------------------------------------------
@@ -295,10 +326,10 @@ class TesseraDataSource(DataSource):
         return spark_schema(opts.table_info().schema, opts.columns)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return TesseraReader(ReadOptions.parse(self.options), schema)
+        return TesseraReader(ReadOptions.parse(self.options).with_shipped_credentials(), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
-        opts = ReadOptions.parse(self.options)
+        opts = ReadOptions.parse(self.options).with_shipped_credentials()
         info = opts.table_info()
         check_write_schema(info, schema, opts.operation)
         if overwrite:
@@ -379,12 +410,12 @@ def _split_and(text: str) -> list[str]:
 
 @dataclass
 class TabletPartition(InputPartition):
-    """One scan token, the unit a Spark task reads."""
+    """One scan token, the unit a Spark task reads, with the credentials to read it (never
+    printed: Spark shows partitions nowhere, and their repr hides them)."""
 
-    token: bytes
+    token: bytes = field(repr=False)
     tablet_id: str = ""
-    credentials_dir: str | None = None
-    """Where the executor loads its credentials from (a path, not the key)."""
+    credentials: ShippedCredentials | None = field(default=None, repr=False)
 
 
 class TesseraReader(DataSourceReader):
@@ -419,7 +450,7 @@ class TesseraReader(DataSourceReader):
             ]
         if not tokens:
             return [TabletPartition(b"", "")]  # Spark needs one partition; it reads nothing
-        creds = self.opts.credentials_dir
+        creds = self.opts.shipped
         return [TabletPartition(t.to_bytes(), t.tablet_id, creds) for t in tokens]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -430,7 +461,7 @@ class TesseraReader(DataSourceReader):
         client = SyncClient.shared(
             token.masters,
             timeout=token.rpc_timeout_s,
-            credentials=find_credentials(partition.credentials_dir),
+            credentials=partition.credentials.load() if partition.credentials else None,
         )
         target: pa.Schema | None = None
         for batch in client.scan_batches(token):

@@ -81,6 +81,11 @@ class Credentials:
             ) from None
 
     @classmethod
+    def from_pems(cls, ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> Credentials:
+        """Credentials from their bytes (carried to a Spark executor inside its task)."""
+        return cls(ca_pem, cert_pem, key_pem, identity_of(cert_pem))
+
+    @classmethod
     def from_files(cls, files: IdentityFiles) -> Credentials:
         check_owner_only(files.key_file, "private key")
         ca, cert, key = (_read(p) for p in (files.ca_file, files.cert_file, files.key_file))

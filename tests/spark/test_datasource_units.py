@@ -3,16 +3,22 @@ pyspark's datasource and types modules are plain Python."""
 
 from __future__ import annotations
 
+import pickle
+import shutil
+from pathlib import Path
+
 import pytest
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from service.client.meta_cache import TableInfo
 from service.common.errors import InvalidArgument
 from service.common.partition import PartitionSchema
+from service.common.pki import ClusterPki
 from service.common.schema import ColumnType, Schema
 from service.tserver.predicates import ColumnPredicate
 from spark_jobs.datasource import (
     ReadOptions,
+    TabletPartition,
     TesseraReader,
     _split_and,
     arrow_target,
@@ -118,3 +124,24 @@ def test_spark_schema_and_write_schema_checks() -> None:
         )
     with pytest.raises(InvalidArgument, match="no column 'id'"):
         check_write_schema(INFO, StructType([StructField("n", IntegerType())]), "delete")
+
+
+def test_credentials_travel_inside_tasks_and_are_never_printed(tmp_path: Path) -> None:
+    pki = ClusterPki(tmp_path / "pki")
+    creds_dir = tmp_path / "alice"
+    pki.export("user", "alice", creds_dir)
+    opts = ReadOptions.parse(
+        {"masters": "h:1", "table": "t", "credentials": str(creds_dir)}
+    ).with_shipped_credentials()
+    key = (creds_dir / "key.pem").read_bytes()
+    assert opts.shipped is not None
+    part = TabletPartition(b"token", "tablet-1", opts.shipped)
+    for text in (repr(opts), repr(part), str(part)):
+        assert b"PRIVATE KEY" not in text.encode() and "token" not in text.replace("tablet", "")
+    # What an executor unpickles is enough to connect without the directory.
+    shutil.rmtree(creds_dir)
+    loaded = pickle.loads(pickle.dumps(part)).credentials.load()
+    assert loaded.key_pem == key and (loaded.identity.role, loaded.identity.name) == (
+        "user",
+        "alice",
+    )
