@@ -648,6 +648,9 @@ class TServerConfig:
     """Consecutive failed heartbeats to a master before backing off from it."""
     scanner_ttl_ms: int = 60_000
     """An idle scanner is expired after this long."""
+    cert_renewal_check_ms: int = 3_600_000
+    """How often the server checks its certificate; with less than a third of its lifetime
+    left it asks the leader master for a new one (service/tserver/cert_renewal.py)."""
     num_tablets_to_copy_simultaneously: int = 10
     """Concurrent tablet copies this server runs as the destination (seed 004)."""
     flush_idle_ms: int = 10_000
@@ -678,6 +681,7 @@ class TServerConfig:
             "heartbeat_rpc_timeout_ms",
             "heartbeat_max_failures_before_backoff",
             "scanner_ttl_ms",
+            "cert_renewal_check_ms",
             "num_tablets_to_copy_simultaneously",
         )
         c.non_negative("flush_idle_ms", "quiesce_idle_ms")

@@ -42,6 +42,7 @@ __all__ = [
     "INSECURE_PEER",
     "Credentials",
     "SecuritySettings",
+    "ServerCertificates",
     "open_channel",
     "peer_identity",
     "server_credentials",
@@ -125,11 +126,45 @@ def server_credentials(creds: Credentials) -> grpc.ServerCredentials:
     )
 
 
-def add_port(server: grpc.aio.Server, bind: str, creds: Credentials | None) -> int:
-    """Listen on `bind`: TLS with client certificates when `creds`, plaintext otherwise."""
+def add_port(
+    server: grpc.aio.Server, bind: str, creds: Credentials | ServerCertificates | None
+) -> int:
+    """Listen on `bind`: TLS with client certificates when `creds`, plaintext otherwise. With a
+    `ServerCertificates`, a certificate it is given later serves every new connection."""
     if creds is None:
         return server.add_insecure_port(bind)
+    if isinstance(creds, ServerCertificates):
+        return server.add_secure_port(bind, creds.grpc_credentials())
     return server.add_secure_port(bind, server_credentials(creds))
+
+
+class ServerCertificates:
+    """A server's certificate that can be replaced while it serves (renewal): gRPC asks
+    `_fetch` before each new TLS handshake and gets the new certificate once after `update`;
+    connections already open keep the session they negotiated."""
+
+    def __init__(self, creds: Credentials) -> None:
+        self.current = creds
+        self._pending: Credentials | None = None
+
+    @staticmethod
+    def _config(creds: Credentials) -> Any:
+        return grpc.ssl_server_certificate_configuration(
+            [(creds.key_pem, creds.cert_pem)], root_certificates=creds.ca_pem
+        )
+
+    def grpc_credentials(self) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(
+            self._config(self.current), self._fetch, require_client_authentication=True
+        )
+
+    def _fetch(self) -> Any:
+        pending, self._pending = self._pending, None
+        return self._config(pending) if pending is not None else None
+
+    def update(self, creds: Credentials) -> None:
+        self.current = creds
+        self._pending = creds
 
 
 def _tls(

@@ -122,6 +122,8 @@ class _Peer:
         self.queued = 0
         """Messages in `queue` (bounded by MAX_QUEUE in `GrpcTransport.send`)."""
         self.channel: grpc.aio.Channel | None = None
+        self.creds: Credentials | None = None
+        """The credentials `channel` was opened with."""
         self.stub: pb_grpc.ConsensusServiceStub | None = None
         self.address: str | None = None
         self.dest_incarnation = ""
@@ -137,7 +139,7 @@ class _Peer:
         address = self.t.addresses.get(self.node)
         if address is None:
             return None
-        if address != self.address or self.stub is None:
+        if address != self.address or self.stub is None or self.creds is not self.t.credentials:
             self.close_stream()
             if self.channel is not None:
                 self.t._closing.add(asyncio.ensure_future(self.channel.close(None)))
@@ -146,6 +148,7 @@ class _Peer:
             )
             self.stub = pb_grpc.ConsensusServiceStub(self.channel)
             self.address = address
+            self.creds = self.t.credentials  # renewed credentials: reconnect with them
         return self.stub
 
     def close_stream(self) -> None:

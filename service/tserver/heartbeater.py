@@ -176,6 +176,22 @@ class Heartbeater:
         task = asyncio.create_task(self._loop(v, stub, ev), name=f"hb-{v.address}")
         self._loops[v.address] = _Loop(v, ch, ev, task)
 
+    def masters(self) -> list[str]:
+        """The masters heartbeated to now (membership changes included)."""
+        return list(self._loops)
+
+    async def replace_credentials(self, creds: Credentials) -> None:
+        """Heartbeat with renewed credentials: each master's loop restarts on a new channel
+        (the old connection would keep the old certificate until it dropped)."""
+        self.credentials = creds
+        for address, lp in list(self._loops.items()):
+            if self._closed:
+                return
+            lp.task.cancel()
+            await lp.stop()
+            if self._loops.get(address) is lp:
+                self._start_loop(lp.view)
+
     async def aclose(self) -> None:
         self._closed = True
         loops = list(self._loops.values())

@@ -48,7 +48,12 @@ from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogr
 from service.common.private_files import private_dir
 from service.common.registration import register
 from service.common.server_main import advertised_address
-from service.common.tls import Credentials, add_port, server_credentials_for
+from service.common.tls import (
+    Credentials,
+    ServerCertificates,
+    add_port,
+    server_credentials_for,
+)
 from service.common.tokens import TokenVerifier
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import NodeSettings
@@ -58,6 +63,7 @@ from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
 from service.raft import NodeId
+from service.tserver.cert_renewal import CertRenewer
 from service.tserver.heartbeater import SOFTWARE_VERSION, Heartbeater
 from service.tserver.scanners import ScannerManager, add_data_servicer
 from service.tserver.status_pages import install_tserver_metrics, install_tserver_pages
@@ -132,6 +138,8 @@ class TabletServer:
         self.tokens = TokenVerifier()
         """Verifies users' authz tokens with the signing keys the leader master sends."""
         self.heartbeater: Heartbeater | None = None
+        self.certificates: ServerCertificates | None = None
+        self.renewer: CertRenewer | None = None
         self.copies: CopyClient = None  # type: ignore[assignment]  # set by start()
         self.copy_source: CopySource = None  # type: ignore[assignment]
         self.copy_trigger: CopyTrigger | None = None
@@ -184,7 +192,8 @@ class TabletServer:
         self.uuid = load_or_create_uuid(data_dir, creds.identity.name if creds else None)
         self.instance.permanent_uuid = self.uuid
         server = grpc.aio.server(options=config.rpc.server_options())
-        port = add_port(server, config.rpc_bind, creds)
+        self.certificates = ServerCertificates(creds) if creds is not None else None
+        port = add_port(server, config.rpc_bind, self.certificates)
         if port == 0:
             raise OSError(f"could not bind {config.rpc_bind}")
         self._server = server
@@ -272,6 +281,15 @@ class TabletServer:
         )
         await self.heartbeater.start()
         self.loop_lag.start()
+        if creds is not None:
+            self.renewer = CertRenewer(
+                self._master_addresses,
+                config.security.files(data_dir),
+                self._current_credentials,
+                self._switch_credentials,
+                check_interval_s=config.cert_renewal_check_ms / 1000,
+            )
+            self.renewer.start()
         log.info(
             "tablet server %s serving on %s (data %s, masters %s, status pages %s)",
             self.uuid,
@@ -281,10 +299,35 @@ class TabletServer:
             f"http://{self.http_address}/" if self.http_address else "off",
         )
 
+    def _master_addresses(self) -> list[str]:
+        return (
+            self.heartbeater.masters() if self.heartbeater else list(self.config.master_addresses)
+        )
+
+    def _current_credentials(self) -> Credentials:
+        assert self.credentials is not None  # the renewer runs only on a secured server
+        return self.credentials
+
+    async def _switch_credentials(self, creds: Credentials) -> None:
+        """Serve and call with renewed credentials from now on (cert_renewal.py)."""
+        self.credentials = creds
+        if self.certificates is not None:
+            self.certificates.update(creds)
+        if self.transport is not None:
+            self.transport.credentials = creds
+        if self.copies is not None:
+            self.copies.credentials = creds
+        if self.copy_trigger is not None:
+            self.copy_trigger.credentials = creds
+        if self.heartbeater is not None:
+            await self.heartbeater.replace_credentials(creds)
+
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self.renewer is not None:
+            await self.renewer.aclose()
         if self.heartbeater is not None:
             await self.heartbeater.aclose()
         if self.http is not None:
