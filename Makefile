@@ -11,7 +11,7 @@ SEED0  ?= 0
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: venv demo raft-demo test test-slow lint typecheck unit protos check-protos sim bench-raft bench-tserver bench-master bench-spark-read bench-jobs clean
+.PHONY: venv demo raft-demo test test-slow lint typecheck unit protos check-protos sim bench-raft bench-tserver bench-master bench-spark-read bench-jobs chaos clean
 
 venv: $(STAMP)
 
@@ -73,6 +73,17 @@ bench-spark-read: venv
 ## The reconciliation jobs over a synthetic catalog of 100,000 tablets and 1,000 tablet servers.
 bench-jobs: venv
 	$(BIN)/python -m bench.jobs_bench
+
+## Fault campaign on real processes (root: network namespaces), every nemesis x workload:
+## make chaos CHAOS_SECONDS=1800 CHAOS_SEED=1 [NEMESES=kill,pause] [WORKLOADS=register,rows]
+CHAOS_SECONDS ?= 600
+CHAOS_SEED    ?= 1
+NEMESES       ?= kill,pause,partition,clock,disk
+WORKLOADS     ?= register,ddl,catalog_reads,rows
+CHAOS_OUT     ?= chaos-out
+chaos: venv
+	$(BIN)/python -m service.testing.chaos --seconds $(CHAOS_SECONDS) --seed $(CHAOS_SEED) \
+		--nemeses $(NEMESES) --workloads $(WORKLOADS) --out $(CHAOS_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
