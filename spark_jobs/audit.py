@@ -95,9 +95,17 @@ def _arrow_rows(row_type: type, stamp: SnapshotStamp, rows: Sequence[Any]) -> pa
     return pa.Table.from_pydict(stamped, schema=schema)
 
 
+def _frame(spark: Any, table: pa.Table) -> Any:
+    """`table` as a DataFrame, its schema given explicitly: Spark Connect cannot infer one
+    from an empty table (an inventory with no hosted replicas, say)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return spark.createDataFrame(table, schema=from_arrow_schema(table.schema))
+
+
 def _append(spark: Any, table: pa.Table, name: str, snapshot_id: str) -> None:
     """Append once per (table, snapshot id): Delta skips a txnAppId's version it has seen."""
-    df = spark.createDataFrame(table)
+    df = _frame(spark, table)
     (
         df.write.format("delta")
         .mode("append")
@@ -148,7 +156,7 @@ def _merge_current(spark: Any, table: pa.Table, kind: str) -> int:
     table's Delta version afterwards."""
     name = f"{DATABASE}.{kind}"
     view = f"tessera_audit_src_{kind}"
-    spark.createDataFrame(table).createOrReplaceTempView(view)
+    _frame(spark, table).createOrReplaceTempView(view)
     if kind not in _tables(spark):
         spark.sql(
             f"CREATE TABLE {name} USING delta "
@@ -320,7 +328,7 @@ def write_findings(
         return
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
     table = findings_table(run_id, at, findings, outcomes, run_by)
-    df = spark.createDataFrame(table)
+    df = _frame(spark, table)
     (
         df.write.format("delta")
         .mode("append")

@@ -35,6 +35,12 @@ def _run(args: argparse.Namespace) -> int:
     return code
 
 
+def _connect_server(args: argparse.Namespace) -> int:
+    from spark_jobs import connect
+
+    return connect.main(args.connect_args)
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     jobs = subparsers.add_parser("jobs", help="reconciliation jobs and the Delta audit (Spark)")
     sub = jobs.add_subparsers(dest="action", required=True)
@@ -48,3 +54,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("job", metavar="NAME")
     run.add_argument("job_args", nargs=argparse.REMAINDER)
     run.set_defaults(handler=_run)
+    spark = subparsers.add_parser("spark", help="Spark Connect server with Delta and the source")
+    ssub = spark.add_subparsers(dest="action", required=True)
+    connect = ssub.add_parser(
+        "connect-server",
+        help="run a Spark Connect server (foreground); clients: spark_jobs.connect",
+        description="Arguments go to spark_jobs.connect (--port 15002, --warehouse, --metastore).",
+    )
+    connect.add_argument("connect_args", nargs=argparse.REMAINDER)
+    connect.set_defaults(handler=_connect_server)
