@@ -28,7 +28,7 @@ from pathlib import Path
 
 from service.client.credentials import find_credentials
 from service.common.errors import InvalidArgument
-from service.tools import local_cluster
+from service.tools import local_cluster, local_servers
 from service.tools.cli_args import exit_code_of_errors, int_at_least
 from service.tools.healthcheck import ClusterStatus, ServerStatus, status_of_masters
 
@@ -97,6 +97,17 @@ def cmd_down(args: argparse.Namespace) -> int:
     results = local_cluster.down(args.dir, grace=args.grace, progress=_say)
     stopped = sum(r.outcome != "not running" for r in results)
     print(f"cluster in {Path(args.dir).resolve()} is down ({stopped} process(es) stopped)")
+    return 0
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    """start / stop / restart one server of a local cluster (local_servers.py)."""
+    if args.action in ("stop", "restart"):
+        st = local_servers.stop_server(args.dir, args.name, grace=args.grace)
+        _say(f"stopping {st.name} ... {st.outcome}")
+    if args.action in ("start", "restart"):
+        s = local_servers.start_server(args.dir, args.name, timeout=args.timeout)
+        _say(f"{s.name} serving on {s.address} (pid {s.pid})")
     return 0
 
 
@@ -207,6 +218,18 @@ def _add_actions(
     down.add_argument("--dir", required=True, type=Path, help="the cluster's directory")
     down.add_argument("--grace", type=float, default=10.0, help="seconds before SIGKILL")
     down.set_defaults(handler=cmd_down)
+
+    for action, what in (
+        ("start", "start one stopped server of the cluster in DIR and wait until it serves"),
+        ("stop", "stop one server of the cluster in DIR (SIGTERM, SIGKILL after --grace)"),
+        ("restart", "stop one server of the cluster in DIR, start it, wait until it serves"),
+    ):
+        p = sub.add_parser(action, help=what)
+        p.add_argument("name", help="the server, as `tessera cluster status` names it (ts-2)")
+        p.add_argument("--dir", required=True, type=Path, help="the cluster's directory")
+        p.add_argument("--grace", type=float, default=10.0, help="seconds before SIGKILL")
+        p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait to serve")
+        p.set_defaults(handler=cmd_server)
     return sub
 
 

@@ -292,3 +292,32 @@ def test_cli_errors_become_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "no cluster in" in capsys.readouterr().err
     assert cluster_cmd.main(["up", "--dir", str(tmp_path), "--master-set", "data_dir=x"]) == 2
     assert "data_dir" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_one_server_stops_starts_and_restarts_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = tmp_path / "c"
+    try:
+        first = _up(d, 1, 2)
+        ts2 = next(s for s in first.tservers if s.name == "tserver-2")
+        assert cluster_cmd.main(["restart", "tserver-2", "--dir", str(d)]) == 0
+        assert "stopping tserver-2 ... stopped" in capsys.readouterr().out
+        again = next(s for s in load_record(d).tservers if s.name == "tserver-2")
+        assert again.pid != ts2.pid and _gone(ts2.pid or 0)
+        assert (again.uuid, again.address) == (ts2.uuid, ts2.address)
+        assert cluster_cmd.main(["stop", "tserver-2", "--dir", str(d)]) == 0
+        st = status(d)
+        assert not st.healthy and not next(s for s in st.servers if s.name == "tserver-2").running
+        assert cluster_cmd.main(["start", "tserver-2", "--dir", str(d)]) == 0
+        deadline = time.monotonic() + 30
+        while not status(d).healthy:
+            assert time.monotonic() < deadline, status(d).problems
+            time.sleep(0.2)
+        assert cluster_cmd.main(["start", "tserver-2", "--dir", str(d)]) == 1  # it runs
+        assert "is running" in capsys.readouterr().err
+        assert cluster_cmd.main(["stop", "ts-9", "--dir", str(d)]) == 2
+        assert "no server 'ts-9'" in capsys.readouterr().err
+    finally:
+        down(d)
