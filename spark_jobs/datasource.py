@@ -370,10 +370,10 @@ def parse_where_option(schema: Schema, text: str) -> tuple[ColumnPredicate, ...]
             p = parse_where(schema, cond)
         except InvalidArgument as e:
             raise InvalidArgument(f"option 'where': {e}") from None
-        if p.op == "NE":
+        if p.op in ("NE", "LIKE"):
             raise InvalidArgument(
-                f"option 'where': {cond!r}: != is not evaluated by tablet servers; "
-                "use DataFrame.filter for it"
+                f"option 'where': {cond!r}: tablet servers do not evaluate != or a LIKE "
+                "that is not a plain prefix ('abc%'); use DataFrame.filter for it"
             )
         preds.append(p)
     if not preds:

@@ -53,9 +53,10 @@ from service.common.tls import Credentials
 from service.tools.cli_args import exit_code_of_errors, run_parsed
 from service.tools.output import dumps, format_table
 from service.tools.table_syntax import (
+    LOCAL_OPS,
     TYPE_NAMES,
     bound_text,
-    filter_not_equal,
+    filter_local,
     key_text,
     parse_column,
     parse_hash,
@@ -298,8 +299,8 @@ async def table_scan(args: argparse.Namespace) -> int:
             if not schema.has_column(name):
                 raise InvalidArgument(f"--columns: unknown column {name!r} of table {args.name!r}")
         preds = [parse_where(schema, w) for w in args.where]
-        pushed = [p for p in preds if p.op != "NE"]
-        local = [p for p in preds if p.op == "NE"]
+        pushed = [p for p in preds if p.op not in LOCAL_OPS]
+        local = [p for p in preds if p.op in LOCAL_OPS]
         # Columns a local filter needs are fetched too, and dropped after filtering.
         fetch = projection
         if projection is not None:
@@ -307,7 +308,7 @@ async def table_scan(args: argparse.Namespace) -> int:
         limit = 0 if local else args.limit
         table = await c.scan(args.name, projection=fetch, predicates=pushed, limit=limit)
     for p in local:
-        table = filter_not_equal(table, schema, p)
+        table = filter_local(table, schema, p)
     if projection is not None:
         table = table.select(projection)
     if args.limit:
@@ -454,7 +455,9 @@ def _add_table(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="append",
         default=[],
         metavar="VALUE[,VALUE]",
-        help="a split row on the range columns (repeatable)",
+        help="one split point on the range columns (a value per range column, comma "
+        "separated); repeat the flag for each split: --split 100 --split 200 makes three "
+        "range partitions",
     )
     p.add_argument("--replicas", type=int, default=0, help="replication factor (master default)")
     add_connection_args(p, fmt=False)
@@ -478,12 +481,24 @@ def _add_table(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="append",
         type=_step("add"),
         metavar="NAME:TYPE[?][=DEFAULT]",
+        help="add a column (repeatable): `?` makes it nullable; a NOT NULL column needs "
+        "`=DEFAULT`, which existing rows get (e.g. note:string?  or  n:int64=0)",
     )
     p.add_argument(
-        "--drop-column", dest="steps", action="append", type=_step("drop"), metavar="COL"
+        "--drop-column",
+        dest="steps",
+        action="append",
+        type=_step("drop"),
+        metavar="COL",
+        help="drop a column (repeatable; not a key column)",
     )
     p.add_argument(
-        "--rename-column", dest="steps", action="append", type=_step("rename"), metavar="OLD:NEW"
+        "--rename-column",
+        dest="steps",
+        action="append",
+        type=_step("rename"),
+        metavar="OLD:NEW",
+        help="rename a column (repeatable)",
     )
     p.add_argument("--rename", metavar="NEW_NAME", help="rename the table")
     add_connection_args(p, fmt=False)
@@ -503,7 +518,8 @@ def _add_table(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="append",
         default=[],
         metavar="CONDITION",
-        help="`col >= 10`, `col in (1,2)`, `col is null`, `col startswith 'x'`",
+        help="`col >= 10`, `col != 3`, `col in (1,2)`, `col is [not] null`, "
+        "`col startswith 'x'`, `col like 'a%b_'` (repeatable: all must hold)",
     )
     p.add_argument("--limit", type=int, default=0, help="at most N rows (0: all)")
     add_connection_args(p)

@@ -158,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         master_cmd,
         rebalance_cmd,
         security_cmd,
+        table_io_cmd,
         token_cmd,
     )
 
@@ -165,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     ksck_cmd.add_ksck(cluster_sub)
     rebalance_cmd.register_rebalance(cluster_sub)
     admin_cmd.register(sub)  # after `master` and `tserver`: `list` joins those groups
+    table_io_cmd.register(sub)  # `load` and `copy` join the `table` group
     master_cmd.register(sub)
     rebalance_cmd.register_replica(sub)
     jobs_cmd.register(sub)

@@ -25,9 +25,12 @@ as a value (use `COL is null`). A column is `NAME:TYPE[?][=DEFAULT]`: `?` makes 
 without it the column is NOT NULL (a NOT NULL column added by an alter needs a default).
 
 A condition (`--where`) is `COL OP VALUE` with OP one of = == != <> < <= > >=, or
-`COL in (V1, V2, ...)`, `COL is null`, `COL is not null`, `COL startswith VALUE`. Each becomes
-a `ColumnPredicate`; `!=` becomes op "NE", which tablet servers do not offer: the scan command
-applies it to the returned rows with `filter_not_equal` (SQL semantics: a null never matches).
+`COL in (V1, V2, ...)`, `COL is null`, `COL is not null`, `COL startswith VALUE`, or
+`COL like PATTERN` (SQL LIKE on a string column: `%` any run, `_` one character, `\\` escapes).
+Each becomes a `ColumnPredicate`. A LIKE pattern that is a plain prefix (`'abc%'`) becomes
+"PREFIX", which tablet servers evaluate; `!=` becomes op "NE" and any other LIKE op "LIKE",
+which they do not offer: the scan command applies those to the returned rows with
+`filter_local` (SQL semantics: a null never matches).
 """
 
 from __future__ import annotations
@@ -48,9 +51,10 @@ from service.tools.output import cell_text
 from service.tserver.predicates import ColumnPredicate
 
 __all__ = [
+    "LOCAL_OPS",
     "TYPE_NAMES",
     "bound_text",
-    "filter_not_equal",
+    "filter_local",
     "key_text",
     "parse_column",
     "parse_hash",
@@ -212,7 +216,10 @@ _KEYWORDS = [
     (re.compile(r"\s*(?P<col>\S+)\s+is\s+null\s*", re.I), "IS_NULL"),
     (re.compile(r"\s*(?P<col>\S+)\s+in\s*\((?P<val>.*)\)\s*", re.I | re.S), "IN"),
     (re.compile(r"\s*(?P<col>\S+)\s+startswith\s+(?P<val>.+?)\s*", re.I | re.S), "PREFIX"),
+    (re.compile(r"\s*(?P<col>\S+)\s+like\s+(?P<val>.+?)\s*", re.I | re.S), "LIKE"),
 ]
+LOCAL_OPS = frozenset({"NE", "LIKE"})
+"""Predicate ops tablet servers do not evaluate: the scan command filters returned rows."""
 
 
 def parse_where(schema: Schema, text: str) -> ColumnPredicate:
@@ -228,7 +235,7 @@ def parse_where(schema: Schema, text: str) -> ColumnPredicate:
     if m is None:
         raise InvalidArgument(
             f"--where {text!r}: expected COL OP VALUE (OP: = != < <= > >=), COL in (V, ...), "
-            "COL is [not] null or COL startswith VALUE"
+            "COL is [not] null, COL startswith VALUE or COL like PATTERN"
         )
     name = m.group("col")
     if not schema.has_column(name):
@@ -244,14 +251,27 @@ def parse_where(schema: Schema, text: str) -> ColumnPredicate:
         raise InvalidArgument(f"--where {text!r}: a value is missing")
     if op == "PREFIX" and col.type not in (ColumnType.STRING, ColumnType.BINARY):
         raise InvalidArgument(f"--where {text!r}: startswith needs a string or binary column")
+    if op == "LIKE":
+        if col.type is not ColumnType.STRING:
+            raise InvalidArgument(f"--where {text!r}: like needs a string column")
+        pattern = parse_value(col, raw)
+        assert isinstance(pattern, str)
+        head = pattern[:-1]
+        if pattern.endswith("%") and not any(ch in head for ch in "%_\\"):
+            return ColumnPredicate(name, "PREFIX", (head,))  # tablet servers evaluate it
+        return ColumnPredicate(name, "LIKE", (pattern,))
     return ColumnPredicate(name, op, tuple(parse_value(col, i) for i in items))
 
 
-def filter_not_equal(table: pa.Table, schema: Schema, p: ColumnPredicate) -> pa.Table:
-    col = schema.column(p.column)
-    value = pa.scalar(p.values[0], type=col.arrow_type())
-    mask = pc.fill_null(pc.not_equal(table[p.column], value), False)
-    return table.filter(mask)
+def filter_local(table: pa.Table, schema: Schema, p: ColumnPredicate) -> pa.Table:
+    """Rows of `table` that satisfy `p`, an op of LOCAL_OPS (a null never matches)."""
+    if p.op == "LIKE":
+        mask = pc.match_like(table[p.column], str(p.values[0]))
+    else:
+        col = schema.column(p.column)
+        value = pa.scalar(p.values[0], type=col.arrow_type())
+        mask = pc.not_equal(table[p.column], value)
+    return table.filter(pc.fill_null(mask, False))
 
 
 # --- showing keys and partitions -------------------------------------------------------------

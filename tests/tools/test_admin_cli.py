@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from service.client import TesseraClient
@@ -387,3 +388,67 @@ def test_ksck_sees_a_dead_tablet_server_and_its_recovery(run: Run, cluster: Mini
     finally:
         cluster.start_tserver(victim)
     _poll(run, lambda code, r: code == 0, 30)
+
+
+def test_load_parquet_and_csv_then_copy(run: Run, tmp_path: Path) -> None:
+    from service.tools import cli
+
+    code, _, err = run(
+        "table", "create", "loaded", "--columns", "id:int64,name:string?,score:double?",
+        "--key", "id", "--hash", "id:2",
+    )  # fmt: skip
+    assert code == 0, err
+    n = 120_000
+    pq.write_table(
+        pa.table({"id": pa.array(range(n), pa.int64()), "name": [f"n{i}" for i in range(n)]}),
+        tmp_path / "rows.parquet",
+    )
+    code, out, err = run(
+        "table", "load", "loaded", str(tmp_path / "rows.parquet"), "--batch-rows", "20000",
+        main=cli.main,
+    )  # fmt: skip
+    assert code == 0, err
+    assert f"{n:,} applied, 0 refused" in out and "rows/s" in out
+    (tmp_path / "more.csv").write_text("id,score\n1,0.5\n200000,2.5\n")
+    code, out, err = run("table", "load", "loaded", str(tmp_path / "more.csv"), main=cli.main)
+    assert code == 0 and "2 applied" in out, err
+    # Refused before writing, naming the problem: a column the table lacks, a bad value, an
+    # insert of existing keys.
+    (tmp_path / "bad.csv").write_text("id,colour\n5,red\n")
+    code, _, err = run("table", "load", "loaded", str(tmp_path / "bad.csv"), main=cli.main)
+    assert code == 2 and "'colour'" in err, err
+    (tmp_path / "worse.csv").write_text("id,score\nseven,1\n")
+    code, _, err = run("table", "load", "loaded", str(tmp_path / "worse.csv"), main=cli.main)
+    assert code == 2 and "id" in err, err
+    code, _, err = run(
+        "table", "load", "loaded", str(tmp_path / "more.csv"), "--operation", "insert",
+        main=cli.main,
+    )  # fmt: skip
+    assert code == 2 and "already exists" in err, err
+
+    code, out, err = run("table", "copy", "loaded", "loaded_copy", main=cli.main)
+    assert code == 2 and "--create" in err
+    code, out, err = run("table", "copy", "loaded", "loaded_copy", "--create", main=cli.main)
+    assert code == 0 and f"{n + 1:,} applied" in out, (out, err)
+    code, out, _ = run(
+        "table", "scan", "loaded_copy", "--where", "id in (1, 200000)", "--format", "json"
+    )
+    assert sorted((r["id"], r["score"]) for r in _rows(out)) == [(1, 0.5), (200000, 2.5)]
+
+
+def test_where_like(run: Run) -> None:
+    code, out, err = run(
+        "table", "scan", "loaded", "--columns", "id", "--where", "name like 'n1234%'",
+        "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert sorted(r["id"] for r in _rows(out))[:3] == [1234, 12340, 12341]
+    code, out, err = run(
+        "table", "scan", "loaded", "--columns", "id", "--where", "name like 'n1_0'",
+        "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert sorted(r["id"] for r in _rows(out)) == [100, 110, 120, 130, 140, 150, 160, 170, 180,
+                                                    190]  # fmt: skip
+    code, _, err = run("table", "scan", "loaded", "--where", "id like '1%'")
+    assert code == 2 and "like needs a string column" in err
