@@ -52,6 +52,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamWriter,
     InputPartition,
     WriterCommitMessage,
 )
@@ -141,9 +142,9 @@ def spark_schema(schema: Schema, columns: Sequence[str] | None = None) -> Struct
 
 OPTIONS: dict[str, str] = {
     "masters": "required: the master addresses, host:port[,host:port...]",
-    "credentials": "a directory with ca.pem, cert.pem and key.pem for a secured cluster, "
-    "readable on the driver and every executor (default: $TESSERA_CREDENTIALS); only the path "
-    "travels in plans and partitions, never key material",
+    "credentials": "a directory with ca.pem, cert.pem and key.pem for a secured cluster, read "
+    "on the driver (default: $TESSERA_CREDENTIALS); executors receive the credentials inside "
+    "their tasks, never in options, plans, logs or the UI",
     "table": "required: the table name",
     "columns": "read: the columns to read, comma separated (default: every column)",
     "where": "read: conditions the tablet servers evaluate, joined by AND (COL OP VALUE, "
@@ -160,6 +161,11 @@ OPTIONS: dict[str, str] = {
     "operation": "write: insert, upsert (default), update, delete or insert_ignore",
     "row_errors": "write: fail (default: a refused row fails the task) or report",
     "truncate": "write: with mode overwrite, true deletes every row first (default false)",
+    "query_name": "streaming write: the name under which committed batch ids are kept "
+    "(default: the table name)",
+    "commit_table": "streaming write: the Tessera table that keeps them (default "
+    "tessera_stream_commits, made on first use)",
+    "checkpointlocation": "streaming write: Spark's own option (its checkpoint directory)",
 }
 """Every option the source accepts, with its meaning; anything else is refused by name."""
 
@@ -327,6 +333,16 @@ class TesseraDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return TesseraReader(ReadOptions.parse(self.options).with_shipped_credentials(), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """`writeStream.format("tessera")`: exactly once through idempotent writes
+        (spark_jobs/stream_sink.py)."""
+        from spark_jobs.stream_sink import TesseraStreamWriter
+
+        if overwrite:
+            raise InvalidArgument("a streaming write to tessera appends (outputMode append)")
+        opts = ReadOptions.parse(self.options).with_shipped_credentials()
+        return TesseraStreamWriter.create(opts, schema, dict(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         opts = ReadOptions.parse(self.options).with_shipped_credentials()
