@@ -1,0 +1,16 @@
+"""Spark on Tessera: the "tessera" data source, the reconciliation jobs, the audit tables.
+
+The top of the stack (docs/design/layers.md#R1): it uses the client library and the tools.
+
+Modules
+-------
+    session         the one way Tessera builds a SparkSession (Delta, quiet, small machines)
+    datasource      the "tessera" PySpark DataSource: one partition per tablet, reads and writes
+    stream_sink     `writeStream.format("tessera")`: exactly once through idempotent writes
+    connect         Spark Connect: a server with Delta and the source, and a client helper
+    inventory       the jobs' inputs: the catalog and every tablet server's replicas
+    reconcile       what the jobs find, as PURE functions of an inventory
+    audit           Delta audit tables of the catalog and of job findings
+    demo            `make demo`: the whole product in a few minutes
+    jobs/           the spark-submit jobs, one module each (jobs/__init__.py)
+"""

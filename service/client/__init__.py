@@ -1,9 +1,29 @@
-"""The Tessera client library (issue 5): `TesseraClient` (async) and `SyncClient`.
+"""The Tessera client library: `TesseraClient` (async) and `SyncClient`.
 
-async with TesseraClient(["127.0.0.1:7051"]) as c:
-    await c.create_table("t", schema, partition_schema)
-    await c.write("t", arrow_table, "upsert")
-    rows = await c.scan("t", predicates=[ColumnPredicate("id", "GE", (10,))])
+    async with TesseraClient(["127.0.0.1:7051"]) as c:
+        await c.create_table("t", schema, partition_schema)
+        await c.write("t", arrow_table, "upsert")
+        rows = await c.scan("t", predicates=[ColumnPredicate("id", "GE", (10,))])
+
+The client speaks to servers over gRPC only (docs/design/layers.md#R2; the predicates it shares
+with the tablet server still live in service.tserver, a known exception listed in
+docs/design/layers.md#R8); it finds the leader master itself and retries within a deadline
+(docs/design/failover.md#R7); DDL is exactly-once (docs/design/catalog.md#R11).
+
+Modules
+-------
+    client          `TesseraClient`: catalog admin, writes, scans, scan tokens
+    sync            `SyncClient`: the blocking facade (Spark executors, the CLI, scripts)
+    master_client   the leader master: discovery, leader hints, retries, request ids
+    meta_cache      tables and tablet locations by partition key
+    pruning         which tablets a scan can skip (PURE)
+    write_session   rows routed to their tablets' leaders, per-row errors
+    scanner         scan tokens and the fault-tolerant tablet scanner
+    replica_ops     add, remove and move one replica, compare-and-set
+    retry           deadlines and retry pacing
+    channels        one gRPC channel per server address
+    credentials     where a client finds its credentials
+    enrollment      certificates from the masters: users' credentials, joins, renewals
 """
 
 from service.client.client import MasterInfo, TableSummary, TabletServerInfo, TesseraClient

@@ -1,0 +1,26 @@
+"""The consensus layer: the asyncio shell that runs Raft groups on the pure core (service.raft).
+
+Design: docs/design/consensus.md (commit and membership rules, the WAL, consensus metadata,
+amnesia) and coordinator.md#R4 and #R5 (replay before serving, ReadIndex and leases).
+
+Modules
+-------
+    node            `RaftNode`: the one task that owns a RawNode; propose, read, membership
+    node_api        what a RaftNode is given and gives: state machine, transport, settings,
+                    leader-change events
+    node_quiesce    what a node decides after a tick: promote a caught-up learner, or quiesce
+    batching        pacing of group commits, and proposal deadlines
+    syncer          threads that run fdatasync off the event loop
+    ticker          one tick timer per process for all its groups
+    quiesce         idle groups stop ticking; one digest per peer server stands in
+    snapshots       when a node snapshots, at which index, with which membership
+    raft_store      a node's durable state: WAL, consensus metadata, latest snapshot
+    wal             the write-ahead log: CRC'd records in preallocated segments
+    cmeta           consensus metadata: term, vote, membership, own uuid
+    fs              the file-system seam (real, or simulated by service.testing.simdisk)
+    codec           the core's values to and from consensus.proto
+    transport       gRPC transport: per-peer batching, incarnations, destination checks
+    demo_server     the replicated key-value demo server (the smallest state machine)
+    demo_client     the KV demo's client
+    demo            `make raft-demo`: three demo processes, a leader killed under load
+"""

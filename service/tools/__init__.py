@@ -1,0 +1,26 @@
+"""The `tessera` command and what it drives: local clusters, DDL and admin commands, ksck.
+
+Tools sit above the client (docs/design/layers.md#R1): they may start master and tablet server
+processes and use service.testing's launchers.
+
+Modules
+-------
+    cli             the `tessera` command: subcommands and their dispatch
+    cli_args        typed arguments and the `main` runner every command shares
+    output          aligned plain-text tables and JSON for every command
+    local_cluster   a local cluster of real background processes in one directory
+    local_servers   one server of a local cluster: start, stop, restart by name
+    cluster_cmd     `tessera cluster up|status|down|start|stop|restart`
+    healthcheck     whether servers serve: one server's Ping, a cluster's masters
+    ksck            ksck's judgement of gathered facts (PURE)
+    ksck_cmd        `tessera cluster ksck`: gather, rate, print
+    admin_cmd       `tessera table|tablet|tserver|master ...` over the client library
+    table_syntax    how tables, values and conditions are written on the command line
+    table_io_cmd    `tessera table load|copy`: rows in bulk
+    rebalance_cmd   `tessera cluster rebalance`, `tessera replica add|remove|move`
+    master_cmd      `tessera master add|remove`: the masters' membership
+    security_cmd    `tessera security`: the cluster CA and certificates
+    token_cmd       `tessera token create`: short-lived user credentials
+    grant_cmd       `tessera grant|revoke`: per-table privileges
+    jobs_cmd        `tessera jobs list|run`: the reconciliation jobs in this process
+"""

@@ -1,4 +1,4 @@
-"""The spark-submit reconciliation jobs (issue 7). One module per job, each with `main(argv)`:
+"""The spark-submit reconciliation jobs. One module per job, each with `main(argv)`:
 
     orphan_sweep    replicas without a catalog record, of deleted tablets, out of their config;
                     tablets without a live replica or stuck creating
@@ -8,6 +8,9 @@
 
 Run as `spark-submit spark_jobs/jobs/<name>.py --masters ...` or `tessera jobs run <name> ...`.
 Dry run by default; `--apply` acts. Exit codes: 0 clean, 2 found something, 1 error.
+Shared: `common` (arguments, inventory, reporting, exit codes) and `actions` (the fixes `--apply`
+sends: admin RPCs with compare-and-set). What they find and why orphans are only reported:
+spark_jobs/reconcile.py, docs/design/failover.md#R6.
 """
 
 JOBS = ("orphan_sweep", "schema_audit", "rebalance_plan", "audit_snapshot")
