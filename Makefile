@@ -34,9 +34,11 @@ raft-demo: venv
 test: venv lint typecheck
 	$(BIN)/python -m pytest -q
 
+## ruff, then the layer contract (docs/design/layers.md): a wrong-way import fails here.
 lint: venv
 	$(BIN)/ruff check service spark_jobs tests bench protos
 	$(BIN)/ruff format --check service spark_jobs tests bench protos
+	$(BIN)/lint-imports
 
 typecheck: venv
 	$(BIN)/mypy
