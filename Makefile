@@ -7,11 +7,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SEEDS  ?= 200
 SEED0  ?= 0
+FUZZ_CASES ?= 2000
+FUZZ_SEED  ?= 1
+FUZZ_ARGS  ?=
 
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: venv demo raft-demo test test-slow lint typecheck unit protos check-protos sim bench-raft bench-tserver bench-master bench-spark-read bench-jobs chaos clean
+.PHONY: venv demo raft-demo test test-slow lint typecheck unit protos check-protos sim fuzz bench-raft bench-tserver bench-master bench-spark-read bench-jobs chaos clean
 
 venv: $(STAMP)
 
@@ -50,6 +53,11 @@ test-slow: venv
 ## Deterministic simulation: make sim SEEDS=10000 [SEED0=0]
 sim: venv
 	$(BIN)/python -m service.testing.sim_cli --seeds $(SEEDS) --first $(SEED0)
+
+## Fuzzing campaign against a live mini cluster: make fuzz FUZZ_CASES=N FUZZ_SEED=S
+## [FUZZ_ARGS=--skip-known]; ends with `fuzz: N cases, C crashes, S state changes, L stalls`
+fuzz: venv
+	$(BIN)/python -m service.testing.fuzz --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) $(FUZZ_ARGS)
 
 protos: venv
 	$(BIN)/python protos/generate.py

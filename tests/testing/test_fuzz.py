@@ -1,0 +1,282 @@
+"""The fuzzing campaign (service/testing/fuzz.py): its generator is deterministic and covers
+every RPC, its guard keeps destructive requests off the fixtures, a short fixed-seed run
+against a live cluster finds nothing, and its checks do catch a crash and a refused request
+that changes state (a checker that cannot fail proves nothing)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from service.pb import consensus_pb2, master_pb2, tserver_pb2
+from service.pb import tserver_pb2 as tpb
+from service.testing.fuzz import Campaign
+from service.testing.fuzz_checks import describe_diff
+from service.testing.fuzz_cluster import FuzzCluster
+from service.testing.fuzz_gen import (
+    RPCS,
+    Case,
+    Generator,
+    Vocabulary,
+    draw_case,
+    rpc_by_name,
+    rpc_order,
+)
+from service.testing.fuzz_guard import KNOWN_ISSUES, Protected, defang
+from service.testing.fuzz_values import Mutation, apply_mutations
+
+# --- the generator, no cluster ---------------------------------------------------------------
+
+
+def test_every_rpc_of_every_service_is_fuzzed() -> None:
+    declared = {
+        f"{s.name}/{m.name}"
+        for module in (master_pb2, tserver_pb2, consensus_pb2)
+        for s in module.DESCRIPTOR.services_by_name.values()
+        for m in s.methods
+    }
+    assert {r.name for r in RPCS} == declared
+    assert len(RPCS) == 47
+    # Every round of len(RPCS) cases calls each RPC once, in an order the seed decides.
+    assert {r.name for r in rpc_order(1)} == declared
+    assert rpc_order(1) != rpc_order(2)
+    gen = Generator(Vocabulary())
+    assert {draw_case(gen, 3, n).rpc.name for n in range(len(RPCS))} == declared
+
+
+def _shape(case: Case) -> tuple[object, ...]:
+    return (case.rpc.name, case.identity, case.target, case.mutated, len(case.encoded()))
+
+
+def test_a_case_is_a_function_of_the_seed_and_its_number() -> None:
+    gen = Generator(Vocabulary())
+    first = [draw_case(gen, 11, n) for n in range(60)]
+    again = [draw_case(Generator(Vocabulary()), 11, n) for n in range(60)]
+    assert [c.encoded() for c in first] == [c.encoded() for c in again]
+    other = [draw_case(gen, 12, n) for n in range(60)]
+    assert [c.encoded() for c in first] != [c.encoded() for c in other]
+    # Another cluster's names, the same shape: the same cases, naming the same fixtures.
+    renamed = Vocabulary(
+        table_names=("u",),
+        table_ids=("9" * 32,),
+        tablet_ids=("8" * 32,),
+        tserver_uuids=("a", "b", "c"),
+        master_uuids=("x", "y", "z"),
+    )
+    moved = [draw_case(Generator(renamed), 11, n) for n in range(60)]
+    assert [(c.rpc.name, c.identity, c.target) for c in moved] == [
+        (c.rpc.name, c.identity, c.target) for c in first
+    ]
+
+
+_DIGEST = """
+import hashlib, sys
+if sys.argv[1] == "more":  # other modules loaded: Hypothesis must not draw their constants
+    import service.master.master, service.tserver.tablet_server  # noqa: F401
+from service.testing.fuzz_gen import Generator, Vocabulary, draw_case
+h = hashlib.sha256()
+gen = Generator(Vocabulary())
+for n in range(100):
+    for b in draw_case(gen, 4, n).encoded():
+        h.update(b)
+print(h.hexdigest())
+"""
+
+
+def test_cases_are_the_same_in_another_process() -> None:
+    """The CLI, pytest and a long campaign load different modules and hash strings
+    differently; a case must not depend on either (maps are serialized deterministically,
+    Hypothesis's local constants are off: fuzz_gen._no_local_constants)."""
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", _DIGEST, which],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[2],
+        ).stdout
+        for which in ("few", "more", "few")
+    }
+    assert len(digests) == 1, digests
+
+
+def test_cases_mix_valid_hostile_mutated_and_raw_requests() -> None:
+    gen = Generator(Vocabulary())
+    cases = [draw_case(gen, 5, n) for n in range(400)]
+    raw = sum(c.raw is not None for c in cases)
+    mutated = sum(c.raw is None and c.mutated for c in cases)
+    assert 5 <= raw <= 40, raw
+    assert 50 <= mutated <= 160, mutated
+    writes = [c for c in cases if c.rpc.name == "TabletServerService/Write" and c.messages]
+    assert writes and any(m.rows for c in writes for m in c.messages)
+    assert {c.identity for c in cases} == {"admin", "user", "tserver", "master"}
+
+
+def test_mutations_are_deterministic() -> None:
+    data = bytes(range(40))
+    for op in range(10):
+        muts = (Mutation(op, 7, 300, b"ab"), Mutation((op + 3) % 10, 1000, 5, b""))
+        assert apply_mutations(data, muts) == apply_mutations(data, muts)
+    assert apply_mutations(b"", (Mutation(0, 3, 1, b""),)) == b""
+    assert apply_mutations(data, (Mutation(5, 10, 0, b""),)) == data[:10]
+
+
+# --- the guard --------------------------------------------------------------------------------
+
+_P = Protected(
+    table_ids=frozenset({"a" * 32}),
+    table_names=frozenset({"fuzz_a"}),
+    tablet_ids=frozenset({"b" * 32}),
+    scratch_table_id="c" * 32,
+    scratch_table_name="fuzz_scratch",
+    scratch_tablet_id="d" * 32,
+    master_uuids=frozenset({"master-1"}),
+    master_ports=frozenset({7051}),
+    user="fuzz-user",
+    master_term=3,
+)
+
+
+def test_the_guard_points_destructive_requests_of_allowed_callers_at_the_scratch_table() -> None:
+    delete = rpc_by_name("MasterService/DeleteTable")
+    req = master_pb2.DeleteTableRequestPB(table=master_pb2.TableIdentifierPB(table_name="fuzz_a"))
+    (out,), why = defang(delete, "admin", [req.SerializeToString()], _P)
+    assert master_pb2.DeleteTableRequestPB.FromString(out).table.table_name == "fuzz_scratch"
+    assert "scratch" in why
+    # A caller the policy refuses keeps the fixture's name: the refusal is what is tested.
+    (out,), why = defang(delete, "user", [req.SerializeToString()], _P)
+    assert out == req.SerializeToString() and not why
+
+    remove = rpc_by_name("MasterService/RemoveMaster")
+    req2 = master_pb2.RemoveMasterRequestPB(uuid="master-1")
+    (out,), _ = defang(remove, "admin", [req2.SerializeToString()], _P)
+    assert master_pb2.RemoveMasterRequestPB.FromString(out).uuid != "master-1"
+
+    step_down = rpc_by_name("TabletServerAdminService/DeleteTablet")
+    req3 = tpb.DeleteTabletRequestPB(tablet_id="b" * 32)
+    (out,), _ = defang(step_down, "master", [req3.SerializeToString()], _P)
+    assert tpb.DeleteTabletRequestPB.FromString(out).tablet_id == "d" * 32
+    # Bytes that do not parse go as they are (the server cannot parse them either).
+    assert defang(delete, "admin", [b"\xff\xff"], _P) == ((b"\xff\xff",), "")
+
+
+def test_skip_known_keeps_fences_at_the_masters_term() -> None:
+    assert "fence-term" in KNOWN_ISSUES
+    create = rpc_by_name("TabletServerAdminService/CreateTablet")
+    req = tpb.CreateTabletRequestPB(fence=tpb.MasterFencePB(master_uuid="x", master_term=2**63))
+    (out,), _ = defang(create, "admin", [req.SerializeToString()], _P)
+    assert tpb.CreateTabletRequestPB.FromString(out).fence.master_term == 2**63
+    (out,), why = defang(create, "admin", [req.SerializeToString()], _P, skip_known=True)
+    assert tpb.CreateTabletRequestPB.FromString(out).fence.master_term == 3
+    assert "fence-term" in why
+
+
+def test_describe_diff_names_what_changed() -> None:
+    before = {"tables": {"t1": ("a",), "t2": ("b",)}, "grants": frozenset({("t1", "u")})}
+    after = {"tables": {"t1": ("a2",), "t3": ("c",)}, "grants": frozenset()}
+    text = describe_diff(before, after)
+    assert "+t3" in text and "-t2" in text and "~t1" in text and "-('t1', 'u')" in text
+
+
+# --- against a live cluster -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fuzz_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzCluster]:
+    with FuzzCluster(tmp_path_factory.mktemp("fuzz") / "cluster") as fc:
+        yield fc
+
+
+def _campaign(fc: FuzzCluster, out: Path, seed: int = 1, **kw: bool) -> tuple[Campaign, list[str]]:
+    lines: list[str] = []
+    return Campaign(fc, seed, out, say=lines.append, **kw), lines
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_short_fixed_seed_campaign_finds_nothing(
+    fuzz_cluster: FuzzCluster, tmp_path: Path
+) -> None:
+    """150 cases of seed 1, about 3 rounds of every RPC. The known, still open server bugs
+    (fuzz_guard.KNOWN_ISSUES) are kept out so that this stays green until they are fixed; the
+    long campaign (`make fuzz`) includes them."""
+    campaign, lines = _campaign(fuzz_cluster, tmp_path, skip_known=True)
+    try:
+        stats = campaign.run(150)
+    finally:
+        campaign.close()
+    assert lines[-1] == "fuzz: 150 cases, 0 crashes, 0 state changes, 0 stalls", lines
+    assert stats.unexpected == 0 and stats.tracebacks == 0, lines
+    assert {rpc for rpc, _ in stats.outcomes} == {r.name for r in RPCS}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_crash_is_reported_and_the_server_restarted(
+    fuzz_cluster: FuzzCluster, tmp_path: Path
+) -> None:
+    campaign, lines = _campaign(fuzz_cluster, tmp_path)
+    try:
+        campaign.fc.refresh()
+        campaign._protected = campaign._make_protected()
+        fuzz_cluster.mini.kill_tserver("ts-3", signal.SIGKILL)
+        ping = rpc_by_name("TabletServerService/Ping")
+        campaign.run_case(7, Case(ping, "admin", "tserver:0", raw=(b"",)))
+    finally:
+        campaign.close()
+    assert campaign.stats.crashes == 1
+    assert fuzz_cluster.mini.tservers["ts-3"].alive
+    assert any("ts-3 exited" in line for line in lines)
+    assert list(tmp_path.glob("case-7-crash.txt"))
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_the_known_fence_term_issue_is_caught(fuzz_cluster: FuzzCluster, tmp_path: Path) -> None:
+    """A CreateTablet refused for its schema still raises the tablet server's highest master
+    term to its fence's (fuzz_guard.KNOWN_ISSUES["fence-term"]); the campaign reports it as a
+    state change and restarts the server. Once TabletServer.check_fence no longer keeps the
+    term of a refused request, this fails: drop "fence-term" from KNOWN_ISSUES and make this
+    test assert that nothing is reported."""
+    campaign, _ = _campaign(fuzz_cluster, tmp_path)
+    try:
+        fc = campaign.fc
+        fc.refresh()
+        campaign._protected = campaign._make_protected()
+        ts = fuzz_cluster.mini.tservers["ts-1"]
+        req = tpb.CreateTabletRequestPB(
+            dest_uuid=ts.uuid,
+            fence=tpb.MasterFencePB(master_uuid="fuzz-admin", master_term=fc.leader_term + 5),
+            tablet_id="e" * 32,
+        )
+        create = rpc_by_name("TabletServerAdminService/CreateTablet")
+        outcome = campaign.run_case(
+            0, Case(create, "admin", "tserver:0", raw=(req.SerializeToString(),))
+        )
+    finally:
+        campaign.close()
+    assert outcome.code == "INVALID_ARGUMENT", outcome
+    assert campaign.stats.state_changes == 1
+    (report,) = tmp_path.glob("case-0-state-change.txt")
+    assert "highest_master_term" in report.read_text()
+    assert ts.alive
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(3600)
+def test_a_long_campaign_finds_nothing(tmp_path: Path) -> None:
+    """5,000 cases of seed 2 on a cluster of its own (`make fuzz` runs longer ones)."""
+    with FuzzCluster(tmp_path / "cluster") as fc:
+        campaign, _ = _campaign(fc, tmp_path / "out", seed=2, skip_known=True)
+        try:
+            stats = campaign.run(5000)
+        finally:
+            campaign.close()
+    assert stats.line() == "fuzz: 5000 cases, 0 crashes, 0 state changes, 0 stalls"
+    assert stats.findings == 0
