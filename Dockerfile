@@ -1,7 +1,7 @@
 # One image for every role of docker-compose.yml: masters, tablet servers, the Spark standalone
 # master and worker, and the job runner. Build from the repository root: `docker compose build`.
 #
-# The base is pinned to Debian bookworm: PySpark 4.x needs Java 17 (ARCHITECTURE.md), and bookworm
+# The base is pinned to Debian bookworm: PySpark 4.x needs Java 17, and bookworm
 # is the Debian release that packages openjdk-17-jre-headless (newer ones dropped Java 17).
 # procps gives Spark's shell scripts the `ps` they call.
 FROM python:3.11-slim-bookworm

@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 An `Inventory` is one consistent picture of the cluster, as plain rows:
 
-* from the master leader, in one DumpCatalog (seed 001's catalog as of one committed index):
-  `tables`, `tablets` and `replicas` (the members of each tablet's committed config, as the
-  catalog records them), plus `tservers` and `masters`;
+* from the master leader, in one DumpCatalog (the catalog as of one committed index,
+  docs/design/catalog.md#R10): `tables`, `tablets` and `replicas` (the members of each tablet's
+  committed config, as the catalog records them), plus `tservers` and `masters`;
 * from every tablet server, its own listing (ListTablets): `hosted`, one row per replica it has
   on disk, whatever its state. The listings are fetched by Spark, one partition per tablet
   server, so a thousand servers are asked in parallel by the executors; a server that does not

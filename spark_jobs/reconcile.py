@@ -8,7 +8,7 @@ The job modules decide whether to act (`--apply`); nothing here performs I/O, so
 findings come out of a live cluster, a saved audit snapshot or a synthetic catalog of 100,000
 tablets.
 
-Orphan sweep (seed 001, appendix A; Kudu's ksck and HBase's HBCK2):
+Orphan sweep (docs/design/failover.md#R6; Kudu's ksck and HBase's HBCK2):
 
 * `orphan_replica`: a tablet server hosts a replica of a tablet the catalog has never heard
   of. **Reported, never deleted**: it may be the only copy of data whose record was lost, and
@@ -18,9 +18,9 @@ Orphan sweep (seed 001, appendix A; Kudu's ksck and HBase's HBCK2):
   config op index.
 * `replica_not_in_config`: the tablet is live but this server is not in its committed config
   (evicted by 3-4-3, moved by the rebalancer) and still holds data. Fix: DeleteTablet
-  (TOMBSTONED: its consensus metadata stays, so it can still vote in an old term; seed 004),
-  with compare-and-set. Skipped when the replica's own config is *newer* than the catalog's
-  (the catalog dump predates a config change that added it).
+  (TOMBSTONED: its consensus metadata stays, so it can still vote in an old term:
+  docs/design/tablet_copy.md#R3), with compare-and-set. Skipped when the replica's own config is
+  *newer* than the catalog's (the catalog dump predates a config change that added it).
 * `tablet_without_live_replica`: a RUNNING tablet none of whose configured replicas is running
   on a live, reachable server. Reported: only an operator can decide to recreate it.
 * `tablet_stuck_creating`: PREPARING or CREATING for longer than the assignment timeout (the

@@ -1,5 +1,7 @@
-"""The pure core stays pure: `service/raft` (and later placement and rebalancing) may not import
-I/O, clocks, threads, the network or global randomness (ARCHITECTURE.md, style rule 1)."""
+"""The pure core stays pure: `service/raft` and the listed decision modules may not import I/O,
+clocks, threads, the network or global randomness (docs/design/layers.md#R4).
+
+The layers between packages are checked by `make lint` (import-linter, docs/design/layers.md#R1)."""
 
 from __future__ import annotations
 

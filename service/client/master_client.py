@@ -16,7 +16,7 @@ Every catalog call goes through `call()`, which loops until the caller's deadlin
   side-effect free and DDL carries a request id;
 * any other error is the answer and is raised as the `TesseraError` it stands for.
 
-Exactly-once DDL (seed 001, KUDU-1374's lesson): each DDL call takes one `RequestIdPB`
+Exactly-once DDL (docs/design/catalog.md#R11): each DDL call takes one `RequestIdPB`
 (client_id, seq_no) before its first attempt and keeps it across attempts. The master stores the
 result with the replicated entry, so a CreateTable whose reply was lost in a failover is
 answered on retry with the original table id instead of failing with "already exists" or

@@ -3,17 +3,17 @@
 Theory of operation
 -------------------
 A tablet's membership changes only through its Raft leader, one server at a time, each change
-naming the committed config it replaces (`cas_config_opid_index`, seed 004). A tool that moves
-replicas therefore works like the master's own 3-4-3 (service/master/rereplication.py): read the
-committed state, decide the one change it needs, send it with the config's op index, read again.
-Every step is a small reconciler, so a step whose reply was lost (a timeout, a leader change) is
-found done on the next read rather than repeated:
+naming the committed config it replaces (`cas_config_opid_index`, docs/design/tablet_copy.md#R8). A
+tool that moves replicas therefore works like the master's own 3-4-3
+(service/master/rereplication.py): read the committed state, decide the one change it needs, send it
+with the config's op index, read again. Every step is a small reconciler, so a step whose reply was
+lost (a timeout, a leader change) is found done on the next read rather than repeated:
 
 * read: GetTabletLocations from the master names the replicas and the leader it last heard of;
   the leader's own GetConsensusState gives the committed config and its op index (the master's
   record lags by a heartbeat). A replica that is not the leader names the one it follows.
 * add: ADD_PEER the new server as a NON_VOTER with `promote` set. The tablet's leader starts a
-  tablet copy to it and promotes it to VOTER once it has caught up (seed 004's PRE_VOTER), so
+  tablet copy to it and promotes it to VOTER once it has caught up (Kudu's PRE_VOTER), so
   the config never counts an empty replica in its majority.
 * move = add `to` -> wait until the leader's committed config shows `to` as a VOTER (the copy
   runs meanwhile) -> remove `from`. The master's re-replication removes only *failed* extra

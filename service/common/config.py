@@ -254,14 +254,15 @@ class RaftSettings:
 
 @dataclass(frozen=True, slots=True)
 class WalSettings:
-    """`[wal]`: the write-ahead log's segment files (seed 003)."""
+    """`[wal]`: the write-ahead log's segment files (docs/design/consensus.md#R5)."""
 
     segment_size_mb: int = 8
     """Roll to a new segment file at this size (Kudu's log_segment_size_mb, also 8). Every
     tablet replica preallocates one segment, so this is the disk an idle replica holds: 64 MiB
     made 200 idle tablets x 3 replicas take 38 GiB on one machine."""
     preallocate: bool = True
-    """Preallocate each segment so appends within it can use fdatasync (seed 003)."""
+    """Preallocate each segment so appends within it can use fdatasync
+    (docs/design/consensus.md#R5)."""
     fsync: bool = True
     """fdatasync once per group commit. False loses acknowledged writes on power loss: tests
     and benchmarks only."""
@@ -388,11 +389,12 @@ class DemoNodeConfig:
 
     `peers` is the initial voter set, used only to bootstrap an empty data_dir; afterwards the
     configuration is the one in the log. A node started with no peers waits to be added (it
-    joins as a learner, seed 004).
+    joins as a learner, docs/design/consensus.md#R4).
     """
 
     uuid: NodeId
-    """This node's permanent id; a node that lost its data must take a new one (seed 004)."""
+    """This node's permanent id; a node that lost its data must take a new one
+    (docs/design/consensus.md#R9)."""
     data_dir: Path
     """WAL, consensus metadata and snapshots live here."""
     rpc_bind: str = "127.0.0.1:0"
@@ -480,8 +482,9 @@ class MasterConfig:
     cache off."""
     bg_task_interval_ms: int = 1000
     """Period of the leader's background tasks: assignment rounds, retries of pending side
-    effects (CreateTablet, DeleteTablet, AlterSchema), re-replication (seed 001). A round also
-    runs as soon as a committed change calls for work."""
+    effects (CreateTablet, DeleteTablet, AlterSchema), re-replication
+    (docs/design/coordinator.md#R3). A round also runs as soon as a committed change calls for
+    work."""
     leader_warmup_ms: int = 15_000
     """For this long after a master becomes leader, "not enough live tablet servers" for a
     CreateTable is NotReady (retryable; clients retry within their deadline), not a definite
@@ -534,8 +537,8 @@ class MasterConfig:
     """Admin RPCs the leader has in flight to tablet servers at once."""
     replica_eviction_timeout_ms: int = 300_000
     """A replica whose tablet server has not heartbeated for this long is replaced: a new
-    non-voter is added, promoted once caught up, then the dead one removed (seed 004's 3-4-3;
-    Kudu's follower_unavailable_considered_failed_sec)."""
+    non-voter is added, promoted once caught up, then the dead one removed (3-4-3,
+    docs/design/tablet_copy.md#R7; Kudu's follower_unavailable_considered_failed_sec)."""
     raft: RaftSettings = field(default_factory=RaftSettings)
     wal: WalSettings = field(default_factory=WalSettings)
     rpc: RpcSettings = field(default_factory=RpcSettings)
@@ -638,7 +641,8 @@ class TServerConfig:
     """host:port of the status pages and /metrics (Kudu's tablet server webserver port); port 0
     picks a free port; "" serves no HTTP at all. Loopback by default, as the master's."""
     master_addresses: tuple[str, ...] = ("127.0.0.1:7051",)
-    """Every master's host:port; the server heartbeats to all of them (seed 001)."""
+    """Every master's host:port; the server heartbeats to all of them
+    (docs/design/failover.md#R1)."""
     log_level: str = "INFO"
     heartbeat_interval_ms: int = 1000
     """Period of heartbeats (with tablet reports) to each master."""
@@ -652,7 +656,8 @@ class TServerConfig:
     """How often the server checks its certificate; with less than a third of its lifetime
     left it asks the leader master for a new one (service/tserver/cert_renewal.py)."""
     num_tablets_to_copy_simultaneously: int = 10
-    """Concurrent tablet copies this server runs as the destination (seed 004)."""
+    """Concurrent tablet copies this server runs as the destination
+    (docs/design/tablet_copy.md#R4)."""
     flush_idle_ms: int = 10_000
     """A tablet whose in-memory rows took no write for this long flushes them to a file, then
     compacts files whose key ranges overlap, so a cold tablet is scanned without merging.

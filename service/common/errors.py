@@ -33,9 +33,9 @@ Two class flags guide callers without a table of codes:
 * `retryable`: the same request may be sent again, possibly elsewhere, without risk (the server
   did not start executing it, or the operation is idempotent by construction: DDL carries a
   client request id).
-* `fatal`: the node that raised it must stop (WAL corruption, an fsync error: seed 003 and the
-  "never retry fsync" rule). The flag concerns the node where the error happened; a client that
-  receives a `Corruption` from a server does not stop itself.
+* `fatal`: the node that raised it must stop (WAL corruption, an fsync error:
+  docs/design/consensus.md#R6 and #R7, "never retry fsync"). The flag concerns the node where the
+  error happened; a client that receives a `Corruption` from a server does not stop itself.
 
 Status choices worth a word:
 
@@ -213,7 +213,8 @@ class FailedPrecondition(TesseraError):
 class StaleTerm(FailedPrecondition):
     """The request comes from a lower term than ours: a deposed leader is being fenced.
 
-    Seed 001's fencing audit: a leader that lost its term must not have its requests honoured.
+    Fencing (docs/design/failover.md#R5): a leader that lost its term must not have its requests
+    honoured.
     """
 
     code = "STALE_TERM"
@@ -222,8 +223,8 @@ class StaleTerm(FailedPrecondition):
 class WrongDestination(FailedPrecondition):
     """The message was addressed to another node uuid than ours.
 
-    Seed 004's amnesia rule: every RPC names its intended recipient's uuid and the recipient
-    refuses one addressed to another (for example its former, pre-wipe, self).
+    The amnesia rule (docs/design/consensus.md#R9): every RPC names its intended recipient's uuid
+    and the recipient refuses one addressed to another (for example its former, pre-wipe, self).
     """
 
     code = "WRONG_DESTINATION"
@@ -238,7 +239,7 @@ class ConfigChangeRejected(FailedPrecondition):
 
 class CasMismatch(ConfigChangeRejected):
     """The change named a committed config op id that is no longer the committed one
-    (seed 004's compare-and-set on config changes)."""
+    (compare-and-set on config changes, docs/design/tablet_copy.md#R8)."""
 
     code = "CAS_MISMATCH"
 
@@ -301,7 +302,8 @@ class ServiceUnavailable(TesseraError):
 
 class NotReady(ServiceUnavailable):
     """This node is the leader but cannot serve yet: its catalog is still being loaded, or the
-    no-op of its term is not yet committed (seed 002: replay before serving)."""
+    no-op of its term is not yet committed (replay before serving,
+    docs/design/coordinator.md#R4)."""
 
     code = "NOT_READY"
 
@@ -339,7 +341,7 @@ class ResourceExhausted(TesseraError):
 
 
 class PermissionDenied(TesseraError):
-    """The caller is not authenticated or not allowed to do this (seed 000's IPKI/tokens)."""
+    """The caller is not authenticated or not allowed to do this (docs/design/security.md)."""
 
     code = "PERMISSION_DENIED"
     grpc_status = grpc.StatusCode.PERMISSION_DENIED

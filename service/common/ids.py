@@ -5,10 +5,10 @@ expected. All ids are strings on the wire and on disk.
 
 * `NodeId` is the permanent uuid of a node (a master or a tablet server). It is defined by the
   pure Raft core (`service.raft.types`) and only re-exported here, so there is one such type.
-  Seed 004's amnesia rule rests on it: every RPC names its recipient's uuid, and a node that lost
-  its disk takes a new one.
-* `TableId` and `TabletId` name catalog objects (seed 000). Like Kudu, freshly made ids are
-  uuid4s written as 32 lowercase hex digits (`new_uuid`).
+  The amnesia rule (docs/design/consensus.md#R9) rests on it: every RPC names its recipient's uuid,
+  and a node that lost its disk takes a new one.
+* `TableId` and `TabletId` name catalog objects (docs/design/catalog.md). Like Kudu, freshly made
+  ids are uuid4s written as 32 lowercase hex digits (`new_uuid`).
 
 Two validators, because two kinds of string reach us:
 

@@ -70,7 +70,7 @@ RPC_BUCKETS: tuple[float, ...] = (
 FSYNC_BUCKETS: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 )  # fmt: skip
-"""Upper bounds (seconds) for WAL fdatasync: about 0.3 ms on these machines (ARCHITECTURE.md),
+"""Upper bounds (seconds) for WAL fdatasync: about 0.3 ms on these machines (bench/wal_fsync.py),
 so the low buckets are fine-grained; anything past 0.1 s is a sick disk."""
 
 LabelValues: TypeAlias = tuple[str, ...]

@@ -24,7 +24,7 @@ owns the half-open interval [partition_key_start, partition_key_end) of partitio
 b"" standing for "unbounded" (at the start: the very beginning; at the end: no end), as Kudu
 writes it. Because bucket numbers are fixed-width and the range encoding preserves order, tablets
 sorted by `partition_key_start` tile the key space, and the master's sorted map from start key
-to tablet (seed 000, "[tablet-start-key] -> TabletInfo") finds a row's tablet with one bisect.
+to tablet (docs/design/catalog.md#R10) finds a row's tablet with one bisect.
 A tablet whose range has no upper bound ends where the next bucket combination starts (the
 bucket tuple incremented like an odd-radix number), or at b"" after the last bucket, so without
 range holes the ends of one tablet are exactly the starts of the next, and the first tablet

@@ -2,14 +2,14 @@
 
 Theory of operation
 -------------------
-The catalog manager locks a table before its tablets (seed 001's state-change contract). A
-tablet report or an assignment round changes tablets only, and needs of the table just that it
-does not change meanwhile; AlterTable and DeleteTable change the table itself. With an exclusive
-table lock, every report of a 10,000-tablet table's replicas waited for the one before it, a
-replicated write each: a fleet of 1,000 servers queued its heartbeats behind one lock until they
-timed out, and the master declared its servers dead (issue 3's starvation spiral). Kudu's
-TableInfo lock is a readers-writer lock for the same reason. So: `shared()` for writers of
-tablets, `exclusive()` for writers of the table.
+The catalog manager locks a table before its tablets (the state-change contract,
+docs/design/catalog.md#R2). A tablet report or an assignment round changes tablets only, and needs
+of the table just that it does not change meanwhile; AlterTable and DeleteTable change the table
+itself. With an exclusive table lock, every report of a 10,000-tablet table's replicas waited for
+the one before it, a replicated write each: a fleet of 1,000 servers queued its heartbeats behind
+one lock until they timed out, and the master declared its servers dead (the starvation spiral,
+docs/design/failover.md#R8). Kudu's TableInfo lock is a readers-writer lock for the same reason. So:
+`shared()` for writers of tablets, `exclusive()` for writers of the table.
 
 Grants are in arrival order: a waiting exclusive request holds back shared requests that arrive
 after it (no writer starvation), and shared requests queued together are granted together. A

@@ -46,8 +46,8 @@ raises `InvalidArgument` naming the rule and the column. `Schema.build`, `Schema
 
 Alter operations (`AddColumn`, `DropColumn`, `RenameColumn`) are values too, so AlterTable
 requests can be logged, replicated and replayed. `Schema.apply(ops)` applies them in order and
-returns a new schema with `version + 1`; tablet servers report the version they run (seed 000,
-"Alter Table").
+returns a new schema with `version + 1`; tablet servers report the version they run
+(docs/design/catalog.md#R12).
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 Theory of operation
 -------------------
 The WAL already persists term and vote in its hard-state records, but the WAL can be replaced
-wholesale by a tablet copy, and a tombstoned replica keeps no WAL at all. Seed 004 therefore keeps
-a small separate file that outlives both: the current term and vote (so a node never votes twice
-in a term, even after its data was deleted or copied over), the committed membership with peer
-addresses, and the node's own uuid, which lets a restarted node notice that its disk was wiped or
-belongs to another server (seed 004, "Failure of a disk with consensus metadata").
+wholesale by a tablet copy, and a tombstoned replica keeps no WAL at all. So a node keeps a small
+separate file that outlives both: the current term and vote (so a node never votes twice in a term,
+even after its data was deleted or copied over), the committed membership with peer addresses, and
+the node's own uuid, which lets a restarted node notice that its disk was wiped or belongs to
+another server (docs/design/consensus.md#R8, #R9).
 
 The file is rewritten whole with `FileSystem.write_atomic` (temporary file, fsync, rename,
 directory fsync), so after a crash it holds the old or the new record, never a mix. The format is
@@ -19,7 +19,8 @@ where the CRC covers the canonical encoding of `body` (sorted keys, no spaces). 
 unparsable JSON or an unknown version raises `CmetaCorruption` naming the file. An OSError from
 saving propagates: the caller must not send a reply that depends on an unsaved term or vote.
 
-`merge_remote` implements seed 004's "Consensus metadata merge" for tablet copy.
+`merge_remote` implements the consensus metadata merge of tablet copy
+(docs/design/tablet_copy.md#R5).
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ class CmetaStore:
 def merge_remote(
     local: ConsensusMetadata | None, remote: ConsensusMetadata, *, uuid: str | None = None
 ) -> ConsensusMetadata:
-    """Merge a tablet copy source's metadata into ours (seed 004, "Consensus metadata merge").
+    """Merge a tablet copy source's metadata into ours (docs/design/tablet_copy.md#R5).
 
     1. Adopt the highest term: a term never goes backwards, or we could vote twice in it.
     2. If remote term <= local term, keep the local vote for the local term. If the remote term

@@ -26,9 +26,9 @@ size is not the end of the data: the writer keeps its own logical position (`tel
 pwrite at that position, and readers of a preallocated file must find the end themselves. The WAL
 does: a zero length field ends the log. We chose this over KEEP_SIZE because appending within the
 file size does not change i_size, so fdatasync need not commit a size update on every batch (the
-reason Kudu preallocates segments, seed 003). On ext4 and xfs the first write into a
-preallocated (unwritten) extent still costs an extent-conversion commit, so the gain is modest;
-`bench/wal_fsync.py` measures both ways. Where fallocate is unsupported we fall back to
+reason Kudu preallocates segments, docs/design/consensus.md#R5). On ext4 and xfs the first write
+into a preallocated (unwritten) extent still costs an extent-conversion commit, so the gain is
+modest; `bench/wal_fsync.py` measures both ways. Where fallocate is unsupported we fall back to
 ftruncate, which gives the same zero-read semantics with a sparse file.
 """
 

@@ -321,7 +321,8 @@ class RaftNode(Quiescing):
         return self._not_leader()
 
     def is_promotable(self, node: str) -> bool:
-        """Whether learner `node` was added to be promoted once caught up (seed 004)."""
+        """Whether learner `node` was added to be promoted once caught up
+        (docs/design/consensus.md#R4)."""
         return node in self._promotable
 
     async def propose(self, data: bytes, timeout: float | None = None) -> object:
@@ -436,7 +437,8 @@ class RaftNode(Quiescing):
         """One membership change with compare-and-set; returns the new config's index.
 
         An ADD_LEARNER with `promote` is turned into a voter by the leader once caught up
-        (seed 004's PRE_VOTER); without it the learner stays a non-voter (a read replica)."""
+        (Kudu's PRE_VOTER, docs/design/tablet_copy.md#R7); without it the learner stays a non-voter
+        (a read replica)."""
         self._check_open()
         if type is ConfigChangeType.ADD_LEARNER and not address:
             raise InvalidArgument(f"adding {node} needs its address")

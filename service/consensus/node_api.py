@@ -32,8 +32,8 @@ class AnchoredStateMachine(Protocol):
     needs no payload: it is an *anchor*, a reference to the state machine's files at an index.
 
     Such a node never serializes its state and never sends a snapshot: a follower that needs
-    entries the leader no longer keeps is given the files some other way (tablet copy, seed
-    004; `RaftOptions.send_snapshots`). See `snapshots.py`."""
+    entries the leader no longer keeps is given the files some other way (tablet copy,
+    docs/design/consensus.md#R10; `RaftOptions.send_snapshots`). See `snapshots.py`."""
 
     def apply(self, index: int, data: bytes) -> object: ...
 

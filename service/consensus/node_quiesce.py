@@ -95,7 +95,8 @@ class Quiescing:
         return True
 
     def _maybe_promote(self) -> None:
-        """Seed 004: the leader promotes a PRE_VOTER once its log has caught up."""
+        """The leader promotes a PRE_VOTER once its log has caught up
+        (docs/design/consensus.md#R4)."""
         if not self.settings.auto_promote or self.raw.raft.state is not Role.LEADER:
             return
         raft = self.raw.raft

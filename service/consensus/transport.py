@@ -20,8 +20,8 @@ answer) only when they are news to the peer: on the first unary Step after a (re
 after an address changed, not with every write (`addresses_version`).
 
 Receiving: `ConsensusServicer.Step` checks the envelope before anything reaches a core:
-  * `dest_uuid` must be this server's uuid (seed 004: never act on a message meant for another
-    incarnation or node) -> FAILED_PRECONDITION;
+  * `dest_uuid` must be this server's uuid (docs/design/consensus.md#R9: never act on a message
+    meant for another incarnation or node) -> FAILED_PRECONDITION;
   * the sender's incarnation must match what this server recorded for that uuid: a node whose
     data directory was wiped comes back with the same uuid but a new incarnation, and must not
     vote or acknowledge entries it has forgotten -> FAILED_PRECONDITION;
@@ -74,7 +74,7 @@ class Incarnations:
     The incarnation is a random id created when the data directory is formatted. Peers are
     remembered on first contact (trust on first use) and never forgotten: a peer that comes
     back with another incarnation has lost its disk and is refused until it is given a new
-    uuid (seed 004, "Failure of a disk with consensus metadata")."""
+    uuid (docs/design/consensus.md#R9)."""
 
     def __init__(self, fs: FileSystem, directory: str, own_uuid: str) -> None:
         self.fs = fs

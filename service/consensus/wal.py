@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-The log is a directory of segment files `wal-{seq:08d}.log` (seed 003). Each segment starts with a
-20-byte header and holds a sequence of records::
+The log is a directory of segment files `wal-{seq:08d}.log` (docs/design/consensus.md#R5). Each
+segment starts with a 20-byte header and holds a sequence of records::
 
     header:  magic "TSWL" | u16 format version | u16 flags (0) | u64 seq | u32 crc32c(first 16)
     record:  u32 length | u32 crc32c(type + payload) | u8 type | payload      (length = 1 + payload)
@@ -36,7 +36,7 @@ it is what lets throughput exceed one fdatasync per entry.
 or failing its CRC, followed only by zeros or end of file: that record was never acknowledged
 (it was not synced), so it is cut off and the segment truncated. The same damage anywhere else
 (an earlier segment, or followed by non-zero bytes) means acknowledged data is bad: `WalCorruption`
-names the file and byte offset and the node must stop (ARCHITECTURE.md, "Decisions").
+names the file and byte offset and the node must stop (docs/design/consensus.md#R6).
 
 *Segments.* Every `open` and every rollover starts a new segment and writes the latest hard state
 and snapshot marker at its start, so older segments can be deleted without losing either.

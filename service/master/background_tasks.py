@@ -1,12 +1,14 @@
-"""The leader's background tasks: assignment, roll-forward RPCs, re-replication (seeds 000-004).
+"""The leader's background tasks: assignment, roll-forward RPCs, re-replication.
+
+See docs/design/coordinator.md (roll-forward from committed state) and docs/design/catalog.md#R7.
 
 Theory of operation
 -------------------
 One `BackgroundTasks` per leadership term: the master starts it once the new leader has loaded
 its catalog and cancels it on any change of role (a deposed leader stops at once; its late
 requests are fenced by the term they carry). Nothing it knows survives the term: a new leader
-recomputes everything from committed state (seed 002's roll-forward, seed 001's "this scanning
-continues in a new leader master following master failover").
+recomputes everything from committed state (roll-forward, docs/design/coordinator.md#R3: the scan
+continues in a new leader after failover).
 
 Each round (every `interval_s`, or sooner when the catalog commits something that calls for
 work, `CatalogManager.add_work_listener`), in this order:
@@ -14,15 +16,15 @@ work, `CatalogManager.add_work_listener`), in this order:
   1. Assignment: if a tablet is PREPARING, or a CREATING one has outlived the assignment
      timeout, one `CatalogManager.assign_tablets()` round: ONE replicated write that places
      PREPARING tablets (-> CREATING with their committed config) and REPLACES timed-out ones
-     (seed 001 appendix B, "Background task scanning", with its fixes). A round is bounded
+     (docs/design/catalog.md#R12, #R13). A round is bounded
      (`max_tablets_per_assignment_round`); while more is due the next round follows at once.
      A table that cannot be placed waits out a doubling backoff, one warning per attempt
      (`catalog_assignment`, "Bounded rounds" and "Backoff"); the loop sleeps no longer than
      until the next backoff or creation timeout runs out. A failed replication is logged and
      retried next round (KUDU-495: never fatal).
-  2. Re-replication (`rereplication`, seed 004's 3-4-3): only when some server hosting replicas
-     has been dead longer than the eviction time, or some server reports a replica FAILED;
-     ChangeConfig to the tablet's leader, and a tombstone to a FAILED replica once the
+  2. Re-replication (`rereplication`, 3-4-3: docs/design/tablet_copy.md#R7): only when some server
+     hosting replicas has been dead longer than the eviction time, or some server reports a replica
+     FAILED; ChangeConfig to the tablet's leader, and a tombstone to a FAILED replica once the
      committed config no longer names it.
   3. Side effects: every task of `CatalogManager.pending_tasks()` not already running and not
      waiting out its backoff is started (an RPC whose task committed state stopped calling for
@@ -46,7 +48,7 @@ started as running ones finish. A round never spawns one task per pending tablet
 10,000-tablet CreateTable would put tens of thousands of coroutines on the event loop at once,
 and each loop iteration would then run for long. gRPC's asyncio server accepts one incoming
 call per loop iteration, so long iterations, not CPU alone, starved heartbeats: they waited to
-be accepted past their deadline (issue 3's starvation spiral).
+be accepted past their deadline (the starvation spiral, docs/design/failover.md#R8).
 """
 
 from __future__ import annotations

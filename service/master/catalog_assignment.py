@@ -2,37 +2,35 @@
 
 Theory of operation
 -------------------
-Seed 002 makes the replicated entry the commit point: "first do all the computations, then log
-it", so that after a crash "the rest of the operation will always be able to complete", by the
-new leader working from persisted state. Seed 001 says the same of the master: the background
-tasks scan in-memory (committed) state and nudge tablets that are not where their records say
-they should be, and that scan continues in a new leader after failover. So nothing here keeps a
-queue of promises made by a previous leader: everything is a pure function of committed state.
+The replicated entry is the commit point (docs/design/coordinator.md#R1): every decision is made
+before it is logged, so that after a crash a new leader can complete the operation from persisted
+state alone (docs/design/coordinator.md#R2). The background tasks scan in-memory (committed) state
+and nudge tablets that are not where their records say they should be, and that scan continues in a
+new leader after failover (docs/design/coordinator.md#R3). So nothing here keeps a queue of promises
+made by a previous leader: everything is a pure function of committed state.
 
 Two things live here.
 
-1. Tasks: the RPCs to tablet servers that committed state calls for (seed 001's contract, step
-   7), as values. `tasks_for(tablet, table)` says, for one tablet record:
+1. Tasks: the RPCs to tablet servers that committed state calls for (docs/design/catalog.md#R7),
+   as values. `tasks_for(tablet, table)` says, for one tablet record:
      * CREATING: `CreateReplicas` on every peer of its committed config;
      * RUNNING and its leader reported an older schema version than the table's:
-       `AlterReplicas` (seed 000's "Alter Table": retried until the report shows the version);
-     * DELETED or REPLACED with a config: `DeleteReplicas` on every peer (seed 001 appendix A,
-       case 2: persistent state says the replica was deleted, a decision that cannot become
-       wrong, so it needs no fencing).
+       `AlterReplicas` (retried until the report shows the version, docs/design/catalog.md#R14);
+     * DELETED or REPLACED with a config: `DeleteReplicas` on every peer (persistent state says the
+       replica was deleted, a decision that cannot become wrong, so it needs no fencing).
    The catalog manager keeps the tasks of every tablet up to date as writes commit, and a new
    leader recomputes them all when it loads the catalog.
 
-2. The assignment step (seed 000, "Table Assignment"; seed 001 appendix B "Background task
-   scanning", with its fixes). `plan_assignments` looks at committed state only and returns
-   ONE `CatalogWrite` (or none) per round that
+2. The assignment step (docs/design/catalog.md#R12, #R13). `plan_assignments` looks at committed
+   state only and returns ONE `CatalogWrite` (or none) per round that
      * moves the PREPARING tablets it can place to CREATING with their chosen committed
        configs (placement_policy: fewest replicas of the table, then fewest in total, among
        live servers; one `TablePlacer` per table so a round spreads a table evenly);
      * marks every CREATING tablet whose creation has not been reported within the assignment
        timeout REPLACED, and inserts in the same write a new PREPARING tablet for the same
        partition (`replaces` / `replaced_by` link them). The new tablet is not visible to
-       anyone, locations included, until that write commits (seed 001's fix of the third
-       audit exception); it is assigned by the next round.
+       anyone, locations included, until that write commits (docs/design/catalog.md#R3); it is
+       assigned by the next round.
    Each updated row carries a precondition on the version it was read at, so a plan made from
    stale state (a deposed leader) is refused at apply rather than applied.
 
@@ -41,8 +39,8 @@ Two things live here.
    at once while more are due. The round is planned in chunks (`AssignmentPlanner.add`) with
    a yield to the event loop between them, so one round holds the loop for a few
    milliseconds at a time and heartbeats are read throughout: a 10,000-tablet CreateTable
-   (still ONE entry, seed 001) is assigned in fifty rounds instead of one multi-second one
-   whose stall made the master declare its tablet servers dead.
+   (still ONE entry, docs/design/catalog.md#R4) is assigned in fifty rounds instead of one
+   multi-second one whose stall made the master declare its tablet servers dead.
 
    Creation in step with capacity. At most `max_creating_tablets` tablets are CREATING at
    once; PREPARING ones wait for room, so replicas are chosen with fresh loads, not long

@@ -2,29 +2,31 @@
 
 Theory of operation
 -------------------
-Seed 000 keeps "all the table and tablet information in-memory in copy-on-write TableInfo /
-TabletInfo objects" and three hash maps beside them; seed 001 lists the maps a multi-master
-design keeps and fixes what they got wrong. Here:
+Kudu keeps all table and tablet information in memory in copy-on-write TableInfo / TabletInfo
+objects, with hash maps beside them; its multi-master design lists the maps a leader keeps and
+fixes what they got wrong (docs/design/catalog.md#R3, #R10). Here:
 
 * `TabletInfo` and `TableInfo` each hold ONE committed row of sys.catalog (`Row`: key, version,
   frozen record). The record is an immutable dataclass, so copy-on-write costs nothing: a writer
   builds the new record with `dataclasses.replace` under the info's lock; that "dirty copy" is a
   local value, never stored in the info. It is replicated as part of ONE `CatalogWrite`, and
   only once sys.catalog has applied it does `CatalogMaps.on_applied` swap the committed row in
-  (seed 001's contract, steps 2-5). Readers read `info.row` / `info.record` and so only ever
+  (the state-change contract, docs/design/catalog.md#R2..R5). Readers read `info.row` /
+  `info.record` and so only ever
   see committed data, whatever writer is waiting in replication.
-* `CatalogMaps` holds, as seed 001 lists them:
+* `CatalogMaps` holds (docs/design/catalog.md#R10):
     - table id -> TableInfo, every table, REMOVED ones included (their records are kept
-      forever, seed 001 appendix A);
+      forever, docs/design/catalog.md#R8);
     - live table name -> TableInfo (REMOVED tables left out, so a name can be reused);
     - tablet id -> TabletInfo, every tablet, REPLACED and DELETED ones included;
     - per table, every tablet of it (`TableInfo.tablets`) and the partition index
-      partition-key-start -> tablet (`TableInfo.index`, "[tablet-start-key] -> TabletInfo" of
-      seed 000) holding the tablets that own their partition now (PREPARING, CREATING,
-      RUNNING). GetTableLocations is one bisect in it.
+      partition-key-start -> tablet (`TableInfo.index`, Kudu's
+      "[tablet-start-key] -> TabletInfo") holding the tablets that own their partition now
+      (PREPARING, CREATING, RUNNING). GetTableLocations is one bisect in it.
   Beside them, derived the same way: the tablets waiting for assignment (PREPARING or
   CREATING) and, per tablet server, its replicas per table (for placement).
-* There is NO per-tablet replica-location cache. Seed 001 (KUDU-1353): such a cache, filled only
+* There is NO per-tablet replica-location cache (docs/design/catalog.md#R10; KUDU-1353): such
+  a cache, filled only
   by tablet reports, is empty on a new leader, and AlterTable, GetTableLocations and DeleteTable
   then misbehave. Locations are derived from the tablet record's committed consensus state
   (`TabletInfo.locations`, memoized per committed row: it is a pure function of the row, not a
@@ -40,13 +42,13 @@ design keeps and fixes what they got wrong. Here:
   locations themselves are returned.
 
 Building the maps. `CatalogMaps.rebuild(state)` builds everything from sys.catalog's rows: a new
-leader does it before it serves (seed 002: replay, then serve). `on_applied(result)` commits one
-applied write: the catalog manager registers it as sys.catalog's listener, so it runs on every
-master, followers included, from the applying task, before `RaftNode.propose` returns to the
-proposer. So followers' maps stay warm, and a writer finds its change committed in memory when
-its replication returns. Within one write, tablet rows are committed before table rows (seed
-001, contract step 5: "tablet mutations must come first"); a new table becomes reachable
-through the id and name maps only after its tablets are attached to it. Everything is
+leader does it before it serves (replay, then serve: docs/design/coordinator.md#R4).
+`on_applied(result)` commits one applied write: the catalog manager registers it as sys.catalog's
+listener, so it runs on every master, followers included, from the applying task, before
+`RaftNode.propose` returns to the proposer. So followers' maps stay warm, and a writer finds its
+change committed in memory when its replication returns. Within one write, tablet rows are committed
+before table rows (docs/design/catalog.md#R5: tablet mutations come first); a new table becomes
+reachable through the id and name maps only after its tablets are attached to it. Everything is
 deterministic in the rows: an incrementally maintained `CatalogMaps` equals one rebuilt from
 the same state (`==`), which the tests check.
 
@@ -58,7 +60,7 @@ of tablets only (a tablet report, an assignment round) shared, so the reports of
 table's replicas do not queue behind one another (their tablet locks still order them per
 tablet). The order, which every writer follows so no two can deadlock:
 
-  1. table locks before tablet locks (seed 001, contract step 1);
+  1. table locks before tablet locks (docs/design/catalog.md#R2);
   2. several tables: in table id order; several tablets: in tablet id order.
 
 Reads: `catalog_reads` (the lookups clients make, as pure functions of these maps).
@@ -143,7 +145,8 @@ class TabletLocations:
     state: TabletState
     replicas: tuple[ReplicaLocation, ...]
     config_index: int
-    """The committed config's op index (seed 004's compare-and-set token); 0 without one."""
+    """The committed config's op index (the compare-and-set token,
+    docs/design/tablet_copy.md#R8); 0 without one."""
 
 
 def _locations_of(record: TabletRecord) -> TabletLocations:
@@ -243,9 +246,9 @@ class TabletInfo:
 @dataclass(frozen=True, slots=True)
 class PartitionIndex:
     """A table's live tablets sorted by (partition_key_start, tablet id): the bisect map of
-    seed 000. Immutable: rebuilt when a tablet joins or leaves the live set, so a reader that
-    took it keeps a consistent list. `starts[i]`/`ends[i]` are `tablets[i]`'s partition keys
-    (partitions never change, so they can be kept beside the infos)."""
+    docs/design/catalog.md#R10. Immutable: rebuilt when a tablet joins or leaves the live set, so a
+    reader that took it keeps a consistent list. `starts[i]`/`ends[i]` are `tablets[i]`'s partition
+    keys (partitions never change, so they can be kept beside the infos)."""
 
     starts: tuple[bytes, ...] = ()
     ends: tuple[bytes, ...] = ()
@@ -369,7 +372,8 @@ class MapsDelta:
 
 
 class CatalogMaps:
-    """The maps of seed 001 (module docstring), built from sys.catalog and kept by `on_applied`.
+    """The maps of docs/design/catalog.md#R10 (module docstring), built from sys.catalog and kept by
+    `on_applied`.
 
     Invariants (between calls):
       * `tables_by_id[t].table_id == t`, every table row present;

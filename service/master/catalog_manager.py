@@ -1,8 +1,12 @@
-"""The catalog manager: DDL and lookups over the copy-on-write catalog (seeds 000, 001, 002).
+"""The catalog manager: DDL and lookups over the copy-on-write catalog.
+
+See docs/design/catalog.md (the catalog and its state-change contract) and
+docs/design/coordinator.md (commit points, roll-forward, replay before serving).
 
 Theory of operation
 -------------------
-Every state change follows seed 001's contract, in this order:
+Every state change follows the state-change contract (docs/design/catalog.md#R1..R7), in this
+order:
 
   1. validate every field of the request; a bad one raises InvalidArgument (or NotFound,
      AlreadyExists, FailedPrecondition) with a message naming it, and nothing changes;
@@ -24,7 +28,7 @@ Every state change follows seed 001's contract, in this order:
      sent here: `pending_tasks()` lists them as values derived from committed state
      (`catalog_assignment`), for the background tasks to carry out and retry.
 
-Choices, per seed 000:
+Choices (docs/design/catalog.md#R12):
 
 * CreateTable writes the table RUNNING and its tablets PREPARING, in one entry. Kudu's
   PREPARING table state only ever existed between its two replications; with one entry and the
@@ -38,7 +42,8 @@ Choices, per seed 000:
   partition schema (columns are followed by id). The alter is done when every RUNNING tablet's
   leader reported the new version; ALTERING -> RUNNING is written by report processing.
 * DeleteTable marks the table REMOVED and every live tablet DELETED in one entry; REPLACED
-  tablets stay REPLACED. Records are kept forever (seed 001 appendix A); the name is free again.
+  tablets stay REPLACED. Records are kept forever (docs/design/catalog.md#R8); the name is free
+  again.
 
 Exactly-once DDL. Every DDL call carries a `RequestId`, stored in the entry with the response to
 remember. A retry whose id sys.catalog remembers is answered from there without proposing
@@ -49,7 +54,8 @@ original table id, not ALREADY_EXISTS or NOT_FOUND. Of two concurrent creates of
 this leader the second gets SERVICE_UNAVAILABLE while the first is in flight (Kudu's reserved
 table names); its retry finds the name taken or, if the first failed, succeeds.
 
-Readiness (seed 002: replay before serving). Until `load()` every call raises `NotReady`. The
+Readiness (replay before serving, docs/design/coordinator.md#R4). Until `load()` every call
+raises `NotReady`. The
 wiring calls `load()` on becoming leader once sys.catalog has applied everything up to the
 leader's own no-op entry; `unload()` when it steps down. On a follower the master service
 answers NotTheLeader before it reaches this class.
@@ -249,8 +255,8 @@ class CatalogManager(AssignmentRounds):
 
     def load(self, sys_catalog: SysCatalogState | None = None) -> None:
         """Become ready to serve as leader: rebuild the maps from sys.catalog, recompute every
-        pending task (roll-forward, seed 002). sys.catalog must have applied everything up to
-        this leader's no-op entry."""
+        pending task (roll-forward, docs/design/coordinator.md#R3). sys.catalog must have
+        applied everything up to this leader's no-op entry."""
         if sys_catalog is not None and sys_catalog is not self._sys:
             self._remove_listener()
             self._sys = sys_catalog
@@ -622,10 +628,11 @@ class CatalogManager(AssignmentRounds):
         return tablet_locations(self._maps, canonical, self._address_of)
 
     def dump(self, include_removed: bool = False) -> tuple[int, list[Row[Record]]]:
-        """Every table row and its tablets' rows as of one applied index (seed 001: the
-        catalog the leader serves). Taken in one synchronous pass, so no entry applies in the
-        middle; the rows are immutable values, safe to encode later across awaits. REMOVED
-        tables (and their tablets) only with `include_removed`. Never the CA or the keys."""
+        """Every table row and its tablets' rows as of one applied index (the
+        catalog the leader serves, docs/design/catalog.md#R10). Taken in one synchronous pass, so no
+        entry applies in the middle; the rows are immutable values, safe to encode later across
+        awaits. REMOVED tables (and their tablets) only with `include_removed`. Never the CA or the
+        keys."""
         self._check_ready()
         rows: list[Row[Record]] = []
         for table in self._sys.tables(include_removed=include_removed):

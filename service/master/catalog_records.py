@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 sys.catalog is a set of rows keyed by (entry type, id), each one serialized record, as in Kudu's
-sys.catalog tablet (seeds 000 and 001): a table, a tablet, the root CA (seed 000's IPKI) or a
-token signing key (seed 000's TSK). This module holds
+sys.catalog tablet (docs/design/catalog.md): a table, a tablet, the root CA or a token signing
+key (docs/design/security.md#R2, #R3). This module holds
 
 * the records as frozen dataclasses (`TableRecord`, `TabletRecord`, `CertAuthorityRecord`,
   `TokenSigningKeyRecord`, `GrantRecord`: a user's privileges on one table) with their states
@@ -14,8 +14,9 @@ token signing key (seed 000's TSK). This module holds
   InvalidArgument naming the record by its id and the field by its path ("tablet 'ab12...':
   partition.partition_key_start: does not agree ..."). `sys_catalog` decodes every record it
   applies, so a record that is stored is a record that decodes;
-* `CatalogWrite`, the value the catalog manager builds for one logical operation (seed 001: one
-  operation = one replicated entry), and its encoding, the payload of that entry.
+* `CatalogWrite`, the value the catalog manager builds for one logical operation (one
+  operation = one replicated entry, docs/design/catalog.md#R4), and its encoding, the payload of
+  that entry.
 
 Only this module and `sys_catalog` know master.proto's record messages (protobuf at the edges).
 
@@ -138,7 +139,8 @@ class TabletState(enum.Enum):
 
     @property
     def is_terminal(self) -> bool:
-        """REPLACED and DELETED tablets never serve again (their records stay, seed 001)."""
+        """REPLACED and DELETED tablets never serve again (their records stay:
+        docs/design/catalog.md#R8)."""
         return self in (TabletState.REPLACED, TabletState.DELETED)
 
 
@@ -169,13 +171,15 @@ class RaftPeer:
     uuid: NodeId
     member_type: MemberType
     last_known_addr: HostPort | None = None
-    promote: bool = False  # NON_VOTER only: promote once caught up (seed 004's PRE_VOTER)
+    # NON_VOTER only: promote once caught up (Kudu's PRE_VOTER, docs/design/tablet_copy.md#R7)
+    promote: bool = False
 
 
 @dataclass(frozen=True)
 class ConsensusState:
     """A tablet's committed consensus state: term, leader, and the committed config with the
-    op index that produced it (seed 004's compare-and-set token for config changes)."""
+    op index that produced it (the compare-and-set token for config changes,
+    docs/design/tablet_copy.md#R8)."""
 
     term: int
     config_index: int
@@ -239,7 +243,7 @@ class TabletRecord:
 
 @dataclass(frozen=True)
 class CertAuthorityRecord:
-    """The internal root CA (seed 000, IPKI). The key never appears in a repr."""
+    """The internal root CA (docs/design/security.md#R2). The key never appears in a repr."""
 
     certificate_pem: bytes
     private_key_pem: bytes = field(repr=False)
@@ -247,7 +251,7 @@ class CertAuthorityRecord:
 
 @dataclass(frozen=True)
 class TokenSigningKeyRecord:
-    """A token signing key (seed 000, TSK). The key never appears in a repr."""
+    """A token signing key (docs/design/security.md#R3). The key never appears in a repr."""
 
     key_seq: int
     expire_time_us: int
@@ -746,7 +750,8 @@ class Upsert:
 
 @dataclass(frozen=True)
 class Delete:
-    """Remove a row that must exist. Tables and tablets are never deleted (seed 001, app. A)."""
+    """Remove a row that must exist. Tables and tablets are never deleted
+    (docs/design/catalog.md#R8)."""
 
     key: RowKey
 
@@ -777,7 +782,8 @@ class Precondition:
 
 @dataclass(frozen=True)
 class CatalogWrite:
-    """One logical catalog operation: the payload of ONE replicated entry (seed 001).
+    """One logical catalog operation: the payload of ONE replicated entry
+    (docs/design/catalog.md#R4).
 
     `response` is the serialized RPC response remembered for `request_id`, returned to a retry
     of the same request id instead of running the operation again.

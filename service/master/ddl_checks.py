@@ -1,7 +1,7 @@
 """Checks of DDL arguments that need no catalog state: pure functions (limits from the settings
 are passed in), each raising InvalidArgument with a message that names the offending field
-(issue 3: bad input gets a clear error and changes nothing). The catalog manager runs them
-before it takes any lock.
+(docs/design/catalog.md#R1: bad input gets a clear error and changes nothing). The catalog manager
+runs them before it takes any lock.
 """
 
 from __future__ import annotations

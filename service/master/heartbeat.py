@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-Tablet servers heartbeat to ALL masters (seed 001's plan, which ends KUDU-1358). One heartbeat
-is handled in this order:
+Tablet servers heartbeat to ALL masters (docs/design/failover.md#R1, which ends KUDU-1358). One
+heartbeat is handled in this order:
 
   1. decode and validate the whole request (instance, registration, tablet report) into
      dataclasses; a bad field is InvalidArgument naming it, and nothing has changed;
@@ -64,10 +64,10 @@ class ReportGate:
     Why. Every report is a replicated write, applied on the one event loop; when a fleet's
     reports come in faster than they apply (a 10,000-tablet table becoming RUNNING on 1,000
     servers), heartbeats that waited for their report piled up past their deadline, failed,
-    and healthy servers were declared dead (issue 3's starvation spiral). Through the gate a
-    heartbeat answers within the budget whatever happens to its report: one that finds every
-    slot taken waits its turn (first come, first served, at most `max_waiting` waiting, like
-    Kudu's bounded service queue) and is not processed if the queue is full or the budget
+    and healthy servers were declared dead (the starvation spiral, docs/design/failover.md#R8).
+    Through the gate a heartbeat answers within the budget whatever happens to its report: one that
+    finds every slot taken waits its turn (first come, first served, at most `max_waiting` waiting,
+    like Kudu's bounded service queue) and is not processed if the queue is full or the budget
     runs out first (shed); one still being written when the budget is spent goes on alone
     (late). Either way it is not acknowledged, and the server sends what it has not had
     acknowledged with its next heartbeat, judged then against committed state (report
@@ -310,7 +310,7 @@ async def handle_heartbeat(
             if plan.orphans:
                 log.info(
                     "tablet server %s hosts %d tablets the catalog has no record of; left "
-                    "alone (seed 001 appendix A): %s",
+                    "alone (docs/design/failover.md#R6): %s",
                     uuid,
                     len(plan.orphans),
                     ", ".join(plan.orphans[:5]),

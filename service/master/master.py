@@ -11,29 +11,30 @@ other's uuids before any of them has spoken. So a master's uuid is derived from 
 address: ``master-<host>-<port>`` (characters a node id may not hold become '-'), which every
 master computes identically for every entry of `master_addresses`. It is written to
 ``<data_dir>/instance`` on first start; a later start whose derived uuid differs (the master was
-moved to another address without wiping its data) is refused, as seed 004 wants for a node whose
-identity changed. Moving a master is therefore a RemoveMaster/AddMaster, not a config edit.
-(A single master bound to port 0 takes the uuid of the port it got: such a data dir can only be
-reopened on that port.) This departs from MasterConfig's note that the uuid is random per
-formatted data dir: with no uuid setting and no discovery RPC yet, an address-derived uuid is
-the only one peers can know before the group exists. Peer incarnations (`Incarnations`) still
-catch a master that lost its disk and came back under the same uuid.
+moved to another address without wiping its data) is refused, as docs/design/consensus.md#R9 wants
+for a node whose identity changed. Moving a master is therefore a RemoveMaster/AddMaster, not a
+config edit. (A single master bound to port 0 takes the uuid of the port it got: such a data dir can
+only be reopened on that port.) This departs from MasterConfig's note that the uuid is random per
+formatted data dir: with no uuid setting and no discovery RPC yet, an address-derived uuid is the
+only one peers can know before the group exists. Peer incarnations (`Incarnations`) still catch a
+master that lost its disk and came back under the same uuid.
 
-Leadership (seed 002: replay before serving; seed 001: KUDU-1374). `RaftNode.listeners` reports
-every change of role. On becoming LEADER in term t a task waits until sys.catalog has applied
-the leader's own no-op entry (a successful `RaftNode.read()` proves it: the ReadIndex of a new
-leader is only answered once an entry of its term committed, and `read()` waits until that
-index is applied here), then, if still leader of term t, calls `CatalogManager.load()` and
-`TSManager.request_full_reports()`. Until then the servicer answers NotReady. On any other
-role the catalog is `unload()`ed at once and a pending load is cancelled, so a deposed leader
-never answers from its caches. The catalog's maps stay warm on followers (sys.catalog's
-listener runs on every replica), so a load is a rebuild of what is already in memory.
+Leadership (replay before serving, docs/design/coordinator.md#R4; full reports after an election,
+docs/design/failover.md#R3). `RaftNode.listeners` reports every change of role. On becoming LEADER
+in term t a task waits until sys.catalog has applied the leader's own no-op entry (a successful
+`RaftNode.read()` proves it: the ReadIndex of a new leader is only answered once an entry of its
+term committed, and `read()` waits until that index is applied here), then, if still leader of term
+t, calls `CatalogManager.load()` and `TSManager.request_full_reports()`. Until then the servicer
+answers NotReady. On any other role the catalog is `unload()`ed at once and a pending load is
+cancelled, so a deposed leader never answers from its caches. The catalog's maps stay warm on
+followers (sys.catalog's listener runs on every replica), so a load is a rebuild of what is already
+in memory.
 
-The TSManager is fed by heartbeats on every master, leader or follower (seed 001's plan).
+The TSManager is fed by heartbeats on every master, leader or follower (docs/design/failover.md#R1).
 
-Security (seed 000's IPKI and TSK; `security`). Once the catalog is loaded, the leader starts
-one task owned by this MasterServer: it runs `security.ensure_security` (insert the root CA if
-absent, generate token signing keys ahead of use, purge expired ones) at once and then every
+Security (docs/design/security.md#R2, #R3; `security`). Once the catalog is loaded, the leader
+starts one task owned by this MasterServer: it runs `security.ensure_security` (insert the root CA
+if absent, generate token signing keys ahead of use, purge expired ones) at once and then every
 `SECURITY_CHECK_INTERVAL_S` (`SECURITY_RETRY_S` after a failure, which is logged, never fatal),
 for as long as this master is leader of that term. Any change of role cancels it, as it cancels
 a pending load. Wiring TLS and tokens into the RPCs is a later issue.

@@ -1,7 +1,7 @@
 """AddMaster and RemoveMaster: changing the membership of sys.catalog's Raft group.
 
 The masters are the voters of one Raft group, so adding or removing a master is one Raft
-membership change at a time (Raft thesis 4.1, seed 004's one-by-one changes), proposed by the
+membership change at a time (Raft thesis 4.1; docs/design/consensus.md#R4), proposed by the
 leader with a compare-and-set on the committed config's index:
 
 AddMaster(address)
@@ -15,8 +15,8 @@ AddMaster(address)
      the group's first config was bootstrapped, not logged, so a master that replayed the log
      would apply every membership change onto an empty config and count a wrong quorum (found
      by this module's tests; `Raft._send_append`). Then `RaftNode._maybe_promote` turns it
-     into a voter once its log has caught up (seed 004's PRE_VOTER), so the quorum never counts
-     on a master that cannot vote sensibly yet.
+     into a voter once its log has caught up (Kudu's PRE_VOTER, docs/design/tablet_copy.md#R7), so
+     the quorum never counts on a master that cannot vote sensibly yet.
   4. The call returns once the master is a voter in the committed config, or fails with
      TIMED_OUT naming what is left (the change itself stays: the master is promoted when it
      catches up).

@@ -1,19 +1,19 @@
 """The Master RPC API: a thin grpc.aio servicer over the catalog manager and the TSManager.
 
-Every handler does three things, in this order (ARCHITECTURE.md, style rule 6):
+Every handler does three things, in this order (docs/design/layers.md#R6):
 
   1. decode and validate the request into dataclasses with the existing codecs
      (`schema_codec`, `catalog_records`); a bad field is InvalidArgument naming it;
   2. the leader check, for catalog calls: a follower raises NotTheLeader carrying the leader's
      uuid and address (trailing metadata, `errors.rpc_errors`), a leader whose catalog is not
-     loaded yet (still replaying, seed 002) raises NotReady;
+     loaded yet (still replaying, docs/design/coordinator.md#R4) raises NotReady;
   3. delegate to `CatalogManager`/`TSManager` and encode the dataclass answer.
 
 Served on every master, leader or not: ConnectToMaster, Ping, ListMasters (this master's view)
-and TSHeartbeat (registration and liveness; seed 001: tablet servers heartbeat to all masters).
-ListTabletServers is leader-only (answered from the TSManager). Tablet reports carried by
-heartbeats are processed by the loaded leader only (`heartbeat`), which alone asks for full
-reports. AddMaster/RemoveMaster change sys.catalog's membership (`master_membership`).
+and TSHeartbeat (registration and liveness; tablet servers heartbeat to all masters:
+docs/design/failover.md#R1). ListTabletServers is leader-only (answered from the TSManager). Tablet
+reports carried by heartbeats are processed by the loaded leader only (`heartbeat`), which alone
+asks for full reports. AddMaster/RemoveMaster change sys.catalog's membership (`master_membership`).
 """
 
 from __future__ import annotations
@@ -593,9 +593,9 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self, request: pb.ListTabletServersRequestPB, context: Ctx
     ) -> pb.ListTabletServersResponsePB:
         """Every registered tablet server (live or dead; servers are never forgotten), sorted by
-        uuid, all as of one instant. Leader only: a follower's registry is warm too (seed 001),
-        but answers come from the leader like every other catalog-facing call. `num_leaders` is
-        what each server said in its last heartbeat."""
+        uuid, all as of one instant. Leader only: a follower's registry is warm too
+        (docs/design/failover.md#R1), but answers come from the leader like every other
+        catalog-facing call. `num_leaders` is what each server said in its last heartbeat."""
         self._leader_catalog()
         ts_manager = self.master.ts_manager
         assert ts_manager is not None
@@ -617,7 +617,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     async def AddReplica(
         self, request: pb.AddReplicaRequestPB, context: Ctx
     ) -> pb.AddReplicaResponsePB:
-        """Seed 004: one ChangeConfig(ADD_PEER) to the tablet's leader, compare-and-set."""
+        """One ChangeConfig(ADD_PEER) to the tablet's leader, compare-and-set
+        (docs/design/tablet_copy.md#R7, #R8)."""
         member = MemberType.NON_VOTER if request.member_type == pb.NON_VOTER else MemberType.VOTER
         cas = request.cas_config_opid_index if request.HasField("cas_config_opid_index") else None
         await self._replica_changes().add(

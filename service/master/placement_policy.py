@@ -2,10 +2,10 @@
 
 Theory of operation
 -------------------
-Seed 000 ("Table Assignment"): for every tablet not yet created the background task "selects a
-set of tablet servers to host the tablet config" and "a tablet server to be the initial config
-leader". Issue 3 fixes the rule: among LIVE tablet servers, prefer the ones holding the fewest
-replicas of this table, then the fewest replicas in total; remaining ties are broken at random.
+For every tablet not yet created the background task chooses the tablet servers that will host its
+replicas (Kudu's table assignment). docs/design/catalog.md#R13 fixes the rule: among LIVE tablet
+servers, prefer the ones holding the fewest replicas of this table, then the fewest replicas in
+total; remaining ties are broken at random.
 
 Ordering, from most to least important, of the candidates for one replica:
 
@@ -13,7 +13,7 @@ Ordering, from most to least important, of the candidates for one replica:
    replicas of this tablet already chosen in the candidate's location, so a tablet survives the
    loss of a rack whenever the cluster has enough racks. Servers without a location share one
    anonymous location. When no server has a location this criterion is constant and the order
-   is exactly the issue's. The price, as in Kudu, is balance: a small location receives a
+   is exactly R13's. The price, as in Kudu, is balance: a small location receives a
    replica of nearly every tablet.
 2. *Replicas of this table*: spreads one table's tablets (and so its scan and write load) over
    the whole cluster. Ranking on this first is also what stops "herding": a freshly added, empty
@@ -30,7 +30,7 @@ figures because `place_table` updates the loads as it assigns, so a 1,000-tablet
 empty cluster ends with at most one replica of difference between any two servers (every pick
 takes a server whose count is minimal, which keeps max - min <= 1).
 
-Purity (ARCHITECTURE.md, style rule 1; `tests/test_layering.py`): no I/O, no clock, no global
+Purity (docs/design/layers.md#R4; `tests/test_layering.py`): no I/O, no clock, no global
 random. Given the same servers, arguments and rng state the result is the same, whatever the
 order in which the servers are listed: candidates are visited in uuid order and rng draws happen
 only on ties, in that order. Errors are the common tree's: `InvalidArgument` for malformed input
@@ -385,8 +385,8 @@ def choose_replacement(
 ) -> str:
     """The server to receive a new replica of an under-replicated tablet of `table_id`.
 
-    Re-replication is "3-4-3" (issue 3, seed 004): the catalog adds the chosen server as a
-    non-voter (PRE_VOTER), which tablet copy fills and the leader promotes once caught up; only
+    Re-replication is "3-4-3" (docs/design/tablet_copy.md#R7): the catalog adds the chosen server as
+    a non-voter (PRE_VOTER), which tablet copy fills and the leader promotes once caught up; only
     then is the dead replica evicted. So the new replica must go "elsewhere": never to a server
     in `current_replicas` (live or dead: a dead member is still in the config), nor to one in
     `exclude` (a server whose copy just failed, say). With locations, the live current
@@ -418,7 +418,7 @@ def choose_leader(
     rng: Random,
     leader_counts: Mapping[str, int] | None = None,
 ) -> str:
-    """The replica to start as leader of a new tablet's Raft config (seed 000's assignment).
+    """The replica to start as leader of a new tablet's Raft config (Kudu's assignment).
 
     Without `leader_counts` a uniformly random replica; with it (uuid -> tablets it leads, as
     the caller tracks while creating a table) the replica leading the fewest, ties at random,

@@ -1,15 +1,17 @@
-"""AddReplica, RemoveReplica and MoveReplica on the master (seed 004), for operators.
+"""AddReplica, RemoveReplica and MoveReplica on the master, for operators.
+
+See docs/design/tablet_copy.md#R7 (stateless replica changes) and #R8 (compare-and-set).
 
 Theory of operation
 -------------------
-The master keeps no record of a config change it asks for (seed 004, "Master implementation
-for adding a new peer"): each request is checked against the committed state in the catalog
-and turned into one ChangeConfig sent to the tablet's leader, carrying the master's fence and
-a compare-and-set on the committed config's op index. The leader refuses it if the config moved
-on since (CAS_MISMATCH, the caller re-reads and decides), and the result reaches the catalog
-through the leader's next tablet report, as every config change does.
+The master keeps no record of a config change it asks for (docs/design/tablet_copy.md#R7): each
+request is checked against the committed state in the catalog and turned into one ChangeConfig sent
+to the tablet's leader, carrying the master's fence and a compare-and-set on the committed config's
+op index. The leader refuses it if the config moved on since (CAS_MISMATCH, the caller re-reads and
+decides), and the result reaches the catalog through the leader's next tablet report, as every
+config change does.
 
-* AddReplica: the new peer joins as a NON_VOTER (seed 004's PRE_VOTER when `member_type` is
+* AddReplica: the new peer joins as a NON_VOTER (Kudu's PRE_VOTER when `member_type` is
   VOTER: `promote` set), the leader copies the tablet to it and promotes it once caught up.
 * RemoveReplica: REMOVE_PEER. Removing the leader is refused (move leadership first: the
   caller, or MoveReplica, asks it to step down), and so is removing the last voter.

@@ -4,9 +4,10 @@ Theory of operation
 -------------------
 Tablet servers heartbeat to every master with a tablet report: full after a registration or
 when a (new) leader asks for it (KUDU-1374), incremental (the replicas that changed) otherwise.
-Only the leader processes reports (followers record liveness only, seed 001). Each reported
-replica is judged here against COMMITTED catalog state alone (the tablet's and its table's
-records), as seed 001's appendix B ("Heartbeat for tablet t") lists the steps, with its fixes:
+Only the leader processes reports (followers record liveness only, docs/design/failover.md#R1). Each
+reported replica is judged here against COMMITTED catalog state alone (the tablet's and its table's
+records), in the steps of docs/design/catalog.md#R14 (Kudu's report handling, with the fixes of its
+multi-master audit):
 
   1. No record of the tablet (or of its table): do NOTHING. A tablet the master never recorded
      is not one it deleted (records of deleted tables and tablets are kept forever), so deleting
@@ -24,17 +25,17 @@ records), as seed 001's appendix B ("Heartbeat for tablet t") lists the steps, w
      evicted), its replica is not already tombstoned, and its own committed config is not newer
      than the master's: DeleteTablet(TABLET_DATA_TOMBSTONED) with `cas_config_opid_index` = the
      master's config op index, so a replica re-added in a newer config is not deleted by a stale
-     decision (seed 004's compare-and-set; appendix A cases 3 and 4).
+     decision (compare-and-set, docs/design/tablet_copy.md#R8).
   5. The leader of a RUNNING tablet: its schema version is recorded as the tablet's
      `reported_schema_version` when higher; if it is older than the table's, AlterSchema to it
-     (idempotent, seed 000's "Alter Table", retried by the next report).
+     (idempotent, retried by the next report).
 
 `plan_report` runs the steps for every tablet of one report and gathers every record change
 into ONE `CatalogWrite` (one replicated entry per heartbeat, not one per tablet), each updated
 row with a precondition on the version it was read at. The same write moves an ALTERING table
 back to RUNNING (clearing its fully applied schema) once every RUNNING tablet's leader reported
 the table's schema version. Its RPCs (`actions`) are side effects, carried out after the write
-committed (seed 001's contract, step 7); they are safe to repeat.
+committed (docs/design/catalog.md#R7); they are safe to repeat.
 
 Nothing here does I/O, reads a clock or draws randomness; tests drive it table by table.
 """
@@ -155,7 +156,7 @@ class ConfigChange(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class ChangeReplicaConfig:
     """ChangeConfig sent to the tablet's leader `leader`, compare-and-set on the committed
-    config op index (seed 004). Decided by `rereplication`."""
+    config op index (docs/design/tablet_copy.md#R8). Decided by `rereplication`."""
 
     tablet_id: TabletId
     leader: NodeId
@@ -230,7 +231,9 @@ def decide(
     """Steps 1-5 of the module docstring for one reported replica."""
     tid = reported.tablet_id
     if tablet is None or table is None:
-        return TabletDecision(note="no record of the tablet: left alone (seed 001 appendix A)")
+        return TabletDecision(
+            note="no record of the tablet: left alone (docs/design/failover.md#R6)"
+        )
     if tablet.state.is_terminal or table.is_removed:
         if tablet.state is TabletState.REPLACED:
             why = f"tablet {tid} was replaced by {tablet.replaced_by}"

@@ -1,17 +1,17 @@
-"""Under-replication: the 3-4-3 decisions of seed 004, as a PURE function of committed state.
+"""Under-replication: the 3-4-3 decisions, as a PURE function of committed state.
 
 Theory of operation
 -------------------
-Seed 004 ("Master implementation for adding a new peer"): the master keeps no record of the
-config changes it asks for. It evaluates a policy over committed state and sends idempotent,
-compare-and-set requests to the tablet's leader; it "periodically sends such RPCs until it sees
-that it has been successful". For one RUNNING tablet whose committed config the master knows:
+docs/design/tablet_copy.md#R7: the master keeps no record of the config changes it asks for. It
+evaluates a policy over committed state and sends idempotent, compare-and-set requests to the
+tablet's leader, again and again until committed state shows the effect. For one RUNNING tablet
+whose committed config the master knows:
 
   1. A replica whose server has been dead for longer than the eviction time is *failed*, and
      so is one its server reports FAILED (below).
   2. If no peer is a NON_VOTER being promoted, and the config has a failed VOTER while its
      number of voters is at most the table's replication factor: ADD_PEER a new server as a
-     NON_VOTER with `promote` set (seed 004's PRE_VOTER), chosen by the placement policy among
+     NON_VOTER with `promote` set (Kudu's PRE_VOTER), chosen by the placement policy among
      live servers that host no replica of the tablet. The config then has 3 voters + 1
      non-voter; the leader promotes the new peer once it has caught up (4 voters).
   3. If the voters outnumber the replication factor and one of them failed: REMOVE_PEER it

@@ -1,12 +1,12 @@
-"""The internal root CA and the token signing keys (seed 000, "IPKI" and "TSK").
+"""The internal root CA and the token signing keys (docs/design/security.md).
 
 Theory of operation
 -------------------
-Seed 000: sys.catalog holds the root CA certificate with its private key, and the token signing
-keys (TSKs) used to sign authn/authz tokens. The leader master generates the CA when it becomes
-leader and finds none, generates TSKs ahead of use, and lazily purges expired ones; a new leader
-loads what is stored. This module is that policy and its crypto (the `cryptography` package);
-wiring TLS and tokens into every RPC is a later issue.
+docs/design/security.md#R2, #R3: sys.catalog holds the root CA certificate with its private key, and
+the token signing keys (TSKs) used to sign authn/authz tokens. The leader master generates the CA
+when it becomes leader and finds none, generates TSKs ahead of use, and lazily purges expired ones;
+a new leader loads what is stored. This module is that policy and its crypto (the `cryptography`
+package); wiring TLS and tokens into every RPC is a later issue.
 
 * The root CA (`generate_ca`, `load_ca`): a self-signed X.509 certificate on an EC P-256 key
   (fast to generate, small), valid `CA_VALIDITY` (10 years) from an hour before `now` (slack for
@@ -115,7 +115,8 @@ def _utc(now_us: int) -> datetime.datetime:
 
 @dataclass(frozen=True)
 class LoadedCA:
-    """The root CA in usable form (seed 000: the leader loads it into memory)."""
+    """The root CA in usable form (the leader loads it into memory,
+    docs/design/security.md#R2)."""
 
     certificate: x509.Certificate
     private_key: ec.EllipticCurvePrivateKey = field(repr=False)

@@ -3,12 +3,13 @@
 Theory of operation
 -------------------
 Every master holds a `SysCatalogState`: the rows of sys.catalog (tables, tablets, the root CA,
-token signing keys; seed 000), keyed by (entry type, id) as in Kudu's sys.catalog tablet, plus
-the table of remembered client request ids. It is built ONLY by applying committed entries, in
-log order, each one `CatalogWritePB`: one logical operation in one entry (seed 001: CreateTable
-is the table and all its tablets, never two replications). It implements the consensus layer's
-`StateMachine` protocol (`apply`, `snapshot`, `restore`); `RaftNode` owns it and calls it from
-its one task, so no locks are needed, and readers on the same event loop see only whole writes.
+token signing keys; docs/design/catalog.md), keyed by (entry type, id) as in Kudu's sys.catalog
+tablet, plus the table of remembered client request ids. It is built ONLY by applying committed
+entries, in log order, each one `CatalogWritePB`: one logical operation in one entry (CreateTable is
+the table and all its tablets, never two replications: docs/design/catalog.md#R4). It implements the
+consensus layer's `StateMachine` protocol (`apply`, `snapshot`, `restore`); `RaftNode` owns it and
+calls it from its one task, so no locks are needed, and readers on the same event loop see only
+whole writes.
 
 `apply(index, data)` is deterministic: a function of the state and the entry only. No clock
 (times travel inside the records), no randomness, no iteration over unordered containers in
@@ -27,19 +28,22 @@ An entry is applied in this fixed order:
      what is remembered is refused as stale;
   5. every precondition (`expected`: row version equal, or row absent) is checked: a
      compare-and-set evaluated at apply time, identically on every replica, so a write built by
-     a deposed leader from stale state is refused rather than applied (seed 001's fencing);
+     a deposed leader from stale state is refused rather than applied (fencing,
+     docs/design/failover.md#R5);
   6. every op is decoded and validated (`catalog_records`), and staged against the current rows:
      INSERT needs an absent row, UPDATE and DELETE an existing one, a key appears once;
   7. the catalog invariants are checked on the staged result (below);
   8. only then are the rows written, each with `version = index`; the request id and its
      response are remembered;
   9. listeners are told (`add_listener`), the catalog manager's cue to commit the change to its
-     copy-on-write caches ("commit in memory after replication", seed 001's contract, step 5).
+     copy-on-write caches ("commit in memory after replication": the state-change contract,
+     docs/design/catalog.md#R5).
 
 A write refused in steps 3-7 changes nothing at all, its request id included, and comes back as
 an `ApplyResult` with a `Refusal` (an error code and a message naming the offending id). The
-refusal means "this attempt did not happen" (seed 002: before its commit point an operation
-leaves no trace), so a client may retry the request, and a new leader may re-run it.
+refusal means "this attempt did not happen" (before its commit point an operation leaves no
+trace: docs/design/coordinator.md#R1), so a client may retry the request, and a new leader may
+re-run it.
 
 Invariants protected at apply (each refusal names the id):
 
@@ -57,10 +61,10 @@ Invariants protected at apply (each refusal names the id):
   table, and X is REPLACED with `replaced_by` naming it (X may later become DELETED, whose
   record holds no `replaced_by`), and the other way round; `replaces` is fixed at creation and
   `replaced_by` once set;
-* table and tablet rows are never deleted: seed 001's appendix A keeps the persistent state of
-  deleted tables and tablets forever, so that a tablet the master has no record of is never one
-  it deleted, and such tablets are never deleted by the master. Only CA and signing-key rows
-  (purged when expired) and grants (revoked, or their table deleted) can be deleted;
+* table and tablet rows are never deleted (docs/design/catalog.md#R8): the persistent state
+  of deleted tables and tablets is kept forever, so that a tablet the master has no record of is
+  never one it deleted, and such tablets are never deleted by the master. Only CA and signing-key
+  rows (purged when expired) and grants (revoked, or their table deleted) can be deleted;
 * a grant names a table that exists and is not REMOVED when it is written.
 
 Rows are kept as frozen dataclasses (decoded and validated once, at apply) together with the
@@ -496,7 +500,7 @@ class SysCatalogState:
             if record is None and key.entry_type in (EntryType.TABLE, EntryType.TABLET):
                 raise FailedPrecondition(
                     f"{key} cannot be deleted: table and tablet records are kept forever "
-                    "(seed 001, appendix A); mark it REMOVED or DELETED instead"
+                    "(docs/design/catalog.md#R8); mark it REMOVED or DELETED instead"
                 )
             if old is not None and record is not None:
                 _check_transition(old.record, record)

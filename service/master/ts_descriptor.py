@@ -1,11 +1,10 @@
 """What a master knows of one tablet server: the values it is told, and the record it keeps.
 
-Seed 000 ("Heartbeats and TSManager"): every heartbeat carries the server's *node instance*
-(its permanent uuid and an instance sequence number "incremented each time the node is
-started"), optionally a *registration* (sent at startup, or when the master answered "needs
-re-register"), and optionally a tablet report. The master keeps, per permanent uuid, a
-descriptor: the registration, when it last heard from the server, and whether it still needs a
-full tablet report from it.
+docs/design/failover.md#R2: every heartbeat carries the server's *node instance* (its permanent uuid
+and an instance sequence number that grows at every start of the process), optionally a
+*registration* (sent at startup, or when the master answered "needs re-register"), and optionally a
+tablet report. The master keeps, per permanent uuid, a descriptor: the registration, when it last
+heard from the server, and whether it still needs a full tablet report from it.
 
 Three kinds of object live here:
 
@@ -51,8 +50,9 @@ class NodeInstance:
     """Which process of which server is speaking (Kudu's NodeInstancePB).
 
     The uuid is permanent (kept in the server's data dir; a wiped server comes back under a new
-    one, seed 004); the sequence number grows each time the process starts, so the master can
-    tell a restart (higher), a retry (equal) and a stale message from a former process (lower).
+    one, docs/design/consensus.md#R9); the sequence number grows each time the process starts, so
+    the master can tell a restart (higher), a retry (equal) and a stale message from a former
+    process (lower).
     """
 
     permanent_uuid: NodeId
@@ -175,8 +175,8 @@ class TSRecord:
     """The mutable record `TSManager` keeps per tablet server. Owned by the manager alone.
 
     A record exists only once the server has registered: an unregistered uuid has no record and
-    its heartbeats are answered "needs re-register" (seed 000, step 2). Records are never
-    removed: a silent server turns dead and stays listed (issue 3), so ksck and placement can
+    its heartbeats are answered "needs re-register" (docs/design/failover.md#R2). Records are never
+    removed: a silent server turns dead and stays listed, so ksck and placement can
     name it, and a server that comes back under the same uuid finds its history.
     """
 

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Seed 000 ("Heartbeats and TSManager"): the registry maps each tablet server's permanent uuid to
+The registry (docs/design/failover.md#R2) maps each tablet server's permanent uuid to
 what the master knows of it. A heartbeat is handled in this order (`heartbeat()`):
 
 1. With a registration: register the instance (a new uuid gets a record; a known uuid with an
@@ -24,8 +24,8 @@ injects a `ProgressClock`, which stands still while the master's own event loop 
 a server is never declared dead because the master was too busy to read its heartbeats
 (`progress_clock` explains why that, and not a re-check after catching up).
 
-Multi-master (seed 001's plan, which ends KUDU-1358). In Kudu's first design only the leader
-master accepted heartbeats, so a newly elected leader started with an empty registry: every
+Multi-master (docs/design/failover.md#R1, which ends KUDU-1358). In Kudu's first design only the
+leader master accepted heartbeats, so a newly elected leader started with an empty registry: every
 server was unknown until it heard a "needs re-register" and came back, and meanwhile CreateTable
 failed for want of live servers and under-replication looked universal. Here tablet servers
 heartbeat to ALL masters and this class behaves identically on followers and on the leader: a
@@ -48,10 +48,10 @@ between. Each request bumps a sequence number, the heartbeat hands out a token n
 only a token for the latest request clears the flag, so a report begun under an old request
 never satisfies a newer one.
 
-Ownership and thread-safety: one asyncio event loop owns a TSManager (ARCHITECTURE.md, style
-rule 3). No method awaits or blocks, so each call is atomic with respect to the loop's other
-tasks; no lock is needed or taken. Do not call it from another thread (a Spark executor, a
-`to_thread` worker): hand such code `TSDescriptor`/`ServerLoad` snapshots, which are immutable.
+Ownership and thread-safety: one asyncio event loop owns a TSManager (docs/design/layers.md#R5). No
+method awaits or blocks, so each call is atomic with respect to the loop's other tasks; no lock is
+needed or taken. Do not call it from another thread (a Spark executor, a `to_thread` worker): hand
+such code `TSDescriptor`/`ServerLoad` snapshots, which are immutable.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ class HeartbeatOutcome:
     """What the heartbeat handler needs to answer one heartbeat."""
 
     needs_reregister: bool
-    """The instance is not registered here: reply "needs re-register" and stop (seed 000)."""
+    """The instance is not registered here: reply "needs re-register" and stop
+    (docs/design/failover.md#R2)."""
     needs_full_report: bool
     """A full tablet report is due from this server (the leader asks for it in its reply)."""
     descriptor: TSDescriptor | None = None

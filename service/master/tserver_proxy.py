@@ -2,13 +2,14 @@
 
 Theory of operation
 -------------------
-The leader master changes tablet servers only through the four admin RPCs of seed 001's
-contract, step 7: CreateTablet, DeleteTablet, AlterSchema and ChangeConfig. Every request
+The leader master changes tablet servers only through four admin RPCs (docs/design/catalog.md#R7):
+CreateTablet, DeleteTablet, AlterSchema and ChangeConfig. Every request
 
 * names its destination's permanent uuid (`dest_uuid`): a server refuses a request meant for
-  another uuid (an address reused after a move, a wiped server back under a new uuid, seed 004);
+  another uuid (an address reused after a move, a wiped server back under a new uuid,
+  docs/design/consensus.md#R9);
 * carries the fence `{master_uuid, master_term}`: a server refuses a term lower than the
-  highest it has seen, so a deposed leader's requests are not honoured (seed 001's fencing);
+  highest it has seen, so a deposed leader's requests are not honoured (docs/design/failover.md#R5);
 * has a deadline (`rpc_timeout_s`).
 
 A failed call raises the `TesseraError` its status stands for (`errors.from_grpc`: a server's

@@ -242,7 +242,8 @@ class StepRequest(_message.Message):
     """One batch of messages from one node to one node, for one or more Raft groups (a tablet
     server's groups share one stream per peer, and everything queued for the peer goes in one
     request: hundreds of idle tablets' heartbeats cost one write). `dest_uuid` is checked by the
-    receiver: a node never acts on a message addressed to another uuid (seed 004, amnesia).
+    receiver: a node never acts on a message addressed to another uuid (amnesia,
+    docs/design/consensus.md#R9).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -279,7 +280,8 @@ class StepRequest(_message.Message):
     src_instance: _builtins.str
     """Incarnation of the sender's data directory (a random id made when it was formatted). A
     receiver that knew another incarnation of `src_uuid` refuses the batch: that node's disk
-    was wiped and it may have forgotten votes and acknowledged entries (seed 004, amnesia).
+    was wiped and it may have forgotten votes and acknowledged entries (amnesia,
+    docs/design/consensus.md#R9).
     """
     dest_instance: _builtins.str
     """The incarnation the sender believes it is talking to ("" if it has not learned it yet)."""

@@ -183,7 +183,7 @@ class ChangeConfigRequest(_message.Message):
     uuid: _builtins.str
     address: _builtins.str
     expected_config_index: _builtins.int
-    """compare-and-set on the committed config (seed 004)"""
+    """compare-and-set on the committed config (docs/design/consensus.md#R4)"""
     def __init__(
         self,
         *,

@@ -19,10 +19,10 @@ partitioned or removed node cannot depose a healthy leader. Campaigning and voti
 Commit (Figure 8): a leader only commits entries of its own term by counting replicas; earlier
 entries commit indirectly. It appends an empty no-op on election so that happens promptly.
 
-Membership (thesis §4.1, seed 004): one server at a time. The effective configuration is the
-latest one in the log, committed or not, and a node reverts when that entry is truncated. A
-leader accepts a change only when no other is uncommitted (including before its own no-op
-commits: the single-server bug fix from the raft-dev list), and only if it names the index of
+Membership (thesis §4.1, docs/design/consensus.md#R4): one server at a time. The effective
+configuration is the latest one in the log, committed or not, and a node reverts when that entry is
+truncated. A leader accepts a change only when no other is uncommitted (including before its own
+no-op commits: the single-server bug fix from the raft-dev list), and only if it names the index of
 the committed config it replaces (compare-and-set). New members join as learners and are
 promoted by a later change once caught up. Removing or demoting the current leader is refused:
 transfer leadership first (Kudu's rule).
@@ -85,8 +85,8 @@ class RaftOptions:
     """False for a group whose snapshots carry no state (an anchored state machine: a tablet's
     rows live in its own files, node.py): a follower that needs entries the leader no longer
     keeps is not sent a snapshot. It is held in SNAPSHOT state, sent nothing but heartbeats,
-    until the caller has given it the state some other way (a tablet copy, seed 004) and
-    reports that with `report_snapshot`."""
+    until the caller has given it the state some other way (a tablet copy,
+    docs/design/consensus.md#R10) and reports that with `report_snapshot`."""
 
     def validate(self) -> None:
         if not self.id:

@@ -3,8 +3,9 @@
 Everything here is an immutable value (frozen dataclass or enum). The core never sees protobuf:
 `service/consensus/codec.py` converts these to and from the wire and disk formats.
 
-Vocabulary follows etcd-io/raft (term, index, hard state, Ready) and Kudu's seed 003 for roles:
-LEADER, FOLLOWER, CANDIDATE, LEARNER (a non-voter catching up, seed 004's PRE_VOTER) and
+Vocabulary follows etcd-io/raft (term, index, hard state, Ready) and Kudu's consensus design for
+roles (docs/design/consensus.md#R2):
+LEADER, FOLLOWER, CANDIDATE, LEARNER (a non-voter catching up, Kudu's PRE_VOTER) and
 NON_PARTICIPANT (a node that is not, or no longer, a member of the configuration).
 """
 
@@ -16,13 +17,14 @@ from enum import Enum, IntEnum
 from typing import NewType
 
 NodeId = NewType("NodeId", str)
-"""A node's permanent uuid. Messages name their destination by it (seed 004's amnesia rule)."""
+"""A node's permanent uuid. Messages name their destination by it (the amnesia rule,
+docs/design/consensus.md#R9)."""
 
 NO_NODE = NodeId("")
 
 
 class Role(Enum):
-    """A node's role in its Raft group (seed 003)."""
+    """A node's role in its Raft group (docs/design/consensus.md#R2)."""
 
     FOLLOWER = "FOLLOWER"
     CANDIDATE = "CANDIDATE"
@@ -72,8 +74,8 @@ class RaftConfig:
     """Membership: voters count toward quorum; learners (non-voters) only receive the log.
 
     `index` is the log index of the entry that produced this config (0 for the bootstrap
-    config). It is the "committed config op id" of seed 004: config changes name it for
-    compare-and-set.
+    config). It is the "committed config op id" of docs/design/tablet_copy.md#R8: config changes
+    name it for compare-and-set.
     """
 
     voters: frozenset[NodeId]
@@ -94,7 +96,7 @@ class RaftConfig:
 
 class ConfigChangeType(Enum):
     ADD_LEARNER = "ADD_LEARNER"
-    """Add a non-voter (seed 004's PRE_VOTER); it is promoted once caught up."""
+    """Add a non-voter (Kudu's PRE_VOTER); it is promoted once caught up."""
     PROMOTE = "PROMOTE"
     """Turn a learner into a voter."""
     DEMOTE = "DEMOTE"
@@ -108,7 +110,7 @@ class ConfigChange:
     """One-server-at-a-time membership change (Raft thesis 4.1).
 
     `expected_index` is the index of the committed config this change replaces
-    (compare-and-set, seed 004); the leader refuses the change if it is stale.
+    (compare-and-set, docs/design/consensus.md#R4); the leader refuses the change if it is stale.
     `context` is opaque to the core (the shell carries the new peer's address in it).
     """
 

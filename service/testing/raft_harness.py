@@ -128,7 +128,8 @@ class Cluster:
         assert st.node.raft.term == hs.term
 
     def install_copy(self, nid: str, source: str) -> None:
-        """Replace `nid` by a copy of `source`'s snapshot (what a tablet copy does, seed 004),
+        """Replace `nid` by a copy of `source`'s snapshot (what a tablet copy does,
+        docs/design/tablet_copy.md#R4),
         keeping `nid`'s term and vote, and restart it from that."""
         n = NodeId(nid)
         old = self.nodes[n]

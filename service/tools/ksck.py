@@ -99,7 +99,8 @@ class ServerHealth(enum.Enum):
     GONE = "GONE"
     """Down and not live, but no tablet's config names it any more (its replicas were
     re-replicated elsewhere): reported, not a problem. The master never forgets a server
-    (seed 000), so without this a cluster that healed itself by 3-4-3 would never check clean."""
+    (docs/design/failover.md#R2), so without this a cluster that healed itself by 3-4-3 would never
+    check clean."""
 
 
 # --- facts -----------------------------------------------------------------------------------

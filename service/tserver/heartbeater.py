@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Seed 001's plan: a tablet server heartbeats to EVERY master, so each master's registry of
+docs/design/failover.md#R1: a tablet server heartbeats to EVERY master, so each master's registry of
 servers is warm when it wins an election (KUDU-1358). Only the leader processes tablet reports,
 so reports go only to the master that last answered as leader; the others get bare heartbeats
 (liveness). Each loop keeps, per master:

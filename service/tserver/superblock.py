@@ -1,4 +1,6 @@
-"""A tablet replica's superblock: what the replica is and the state of its data (seed 004).
+"""A tablet replica's superblock: what the replica is and the state of its data.
+
+See docs/design/tablet_copy.md#R1 (data states) and #R2 (the startup state machine).
 
 Theory of operation
 -------------------
@@ -9,8 +11,8 @@ Each replica directory `<data_dir>/tablets/<tablet_id>/` holds:
   raft/        the replica's RaftStore (WAL segments, consensus metadata, snapshot)
   data/        the RowStore (manifest and columnar files)
 
-The data state is the commit point of every life-cycle step, so the startup state machine of
-seed 004 can finish or undo whatever a crash interrupted:
+The data state is the commit point of every life-cycle step, so the startup state machine
+(docs/design/tablet_copy.md#R2) can finish or undo whatever a crash interrupted:
 
   * create: the directories are made first and the superblock (READY) written LAST; a directory
     without a superblock is a create that never finished, deleted at startup;

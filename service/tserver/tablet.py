@@ -644,11 +644,11 @@ class TabletReplica:
 
 
 def _promote_on_add(peer: mpb.RaftPeerPB) -> bool:
-    """Whether a peer added by ADD_PEER is to become a voter once caught up (seed 004's
-    PRE_VOTER). Every new member joins as a non-voter; it is promoted if the request asks for
-    a VOTER, or for a NON_VOTER with `promote` set. A NON_VOTER without `promote` (a read
-    replica) stays a non-voter until an explicit PROMOTE_PEER; so does a peer whose member type
-    is not given, unless `promote` is set."""
+    """Whether a peer added by ADD_PEER is to become a voter once caught up (Kudu's
+    PRE_VOTER, docs/design/tablet_copy.md#R7). Every new member joins as a non-voter; it is promoted
+    if the request asks for a VOTER, or for a NON_VOTER with `promote` set. A NON_VOTER without
+    `promote` (a read replica) stays a non-voter until an explicit PROMOTE_PEER; so does a peer
+    whose member type is not given, unless `promote` is set."""
     if peer.member_type == mpb.VOTER:
         return True
     return bool(peer.promote)

@@ -1,4 +1,5 @@
-"""Tablet copy (seed 004): a replica is (re)created on this server from a copy of a peer's.
+"""Tablet copy (docs/design/tablet_copy.md#R4): a replica is (re)created on this server from a copy
+of a peer's.
 
 Theory of operation
 -------------------
@@ -43,8 +44,9 @@ bounded by `num_tablets_to_copy_simultaneously`, can be listed and cancelled. On
   2. fetch every file into the replica's data directory chunk by chunk, checking each chunk's
      CRC and then the file's; the MANIFEST is written last, atomically;
   3. the Raft state: a snapshot that is the tablet's anchor at N (tablet.py: no rows, the
-     files hold them) and consensus metadata merged by the seed's rules (the highest term
-     wins; our vote is kept only for a term we keep; the remote config is adopted);
+     files hold them) and consensus metadata merged by the rules of docs/design/tablet_copy.md#R5
+     (the highest term wins; our vote is kept only for a term we keep; the remote config is
+     adopted);
   4. write the superblock READY and start the replica. It catches up from the leader by normal
      replication and, added as a non-voter with `promote`, is promoted once caught up.
 
@@ -666,7 +668,7 @@ class CopyTrigger:
                     continue  # it can be brought up to date from the log
                 seen.add(key)
                 since = self._silent_since.setdefault(key, now)
-                # A peer added to be promoted (seed 004's PRE_VOTER: a move, a 3-4-3
+                # A peer added to be promoted (Kudu's PRE_VOTER: a move, a 3-4-3
                 # replacement) is known to be empty: copy at once rather than wait.
                 wait = 0.0 if pr.match == 0 and node.is_promotable(peer) else TRIGGER_S
                 if now - since < wait or now - self._last_try.get(key, 0.0) < RETRY_S:

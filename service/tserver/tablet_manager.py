@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 Replicas live in `<data_dir>/tablets/<tablet_id>/` (superblock.py explains the layout and why
-each life-cycle step writes its superblock where it does). `open()` runs seed 004's startup state
-machine over every directory:
+each life-cycle step writes its superblock where it does). `open()` runs the startup state machine
+(docs/design/tablet_copy.md#R2) over every directory:
 
   no superblock        an unfinished create: the directory is removed
   COPYING              an unfinished copy: data and WAL removed, kept as TOMBSTONED (its
@@ -87,7 +87,7 @@ class TabletManager:
     # --- startup -----------------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Seed 004's startup state machine (module docstring), then start READY replicas."""
+        """The startup state machine (docs/design/tablet_copy.md#R2), then start READY replicas."""
         self.root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.quarantine, ignore_errors=True)
         self.quarantine.mkdir(parents=True, exist_ok=True)
@@ -348,7 +348,7 @@ class TabletManager:
 
 
 def _quarantine(src: Path, q: Path) -> None:
-    """Move to quarantine (one rename, atomic), then remove (seed 004)."""
+    """Move to quarantine (one rename, atomic), then remove (docs/design/tablet_copy.md#R9)."""
     try:
         src.rename(q)
     except FileNotFoundError:

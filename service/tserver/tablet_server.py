@@ -2,8 +2,8 @@
 
 Identity. The server's permanent uuid is generated when its data directory is first formatted
 and kept in `<data_dir>/instance` (Kudu's instance file). A wiped server comes back under a new
-uuid, so no Raft peer can mistake it for the replica that had voted (seed 004); the transport's
-incarnations catch the remaining case of a copied or restored directory.
+uuid, so no Raft peer can mistake it for the replica that had voted (docs/design/consensus.md#R9);
+the transport's incarnations catch the remaining case of a copied or restored directory.
 
 Fencing. `highest_master_term` is the highest master term seen in admin requests and heartbeat
 answers; an admin request from a lower term comes from a deposed leader and is refused
@@ -18,11 +18,11 @@ every replica (`TabletSettings.on_wal_sync`), rows written by leaders
 (`TabletSettings.on_rows_written`) and callbacks reading replicas, scanners and heartbeats. The
 HTTP address is registered with the masters (their /tservers page links to it).
 
-Start order: bind, open the tablet manager (seed 004's startup state machine: tablets start
-replicating), serve RPCs, serve status pages, then heartbeat (a master that learns of us can
-reach us at once). Shutdown order, the reverse: heartbeats stop, the status pages stop, RPCs
-drain (grace period), scanners go, tablets close (each Raft node fails its waiters and closes
-its WAL), the transport closes.
+Start order: bind, open the tablet manager (the startup state machine,
+docs/design/tablet_copy.md#R2: tablets start replicating), serve RPCs, serve status pages, then
+heartbeat (a master that learns of us can reach us at once). Shutdown order, the reverse: heartbeats
+stop, the status pages stop, RPCs drain (grace period), scanners go, tablets close (each Raft node
+fails its waiters and closes its WAL), the transport closes.
 """
 
 from __future__ import annotations

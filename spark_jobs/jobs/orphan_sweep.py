@@ -3,7 +3,7 @@
     spark-submit spark_jobs/jobs/orphan_sweep.py --masters HOST:PORT,... [--apply]
     tessera jobs run orphan_sweep --dir DIR [--apply]
 
-Replicas with no catalog record are reported and never deleted (seed 001, appendix A);
+Replicas with no catalog record are reported and never deleted (docs/design/failover.md#R6);
 replicas of deleted tablets are deleted and replicas out of their tablet's config tombstoned,
 both with compare-and-set, only with --apply.
 """

@@ -1,4 +1,5 @@
-"""Consensus metadata: durable save/load, corruption detection, crash safety, seed 004 merge."""
+"""Consensus metadata: durable save/load, corruption detection, crash safety, the merge of
+docs/design/tablet_copy.md#R5."""
 
 from __future__ import annotations
 
@@ -139,7 +140,7 @@ def test_crash_during_save_leaves_old_or_new_never_a_mix() -> None:
     assert outcomes == {3, 4}
 
 
-# --- merge (seed 004, "Consensus metadata merge") ------------------------------------------------
+# --- merge (docs/design/tablet_copy.md#R5) ------------------------------------------------------
 
 REMOTE_ADDRS: dict[str, str] = {**ADDRS, D: "10.0.0.4:7051"}
 

@@ -1,6 +1,6 @@
 """The client library against real processes: 3 masters and 3 tablet servers on loopback.
 
-Issue 5's proofs: DDL survives the master leader being killed in the middle (answered once);
+The client's proofs: DDL survives the master leader being killed in the middle (answered once);
 a stale location cache recovers when a tablet leader dies; a scan survives the loss of the
 replica it is reading with exact results; per-row errors name the row and key; predicates are
 pushed down and tablets pruned.

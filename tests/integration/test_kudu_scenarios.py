@@ -1,5 +1,5 @@
-"""The multi-master bugs of seed 001, each as a scenario on real master processes that the old
-design fails (KUDU-1358's is tests/integration/test_master_heartbeats.py).
+"""The multi-master bugs of Kudu (docs/design/failover.md), each as a scenario on real master
+processes that the old design fails (KUDU-1358's is tests/integration/test_master_heartbeats.py).
 
 KUDU-1353: the old leader kept a per-tablet replica map filled only from tablet reports, so a
 newly elected leader that got no reports answered locations without replicas, and its alters

@@ -1,9 +1,9 @@
 """Three real master processes on loopback: DDL through the leader, failover, exactly-once.
 
 Fake tablet servers are a loop in this test that heartbeats (with registration) to EVERY
-master, as tablet servers do (seed 001), so the registry of a newly elected leader is warm.
-The cluster is a context manager: every process is stopped (SIGTERM, then SIGKILL) even when a
-test fails.
+master, as tablet servers do (docs/design/failover.md#R1), so the registry of a newly elected leader
+is warm. The cluster is a context manager: every process is stopped (SIGTERM, then SIGKILL) even
+when a test fails.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Issue 3's proof: the master leader killed -9 at each step of CreateTable, AlterTable and
-DeleteTable (3 master processes, 3 tablet servers).
+"""The proof of the commit point (docs/design/coordinator.md#R1): the master leader killed -9 at
+each step of CreateTable, AlterTable and DeleteTable (3 master processes, 3 tablet servers).
 
 Every master of a case is started with `TESSERA_FAILPOINT_CRASH_AT=<point>:1` and one ONCE file
 (service.common.failpoints), so the first master to reach the point dies there with exit code

@@ -1,7 +1,7 @@
 """Heartbeats across a master failover: 50 simulated tablet servers, 3 real master processes.
 
 The simulated servers are one background thread that registers and heartbeats every 0.4 s to
-ALL THREE masters at once (seed 001's plan "heartbeat to all masters", which ends KUDU-1358).
+ALL THREE masters at once (docs/design/failover.md#R1, which ends KUDU-1358).
 The unresponsive timeout is shortened to a few seconds so "never marked dead" means something.
 """
 

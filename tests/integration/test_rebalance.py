@@ -268,8 +268,9 @@ def test_execute_moves_limits_moves_per_server_and_keeps_tablet_order(
 
 
 def test_master_add_remove_move_replica_rpcs(tmp_path: Path) -> None:
-    """The master's AddReplica/RemoveReplica/MoveReplica (seed 004) on real processes: a move
-    to a fourth server lands in the catalog; bad requests are refused naming the problem."""
+    """The master's AddReplica/RemoveReplica/MoveReplica (docs/design/tablet_copy.md#R7) on real
+    processes: a move to a fourth server lands in the catalog; bad requests are refused naming the
+    problem."""
     from service.common.errors import AlreadyExists, FailedPrecondition, NotFound
 
     with MiniCluster(tmp_path) as cluster:

@@ -1,6 +1,6 @@
 """SplitKeyRange and `split_token` against real processes: 3 masters and 3 tablet servers.
 
-Issue 6's proofs: split tokens tile each tablet and together read exactly the rows of the
+Split tokens' proofs: they tile each tablet and together read exactly the rows of the
 unsplit scan, in chunks near the target size; planning opens no scanner (the tablet servers'
 scan counters do not move, their SplitKeyRange counters do); bad requests get their gRPC status
 through the real servicer; followers answer, and the client fails over when a replica is down.

@@ -1,7 +1,7 @@
 """Bounded assignment rounds and the placement backoff (catalog_assignment, "Bounded rounds" and
-"Backoff"; issue 3's starvation spiral): a huge CreateTable is placed in rounds of at most
-`max_tablets_per_assignment_round` tablets, each ONE write, planned in chunks with the event
-loop free in between; a table that cannot be placed waits out a doubling pause instead of
+"Backoff"; the starvation spiral, docs/design/failover.md#R8): a huge CreateTable is placed in
+rounds of at most `max_tablets_per_assignment_round` tablets, each ONE write, planned in chunks with
+the event loop free in between; a table that cannot be placed waits out a doubling pause instead of
 being tried (and logged) every round; and a queued CreateTablet whose task committed state no
 longer calls for is never sent.
 

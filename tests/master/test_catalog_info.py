@@ -1,7 +1,7 @@
-"""The in-memory catalog (seeds 000/001): copy-on-write infos, the maps kept by `on_applied`
-equal to the maps rebuilt from sys.catalog, the partition index behind GetTableLocations,
-locations from committed consensus state (no replica cache: KUDU-1353), and the side-effect
-tasks derived from committed records."""
+"""The in-memory catalog (docs/design/catalog.md#R3, #R10): copy-on-write infos, the maps kept by
+`on_applied` equal to the maps rebuilt from sys.catalog, the partition index behind
+GetTableLocations, locations from committed consensus state (no replica cache: KUDU-1353), and the
+side-effect tasks derived from committed records."""
 
 from __future__ import annotations
 
@@ -308,7 +308,8 @@ def test_locations_come_from_the_committed_consensus_state() -> None:
         "s1": (ReplicaRole.FOLLOWER, MemberType.VOTER, HostPort("s1.example", 7050)),
         "s2": (ReplicaRole.FOLLOWER, MemberType.VOTER, HostPort("s2.example", 7050)),
         "s3": (ReplicaRole.LEADER, MemberType.VOTER, HostPort("s3.example", 7050)),
-        # No address in the record: the registry's (warm on every master, seed 001).
+        # No address in the record: the registry's (warm on every master,
+        # docs/design/failover.md#R1).
         "s4": (ReplicaRole.LEARNER, MemberType.NON_VOTER, HostPort("learner.example", 7051)),
     }
     assert TabletNotRunning is errors.TabletNotRunning  # one class, TABLET_NOT_RUNNING on the wire

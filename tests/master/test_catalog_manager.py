@@ -1,7 +1,7 @@
-"""The catalog manager in-process (seeds 000, 001, 002): DDL as ONE replicated entry each, the
-state-change contract under replication failures (KUDU-495), exactly-once request ids across a
-lost answer and a failover, readers that never see half-built state, roll-forward tasks, the
-assignment step with its REPLACED dance, and the GetTableLocations p99.
+"""The catalog manager in-process (docs/design/catalog.md, docs/design/coordinator.md): DDL as ONE
+replicated entry each, the state-change contract under replication failures (KUDU-495), exactly-once
+request ids across a lost answer and a failover, readers that never see half-built state,
+roll-forward tasks, the assignment step with its REPLACED dance, and the GetTableLocations p99.
 
 `FakeRaft` stands in for `RaftNode.propose`: it applies straight to a `SysCatalogState` with
 increasing indexes, and can fail before applying (a leader losing its lease: nothing applied)
@@ -670,7 +670,8 @@ def test_retry_on_a_new_leader_after_failover_gets_the_original_answers() -> Non
             await env.cm.delete_table(by_id(table_id), delete_req)
 
         # A follower replayed the same log; its maps are warm, and so is its registry: tablet
-        # servers heartbeat to every master (seed 001, KUDU-1358). It is elected and loads.
+        # servers heartbeat to every master (docs/design/failover.md#R1, KUDU-1358). It is elected
+        # and loads.
         follower = SysCatalogState()
         follower_ts = TSManager(env.clock, UNRESPONSIVE_S)
         register_servers(follower_ts, 3)

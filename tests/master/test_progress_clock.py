@@ -1,6 +1,6 @@
 """ProgressClock (service/master/progress_clock.py): the master's time stands still while its own
-event loop is stalled, so a busy master never declares healthy tablet servers dead (issue 3's
-starvation spiral), while a really silent server is still declared dead.
+event loop is stalled, so a busy master never declares healthy tablet servers dead (the
+starvation spiral, docs/design/failover.md#R8), while a really silent server is still declared dead.
 
 Driven by a ManualClock: `tick()` is what the probe does between stalls.
 """

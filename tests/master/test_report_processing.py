@@ -1,5 +1,5 @@
-"""Tablet report processing, table-driven from seed 001 appendix B ("Heartbeat for tablet t")
-with its fixes, then whole reports through the catalog manager (ONE write per report)."""
+"""Tablet report processing, table-driven from the steps of docs/design/catalog.md#R14, then whole
+reports through the catalog manager (ONE write per report)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""3-4-3 re-replication decisions (seed 004), pure: add a non-voter to promote for a failed
-voter, remove the failed voter once the replacement is a voter, nothing without a live leader;
-a replica its server reports FAILED is failed at once, and tombstoned once replaced."""
+"""3-4-3 re-replication decisions (docs/design/tablet_copy.md#R7), pure: add a non-voter to promote
+for a failed voter, remove the failed voter once the replacement is a voter, nothing without a live
+leader; a replica its server reports FAILED is failed at once, and tombstoned once replaced."""
 
 from __future__ import annotations
 

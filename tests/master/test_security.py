@@ -1,5 +1,5 @@
-"""The internal root CA and token signing keys (seed 000, IPKI and TSK): generated once by the
-leader, generated ahead and rotated as (explicit) time advances, purged when expired, kept in
+"""The internal root CA and token signing keys (docs/design/security.md#R2, #R3): generated once by
+the leader, generated ahead and rotated as (explicit) time advances, purged when expired, kept in
 sys.catalog across snapshot/restore; tokens signed and verified, and every bad token refused.
 
 `FakeRaft` stands in for `RaftNode.propose`: it applies straight to a real `SysCatalogState`

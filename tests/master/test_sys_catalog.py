@@ -737,7 +737,8 @@ def test_listeners_see_applied_writes_and_restores() -> None:
 
 
 def test_create_table_of_1000_tablets_is_one_modest_entry() -> None:
-    """Seed 001: Kudu measured about 117 KB for CreateTable with 1,000 tablets x 3 replicas."""
+    """docs/design/catalog.md#R4: Kudu measured about 117 KB for CreateTable with 1,000 tablets x 3
+    replicas."""
     ids = Ids()
     servers = [ids() for _ in range(30)]
     table = make_table(ids(), "big", buckets=10, splits=100)

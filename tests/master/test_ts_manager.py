@@ -1,4 +1,4 @@
-"""TSManager (seed 000 "Heartbeats and TSManager", seed 001's heartbeat-to-all-masters plan):
+"""TSManager (docs/design/failover.md#R2, and #R1: tablet servers heartbeat to all masters):
 registration, re-register on unknown uuid, liveness on a ManualClock, restarts, full reports and
 their tokens, warm registry across an election, loads exported for placement."""
 
@@ -269,9 +269,9 @@ def test_request_full_reports_marks_every_server_live_or_dead(
 
 
 def test_fifty_servers_stay_live_across_an_election(clock: ManualClock) -> None:
-    """Seed 001 / KUDU-1358: a follower records heartbeats, so when it wins an election its
-    registry is warm: all 50 servers live, none marked dead, placement works at once. The old
-    design (a registry only the leader filled) starts empty and cannot place anything."""
+    """docs/design/failover.md#R1 (KUDU-1358): a follower records heartbeats, so when it wins an
+    election its registry is warm: all 50 servers live, none marked dead, placement works at once.
+    The old design (a registry only the leader filled) starts empty and cannot place anything."""
     follower = TSManager(clock, unresponsive_timeout_s=3.0)
     servers = [inst(f"ts-{i:02d}") for i in range(50)]
     for i, s in enumerate(servers):

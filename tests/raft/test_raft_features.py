@@ -1,5 +1,5 @@
-"""Pre-vote, check-quorum, membership changes (seed 004), ReadIndex and leases, leadership
-transfer, snapshots and flow control: each rule exercised on the real core."""
+"""Pre-vote, check-quorum, membership changes (docs/design/consensus.md#R4), ReadIndex and leases,
+leadership transfer, snapshots and flow control: each rule exercised on the real core."""
 
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def test_leader_stickiness_follower_ignores_votes_while_leader_alive() -> None:
     assert c.leader() == "a"
 
 
-# -- membership: one server at a time, learners first, compare-and-set (seed 004) -------------
+# -- membership: one server at a time, learners first, compare-and-set -------------------------
+# (docs/design/consensus.md#R4)
 
 
 def test_add_learner_catches_up_then_promote_to_voter() -> None:

@@ -1,4 +1,4 @@
-"""The "tessera" DataSource with real Spark against a real local cluster (issue 6).
+"""The "tessera" DataSource with real Spark against a real local cluster.
 
 One MiniCluster (3 masters, 3 tablet servers) serves the module. The Spark session is started
 before any client exists in this process: a JVM launched (forked) while gRPC threads run in the

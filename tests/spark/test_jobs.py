@@ -1,6 +1,6 @@
 """The reconciliation jobs and the Delta audit, with real Spark on a real local cluster.
 
-Planted problems (issue 7): an orphan replica (a tablet created directly on a tablet server),
+Planted problems: an orphan replica (a tablet created directly on a tablet server),
 stale-schema replicas and replicas of a deleted table. To make them stay put, the masters run
 with the SKIP failpoint (service.common.failpoints): they never send AlterSchema or
 DeleteTablet, as a master that crashed before its side effects. Each job finds exactly the

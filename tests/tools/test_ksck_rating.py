@@ -48,7 +48,7 @@ def srv(uuid: str, *replicas: ReplicaReport, **kw: object) -> TServerReport:
 
 
 ABC_D = replace(ABC, non_voters=frozenset({"d"}))
-"""ABC with d being added as a non-voter (seed 004's 3-4-3)."""
+"""ABC with d being added as a non-voter (3-4-3, docs/design/tablet_copy.md#R7)."""
 ABD = Config(frozenset({"a", "b", "d"}), opid_index=9)
 """ABC once d replaced c (the end of 3-4-3)."""
 

@@ -412,7 +412,7 @@ def test_ipc_helper_roundtrip() -> None:
 
 @with_server
 async def test_add_peer_carries_the_promote_intent(server: Server) -> None:
-    """ADD_PEER always adds a non-voter; it is marked for promotion (seed 004's PRE_VOTER)
+    """ADD_PEER always adds a non-voter; it is marked for promotion (Kudu's PRE_VOTER)
     only when the request asks for a VOTER or for a NON_VOTER with promote set. The peers
     here never answer, so nothing is promoted: what is checked is the intent recorded."""
     await server.create()
