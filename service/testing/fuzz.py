@@ -60,6 +60,7 @@ import argparse
 import collections
 import contextlib
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -100,7 +101,13 @@ from service.testing.fuzz_gen import (
     rpc_by_name,
 )
 from service.testing.fuzz_guard import DESTRUCTIVE, Protected, defang
-from service.testing.fuzz_prepare import bind, undo_accepted, with_live_handles, written_tablet
+from service.testing.fuzz_prepare import (
+    bind,
+    named_tablet,
+    undo_accepted,
+    with_live_handles,
+    written_tablet,
+)
 from service.testing.fuzz_report import Repro, Stats, fmt_slow, outcome_lines
 
 __all__ = ["Campaign", "Stats", "main"]
@@ -111,8 +118,9 @@ CHECK_EVERY = 500
 """Cases between two comparisons of every fixture replica's checksum."""
 MAINTAIN_EVERY = 100
 """Cases between two refreshes of the leader's address, the fixtures' ids and the vocabulary."""
-SCRAPE_EVERY = 25
-"""Cases between two readings of the servers' own stall counters."""
+SCRAPE_EVERY = 5
+"""Cases between two readings of the servers' own stall counters: a stall is pinned down to
+that many cases (all servers are read at once, a few milliseconds)."""
 SCRATCH_EVERY = 1000
 """Fewest cases between two re-creations of a broken scratch table (each takes seconds)."""
 PROGRESS_S = 10.0
@@ -182,6 +190,7 @@ class Campaign:
 
     def close(self) -> None:
         self.machine.close()
+        self.stalls.close()
 
     # --- the run -----------------------------------------------------------------------------
 
@@ -274,7 +283,10 @@ class Campaign:
         target_ts = case.target.startswith("tserver:")
         ts_name = list(fc.mini.tservers)[int(case.target.partition(":")[2])] if target_ts else ""
         cat_before = self._look(self._catalog) if rpc.name in CATALOG_RPCS else None
-        ts_before = self._look(tserver_view, fc, ts_name) if rpc.name in TSERVER_RPCS else None
+        watched = (*fc.fixture_tablets(), named_tablet(rpc, payloads))
+        ts_before = (
+            self._look(tserver_view, fc, ts_name, watched) if rpc.name in TSERVER_RPCS else None
+        )
         written = written_tablet(fc, rpc.name, payloads, ts_name)
         rows_before = replica_checksum(fc, ts_name, written) if written else None
 
@@ -292,7 +304,7 @@ class Campaign:
         if cat_before is not None:
             self._check_catalog(repro, cat_before)
         if ts_before is not None and not outcome.ok and fc.mini.tservers[ts_name].alive:
-            after = self._look(tserver_view, fc, ts_name)
+            after = self._look(tserver_view, fc, ts_name, watched)
             if after is not None and after != ts_before:
                 self._finding(
                     "state change",
@@ -467,6 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.replay is not None and not args.rpc:
         p.error("--replay needs --rpc")
+    _stop_on_signals()
     with contextlib.ExitStack() as stack:
         if args.dir:
             base = Path(args.dir)
@@ -490,6 +503,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(campaign.stats.line(), flush=True)
             return 130
         return 1 if stats.failed else 0
+
+
+def _stop_on_signals() -> None:
+    """SIGINT and SIGTERM end a run the way Ctrl-C does: the servers are stopped and the line
+    so far printed. A shell starts background jobs with SIGINT ignored, and Python's default
+    for SIGTERM is to die at once, leaving six servers behind."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _replay(campaign: Campaign, args: argparse.Namespace) -> int:

@@ -39,6 +39,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,8 +165,11 @@ def _short(v: object) -> str:
 _TERM_RE = re.compile(r"Highest master term seen</th><td>(\d+)<")
 
 
-def tserver_view(fc: FuzzCluster, name: str) -> dict[str, Any]:
-    """One tablet server's replicas and fencing term (module docstring)."""
+def tserver_view(fc: FuzzCluster, name: str, tablets: Iterable[str]) -> dict[str, Any]:
+    """One tablet server's replicas of `tablets` (absent ones absent) and its fencing term
+    (module docstring). Only those: replicas of other tables come and go on their own (a
+    table created a moment ago by an accepted request is still being created or deleted)."""
+    watched = set(tablets)
     ts = fc.mini.tservers[name]
     stub = tserver_pb2_grpc.TabletServerAdminServiceStub(fc.channel("admin", ts.address))
     r = stub.ListTablets(tpb.ListTabletsRequestPB(dest_uuid=ts.uuid), timeout=10)
@@ -177,6 +181,7 @@ def tserver_view(fc: FuzzCluster, name: str) -> dict[str, Any]:
             frozenset(p.permanent_uuid for p in x.consensus_state.committed_config.peers),
         )
         for x in r.replicas
+        if x.tablet_id in watched
     }
     page = urllib.request.urlopen(f"http://{ts.http_address}/", timeout=10).read().decode()
     m = _TERM_RE.search(page)
@@ -256,6 +261,9 @@ class StallProbe:
     counted: bool = False
     """Whether the servers count their own stalls (then a slow Ping is only a hint: it
     includes the fuzzer's own scheduling)."""
+    _pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(8, thread_name_prefix="fuzz-scrape")
+    )
 
     def ping(self) -> dict[str, float]:
         """Seconds each server took to answer a Ping sent to all at once; servers slower
@@ -286,18 +294,17 @@ class StallProbe:
                 yield ts.name, ts.address, "/tessera.tserver.TabletServerService/Ping"
 
     def scrape(self) -> dict[str, float]:
-        """Stalls each server counted since the last scrape (tessera_event_loop_stalls_total);
-        a server restarted meanwhile starts again from its own zero."""
+        """Stalls each server counted since the last scrape (tessera_event_loop_stalls_total),
+        all servers read at once; a server restarted meanwhile starts again from its own
+        zero."""
+        servers = [
+            (name, getattr(proc, "http_address", ""))
+            for name, proc in self.fc.processes()
+            if getattr(proc, "alive", False) and getattr(proc, "http_address", "")
+        ]
+        values = self._pool.map(lambda s: _stalls_counted(s[1]), servers)
         new = {}
-        for name, proc in self.fc.processes():
-            address = getattr(proc, "http_address", "")
-            if not address or not getattr(proc, "alive", False):
-                continue
-            try:
-                text = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read()
-            except OSError:
-                continue
-            value = _metric(text.decode(), "tessera_event_loop_stalls_total")
+        for (name, _), value in zip(servers, values, strict=True):
             if value is None:
                 continue
             self.counted = True
@@ -306,6 +313,17 @@ class StallProbe:
             if value > before:
                 new[name] = value - before
         return new
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+def _stalls_counted(http_address: str) -> float | None:
+    try:
+        text = urllib.request.urlopen(f"http://{http_address}/metrics", timeout=5).read()
+    except OSError:
+        return None
+    return _metric(text.decode(), "tessera_event_loop_stalls_total")
 
 
 _CONTROL = """

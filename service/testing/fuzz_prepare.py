@@ -38,10 +38,10 @@ from service.testing.fuzz_cluster import (
     FuzzCluster,
     Outcome,
 )
-from service.testing.fuzz_gen import Case, message_class
+from service.testing.fuzz_gen import Case, Rpc, message_class
 from service.testing.fuzz_values import DEST, LIVE_SCANNER, LIVE_SESSION
 
-__all__ = ["bind", "undo_accepted", "with_live_handles", "written_tablet"]
+__all__ = ["bind", "named_tablet", "undo_accepted", "with_live_handles", "written_tablet"]
 
 
 def bind(fc: FuzzCluster, case: Case) -> Case:
@@ -165,6 +165,16 @@ def written_tablet(fc: FuzzCluster, rpc: str, payloads: Sequence[bytes], ts_name
     except DecodeError:
         return ""
     return msg.tablet_id if msg.tablet_id in fc.fixture_tablets() else ""
+
+
+def named_tablet(rpc: Rpc, payloads: Sequence[bytes]) -> str:
+    """The tablet the first request names, if it parses ("" if not)."""
+    msg = message_class(rpc.input)()
+    try:
+        msg.ParseFromString(payloads[0] if payloads else b"")
+    except (DecodeError, ValueError, RuntimeError):
+        return ""
+    return _tablet_named(msg)
 
 
 def _tablet_named(msg: Any) -> str:
