@@ -14,7 +14,7 @@ the sys.catalog leader or the leader of the workload's tablet, as the cluster re
   the rest), `isolated-leader` (the leader alone), `bridge` (two focus processes cut from each
   other, the third and the others reaching both) and `one-way` (every packet the leader sends
   dropped; what it receives still arrives: see `chaos_net` for what that does to TCP).
-* `clock`: the wall clock of one process set off by 5 s to 10 min either way, sometimes moved
+* `clock`: the wall clock of one process set off by 5 s to 15 min either way, sometimes moved
   again half-way through the window (a jump), then set right.
 * `disk`: one process's syncs slowed (0.1-1 s each) or failing (EIO), or its writes failing with
   ENOSPC. After an error window the process is killed and restarted whether or not it stopped by
