@@ -271,9 +271,10 @@ class RaftNode(Quiescing):
         if self._persisting is None:
             self._wakeup.set()
 
-    def members(self) -> frozenset[str]:
-        """Every node of this group's latest and committed configs (voters and learners): who
-        may send it Raft messages. Empty for a node that knows no config yet (a master joining
+    def config_members(self) -> frozenset[str]:
+        """Every node of this group's latest and committed configs (voters and learners), this
+        one included: who may send it Raft messages. (Not the quiescence mixin's `members`,
+        the peers a digest goes to.) Empty for a node that knows no config yet (a master joining
         empty), which accepts the leader that is about to send it one."""
         st = self.status()
         return frozenset(st.config.members | st.committed_config.members)

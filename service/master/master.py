@@ -328,7 +328,7 @@ class MasterServer:
         )
         node.listeners.append(self._on_leader_change)
         transport.register(
-            GROUP, node.step, node.report_unreachable, node.snapshot_sent, members=node.members
+            GROUP, node.step, node.report_unreachable, node.snapshot_sent, members=node.config_members
         )
         secure = creds is not None
         consensus_servicer = ConsensusServicer(

@@ -139,7 +139,7 @@ class TabletManager:
                 replica.tablet_id,
                 replica.node.step,
                 replica.node.report_unreachable,
-                members=replica.node.members,
+                members=replica.node.config_members,
             )
 
     async def aclose(self) -> None:
