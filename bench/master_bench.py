@@ -8,7 +8,7 @@ server it names; so the heartbeat figures are secured too. GetTableLocations and
 are also measured with security off, and the run ends with their ratios.
 
   create    CreateTable with --tablets tablets x 3 replicas: bytes of its ONE replicated entry
-            (Kudu measured ~117 KB for 1,000 tablets, seed 001) and seconds until every tablet
+            (Kudu measured ~117 KB for 1,000 tablets) and seconds until every tablet
             is RUNNING on simulated tablet servers (a real master process, simulator process),
             on the secured master and on an insecure one with its own plaintext fleet
   lookup    GetTableLocations in-process p99 on a --lookup-tablets table (goal <= 100 us)

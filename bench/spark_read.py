@@ -7,7 +7,7 @@ no reader can skip columns or answer from metadata):
   (a) tessera    spark.read.format("tessera") from a local cluster (3 masters, 3 tablet
                  servers, the table in 4 hash tablets, replicated 3 ways)
   (b) pyparquet  a minimal Python DataSource yielding Arrow batches from the same rows in 4
-                 local Parquet files: the floor for any Python source (ARCHITECTURE.md)
+                 local Parquet files: the floor for any Python source
   (c) parquet    Spark's native Parquet reader on those files
 
 Each is run `--repeat` times after one warm-up; the best time counts. The last line is
