@@ -37,7 +37,9 @@ starts one task owned by this MasterServer: it runs `security.ensure_security` (
 if absent, generate token signing keys ahead of use, purge expired ones) at once and then every
 `SECURITY_CHECK_INTERVAL_S` (`SECURITY_RETRY_S` after a failure, which is logged, never fatal),
 for as long as this master is leader of that term. Any change of role cancels it, as it cancels
-a pending load. Wiring TLS and tokens into the RPCs is a later issue.
+a pending load. The CA stored is the provisioned one when this master holds its key (`ca.key`
+beside `ca.pem`); the leader signs certificates with it (`cert_issuer`) and authz tokens with
+the signing keys (`table_access`), and every RPC is mutual TLS (service/common/tls.py).
 
 Background tasks (`background_tasks`): once the catalog is loaded the leader also starts one
 `BackgroundTasks` for its term (assignment rounds, CreateTablet/DeleteTablet/AlterSchema RPCs
@@ -328,7 +330,11 @@ class MasterServer:
         )
         node.listeners.append(self._on_leader_change)
         transport.register(
-            GROUP, node.step, node.report_unreachable, node.snapshot_sent, members=node.config_members
+            GROUP,
+            node.step,
+            node.report_unreachable,
+            node.snapshot_sent,
+            members=node.config_members,
         )
         secure = creds is not None
         consensus_servicer = ConsensusServicer(

@@ -3,10 +3,12 @@
 Theory of operation
 -------------------
 docs/design/security.md#R2, #R3: sys.catalog holds the root CA certificate with its private key, and
-the token signing keys (TSKs) used to sign authn/authz tokens. The leader master generates the CA
-when it becomes leader and finds none, generates TSKs ahead of use, and lazily purges expired ones;
-a new leader loads what is stored. This module is that policy and its crypto (the `cryptography`
-package); wiring TLS and tokens into every RPC is a later issue.
+the token signing keys (TSKs) used to sign authz tokens. The leader master stores the CA the
+cluster was provisioned with (or a new one when it has none) when it becomes leader and finds no
+CA, generates TSKs ahead of use, and lazily purges expired ones; a new leader loads what is
+stored. This module is that policy and its crypto (the `cryptography` package). Who uses it:
+`cert_issuer` signs certificates with the CA, `table_access` signs authz tokens with the TSKs,
+and tablet servers verify those with the keys' public halves (`service/common/tokens.py`).
 
 * The root CA (`generate_ca`, `load_ca`): a self-signed X.509 certificate on an EC P-256 key
   (fast to generate, small), valid `CA_VALIDITY` (10 years) from an hour before `now` (slack for
