@@ -172,9 +172,15 @@ class BackgroundTasks:
         self._wake = asyncio.Event()
         self._sem = asyncio.Semaphore(self.settings.max_concurrent_rpcs)
         self._running: dict[Any, asyncio.Task[None]] = {}
-        self._queue: deque[TaskKey] = deque()
-        """Tasks due and not yet started (at most `max_concurrent_rpcs` run at once)."""
-        self._queued: set[TaskKey] = set()
+        self._queues: dict[str, deque[TaskKey]] = {}
+        """Tasks due and not yet started, by kind (CreateReplicas, AlterReplicas,
+        DeleteReplicas), each in the order they became due; `_drain` takes one of each kind in
+        turn, so a backlog of one kind (10,000 deletes of a dropped table) never makes another
+        (a new table's creates) wait behind it."""
+        self._queued: dict[TaskKey, float] = {}
+        """Queued keys and when each was queued (monotonic), for queue ages."""
+        self._next_kind = 0
+        """Where `_drain`'s round robin over the kinds resumes."""
         self._stopped = False
         self._retries: dict[TaskKey, _Retry] = {}
         self._main: asyncio.Task[None] | None = None
@@ -194,7 +200,7 @@ class BackgroundTasks:
     def stop(self) -> None:
         """Cancel everything at once (a change of role); `aclose` also waits."""
         self._stopped = True
-        self._queue.clear()
+        self._queues.clear()
         self._queued.clear()
         if self._remove_listener is not None:
             self._remove_listener()
@@ -315,23 +321,44 @@ class BackgroundTasks:
                 continue
             if retry is None:
                 retry = self._retries[key] = _Retry(task)
-            self._queue.append(key)
-            self._queued.add(key)
+            self._queues.setdefault(key[0], deque()).append(key)
+            self._queued[key] = now
         for key in [k for k in self._retries if k not in keys and k not in self._running]:
             del self._retries[key]
         self._drain()
 
     def _drain(self) -> None:
         """Start queued tasks while fewer than `max_concurrent_rpcs` run (module docstring,
-        "Bounded tasks"); a task no longer called for, or retried meanwhile, is dropped."""
+        "Bounded tasks"), one of each kind in turn (`_queues`); a task no longer called for,
+        or retried meanwhile, is dropped."""
         limit = self.settings.max_concurrent_rpcs
-        while self._queue and len(self._running) < limit and not self._stopped:
-            key = self._queue.popleft()
-            self._queued.discard(key)
+        while len(self._running) < limit and not self._stopped:
+            key = self._next_queued()
+            if key is None:
+                return
+            self._queued.pop(key, None)
             retry = self._retries.get(key)
             if retry is None or not self.catalog.task_pending(retry.task):
                 continue
             self._spawn(key, self._run_task(key, retry))
+
+    def _next_queued(self) -> TaskKey | None:
+        """The head of the next non-empty kind's queue, round robin; None if all are empty."""
+        kinds = sorted(k for k, q in self._queues.items() if q)
+        if not kinds:
+            return None
+        kind = kinds[self._next_kind % len(kinds)]
+        self._next_kind += 1
+        return self._queues[kind].popleft()
+
+    def queue_ages(self) -> dict[str, tuple[int, float]]:
+        """Per task kind: (tasks queued, seconds the oldest has waited) — /tasks and /metrics."""
+        now = self.clock.monotonic()
+        out: dict[str, tuple[int, float]] = {}
+        for kind, q in self._queues.items():
+            if q:
+                out[kind] = (len(q), max(0.0, now - self._queued.get(q[0], now)))
+        return out
 
     def _spawn(self, key: Any, coro: Awaitable[None]) -> None:
         async def wrapped() -> None:

@@ -146,6 +146,12 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
     def tasks() -> float:
         return float(len(master.background.views())) if master.background is not None else 0.0
 
+    def queue(field: int) -> list[tuple[tuple[str], float]]:
+        bg = master.background
+        if bg is None:
+            return []
+        return [((kind,), float(v[field])) for kind, v in sorted(bg.queue_ages().items())]
+
     def failed_replicas() -> float:
         return float(len(master.catalog.failed_replicas)) if master.catalog is not None else 0.0
 
@@ -210,6 +216,18 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
         "tessera_master_background_tasks",
         "Leader background tasks in flight or waiting for a retry.",
         tasks,
+    )
+    registry.gauge_callback(
+        "tessera_master_task_queue_length",
+        "Background tasks due and waiting for a slot, by kind (taken one kind at a time in turn).",
+        lambda: queue(0),
+        ("kind",),
+    )
+    registry.gauge_callback(
+        "tessera_master_task_queue_age_seconds",
+        "How long the oldest queued background task of each kind has waited.",
+        lambda: queue(1),
+        ("kind",),
     )
     registry.gauge_callback(
         "tessera_master_failed_replicas",
@@ -531,6 +549,10 @@ class _MasterPages:
                 ("Rounds", bg.rounds),
                 ("RPCs sent / failed", f"{bg.rpcs_sent} / {bg.rpcs_failed}"),
                 ("In flight", bg.in_flight),
+                *(
+                    (f"Queued {kind}", f"{n} (oldest {fmt_age(age)})")
+                    for kind, (n, age) in sorted(bg.queue_ages().items())
+                ),
             ]
         )
         headers = [
