@@ -52,6 +52,8 @@ __all__ = ["HeartbeatContext", "ReportGate", "decode_report", "handle_heartbeat"
 
 log = logging.getLogger(__name__)
 
+_DECODE_BEFORE_SHEDDING = 64
+"""An incremental report of at most this many replicas is decoded even when the gate is full."""
 MAX_REPORTED_TABLETS = 100_000
 """More replicas than this in one report is refused (a runaway or hostile sender)."""
 
@@ -173,7 +175,21 @@ class ReportGate:
     def _finished(self, task: asyncio.Task[ReportPlan]) -> None:
         self.in_flight -= 1
         self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Retrieved here: the heartbeat that started it may be gone (its caller hung up,
+            # or it answered late), and an error nobody retrieves is logged by asyncio as
+            # "Task exception was never retrieved" with a traceback, at every leader change.
+            log.debug("tablet report write ended: %s", task.exception())
         self._wake()
+
+    @property
+    def saturated(self) -> bool:
+        """Every slot is taken and the waiting queue is full: a report that needs a write
+        would be shed now, so the heartbeat need not even decode it."""
+        return (
+            self.in_flight + self._granted >= self.max_in_flight
+            and len(self._waiters) >= self.max_waiting
+        )
 
     def _wake(self) -> None:
         """Hand the free slots to the first waiters still waiting."""
@@ -285,6 +301,15 @@ async def handle_heartbeat(
         raise InvalidArgument(f"instance: {e.message}") from None
     registration = _registration(request) if request.HasField("registration") else None
     has_report = request.HasField("tablet_report")
+    report = request.tablet_report
+    big = not report.is_incremental or len(report.updated_tablets) > _DECODE_BEFORE_SHEDDING
+    if has_report and ctx.leading and big and ctx.reports.saturated:
+        # Shed before decoding: at 100,000 tablets, decoding full reports that the gate then
+        # shed was most of a new leader's time. Not acknowledged: sent again next heartbeat.
+        # Small incremental reports are cheap to decode and mostly change nothing (answered
+        # at once, without the gate), so they still go through.
+        ctx.reports.shed += 1
+        has_report = False
     reported = decode_report(request.tablet_report) if has_report and ctx.leading else []
 
     ts = ctx.ts_manager

@@ -223,3 +223,23 @@ def test_bad_gate_settings_are_refused() -> None:
         ReportGate(budget_s=0)
     with pytest.raises(InvalidArgument, match="max_waiting"):
         ReportGate(max_waiting=-1)
+
+
+def test_the_gate_is_saturated_only_with_every_slot_and_the_queue_taken() -> None:
+    async def main() -> None:
+        gate = ReportGate(max_in_flight=1, budget_s=5.0, max_waiting=1)
+        catalog = Stepped()
+        assert not gate.saturated
+        busy = asyncio.ensure_future(gate.process(catalog, NodeId("a"), [], lambda _: None))  # type: ignore[arg-type]
+        await settle()
+        assert gate.in_flight == 1 and not gate.saturated  # the queue has room
+        waiting = asyncio.ensure_future(gate.process(catalog, NodeId("b"), [], lambda _: None))  # type: ignore[arg-type]
+        await settle()
+        assert gate.saturated  # a full report arriving now is shed before it is decoded
+        for n in ("a", "b"):
+            catalog.release.setdefault(n, asyncio.Event()).set()
+            await settle()
+        await asyncio.gather(busy, waiting)
+        assert not gate.saturated
+
+    asyncio.run(main())
