@@ -8,7 +8,8 @@ A session's configuration is layered, later layers winning:
    plus small-machine sizing. They make the module work even where the
    repository's ``conf/`` is absent (an installed wheel).
 2. ``conf/spark-defaults.conf`` of the repository (``key  value`` lines, ``#`` comments), with
-   ``{repo}`` replaced by the repository root so runtime state lands under the git-ignored var/.
+   ``{data}`` replaced by `spark_data_dir` (warehouse and metastore live outside the source
+   tree) and ``{repo}`` by the repository root.
 3. ``$SPARK_MASTER_URL`` for the master (docker-compose's job runner sets it).
 4. What spark-submit launched the process with (``--master``, ``--conf``, ``--packages``, the
    installation's spark-defaults.conf): our defaults never override a key it set
@@ -57,6 +58,7 @@ __all__ = [
     "build_session",
     "delta_package",
     "read_spark_defaults",
+    "spark_data_dir",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -98,12 +100,28 @@ class SparkSessionError(RuntimeError):
     """The SparkSession could not be built; the message says what to do about it."""
 
 
+DATA_DIR_ENV = "TESSERA_SPARK_HOME"
+
+
+def spark_data_dir() -> Path:
+    """Where sessions keep their warehouse and Hive metastore by default: $TESSERA_SPARK_HOME,
+    else $XDG_DATA_HOME/tessera/spark, else ~/.local/share/tessera/spark. Outside the source
+    tree: a job run from a checkout must not write its tables into it, and two checkouts share
+    one catalog of audit tables."""
+    explicit = os.environ.get(DATA_DIR_ENV)
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base).expanduser().resolve() / "tessera" / "spark"
+
+
 def read_spark_defaults(path: Path = DEFAULTS_FILE) -> dict[str, str]:
     """Parse a spark-defaults.conf: ``key value`` (or ``key=value``) lines, ``#``/``!`` comments.
 
     A trailing backslash continues a value on the next line, whose leading blanks are dropped (the
     Java properties rule spark-submit follows). ``{repo}`` in a value becomes the absolute
-    repository root. A missing file yields ``{}``.
+    repository root, ``{data}`` the Spark state directory (`spark_data_dir`). A missing file
+    yields ``{}``.
     """
     if not path.is_file():
         return {}
@@ -121,7 +139,8 @@ def read_spark_defaults(path: Path = DEFAULTS_FILE) -> dict[str, str]:
         match = re.match(r"^([^\s=]+)\s*[\s=]\s*(.*)$", logical)
         if match is None or not match.group(2):
             raise ValueError(f"{path}:{first_lineno}: expected 'key value', got {logical!r}")
-        result[match.group(1)] = match.group(2).replace("{repo}", str(REPO_ROOT))
+        value = match.group(2).replace("{repo}", str(REPO_ROOT))
+        result[match.group(1)] = value.replace("{data}", str(spark_data_dir()))
         logical, first_lineno = "", 0
     if logical:
         raise ValueError(f"{path}:{first_lineno}: continuation runs past the end of the file")
@@ -184,6 +203,8 @@ def build_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
     file_defaults = read_spark_defaults()
+    if any(str(spark_data_dir()) in v for v in file_defaults.values()):
+        spark_data_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
     settings = {**_BUILTIN_DEFAULTS, **file_defaults}
     if os.environ.get(MASTER_URL_ENV):
         settings["spark.master"] = os.environ[MASTER_URL_ENV]

@@ -50,6 +50,13 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per cluster call")
     p.add_argument(
+        "--warehouse",
+        metavar="DIR",
+        help="the Spark SQL warehouse (default: $TESSERA_SPARK_HOME/warehouse, see "
+        "spark_jobs/session.py; spark-submit's --conf spark.sql.warehouse.dir also wins)",
+    )
+    p.add_argument("--metastore", metavar="DIR", help="where the Hive metastore (Derby) lives")
+    p.add_argument(
         "--credentials",
         metavar="DIR",
         help="ca.pem, cert.pem, key.pem of a secured cluster (default: <--dir>/credentials, "
@@ -160,7 +167,9 @@ def run_job(
     try:
         from spark_jobs.session import build_session
 
-        spark = build_session(f"tessera-{job}")
+        spark = build_session(
+            f"tessera-{job}", warehouse_dir=args.warehouse, metastore_dir=args.metastore
+        )
         return body(JobContext(job, args, spark))
     except TesseraError as e:
         print(f"{job}: {e.message}", file=sys.stderr)

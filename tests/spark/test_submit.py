@@ -80,3 +80,19 @@ def test_outside_spark_submit_the_launcher_set_nothing(monkeypatch: pytest.Monke
     """Without spark-submit's gateway no JVM is asked (none is started for it): {}."""
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
     assert launcher_settings() == {}
+
+
+def test_warehouse_and_metastore_default_outside_the_source_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TESSERA_SPARK_HOME", str(tmp_path / "state"))
+    d = read_spark_defaults()
+    assert d["spark.sql.warehouse.dir"] == str(tmp_path / "state" / "warehouse")
+    assert (
+        str(tmp_path / "state" / "metastore_db") in d["spark.hadoop.javax.jdo.option.ConnectionURL"]
+    )
+    monkeypatch.delenv("TESSERA_SPARK_HOME")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    d = read_spark_defaults()
+    assert d["spark.sql.warehouse.dir"] == str(tmp_path / "xdg" / "tessera" / "spark" / "warehouse")
+    assert not any(str(REPO_ROOT) in v for k, v in d.items() if "derby" in v or "warehouse" in k)
