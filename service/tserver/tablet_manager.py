@@ -41,6 +41,7 @@ from service.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    TabletNotRunning,
 )
 from service.common.schema_codec import partition_from_pb, schema_from_pb
 from service.consensus.transport import GrpcTransport
@@ -163,6 +164,12 @@ class TabletManager:
 
     def get(self, tablet_id: str) -> TabletReplica:
         r = self.replicas.get(tablet_id)
+        if r is not None and r.superblock.data_state is DataState.COPYING:
+            # Being copied here: it will serve once the copy is done, so callers retry (or try
+            # another replica) rather than conclude the tablet is gone.
+            raise TabletNotRunning(
+                f"tablet {tablet_id!r} on server {self.uuid} is being copied; retry"
+            )
         if r is None or r.superblock.data_state is not DataState.READY:
             state = "" if r is None else f" (it is {r.superblock.data_state.name})"
             raise NotFound(f"tablet {tablet_id!r} is not hosted on server {self.uuid}{state}")

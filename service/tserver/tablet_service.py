@@ -77,7 +77,8 @@ ADMIN_POLICY: dict[str, Rule] = {
 COPY_POLICY: dict[str, Rule] = dict.fromkeys(
     ["BeginTabletCopySession", "FetchData", "EndTabletCopySession"], TSERVERS
 )
-"""A tablet copy's data goes only to another tablet server."""
+"""A tablet copy's data goes only to another tablet server, and a session begins only for a
+member of the tablet's Raft config (`CopyServicer.BeginTabletCopySession`)."""
 DATA_POLICY: dict[str, Rule] = dict.fromkeys(
     ["Write", "Scan", "ScanNext", "ScanClose", "Checksum", "SplitKeyRange", "Ping"], ANYONE
 )
@@ -268,6 +269,16 @@ class CopyServicer(_Base, tpb_grpc.TabletCopyServiceServicer):
         self, request: tpb.BeginTabletCopySessionRequestPB, context: Ctx
     ) -> tpb.BeginTabletCopySessionResponsePB:
         self._dest(request.dest_uuid)
+        who = self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
+        if who is not INSECURE_PEER:
+            # Only a peer the tablet's config names copies it: the master (or the repair tool)
+            # adds the new replica as a non-voter first, then it is told to copy.
+            members = self.server.tablets.get(check_tablet_id(request.tablet_id))
+            if who.name not in members.running_node().config_members():
+                raise PermissionDenied(
+                    f"{who} is not a member of tablet {request.tablet_id}'s Raft config: only "
+                    "a replica the config names copies it"
+                )
         return await self.server.copy_source.begin(request)
 
     @rpc_errors

@@ -289,6 +289,21 @@ def test_a_tablet_copy_session_only_for_tablet_servers(cluster: MiniCluster) -> 
             5,
         )
     assert isinstance(err, PermissionDenied) and "tserver" in err.message, err
+    # A tablet server certificate, but of a server the tablet's config does not name: a copy
+    # of the tablet's rows would go to a stranger.
+    ch = open_sync_channel(
+        replica.address, _creds(cluster, "tserver", "ts-stranger"), role="tserver"
+    )
+    with ch:
+        stub = tserver_pb2_grpc.TabletCopyServiceStub(ch)
+        err = _refused(
+            stub.BeginTabletCopySession,
+            tpb.BeginTabletCopySessionRequestPB(
+                dest_uuid=replica.ts_uuid, tablet_id=token.tablet_id, requestor_uuid="ts-stranger"
+            ),
+            5,
+        )
+    assert isinstance(err, PermissionDenied) and "not a member" in err.message, err
 
 
 def test_unauthenticated_is_its_own_status() -> None:
