@@ -192,6 +192,11 @@ class Campaign:
         self.machine.close()
         self.stalls.close()
 
+    def prepare(self) -> None:
+        """Look at the cluster (leader, fixtures) before cases run one by one (`run_case`)."""
+        self.fc.refresh()
+        self._protected = self._make_protected()
+
     # --- the run -----------------------------------------------------------------------------
 
     def run(self, cases: int, only: int | None = None) -> Stats:
@@ -527,8 +532,7 @@ def _replay(campaign: Campaign, args: argparse.Namespace) -> int:
             messages.append(cls.FromString(data))
     parsed = tuple(messages) if len(messages) == len(payloads) else ()
     case = Case(rpc, args.identity, args.to, parsed, raw=payloads)
-    campaign.fc.refresh()
-    campaign._protected = campaign._make_protected()
+    campaign.prepare()
     outcome = campaign.run_case(-1, case)  # no case number: the bytes are the reproducer
     print(
         f"fuzz: replay {rpc.name} as {args.identity} to {args.to}: {outcome.code} "

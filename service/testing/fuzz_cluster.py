@@ -19,7 +19,16 @@ destructive requests are redirected to (fuzz_guard.py). Every tablet has 3 repli
 each server. The campaign keeps A and B intact and recreates the scratch table when it breaks.
 
 `vocabulary()` hands the generator the names it may use (fuzz_gen.Vocabulary): always the same
-shape, so a case drawn for one cluster names the same fixture in another.
+shape, so a case drawn for one cluster names the same fixture in another. The tablet servers'
+uuids are even the same names in every cluster (ts-1-fuzz-target ...: each data directory's
+instance file is written before its server first starts, and the server takes the uuid it
+finds there), so the exact bytes of a request to a tablet server replay in a new cluster.
+Masters' uuids follow from their ports and tables' ids are the master's to choose: those
+differ from run to run.
+
+The fuzz master's unresponsive timeout is 5 s instead of 60: heartbeats the fuzzer sends as
+ts-fuzz register a tablet server that never serves, and placement must not keep picking it
+for the scratch table.
 """
 
 from __future__ import annotations
@@ -90,8 +99,7 @@ MAX_STREAM_ITEMS = 100
 
 _TSERVER_OVERRIDES = {"heartbeat_interval_ms": FAST_TSERVER["heartbeat_interval_ms"]}
 _MASTER_OVERRIDES = {"unresponsive_timeout_ms": "5000"}
-"""Tablet servers the fuzzer registers by heartbeating as ts-fuzz count as live for this long;
-the product's 60 s would let placement pick them for the scratch table."""
+"""How long a tablet server the fuzzer registered (module docstring) counts as live."""
 
 
 @dataclass(frozen=True)

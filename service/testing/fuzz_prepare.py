@@ -28,6 +28,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from service.common.errors import NotFound
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc
@@ -129,6 +130,8 @@ def undo_accepted(fc: FuzzCluster, case: Case, payloads: Sequence[bytes], outcom
         table_id = mpb.CreateTableResponsePB.FromString(outcome.response).table_id
         try:
             fc.delete_table(table_id)
+        except NotFound:
+            pass  # a retried request id: the master answered with a table deleted since
         except Exception as e:
             return f"could not delete table {table_id} the fuzzer made: {e}"
     elif name == "TabletServerAdminService/CreateTablet":

@@ -116,8 +116,9 @@ class Repro:
             if self.number >= 0
             else ""
         )
+        which = f"case {self.number} (seed {self.seed})" if self.number >= 0 else "replayed bytes"
         return (
-            f"case {self.number} (seed {self.seed}): {c.rpc.name} as {c.identity} to {c.target}"
+            f"{which}: {c.rpc.name} as {c.identity} to {c.target}"
             f"{how}"
             f"{' (redirected: ' + self.defanged + ')' if self.defanged else ''} -> "
             f"{self.outcome.code} {self.outcome.details[:200]!r} in {self.outcome.seconds:.2f}s\n"

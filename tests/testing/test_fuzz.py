@@ -12,12 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from google.protobuf.message import Message
 
 from service.pb import consensus_pb2, master_pb2, tserver_pb2
 from service.pb import tserver_pb2 as tpb
 from service.testing.fuzz import Campaign
 from service.testing.fuzz_checks import describe_diff
-from service.testing.fuzz_cluster import FuzzCluster
+from service.testing.fuzz_cluster import FuzzCluster, Outcome
 from service.testing.fuzz_gen import (
     RPCS,
     Case,
@@ -176,6 +181,28 @@ def test_skip_known_keeps_fences_at_the_masters_term() -> None:
     assert "fence-term" in why
 
 
+def _csr_with_a_point_off_the_curve() -> bytes:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fuzz")])
+    csr = x509.CertificateSigningRequestBuilder().subject_name(name).sign(key, hashes.SHA256())
+    der = bytearray(csr.public_bytes(serialization.Encoding.DER))
+    point = key.public_key().public_bytes(
+        serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+    )
+    der[der.index(point) + 64] ^= 1  # the last byte of y: the point leaves the curve
+    return bytes(der)
+
+
+def test_skip_known_leaves_out_certificate_requests_whose_key_cannot_be_checked() -> None:
+    assert "csr-invalid-key" in KNOWN_ISSUES
+    issue = rpc_by_name("MasterService/IssueCertificate")
+    req = master_pb2.IssueCertificateRequestPB(role="user", name="u")
+    req.csr_der = _csr_with_a_point_off_the_curve()
+    (out,), why = defang(issue, "admin", [req.SerializeToString()], _P, skip_known=True)
+    assert master_pb2.IssueCertificateRequestPB.FromString(out).csr_der == b""
+    assert "csr-invalid-key" in why
+
+
 def test_describe_diff_names_what_changed() -> None:
     before = {"tables": {"t1": ("a",), "t2": ("b",)}, "grants": frozenset({("t1", "u")})}
     after = {"tables": {"t1": ("a2",), "t3": ("c",)}, "grants": frozenset()}
@@ -195,6 +222,19 @@ def fuzz_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzClust
 def _campaign(fc: FuzzCluster, out: Path, seed: int = 1, **kw: bool) -> tuple[Campaign, list[str]]:
     lines: list[str] = []
     return Campaign(fc, seed, out, say=lines.append, **kw), lines
+
+
+def _one_case(
+    fc: FuzzCluster, out: Path, rpc: str, target: str, request: Message
+) -> tuple[Campaign, Outcome]:
+    """Run one case (as admin, these bytes) through the campaign's checks."""
+    campaign, _ = _campaign(fc, out)
+    try:
+        campaign.prepare()
+        case = Case(rpc_by_name(rpc), "admin", target, raw=(request.SerializeToString(),))
+        return campaign, campaign.run_case(0, case)
+    finally:
+        campaign.close()
 
 
 @pytest.mark.integration
@@ -222,8 +262,7 @@ def test_a_crash_is_reported_and_the_server_restarted(
 ) -> None:
     campaign, lines = _campaign(fuzz_cluster, tmp_path)
     try:
-        campaign.fc.refresh()
-        campaign._protected = campaign._make_protected()
+        campaign.prepare()
         fuzz_cluster.mini.kill_tserver("ts-3", signal.SIGKILL)
         ping = rpc_by_name("TabletServerService/Ping")
         campaign.run_case(7, Case(ping, "admin", "tserver:0", raw=(b"",)))
@@ -243,28 +282,36 @@ def test_the_known_fence_term_issue_is_caught(fuzz_cluster: FuzzCluster, tmp_pat
     state change and restarts the server. Once TabletServer.check_fence no longer keeps the
     term of a refused request, this fails: drop "fence-term" from KNOWN_ISSUES and make this
     test assert that nothing is reported."""
-    campaign, _ = _campaign(fuzz_cluster, tmp_path)
-    try:
-        fc = campaign.fc
-        fc.refresh()
-        campaign._protected = campaign._make_protected()
-        ts = fuzz_cluster.mini.tservers["ts-1"]
-        req = tpb.CreateTabletRequestPB(
-            dest_uuid=ts.uuid,
-            fence=tpb.MasterFencePB(master_uuid="fuzz-admin", master_term=fc.leader_term + 5),
-            tablet_id="e" * 32,
-        )
-        create = rpc_by_name("TabletServerAdminService/CreateTablet")
-        outcome = campaign.run_case(
-            0, Case(create, "admin", "tserver:0", raw=(req.SerializeToString(),))
-        )
-    finally:
-        campaign.close()
+    ts = fuzz_cluster.mini.tservers["ts-1"]
+    req = tpb.CreateTabletRequestPB(
+        dest_uuid=ts.uuid,
+        fence=tpb.MasterFencePB(master_uuid="fuzz-admin", master_term=2**40),
+        tablet_id="e" * 32,
+    )
+    campaign, outcome = _one_case(
+        fuzz_cluster, tmp_path, "TabletServerAdminService/CreateTablet", "tserver:0", req
+    )
     assert outcome.code == "INVALID_ARGUMENT", outcome
     assert campaign.stats.state_changes == 1
     (report,) = tmp_path.glob("case-0-state-change.txt")
     assert "highest_master_term" in report.read_text()
     assert ts.alive
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_the_known_csr_issue_is_caught(fuzz_cluster: FuzzCluster, tmp_path: Path) -> None:
+    """A certificate request with an EC point off the curve is answered INTERNAL with a
+    traceback (fuzz_guard.KNOWN_ISSUES["csr-invalid-key"]): the campaign reports both. Once
+    pki.request_public_key refuses it as INVALID_ARGUMENT, this fails: drop "csr-invalid-key"
+    from KNOWN_ISSUES and make this test assert that nothing is reported."""
+    req = master_pb2.IssueCertificateRequestPB(role="user", name="someone")
+    req.csr_der = _csr_with_a_point_off_the_curve()
+    campaign, outcome = _one_case(
+        fuzz_cluster, tmp_path, "MasterService/IssueCertificate", "leader", req
+    )
+    assert outcome.code == "INTERNAL", outcome
+    assert campaign.stats.unexpected == 1 and campaign.stats.tracebacks == 1
 
 
 @pytest.mark.slow
