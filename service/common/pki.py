@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -240,11 +241,17 @@ def request_public_key(csr_der: bytes) -> ec.EllipticCurvePublicKey:
         csr = x509.load_der_x509_csr(csr_der)
     except ValueError as e:
         raise InvalidArgument(f"csr_der: not a DER certificate request: {e}") from None
-    if not csr.is_signature_valid:
-        raise InvalidArgument("csr_der: the request's signature does not verify")
-    public = csr.public_key()
+    try:
+        # Both parse the request's key: a point off its curve (ValueError) or an unknown
+        # curve or algorithm (UnsupportedAlgorithm) is the requester's mistake, not ours.
+        public = csr.public_key()
+        valid = csr.is_signature_valid
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:
+        raise InvalidArgument(f"csr_der: the request's key cannot be used: {e}") from None
     if not isinstance(public, ec.EllipticCurvePublicKey) or public.curve.name != "secp256r1":
         raise InvalidArgument("csr_der: the key must be EC P-256")
+    if not valid:
+        raise InvalidArgument("csr_der: the request's signature does not verify")
     return public
 
 

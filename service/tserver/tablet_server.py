@@ -359,6 +359,13 @@ class TabletServer:
         if term > self.highest_master_term:
             self.highest_master_term = term
 
+    def note_fence(self, fence: tpb.MasterFencePB | None) -> None:
+        """A fenced request succeeded: its master term is the highest seen if it is higher.
+        Recorded only then, so a request refused for any reason (a bad schema, an unknown
+        tablet) cannot raise the bar and lock the real leader out as 'deposed'."""
+        if fence is not None:
+            self._saw_master_term(fence.master_term)
+
     def check_fence(self, fence: tpb.MasterFencePB | None) -> None:
         """Refuse a request from a master term lower than the highest seen (module doc)."""
         if fence is None:
@@ -368,7 +375,6 @@ class TabletServer:
                 f"request from master {fence.master_uuid or '?'} in term {fence.master_term}; "
                 f"this server has seen term {self.highest_master_term}: a deposed leader"
             )
-        self._saw_master_term(fence.master_term)
 
     def fatal_event(self) -> asyncio.Event:
         """Never set today: a tablet's storage failure fails that tablet, not the server."""

@@ -154,6 +154,10 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         and checks a fence only when one is sent."""
         fence = request.fence if request.HasField("fence") else None
         who = self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
+        if who is not INSECURE_PEER and who.role != "master" and fence is not None:
+            raise PermissionDenied(
+                f"{who}: a fence is a master's (its uuid and term); an admin's call carries none"
+            )
         if who is not INSECURE_PEER and who.role == "master":
             if fence is None:
                 raise PermissionDenied(
@@ -166,6 +170,10 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
                 )
         self.server.check_fence(fence)
 
+    def _note_fence(self, request: _Fenced) -> None:
+        """The request succeeded: its fence's term may now count as seen (note_fence)."""
+        self.server.note_fence(request.fence if request.HasField("fence") else None)
+
     @rpc_errors
     async def CreateTablet(
         self, request: tpb.CreateTabletRequestPB, context: Ctx
@@ -173,6 +181,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         self._dest(request.dest_uuid)
         self._check_fence(request, context)
         await self.server.tablets.create_tablet(request)
+        self._note_fence(request)
         return tpb.CreateTabletResponsePB()
 
     @rpc_errors
@@ -182,6 +191,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         self._dest(request.dest_uuid)
         self._check_fence(request, context)
         await self.server.tablets.delete_tablet(request)
+        self._note_fence(request)
         return tpb.DeleteTabletResponsePB()
 
     @rpc_errors
@@ -191,6 +201,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         self._dest(request.dest_uuid)
         self._check_fence(request, context)
         version = await self.server.tablets.alter_schema(request, self._timeout(context))
+        self._note_fence(request)
         return tpb.AlterSchemaResponsePB(schema_version=version)
 
     @rpc_errors
@@ -201,6 +212,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         self._check_fence(request, context)
         replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
         await replica.change_config(request, self._timeout(context))
+        self._note_fence(request)
         return tpb.ChangeConfigResponsePB(consensus_state=replica.consensus_state())
 
     @rpc_errors
@@ -240,7 +252,20 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         self, request: tpb.StartTabletCopyRequestPB, context: Ctx
     ) -> tpb.StartTabletCopyResponsePB:
         self._dest(request.dest_uuid)
-        check_tablet_id(request.tablet_id)
+        tablet_id = check_tablet_id(request.tablet_id)
+        who = self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
+        if who is not INSECURE_PEER and who.role == "tserver":
+            # A tablet server asks as the tablet's leader: for a replica this server hosts, a
+            # member of its config must ask (nobody else may have it overwritten). A new peer
+            # hosts nothing yet and knows no config; what it copies is known to no config and
+            # the source must still admit it (BeginTabletCopySession: members only).
+            replica = self.server.tablets.replicas.get(tablet_id)
+            node = replica.node if replica is not None else None
+            if node is not None and who.name not in node.config_members():
+                raise PermissionDenied(
+                    f"{who} is not a member of tablet {tablet_id}'s Raft config here: only the "
+                    "master, an admin or the tablet's own leader starts a copy of it"
+                )
         self.server.copies.start(request)
         return tpb.StartTabletCopyResponsePB()
 

@@ -304,6 +304,18 @@ def test_a_tablet_copy_session_only_for_tablet_servers(cluster: MiniCluster) -> 
             5,
         )
     assert isinstance(err, PermissionDenied) and "not a member" in err.message, err
+    # Nor may it tell a replica to copy the tablet from wherever it says.
+    ch = open_sync_channel(
+        replica.address, _creds(cluster, "tserver", "ts-stranger"), role="tserver"
+    )
+    with ch:
+        admin = tserver_pb2_grpc.TabletServerAdminServiceStub(ch)
+        err = _refused(
+            admin.StartTabletCopy,
+            tpb.StartTabletCopyRequestPB(dest_uuid=replica.ts_uuid, tablet_id=token.tablet_id),
+            5,
+        )
+    assert isinstance(err, PermissionDenied) and "not a member" in err.message, err
 
 
 def test_unauthenticated_is_its_own_status() -> None:
