@@ -5,7 +5,7 @@ when a file cites something a reader of the repository cannot open:
 
 * an outside design document by number: a design "seed" followed by three digits, an issue by
   number ("issue" and a number, with or without '#'), `ARCHITECTURE` + `.md`, or a numbered
-  "style rule";
+  rule of the old style guide;
 * a `docs/...` path that does not exist, or an anchor (`#R3`) that its page does not define
   (as `<a id="R3"></a>` or as a heading);
 * a relative link in a markdown page (`[text](catalog.md#R5)`) whose target or anchor is missing.
@@ -35,7 +35,8 @@ FORBIDDEN = {
     "a numbered design seed": re.compile(r"(?<![\w-])[Ss]eeds?\s+\d{3}\b"),
     "a numbered issue": re.compile(r"\b[Ii]ssues?\s+#?\d+\b"),
     "the old architecture document": re.compile(r"\bARCHITECTURE\.md\b"),
-    "a numbered style rule": re.compile(r"\b[Ss]tyle\s+rules?\s+\d"),
+    # Pattern pieces joined so that this file itself cites nothing.
+    "a numbered style-guide rule": re.compile(r"\b[Ss]tyle" + r"\s+rules?\s+\d"),
 }
 
 # Citations in files this change could not edit (their owners are changing them), each TO BE
@@ -154,7 +155,7 @@ def test_checker_catches_violations(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text(
         f'"""{numbered}ARCHITECTURE' + ".md, style " + "rule 6.\n"
-        f"Fine: an issue, --seeds 200, seed 1234, {page}#R1, {page}#r1-a-rule\n"
+        "Fine: an issue, --se" + "eds 200, se" + f"ed 1234, {page}#R1, {page}#r1-a-rule\n"
         f"Broken: {page}#R2, docs" + "/design/missing.md, docs" + '/nothing/"""\n'
     )
     text = bad.read_text()
