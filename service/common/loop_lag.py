@@ -18,14 +18,16 @@ heartbeats. It starts with the server and stops with it (`start` / `aclose`).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import logging
 import time
 from collections import deque
 
 from service.common.metrics import MetricsRegistry
+from service.common.periodic import Periodic
 
 __all__ = ["LAG_BUCKETS", "LoopLagMonitor"]
+
+log = logging.getLogger(__name__)
 
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -57,7 +59,9 @@ class LoopLagMonitor:
             f"The largest event-loop lag of the last {window_s:g} s",
             lambda: [((), self.max_recent())],
         )
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("loop-lag-monitor", interval_s, self._woke, log)
+        self._asked = 0.0
+        """When the next wake-up is due (monotonic)."""
         self.max_lag_s = 0.0
         """The largest lag seen since start (tests and the fuzzer read it)."""
 
@@ -74,20 +78,14 @@ class LoopLagMonitor:
     def max_recent(self) -> float:
         return max((lag for _, lag in self._recent), default=0.0)
 
-    async def run(self) -> None:
-        while True:
-            asked = time.monotonic() + self.interval_s
-            await asyncio.sleep(self.interval_s)
-            now = time.monotonic()
-            self.observe(max(0.0, now - asked), now)
+    def _woke(self) -> None:
+        now = time.monotonic()
+        self.observe(max(0.0, now - self._asked), now)
+        self._asked = time.monotonic() + self.interval_s  # Periodic sleeps this long next
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self.run(), name="loop-lag-monitor")
+        self._asked = time.monotonic() + self.interval_s
+        self._periodic.start()
 
     async def aclose(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._periodic.aclose()

@@ -141,7 +141,8 @@ def run_command(fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) ->
     return exit_code_of_errors(lambda args: asyncio.run(fn(args)))
 
 
-def _client(args: argparse.Namespace) -> TesseraClient:
+def client_of(args: argparse.Namespace) -> TesseraClient:
+    """A client of the cluster the connection arguments name (`add_connection_args`)."""
     return TesseraClient(masters_of(args), timeout=args.timeout, credentials=credentials_of(args))
 
 
@@ -196,14 +197,14 @@ async def table_create(args: argparse.Namespace) -> int:
         splits.append(tuple(parse_value(c, v) for c, v in zip(rcols, items, strict=False)))
     ps = PartitionSchema(tuple(args.hash), RangeSchema(range_cols), split_rows=tuple(splits))
     n = len(ps.create_partitions(schema))  # validates it here, with a clear message
-    async with _client(args) as c:
+    async with client_of(args) as c:
         table_id = await c.create_table(args.name, schema, ps, num_replicas=args.replicas)
     print(f"created table {args.name} ({table_id}): {n} tablet(s)")
     return 0
 
 
 async def table_list(args: argparse.Namespace) -> int:
-    async with _client(args) as c:
+    async with client_of(args) as c:
         tables = await c.list_tables(args.filter)
     if args.format == "json":
         print(dumps(tables))
@@ -217,7 +218,7 @@ async def table_list(args: argparse.Namespace) -> int:
 
 
 async def table_describe(args: argparse.Namespace) -> int:
-    async with _client(args) as c:
+    async with client_of(args) as c:
         info = await c.open_table(args.name)
         summary = next((t for t in await c.list_tables(args.name) if t.name == args.name), None)
     s = info.schema
@@ -274,7 +275,7 @@ async def table_alter(args: argparse.Namespace) -> int:
         raise InvalidArgument(
             "nothing to alter: give --add-column, --drop-column, --rename-column or --rename"
         )
-    async with _client(args) as c:
+    async with client_of(args) as c:
         version = await c.alter_table(args.name, steps, new_name=args.rename)
     name = args.rename or args.name
     print(f"altered table {name}: schema version {version}")
@@ -284,14 +285,14 @@ async def table_alter(args: argparse.Namespace) -> int:
 async def table_delete(args: argparse.Namespace) -> int:
     if not args.yes:
         raise InvalidArgument(f"refusing to delete table {args.name!r} without --yes")
-    async with _client(args) as c:
+    async with client_of(args) as c:
         table_id = await c.delete_table(args.name)
     print(f"deleted table {args.name} ({table_id})")
     return 0
 
 
 async def table_scan(args: argparse.Namespace) -> int:
-    async with _client(args) as c:
+    async with client_of(args) as c:
         info = await c.open_table(args.name)
         schema = info.schema
         projection = None if args.columns is None else [x for x in split_list(args.columns) if x]
@@ -331,7 +332,7 @@ def _role(is_leader: bool, is_voter: bool) -> str:
 
 
 async def tablet_locations(args: argparse.Namespace) -> int:
-    async with _client(args) as c:
+    async with client_of(args) as c:
         info = await c.open_table(args.table)
         locs = await c.table_locations(args.table)
     tablets: list[dict[str, Any]] = []
@@ -359,7 +360,7 @@ async def tablet_locations(args: argparse.Namespace) -> int:
 
 
 async def tserver_list(args: argparse.Namespace) -> int:
-    async with _client(args) as c:
+    async with client_of(args) as c:
         servers = await c.list_tablet_servers()
     if args.format == "json":
         print(dumps(servers))
@@ -382,7 +383,7 @@ async def tserver_list(args: argparse.Namespace) -> int:
 
 
 async def master_list(args: argparse.Namespace) -> int:
-    async with _client(args) as c:
+    async with client_of(args) as c:
         masters = await c.list_masters()
     if args.format == "json":
         print(dumps(masters))

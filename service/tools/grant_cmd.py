@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import argparse
 
-from service.client.client import Grant, TesseraClient
+from service.client.client import Grant
 from service.common.errors import InvalidArgument
 from service.common.tokens import Privilege
-from service.tools.admin_cmd import add_connection_args, credentials_of, masters_of, run_command
+from service.tools.admin_cmd import add_connection_args, client_of, run_command
 from service.tools.output import dumps, format_table
 
 __all__ = ["register"]
-
-
-def _client_of(args: argparse.Namespace) -> TesseraClient:
-    return TesseraClient(masters_of(args), timeout=args.timeout, credentials=credentials_of(args))
 
 
 def _privileges(words: list[str]) -> list[str]:
@@ -52,7 +48,7 @@ async def _change(args: argparse.Namespace, *, revoke: bool) -> int:
             "(or: tessera grant list)"
         )
     table, user, privileges = words[0], words[1], _privileges(words[2:])
-    async with _client_of(args) as c:
+    async with client_of(args) as c:
         grant = await c.grant(table, user, privileges, revoke=revoke)
     _print([grant], args.format)
     return 0
@@ -62,7 +58,7 @@ async def grant_main(args: argparse.Namespace) -> int:
     if args.words and args.words[0] == "list":
         if len(args.words) > 1:
             raise InvalidArgument("grant list: use --table and --user to filter")
-        async with _client_of(args) as c:
+        async with client_of(args) as c:
             grants = await c.list_grants(args.table or "", args.user or "")
         _print(grants, args.format)
         return 0

@@ -29,13 +29,7 @@ from service.client.client import TesseraClient
 from service.client.write_session import WriteResult, format_errors
 from service.common.errors import InvalidArgument, NotFound
 from service.common.schema import Schema
-from service.tools.admin_cmd import (
-    add_connection_args,
-    credentials_of,
-    group_actions,
-    masters_of,
-    run_command,
-)
+from service.tools.admin_cmd import add_connection_args, client_of, group_actions, run_command
 
 __all__ = ["register"]
 
@@ -143,16 +137,12 @@ async def _write_all(
     return result
 
 
-def _client(args: argparse.Namespace) -> TesseraClient:
-    return TesseraClient(masters_of(args), timeout=args.timeout, credentials=credentials_of(args))
-
-
 async def table_load(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.is_file():
         raise InvalidArgument(f"{path}: no such file")
     fmt = _format_of(path, args.format)
-    async with _client(args) as c:
+    async with client_of(args) as c:
         info = await c.open_table(args.name)
         progress = Progress(f"load {args.name}")
         batches = _batches(path, fmt, info.schema, args.batch_rows)
@@ -165,7 +155,7 @@ async def table_load(args: argparse.Namespace) -> int:
 
 
 async def table_copy(args: argparse.Namespace) -> int:
-    async with _client(args) as c:
+    async with client_of(args) as c:
         src = await c.open_table(args.src)
         try:
             dst = await c.open_table(args.dst)

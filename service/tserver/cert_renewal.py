@@ -19,8 +19,6 @@ server certificate) leaves many. The clock is the wall clock, as the certificate
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,6 +27,7 @@ from cryptography import x509
 
 from service.client.enrollment import request_certificate
 from service.common.errors import TesseraError
+from service.common.periodic import Periodic
 from service.common.pki import IdentityFiles
 from service.common.tls import Credentials
 
@@ -63,7 +62,9 @@ class CertRenewer:
         self._switch = switch
         self.check_interval_s = check_interval_s
         self.renewals = 0
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic(
+            "cert-renewal", check_interval_s, self._check, log, first_after_s=0.0
+        )
 
     async def renew_if_due(self) -> bool:
         """One check (module docstring); True if the certificate was renewed."""
@@ -82,23 +83,15 @@ class CertRenewer:
         )
         return True
 
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.renew_if_due()
-            except (TesseraError, OSError) as e:
-                log.warning(
-                    "certificate renewal failed (retried in %gs): %s", self.check_interval_s, e
-                )
-            await asyncio.sleep(self.check_interval_s)
+    async def _check(self) -> None:
+        try:
+            await self.renew_if_due()
+        except (TesseraError, OSError) as e:  # retried at the next check, months ahead
+            log.warning("certificate renewal failed (retried in %gs): %s", self.check_interval_s, e)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self.run(), name="cert-renewal")
+        """Check now, then every `check_interval_s`."""
+        self._periodic.start()
 
     async def aclose(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._periodic.aclose()
