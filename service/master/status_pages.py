@@ -15,6 +15,16 @@ Pages (every master, leader or follower; each shows this master's own view):
 The catalog's maps are kept warm on followers too (master.py), so a follower's /tables is
 current up to what it has applied; /tasks is empty except on the leader.
 
+A page claims leadership only once a majority confirmed it: while this master's Raft node
+thinks it leads, every page first passes a ReadIndex round (`RaftNode.read`, the barrier the
+catalog RPCs use) and then shows state applied at least up to that index, marked "confirmed by
+a majority". A leader that was paused past an election (SIGSTOP, a stalled disk) resumes
+believing it leads for a few milliseconds; its pages then say "LEADER (unconfirmed)" and that
+what they show may be stale, instead of presenting the old catalog as the leader's. Followers
+always say that their view is as of their applied index. The `tessera_raft_is_leader` and
+`tessera_master_catalog_loaded` metrics are this master's own view by design (a scrape must not
+wait on a quorum); alerting on them should require one master, not trust any single one.
+
 Metrics are read at scrape time from the objects that own the state (callback families,
 `metrics` module docstring): the Raft node's term, commit and applied index and role, the
 catalog's tables and tablets by state, the TSManager's live and dead servers and heartbeat
@@ -28,7 +38,7 @@ from collections import Counter as Tally
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from service.common.errors import InvalidArgument
+from service.common.errors import InvalidArgument, TesseraError
 from service.common.http_status import (
     HttpError,
     Markup,
@@ -55,6 +65,10 @@ if TYPE_CHECKING:
 __all__ = ["install_master_metrics", "install_master_pages"]
 
 GROUP_LABEL = "group"
+
+# How long a page waits for a majority to confirm this master's leadership before it says
+# "unconfirmed" (a healthy group answers within one heartbeat round trip).
+_CONFIRM_TIMEOUT_S = 1.0
 
 
 # --- metrics ---------------------------------------------------------------------------------
@@ -93,7 +107,7 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
     )
     registry.gauge_callback(
         "tessera_raft_is_leader",
-        "1 if this node leads the Raft group, else 0.",
+        "1 if this node leads the Raft group in its own view (no majority confirmed it), else 0.",
         lambda: raft("leader"),
         (GROUP_LABEL,),
     )
@@ -157,7 +171,8 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
 
     registry.gauge_callback(
         "tessera_master_catalog_loaded",
-        "1 if this master is the leader and has loaded the catalog (serves DDL and lookups).",
+        "1 if this master is the leader and has loaded the catalog (serves DDL and lookups), "
+        "in its own view: not confirmed by a majority (the status pages confirm).",
         loaded,
     )
     registry.gauge_callback(
@@ -284,6 +299,39 @@ class _MasterPages:
     def _label(self) -> None:
         self.http.label = f"master {self.m.uuid} at {self.m.address}"
 
+    async def _view(self) -> tuple[str, Markup]:
+        """This master's role as a page may state it, and a banner saying how current the page
+        is (module docstring): LEADER only after a ReadIndex round a majority answered."""
+        node = self.m.node
+        if node is None:
+            return "STARTING", Markup('<p class="view">starting</p>')
+        st = node.status()
+        if st.role is Role.LEADER:
+            try:
+                index = await node.read(timeout=_CONFIRM_TIMEOUT_S)
+            except (TimeoutError, TesseraError):
+                index = None
+            st = node.status()
+            if index is not None and st.role is Role.LEADER:
+                return "LEADER", Markup(
+                    f'<p class="view confirmed">Leader of term {st.term}, confirmed by a '
+                    f"majority; state applied through index {st.applied} (read index "
+                    f"{index}).</p>"
+                )
+            if st.role is Role.LEADER:
+                return "LEADER (unconfirmed)", Markup(
+                    f'<p class="view unconfirmed">This master believes it leads term '
+                    f"{st.term}, but no majority confirmed it within {_CONFIRM_TIMEOUT_S:g}s: "
+                    "another master may have taken over, and what this page shows may be "
+                    f"stale (applied through index {st.applied}).</p>"
+                )
+        lead = f"{st.lead} at {self.m.address_of(st.lead) or '?'}" if st.lead else "none known"
+        return st.role.name, Markup(
+            f'<p class="view">This master is a {esc(st.role.name)} of term {st.term}: this '
+            f"page shows its own view, applied through index {st.applied}, which may lag the "
+            f"leader ({esc(lead)}).</p>"
+        )
+
     def _tables(self) -> list[TableInfo]:
         catalog = self.m.catalog
         if catalog is None:
@@ -308,6 +356,7 @@ class _MasterPages:
         node, catalog, ts = m.node, m.catalog, m.ts_manager
         if node is None or catalog is None or ts is None:
             return self.http.page("Master", "<p>starting</p>")
+        own_role, banner = await self._view()
         st = node.status()
         leader = "none known"
         if st.lead:
@@ -318,7 +367,7 @@ class _MasterPages:
                 ("UUID", m.uuid),
                 ("RPC address", m.address),
                 ("HTTP address", m.http_address or "-"),
-                ("Role", Markup(f'<span class="{esc(st.role.name)}">{esc(st.role.name)}</span>')),
+                ("Role", Markup(f'<span class="{esc(st.role.name)}">{esc(own_role)}</span>')),
                 ("Term", st.term),
                 ("Leader", leader),
                 ("Commit index", st.commit),
@@ -333,7 +382,7 @@ class _MasterPages:
         rows = []
         for peer in m.peers:
             if peer.uuid == m.uuid:
-                role = st.role.name
+                role = own_role
             elif peer.uuid == st.lead:
                 role = Role.LEADER.name
             elif peer.uuid in st.config.voters:
@@ -349,7 +398,7 @@ class _MasterPages:
                 (
                     peer.uuid,
                     peer.address,
-                    Markup(f'<span class="{esc(role)}">{esc(role)}</span>'),
+                    Markup(f'<span class="{esc(role.split()[0])}">{esc(role)}</span>'),
                     member,
                     match,
                     "this master" if peer.uuid == m.uuid else "",
@@ -358,13 +407,14 @@ class _MasterPages:
         masters = table(
             ["UUID", "RPC address", "Role", "Member type", "Match index (leader only)", ""], rows
         )
-        body = f"{facts}<h2>Masters</h2>{masters}"
+        body = f"{banner}{facts}<h2>Masters</h2>{masters}"
         return self.http.page(f"Master {m.uuid}", body)
 
     # --- /tables -----------------------------------------------------------------------------
 
     async def tables(self, request: Request) -> Response:
         self._label()
+        _, banner = await self._view()
         rows = []
         for t in self._tables():
             tablets = list(t.tablets.values())
@@ -400,12 +450,13 @@ class _MasterPages:
             rows,
             empty="no tables",
         )
-        return self.http.page("Tables", body)
+        return self.http.page("Tables", banner + body)
 
     # --- /tablets ----------------------------------------------------------------------------
 
     async def tablets(self, request: Request) -> Response:
         self._label()
+        _, banner = await self._view()
         wanted = request.arg("table")
         tables = self._tables()
         if wanted:
@@ -414,7 +465,7 @@ class _MasterPages:
                 raise HttpError(404, f"no table with id {wanted!r}")
         sections = [self._table_tablets(t) for t in tables]
         title = f"Tablets of {tables[0].name}" if wanted else "Tablets"
-        return self.http.page(title, "".join(sections) or "<p>no tables</p>")
+        return self.http.page(title, banner + ("".join(sections) or "<p>no tables</p>"))
 
     def _table_tablets(self, info: TableInfo) -> str:
         rows: list[tuple[object, ...]] = []
@@ -479,6 +530,7 @@ class _MasterPages:
 
     async def tservers(self, request: Request) -> Response:
         self._label()
+        _, banner = await self._view()
         ts = self.m.ts_manager
         descriptors = ts.descriptors() if ts is not None else ()
         leaders = self._leaders_by_server()
@@ -513,12 +565,13 @@ class _MasterPages:
             rows,
             empty="no tablet server has registered with this master",
         )
-        return self.http.page("Tablet servers", body)
+        return self.http.page("Tablet servers", banner + body)
 
     # --- /tasks ------------------------------------------------------------------------------
 
     async def tasks(self, request: Request) -> Response:
         self._label()
+        _, banner = await self._view()
         bg = self.m.background
         if bg is None:
             node = self.m.node
@@ -565,5 +618,5 @@ class _MasterPages:
             "Retry in",
             "Answered",
         ]
-        body = f"{summary}<h2>Tasks</h2>{table(headers, rows, empty='no tasks in flight')}"
+        body = f"{banner}{summary}<h2>Tasks</h2>{table(headers, rows, empty='no tasks in flight')}"
         return self.http.page("Background tasks", body)

@@ -7,12 +7,16 @@ the old leader answered them from memory for the 8-30 ms it took to learn of the
 LEADER of the old term, ListTables without `new_t` and with `gone_t`, GetTableSchema(gone_t)
 OK. Now every catalog read passes a ReadIndex round first, which a deposed leader cannot
 complete: each queued read either fails (NOT_THE_LEADER, UNAVAILABLE) or sees the new state.
+Its status pages, asked while it was stopped, likewise never present the old catalog as the
+leader's: they claim LEADER only after a majority confirmed it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -79,13 +83,46 @@ async def _queued_reads(
             await ch.close()
 
 
+def _queued_get(http_address: str, path: str) -> socket.socket:
+    """A GET sent now, answered whenever the server gets to it (read with `_answer`)."""
+    host, port = http_address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(
+        f"GET {path} HTTP/1.1\r\nHost: {http_address}\r\nConnection: close\r\n\r\n".encode()
+    )
+    return sock
+
+
+def _answer(sock: socket.socket) -> str:
+    chunks = []
+    with sock:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _claims_confirmed_leadership(page: str) -> bool:
+    return "confirmed by a majority" in page and "unconfirmed" not in page
+
+
+def _claims_leadership(page: str) -> bool:
+    """The page states this master is LEADER: its own role on the home page, or a leader's
+    banner on the others."""
+    return '<th>Role</th><td><span class="LEADER">LEADER</span>' in page or "Leader of term" in page
+
+
 def test_a_paused_old_leader_never_serves_stale_catalog_reads(cluster: MasterCluster) -> None:
     ps = PartitionSchema(range=RangeSchema(("id",)))
     _ddl(cluster, "create_table", "gone_t", SCHEMA, ps, num_replicas=1)
     old, old_term = cluster.leader()
     old_proc = cluster.by_address(old).proc
-    assert old_proc is not None
+    old_http = cluster.by_address(old).http_address
+    assert old_proc is not None and old_http
+    home = _answer(_queued_get(old_http, "/"))
+    assert _claims_leadership(home) and _claims_confirmed_leadership(home)
     others = [a for a in cluster.addresses if a != old]
+
+    pages: list[tuple[str, socket.socket]] = []
 
     async def main() -> list[tuple[str, object]]:
         stopped, resume = asyncio.Event(), asyncio.Event()
@@ -100,6 +137,8 @@ def test_a_paused_old_leader_never_serves_stale_catalog_reads(cluster: MasterClu
             )
             await asyncio.to_thread(_ddl, cluster, "delete_table", "gone_t")
             resume.set()  # the reads go out to the stopped leader and queue there
+            for path in ("/", "/tables", "/tasks") * 3:
+                pages.append((path, _queued_get(old_http, path)))
             await asyncio.sleep(0.5)
         finally:
             old_proc.send_signal(signal.SIGCONT)
@@ -122,3 +161,13 @@ def test_a_paused_old_leader_never_serves_stale_catalog_reads(cluster: MasterClu
         stale.append((kind, got))
     assert stale == [], f"{len(stale)} of {len(results)} reads answered from the old state: {stale}"
     assert len(results) == 4 * CLIENTS
+
+    for path, sock in pages:
+        page = _answer(sock)
+        assert " 200 " in page.split("\r\n", 1)[0], page[:200]
+        if _claims_leadership(page) or _claims_confirmed_leadership(page):
+            raise AssertionError(f"{path} of the deposed leader claimed leadership: {page}")
+        if path == "/tables":
+            # Listing gone_t without new_t is fine only under a banner saying it may be stale.
+            stale_list = "gone_t" in page and "new_t" not in page
+            assert not stale_list or re.search(r"may (lag|be stale)", page), page

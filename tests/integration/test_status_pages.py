@@ -263,6 +263,9 @@ def test_master_leader_pages_name_the_table_tablets_and_servers(setup: Setup) ->
     for m in cluster.masters.masters.values():
         assert m.uuid in home and m.address in home
     assert home.count(">FOLLOWER<") == 2
+    # Leadership is claimed only as confirmed by a majority (a ReadIndex round per page).
+    for path in ("/", "/tables", "/tablets", "/tservers", "/tasks"):
+        assert "confirmed by a majority" in pages[path], path
 
     assert TABLE in pages["/tables"] and setup.table_id in pages["/tables"]
     assert f"/tablets?table={setup.table_id}" in pages["/tables"]
@@ -289,6 +292,7 @@ def test_a_follower_master_shows_its_own_view(setup: Setup) -> None:
     follower = next(m for m in setup.cluster.masters.masters.values() if m.address != setup.leader)
     status, _, home = fetch(follower.http_address, "/")
     assert status == 200 and follower.uuid in home and ">FOLLOWER<" in home
+    assert "may lag the leader" in home and "confirmed by a majority" not in home
     # The catalog is warm on followers: the table is listed there too.
     wait_for("the table on a follower", lambda: TABLE in fetch(follower.http_address, "/tables")[2])
     _, _, tasks = fetch(follower.http_address, "/tasks")
