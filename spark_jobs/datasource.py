@@ -75,7 +75,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from service.client.credentials import ENV_VAR, find_credentials
+from service.client.credentials import (
+    ENV_VAR,
+    credentials_from_token,
+    find_credentials,
+    load_token_file,
+)
 from service.client.meta_cache import TableInfo
 from service.client.scanner import REPLICA_SELECTIONS, ScanToken
 from service.client.sync import SyncClient
@@ -142,9 +147,14 @@ def spark_schema(schema: Schema, columns: Sequence[str] | None = None) -> Struct
 
 OPTIONS: dict[str, str] = {
     "masters": "required: the master addresses, host:port[,host:port...]",
-    "credentials": "a directory with ca.pem, cert.pem and key.pem for a secured cluster, read "
-    "on the driver (default: $TESSERA_CREDENTIALS); executors receive the credentials inside "
-    "their tasks, never in options, plans, logs or the UI",
+    "credentials": "a directory with ca.pem, cert.pem and key.pem for a secured cluster, or a "
+    "credentials token file, read on the driver (default: $TESSERA_CREDENTIALS); executors "
+    "receive the credentials inside their tasks, never in options, plans, logs or the UI",
+    "token": "instead of credentials: a credentials token's text (`tessera token create --user "
+    "NAME --token-file F`). The plan and UI show no option of this source, and Spark's default "
+    "redaction pattern covers option names containing 'token' in any case",
+    "token_file": "instead of credentials: the path of a credentials token file, read on the "
+    "driver",
     "table": "required: the table name",
     "columns": "read: the columns to read, comma separated (default: every column)",
     "where": "read: conditions the tablet servers evaluate, joined by AND (COL OP VALUE, "
@@ -196,6 +206,8 @@ class ReadOptions:
     masters: tuple[str, ...]
     table: str
     credentials_dir: str | None = None
+    token: str | None = field(default=None, repr=False)
+    token_file: str | None = field(default=None, repr=False)
     columns: tuple[str, ...] | None = None
     where: str | None = None
     replica_selection: str = "leader"
@@ -254,10 +266,22 @@ class ReadOptions:
                 f"option 'row_errors': expected fail or report, got {row_errors!r}"
             )
         cols = opts.get("columns")
+        given = [k for k in ("credentials", "token", "token_file") if opts.get(k, "").strip()]
+        if len(given) > 1:
+            raise InvalidArgument(
+                f"options {' and '.join(repr(k) for k in given)}: give only one way to "
+                "authenticate (credentials, token or token_file)"
+            )
+        # $TESSERA_CREDENTIALS only when no option names the credentials.
+        credentials_dir = opts["credentials"].strip() if "credentials" in given else None
+        if not given:
+            credentials_dir = os.environ.get(ENV_VAR) or None
         return cls(
             masters=masters,
             table=table,
-            credentials_dir=opts.get("credentials", "").strip() or os.environ.get(ENV_VAR) or None,
+            credentials_dir=credentials_dir,
+            token=opts.get("token", "").strip() or None,
+            token_file=opts.get("token_file", "").strip() or None,
             columns=tuple(c.strip() for c in cols.split(",") if c.strip()) if cols else None,
             where=opts["where"] if opts.get("where", "").strip() else None,
             replica_selection=sel,
@@ -276,12 +300,26 @@ class ReadOptions:
     def credentials(self) -> Credentials | None:
         if self.shipped is not None:
             return self.shipped.load()
+        return self._load_credentials()
+
+    def _load_credentials(self) -> Credentials | None:
+        if self.token is not None:
+            try:
+                return credentials_from_token(self.token)
+            except InvalidArgument as e:
+                raise InvalidArgument(f"option 'token': {e.message}") from None
+        if self.token_file is not None:
+            try:
+                return load_token_file(self.token_file)
+            except InvalidArgument as e:
+                raise InvalidArgument(f"option 'token_file': {e.message}") from None
         return find_credentials(self.credentials_dir)
 
     def with_shipped_credentials(self) -> ReadOptions:
-        """These options carrying the driver's loaded credentials (see `shipped`)."""
-        creds = find_credentials(self.credentials_dir)
-        return replace(self, shipped=ShippedCredentials.of(creds) if creds else None)
+        """These options carrying the driver's loaded credentials (see `shipped`); the token
+        text itself does not travel."""
+        creds = self._load_credentials()
+        return replace(self, token=None, shipped=ShippedCredentials.of(creds) if creds else None)
 
     def client(self) -> SyncClient:
         return SyncClient.shared(

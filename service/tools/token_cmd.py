@@ -1,12 +1,16 @@
 """`tessera token create`: short-lived credentials signed by the cluster, minted by an admin.
 
-    tessera token create --user NAME [--ttl 1d] --out DIR   (--masters A,B | --dir D)
+    tessera token create --user NAME [--ttl 1d] (--out DIR | --token-file FILE)
+                                                            (--masters A,B | --dir D)
     tessera token create --join [--ttl 1h] --out DIR        (same; --credentials DIR: an admin)
 
 `--user` writes a credentials directory for user NAME (`ca.pem`, `cert.pem`, `key.pem`, all
 owner-only) valid for `--ttl` (default 1 day, at most 7 days): give it to a person or a job,
 which passes it with `--credentials DIR` or the Spark option `credentials`. It grants only what
-`tessera grant` gave NAME, and stops working when it expires.
+`tessera grant` gave NAME, and stops working when it expires. `--token-file FILE` writes the
+same credentials as one line of text instead (owner-only; `service/client/credentials.py` says
+why it is a certificate and key): `--credentials FILE` takes it, and so do the Spark options
+`token_file` (its path) and `token` (its text; no plan or UI shows it).
 
 `--join` writes a join credential (default 1 hour, at most 1 day): put it in a new tablet
 server's credentials directory (`<data_dir>/credentials`, or where `[security]` points) and
@@ -21,11 +25,14 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import tempfile
 import time
 from pathlib import Path
 
+from service.client.credentials import load_credentials_dir, token_of
 from service.client.enrollment import request_certificate
 from service.common.errors import InvalidArgument, PermissionDenied
+from service.common.private_files import private_dir, write_private_file
 from service.tools.admin_cmd import add_connection_args, credentials_of, masters_of, run_command
 
 __all__ = ["parse_ttl", "register"]
@@ -53,13 +60,24 @@ async def token_create(args: argparse.Namespace) -> int:
         role, name = "join", f"join-{secrets.token_hex(8)}"
     else:
         role, name = "user", args.user
+    if args.join and args.token_file:
+        raise InvalidArgument(
+            "--token-file is for --user; a join credential is a directory (--out)"
+        )
+    if args.out is None and args.token_file is None:
+        raise InvalidArgument("token create: say where to write it: --out DIR or --token-file FILE")
     ttl = parse_ttl(args.ttl) if args.ttl else 0
-    enrolled = await request_certificate(
-        masters_of(args), creds, role, name, args.out, validity_s=ttl, timeout=args.timeout
-    )
+    with tempfile.TemporaryDirectory(prefix="tessera-token-") as scratch:
+        out = args.out or private_dir(Path(scratch) / "credentials")
+        enrolled = await request_certificate(
+            masters_of(args), creds, role, name, out, validity_s=ttl, timeout=args.timeout
+        )
+        if args.token_file is not None:
+            token = token_of(load_credentials_dir(out))
+            write_private_file(args.token_file, (token + "\n").encode())
     until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(enrolled.expire_time_us / 1e6))
     what = "join credential" if args.join else f"credentials of user {name!r}"
-    print(f"{what} in {args.out}, valid until {until}")
+    print(f"{what} in {args.out or args.token_file}, valid until {until}")
     return 0
 
 
@@ -76,6 +94,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     who.add_argument("--user", metavar="NAME", help="a user's short-lived credentials")
     who.add_argument("--join", action="store_true", help="a tablet server join credential")
     p.add_argument("--ttl", help="lifetime: 3600, 30m, 12h, 7d (default 1d; --join 1h)")
-    p.add_argument("--out", required=True, type=Path, metavar="DIR")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", type=Path, metavar="DIR", help="write a credentials directory")
+    where.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="--user: write the credentials as one token line (owner-only) instead",
+    )
     add_connection_args(p, fmt=False)
     p.set_defaults(handler=run_command(token_create))

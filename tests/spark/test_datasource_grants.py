@@ -4,19 +4,23 @@ against the authz token planned on the driver (or fetched by the executor's writ
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pytest
 
+from service.client.credentials import load_credentials_dir, token_of
 from service.client.sync import SyncClient
 from service.common.partition import HashBucketSchema, PartitionSchema
+from service.common.private_files import write_private_file
 from service.common.schema import ColumnType, Schema
 from service.testing.mini_cluster import MiniCluster
 from tests.spark.conftest import masters, read
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrameReader, SparkSession
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -60,3 +64,41 @@ def test_spark_reads_and_writes_only_what_the_user_was_granted(
     # The token travels in the planned partitions, never in the plan Spark prints.
     plan = read(spark, cluster, "granted", credentials=user)._jdf.queryExecution().toString()
     assert "authz" not in plan.lower()
+
+
+def test_spark_authenticates_with_a_credentials_token_or_token_file(
+    spark: SparkSession, cluster: MiniCluster, client: SyncClient, tmp_path: Path
+) -> None:
+    client.call(
+        "create_table", "by_token", SCHEMA, PartitionSchema(hash=(HashBucketSchema(("id",), 2),))
+    )
+    client.write("by_token", pa.table({"id": pa.array(range(20), pa.int64()), "v": ["t"] * 20}))
+    user = cluster.credentials_dir("user", "token-user")
+    assert user is not None
+    token = token_of(load_credentials_dir(user))
+    token_file = tmp_path / "token-user.token"
+    write_private_file(token_file, (token + "\n").encode())
+    client.call("grant", "by_token", "token-user", ["read"])
+
+    def reader(**opts: str) -> DataFrameReader:
+        r = spark.read.format("tessera").option("masters", masters(cluster))
+        for k, v in {"table": "by_token", **opts}.items():
+            r = r.option(k, v)
+        return r
+
+    by_text = reader(token=token).load()
+    assert by_text.count() == 20
+    assert reader(token_file=str(token_file)).load().where("id < 5").count() == 5
+    # The token is a secret: the plan Spark prints shows no part of it.
+    plan = by_text._jdf.queryExecution().toString()
+    secret = token.split(".", 1)[1][-40:]
+    assert secret not in plan
+
+    with pytest.raises(Exception, match="give only one way to authenticate"):
+        reader(token=token, credentials=user).load()
+    with pytest.raises(Exception, match="option 'token': credentials token") as e:
+        reader(token=token[: len(token) // 2]).load()  # cut short: no key left in it
+    assert secret not in str(e.value) and token[40:80] not in str(e.value)
+    os.chmod(token_file, 0o644)
+    with pytest.raises(Exception, match=r"option 'token_file'.*group or others"):
+        reader(token_file=str(token_file)).load()
