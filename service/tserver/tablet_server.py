@@ -164,7 +164,10 @@ class TabletServer:
     async def _enroll(self, join: Credentials, data_dir: Path) -> Credentials:
         """Trade a join credential for a certificate of this server's own uuid (a new data dir
         gets a new uuid first): the leader master signs a request for a key made here, and the
-        certificate and key replace the join credential in the files `[security]` names."""
+        certificate and key replace the join credential in the files `[security]` names.
+        A join credential enrolls one server (docs/design/security.md#R10): lost answers are
+        retried with the same request and answered again, but a server that dies before it
+        wrote its certificate makes a new key when restarted and needs a new join credential."""
         uuid = load_or_create_uuid(data_dir, None)
         files = self.config.security.files(data_dir)
         enrolled = await request_certificate(
