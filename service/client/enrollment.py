@@ -7,7 +7,10 @@ caller may get). The result is written as a credentials directory (`ca.pem`, `ce
 `key.pem`, owner-only), what `--credentials DIR`, `credentials=` and the Spark option take.
 
 Masters are tried in turn until the leader answers (followers answer NOT_THE_LEADER), without
-ConnectToMaster: a join credential may call nothing but IssueCertificate.
+ConnectToMaster: a join credential may call nothing but IssueCertificate. A call that timed out
+is retried with the same certificate request: its answer may have been lost after the leader
+recorded a join credential's use, and the same request is answered again
+(docs/design/security.md#R10), where a new one would be refused.
 """
 
 from __future__ import annotations
@@ -20,7 +23,13 @@ from pathlib import Path
 
 import grpc
 
-from service.common.errors import NotTheLeader, ServiceUnavailable, TesseraError, from_grpc
+from service.common.errors import (
+    NotTheLeader,
+    ServiceUnavailable,
+    TesseraError,
+    Timeout,
+    from_grpc,
+)
 from service.common.pki import IdentityFiles, new_request
 from service.common.tls import Credentials, open_channel
 from service.pb import master_pb2 as pb
@@ -62,7 +71,7 @@ async def request_certificate(
                     )
                 except grpc.aio.AioRpcError as e:
                     err = from_grpc(e)
-                    if not isinstance(err, NotTheLeader | ServiceUnavailable):
+                    if not isinstance(err, NotTheLeader | ServiceUnavailable | Timeout):
                         raise err from None
                     last = err
                     continue

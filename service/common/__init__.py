@@ -24,6 +24,7 @@ Modules
     tls             mutual TLS on every gRPC connection, and who is calling
     tokens          signed tokens: format, signing, verification, authz claims
     authz           per-servicer RPC policies, default deny
+    cert_renewal    a server renewing its own certificate before it expires, without a restart
     private_files   owner-only files for keys and credentials
 
 Nothing is re-exported here, so importing one module (say `clock`) does not import the rest

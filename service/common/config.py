@@ -491,6 +491,10 @@ class MasterConfig:
     failure: tablet servers that backed off from a restarting master (up to 10 heartbeat
     intervals) are still registering with it. Keep it above 10 x the servers'
     heartbeat_interval_ms. 0: no warm-up."""
+    cert_renewal_check_ms: int = 3_600_000
+    """How often the master checks its own certificate; with less than a third of its lifetime
+    left it signs itself a new one and serves with it without a restart
+    (service/common/cert_renewal.py, service/master/master.py)."""
     authz_token_ttl_ms: int = 300_000
     """How long an authz token the master hands a user with a table's locations lives (Kudu's
     default, 5 minutes). Tablet servers check a user's writes and scans against it without
@@ -586,6 +590,7 @@ class MasterConfig:
             "max_concurrent_tablet_reports",
             "tablet_report_budget_ms",
             "authz_token_ttl_ms",
+            "cert_renewal_check_ms",
         )
         c.that(
             self.authz_token_ttl_ms <= 86_400_000,
@@ -654,7 +659,7 @@ class TServerConfig:
     """An idle scanner is expired after this long."""
     cert_renewal_check_ms: int = 3_600_000
     """How often the server checks its certificate; with less than a third of its lifetime
-    left it asks the leader master for a new one (service/tserver/cert_renewal.py)."""
+    left it asks the leader master for a new one (service/common/cert_renewal.py)."""
     num_tablets_to_copy_simultaneously: int = 10
     """Concurrent tablet copies this server runs as the destination
     (docs/design/tablet_copy.md#R4)."""

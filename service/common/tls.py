@@ -44,6 +44,7 @@ __all__ = [
     "SecuritySettings",
     "ServerCertificates",
     "open_channel",
+    "peer_certificate",
     "peer_identity",
     "server_credentials",
 ]
@@ -219,6 +220,16 @@ def tls_hint(e: grpc.RpcError) -> str:
 
 _IDENTITIES: dict[bytes, Identity] = {}
 _MAX_CACHED = 10_000
+
+
+def peer_certificate(context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+    """The caller's client certificate (PEM) as the TLS handshake verified it: what a master
+    records a join credential's use by (service/master/cert_issuer.py). Unauthenticated
+    without one."""
+    pems = context.auth_context().get("x509_pem_cert") or []
+    if not pems:
+        raise Unauthenticated("no client certificate")
+    return bytes(next(iter(pems)))
 
 
 def peer_identity(context: grpc.aio.ServicerContext[Any, Any], secure: bool) -> Identity:

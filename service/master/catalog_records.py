@@ -7,8 +7,9 @@ sys.catalog tablet (docs/design/catalog.md): a table, a tablet, the root CA or a
 key (docs/design/security.md#R2, #R3). This module holds
 
 * the records as frozen dataclasses (`TableRecord`, `TabletRecord`, `CertAuthorityRecord`,
-  `TokenSigningKeyRecord`, `GrantRecord`: a user's privileges on one table) with their states
-  as enums, and `RowKey`, a row's key;
+  `TokenSigningKeyRecord`, `GrantRecord`: a user's privileges on one table,
+  `JoinCredentialUseRecord`: a join credential that enrolled its one tablet server) with their
+  states as enums, and `RowKey`, a row's key;
 * the codec between them and master.proto. Encoding takes valid values. Decoding takes whatever
   a replicated entry or a snapshot holds and returns a *validated* record, or raises
   InvalidArgument naming the record by its id and the field by its path ("tablet 'ab12...':
@@ -57,6 +58,7 @@ __all__ = [
     "EntryType",
     "HostPort",
     "Insert",
+    "JoinCredentialUseRecord",
     "MemberType",
     "Precondition",
     "RaftPeer",
@@ -102,6 +104,7 @@ class EntryType(enum.Enum):
     CERT_AUTHORITY = pb.ENTRY_TYPE_CERT_AUTHORITY
     TOKEN_SIGNING_KEY = pb.ENTRY_TYPE_TOKEN_SIGNING_KEY
     GRANT = pb.ENTRY_TYPE_GRANT
+    JOIN_CREDENTIAL_USE = pb.ENTRY_TYPE_JOIN_CREDENTIAL_USE
 
     @property
     def noun(self) -> str:
@@ -306,8 +309,28 @@ class GrantRecord:
     privileges: frozenset[Privilege]
 
 
+@dataclass(frozen=True)
+class JoinCredentialUseRecord:
+    """A join credential that enrolled its one tablet server (docs/design/security.md#R10),
+    keyed by the credential's certificate fingerprint; kept until the credential expires."""
+
+    credential_sha256: str
+    """Hex SHA-256 of the join certificate (DER): the row id."""
+    tserver_uuid: str
+    """The uuid it enrolled."""
+    public_key_sha256: str
+    """Hex SHA-256 of the enrolled key (SubjectPublicKeyInfo DER): a retry must send it again."""
+    expire_time_us: int
+    """The join certificate's end; the row may be purged after it."""
+
+
 Record: TypeAlias = (
-    TableRecord | TabletRecord | CertAuthorityRecord | TokenSigningKeyRecord | GrantRecord
+    TableRecord
+    | TabletRecord
+    | CertAuthorityRecord
+    | TokenSigningKeyRecord
+    | GrantRecord
+    | JoinCredentialUseRecord
 )
 
 
@@ -321,6 +344,8 @@ def record_key(record: Record) -> RowKey:
         return RowKey(EntryType.CERT_AUTHORITY, CA_ENTRY_ID)
     if isinstance(record, GrantRecord):
         return RowKey(EntryType.GRANT, grant_entry_id(record.table_id, record.user))
+    if isinstance(record, JoinCredentialUseRecord):
+        return RowKey(EntryType.JOIN_CREDENTIAL_USE, record.credential_sha256)
     return RowKey(EntryType.TOKEN_SIGNING_KEY, tsk_entry_id(record.key_seq))
 
 
@@ -604,12 +629,42 @@ def grant_from_pb(p: pb.GrantRecordPB) -> GrantRecord:
     return GrantRecord(table_id, user, privileges)
 
 
+def join_use_to_pb(u: JoinCredentialUseRecord) -> pb.JoinCredentialUseRecordPB:
+    return pb.JoinCredentialUseRecordPB(
+        credential_sha256=u.credential_sha256,
+        tserver_uuid=u.tserver_uuid,
+        public_key_sha256=u.public_key_sha256,
+        expire_time_us=u.expire_time_us,
+    )
+
+
+def _sha256_hex(value: str, path: str) -> str:
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise InvalidArgument(f"{path}: {value!r} is not a SHA-256 in lowercase hex")
+    return value
+
+
+def join_use_from_pb(p: pb.JoinCredentialUseRecordPB) -> JoinCredentialUseRecord:
+    where = f"join credential use {p.credential_sha256!r}"
+    try:
+        credential = _sha256_hex(p.credential_sha256, "credential_sha256")
+        key = _sha256_hex(p.public_key_sha256, "public_key_sha256")
+        if not p.tserver_uuid or len(p.tserver_uuid) > 128:
+            raise InvalidArgument(f"tserver_uuid: 1-128 characters, got {p.tserver_uuid!r}")
+        if p.expire_time_us <= 0:
+            raise InvalidArgument("expire_time_us: missing")
+    except InvalidArgument as e:
+        raise _at(where, e) from None
+    return JoinCredentialUseRecord(credential, p.tserver_uuid, key, p.expire_time_us)
+
+
 RecordPB: TypeAlias = (
     pb.TableRecordPB
     | pb.TabletRecordPB
     | pb.CertAuthorityRecordPB
     | pb.TokenSigningKeyRecordPB
     | pb.GrantRecordPB
+    | pb.JoinCredentialUseRecordPB
 )
 
 # The oneof field that carries each record type in CatalogRowOpPB and CatalogRowPB.
@@ -619,6 +674,7 @@ _FIELD = {
     EntryType.CERT_AUTHORITY: "cert_authority",
     EntryType.TOKEN_SIGNING_KEY: "token_signing_key",
     EntryType.GRANT: "grant",
+    EntryType.JOIN_CREDENTIAL_USE: "join_credential_use",
 }
 _ENTRY_OF_FIELD = {v: k for k, v in _FIELD.items()}
 _MESSAGE = {
@@ -627,6 +683,7 @@ _MESSAGE = {
     EntryType.CERT_AUTHORITY: pb.CertAuthorityRecordPB,
     EntryType.TOKEN_SIGNING_KEY: pb.TokenSigningKeyRecordPB,
     EntryType.GRANT: pb.GrantRecordPB,
+    EntryType.JOIN_CREDENTIAL_USE: pb.JoinCredentialUseRecordPB,
 }
 
 
@@ -639,6 +696,8 @@ def record_to_pb(record: Record) -> RecordPB:
         return cert_authority_to_pb(record)
     if isinstance(record, GrantRecord):
         return grant_to_pb(record)
+    if isinstance(record, JoinCredentialUseRecord):
+        return join_use_to_pb(record)
     return tsk_to_pb(record)
 
 
@@ -656,6 +715,9 @@ def record_from_pb(entry_type: EntryType, message: RecordPB) -> Record:
     if entry_type is EntryType.GRANT:
         assert isinstance(message, pb.GrantRecordPB)
         return grant_from_pb(message)
+    if entry_type is EntryType.JOIN_CREDENTIAL_USE:
+        assert isinstance(message, pb.JoinCredentialUseRecordPB)
+        return join_use_from_pb(message)
     assert isinstance(message, pb.TokenSigningKeyRecordPB)
     return tsk_from_pb(message)
 

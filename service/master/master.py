@@ -41,6 +41,21 @@ a pending load. The CA stored is the provisioned one when this master holds its 
 beside `ca.pem`); the leader signs certificates with it (`cert_issuer`) and authz tokens with
 the signing keys (`table_access`), and every RPC is mutual TLS (service/common/tls.py).
 
+Certificate renewal (service/common/cert_renewal.py): a secured master checks its own
+certificate every `cert_renewal_check_ms` and, with less than a third of its lifetime left,
+*signs itself* a new one (`CertIssuer.renew_own`) rather than asking the leader as a tablet
+server does. It may: it holds the CA's key already (in its copy of sys.catalog, and usually
+`ca.key`), so asking the leader would add no trust, only a dependency, and a circular one: the
+leader is elected and reached over the masters' own mutual TLS, so masters provisioned together,
+whose certificates end together, could find no leader left to sign once they expire, and a
+follower cut off from the leader could not renew. Signed locally, renewal needs no quorum. It is
+held to what the leader would do: sys.catalog's CA, checked to be the one this master's
+certificate chains to (the provisioned CA while no leader has stored one yet, which is the CA
+the first leader stores), and `cert_issuer.check_request`'s rules and limits for a master asking
+for its own uuid. The new key and certificate go over the files `[security]` names, the RPC port
+serves them to new handshakes (`ServerCertificates`), and the Raft transport and the
+tablet-server proxy reconnect with them.
+
 Background tasks (`background_tasks`): once the catalog is loaded the leader also starts one
 `BackgroundTasks` for its term (assignment rounds, CreateTablet/DeleteTablet/AlterSchema RPCs
 retried until done, re-replication), fenced with this master's uuid and term. Any change of
@@ -56,7 +71,7 @@ starts last, once everything it reads exists, and stops first.
 
 Shutdown order (`aclose`), each step relying on the next still being up:
 
-  0. the HTTP status server stops (its pages read everything below);
+  0. certificate renewal stops, then the HTTP status server (its pages read everything below);
   1. the gRPC server stops taking calls (grace period for calls in flight, which may still
      propose through the node);
   2. the leadership task, the security task and the background tasks are cancelled and the
@@ -83,6 +98,7 @@ import grpc
 import grpc.aio
 
 from service.common.authz import Authorizer
+from service.common.cert_renewal import CertRenewer
 from service.common.clock import Clock, RealClock
 from service.common.config import MasterConfig
 from service.common.errors import (
@@ -96,10 +112,15 @@ from service.common.http_status import StatusServer, public_address
 from service.common.ids import NodeId
 from service.common.loop_lag import LoopLagMonitor
 from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
-from service.common.pki import Identity, ca_key_file
+from service.common.pki import CertificateAuthority, Identity, ca_key_file, new_request
 from service.common.private_files import check_owner_only, check_private_tree, private_dir
 from service.common.server_main import advertised_address
-from service.common.tls import Credentials, add_port, server_credentials_for
+from service.common.tls import (
+    Credentials,
+    ServerCertificates,
+    add_port,
+    server_credentials_for,
+)
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import LeaderChange, NodeSettings, RaftNode
 from service.consensus.raft_store import RaftStore
@@ -216,6 +237,9 @@ class MasterServer:
         self.proxy: TServerProxy | None = None
         self.credentials: Credentials | None = None
         """This master's certificate and key (security.mode = "secure"), for every channel."""
+        self.certificates: ServerCertificates | None = None
+        """What its port serves, replaced on renewal (module docstring)."""
+        self.renewer: CertRenewer | None = None
         self.background: BackgroundTasks | None = None
         self._rng = random.Random()
         # Status pages and metrics (module docstring): one registry per server object.
@@ -238,7 +262,8 @@ class MasterServer:
         self.credentials = creds
         self._provisioned_ca = self._load_provisioned_ca(creds)
         server = grpc.aio.server(options=config.rpc.server_options())
-        port = add_port(server, config.rpc_bind, creds)
+        self.certificates = ServerCertificates(creds) if creds is not None else None
+        port = add_port(server, config.rpc_bind, self.certificates)
         if port == 0:
             raise OSError(f"could not bind {config.rpc_bind}")
         self._server = server
@@ -316,7 +341,16 @@ class MasterServer:
             self._rng,
             CatalogSettings.from_config(config),
         )
-        self.issuer = CertIssuer(sys_catalog, creds.ca_pem) if creds is not None else None
+        if creds is not None:
+            provisioned = self._provisioned_ca
+            self.issuer = CertIssuer(
+                sys_catalog,
+                creds.ca_pem,
+                replicate,
+                CertificateAuthority(provisioned.certificate_pem, provisioned.private_key_pem)
+                if provisioned is not None
+                else None,
+            )
         # Token expiry is wall-clock time: tablet servers compare it with their own clocks.
         self.access = TableAccess(
             sys_catalog,
@@ -348,6 +382,14 @@ class MasterServer:
         master_servicer.add_to_server(server)
         await server.start()
         await node.start()
+        if creds is not None:
+            self.renewer = CertRenewer(
+                self._sign_own_certificate,
+                self._current_credentials,
+                self._switch_credentials,
+                check_interval_s=config.cert_renewal_check_ms / 1000,
+            )
+            self.renewer.start()
         if config.http_bind:
             http = StatusServer(config.http_bind, self.metrics, title="Tessera master")
             install_master_pages(self, http)
@@ -369,6 +411,8 @@ class MasterServer:
         if self._closed:
             return
         self._closed = True
+        if self.renewer is not None:
+            await self.renewer.aclose()
         if self.http is not None:
             await self.http.aclose()
         if self._server is not None:
@@ -534,6 +578,32 @@ class MasterServer:
             reports=self.report_gate,
             token_keys=self._token_keys_pb(),
         )
+
+    # --- certificate renewal (module docstring) -----------------------------------------------
+
+    def _current_credentials(self) -> Credentials:
+        assert self.credentials is not None  # the renewer runs only on a secured master
+        return self.credentials
+
+    async def _sign_own_certificate(self, creds: Credentials) -> Credentials:
+        """A new key and a certificate of this master's own identity, signed here (module
+        docstring), written over the files `[security]` names (the key first)."""
+        assert self.issuer is not None
+        key_pem, csr = new_request()
+        issued = self.issuer.renew_own(creds.identity, csr)
+        files = self.config.security.files(Path(self.config.data_dir))
+        files.write(issued.ca_certificate_pem, issued.certificate_pem, key_pem)
+        return Credentials.from_files(files)
+
+    async def _switch_credentials(self, creds: Credentials) -> None:
+        """Serve and call with renewed credentials from now on."""
+        self.credentials = creds
+        if self.certificates is not None:
+            self.certificates.update(creds)
+        if self.transport is not None:
+            self.transport.credentials = creds
+        if self.proxy is not None:
+            self.proxy.replace_credentials(creds)
 
     def _load_provisioned_ca(self, creds: Credentials | None) -> CertAuthorityRecord | None:
         """The CA this master was provisioned with, if its key is here (`ca.key` beside

@@ -52,6 +52,7 @@ from service.common.schema_codec import (
     schema_from_pb,
     schema_to_pb,
 )
+from service.common.tls import peer_certificate
 from service.common.tokens import Privilege
 from service.master.catalog_info import (
     ReplicaRole,
@@ -69,7 +70,7 @@ from service.master.catalog_records import (
     table_to_pb,
     tablet_to_pb,
 )
-from service.master.cert_issuer import check_request
+from service.master.cert_issuer import check_request, join_use
 from service.master.ddl_checks import MAX_ALTER_STEPS, check_alter_steps
 from service.master.grants import GrantChange
 from service.master.heartbeat import handle_heartbeat
@@ -90,6 +91,9 @@ _DEFAULT_DUMP_CHUNK = 1000
 _MAX_DUMP_CHUNK = 20_000
 _READ_BARRIER_TIMEOUT_S = 5.0
 """Longest a catalog read waits to confirm leadership (a few election timeouts)."""
+_JOIN_RECORD_TIMEOUT_S = 10.0
+"""Longest IssueCertificate waits for a join credential's use to be replicated; a timed-out
+enrollment may be retried (the same one is answered again)."""
 
 if TYPE_CHECKING:
     from service.master.master import MasterServer
@@ -440,14 +444,26 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self._leader_catalog()  # one signer: the leader (it also knows every live server)
         ts = self.master.ts_manager
         assert ts is not None
+        # A join credential enrolls one server (cert_issuer.py): a repeat of its recorded
+        # enrollment is answered again, anything else it asks after that is refused.
+        use = (
+            join_use(peer_certificate(context), request.name, request.csr_der)
+            if caller.role == "join"
+            else None
+        )
+        retry = use is not None and issuer.join_retry(use)
         validity = check_request(
             caller,
             request.role,
             request.name,
             request.validity_s,
-            lambda name: issuer.known_server(name, lambda uuid: uuid in ts),
+            (lambda _: False)
+            if retry
+            else lambda name: issuer.known_server(name, lambda uuid: uuid in ts),
         )
         issued = issuer.issue(request.role, request.name, request.csr_der, validity)
+        if use is not None and not retry:
+            await issuer.record_join_use(use, _JOIN_RECORD_TIMEOUT_S)
         log.info(
             "issued a %s certificate for %r to %s, valid until %d us",
             request.role,

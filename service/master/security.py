@@ -35,8 +35,9 @@ and tablet servers verify those with the keys' public halves (`service/common/to
   and then periodically: inserts the CA if absent (with a "row absent" precondition, so of two
   leaders racing, sys.catalog applies the first and refuses the second identically on every
   replica), then writes the TSK plan as ONE CatalogWrite (inserts with "absent" preconditions,
-  deletes with "at the version read" preconditions). A write that has nothing to do is not
-  proposed, so repeating it is a no-op.
+  deletes with "at the version read" preconditions), then purges the records of join
+  credentials that have expired (`cert_issuer.join_use_purge_write`, docs/design/security.md#R10),
+  one more write. A write that has nothing to do is not proposed, so repeating it is a no-op.
 
 Private key material never appears in a repr (`CertAuthorityRecord`, `TokenSigningKeyRecord`,
 `LoadedCA`) nor in a log line.
@@ -44,6 +45,7 @@ Private key material never appears in a repr (`CertAuthorityRecord`, `TokenSigni
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 from collections.abc import Iterable, Mapping
@@ -72,6 +74,7 @@ from service.master.catalog_records import (
     record_key,
     tsk_entry_id,
 )
+from service.master.cert_issuer import join_use_purge_write
 from service.master.sys_catalog import SysCatalogState
 
 __all__ = [
@@ -328,6 +331,7 @@ class SecurityReport:
     ca_created: bool = False
     inserted: tuple[int, ...] = ()
     deleted: tuple[int, ...] = ()
+    join_uses_purged: int = 0
 
 
 async def _propose(
@@ -348,7 +352,8 @@ async def ensure_security(
     timeout_s: float = 10.0,
     provisioned: CertAuthorityRecord | None = None,
 ) -> SecurityReport:
-    """The leader's step (module docstring): CA if absent, then the TSK plan as ONE write.
+    """The leader's step (module docstring): CA if absent, the TSK plan as ONE write, then the
+    purge of expired join credentials' records.
 
     The CA stored is `provisioned` when given (the CA the cluster was provisioned with, whose
     key this master holds: then sys.catalog's CA is the one every certificate chains to, and
@@ -373,11 +378,12 @@ async def ensure_security(
         else:
             log.info("sys.catalog: another leader stored the root CA first (%s)", refusal)
 
+    report = SecurityReport(ca_created)
     for attempt in (1, 2):
         rows = sys_catalog.signing_keys()
         to_insert, to_delete = policy.plan([r.record for r in rows], now_us)
         if not to_insert and not to_delete:
-            return SecurityReport(ca_created)
+            break
         versions = {r.record.key_seq: r.version for r in rows}
         refusal = await _propose(replicate, tsk_write(to_insert, to_delete, versions), timeout_s)
         if refusal is None:
@@ -387,8 +393,18 @@ async def ensure_security(
                 list(inserted),
                 to_delete,
             )
-            return SecurityReport(ca_created, inserted, tuple(to_delete))
+            report = SecurityReport(ca_created, inserted, tuple(to_delete))
+            break
         if attempt == 2:
             raise refusal
         log.info("sys.catalog: token signing key write refused (%s); planning again", refusal)
-    raise AssertionError("unreachable")
+
+    purge = join_use_purge_write(sys_catalog.join_credential_uses(), now_us)
+    if purge is not None:
+        # Refused only if another write changed a row meanwhile: raised, the caller retries.
+        refusal = await _propose(replicate, purge, timeout_s)
+        if refusal is not None:
+            raise refusal
+        log.info("sys.catalog: purged %d expired join credentials' records", len(purge.ops))
+        report = dataclasses.replace(report, join_uses_purged=len(purge.ops))
+    return report

@@ -2,14 +2,14 @@
 
 Theory of operation
 -------------------
-Every master holds a `SysCatalogState`: the rows of sys.catalog (tables, tablets, the root CA,
-token signing keys; docs/design/catalog.md), keyed by (entry type, id) as in Kudu's sys.catalog
-tablet, plus the table of remembered client request ids. It is built ONLY by applying committed
-entries, in log order, each one `CatalogWritePB`: one logical operation in one entry (CreateTable is
-the table and all its tablets, never two replications: docs/design/catalog.md#R4). It implements the
-consensus layer's `StateMachine` protocol (`apply`, `snapshot`, `restore`); `RaftNode` owns it and
-calls it from its one task, so no locks are needed, and readers on the same event loop see only
-whole writes.
+Every master holds a `SysCatalogState`: the rows of sys.catalog (tables, tablets, the root CA, token
+signing keys, grants, used join credentials; docs/design/catalog.md), keyed by (entry type, id) as
+in Kudu's sys.catalog tablet, plus the table of remembered client request ids. It is built ONLY by
+applying committed entries, in log order, each one `CatalogWritePB`: one logical operation in one
+entry (CreateTable is the table and all its tablets, never two replications:
+docs/design/catalog.md#R4). It implements the consensus layer's `StateMachine` protocol (`apply`,
+`snapshot`, `restore`); `RaftNode` owns it and calls it from its one task, so no locks are needed,
+and readers on the same event loop see only whole writes.
 
 `apply(index, data)` is deterministic: a function of the state and the entry only. No clock
 (times travel inside the records), no randomness, no iteration over unordered containers in
@@ -64,8 +64,11 @@ Invariants protected at apply (each refusal names the id):
 * table and tablet rows are never deleted (docs/design/catalog.md#R8): the persistent state
   of deleted tables and tablets is kept forever, so that a tablet the master has no record of is
   never one it deleted, and such tablets are never deleted by the master. Only CA and signing-key
-  rows (purged when expired) and grants (revoked, or their table deleted) can be deleted;
-* a grant names a table that exists and is not REMOVED when it is written.
+  rows (purged when expired), grants (revoked, or their table deleted) and used join credentials
+  (purged when expired) can be deleted;
+* a grant names a table that exists and is not REMOVED when it is written;
+* a used join credential's row is never rewritten (only inserted, then purged): the uuid and
+  key it enrolled are fixed (docs/design/security.md#R10).
 
 Rows are kept as frozen dataclasses (decoded and validated once, at apply) together with the
 exact bytes of their record: the snapshot writes those bytes back, so it needs no re-encoding
@@ -102,6 +105,7 @@ from service.master.catalog_records import (
     CertAuthorityRecord,
     EntryType,
     GrantRecord,
+    JoinCredentialUseRecord,
     Record,
     RequestId,
     RowKey,
@@ -417,6 +421,16 @@ class SysCatalogState:
         rows = self._rows[EntryType.GRANT]
         prefix = grant_entry_id(table_id, "")
         return cast(list[Row[GrantRecord]], [rows[i] for i in sorted(rows) if i.startswith(prefix)])
+
+    def join_credential_use(self, credential_sha256: str) -> Row[JoinCredentialUseRecord] | None:
+        """The enrollment a join credential made, if it made one (docs/design/security.md#R10)."""
+        row = self._rows[EntryType.JOIN_CREDENTIAL_USE].get(credential_sha256)
+        return cast(Row[JoinCredentialUseRecord] | None, row)
+
+    def join_credential_uses(self) -> list[Row[JoinCredentialUseRecord]]:
+        """Every used join credential not purged yet, by fingerprint."""
+        rows = self._of_type(EntryType.JOIN_CREDENTIAL_USE)
+        return cast(list[Row[JoinCredentialUseRecord]], rows)
 
     def remembered(self, client_id: str, seq_no: int) -> RememberedResult | None:
         """The remembered result of a request id, if any: the catalog manager answers a retry
@@ -776,6 +790,11 @@ def _check_replacement_links(
 
 def _check_transition(old: Record, new: Record) -> None:
     """Rules on how one row may change (module docstring, invariants)."""
+    if isinstance(old, JoinCredentialUseRecord):
+        raise FailedPrecondition(
+            f"join credential {old.credential_sha256!r} already enrolled {old.tserver_uuid!r}: "
+            "its record is never rewritten (docs/design/security.md#R10)"
+        )
     if isinstance(old, TableRecord) and isinstance(new, TableRecord):
         where = f"table {old.table_id!r}"
         if old.is_removed and not new.is_removed:

@@ -18,7 +18,8 @@ deadline Timeout). Retrying is the caller's business (`background_tasks`).
 
 One `grpc.aio` channel per server address, created on first use and kept until `aclose()` (a
 server that re-registered at another address gets a new channel; at most `max_channels` are
-kept, the least recently used closed first). One event loop owns the proxy.
+kept, the least recently used closed first; renewed credentials replace them all,
+`replace_credentials`). One event loop owns the proxy.
 """
 
 from __future__ import annotations
@@ -245,6 +246,20 @@ class TServerProxy:
         self._channels[address] = channel
         stub = self._stubs[address] = tserver_pb2_grpc.TabletServerAdminServiceStub(channel)
         return stub
+
+    def replace_credentials(self, creds: Credentials) -> None:
+        """Call with renewed credentials from now on (service/common/cert_renewal.py): the
+        channels opened with the old ones are dropped, so the next call to each server opens a
+        new connection that presents the new certificate. Calls in flight on them get a grace
+        period of one RPC timeout to finish."""
+        self._credentials = creds
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._stubs.clear()
+        for channel in channels:
+            closing = asyncio.ensure_future(channel.close(self.rpc_timeout_s))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     def __len__(self) -> int:
         return len(self._channels)

@@ -92,6 +92,8 @@ class _EntryTypePBEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryType
     """id: key_seq as 20 zero-padded decimal digits"""
     ENTRY_TYPE_GRANT: _EntryTypePB.ValueType  # 5
     """id: "<table_id>/<user>" """
+    ENTRY_TYPE_JOIN_CREDENTIAL_USE: _EntryTypePB.ValueType  # 6
+    """id: the join certificate's SHA-256 (64 hex digits)"""
 
 class EntryTypePB(_EntryTypePB, metaclass=_EntryTypePBEnumTypeWrapper):
     """=============================================================================================
@@ -110,6 +112,8 @@ ENTRY_TYPE_TOKEN_SIGNING_KEY: EntryTypePB.ValueType  # 4
 """id: key_seq as 20 zero-padded decimal digits"""
 ENTRY_TYPE_GRANT: EntryTypePB.ValueType  # 5
 """id: "<table_id>/<user>" """
+ENTRY_TYPE_JOIN_CREDENTIAL_USE: EntryTypePB.ValueType  # 6
+"""id: the join certificate's SHA-256 (64 hex digits)"""
 Global___EntryTypePB: _TypeAlias = EntryTypePB  # noqa: Y015
 
 class _PrivilegePB:
@@ -637,6 +641,43 @@ class GrantRecordPB(_message.Message):
 Global___GrantRecordPB: _TypeAlias = GrantRecordPB  # noqa: Y015
 
 @_typing.final
+class JoinCredentialUseRecordPB(_message.Message):
+    """A join credential that enrolled its one tablet server (docs/design/security.md#R10): a
+    second enrollment with it is refused, a retry of the same one (same uuid, same key) is
+    answered again. Purged once the credential has expired (it can no longer connect).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREDENTIAL_SHA256_FIELD_NUMBER: _builtins.int
+    TSERVER_UUID_FIELD_NUMBER: _builtins.int
+    PUBLIC_KEY_SHA256_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_US_FIELD_NUMBER: _builtins.int
+    credential_sha256: _builtins.str
+    """hex SHA-256 of the join certificate (DER); the row id"""
+    tserver_uuid: _builtins.str
+    """the uuid it enrolled"""
+    public_key_sha256: _builtins.str
+    """hex SHA-256 of the enrolled key (SubjectPublicKeyInfo DER)"""
+    expire_time_us: _builtins.int
+    """the join certificate's end"""
+    def __init__(
+        self,
+        *,
+        credential_sha256: _builtins.str = ...,
+        tserver_uuid: _builtins.str = ...,
+        public_key_sha256: _builtins.str = ...,
+        expire_time_us: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_sha256", b"credential_sha256", "expire_time_us", b"expire_time_us", "public_key_sha256", b"public_key_sha256", "tserver_uuid", b"tserver_uuid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinCredentialUseRecordPB: _TypeAlias = JoinCredentialUseRecordPB  # noqa: Y015
+
+@_typing.final
 class CatalogKeyPB(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -698,6 +739,7 @@ class CatalogRowOpPB(_message.Message):
     TOKEN_SIGNING_KEY_FIELD_NUMBER: _builtins.int
     KEY_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
+    JOIN_CREDENTIAL_USE_FIELD_NUMBER: _builtins.int
     kind: Global___CatalogRowOpPB.Kind.ValueType
     @_builtins.property
     def table(self) -> Global___TableRecordPB: ...
@@ -713,6 +755,8 @@ class CatalogRowOpPB(_message.Message):
 
     @_builtins.property
     def grant(self) -> Global___GrantRecordPB: ...
+    @_builtins.property
+    def join_credential_use(self) -> Global___JoinCredentialUseRecordPB: ...
     def __init__(
         self,
         *,
@@ -723,12 +767,13 @@ class CatalogRowOpPB(_message.Message):
         token_signing_key: Global___TokenSigningKeyRecordPB | None = ...,
         key: Global___CatalogKeyPB | None = ...,
         grant: Global___GrantRecordPB | None = ...,
+        join_credential_use: Global___JoinCredentialUseRecordPB | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cert_authority", b"cert_authority", "grant", b"grant", "key", b"key", "record", b"record", "table", b"table", "tablet", b"tablet", "token_signing_key", b"token_signing_key"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cert_authority", b"cert_authority", "grant", b"grant", "join_credential_use", b"join_credential_use", "key", b"key", "record", b"record", "table", b"table", "tablet", b"tablet", "token_signing_key", b"token_signing_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_authority", b"cert_authority", "grant", b"grant", "key", b"key", "kind", b"kind", "record", b"record", "table", b"table", "tablet", b"tablet", "token_signing_key", b"token_signing_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_authority", b"cert_authority", "grant", b"grant", "join_credential_use", b"join_credential_use", "key", b"key", "kind", b"kind", "record", b"record", "table", b"table", "tablet", b"tablet", "token_signing_key", b"token_signing_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_record: _TypeAlias = _typing.Literal["table", "tablet", "cert_authority", "token_signing_key", "key", "grant"]  # noqa: Y015
+    _WhichOneofReturnType_record: _TypeAlias = _typing.Literal["table", "tablet", "cert_authority", "token_signing_key", "key", "grant", "join_credential_use"]  # noqa: Y015
     _WhichOneofArgType_record: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_record) -> _WhichOneofReturnType_record | None: ...
 

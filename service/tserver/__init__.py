@@ -24,6 +24,5 @@ Modules
     scanners            paged scans, named by scanner id, expired when idle
     key_splitting       cutting a tablet's key range into chunks (split tokens)
     heartbeater         one loop per master: registration, full and incremental reports
-    cert_renewal        renewing this server's certificate without a restart
     status_pages        HTML status pages and /metrics
 """

@@ -40,6 +40,7 @@ import grpc
 
 from service.client.enrollment import request_certificate
 from service.common.authz import Authorizer
+from service.common.cert_renewal import CertRenewer
 from service.common.config import TServerConfig
 from service.common.errors import FailedPrecondition, InvalidArgument, StaleTerm, observe_rpcs
 from service.common.http_status import StatusServer, public_address
@@ -63,7 +64,6 @@ from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
 from service.raft import NodeId
-from service.tserver.cert_renewal import CertRenewer
 from service.tserver.heartbeater import SOFTWARE_VERSION, Heartbeater
 from service.tserver.scanners import ScannerManager, add_data_servicer
 from service.tserver.status_pages import install_tserver_metrics, install_tserver_pages
@@ -164,7 +164,10 @@ class TabletServer:
     async def _enroll(self, join: Credentials, data_dir: Path) -> Credentials:
         """Trade a join credential for a certificate of this server's own uuid (a new data dir
         gets a new uuid first): the leader master signs a request for a key made here, and the
-        certificate and key replace the join credential in the files `[security]` names."""
+        certificate and key replace the join credential in the files `[security]` names.
+        A join credential enrolls one server (docs/design/security.md#R10): lost answers are
+        retried with the same request and answered again, but a server that dies before it
+        wrote its certificate makes a new key when restarted and needs a new join credential."""
         uuid = load_or_create_uuid(data_dir, None)
         files = self.config.security.files(data_dir)
         enrolled = await request_certificate(
@@ -283,8 +286,7 @@ class TabletServer:
         self.loop_lag.start()
         if creds is not None:
             self.renewer = CertRenewer(
-                self._master_addresses,
-                config.security.files(data_dir),
+                self._obtain_certificate,
                 self._current_credentials,
                 self._switch_credentials,
                 check_interval_s=config.cert_renewal_check_ms / 1000,
@@ -304,12 +306,21 @@ class TabletServer:
             self.heartbeater.masters() if self.heartbeater else list(self.config.master_addresses)
         )
 
+    async def _obtain_certificate(self, creds: Credentials) -> Credentials:
+        """A renewal (service/common/cert_renewal.py): the leader master signs a certificate
+        of this server's own uuid for a new key, written over the files `[security]` names."""
+        files = self.config.security.files(Path(self.config.data_dir))
+        enrolled = await request_certificate(
+            self._master_addresses(), creds, "tserver", creds.identity.name, files, timeout=60.0
+        )
+        return Credentials.from_files(enrolled.files)
+
     def _current_credentials(self) -> Credentials:
         assert self.credentials is not None  # the renewer runs only on a secured server
         return self.credentials
 
     async def _switch_credentials(self, creds: Credentials) -> None:
-        """Serve and call with renewed credentials from now on (cert_renewal.py)."""
+        """Serve and call with renewed credentials from now on (service/common/cert_renewal.py)."""
         self.credentials = creds
         if self.certificates is not None:
             self.certificates.update(creds)

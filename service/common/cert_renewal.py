@@ -1,17 +1,24 @@
-"""A tablet server renews its certificate before it expires, without a restart.
+"""A server renews its certificate before it expires, without a restart: tablet servers and
+masters alike.
 
 Theory of operation
 -------------------
 Every `check_interval_s` the server looks at its certificate. With less than a third of its
-lifetime left (`due`), it makes a new key, asks the leader master to sign a certificate of
-its own uuid (IssueCertificate; a tablet server may ask only for itself), writes key and
-certificate over the old files (key first), and switches to them:
+lifetime left (`due`), it obtains a new certificate of its own identity for a new key (`obtain`:
+the server says how, below), which writes key and certificate over the old files (key first),
+and switches to them (`switch`):
 
-* its gRPC port serves new handshakes with the new certificate (`ServerCertificates`);
+* its gRPC port serves new handshakes with the new certificate (`tls.ServerCertificates`);
   connections already open keep the session they negotiated;
-* the Raft transport, the heartbeater, tablet copies and the copy trigger open their next
-  channels with the new credentials (the heartbeater restarts its loops at once, since its
-  connections to masters are long-lived).
+* its outgoing channels (Raft transport, heartbeats, tablet copies, the master's proxy to
+  tablet servers) open their next connections with the new credentials.
+
+How a certificate is obtained differs by role, and only that is injected:
+
+* a tablet server asks the leader master (IssueCertificate; a tablet server may ask only for
+  itself, service/master/cert_issuer.py);
+* a master signs its own, locally (service/master/master.py says why), with the same CA and
+  under the same rules and limits as the leader's IssueCertificate.
 
 A failed attempt is logged and retried at the next check: a third of a lifetime (months for a
 server certificate) leaves many. The clock is the wall clock, as the certificate's is.
@@ -21,17 +28,15 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 from cryptography import x509
 
-from service.client.enrollment import request_certificate
 from service.common.errors import TesseraError
 from service.common.periodic import Periodic
-from service.common.pki import IdentityFiles
 from service.common.tls import Credentials
 
-__all__ = ["CertRenewer", "due"]
+__all__ = ["RENEW_FRACTION", "CertRenewer", "due"]
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +52,20 @@ def due(cert_pem: bytes, now: datetime.datetime) -> bool:
 
 
 class CertRenewer:
+    """Checks now, then every `check_interval_s` (module docstring).
+
+    `obtain(current)` returns the new credentials, already written over the server's files;
+    `switch(new)` makes the server serve and call with them."""
+
     def __init__(
         self,
-        masters: Callable[[], Sequence[str]],
-        files: IdentityFiles,
+        obtain: Callable[[Credentials], Awaitable[Credentials]],
         current: Callable[[], Credentials],
         switch: Callable[[Credentials], Awaitable[None]],
         *,
         check_interval_s: float,
     ) -> None:
-        self._masters = masters
-        self._files = files
+        self._obtain = obtain
         self._current = current
         self._switch = switch
         self.check_interval_s = check_interval_s
@@ -71,16 +79,11 @@ class CertRenewer:
         creds = self._current()
         if not due(creds.cert_pem, datetime.datetime.now(datetime.UTC)):
             return False
-        enrolled = await request_certificate(
-            self._masters(), creds, "tserver", creds.identity.name, self._files, timeout=60.0
-        )
-        await self._switch(Credentials.from_files(enrolled.files))
+        new = await self._obtain(creds)
+        await self._switch(new)
         self.renewals += 1
-        log.info(
-            "%s: certificate renewed, valid until %s us",
-            creds.identity,
-            enrolled.expire_time_us,
-        )
+        end = x509.load_pem_x509_certificate(new.cert_pem).not_valid_after_utc
+        log.info("%s: certificate renewed, valid until %s", creds.identity, end.isoformat())
         return True
 
     async def _check(self) -> None:

@@ -1,11 +1,11 @@
-"""When a certificate is due for renewal (service/tserver/cert_renewal.py)."""
+"""When a certificate is due for renewal (service/common/cert_renewal.py)."""
 
 from __future__ import annotations
 
 import datetime as dt
 
+from service.common.cert_renewal import due
 from service.common.pki import CertificateAuthority
-from service.tserver.cert_renewal import due
 
 
 def test_a_certificate_is_due_with_less_than_a_third_of_its_life_left() -> None:
