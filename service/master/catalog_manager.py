@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from random import Random
 from typing import TypeAlias, cast
@@ -118,6 +118,7 @@ from service.master.catalog_reads import (
 )
 from service.master.catalog_records import (
     CatalogWrite,
+    ConsensusState,
     EntryType,
     HostPort,
     Insert,
@@ -682,18 +683,24 @@ class CatalogManager(AssignmentRounds):
         if self._loaded and self._failed_replicas.note_report(reporter, reported, full=full):
             self._wake()
 
-    def judge_report(self, reporter: NodeId, reported: Sequence[ReportedTablet]) -> ReportPlan:
+    def judge_report(
+        self,
+        reporter: NodeId,
+        reported: Sequence[ReportedTablet],
+        confirmed: Mapping[TabletId, ConsensusState] | None = None,
+    ) -> ReportPlan:
         """The report judged against committed state without writing anything: when its plan
         has no write (a steady server's report: nothing changed), it is the whole answer and
-        `process_report` need not run."""
+        `process_report` need not run. `confirmed`: see `report_processing.plan_report`."""
         self._check_ready()
-        return plan_report(self._maps, reporter, reported)
+        return plan_report(self._maps, reporter, reported, confirmed)
 
     async def process_report(
         self,
         reporter: NodeId,
         reported: Sequence[ReportedTablet],
         judged: ReportPlan | None = None,
+        confirmed: Mapping[TabletId, ConsensusState] | None = None,
     ) -> ReportPlan:
         """Judge one tablet report against committed state (`report_processing`) and replicate
         its record changes as ONE write; returns the plan, whose `actions` the caller sends
@@ -702,7 +709,9 @@ class CatalogManager(AssignmentRounds):
         `judged`: `judge_report`'s plan of this report, if the caller has it (it names the
         tablets to lock; the report is judged again under the locks either way)."""
         self._check_ready()
-        plan = judged if judged is not None else plan_report(self._maps, reporter, reported)
+        plan = (
+            judged if judged is not None else plan_report(self._maps, reporter, reported, confirmed)
+        )
         if plan.write is None:
             return plan
         tablets = sorted(plan.updated_tablets)
@@ -720,7 +729,7 @@ class CatalogManager(AssignmentRounds):
                 await stack.enter_async_context(lock)
             for tablet_id in tablets:
                 await stack.enter_async_context(self._maps.tablets_by_id[tablet_id].lock)
-            plan = plan_report(self._maps, reporter, reported)  # again, under the locks
+            plan = plan_report(self._maps, reporter, reported, confirmed)  # again, under the locks
             if plan.write is not None:
                 await self._replicate(plan.write)
                 failpoints.hit("process_report:after_replicate")

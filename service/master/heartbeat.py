@@ -30,7 +30,7 @@ import collections
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from service.common.errors import InvalidArgument, TesseraError
@@ -56,6 +56,13 @@ _DECODE_BEFORE_SHEDDING = 64
 """An incremental report of at most this many replicas is decoded even when the gate is full."""
 MAX_REPORTED_TABLETS = 100_000
 """More replicas than this in one report is refused (a runaway or hostile sender)."""
+
+ConfirmClaims = Callable[
+    [NodeId, Sequence[tuple[TabletId, ConsensusState]]],
+    Awaitable[dict[TabletId, ConsensusState]],
+]
+"""Ask the other voters of each claimed config for their own committed consensus state; the
+answers that confirm a claim (`report_processing.confirms`), by tablet."""
 
 
 class ReportGate:
@@ -116,25 +123,37 @@ class ReportGate:
         reporter: NodeId,
         reported: list[ReportedTablet],
         submit: Callable[[Iterable[ReportAction]], None],
+        confirm: ConfirmClaims | None = None,
     ) -> ReportPlan | None:
         """The report's plan once its write committed within the budget (the caller
-        acknowledges it and submits its actions); None if it was shed or is late. Replication
-        errors propagate (not acknowledged either)."""
+        acknowledges it, unless the plan lists `unconfirmed` claims, and submits its actions);
+        None if it was shed or is late. Replication errors propagate (not acknowledged
+        either). `confirm` asks other voters about membership claims (`report_processing`,
+        step 3); without it such claims stay unconfirmed."""
         # Most reports change nothing (a steady server's incremental report): judged at once,
         # with no task, turn or timer. One that needs a write is judged again under its
         # locks by `process_report`.
-        plan = catalog.judge_report(reporter, reported)
-        if plan.write is None:
-            return plan
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.budget_s
+        plan = catalog.judge_report(reporter, reported)
+        confirmed: dict[TabletId, ConsensusState] | None = None
+        if plan.unconfirmed and confirm is not None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    confirmed = await confirm(reporter, plan.unconfirmed)
+            except TimeoutError:
+                confirmed = None
+            if confirmed:
+                plan = catalog.judge_report(reporter, reported, confirmed)
+        if plan.write is None:
+            return plan
         fresh = self._free()  # no wait: the plan is still current and names what to lock
         if not await self._turn(deadline):
             self.shed += 1
             return None
         self.in_flight += 1
         judged = plan if fresh else None
-        task = asyncio.ensure_future(catalog.process_report(reporter, reported, judged))
+        task = asyncio.ensure_future(catalog.process_report(reporter, reported, judged, confirmed))
         self._tasks.add(task)
         task.add_done_callback(self._finished)
         done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
@@ -242,6 +261,8 @@ class HeartbeatContext:
     token_keys: tuple[pb.TokenVerifyingKeyPB, ...] = ()
     """The public halves of the token signing keys (sent by the leader): tablet servers verify
     authz tokens with them."""
+    confirm_claims: ConfirmClaims | None = None
+    """Asks other voters about a report's membership claims (`report_processing`, step 3)."""
 
 
 def decode_report(report: pb.TabletReportPB) -> list[ReportedTablet]:
@@ -320,7 +341,9 @@ async def handle_heartbeat(
         full = not request.tablet_report.is_incremental
         ctx.catalog.note_replica_states(uuid, reported, full=full)
         try:
-            plan = await ctx.reports.process(ctx.catalog, uuid, reported, ctx.submit)
+            plan = await ctx.reports.process(
+                ctx.catalog, uuid, reported, ctx.submit, ctx.confirm_claims
+            )
         except TesseraError as e:
             log.warning(
                 "tablet report of %s (%d replicas) not processed, not acknowledged: %s",
@@ -331,7 +354,18 @@ async def handle_heartbeat(
         else:
             if plan is None:  # shed or late (ReportGate): sent again with the next heartbeat
                 return _answer(ctx, ts, instance, outcome, 0)
-            acked = request.tablet_report.sequence_number
+            if plan.unconfirmed:
+                # Not acknowledged: the server sends these replicas again, and another voter
+                # is asked again (report_processing, step 3).
+                log.warning(
+                    "tablet server %s claims a membership no other voter confirms, for %d "
+                    "tablets (not adopted): %s",
+                    uuid,
+                    len(plan.unconfirmed),
+                    ", ".join(t for t, _ in plan.unconfirmed[:5]),
+                )
+            else:
+                acked = request.tablet_report.sequence_number
             if plan.orphans:
                 log.info(
                     "tablet server %s hosts %d tablets the catalog has no record of; left "

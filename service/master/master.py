@@ -89,7 +89,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -109,7 +109,7 @@ from service.common.errors import (
     observe_rpcs,
 )
 from service.common.http_status import StatusServer, public_address
-from service.common.ids import NodeId
+from service.common.ids import NodeId, TabletId
 from service.common.loop_lag import LoopLagMonitor
 from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
 from service.common.pki import CertificateAuthority, Identity, ca_key_file, new_request
@@ -127,7 +127,7 @@ from service.consensus.raft_store import RaftStore
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
 from service.master.background_tasks import BackgroundSettings, BackgroundTasks
 from service.master.catalog_manager import CatalogManager, Replicate
-from service.master.catalog_records import CertAuthorityRecord
+from service.master.catalog_records import CertAuthorityRecord, ConsensusState, MemberType
 from service.master.catalog_settings import CatalogSettings
 from service.master.cert_issuer import CertIssuer
 from service.master.heartbeat import HeartbeatContext, ReportGate
@@ -135,7 +135,7 @@ from service.master.master_membership import master_uuid
 from service.master.master_service import POLICY as MASTER_POLICY
 from service.master.master_service import MasterServicer
 from service.master.progress_clock import ProgressClock
-from service.master.report_processing import ReportAction
+from service.master.report_processing import ReportAction, confirms
 from service.master.security import ensure_security, load_ca, public_key
 from service.master.status_pages import install_master_metrics, install_master_pages
 from service.master.sys_catalog import ApplyResult, SysCatalogState
@@ -148,6 +148,11 @@ from service.raft import RaftConfig, Role
 __all__ = ["GROUP", "MasterPeer", "MasterServer", "master_uuid"]
 
 log = logging.getLogger(__name__)
+
+_CONFIRM_TIMEOUT_S = 0.5
+"""How long a voter asked to confirm a membership claim may take (report_processing, step 3):
+within the heartbeat's report budget. A voter that cannot answer in time is asked again with
+the report's next sending."""
 
 GROUP = "sys.catalog"
 """The Raft group id of the masters' replicated catalog."""
@@ -577,7 +582,45 @@ class MasterServer:
             submit=self.submit_actions,
             reports=self.report_gate,
             token_keys=self._token_keys_pb(),
+            confirm_claims=self._confirm_claims,
         )
+
+    async def _confirm_claims(
+        self, reporter: NodeId, claims: Sequence[tuple[TabletId, ConsensusState]]
+    ) -> dict[TabletId, ConsensusState]:
+        """Ask the other voters of each claimed config what they committed
+        (`report_processing`, step 3): one GetConsensusState per server, all at once, each at
+        the address that server registered itself (never one the claim names, which the
+        claimant wrote). The answers that confirm their claim, by tablet."""
+        ts, proxy = self.ts_manager, self.proxy
+        if ts is None or proxy is None:
+            return {}
+        asks: dict[str, list[TabletId]] = {}
+        for tablet_id, cs in claims:
+            for peer in cs.peers:
+                if peer.member_type is MemberType.VOTER and peer.uuid != reporter:
+                    asks.setdefault(peer.uuid, []).append(tablet_id)
+
+        async def ask(uuid: str, tablets: list[TabletId]) -> dict[str, ConsensusState]:
+            address = ts.rpc_address(uuid)
+            if address is None:
+                return {}
+            try:
+                return await proxy.consensus_states(
+                    address, uuid, list(tablets), timeout_s=_CONFIRM_TIMEOUT_S
+                )
+            except TesseraError as e:
+                log.info("could not ask %s about %d tablets: %s", uuid, len(tablets), e)
+                return {}
+
+        claimed = dict(claims)
+        out: dict[TabletId, ConsensusState] = {}
+        for answers in await asyncio.gather(*(ask(u, t) for u, t in asks.items())):
+            for answered, cs in answers.items():
+                tid = TabletId(answered)
+                if tid in claimed and confirms(cs, claimed[tid]):
+                    out[tid] = cs
+        return out
 
     # --- certificate renewal (module docstring) -----------------------------------------------
 

@@ -21,6 +21,14 @@ multi-master audit):
      reported COMMITTED state (never the pending config) becomes the tablet's consensus state.
      A CREATING tablet so reported becomes RUNNING ("if t CREATING and has leader": RUNNING
      when its leader reports it).
+     A report that would change the tablet's VOTERS, or that comes from a server that is not a
+     voter of the recorded config, is a claim about other servers: one tablet server's
+     certificate (stolen, or a server gone bad) must not be enough to move a tablet's
+     membership, since step 4 then tombstones the replicas the claim left out. Such a report is
+     adopted only once another voter of the reported config confirms it (`needs_confirmation`;
+     the leader asks them with GetConsensusState, `confirmed` holds what they answered);
+     until then it is ignored and listed in the plan's `unconfirmed`, and the heartbeat does
+     not acknowledge the report, so the server sends it again.
   4. The reporter is not a peer of the newest committed config the master knows (it was
      evicted), its replica is not already tombstoned, and its own committed config is not newer
      than the master's: DeleteTablet(TABLET_DATA_TOMBSTONED) with `cas_config_opid_index` = the
@@ -43,7 +51,7 @@ Nothing here does I/O, reads a clock or draws randomness; tests drive it table b
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeAlias
 
@@ -77,7 +85,9 @@ __all__ = [
     "ReportedRole",
     "ReportedTablet",
     "TabletDecision",
+    "confirms",
     "decide",
+    "needs_confirmation",
     "plan_report",
 ]
 
@@ -180,6 +190,9 @@ class TabletDecision:
     update: TabletRecord | None = None
     actions: tuple[ReportAction, ...] = ()
     note: str = ""
+    unconfirmed: ConsensusState | None = None
+    """The reported consensus state, when it needs another voter's confirmation that
+    `confirmed` did not hold (module docstring, step 3)."""
 
 
 def _older(reported: ConsensusState, recorded: ConsensusState) -> bool:
@@ -210,6 +223,33 @@ def _with_addresses(reported: ConsensusState, recorded: ConsensusState | None) -
     return replace(reported, peers=tuple(peers))
 
 
+def _voters(cs: ConsensusState) -> frozenset[str]:
+    return frozenset(p.uuid for p in cs.peers if p.member_type is MemberType.VOTER)
+
+
+def needs_confirmation(
+    reporter: str, reported: ConsensusState, recorded: ConsensusState | None
+) -> bool:
+    """A leader report that changes the recorded voters, or whose reporter is not a recorded
+    voter, claims something about other servers (module docstring, step 3). A tablet with no
+    recorded config has none to protect."""
+    if recorded is None:
+        return False
+    voters = _voters(recorded)
+    return reporter not in voters or _voters(reported) != voters
+
+
+def confirms(answer: ConsensusState | None, claim: ConsensusState) -> bool:
+    """Another voter's own committed consensus state `answer` confirms `claim`: the same
+    config (op index and voters). Its term may differ (it may not have heard of the latest
+    election yet); a newer config makes the claim stale, not confirmed."""
+    return (
+        answer is not None
+        and answer.config_index == claim.config_index
+        and _voters(answer) == _voters(claim)
+    )
+
+
 def is_leader_report(reporter: str, reported: ReportedTablet) -> bool:
     """The reporter says it leads its committed config (step 3 of the module docstring). A
     FAILED replica never does: its Raft loop stopped in whatever role it had."""
@@ -227,8 +267,10 @@ def decide(
     reported: ReportedTablet,
     tablet: TabletRecord | None,
     table: TableRecord | None,
+    confirmed: ConsensusState | None = None,
 ) -> TabletDecision:
-    """Steps 1-5 of the module docstring for one reported replica."""
+    """Steps 1-5 of the module docstring for one reported replica; `confirmed`: another
+    voter's answer about this tablet, if one was asked (step 3)."""
     tid = reported.tablet_id
     if tablet is None or table is None:
         return TabletDecision(
@@ -248,11 +290,20 @@ def decide(
     rcs = reported.consensus
     leader = is_leader_report(reporter, reported)
     notes: list[str] = []
+    unconfirmed = None
     if leader and rcs is not None and new.state in (TabletState.CREATING, TabletState.RUNNING):
         known = new.consensus
         if known is not None and _older(rcs, known):
             leader = False  # a deposed leader's late report: nothing to learn from it
             notes.append("stale leader report ignored")
+        elif (
+            (known is None or not _same(rcs, known))
+            and needs_confirmation(reporter, rcs, known)
+            and not confirms(confirmed, rcs)
+        ):
+            leader = False
+            unconfirmed = rcs
+            notes.append("membership claim not confirmed by another voter: ignored for now")
         else:
             if known is None or not _same(rcs, known):
                 new = replace(new, consensus=_with_addresses(rcs, known))
@@ -289,7 +340,9 @@ def decide(
         if reported.schema_version < table.schema_version:
             actions.append(AlterReplica(tid, table.table_id, reporter, table.schema_version))
             notes.append("alter")
-    return TabletDecision(new if new != tablet else None, tuple(actions), "; ".join(notes))
+    return TabletDecision(
+        new if new != tablet else None, tuple(actions), "; ".join(notes), unconfirmed
+    )
 
 
 # --- one report ------------------------------------------------------------------------------
@@ -306,15 +359,20 @@ class ReportPlan:
     updated_tables: tuple[TableId, ...] = ()
     orphans: tuple[TabletId, ...] = ()
     """Reported tablets with no catalog record (left alone)."""
+    unconfirmed: tuple[tuple[TabletId, ConsensusState], ...] = ()
+    """Leader reports that need another voter's confirmation (module docstring, step 3):
+    not adopted, and the report must not be acknowledged."""
 
 
 def plan_report(
     maps: CatalogMaps,
     reporter: NodeId,
     reported: Sequence[ReportedTablet],
+    confirmed: Mapping[TabletId, ConsensusState] | None = None,
 ) -> ReportPlan:
     """Decide about every replica of one report (the first of a repeated tablet id counts) and
-    gather the record changes into one write."""
+    gather the record changes into one write. `confirmed`: other voters' answers about the
+    tablets a previous plan of this report listed as `unconfirmed`."""
     seen: set[str] = set()
     ops: list[RowOp] = []
     expected: list[Precondition] = []
@@ -322,6 +380,7 @@ def plan_report(
     updated: list[TabletId] = []
     orphans: list[TabletId] = []
     new_records: dict[TabletId, TabletRecord] = {}
+    unconfirmed: list[tuple[TabletId, ConsensusState]] = []
     for r in reported:
         if r.tablet_id in seen:
             continue
@@ -333,9 +392,12 @@ def plan_report(
             r,
             info.record if info is not None else None,
             table.record if table is not None else None,
+            confirmed.get(r.tablet_id) if confirmed else None,
         )
         if info is None:
             orphans.append(r.tablet_id)
+        if d.unconfirmed is not None:
+            unconfirmed.append((r.tablet_id, d.unconfirmed))
         actions.extend(d.actions)
         if d.update is not None and info is not None:
             ops.append(Update(d.update))
@@ -362,4 +424,11 @@ def plan_report(
         if ops
         else None
     )
-    return ReportPlan(write, tuple(actions), tuple(updated), tuple(tables_done), tuple(orphans))
+    return ReportPlan(
+        write,
+        tuple(actions),
+        tuple(updated),
+        tuple(tables_done),
+        tuple(orphans),
+        tuple(unconfirmed),
+    )

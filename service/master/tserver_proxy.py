@@ -25,6 +25,7 @@ kept, the least recently used closed first; renewed credentials replace them all
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -34,7 +35,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from service.common.errors import from_grpc
+from service.common.errors import InvalidArgument, from_grpc
 from service.common.schema import Schema
 from service.common.schema_codec import partition_schema_to_pb, partition_to_pb, schema_to_pb
 from service.common.tls import Credentials, open_channel
@@ -44,6 +45,7 @@ from service.master.catalog_records import (
     RaftPeer,
     TableRecord,
     TabletRecord,
+    consensus_state_from_pb,
     consensus_state_to_pb,
 )
 from service.pb import common_pb2 as cpb
@@ -213,6 +215,24 @@ class TServerProxy:
             address, lambda s: s.ChangeConfig(req, timeout=self.rpc_timeout_s)
         )
         return resp.consensus_state
+
+    async def consensus_states(
+        self, address: str, dest_uuid: str, tablet_ids: list[str], timeout_s: float
+    ) -> dict[str, ConsensusState]:
+        """The committed consensus state `dest_uuid` holds for each of `tablet_ids` it hosts
+        (GetConsensusState); entries it cannot decode are left out."""
+        req = tpb.GetConsensusStateRequestPB(dest_uuid=dest_uuid, tablet_ids=tablet_ids)
+        resp: tpb.GetConsensusStateResponsePB = await self._call(
+            address, lambda s: s.GetConsensusState(req, timeout=timeout_s)
+        )
+        out: dict[str, ConsensusState] = {}
+        for entry in resp.tablets:
+            if entry.HasField("consensus_state"):
+                with contextlib.suppress(InvalidArgument):
+                    out[entry.tablet_id] = consensus_state_from_pb(
+                        entry.consensus_state, "consensus_state"
+                    )
+        return out
 
     async def leader_step_down(self, address: str, dest_uuid: str, tablet_id: str) -> None:
         """Ask the tablet's leader to hand leadership to its most caught-up voter."""

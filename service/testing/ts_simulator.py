@@ -603,6 +603,23 @@ class Simulator:
             self._bump()
         r.group.epoch = -1
 
+    def consensus_states(
+        self, req: tpb.GetConsensusStateRequestPB
+    ) -> tpb.GetConsensusStateResponsePB:
+        """Each asked replica's committed consensus state as its server sees it (every live
+        replica when none is named): what a master asks to confirm a membership claim."""
+        s = self._target(req.dest_uuid, None)
+        out = tpb.GetConsensusStateResponsePB()
+        for tablet_id in list(req.tablet_ids) or list(s.replicas):
+            r = s.replicas.get(tablet_id)
+            if r is None or r.tombstoned:
+                continue
+            reported = self._report(s, r)
+            out.tablets.add(
+                tablet_id=tablet_id, consensus_state=reported.consensus_state, role=reported.role
+            )
+        return out
+
     def _leader_replica(self, dest_uuid: str, fence: tpb.MasterFencePB, tablet_id: str) -> _Group:
         s = self._target(dest_uuid, fence)
         r = s.replicas.get(tablet_id)
@@ -670,7 +687,7 @@ class Simulator:
 
 
 class _AdminServicer(tserver_pb2_grpc.TabletServerAdminServiceServicer):
-    """The four admin RPCs a master sends; the others answer UNIMPLEMENTED (the base class)."""
+    """The admin RPCs a master sends; the others answer UNIMPLEMENTED (the base class)."""
 
     def __init__(self, sim: Simulator) -> None:
         self.sim = sim
@@ -700,6 +717,12 @@ class _AdminServicer(tserver_pb2_grpc.TabletServerAdminServiceServicer):
         self, request: tpb.ChangeConfigRequestPB, context: Ctx
     ) -> tpb.ChangeConfigResponsePB:
         return tpb.ChangeConfigResponsePB(consensus_state=self.sim.change_config(request))
+
+    @rpc_errors
+    async def GetConsensusState(
+        self, request: tpb.GetConsensusStateRequestPB, context: Ctx
+    ) -> tpb.GetConsensusStateResponsePB:
+        return self.sim.consensus_states(request)
 
 
 class SimulatorThread:

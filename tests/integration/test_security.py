@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import pyarrow as pa
 import pytest
 
 from service.common.errors import PermissionDenied, Unauthenticated, from_grpc
@@ -321,6 +322,64 @@ def test_a_tablet_copy_session_only_for_tablet_servers(cluster: MiniCluster) -> 
 def test_unauthenticated_is_its_own_status() -> None:
     assert issubclass(Unauthenticated, PermissionDenied)
     assert Unauthenticated.code == "UNAUTHENTICATED"
+
+
+def test_a_tablet_server_certificate_cannot_move_another_tablets_membership(
+    cluster: MiniCluster,
+) -> None:
+    """A server with a genuine tablet server certificate (stolen, or a server gone bad) reports
+    itself LEADER of a real tablet, in a newer config that swaps itself in for a real replica.
+    Adopted, that claim sent clients to it and got the replica it left out tombstoned. Now the
+    leader master asks the claim's other voters, who do not confirm it: nothing is adopted,
+    the report is not acknowledged, and every real replica keeps serving."""
+    with cluster.client() as c:
+        tablet = c.call("table_locations", "t")[0]
+    tablet_id = tablet.tablet_id
+    admin = _creds(cluster, "admin", "test-admin")
+
+    def consensus(uuid: str) -> pb.ConsensusStatePB:
+        ts = cluster.tserver_by_uuid(uuid)
+        with open_sync_channel(ts.address, admin, role="tserver") as ch:
+            r = tserver_pb2_grpc.TabletServerAdminServiceStub(ch).GetConsensusState(
+                tpb.GetConsensusStateRequestPB(dest_uuid=uuid, tablet_ids=[tablet_id]), timeout=5
+            )
+        return r.tablets[0].consensus_state
+
+    replicas = sorted(r.ts_uuid for r in tablet.replicas)
+    assert len(replicas) == 3
+    real = consensus(replicas[0])
+    forged = pb.ConsensusStatePB()
+    forged.CopyFrom(real)
+    forged.current_term += 100
+    forged.leader_uuid = "ts-rogue"
+    forged.committed_config.opid_index += 100
+    left_out = forged.committed_config.peers[0].permanent_uuid
+    forged.committed_config.peers[0].permanent_uuid = "ts-rogue"
+    forged.committed_config.peers[0].ClearField("last_known_addr")
+
+    req = _heartbeat("ts-rogue", 9)
+    req.tablet_report.is_incremental = True
+    req.tablet_report.sequence_number = 7
+    req.tablet_report.updated_tablets.add(
+        tablet_id=tablet_id,
+        state=pb.REPLICA_RUNNING,
+        role=pb.LEADER,
+        consensus_state=forged,
+    )
+    ch, stub = _master_stub(_leader(cluster), _creds(cluster, "tserver", "ts-rogue"))
+    with ch:
+        for _ in range(3):  # as a server does, again and again: never adopted
+            resp = stub.TSHeartbeat(req, timeout=10)
+            assert resp.acked_report_sequence_number == 0
+    with cluster.client() as c:  # a new client: nothing cached
+        after = c.call("table_locations", "t")[0]
+    assert sorted(r.ts_uuid for r in after.replicas) == replicas
+    assert "ts-rogue" not in {r.ts_uuid for r in after.replicas}
+    # The replica the claim left out is a member still, on its server and in its group.
+    assert consensus(left_out).committed_config.opid_index == real.committed_config.opid_index
+    with cluster.client() as c:
+        c.write("t", pa.table({"id": pa.array([77], pa.int64()), "v": ["after"]}))
+        assert 77 in c.call("scan", "t").column("id").to_pylist()
 
 
 def test_the_same_attacks_succeed_against_an_insecure_cluster(tmp_path: Path) -> None:

@@ -24,7 +24,9 @@ class NeedsWrite:
 
     quiet: frozenset[str] = frozenset()
 
-    def judge_report(self, reporter: NodeId, reported: list[Any]) -> ReportPlan:
+    def judge_report(
+        self, reporter: NodeId, reported: list[Any], confirmed: Any = None
+    ) -> ReportPlan:
         if reporter in self.quiet:
             action = DeleteReplica(TabletId("orphan"), reporter, False, None, "test")
             return ReportPlan(None, actions=(action,))
@@ -40,7 +42,11 @@ class Catalog(NeedsWrite):
         self.fail: Exception | None = None
 
     async def process_report(
-        self, reporter: NodeId, reported: list[Any], judged: ReportPlan | None = None
+        self,
+        reporter: NodeId,
+        reported: list[Any],
+        judged: ReportPlan | None = None,
+        confirmed: Any = None,
     ) -> ReportPlan:
         self.started.append(reporter)
         await self.release.wait()
@@ -90,7 +96,11 @@ class Stepped(NeedsWrite):
         not wait for its turn."""
 
     async def process_report(
-        self, reporter: NodeId, reported: list[Any], judged: ReportPlan | None = None
+        self,
+        reporter: NodeId,
+        reported: list[Any],
+        judged: ReportPlan | None = None,
+        confirmed: Any = None,
     ) -> ReportPlan:
         self.started.append(reporter)
         self.judged[reporter] = judged is not None

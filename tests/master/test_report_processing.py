@@ -106,9 +106,11 @@ CASES = [
      rep(LEADER, cs(1, "ts-0")), None, []),
     ("CREATING + leaderless report: nothing", CREATING, TABLE, "ts-0", rep(LEADER, cs(0, None)),
      None, []),
-    ("RUNNING + newer committed config from its leader: recorded", RUNNING, TABLE, "ts-0",
-     rep(LEADER, cs(2, "ts-0", 5, NEW_PEERS)),
-     {"term": 2, "index": 5, "peers": ("ts-0", "ts-1", "ts-3")}, []),
+    ("RUNNING + newer committed config from its leader, not confirmed: nothing yet", RUNNING,
+     TABLE, "ts-0", rep(LEADER, cs(2, "ts-0", 5, NEW_PEERS)), None, []),
+    ("a leader the recorded config does not name, same voters: not adopted unconfirmed",
+     RUNNING, TABLE, "ts-9", rep(LEADER, cs(9, "ts-9", 9, (*PEERS[:2],
+     RaftPeer(NodeId("ts-9"), MemberType.VOTER)))), None, []),
     ("RUNNING + new leader same config: recorded", RUNNING, TABLE, "ts-1",
      rep(LEADER, cs(2, "ts-1")), {"term": 2, "leader": "ts-1"}, []),
     ("RUNNING + stale leader (older term): ignored", replace(RUNNING, consensus=cs(3, "ts-1")),
@@ -151,6 +153,27 @@ def _action(a: object) -> str:
         return f"delete {a.server} DELETED"
     assert isinstance(a, AlterReplica)
     return f"alter {a.server} to {a.schema_version}"
+
+
+def test_a_membership_claim_is_adopted_once_another_voter_confirms_it() -> None:
+    """A leader report that changes the voters (or comes from a non-voter of the recorded
+    config) is a claim about other servers: adopted only with another voter's matching
+    committed config (same op index and voters), never on the reporter's word."""
+    claim = cs(2, "ts-0", 5, NEW_PEERS)
+    report = rep(LEADER, claim)
+    d = decide(NodeId("ts-0"), report, RUNNING, TABLE)
+    assert d.update is None and d.unconfirmed == claim
+    # ts-1 confirms: the same config, at the term it knows.
+    d = decide(NodeId("ts-0"), report, RUNNING, TABLE, cs(1, "ts-0", 5, NEW_PEERS))
+    assert d.update is not None and d.update.consensus is not None and d.unconfirmed is None
+    assert tuple(p.uuid for p in d.update.consensus.peers) == ("ts-0", "ts-1", "ts-3")
+    # Another index, or other voters: no confirmation.
+    for answer in (cs(2, "ts-0", 4, NEW_PEERS), cs(2, "ts-0", 5, PEERS), None):
+        d = decide(NodeId("ts-0"), report, RUNNING, TABLE, answer)
+        assert d.update is None and d.unconfirmed == claim
+    # The same voters from a recorded voter (a new leader, a new term): no question asked.
+    d = decide(NodeId("ts-1"), rep(LEADER, cs(2, "ts-1")), RUNNING, TABLE)
+    assert d.update is not None and d.unconfirmed is None
 
 
 @pytest.mark.parametrize(
