@@ -207,16 +207,15 @@ class Campaign:
         gen = None
         for number in numbers:
             if gen is None or number % MAINTAIN_EVERY == 0:
-                self._maintain()
+                try:
+                    self._maintain()
+                except Exception as e:  # e.g. the scratch table did not come up in time
+                    self._harness_error(number, e)  # maintained again at the next block
                 gen = Generator(self.fc.vocabulary())
             try:
                 self.run_case(number, draw_case(gen, self.seed, number))
             except Exception as e:  # a bug of the fuzzer's own, or a cluster gone quiet
-                self.stats.harness_errors += 1
-                if self.stats.harness_errors <= SHOWN:
-                    trace = "".join(traceback.format_exception(e))
-                    self.say(f"fuzz: harness error at case {number} (not a finding):\n{trace}")
-                self._recover()
+                self._harness_error(number, e)
             if time.monotonic() - last >= PROGRESS_S:
                 last = time.monotonic()
                 rate = self.stats.cases / (last - started)
@@ -224,6 +223,15 @@ class Campaign:
         self._periodic(final=True)
         self._report(time.monotonic() - started)
         return self.stats
+
+    def _harness_error(self, number: int, e: Exception) -> None:
+        """Count (and show the first few of) the fuzzer's own failures, then recover: a long
+        campaign goes on past a busy machine's timeouts instead of ending with them."""
+        self.stats.harness_errors += 1
+        if self.stats.harness_errors <= SHOWN:
+            trace = "".join(traceback.format_exception(e))
+            self.say(f"fuzz: harness error at case {number} (not a finding):\n{trace}")
+        self._recover()
 
     def _recover(self) -> None:
         """After a harness error: a server may have died or the leader moved."""
