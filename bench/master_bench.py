@@ -13,7 +13,9 @@ are also measured with security off, and the run ends with their ratios.
             on the secured master and on an insecure one with its own plaintext fleet
   lookup    GetTableLocations in-process p99 on a --lookup-tablets table (goal <= 100 us)
   rpc       GetTableLocations RPCs/s against the secured master process with 32 concurrent
-            clients of the Go load generator over mutual TLS (bench/go_load.py; goal >= 3,000/s
+            clients of the Go load generator over mutual TLS, as a user granted `read` on the
+            table (so each call pays the grant check and an authz token's signature too:
+            `Setup.load_identity`; bench/go_load.py; goal >= 3,000/s
             on this 2-core machine), the same clients' Ping RPCs/s against the master (its
             ceiling: gRPC's per-call cost in this process, without the lookup) and against an
             empty grpc.aio server with TLS (bench/grpc_baseline.py): what one Python gRPC
@@ -411,6 +413,9 @@ OVERRIDES = {
 }
 """A 10 s unresponsive timeout: the create phase's fleet, stopped, is marked dead soon."""
 
+LOAD_USER = "bench-reader"
+"""The user the GetTableLocations load runs as, granted `read` on the table."""
+
 CREATE_FLEET = 30
 """Simulated servers the create phase's table is placed on (and the rpc figures' table lives)."""
 
@@ -431,12 +436,13 @@ class Setup:
 
     @property
     def load_identity(self) -> IdentityFiles | None:
-        """The load generators' identity (None: insecure): the cluster's admin, whose DDL made
-        the table. Every authenticated role may call GetTableLocations and Ping, so the calls
-        pay for TLS and the role check; an admin holds every privilege on every table, so the
-        figure stays the cost of those whatever per-table rules a `user` is subject to."""
+        """The load generators' identity (None: insecure): a `user` granted `read` on the
+        table (`set_up`), as a Spark job or an application calls. So the secured figure pays
+        for everything a user's lookup costs: TLS, the role check, the per-table grant check
+        and signing the authz token that comes with the locations. (An admin skips the
+        grant check, which would flatter the figure.)"""
         pki = self.cluster.pki
-        return None if pki is None else pki.files("admin", "test-admin")
+        return None if pki is None else pki.files("user", LOAD_USER)
 
     def load_credentials(self) -> Credentials | None:
         files = self.load_identity
@@ -473,6 +479,16 @@ async def set_up(
     table_id = await create_table(stub, "create", tablets, 1)
     await wait_running(stub, table_id, 300)
     create_s = time.monotonic() - t0
+    if cluster.pki is not None:
+        await stub.GrantPrivileges(
+            pb.GrantPrivilegesRequestPB(
+                request_id=pb.RequestIdPB(client_id="bench", seq_no=2),
+                table=pb.TableIdentifierPB(table_id=table_id),
+                user=LOAD_USER,
+                privileges=[pb.PRIVILEGE_READ],
+            ),
+            timeout=30,
+        )
     return Setup(cluster, address, proc.pid, channel, stub, sim, table_id, create_s)
 
 
