@@ -559,6 +559,14 @@ class CatalogManager(AssignmentRounds):
             raise InvalidArgument(f"name_filter: must be a string, got {name_filter!r}")
         return list_tables(self._maps, name_filter)
 
+    def table_identity(self, table: TableIdentifier) -> tuple[str, str]:
+        """The table's (id, current name) (NotFound if there is none): O(1), for checks that
+        need only which table a request names, on every lookup (`table_schema` counts the
+        table's RUNNING tablets)."""
+        self._check_ready()
+        info = self._resolve(table)
+        return info.table_id, info.name
+
     async def get_table_schema(self, table: TableIdentifier) -> TableSchemaInfo:
         self._check_ready()
         return table_schema(self._resolve(table))

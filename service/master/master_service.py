@@ -506,13 +506,13 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         if user is None:
             return table
         try:
-            info = await catalog.get_table_schema(table)
+            table_id, name = catalog.table_identity(table)
         except NotFound:
             raise PermissionDenied(
                 f"{user} holds no privilege on table {table.name or table.table_id!r}"
             ) from None
-        self._access().require(user, info.table_id, info.name, needed)
-        return TableIdentifier(table_id=info.table_id, name=info.name)
+        self._access().require(user, table_id, name, needed)
+        return TableIdentifier(table_id=table_id, name=name)
 
     # --- masters -----------------------------------------------------------------------------
 
