@@ -31,7 +31,7 @@ demo: venv
 
 ## The replicated-log demo of the consensus layer (3 processes, a leader killed under load).
 raft-demo: venv
-	$(BIN)/python -m service.consensus.demo
+	$(BIN)/python -m service.tools.kv_demo
 
 ## Lint, type checks, then the default (fast) test run. CI runs this.
 test: venv lint typecheck

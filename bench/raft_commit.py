@@ -7,7 +7,7 @@ Each system runs as 3 real processes on loopback, one system at a time, and the 
 generator (bench/loadgen.py: 64 concurrent clients, distinct keys, 16-byte values, 2 s warm-up,
 10 s measured, puts sent to the leader, one put in flight per client) drives each of them:
 
-  tessera    3 KV demo nodes (service.consensus.demo_server via DemoCluster), conf/raft-demo.toml
+  tessera    3 KV demo nodes (service.tools.kv_demo_server via DemoCluster), conf/raft-demo.toml
              as shipped: wal.fsync = true (one fdatasync per group commit), secured as the
              product is by default: mutual TLS from a CA made for the run between the nodes and
              to the clients, Raft messages and client calls authorized by certificate. Clients
@@ -81,7 +81,7 @@ async def _find_leader(addresses: list[str], creds: Path | None) -> str:
         await target.aclose()
 
 
-GROUP_COMMIT = "group commit:"  # the line RaftNode.stats() gives and demo_server logs at exit
+GROUP_COMMIT = "group commit:"  # the line RaftNode.stats() gives and kv_demo_server logs at exit
 
 
 def group_commit_stats(cluster: DemoCluster, names: dict[str, str]) -> dict[str, str]:

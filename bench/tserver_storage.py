@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from service.common.predicates import ColumnPredicate, ScanSpec
 from service.common.schema import ColumnType, Schema
-from service.tserver.predicates import ColumnPredicate, ScanSpec
 from service.tserver.row_ops import RowOp, WriteBatch, decode_write
 from service.tserver.rowstore import RowStore
 

@@ -86,9 +86,9 @@ from service.client.scanner import REPLICA_SELECTIONS, ScanToken
 from service.client.sync import SyncClient
 from service.client.write_session import OPERATIONS, format_errors
 from service.common.errors import InvalidArgument
+from service.common.predicates import ColumnPredicate, ScanSpec, validate_spec
 from service.common.schema import ColumnSchema, ColumnType, Schema
 from service.common.tls import Credentials
-from service.tserver.predicates import ColumnPredicate, ScanSpec, validate_spec
 
 __all__ = [
     "FORMAT",

@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from service.client.sync import SyncClient
     from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
+    from service.common.predicates import ColumnPredicate
     from service.common.schema import ColumnType, Schema
     from service.tools import ksck_cmd, local_cluster
-    from service.tserver.predicates import ColumnPredicate
     from spark_jobs.jobs import audit_snapshot, orphan_sweep, schema_audit
 
     step(f"starting a local cluster in {base / 'cluster'}")

@@ -19,7 +19,7 @@ PURE_PACKAGES = [
     "service/master/placement_policy.py",
     "service/master/report_processing.py",
     "service/master/rereplication.py",
-    "service/master/rebalancing.py",
+    "service/rebalance",
 ]
 FORBIDDEN_MODULES = {
     "asyncio",

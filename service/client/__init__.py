@@ -5,10 +5,10 @@
         await c.write("t", arrow_table, "upsert")
         rows = await c.scan("t", predicates=[ColumnPredicate("id", "GE", (10,))])
 
-The client speaks to servers over gRPC only (docs/design/layers.md#R2; the predicates it shares
-with the tablet server still live in service.tserver, a known exception listed in
-docs/design/layers.md#R8); it finds the leader master itself and retries within a deadline
-(docs/design/failover.md#R7); DDL is exactly-once (docs/design/catalog.md#R11).
+The client speaks to servers over gRPC only (docs/design/layers.md#R2; the predicates and scan
+specifications it shares with the tablet server are in service.common.predicates); it finds the
+leader master itself and retries within a deadline (docs/design/failover.md#R7); DDL is
+exactly-once (docs/design/catalog.md#R11).
 
 Modules
 -------
@@ -23,14 +23,14 @@ Modules
     retry           deadlines and retry pacing
     channels        one gRPC channel per server address
     credentials     where a client finds its credentials
-    enrollment      certificates from the masters: users' credentials, joins, renewals
+(Certificates from the masters, for users, joins and renewals: service.common.enrollment.)
 """
 
 from service.client.client import MasterInfo, TableSummary, TabletServerInfo, TesseraClient
 from service.client.meta_cache import Replica, TableInfo, TabletLocation
 from service.client.scanner import ScanToken, TabletScanner
 from service.client.write_session import RowError, WriteResult, WriteSession
-from service.tserver.predicates import ColumnPredicate
+from service.common.predicates import ColumnPredicate
 
 __all__ = [
     "ColumnPredicate",

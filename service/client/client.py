@@ -45,13 +45,13 @@ from service.common.errors import (
     from_grpc,
 )
 from service.common.partition import PartitionSchema
+from service.common.predicates import ColumnPredicate, ScanSpec, predicate_to_pb, validate_spec
 from service.common.schema import AddColumn, DropColumn, RenameColumn, Schema
 from service.common.schema_codec import column_to_pb, partition_schema_to_pb, schema_to_pb
 from service.common.tls import Credentials
 from service.common.tokens import Privilege
 from service.pb import master_pb2 as pb
 from service.pb import tserver_pb2 as tpb
-from service.tserver.predicates import ColumnPredicate, ScanSpec, predicate_to_pb, validate_spec
 
 __all__ = [
     "CatalogDump",

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from service.common.keys import encode_key
 from service.common.partition import Partition, PartitionSchema, bucket_for
+from service.common.predicates import ColumnPredicate
 from service.common.schema import Schema
-from service.tserver.predicates import ColumnPredicate
 
 __all__ = ["KeyRange", "allowed_buckets", "prune", "range_interval", "successor"]
 

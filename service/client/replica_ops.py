@@ -29,7 +29,7 @@ only the op index moved and the membership is the one the decision was based on,
 otherwise someone else changed the tablet (the master replacing a failed replica, an operator)
 and the operation stops with `ConcurrentConfigChange`, naming the config before and after.
 
-`execute_moves` runs a plan (`service.master.rebalancing`) with at most N moves in flight per
+`execute_moves` runs a plan (`service.rebalance.rebalancing`) with at most N moves in flight per
 involved server (each move is a tablet copy's disk and network load on both), moves of one
 tablet in plan order. Before each move, `verify_unchanged` checks it against the tablet's live
 config (`from` still a voter, `to` not holding it): a move the cluster has left behind is
@@ -66,9 +66,9 @@ from service.common.errors import (
     error_class,
     from_grpc,
 )
-from service.master.rebalancing import Move
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
+from service.rebalance.rebalancing import Move
 
 __all__ = [
     "ConcurrentConfigChange",

@@ -26,6 +26,9 @@ Modules
     authz           per-servicer RPC policies, default deny
     cert_renewal    a server renewing its own certificate before it expires, without a restart
     private_files   owner-only files for keys and credentials
+    enrollment      certificates from the leader master: users' credentials, joins, renewals
+    predicates      scan specifications: predicates, projection, key bounds, limits (the
+                    client builds them, the tablet server evaluates them)
 
 Nothing is re-exported here, so importing one module (say `clock`) does not import the rest
 (`errors` pulls in grpc).

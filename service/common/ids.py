@@ -3,8 +3,8 @@
 A `NewType` costs nothing at run time and lets mypy catch a tablet id passed where a table id is
 expected. All ids are strings on the wire and on disk.
 
-* `NodeId` is the permanent uuid of a node (a master or a tablet server). It is defined by the
-  pure Raft core (`service.raft.types`) and only re-exported here, so there is one such type.
+* `NodeId` is the permanent uuid of a node (a master or a tablet server). The pure Raft core
+  (`service.raft.types`) uses this one type, so a peer id means the same thing everywhere.
   The amnesia rule (docs/design/consensus.md#R9) rests on it: every RPC names its recipient's uuid,
   and a node that lost its disk takes a new one.
 * `TableId` and `TabletId` name catalog objects (docs/design/catalog.md). Like Kudu, freshly made
@@ -25,7 +25,6 @@ import uuid
 from typing import NewType
 
 from service.common.errors import InvalidArgument
-from service.raft.types import NodeId
 
 __all__ = [
     "NodeId",
@@ -35,6 +34,10 @@ __all__ = [
     "validate_node_id",
     "validate_uuid",
 ]
+
+NodeId = NewType("NodeId", str)
+"""A node's permanent uuid. Messages name their destination by it (the amnesia rule,
+docs/design/consensus.md#R9)."""
 
 TableId = NewType("TableId", str)
 """A table's id: a uuid, fixed at CreateTable and never reused (names may be)."""

@@ -20,7 +20,7 @@ Modules
     fs              the file-system seam (real, or simulated by service.testing.simdisk)
     codec           the core's values to and from consensus.proto
     transport       gRPC transport: per-peer batching, incarnations, destination checks
-    demo_server     the replicated key-value demo server (the smallest state machine)
-    demo_client     the KV demo's client
-    demo            `make raft-demo`: three demo processes, a leader killed under load
+
+The replicated key-value demo built on this package (its smallest state machine) lives with the
+tools: service.tools.kv_demo_server, kv_demo_client and kv_demo (`make raft-demo`).
 """

@@ -26,7 +26,7 @@ Modules
                         re-replication
     placement_policy    which servers host a new or replacement replica (PURE)
     rereplication       3-4-3 decisions for under-replicated tablets (PURE)
-    rebalancing         replica rebalancing moves (PURE)
+    (rebalancing moves: service.rebalance, shared with the client and the Spark job)
     replica_changes     AddReplica/RemoveReplica/MoveReplica for operators
     report_processing   what the leader does about one reported replica (PURE)
     heartbeat           TSHeartbeat: liveness on every master, reports on the leader, ReportGate

@@ -14,11 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from typing import NewType
 
-NodeId = NewType("NodeId", str)
-"""A node's permanent uuid. Messages name their destination by it (the amnesia rule,
-docs/design/consensus.md#R9)."""
+from service.common.ids import NodeId
 
 NO_NODE = NodeId("")
 

@@ -37,6 +37,7 @@ from service.client.client import TesseraClient
 from service.client.scanner import ScanToken, TabletScanner
 from service.common.errors import TesseraError
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
+from service.common.predicates import ColumnPredicate
 from service.common.schema import ColumnType, Schema
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
@@ -51,7 +52,6 @@ from service.testing.chaos_checks import (
     views_diverge,
 )
 from service.testing.chaos_cluster import ChaosCluster
-from service.tserver.predicates import ColumnPredicate
 
 OP_TIMEOUT = 10.0
 SETUP_TIMEOUT = 90.0

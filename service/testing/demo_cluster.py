@@ -6,7 +6,7 @@ to whatever is left, so a test that uses the cluster as a context manager never 
 process running.
 
 `secure=True` makes a CA for the cluster in `<dir>/pki` and starts every node with its own
-`tserver` certificate (`demo_server --credentials`): mutual TLS between the nodes and towards
+`tserver` certificate (`kv_demo_server --credentials`): mutual TLS between the nodes and towards
 their clients, who get identities from `credentials_dir`. Off by default: the demo and its
 tests speak plaintext; the benchmarks run both (bench/README.md).
 """
@@ -158,7 +158,7 @@ class DemoCluster:
         args = [
             sys.executable,
             "-m",
-            "service.consensus.demo_server",
+            "service.tools.kv_demo_server",
             "--conf",
             str(DEMO_CONF),
             "--set",

@@ -43,7 +43,7 @@ def _addresses(text: str) -> list[str]:
 
 
 async def _status(addresses: list[str], fmt: str) -> int:
-    from service.consensus.demo_client import KvClient
+    from service.tools.kv_demo_client import KvClient
 
     kv = KvClient(addresses)
     rows = []
@@ -84,7 +84,7 @@ async def _status(addresses: list[str], fmt: str) -> int:
 
 
 async def _put(addresses: list[str], key: str, value: str) -> int:
-    from service.consensus.demo_client import KvClient
+    from service.tools.kv_demo_client import KvClient
 
     kv = KvClient(addresses)
     try:
@@ -96,7 +96,7 @@ async def _put(addresses: list[str], key: str, value: str) -> int:
 
 
 async def _get(addresses: list[str], key: str) -> int:
-    from service.consensus.demo_client import KvClient
+    from service.tools.kv_demo_client import KvClient
 
     kv = KvClient(addresses)
     try:
@@ -216,19 +216,19 @@ def main(argv: list[str] | None = None) -> int:
                 fwd += ["--ready-file", args.ready_file]
             return tserver_main.main(fwd)
         if args.action == "serve":
-            from service.consensus import demo_server
+            from service.tools import kv_demo_server
 
             fwd = ["--conf", args.conf] + [x for s in args.set for x in ("--set", s)]
             if args.ready_file:
                 fwd += ["--ready-file", args.ready_file]
-            return demo_server.main(fwd)
+            return kv_demo_server.main(fwd)
         if args.action == "run":
-            from service.consensus import demo
+            from service.tools import kv_demo
 
             fwd = ["--clients", str(args.clients), "--seconds", str(args.seconds)]
             if args.dir:
                 fwd += ["--dir", args.dir]
-            return demo.main(fwd)
+            return kv_demo.main(fwd)
         if args.action == "status":
             return asyncio.run(_status(args.addresses, args.format))
         if args.action == "put":

@@ -9,7 +9,7 @@
 
 `rebalance` reads the master's catalog (DumpCatalog: every RUNNING tablet's committed voters)
 and the live tablet servers, prints each server's replica counts per table and the skews, plans
-moves with `service.master.rebalancing` and prints them with the skews they lead to. Without a
+moves with `service.rebalance.rebalancing` and prints them with the skews they lead to. Without a
 flag that is all it does (a dry run); `--report-only` prints only the skews; `--apply` executes
 the plan (`service.client.replica_ops.execute_moves`, one progress line per start and outcome),
 waits until the master's catalog shows the moves (tablet leaders report them on their next
@@ -52,7 +52,8 @@ from service.client.replica_ops import (
     move_replica,
     remove_replica,
 )
-from service.master.rebalancing import (
+from service.pb import master_pb2 as mpb
+from service.rebalance.rebalancing import (
     Distribution,
     Move,
     Placement,
@@ -61,7 +62,6 @@ from service.master.rebalancing import (
     plan_moves,
     skew_report,
 )
-from service.pb import master_pb2 as mpb
 from service.tools.admin_cmd import (
     add_connection_args,
     credentials_of,

@@ -46,9 +46,9 @@ import pyarrow.compute as pc
 from service.common.errors import InvalidArgument
 from service.common.keys import decode_key
 from service.common.partition import HashBucketSchema, Partition, PartitionSchema
+from service.common.predicates import ColumnPredicate
 from service.common.schema import AddColumn, ColumnSchema, ColumnType, Schema, coerce_value
 from service.tools.output import cell_text
-from service.tserver.predicates import ColumnPredicate
 
 __all__ = [
     "LOCAL_OPS",

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from service.client.credentials import load_credentials_dir, token_of
-from service.client.enrollment import request_certificate
+from service.common.enrollment import request_certificate
 from service.common.errors import InvalidArgument, PermissionDenied
 from service.common.private_files import private_dir, write_private_file
 from service.tools.admin_cmd import add_connection_args, credentials_of, masters_of, run_command

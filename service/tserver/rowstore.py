@@ -83,12 +83,12 @@ from service.common.errors import (
     InvalidArgument,
     TesseraError,
 )
+from service.common.predicates import ScanSpec, to_arrow_expression, validate_spec
 from service.common.schema import Schema
 from service.common.schema_codec import schema_from_pb, schema_to_pb
 from service.consensus.fs import RealFileSystem
 from service.pb import common_pb2
 from service.tserver.key_splitting import KeyView, MemRows
-from service.tserver.predicates import ScanSpec, to_arrow_expression, validate_spec
 from service.tserver.row_ops import WriteBatch
 from service.tserver.rowstore_files import (
     KEY_COL,

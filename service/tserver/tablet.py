@@ -73,6 +73,7 @@ from service.common.errors import (
     TabletNotRunning,
     TesseraError,
 )
+from service.common.predicates import ScanSpec
 from service.common.schema import Schema
 from service.common.schema_codec import schema_from_pb, schema_to_pb
 from service.consensus.fs import RealFileSystem
@@ -82,7 +83,6 @@ from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.raft import ConfigChangeType, NodeId, RaftConfig, Role
 from service.tserver import superblock as sbmod
-from service.tserver.predicates import ScanSpec
 from service.tserver.row_ops import WriteBatch, decode_write
 from service.tserver.rowstore import RowStore, WriteResult
 from service.tserver.superblock import DataState, Superblock

@@ -38,10 +38,10 @@ from pathlib import Path
 
 import grpc
 
-from service.client.enrollment import request_certificate
 from service.common.authz import Authorizer
 from service.common.cert_renewal import CertRenewer
 from service.common.config import TServerConfig
+from service.common.enrollment import request_certificate
 from service.common.errors import FailedPrecondition, InvalidArgument, StaleTerm, observe_rpcs
 from service.common.http_status import StatusServer, public_address
 from service.common.loop_lag import LoopLagMonitor

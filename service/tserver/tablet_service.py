@@ -27,6 +27,7 @@ from service.common.errors import (
 )
 from service.common.keys import decode_key
 from service.common.pki import Identity
+from service.common.predicates import ScanSpec, predicates_from_pb
 from service.common.tls import INSECURE_PEER
 from service.common.tokens import Privilege
 from service.pb import master_pb2 as mpb
@@ -34,7 +35,6 @@ from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
 from service.raft import Role
 from service.tserver.key_splitting import check_split_args, column_ids, split_key_range
-from service.tserver.predicates import ScanSpec, predicates_from_pb
 from service.tserver.scanners import ScanPage
 from service.tserver.tablet import TabletReplica
 from service.tserver.tablet_manager import check_tablet_id

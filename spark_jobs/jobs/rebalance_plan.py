@@ -5,7 +5,7 @@
     tessera jobs run rebalance_plan --dir DIR --apply-plan ID # execute a reviewed plan
     tessera jobs run rebalance_plan --dir DIR --apply         # plan and execute at once
 
-The plan is Kudu's two-dimensional greedy rebalancer (`service.master.rebalancing`, the same
+The plan is Kudu's two-dimensional greedy rebalancer (`service.rebalance.rebalancing`, the same
 code as `tessera cluster rebalance`): balanced when every table's and the cluster's skew is at
 most 1. It is saved in tessera_audit.rebalance_plans under the run id, with its moves and the
 skew before and after, for review (Cruise Control's reviewed plan). Executing a plan first
@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from service.common.errors import InvalidArgument, NotFound
-from service.master.rebalancing import (
+from service.rebalance.rebalancing import (
     Distribution,
     Move,
     Placement,

@@ -11,7 +11,7 @@ from cryptography import x509
 from bench.etcd_baseline import LOOPBACK, member_certificate
 from service.common.errors import InvalidArgument
 from service.common.pki import ClusterPki, identity_of
-from service.consensus.demo_server import PEER_ROLE, load_credentials
+from service.tools.kv_demo_server import PEER_ROLE, load_credentials
 
 
 def test_an_etcd_member_certificate_names_loopback_and_chains_to_our_ca(tmp_path: Path) -> None:

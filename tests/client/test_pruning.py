@@ -15,8 +15,8 @@ from service.common.partition import (
     RangeSchema,
     find_partition,
 )
+from service.common.predicates import ColumnPredicate as P
 from service.common.schema import ColumnType, Schema
-from service.tserver.predicates import ColumnPredicate as P
 
 SCHEMA = Schema.build(
     [("host", ColumnType.STRING), ("ts", ColumnType.INT64), ("v", ColumnType.DOUBLE)],

@@ -17,9 +17,9 @@ import grpc
 import pytest
 
 from service.common.errors import InvalidArgument, NotTheLeader, TesseraError, from_grpc
-from service.consensus.demo_client import KvClient
 from service.pb import kvdemo_pb2 as pb
 from service.testing.demo_cluster import DemoCluster
+from service.tools.kv_demo_client import KvClient
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ from service.client.client import CatalogDump
 from service.common.errors import InvalidArgument
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
 from service.common.schema import ColumnType, Schema
-from service.master.rebalancing import Distribution, skew_report
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
+from service.rebalance.rebalancing import Distribution, skew_report
 from service.testing.mini_cluster import MiniCluster
 from service.tools import rebalance_cmd
 
@@ -213,7 +213,7 @@ def test_execute_moves_limits_moves_per_server_and_keeps_tablet_order(
     """The scheduler alone (no cluster): the move itself is replaced by a fake that records
     what runs at once."""
     from service.client import replica_ops
-    from service.master.rebalancing import Move
+    from service.rebalance.rebalancing import Move
 
     in_flight: dict[str, int] = {}
     peak: dict[str, int] = {}

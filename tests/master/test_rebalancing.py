@@ -1,6 +1,6 @@
 """The pure rebalancer: table-driven cases, then randomized properties over many seeds.
 
-Properties (module docstring of service.master.rebalancing): with nothing pinned every result is
+Properties (module docstring of service.rebalance.rebalancing): with nothing pinned every result is
 balanced (each table's skew and the cluster's skew at most 1); every move takes a replica from a
 server that holds it to a live server that does not (`apply_moves` checks both); a tablet keeps
 its replica count; a balanced input yields no moves; the same input and seed give the same plan;
@@ -15,7 +15,7 @@ from random import Random
 import pytest
 
 from service.common.errors import InvalidArgument
-from service.master.rebalancing import (
+from service.rebalance.rebalancing import (
     Distribution,
     Move,
     Placement,

@@ -14,8 +14,8 @@ from service.client.meta_cache import TableInfo
 from service.common.errors import InvalidArgument
 from service.common.partition import PartitionSchema
 from service.common.pki import ClusterPki
+from service.common.predicates import ColumnPredicate
 from service.common.schema import ColumnType, Schema
-from service.tserver.predicates import ColumnPredicate
 from spark_jobs.datasource import (
     ReadOptions,
     TabletPartition,

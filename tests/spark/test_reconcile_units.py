@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from service.master.rebalancing import plan_moves
+from service.rebalance.rebalancing import plan_moves
 from spark_jobs.inventory import (
     HostedRow,
     Inventory,

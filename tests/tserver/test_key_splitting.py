@@ -17,6 +17,7 @@ import pytest
 
 from service.common.errors import InvalidArgument
 from service.common.keys import encode_key, encode_keys_arrow
+from service.common.predicates import ScanSpec
 from service.common.schema import ColumnType, Schema
 from service.tserver import key_splitting
 from service.tserver.key_splitting import (
@@ -25,7 +26,6 @@ from service.tserver.key_splitting import (
     column_ids,
     split_key_range,
 )
-from service.tserver.predicates import ScanSpec
 from service.tserver.row_ops import RowOp
 from service.tserver.rowstore import RowStore
 from tests.tserver.test_rowstore import Writer

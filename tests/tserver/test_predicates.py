@@ -9,9 +9,7 @@ import pyarrow as pa
 import pytest
 
 from service.common.errors import InvalidArgument
-from service.common.schema import AddColumn, ColumnType, Schema
-from service.pb import tserver_pb2
-from service.tserver.predicates import (
+from service.common.predicates import (
     ColumnPredicate,
     ScanSpec,
     predicate_to_pb,
@@ -19,6 +17,8 @@ from service.tserver.predicates import (
     to_arrow_expression,
     validate_spec,
 )
+from service.common.schema import AddColumn, ColumnType, Schema
+from service.pb import tserver_pb2
 
 T = ColumnType
 PB = tserver_pb2.ColumnPredicatePB

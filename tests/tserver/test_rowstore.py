@@ -18,8 +18,8 @@ import pytest
 
 from service.common.errors import AlreadyExists, Corruption, InvalidArgument, NotFound
 from service.common.keys import encode_key
+from service.common.predicates import ColumnPredicate, ScanSpec
 from service.common.schema import AddColumn, ColumnType, DropColumn, RenameColumn, Schema
-from service.tserver.predicates import ColumnPredicate, ScanSpec
 from service.tserver.row_ops import RowOp, WriteBatch, decode_write
 from service.tserver.rowstore import MANIFEST, RowStore, WriteResult
 

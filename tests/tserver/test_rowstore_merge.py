@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 from service.common.keys import encode_key, encode_keys_arrow
+from service.common.predicates import ColumnPredicate, ScanSpec
 from service.common.schema import ColumnType, Schema
-from service.tserver.predicates import ColumnPredicate, ScanSpec
 from service.tserver.row_ops import RowOp
 from service.tserver.rowstore import RowStore
 from service.tserver.rowstore_files import BATCH_ROWS, DEL_COL, KEY_COL, Source, phys_name

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from service.common.config import RaftSettings, TServerConfig
+from service.common.predicates import ScanSpec
 from service.common.schema_codec import encode_cell
 from service.common.tls import SecuritySettings
 from service.pb import master_pb2 as mpb
@@ -32,7 +33,6 @@ from service.testing.tablet_fixtures import (
     write_request,
 )
 from service.tserver import superblock as sbmod
-from service.tserver.predicates import ScanSpec
 from service.tserver.rowstore import RowStore
 from service.tserver.superblock import DataState
 from service.tserver.tablet_server import TabletServer

@@ -5,7 +5,7 @@ is killed with SIGKILL; writes continue on the newly elected leader; the killed 
 and catches up; every acknowledged write is then read back with a linearizable read, and the
 nodes are stopped cleanly. Prints a short summary table.
 
-    python -m service.consensus.demo [--dir DIR] [--clients 64] [--seconds 3]
+    python -m service.tools.kv_demo [--dir DIR] [--clients 64] [--seconds 3]
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 import grpc
 
 from service.common.errors import TesseraError
-from service.consensus.demo_client import KvClient
 from service.testing.demo_cluster import DemoCluster
+from service.tools.kv_demo_client import KvClient
 
 
 @dataclass

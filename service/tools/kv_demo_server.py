@@ -1,6 +1,6 @@
 """The replicated key-value demo server: the smallest state machine on the consensus layer.
 
-    python -m service.consensus.demo_server --conf conf/raft-demo.toml [--set key=value ...]
+    python -m service.tools.kv_demo_server --conf conf/raft-demo.toml [--set key=value ...]
     tessera raft-demo serve --conf conf/raft-demo.toml
 
 One process = one Raft node of the group "kv": a gRPC server with the KvDemo API (Put, Get,
