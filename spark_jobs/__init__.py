@@ -12,5 +12,7 @@ Modules
     reconcile       what the jobs find, as PURE functions of an inventory
     audit           Delta audit tables of the catalog and of job findings
     demo            `make demo`: the whole product in a few minutes
+    cli             `tessera jobs ...` and `tessera spark connect-server`, plugged into the
+                    `tessera` command (an entry point: the tools do not import spark_jobs)
     jobs/           the spark-submit jobs, one module each (jobs/__init__.py)
 """

@@ -22,7 +22,6 @@ Modules
     security_cmd    `tessera security`: the cluster CA and certificates
     token_cmd       `tessera token create`: short-lived user credentials
     grant_cmd       `tessera grant|revoke`: per-table privileges
-    jobs_cmd        `tessera jobs list|run`: the reconciliation jobs in this process
     kv_demo_server  the replicated key-value demo server (consensus' smallest state machine)
     kv_demo_client  the KV demo's client
     kv_demo         `make raft-demo`: three demo processes, a leader killed under load

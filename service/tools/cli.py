@@ -18,7 +18,7 @@
     tessera replica add|remove|move TABLET ... (--masters A,B|--dir DIR)
                                                         (service.tools.rebalance_cmd)
     tessera jobs list | run NAME [--masters A,B|--dir DIR|--snapshot ID] [--apply]
-                                                        (service.tools.jobs_cmd)
+                                                        (spark_jobs.cli)
 Exit codes: 0 success, 1 failure, 2 usage or configuration error.
 """
 
@@ -33,6 +33,17 @@ import grpc
 
 from service.common.errors import TesseraError, from_grpc
 from service.common.private_files import owner_only_umask
+
+PLUGIN_GROUP = "tessera.commands"
+"""Entry points whose `register(subparsers)` adds commands from a layer above the tools: the
+Spark jobs (`spark_jobs.cli`), which may use the tools but not the other way round."""
+
+
+def _register_plugins(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        ep.load()(sub)
 
 
 def _addresses(text: str) -> list[str]:
@@ -153,7 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
         admin_cmd,
         cluster_cmd,
         grant_cmd,
-        jobs_cmd,
         ksck_cmd,
         master_cmd,
         rebalance_cmd,
@@ -169,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     table_io_cmd.register(sub)  # `load` and `copy` join the `table` group
     master_cmd.register(sub)
     rebalance_cmd.register_replica(sub)
-    jobs_cmd.register(sub)
+    _register_plugins(sub)
     security_cmd.register(sub)
     grant_cmd.register(sub)
     token_cmd.register(sub)

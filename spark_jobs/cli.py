@@ -1,4 +1,9 @@
-"""`tessera jobs list | run NAME [job arguments]`: the reconciliation jobs, in this process.
+"""`tessera jobs list | run NAME [job arguments]` and `tessera spark connect-server`: the Spark
+side's commands, which spark_jobs plugs into the `tessera` command through the
+`tessera.commands` entry point (pyproject.toml): the tools sit below spark_jobs in the layers
+(docs/design/layers.md#R1), so they find these commands without importing them.
+
+`jobs list | run NAME [job arguments]`: the reconciliation jobs, in this process.
 
 `run` hands the rest of the command line to the job's own `main(argv)` (spark_jobs.jobs), which
 is also what `spark-submit spark_jobs/jobs/NAME.py ...` runs; here Spark runs in local mode with
