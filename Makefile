@@ -14,7 +14,7 @@ FUZZ_ARGS  ?=
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: venv demo raft-demo test test-slow lint typecheck unit protos check-protos sim fuzz bench-raft bench-tserver bench-master bench-spark-read bench-jobs chaos clean
+.PHONY: venv demo raft-demo test test-slow lint typecheck unit protos check-protos sim fuzz bench-raft bench-tserver bench-master bench-scale bench-spark-read bench-jobs chaos clean
 
 venv: $(STAMP)
 
@@ -75,6 +75,13 @@ bench-tserver: venv
 
 bench-master: venv
 	$(BIN)/python -m bench.master_bench
+
+## Catalog scale: 3 secured masters and 1,000 simulated servers grow a 200,000-tablet catalog,
+## then 3 leader kills; ends with `scale: T tablets, E unprovoked elections, ...`.
+## SCALE_ARGS=--quick for a small run.
+SCALE_ARGS ?=
+bench-scale: venv
+	$(BIN)/python -m bench.scale_bench $(SCALE_ARGS)
 
 ## Spark reads: the tessera source against a Python Parquet source and Spark's Parquet reader.
 bench-spark-read: venv

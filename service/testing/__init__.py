@@ -20,6 +20,7 @@ Modules
     ts_simulator        many simulated tablet servers in one process, for master tests and
                         benchmarks
     ts_simulator_stats  the tablet-server simulator's statistics file
+    ts_simulator_shards the simulator as several processes (`--shards K`): the bus between them
     tablet_fixtures     schemas, rows, requests and scans for tests and benchmarks
     hostile_arrow       Arrow IPC streams that frame correctly but lie (poison writes)
     poison_log          a committed entry no replica can apply, planted in a stopped WAL

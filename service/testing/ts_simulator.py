@@ -1,7 +1,7 @@
 """A tablet-server simulator: N simulated servers in one process, for master tests and benchmarks.
 
     python -m service.testing.ts_simulator --masters H:P,H:P,H:P --uuid ts-1 \\
-        --bind 127.0.0.1:0 --port-file F [--count N] [--heartbeat-interval-ms 1000]
+        --bind 127.0.0.1:0 --port-file F [--count N] [--heartbeat-interval-ms 1000] [--shards K]
 
 It is NOT a tablet server: replicas hold no data and "consensus" is a rule, not Raft. It never
 replaces the real tablet server (service/tserver) in end-to-end tests. What it does speak is
@@ -10,9 +10,11 @@ the master's side of the contract exactly:
 * Heartbeats (master.proto TSHeartbeat) from every simulated server to EVERY master each
   interval: registration when a master asks for it (`needs_reregister`), a full tablet report to
   the leader when it asks for one (`needs_full_tablet_report`, after its election or a
-  registration), incremental reports (replicas whose reported state changed since the last
-  report the leader acknowledged, and removed ones) otherwise. Reports go to the master that
-  last said it leads; followers get liveness-only heartbeats.
+  registration), incremental reports otherwise. Reports are edge-triggered per replica: a change
+  marks only the replicas it touches dirty on their server's links, an incremental report
+  carries exactly those (and removed ones), and an idle server's heartbeat is its instance and
+  two counters kept at each change, with no walk over its replicas. Reports go to the master
+  that last said it leads; followers get liveness-only heartbeats.
 * TabletServerAdminService (tserver.proto) on ONE port for all simulated servers: every
   request is routed by its `dest_uuid` (an unknown uuid is refused with WrongDestination, a
   stopped server answers UNAVAILABLE), and refused with StaleTerm if its fence term is lower
@@ -23,11 +25,26 @@ the master's side of the contract exactly:
   peer hosted here gets its replica at once, as a finished tablet copy, and a NON_VOTER with
   `promote` becomes a VOTER one heartbeat round later, as "caught up").
 
-The consensus rule: a tablet's leader is the first VOTER of its committed config whose server
-is up in this process and hosts a live replica; each change of leader bumps the term (the first
-leader has term 1). A replica removed from the config, or whose server is stopped, keeps the
-view it had (its old config and term), so when its server comes back it reports a stale config,
-as an evicted replica would.
+The consensus rule is Raft's majority rule, without timers (`elect`, `commits`): a tablet's
+group has a leader, and its replicas report one, only while more than half of its committed
+config's voters have a live replica: created by CreateTablet or a tablet copy (a replica the
+master asked for that never got created is never counted), not tombstoned, on a server that is
+up. The leader keeps its place while it is live; otherwise the first live voter of the config
+leads with the next term (the first leader has term 1). A config change commits only when a
+majority of the new config's voters is live. A replica removed from the config, or whose server
+is stopped, keeps the view it had (its old config and term), so when its server comes back it
+reports a stale config, as an evicted replica would; a restarted server's replicas know no
+leader until their group tells them.
+
+Shards. Each tablet's group is decided by ONE owner (`_Group`: the committed view and which
+servers hold a live replica) and each replica lives on its server's host (`_Replica`: the view
+it reports); they talk in small messages (a replica is live or not; here is the committed view;
+copy this replica) and owner calls (AlterSchema, ChangeConfig). In one process both sides are
+this `Simulator` and a message is a function call. With `--shards K` the fleet runs as K
+processes, each with its own event loop, admin port and a slice of the servers; a tablet's
+owner is a hash of its id, and the messages travel over Unix sockets in an owner-only directory
+(service/testing/ts_simulator_shards.py), so the rule is the same whichever shard hosts which
+peer.
 
 Security: with `pki` (`--pki DIR`, a `ClusterPki` directory holding the masters' CA) the
 simulator speaks to secured masters as a fleet of real tablet servers would: each simulated
@@ -58,7 +75,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
@@ -91,6 +108,21 @@ Ctx = grpc.aio.ServicerContext
 HEARTBEAT_CHANNELS = 16
 """Connections to each master the fleet's heartbeat streams are spread over (a real fleet has
 one per server)."""
+
+
+class ShardBus(Protocol):
+    """How a shard reaches the others (service/testing/ts_simulator_shards.py); a simulator
+    without one is the whole fleet and every message stays in the process."""
+
+    index: int
+
+    def owner_of(self, tablet_id: str) -> int: ...
+
+    def host_of(self, uuid: str) -> int | None: ...
+
+    def send(self, shard: int, msg: dict[str, Any]) -> None: ...
+
+    async def call(self, shard: int, msg: dict[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -134,38 +166,100 @@ class _View:
     schema_version: int = 0
 
     def copy(self) -> _View:
-        return _View(
-            self.opid_index,
-            [_Peer(p.uuid, p.voter, p.host, p.port, p.promote) for p in self.peers],
-            self.term,
-            self.leader,
-            self.schema_version,
-        )
+        return _View.decode(self.encode())
 
     def peer(self, uuid: str) -> _Peer | None:
         return next((p for p in self.peers if p.uuid == uuid), None)
 
+    def voters(self) -> list[str]:
+        return [p.uuid for p in self.peers if p.voter]
+
+    def encode(self) -> dict[str, Any]:
+        """Plain data, as it travels between shards."""
+        return {
+            "o": self.opid_index,
+            "p": [[p.uuid, p.voter, p.host, p.port, p.promote] for p in self.peers],
+            "t": self.term,
+            "l": self.leader,
+            "s": self.schema_version,
+        }
+
+    @classmethod
+    def decode(cls, d: dict[str, Any]) -> _View:
+        return cls(d["o"], [_Peer(*p) for p in d["p"]], d["t"], d["l"], d["s"])
+
+    def consensus_state(self) -> mpb.ConsensusStatePB:
+        out = mpb.ConsensusStatePB(current_term=self.term)
+        # A leader is named only while it is a voter of the config reported with it.
+        leader_ok = any(p.uuid == self.leader and p.voter for p in self.peers)
+        out.leader_uuid = self.leader if leader_ok else ""
+        out.committed_config.opid_index = self.opid_index
+        out.committed_config.peers.extend(p.to_pb() for p in self.peers)
+        return out
+
+
+def elect(view: _View, live: set[str] | frozenset[str]) -> bool:
+    """The majority rule, applied to `view` in place: the group has a leader only while more
+    than half of its voters have a live replica (hosted, not tombstoned, on a server that is
+    up); the leader stays while it is live, else the first live voter of the config takes over
+    with the next term (deterministic: no timers, no votes to lose). Without a majority there
+    is no leader and the term stands, as in Raft a candidate that cannot win (the Raft paper,
+    section 5.2). Returns whether the leader changed."""
+    voters = view.voters()
+    eligible = [u for u in voters if u in live]
+    leader = ""
+    if 2 * len(eligible) > len(voters):
+        leader = view.leader if view.leader in eligible else eligible[0]
+    if leader == view.leader:
+        return False
+    view.leader = leader
+    if leader:
+        view.term += 1
+    return True
+
+
+def commits(view: _View, live: set[str] | frozenset[str]) -> bool:
+    """Whether a config change to `view` (the new config) can commit: a majority of ITS voters
+    have live replicas (a single-server change commits on the new config's majority, the Raft
+    thesis, section 4.1)."""
+    voters = view.voters()
+    return 2 * sum(1 for u in voters if u in live) > len(voters)
+
 
 @dataclass
 class _Group:
-    """One tablet's Raft group as this process simulates it (module docstring)."""
+    """One tablet's Raft group, kept by the shard that owns the tablet (the only shard when
+    the fleet runs in one process): the committed view and which servers host a live replica.
+    Every change of either is decided here and sent to the replicas (`_publish`)."""
 
     tablet_id: str
     table_id: str
     view: _View
-    version: int = 0
-    epoch: int = -1
-    """The simulator epoch the leader was computed at."""
+    live: set[str] = field(default_factory=set)
+    """Servers (of any shard) hosting a replica that is not tombstoned, while they are up."""
+    hosted: set[str] = field(default_factory=set)
+    """Servers holding any replica (down, tombstoned or live): the group is forgotten once
+    none does."""
     added_round: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _TabletRef:
+    tablet_id: str
+    table_id: str
 
 
 @dataclass
 class _Replica:
     server: str
-    group: _Group
+    group: _TabletRef
+    """The tablet this replica belongs to (its group's state lives with the owning shard)."""
     view: _View
     tombstoned: bool = False
-    version: int = 0
+
+    @property
+    def tablet_id(self) -> str:
+        return self.group.tablet_id
 
 
 @dataclass
@@ -174,13 +268,12 @@ class _MasterLink:
     registered: bool = False
     leader: bool = False
     need_full: bool = True
-    acked: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    dirty: set[str] = field(default_factory=set)
+    """Tablets whose reported state changed (or that were removed) since the last report this
+    link's master acknowledged: the next incremental report carries exactly these."""
     seq: int = 0
     in_flight: bool = False
     """A heartbeat on this link has not been answered yet (stagger mode sends no other)."""
-    clean_at: int = -1
-    """The simulator's change count when this link's master last acknowledged a report of
-    every replica's state: while the count is unchanged there is nothing to report."""
 
 
 @dataclass
@@ -191,10 +284,10 @@ class _Server:
     highest_term: int = 0
     replicas: dict[str, _Replica] = field(default_factory=dict)
     links: dict[str, _MasterLink] = field(default_factory=dict)
-    counted_at: int = -1
-    """The change count `live_tablets` and `leaders` were counted at."""
     live_tablets: int = 0
+    """Replicas not tombstoned, kept up to date at each change (never recounted)."""
     leaders: int = 0
+    """Replicas whose view names this server leader, likewise."""
 
 
 RECENT_S = 10.0
@@ -214,6 +307,7 @@ class Simulator:
         location: str = "",
         stagger: bool = False,
         pki: ClusterPki | None = None,
+        bus: ShardBus | None = None,
     ) -> None:
         if not masters:
             raise InvalidArgument("masters: give at least one master address")
@@ -229,18 +323,19 @@ class Simulator:
         send them, instead of sending all at once (a burst no real fleet produces)."""
         self.pki = pki
         """Mutual TLS, each server as itself (module docstring); None: plaintext."""
+        self.bus = bus
+        """The other shards of the fleet (module docstring); None: this process is the fleet."""
         self._credentials: dict[str, Credentials] = {}
         seqno = time.time_ns() // 1000
         self.servers = {u: _Server(u, seqno) for u in uuids}
         for s in self.servers.values():
             s.links = {m: _MasterLink(m) for m in self.masters}
         self.groups: dict[str, _Group] = {}
+        """The groups of the tablets this shard owns (every tablet, without a bus)."""
+        self._promoting: set[str] = set()
+        """Owned tablets with a NON_VOTER waiting to be promoted (checked each round)."""
         self.address = ""
-        self.epoch = 0
-        self._tablet_counts = (-1, 0, 0)
-        """(change count, replicas, leaders) as last counted for the statistics."""
         self.rounds = 0
-        self._counter = 0
         self.hold_creates = False
         """Tests: refuse CreateTablet (UNAVAILABLE) while set, to keep creates pending."""
         self.send_reports = True
@@ -248,6 +343,9 @@ class Simulator:
         master knows replicas only from its catalog (the KUDU-1353 scenario)."""
         self.full_reports: Counter[tuple[str, str]] = Counter()
         """(server uuid, master address) -> full tablet reports that master acknowledged."""
+        self.reported: Counter[str] = Counter()
+        """"full"/"incremental" -> tablet entries sent in reports (edge-triggered: an idle
+        fleet adds none)."""
         self.heartbeat_latencies: list[float] = []
         self.recent_latencies: deque[tuple[float, float]] = deque()
         """(monotonic end time, latency) of the heartbeats of the last RECENT_S seconds."""
@@ -306,80 +404,308 @@ class Simulator:
     # --- control (tests) ---------------------------------------------------------------------
 
     def stop_server(self, uuid: str) -> None:
-        """The server goes silent: no heartbeats, its admin RPCs fail UNAVAILABLE."""
-        self.servers[uuid].up = False
-        self.epoch += 1
-        self._bump()
+        """The server goes silent: no heartbeats, its admin RPCs fail UNAVAILABLE. Its replicas
+        keep the view they had; their groups lose them (and their leader, without a majority)."""
+        s = self.servers[uuid]
+        if not s.up:
+            return
+        s.up = False
+        for r in s.replicas.values():
+            if not r.tombstoned:
+                self._presence(s, r, live=False)
 
     def start_server(self, uuid: str) -> None:
-        """The server comes back as a new process (higher seqno): it registers again."""
+        """The server comes back as a new process (higher seqno): it registers again, sends
+        full reports, and its replicas start as followers that know no leader until their group
+        tells them (a restarted Raft replica knows its term, not who leads)."""
         s = self.servers[uuid]
+        if s.up:
+            return
         s.up = True
         s.seqno += 1
         for link in s.links.values():
             link.registered = False
             link.need_full = True
-            link.acked.clear()
-        self.epoch += 1
-        self._bump()
+        for r in s.replicas.values():
+            if not r.tombstoned:
+                if r.view.leader:
+                    view = r.view.copy()
+                    view.leader = ""
+                    self._set_view(s, r, view)
+                self._presence(s, r, live=True)
 
     def tablet_counts(self) -> tuple[int, int]:
-        """(replicas hosted, tablets with a leader) across the fleet; counted again only
-        when something changed since (the change count)."""
-        if self._tablet_counts[0] != self._counter:
-            replicas = sum(len(s.replicas) for s in self.servers.values())
-            leaders = sum(1 for g in self.groups.values() if g.view.leader)
-            self._tablet_counts = (self._counter, replicas, leaders)
-        return self._tablet_counts[1], self._tablet_counts[2]
+        """(replicas hosted, leader replicas on servers that are up) across this process's
+        servers, from the per-server counts kept at each change (cheap: no replica scan)."""
+        replicas = sum(len(s.replicas) for s in self.servers.values())
+        leaders = sum(s.leaders for s in self.servers.values() if s.up)
+        return replicas, leaders
 
     def replicas_of(self, uuid: str) -> dict[str, _Replica]:
         return self.servers[uuid].replicas
 
     def leader_of(self, tablet_id: str) -> str:
-        g = self.groups[tablet_id]
-        self._refresh(g)
-        return g.view.leader
+        """The leader of an owned tablet's group ("" while it has no majority)."""
+        return self.groups[tablet_id].view.leader
 
-    def _bump(self) -> int:
-        self._counter += 1
-        return self._counter
+    # --- host side: replicas and the edge-triggered reports ----------------------------------
 
-    # --- the consensus rule ------------------------------------------------------------------
+    def _mark(self, s: _Server, tablet_id: str) -> None:
+        """Edge trigger: the tablet's reported state changed on this server; every link's next
+        incremental report carries it (and only the tablets so marked)."""
+        for link in s.links.values():
+            link.dirty.add(tablet_id)
 
-    def _refresh(self, g: _Group) -> None:
-        """Recompute the group's leader if liveness or the config changed since."""
-        if g.epoch == self.epoch and not g.added_round:
+    def _set_view(self, s: _Server, r: _Replica, view: _View) -> None:
+        was = not r.tombstoned and r.view.leader == s.uuid
+        r.view = view
+        s.leaders += (not r.tombstoned and view.leader == s.uuid) - was
+        self._mark(s, r.tablet_id)
+
+    def _set_tombstoned(self, s: _Server, r: _Replica) -> None:
+        if r.tombstoned:
             return
-        # "Catch-up": a NON_VOTER to promote becomes a VOTER one round after it was added.
+        s.leaders -= r.view.leader == s.uuid
+        s.live_tablets -= 1
+        r.tombstoned = True
+        self._mark(s, r.tablet_id)
+
+    def _add_replica(self, s: _Server, ref: _TabletRef, view: _View) -> _Replica:
+        old = s.replicas.get(ref.tablet_id)
+        if old is not None:
+            self._drop(s, old)
+        r = _Replica(s.uuid, ref, view)
+        s.replicas[ref.tablet_id] = r
+        s.live_tablets += 1
+        s.leaders += view.leader == s.uuid
+        self._mark(s, ref.tablet_id)
+        return r
+
+    def _drop(self, s: _Server, r: _Replica) -> None:
+        if not r.tombstoned:
+            s.live_tablets -= 1
+            s.leaders -= r.view.leader == s.uuid
+        del s.replicas[r.tablet_id]
+        self._mark(s, r.tablet_id)
+
+    def _presence(
+        self, s: _Server, r: _Replica, *, live: bool, gone: bool = False, first: bool = False
+    ) -> None:
+        """Tell the tablet's owner that this server's replica is live or not (and, `first`,
+        the config it was created with, should the owner not know the group yet)."""
+        msg: dict[str, Any] = {
+            "k": "presence",
+            "tablet": r.tablet_id,
+            "table": r.group.table_id,
+            "server": s.uuid,
+            "live": live and s.up and not r.tombstoned,
+            "gone": gone,
+        }
+        if first:
+            msg["view"] = r.view.encode()
+        self._post(self._owner(r.tablet_id), msg)
+
+    def _on_view(self, m: dict[str, Any]) -> None:
+        """The owner's committed view for a replica hosted here (as a follower learns the
+        config, term and leader from its leader)."""
+        s = self.servers.get(m["server"])
+        r = s.replicas.get(m["tablet"]) if s is not None else None
+        if s is None or r is None or r.tombstoned or not s.up:
+            return  # a stopped server's or a tombstone's replica keeps the view it had
+        self._set_view(s, r, _View.decode(m["view"]))
+
+    def _on_copy(self, m: dict[str, Any]) -> None:
+        """An added peer hosted here gets its replica at once, as a finished tablet copy."""
+        s = self.servers.get(m["server"])
+        if s is None or not s.up:
+            return  # a down server copies nothing: the owner never counts it
+        r = self._add_replica(s, _TabletRef(m["tablet"], m["table"]), _View.decode(m["view"]))
+        self._presence(s, r, live=True, first=True)
+
+    # --- owner side: the majority rule -------------------------------------------------------
+
+    def _on_presence(self, m: dict[str, Any]) -> None:
+        tid, server = m["tablet"], m["server"]
+        g = self.groups.get(tid)
+        if g is None:
+            if "view" not in m:
+                return  # a replica of a group already forgotten: nothing to decide
+            view = _View.decode(m["view"])
+            view.term, view.leader = 0, ""
+            g = self.groups[tid] = _Group(tid, m["table"], view)
+        if m["live"]:
+            g.live.add(server)
+            g.hosted.add(server)
+        else:
+            g.live.discard(server)
+            if m["gone"]:
+                g.hosted.discard(server)
+            else:
+                g.hosted.add(server)
+        if not g.hosted:
+            del self.groups[tid]
+            self._promoting.discard(tid)
+            return
+        if elect(g.view, g.live):
+            self._publish(g)
+        elif m["live"]:
+            self._publish(g, only=server)
+
+    def _publish(self, g: _Group, only: str | None = None) -> None:
+        """Send the committed view to the live replicas of the config's peers (a replica
+        removed from the config is no longer told anything: it keeps its old view)."""
+        encoded = g.view.encode()
         for p in g.view.peers:
-            added = g.added_round.get(p.uuid)
-            if p.promote and not p.voter and added is not None and self.rounds > added:
-                host = self.servers.get(p.uuid)
-                if host is not None and host.up and g.tablet_id in host.replicas:
-                    p.voter, p.promote = True, False
-                    g.view.opid_index += 1
+            if p.uuid in g.live and (only is None or p.uuid == only):
+                host = self._host(p.uuid)
+                if host is not None:
+                    self._post(
+                        host,
+                        {"k": "view", "tablet": g.tablet_id, "server": p.uuid, "view": encoded},
+                    )
+
+    def _owned_leader(self, tablet_id: str, dest: str) -> _Group:
+        g = self.groups.get(tablet_id)
+        if g is None:
+            raise NotFound(f"tablet {tablet_id} is not hosted on {dest}")
+        if g.view.leader != dest:
+            raise NotTheLeader(
+                f"{dest} is not the leader of tablet {tablet_id}",
+                leader_uuid=g.view.leader or None,
+            )
+        return g
+
+    def _on_alter(self, m: dict[str, Any]) -> dict[str, Any]:
+        g = self._owned_leader(m["tablet"], m["dest"])
+        if m["version"] > g.view.schema_version:
+            g.view.schema_version = m["version"]
+            self._publish(g)
+        return {"version": g.view.schema_version}
+
+    def _on_change(self, m: dict[str, Any]) -> dict[str, Any]:
+        req = tpb.ChangeConfigRequestPB.FromString(bytes.fromhex(m["req"]))
+        g = self._owned_leader(req.tablet_id, req.dest_uuid)
+        if req.HasField("cas_config_opid_index") and req.cas_config_opid_index != g.view.opid_index:
+            raise CasMismatch(
+                f"tablet {req.tablet_id}: committed config op id is {g.view.opid_index}, not "
+                f"{req.cas_config_opid_index}"
+            )
+        v = g.view.copy()
+        uuid = req.peer.permanent_uuid
+        kind = req.type
+        copy_to: _Peer | None = None
+        if kind == tpb.ChangeConfigRequestPB.ADD_PEER:
+            if v.peer(uuid) is not None:
+                raise ConfigChangeRejected(f"{uuid} is already a peer of {req.tablet_id}")
+            if any(p.promote and not p.voter for p in v.peers):
+                raise ConfigChangeRejected(f"tablet {req.tablet_id}: a config change is pending")
+            copy_to = _Peer.from_pb(req.peer)
+            copy_to.voter = False
+            copy_to.promote = req.peer.promote or req.peer.member_type == mpb.NON_VOTER
+            v.peers.append(copy_to)
+        elif kind == tpb.ChangeConfigRequestPB.REMOVE_PEER:
+            if v.peer(uuid) is None:
+                raise ConfigChangeRejected(f"{uuid} is not a peer of {req.tablet_id}")
+            if uuid == v.leader:
+                raise ConfigChangeRejected(f"{uuid} leads {req.tablet_id}: step down first")
+            v.peers = [p for p in v.peers if p.uuid != uuid]
+        elif kind == tpb.ChangeConfigRequestPB.PROMOTE_PEER:
+            p = v.peer(uuid)
+            if p is None or p.voter:
+                raise ConfigChangeRejected(f"{uuid} is not a non-voter of {req.tablet_id}")
+            p.voter, p.promote = True, False
+        else:
+            raise InvalidArgument(f"type: unknown change {kind}")
+        if not commits(v, g.live):
+            raise ServiceUnavailable(
+                f"tablet {req.tablet_id}: the change cannot commit, fewer than a majority of "
+                f"the new config's voters {v.voters()} have a live replica"
+            )
+        v.opid_index += 1
+        g.view = v
+        if copy_to is not None:
+            g.added_round[uuid] = self.rounds
+            self._promoting.add(g.tablet_id)
+            host = self._host(uuid)
+            if host is not None:  # the tablet copy, done at once
+                msg = {"k": "copy", "tablet": g.tablet_id, "table": g.table_id, "server": uuid}
+                self._post(host, {**msg, "view": v.encode()})
+        elect(g.view, g.live)
+        self._publish(g)
+        return {"view": g.view.encode()}
+
+    def _promote_caught_up(self) -> None:
+        """ "Catch-up": a NON_VOTER to promote becomes a VOTER one round after it was added,
+        once its replica is live and the new config commits."""
+        for tid in list(self._promoting):
+            g = self.groups.get(tid)
+            if g is None:
+                self._promoting.discard(tid)
+                continue
+            changed = False
+            for p in g.view.peers:
+                added = g.added_round.get(p.uuid)
+                if not (p.promote and not p.voter and added is not None):
                     g.added_round.pop(p.uuid, None)
-                    g.version = self._bump()
-        leader = ""
-        for p in g.view.peers:
-            s = self.servers.get(p.uuid)
-            r = s.replicas.get(g.tablet_id) if s is not None else None
-            if p.voter and s is not None and s.up and r is not None and not r.tombstoned:
-                leader = p.uuid
-                break
-        if leader != g.view.leader:
-            g.view.leader = leader
-            if leader:
-                g.view.term += 1
-            g.version = self._bump()
-        g.epoch = self.epoch
-        for p in g.view.peers:
-            s = self.servers.get(p.uuid)
-            r = s.replicas.get(g.tablet_id) if s is not None else None
-            in_sync = r is None or r.view.__dict__ == g.view.__dict__
-            if s is not None and s.up and r is not None and not r.tombstoned and not in_sync:
-                r.view = g.view.copy()
-                r.version = self._bump()
+                    continue
+                if self.rounds <= added or p.uuid not in g.live:
+                    continue
+                p.voter, p.promote = True, False
+                if not commits(g.view, g.live):
+                    p.voter, p.promote = False, True
+                    continue
+                g.view.opid_index += 1
+                g.added_round.pop(p.uuid, None)
+                changed = True
+            if changed:
+                elect(g.view, g.live)
+                self._publish(g)
+            if not g.added_round:
+                self._promoting.discard(tid)
+
+    # --- routing between host and owner ------------------------------------------------------
+
+    def _owner(self, tablet_id: str) -> int:
+        return 0 if self.bus is None else self.bus.owner_of(tablet_id)
+
+    def _host(self, uuid: str) -> int | None:
+        if self.bus is None:
+            return 0 if uuid in self.servers else None
+        return self.bus.host_of(uuid)
+
+    def _post(self, shard: int, msg: dict[str, Any]) -> None:
+        if self.bus is None or shard == self.bus.index:
+            self.on_message(msg)
+        else:
+            self.bus.send(shard, msg)
+
+    def on_message(self, msg: dict[str, Any]) -> None:
+        """A one-way message from a shard (this one included)."""
+        kind = msg["k"]
+        if kind == "presence":
+            self._on_presence(msg)
+        elif kind == "view":
+            self._on_view(msg)
+        elif kind == "copy":
+            self._on_copy(msg)
+        else:
+            log.warning("unknown shard message %r", kind)
+
+    def on_call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """A call for the owner of a tablet; raises TesseraError to refuse."""
+        if msg["k"] == "alter":
+            return self._on_alter(msg)
+        if msg["k"] == "change":
+            return self._on_change(msg)
+        raise InvalidArgument(f"unknown shard call {msg['k']!r}")
+
+    async def _call_owner(self, tablet_id: str, msg: dict[str, Any]) -> dict[str, Any]:
+        shard = self._owner(tablet_id)
+        if self.bus is None or shard == self.bus.index:
+            return self.on_call(msg)
+        return await self.bus.call(shard, msg)
+
+    # --- reports -----------------------------------------------------------------------------
 
     def _report(self, s: _Server, r: _Replica) -> mpb.ReportedTabletPB:
         v = r.view
@@ -393,17 +719,41 @@ class Simulator:
         else:
             role = mpb.FOLLOWER if me.voter else mpb.LEARNER
         out = mpb.ReportedTabletPB(
-            tablet_id=r.group.tablet_id,
+            tablet_id=r.tablet_id,
             state=mpb.REPLICA_TOMBSTONED if r.tombstoned else mpb.REPLICA_RUNNING,
             role=role,
             schema_version=v.schema_version,
         )
-        leader_ok = any(p.uuid == v.leader and p.voter for p in v.peers)
-        out.consensus_state.current_term = v.term
-        out.consensus_state.leader_uuid = v.leader if leader_ok else ""
-        out.consensus_state.committed_config.opid_index = v.opid_index
-        out.consensus_state.committed_config.peers.extend(p.to_pb() for p in v.peers)
+        out.consensus_state.CopyFrom(v.consensus_state())
         return out
+
+    def build_report(
+        self, s: _Server, link: _MasterLink, req: mpb.TSHeartbeatRequestPB
+    ) -> tuple[bool, set[str]] | None:
+        """Fill `req`'s tablet report for `link`'s master: every replica when it asked for a
+        full one, else exactly the tablets marked dirty since its last acknowledgement (none
+        at all while nothing changed). Returns (full, the dirty set taken), to put back if
+        the report is not acknowledged; None when no report goes on this heartbeat."""
+        if not (link.registered and link.leader and self.send_reports):
+            return None
+        full = link.need_full
+        taken, link.dirty = link.dirty, set()
+        report = req.tablet_report
+        report.is_incremental = not full
+        link.seq += 1
+        report.sequence_number = link.seq
+        if full:
+            report.updated_tablets.extend(self._report(s, r) for r in s.replicas.values())
+            self.reported["full"] += len(s.replicas)
+        else:
+            for tid in taken:
+                r = s.replicas.get(tid)
+                if r is None:
+                    report.removed_tablet_ids.append(tid)
+                else:
+                    report.updated_tablets.append(self._report(s, r))
+            self.reported["incremental"] += len(taken)
+        return full, taken
 
     # --- heartbeats --------------------------------------------------------------------------
 
@@ -418,8 +768,7 @@ class Simulator:
         """One round: every live server heartbeats to every master, concurrently (spread over
         the interval with `stagger`)."""
         self.rounds += 1
-        for g in self.groups.values():
-            self._refresh(g)
+        self._promote_caught_up()
         pairs = [(s, link) for s in self.servers.values() if s.up for link in s.links.values()]
         if not self.stagger:
             await asyncio.gather(*(self._heartbeat(s, link) for s, link in pairs))
@@ -442,23 +791,14 @@ class Simulator:
             task.add_done_callback(functools.partial(_answered, link))
 
     async def _heartbeat(self, s: _Server, link: _MasterLink) -> None:
+        # An idle server's heartbeat is its instance, two counters kept at each change and
+        # no report: nothing here walks its replicas (edge-triggered, `_mark`).
         req = mpb.TSHeartbeatRequestPB(
             instance=mpb.NodeInstancePB(permanent_uuid=s.uuid, instance_seqno=s.seqno),
             highest_master_term_seen=s.highest_term,
+            num_live_tablets=s.live_tablets,
+            num_leaders=s.leaders,
         )
-        # Every change to any replica bumps the change count (`_bump`): while it stands still
-        # (a fleet in steady state) nothing a server reports has changed, and the counts and
-        # reports are not recomputed. Real tablet servers track dirty tablets the same way;
-        # scanning every replica of 1,000 servers each second made the simulator, not the
-        # master, the bottleneck of bench-master's heartbeat latency.
-        stamp = self._counter
-        if s.counted_at != stamp:
-            live = [r for r in s.replicas.values() if not r.tombstoned]
-            s.live_tablets = len(live)
-            s.leaders = sum(1 for r in live if r.view.leader == s.uuid)
-            s.counted_at = stamp
-        req.num_live_tablets = s.live_tablets
-        req.num_leaders = s.leaders
         if not link.registered:
             host, _, port = self.address.rpartition(":")
             req.registration.rpc_addresses.add(host=host, port=int(port))
@@ -466,22 +806,7 @@ class Simulator:
             req.registration.start_time_us = s.seqno
             if self.location:
                 req.registration.location = self.location
-        sent: dict[str, tuple[int, int, int]] = {}
-        full = False
-        if link.registered and link.leader and self.send_reports:
-            full = link.need_full
-            report = req.tablet_report
-            report.is_incremental = not full
-            link.seq += 1
-            report.sequence_number = link.seq
-            if full or link.clean_at != stamp:
-                for tid, r in s.replicas.items():
-                    key = (r.version, r.group.version, id(r))
-                    sent[tid] = key
-                    if full or link.acked.get(tid) != key:
-                        report.updated_tablets.append(self._report(s, r))
-                if not full:
-                    report.removed_tablet_ids.extend(t for t in link.acked if t not in s.replicas)
+        sent = self.build_report(s, link, req)
         t0 = time.perf_counter()
         try:
             resp = await self._stream(s, link).heartbeat(req)
@@ -490,6 +815,8 @@ class Simulator:
             why = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
             self.heartbeat_errors[why] += 1
             link.leader = False
+            if sent is not None:
+                link.dirty |= sent[1]
             log.debug("heartbeat %s -> %s failed: %s", s.uuid, link.address, why)
             return
         latency = time.perf_counter() - t0
@@ -506,18 +833,17 @@ class Simulator:
         if resp.needs_reregister:
             link.registered = False
             link.need_full = True
+            if sent is not None:
+                link.dirty |= sent[1]
             return
         link.registered = True
-        if sent and resp.acked_report_sequence_number == link.seq:
-            if full:
-                self.full_reports[(s.uuid, link.address)] += 1
-                link.acked = sent
+        if sent is not None:
+            if resp.acked_report_sequence_number == link.seq:
+                if sent[0]:
+                    self.full_reports[(s.uuid, link.address)] += 1
+                link.need_full = False
             else:
-                link.acked.update(sent)
-                for t in [t for t in link.acked if t not in sent]:
-                    del link.acked[t]
-            link.need_full = False
-            link.clean_at = stamp  # every replica as of `stamp` is acknowledged
+                link.dirty |= sent[1]
         link.need_full = link.need_full or resp.needs_full_tablet_report
 
     def _stream(self, s: _Server, link: _MasterLink) -> HeartbeatStream:
@@ -562,6 +888,8 @@ class Simulator:
         return s
 
     def create_tablet(self, req: tpb.CreateTabletRequestPB) -> None:
+        """The replica exists from here on (and only from here on: a replica the master asked
+        for and that was never created is never counted by its group)."""
         s = self._target(req.dest_uuid, req.fence if req.HasField("fence") else None)
         if self.hold_creates:
             raise ServiceUnavailable(f"{s.uuid}: CreateTablet held by the test")
@@ -570,17 +898,13 @@ class Simulator:
             if existing.group.table_id != req.table_id:
                 raise InvalidArgument(f"tablet {req.tablet_id} exists for another table")
             return
-        g = self.groups.get(req.tablet_id)
-        if g is None:
-            view = _View(
-                req.config.opid_index,
-                [_Peer.from_pb(p) for p in req.config.peers],
-                schema_version=req.schema.version,
-            )
-            g = self.groups[req.tablet_id] = _Group(req.tablet_id, req.table_id, view)
-        g.version = self._bump()
-        s.replicas[req.tablet_id] = _Replica(s.uuid, g, g.view.copy(), version=self._bump())
-        g.epoch = -1
+        view = _View(
+            req.config.opid_index,
+            [_Peer.from_pb(p) for p in req.config.peers],
+            schema_version=req.schema.version,
+        )
+        r = self._add_replica(s, _TabletRef(req.tablet_id, req.table_id), view)
+        self._presence(s, r, live=True, first=True)
 
     def delete_tablet(self, req: tpb.DeleteTabletRequestPB) -> None:
         s = self._target(req.dest_uuid, req.fence if req.HasField("fence") else None)
@@ -596,12 +920,11 @@ class Simulator:
                 f"{r.view.opid_index} is newer than {req.cas_config_opid_index}"
             )
         if tombstone:
-            r.tombstoned = True
-            r.version = self._bump()
+            self._set_tombstoned(s, r)
+            self._presence(s, r, live=False)
         else:
-            del s.replicas[req.tablet_id]
-            self._bump()
-        r.group.epoch = -1
+            self._drop(s, r)
+            self._presence(s, r, live=False, gone=True)
 
     def consensus_states(
         self, req: tpb.GetConsensusStateRequestPB
@@ -620,70 +943,26 @@ class Simulator:
             )
         return out
 
-    def _leader_replica(self, dest_uuid: str, fence: tpb.MasterFencePB, tablet_id: str) -> _Group:
+    def _live_replica(self, dest_uuid: str, fence: tpb.MasterFencePB, tablet_id: str) -> _Server:
         s = self._target(dest_uuid, fence)
         r = s.replicas.get(tablet_id)
         if r is None or r.tombstoned:
             raise NotFound(f"tablet {tablet_id} is not hosted on {s.uuid}")
-        g = r.group
-        self._refresh(g)
-        if g.view.leader != s.uuid:
-            raise NotTheLeader(
-                f"{s.uuid} is not the leader of tablet {tablet_id}",
-                leader_uuid=g.view.leader or None,
-            )
-        return g
+        return s
 
-    def alter_schema(self, req: tpb.AlterSchemaRequestPB) -> int:
-        g = self._leader_replica(req.dest_uuid, req.fence, req.tablet_id)
-        if req.schema.version > g.view.schema_version:
-            g.view.schema_version = req.schema.version
-            g.version = self._bump()
-            g.epoch = -1
-        return g.view.schema_version
+    async def alter_schema(self, req: tpb.AlterSchemaRequestPB) -> int:
+        self._live_replica(req.dest_uuid, req.fence, req.tablet_id)
+        msg = {"k": "alter", "tablet": req.tablet_id, "dest": req.dest_uuid}
+        r = await self._call_owner(req.tablet_id, {**msg, "version": req.schema.version})
+        return int(r["version"])
 
-    def change_config(self, req: tpb.ChangeConfigRequestPB) -> mpb.ConsensusStatePB:
-        g = self._leader_replica(req.dest_uuid, req.fence, req.tablet_id)
-        v = g.view
-        if req.HasField("cas_config_opid_index") and req.cas_config_opid_index != v.opid_index:
-            raise CasMismatch(
-                f"tablet {req.tablet_id}: committed config op id is {v.opid_index}, not "
-                f"{req.cas_config_opid_index}"
-            )
-        uuid = req.peer.permanent_uuid
-        kind = req.type
-        if kind == tpb.ChangeConfigRequestPB.ADD_PEER:
-            if v.peer(uuid) is not None:
-                raise ConfigChangeRejected(f"{uuid} is already a peer of {req.tablet_id}")
-            if any(p.promote and not p.voter for p in v.peers):
-                raise ConfigChangeRejected(f"tablet {req.tablet_id}: a config change is pending")
-            peer = _Peer.from_pb(req.peer)
-            peer.voter = False
-            peer.promote = req.peer.promote or req.peer.member_type == mpb.NON_VOTER
-            v.peers.append(peer)
-            g.added_round[uuid] = self.rounds
-            host = self.servers.get(uuid)
-            if host is not None:  # the tablet copy, done at once
-                host.replicas[req.tablet_id] = _Replica(uuid, g, v.copy(), version=self._bump())
-        elif kind == tpb.ChangeConfigRequestPB.REMOVE_PEER:
-            if v.peer(uuid) is None:
-                raise ConfigChangeRejected(f"{uuid} is not a peer of {req.tablet_id}")
-            if uuid == v.leader:
-                raise ConfigChangeRejected(f"{uuid} leads {req.tablet_id}: step down first")
-            v.peers = [p for p in v.peers if p.uuid != uuid]
-        elif kind == tpb.ChangeConfigRequestPB.PROMOTE_PEER:
-            p = v.peer(uuid)
-            if p is None or p.voter:
-                raise ConfigChangeRejected(f"{uuid} is not a non-voter of {req.tablet_id}")
-            p.voter, p.promote = True, False
-        else:
-            raise InvalidArgument(f"type: unknown change {kind}")
-        v.opid_index += 1
-        g.version = self._bump()
-        g.epoch = -1
-        self._refresh(g)
-        leader_server = self.servers[req.dest_uuid]
-        return self._report(leader_server, leader_server.replicas[req.tablet_id]).consensus_state
+    async def change_config(self, req: tpb.ChangeConfigRequestPB) -> mpb.ConsensusStatePB:
+        """Decided by the group's owner (leader only, compare-and-set, committed only with a
+        majority of the new config's voters live: `commits`)."""
+        self._live_replica(req.dest_uuid, req.fence, req.tablet_id)
+        msg = {"k": "change", "req": req.SerializeToString().hex()}
+        r = await self._call_owner(req.tablet_id, msg)
+        return _View.decode(r["view"]).consensus_state()
 
 
 class _AdminServicer(tserver_pb2_grpc.TabletServerAdminServiceServicer):
@@ -710,13 +989,13 @@ class _AdminServicer(tserver_pb2_grpc.TabletServerAdminServiceServicer):
     async def AlterSchema(
         self, request: tpb.AlterSchemaRequestPB, context: Ctx
     ) -> tpb.AlterSchemaResponsePB:
-        return tpb.AlterSchemaResponsePB(schema_version=self.sim.alter_schema(request))
+        return tpb.AlterSchemaResponsePB(schema_version=await self.sim.alter_schema(request))
 
     @rpc_errors
     async def ChangeConfig(
         self, request: tpb.ChangeConfigRequestPB, context: Ctx
     ) -> tpb.ChangeConfigResponsePB:
-        return tpb.ChangeConfigResponsePB(consensus_state=self.sim.change_config(request))
+        return tpb.ChangeConfigResponsePB(consensus_state=await self.sim.change_config(request))
 
     @rpc_errors
     async def GetConsensusState(
@@ -766,17 +1045,27 @@ def uuids_for(uuid: str, count: int) -> list[str]:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    # Imported here: the statistics module imports this one.
+    # Imported here: these modules import this one.
+    from service.testing.ts_simulator_shards import SocketBus, shard_uuids
     from service.testing.ts_simulator_stats import dump_stats, write_stats_every_second
 
+    uuids = uuids_for(args.uuid, args.count)
+    bus = None
+    if args.shard_index is not None:
+        bus = SocketBus(args.shard_index, args.shards, Path(args.shard_dir), uuids)
+        uuids = shard_uuids(uuids, args.shard_index, args.shards)
     sim = Simulator(
         [m.strip() for m in args.masters.split(",") if m.strip()],
-        uuids_for(args.uuid, args.count),
+        uuids,
         args.bind,
         args.heartbeat_interval_ms / 1000.0,
         stagger=args.stagger,
         pki=None if args.pki is None else ClusterPki(Path(args.pki)),
+        bus=bus,
     )
+    if bus is not None:
+        bus.on_message, bus.on_call = sim.on_message, sim.on_call
+        await bus.start()
     await sim.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -796,9 +1085,21 @@ async def _serve(args: argparse.Namespace) -> int:
     if stats_task is not None:
         stats_task.cancel()
     await sim.aclose()
+    if bus is not None:
+        await bus.aclose()
     if args.stats_file is not None:
         dump_stats(sim, Path(args.stats_file))
     return 0
+
+
+def _child_argv(args: argparse.Namespace) -> list[str]:
+    """The arguments every shard of a `--shards K` fleet gets (the parent adds its index)."""
+    out = ["--masters", args.masters, "--uuid", args.uuid, "--count", str(args.count)]
+    out += ["--bind", args.bind, "--heartbeat-interval-ms", str(args.heartbeat_interval_ms)]
+    out += ["--shards", str(args.shards), "--log-level", args.log_level]
+    out += ["--stagger"] if args.stagger else []
+    out += ["--pki", args.pki] if args.pki is not None else []
+    return out
 
 
 def _answered(link: _MasterLink, _: asyncio.Task[None]) -> None:
@@ -825,11 +1126,27 @@ def main(argv: Iterable[str] | None = None) -> int:
         metavar="DIR",
         help="mutual TLS: each server's certificate issued from the ClusterPki CA in DIR",
     )
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="run the fleet as this many processes, each with its own event loop and admin port",
+    )
+    p.add_argument("--shard-index", type=int, help=argparse.SUPPRESS)  # set by the parent
+    p.add_argument("--shard-dir", help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.count < 1:
         p.error("--count must be >= 1")
+    if not 1 <= args.shards <= args.count:
+        p.error("--shards must be between 1 and --count")
+    if args.shard_index is not None and (args.shard_dir is None or args.shards < 2):
+        p.error("--shard-index is for the shards of a --shards K fleet")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if args.shards > 1 and args.shard_index is None:
+        from service.testing.ts_simulator_shards import run_fleet
+
+        return run_fleet(args, _child_argv(args))
     return asyncio.run(_serve(args))
 
 

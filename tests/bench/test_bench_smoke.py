@@ -1,7 +1,7 @@
-"""Smoke tests of the Raft commit and master benchmarks: short real runs (Tessera secured and
-insecure, PySyncObj; the master bench's quick mode) must end with their machine-readable
-summary lines, the security-overhead ratios among them, and leave no process behind. Slow
-(about 20 s and 2 minutes), so only in `make test-slow`."""
+"""Smoke tests of the Raft commit, master and scale benchmarks: short real runs (Tessera
+secured and insecure, PySyncObj; the master and scale benches' quick modes) must end with their
+machine-readable summary lines, the security-overhead ratios among them, and leave no process
+behind. Slow (about 20 s, 2 minutes and 5 minutes), so only in `make test-slow`."""
 
 from __future__ import annotations
 
@@ -117,4 +117,38 @@ def test_master_bench_quick_prints_every_figure() -> None:
     assert "heartbeat 100 servers x 1/s over mutual TLS" in r.stdout
     m = OVERHEAD.fullmatch(lines[-1])
     assert m is not None and all(float(g) > 0 for g in m.groups()), r.stdout
+    assert _bench_processes(*ours) == before
+
+
+SCALE = re.compile(
+    r"scale: (\d+) tablets, (\d+) unprovoked elections, create max (\d+\.\d) s, failover lookup"
+    r" p100 (\d+\.\d\d) s"
+)
+
+
+def test_scale_bench_quick_grows_the_catalog_and_fails_over() -> None:
+    """`bench.scale_bench --quick` (20,000 tablets on 100 simulated servers in 2 processes, 3
+    secured masters): a row per table, the fleet line, three failovers and the summary line
+    last, and no simulator or master left running."""
+    ours = ("service.testing.ts_simulator", "scale-bench-")
+    before = _bench_processes(*ours)
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.scale_bench", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    kinds = [line.split()[0] for line in lines]
+    assert kinds == ["table", "table", "fleet", "failover", "failover", "failover", "scale:"], (
+        r.stdout
+    )
+    m = SCALE.fullmatch(lines[-1])
+    assert m is not None and int(m.group(1)) == 20_000, r.stdout
+    fleet = re.search(r"fleet +(\d+) replicas, (\d+) leaders", r.stdout)
+    assert fleet is not None, r.stdout
+    # RUNNING needs a leader, which needs 2 of 3 replicas: at least that many exist.
+    assert int(fleet.group(1)) >= 40_000 and int(fleet.group(2)) >= 20_000, r.stdout
     assert _bench_processes(*ours) == before

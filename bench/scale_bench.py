@@ -1,0 +1,417 @@
+"""Catalog scale benchmark (`make bench-scale`): 3 real masters and a simulated fleet grow a
+catalog table by table, then the leader is killed three times. Rows on stdout, progress on
+stderr. A benchmark, not a test: the goals are printed next to the figures, never asserted.
+
+Secured, as the product ships: the masters speak mutual TLS from a CA made for the run, and each
+simulated tablet server heartbeats over its own connection with its own certificate
+(service/testing/ts_simulator.py `--pki`). The fleet runs as `--shards` simulator processes
+(service/testing/ts_simulator_shards.py), each with its own event loop, and follows Raft's
+majority rule, so a tablet the master sees RUNNING has a leader a majority of real (simulated)
+replicas stand behind. The masters keep the product's Raft timing (conf/master.toml); only the
+assignment pace is raised, as bench-master does (`OVERRIDES`).
+
+  table     after each table of --table-tablets tablets (created one at a time until the
+            catalog holds --target tablets): the catalog size, the create time (CreateTable
+            until IsCreateTableDone says every tablet RUNNING; goal <= 60 s), the leader's CPU
+            over the step (fraction of one core, /proc/<pid>/stat) and RSS (/proc/<pid>/status),
+            the simulator's CPU over the step (all its processes), and the elections seen so far
+  failover  the leader killed (SIGKILL) and restarted 3 times: time to a new leader
+            (ConnectToMaster answers LEADER), to the first correct GetTableLocations of a probe
+            table (every tablet listed with a LEADER replica; goal <= 3 s) and for a small
+            CreateTable to be RUNNING (goal <= 10 s), each measured from the kill
+  scale: T tablets, E unprovoked elections, create max C s, failover lookup p100 L s
+            the last line; E counts the term changes seen while the catalog grew (nothing was
+            killed then: goal 0), watched on every master by ConnectToMaster twice a second
+
+A create that is not RUNNING within --create-timeout seconds ends the growth early with a clear
+message (the failover figures are still measured on the catalog reached).
+
+Usage: python -m bench.scale_bench [--target 200000] [--servers 1000] [--table-tablets 10000]
+       [--shards 2] [--create-timeout 600] [--quick]
+       (--quick: --target 20000 --servers 100, a small run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from bench.master_bench import SCHEMA, cpu_seconds, partitioning, wait_for_port_file
+from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
+from service.pb import master_pb2 as pb
+from service.pb import master_pb2_grpc
+from service.testing.master_cluster import MasterCluster
+from service.testing.processes import terminate_all
+
+ROOT = Path(__file__).resolve().parents[1]
+OVERRIDES = {"bg_task_interval_ms": "200", "max_create_tablets_per_ts": "1000"}
+"""The assignment pace bench-master uses; Raft timing and liveness stay the product's."""
+GOAL_CREATE_S = 60.0
+GOAL_LOOKUP_S = 3.0
+GOAL_SMALL_CREATE_S = 10.0
+PROBE_TABLETS = 10
+KILLS = 3
+
+
+def progress(msg: str) -> None:
+    print(f"  .. {msg}", file=sys.stderr, flush=True)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@dataclass
+class Masters:
+    """Admin stubs to each master and a watcher of their terms (ConnectToMaster)."""
+
+    cluster: MasterCluster
+    stubs: dict[str, Any] = field(default_factory=dict)
+    channels: list[grpc.aio.Channel] = field(default_factory=list)
+    terms: dict[str, int] = field(default_factory=dict)
+    leader: str = ""
+    leader_term: int = 0
+    elections: int = 0
+    """Increases of the highest term seen (each is at least one election)."""
+
+    def stub(self, address: str) -> Any:
+        if address not in self.stubs:
+            ch = self.cluster.channel(address)
+            self.channels.append(ch)
+            self.stubs[address] = master_pb2_grpc.MasterServiceStub(ch)
+        return self.stubs[address]
+
+    async def poll(self) -> None:
+        for address in self.cluster.addresses:
+            try:
+                r = await self.stub(address).ConnectToMaster(
+                    pb.ConnectToMasterRequestPB(), timeout=2
+                )
+            except grpc.aio.AioRpcError:
+                continue
+            self.terms[address] = max(self.terms.get(address, 0), r.term)
+            if r.role == pb.LEADER and r.term >= self.leader_term:
+                self.leader = address
+            top = max(self.terms.values())
+            if top > self.leader_term:
+                if self.leader_term:
+                    self.elections += top - self.leader_term
+                self.leader_term = top
+
+    async def watch(self) -> None:
+        while True:
+            await self.poll()
+            await asyncio.sleep(0.5)
+
+    async def leader_stub(self) -> Any:
+        while not self.leader:
+            await self.poll()
+            await asyncio.sleep(0.1)
+        return self.stub(self.leader)
+
+    def leader_pid(self) -> int:
+        proc = self.cluster.by_address(self.leader).proc
+        assert proc is not None
+        return proc.pid
+
+    async def aclose(self) -> None:
+        for ch in self.channels:
+            await ch.close(None)
+
+
+async def create_table(m: Masters, name: str, tablets: int, seq: int) -> str:
+    """CreateTable through whichever master leads (retried while there is none)."""
+    req = pb.CreateTableRequestPB(
+        request_id=pb.RequestIdPB(client_id="scale-bench", seq_no=seq),
+        name=name,
+        schema=schema_to_pb(SCHEMA),
+        partition_schema=partition_schema_to_pb(partitioning(tablets), SCHEMA),
+        num_replicas=3,
+    )
+    while True:
+        stub = await m.leader_stub()
+        try:
+            return str((await stub.CreateTable(req, timeout=120)).table_id)
+        except grpc.aio.AioRpcError as e:
+            if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise
+            m.leader = ""
+            await asyncio.sleep(0.1)
+
+
+async def wait_running(m: Masters, table_id: str, timeout: float, quiet: bool = False) -> float:
+    """Seconds until IsCreateTableDone says done; TimeoutError past `timeout`."""
+    t0 = time.monotonic()
+    reported = t0
+    req = pb.IsCreateTableDoneRequestPB(table=pb.TableIdentifierPB(table_id=table_id))
+    while True:
+        try:
+            r = await (await m.leader_stub()).IsCreateTableDone(req, timeout=10)
+        except grpc.aio.AioRpcError as e:
+            if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise
+            m.leader = ""
+            await asyncio.sleep(0.1)
+            continue
+        if r.done:
+            return time.monotonic() - t0
+        now = time.monotonic()
+        if now - t0 > timeout:
+            raise TimeoutError(
+                f"{r.tablets_running}/{r.tablets_total} tablets RUNNING after {timeout:.0f} s"
+            )
+        if not quiet and now - reported >= 10:
+            reported = now
+            progress(f"{r.tablets_running}/{r.tablets_total} RUNNING after {now - t0:.0f} s")
+        await asyncio.sleep(0.2)
+
+
+def start_fleet(
+    args: argparse.Namespace, cluster: MasterCluster, workdir: Path
+) -> tuple[subprocess.Popen[bytes], Path]:
+    port_file = workdir / "fleet.port"
+    assert cluster.pki is not None
+    cmd = [sys.executable, "-m", "service.testing.ts_simulator", "--masters"]
+    cmd += [",".join(cluster.addresses), "--uuid", "sc", "--count", str(args.servers)]
+    cmd += ["--port-file", str(port_file), "--stats-file", str(workdir / "fleet.stats")]
+    cmd += ["--stagger", "--pki", str(cluster.pki.directory), "--shards", str(args.shards)]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=(workdir / "fleet.log").open("wb"),
+    )
+    wait_for_port_file(proc, port_file, "the simulated fleet")
+    return proc, port_file
+
+
+def fleet_cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
+
+
+async def wait_servers(m: Masters, n: int) -> None:
+    while True:
+        stub = await m.leader_stub()
+        try:
+            r = await stub.ListTabletServers(pb.ListTabletServersRequestPB(), timeout=10)
+        except grpc.aio.AioRpcError:
+            m.leader = ""
+            continue
+        live = sum(1 for s in r.servers if s.live)
+        if live >= n:
+            return
+        progress(f"{live}/{n} simulated servers registered")
+        await asyncio.sleep(1.0)
+
+
+async def grow(args: argparse.Namespace, m: Masters, sim_pids: list[int]) -> tuple[int, float]:
+    """Tables of --table-tablets until --target; returns (tablets, slowest create)."""
+    catalog = 0
+    slowest = 0.0
+    steps = max(1, -(-args.target // args.table_tablets))
+    for n in range(steps):
+        count = min(args.table_tablets, args.target - catalog)
+        pid = m.leader_pid()
+        c0, s0, t0 = cpu_seconds(pid), fleet_cpu(sim_pids), time.monotonic()
+        progress(f"table {n + 1}/{steps}: CreateTable {count} tablets x 3 (catalog {catalog})")
+        try:
+            table_id = await create_table(m, f"scale{n}", count, 10 + n)
+            secs = await wait_running(m, table_id, args.create_timeout)
+        except TimeoutError as e:
+            print(
+                f"stopped  table {n + 1}/{steps} ({count} tablets) not RUNNING within"
+                f" --create-timeout: {e}; the catalog stays at {catalog} tablets"
+            )
+            return catalog, max(slowest, args.create_timeout)
+        elapsed = time.monotonic() - t0
+        catalog += count
+        slowest = max(slowest, secs)
+        same = m.leader_pid() == pid
+        cpu = (cpu_seconds(pid) - c0) / elapsed if same else float("nan")
+        sim_cpu = (fleet_cpu(sim_pids) - s0) / elapsed
+        progress(
+            f"table {n + 1}/{steps} done: {catalog} tablets, leader {m.leader} term"
+            f" {m.leader_term}, load average {os.getloadavg()[0]:.2f}"
+        )
+        print(
+            f"table    {n + 1}/{steps} catalog {catalog} tablets: create {secs:.1f} s (goal <="
+            f" {GOAL_CREATE_S:.0f}), leader CPU {cpu:.2f} core, RSS {rss_mb(m.leader_pid()):.0f}"
+            f" MB, simulator CPU {sim_cpu:.2f} core, elections {m.elections} (goal 0)",
+            flush=True,
+        )
+    return catalog, slowest
+
+
+def correct_locations(r: pb.GetTableLocationsResponsePB, tablets: set[str]) -> bool:
+    """Every probe tablet listed, each with a LEADER among its replicas."""
+    seen = {t.tablet_id for t in r.tablet_locations}
+    leaders = all(any(x.role == pb.LEADER for x in t.replicas) for t in r.tablet_locations)
+    return seen == tablets and leaders
+
+
+async def first_correct_lookup(m: Masters, table_id: str, tablets: set[str], t0: float) -> float:
+    req = pb.GetTableLocationsRequestPB(table=pb.TableIdentifierPB(table_id=table_id))
+    while True:
+        for address in m.cluster.addresses:
+            if not m.cluster.by_address(address).alive:
+                continue
+            try:
+                r = await m.stub(address).GetTableLocations(req, timeout=1)
+            except grpc.aio.AioRpcError:
+                continue
+            if correct_locations(r, tablets):
+                return time.monotonic() - t0
+        await asyncio.sleep(0.02)
+
+
+async def new_leader(m: Masters, old: str, old_term: int, t0: float) -> float:
+    while True:
+        for address in m.cluster.addresses:
+            if address == old:
+                continue
+            try:
+                r = await m.stub(address).ConnectToMaster(pb.ConnectToMasterRequestPB(), timeout=1)
+            except grpc.aio.AioRpcError:
+                continue
+            if r.role == pb.LEADER and r.term > old_term:
+                return time.monotonic() - t0
+        await asyncio.sleep(0.02)
+
+
+async def failovers(args: argparse.Namespace, m: Masters) -> list[tuple[float, float, float]]:
+    progress(f"probe table of {PROBE_TABLETS} tablets for the failover lookups")
+    probe = await create_table(m, "probe", PROBE_TABLETS, 1)
+    await wait_running(m, probe, args.create_timeout)
+    stub = await m.leader_stub()
+    r = await stub.GetTableLocations(
+        pb.GetTableLocationsRequestPB(table=pb.TableIdentifierPB(table_id=probe)), timeout=10
+    )
+    tablets = {t.tablet_id for t in r.tablet_locations}
+    out = []
+    for k in range(KILLS):
+        await m.poll()
+        old, old_term = m.leader, m.leader_term
+        name = m.cluster.by_address(old).name
+        progress(f"failover {k + 1}/{KILLS}: kill -9 {name} (leader, term {old_term})")
+        t0 = time.monotonic()
+        m.cluster.kill(name, signal.SIGKILL)
+        m.leader = ""
+
+        async def small_create(k: int = k, t0: float = t0) -> float:
+            table = await create_table(m, f"small{k}", PROBE_TABLETS, 100 + k)
+            await wait_running(m, table, args.create_timeout, quiet=True)
+            return time.monotonic() - t0
+
+        elected, lookup, create = await asyncio.wait_for(
+            asyncio.gather(
+                new_leader(m, old, old_term, t0),
+                first_correct_lookup(m, probe, tablets, t0),
+                small_create(),
+            ),
+            args.create_timeout,
+        )
+        print(
+            f"failover {k + 1}/{KILLS} kill -9 of the leader: new leader {elected:.2f} s, first"
+            f" correct GetTableLocations {lookup:.2f} s (goal <= {GOAL_LOOKUP_S:.0f}), small"
+            f" CreateTable RUNNING {create:.2f} s (goal <= {GOAL_SMALL_CREATE_S:.0f})",
+            flush=True,
+        )
+        out.append((elected, lookup, create))
+        progress(f"restarting {name}")
+        m.cluster.start_master(name)
+        m.cluster.wait_ready([name], timeout=120)
+        await asyncio.sleep(3.0)  # it rejoins as a follower and catches up
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    progress(
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; 3 secured masters,"
+        f" {args.servers} simulated servers in {args.shards} processes, target {args.target}"
+        f" tablets in tables of {args.table_tablets}"
+    )
+    with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:
+        workdir = Path(tmp)
+        procs: list[subprocess.Popen[bytes]] = []
+        with MasterCluster(workdir / "masters", 3, overrides=OVERRIDES) as cluster:
+            m = Masters(cluster)
+            watcher: asyncio.Task[None] | None = None
+            try:
+                await m.leader_stub()
+                fleet, port_file = start_fleet(args, cluster, workdir)
+                procs.append(fleet)
+                info = json.loads(port_file.read_text())
+                sim_pids = [info["pid"], *info.get("pids", [])]
+                await wait_servers(m, args.servers)
+                await m.poll()
+                m.elections = 0
+                watcher = asyncio.create_task(m.watch())
+                catalog, slowest = await grow(args, m, sim_pids)
+                unprovoked = m.elections
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+                watcher = None
+                stats = json.loads((workdir / "fleet.stats").read_text())
+                print(
+                    f"fleet    {stats.get('replicas', 0)} replicas, {stats.get('leaders', 0)}"
+                    f" leaders on {args.servers} servers; heartbeat p99 over the last"
+                    f" {stats.get('recent_s', 0):.0f} s {stats.get('recent_p99_s', 0) * 1000:.1f}"
+                    f" ms (worst shard), {stats.get('failed', 0)} heartbeats failed",
+                    flush=True,
+                )
+                results = await failovers(args, m)
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
+                terminate_all(procs)
+                await m.aclose()
+    worst = max((r[1] for r in results), default=float("nan"))
+    print(
+        f"scale: {catalog} tablets, {unprovoked} unprovoked elections, create max"
+        f" {slowest:.1f} s, failover lookup p100 {worst:.2f} s"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.scale_bench")
+    p.add_argument("--target", type=int, default=200_000, help="tablets in the catalog")
+    p.add_argument("--servers", type=int, default=1000, help="simulated tablet servers")
+    p.add_argument("--table-tablets", type=int, default=10_000, help="tablets per table")
+    p.add_argument("--shards", type=int, default=2, help="simulator processes")
+    p.add_argument("--create-timeout", type=float, default=600.0, help="seconds per create")
+    p.add_argument("--quick", action="store_true", help="20,000 tablets on 100 servers")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.target, args.servers = 20_000, 100
+    if args.target < 1 or args.table_tablets < 1 or args.servers < 3:
+        p.error("--target and --table-tablets must be >= 1, --servers >= 3")
+    args.shards = max(1, min(args.shards, args.servers))
+    asyncio.run(main_async(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,238 @@
+"""The tablet-server simulator's rules without a master: Raft's majority rule for leaders and
+config changes, edge-triggered reports, and the same rule across shards over the bus.
+
+Pure and fast: the simulator is driven through its admin operations and report builder
+directly (no gRPC), except the shard test, which runs two simulators' buses on Unix sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from service.common.errors import NotTheLeader, ServiceUnavailable
+from service.pb import master_pb2 as mpb
+from service.pb import tserver_pb2 as tpb
+from service.testing.ts_simulator import Simulator, _Peer, _View, commits, elect
+from service.testing.ts_simulator_shards import SocketBus, merge_stats, shard_uuids
+
+MASTER = "127.0.0.1:1"
+
+
+def _view(*voters: str) -> _View:
+    return _View(1, [_Peer(u, True) for u in voters])
+
+
+def test_elect_needs_a_majority_of_voters_and_keeps_a_live_leader() -> None:
+    v = _view("a", "b", "c")
+    assert not elect(v, {"a"}) and (v.leader, v.term) == ("", 0)
+    assert elect(v, {"b", "c"}) and (v.leader, v.term) == ("b", 1)
+    assert not elect(v, {"a", "b", "c"}) and (v.leader, v.term) == ("b", 1)  # stays
+    assert elect(v, {"a", "c"}) and (v.leader, v.term) == ("a", 2)
+    assert elect(v, {"c"}) and (v.leader, v.term) == ("", 2)  # lost the majority
+    v.peers.append(_Peer("d", False))  # a NON_VOTER never makes a majority
+    assert not elect(v, {"c", "d"}) and v.leader == ""
+    assert not commits(_view("a", "b"), {"a"}) and commits(_view("a", "b"), {"a", "b"})
+
+
+def _create(sim: Simulator, tablet: str, dest: str, peers: list[str]) -> None:
+    req = tpb.CreateTabletRequestPB(dest_uuid=dest, tablet_id=tablet, table_id="t1")
+    req.config.opid_index = 1
+    for u in peers:
+        req.config.peers.add(permanent_uuid=u, member_type=mpb.VOTER)
+    sim.create_tablet(req)
+
+
+def _leaders_reported(sim: Simulator, tablet: str) -> set[str]:
+    out = set()
+    for s in sim.servers.values():
+        r = s.replicas.get(tablet)
+        if r is not None and not r.tombstoned:  # a tombstone keeps its last view, inert
+            out.add(sim._report(s, r).consensus_state.leader_uuid)
+    return out
+
+
+def test_a_tablet_leads_only_once_a_majority_of_its_replicas_exist() -> None:
+    sim = Simulator([MASTER], ["a", "b", "c"])
+    _create(sim, "t", "c", ["a", "b", "c"])
+    assert sim.leader_of("t") == "" and _leaders_reported(sim, "t") == {""}
+    _create(sim, "t", "b", ["a", "b", "c"])
+    assert sim.leader_of("t") == "b" and _leaders_reported(sim, "t") == {"b"}
+    assert sim.groups["t"].view.term == 1
+    _create(sim, "t", "a", ["a", "b", "c"])  # the first voter arrives: the leader stays
+    assert sim.leader_of("t") == "b" and sim.groups["t"].view.term == 1
+    assert sim.tablet_counts() == (3, 1)
+    # Two servers stop: no majority, no leader; the survivor does not claim one.
+    sim.stop_server("b")
+    assert sim.leader_of("t") == "a" and sim.groups["t"].view.term == 2
+    sim.stop_server("a")
+    assert sim.leader_of("t") == ""
+    assert sim._report(sim.servers["c"], sim.servers["c"].replicas["t"]).role == mpb.FOLLOWER
+    assert sim.tablet_counts()[1] == 0
+    sim.start_server("a")  # a restarted replica knows no leader until its group says so
+    assert sim.leader_of("t") == "a" and sim.groups["t"].view.term == 3
+
+
+def test_a_replica_never_created_is_never_counted() -> None:
+    """The master placed a tablet on a, b and x; x is not simulated here (or its CreateTablet
+    failed): a and b are a majority; with b tombstoned, a alone is not."""
+    sim = Simulator([MASTER], ["a", "b"])
+    _create(sim, "t", "a", ["x", "a", "b"])
+    assert sim.leader_of("t") == ""
+    _create(sim, "t", "b", ["x", "a", "b"])
+    assert sim.leader_of("t") == "a"
+    sim.delete_tablet(
+        tpb.DeleteTabletRequestPB(
+            dest_uuid="b", tablet_id="t", delete_type=tpb.TABLET_DATA_TOMBSTONED
+        )
+    )
+    assert sim.leader_of("t") == "" and _leaders_reported(sim, "t") == {""}
+
+
+def _change(sim: Simulator, dest: str, kind: int, peer: str) -> mpb.ConsensusStatePB:
+    req = tpb.ChangeConfigRequestPB(dest_uuid=dest, tablet_id="t", type=kind)  # type: ignore[arg-type]
+    req.peer.permanent_uuid = peer
+    req.peer.member_type = mpb.NON_VOTER
+    return asyncio.run(sim.change_config(req))
+
+
+def test_a_config_change_commits_only_with_a_majority_of_the_new_config() -> None:
+    sim = Simulator([MASTER], ["a", "b", "c", "d"])
+    for u in ("a", "b", "c"):
+        _create(sim, "t", u, ["a", "b", "c"])
+    assert sim.leader_of("t") == "a"
+    with pytest.raises(NotTheLeader) as e:
+        _change(sim, "b", tpb.ChangeConfigRequestPB.ADD_PEER, "d")
+    assert e.value.leader_uuid == "a"
+    sim.stop_server("c")
+    # Removing b would leave voters {a, c} with only a live: 1 of 2 cannot commit.
+    with pytest.raises(ServiceUnavailable, match="cannot commit"):
+        _change(sim, "a", tpb.ChangeConfigRequestPB.REMOVE_PEER, "b")
+    assert [p.uuid for p in sim.groups["t"].view.peers] == ["a", "b", "c"]
+    cs = _change(sim, "a", tpb.ChangeConfigRequestPB.REMOVE_PEER, "c")
+    assert [p.permanent_uuid for p in cs.committed_config.peers] == ["a", "b"]
+    assert cs.leader_uuid == "a" and cs.committed_config.opid_index == 2
+    # An added NON_VOTER gets its copy at once and becomes a voter a round later.
+    _change(sim, "a", tpb.ChangeConfigRequestPB.ADD_PEER, "d")
+    assert "t" in sim.servers["d"].replicas
+    sim.rounds += 1
+    sim._promote_caught_up()
+    assert sim.groups["t"].view.voters() == ["a", "b", "d"]
+
+
+def _registered_leader_links(sim: Simulator) -> None:
+    for s in sim.servers.values():
+        link = s.links[MASTER]
+        link.registered, link.leader, link.need_full = True, True, False
+        link.dirty.clear()
+
+
+def _report(sim: Simulator, uuid: str) -> mpb.TabletReportPB:
+    s = sim.servers[uuid]
+    req = mpb.TSHeartbeatRequestPB()
+    sent = sim.build_report(s, s.links[MASTER], req)
+    assert sent is not None
+    return req.tablet_report
+
+
+def test_reports_are_edge_triggered_per_replica() -> None:
+    """A change marks only the replicas it touches: an idle server reports nothing, a server
+    whose one tablet got a new leader reports that tablet alone, and no other server any."""
+    servers = [f"s{i}" for i in range(6)]
+    sim = Simulator([MASTER], servers)
+    for n in range(300):
+        peers = [servers[(n + k) % 6] for k in range(3)]
+        for u in peers:
+            _create(sim, f"t{n:03d}", u, peers)
+    _registered_leader_links(sim)
+    assert all(len(_report(sim, u).updated_tablets) == 0 for u in servers)
+    # t000 is led by s0 (peers s0, s1, s2); stopping s0 moves only its tablets' leaders.
+    led_by_s0 = {t for t, g in sim.groups.items() if g.view.leader == "s0"}
+    touched = {t for t, r in sim.servers["s0"].replicas.items()}
+    sim.stop_server("s0")
+    for u in servers[1:]:
+        rep = _report(sim, u)
+        assert rep.is_incremental
+        got = {t.tablet_id for t in rep.updated_tablets}
+        assert got <= touched and got == {t for t in led_by_s0 if t in sim.servers[u].replicas}
+    assert sim.reported["incremental"] == sum(
+        len(led_by_s0 & set(sim.servers[u].replicas)) for u in servers[1:]
+    )
+    # Nothing changed since: every next report is empty, and a full one carries everything.
+    assert all(len(_report(sim, u).updated_tablets) == 0 for u in servers[1:])
+    sim.servers["s1"].links[MASTER].need_full = True
+    assert len(_report(sim, "s1").updated_tablets) == len(sim.servers["s1"].replicas)
+
+
+def test_an_unacknowledged_report_is_sent_again() -> None:
+    sim = Simulator([MASTER], ["a", "b", "c"])
+    _registered_leader_links(sim)
+    _create(sim, "t", "a", ["a", "b", "c"])
+    s, link = sim.servers["a"], sim.servers["a"].links[MASTER]
+    sent = sim.build_report(s, link, mpb.TSHeartbeatRequestPB())
+    assert sent == (False, {"t"}) and not link.dirty
+    link.dirty |= sent[1]  # what a failed or unacknowledged heartbeat does
+    assert [t.tablet_id for t in _report(sim, "a").updated_tablets] == ["t"]
+
+
+def test_shards_apply_the_majority_rule_across_processes_buses() -> None:
+    """Two shards, servers split between them: the owner of a tablet counts replicas created
+    on the other shard, and each replica reports the leader only once two of three exist."""
+    uuids = ["a", "b", "c", "d"]
+    assert shard_uuids(uuids, 0, 2) == ["a", "c"] and shard_uuids(uuids, 1, 2) == ["b", "d"]
+
+    async def main(directory: Path) -> None:
+        buses = [SocketBus(i, 2, directory, uuids) for i in range(2)]
+        sims = [Simulator([MASTER], shard_uuids(uuids, i, 2), bus=buses[i]) for i in range(2)]
+        for bus, sim in zip(buses, sims, strict=True):
+            bus.on_message, bus.on_call = sim.on_message, sim.on_call
+            await bus.start()
+        try:
+            tablet = next(t for t in (f"t{i}" for i in range(100)) if buses[0].owner_of(t) == 1)
+            peers = ["a", "b", "c"]  # a, c on shard 0; b on shard 1 (the owner)
+            _create(sims[0], tablet, "a", peers)
+            await asyncio.sleep(0.2)
+            assert sims[1].groups[tablet].view.leader == ""
+            _create(sims[0], tablet, "c", peers)
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if sims[0].servers["a"].replicas[tablet].view.leader:
+                    break
+            assert sims[1].leader_of(tablet) == "a"
+            assert sims[0].tablet_counts() == (2, 1)
+            # ChangeConfig sent to shard 0's leader is decided by the owner on shard 1.
+            req = tpb.ChangeConfigRequestPB(
+                dest_uuid="c", tablet_id=tablet, type=tpb.ChangeConfigRequestPB.REMOVE_PEER
+            )
+            req.peer.permanent_uuid = "b"
+            with pytest.raises(NotTheLeader) as e:
+                await sims[0].change_config(req)
+            assert e.value.leader_uuid == "a"
+        finally:
+            for bus in buses:
+                await bus.aclose()
+
+    with tempfile.TemporaryDirectory(prefix="tsim-") as tmp:
+        asyncio.run(main(Path(tmp)))
+
+
+def test_the_bus_refuses_a_directory_others_can_open() -> None:
+    with tempfile.TemporaryDirectory(prefix="tsim-") as tmp:
+        os.chmod(tmp, 0o755)
+        with pytest.raises(PermissionError, match="0700"):
+            asyncio.run(SocketBus(0, 2, Path(tmp), ["a", "b"]).start())
+
+
+def test_merged_statistics_sum_counts_and_keep_the_worst_p99() -> None:
+    merged = merge_stats(
+        [
+            {"replicas": 3, "leaders": 1, "recent_p99_s": 0.01, "errors": {"X": 1}},
+            {"replicas": 4, "leaders": 2, "recent_p99_s": 0.03, "errors": {"X": 2}},
+        ]
+    )
+    assert (merged["replicas"], merged["leaders"], merged["recent_p99_s"]) == (7, 3, 0.03)
+    assert merged["errors"] == {"X": 3} and merged["shards"] == 2
