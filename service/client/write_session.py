@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -75,8 +75,10 @@ OPERATIONS: dict[str, int] = {
 }
 
 MAX_BATCH_ROWS = 50_000
-"""Rows per Write RPC: big enough to amortize a Raft round, small enough to stay well under the
-message limit for wide rows."""
+MAX_BATCH_BYTES = 8 << 20
+"""Rows, and bytes of Arrow IPC, per Write RPC at most: big enough to amortize a Raft round,
+and the most a tablet server accepts in one Write (MAX_WRITE_ROWS and MAX_WRITE_BYTES in
+service/tserver/row_ops.py: each step of a write must stay short on its event loop)."""
 
 
 @dataclass(frozen=True)
@@ -222,15 +224,16 @@ class WriteSession:
         """Write `rows` of `p` to `loc`'s leader in order; rows left to re-route on NOT_FOUND."""
         result = WriteResult()
         async with self._sem:
-            for start in range(0, len(rows), self.batch_rows):
-                chunk = rows[start : start + self.batch_rows]
+            sent = 0
+            for chunk, payload in self._batches(p.data, rows):
                 try:
-                    resp, loc = await self._send(p, loc, chunk, deadline, result)
+                    resp, loc = await self._send(p, loc, payload, deadline, result)
                 except NotFound:
                     # The tablet left this server for good (deleted, replaced after an
                     # assignment timeout): forget it and route what is left again.
                     self.client.meta.invalidate(loc.table_id, loc.tablet_id)
-                    return result, rows[start:]
+                    return result, rows[sent:]
+                sent += len(chunk)
                 result.rows_applied += resp.rows_applied
                 result.batches_sent += 1
                 for e in resp.per_row_errors:
@@ -246,6 +249,23 @@ class WriteSession:
                 self.client.note_applied(loc.tablet_id, resp.applied_index)
         return result, None
 
+    def _batches(self, data: pa.Table, rows: np.ndarray) -> Iterator[tuple[np.ndarray, bytes]]:
+        """`rows` of `data`, in order, as consecutive chunks with their Arrow IPC payloads, each
+        of at most `batch_rows` rows and MAX_BATCH_BYTES bytes (a chunk of rows wider than the
+        average is halved until it fits; a single row that does not is sent for the server
+        to refuse, naming the limit)."""
+        per_row = max(1, data.nbytes // max(1, data.num_rows))
+        step = max(1, min(self.batch_rows, MAX_BATCH_BYTES // per_row))
+        todo = [rows[i : i + step] for i in reversed(range(0, len(rows), step))]
+        while todo:
+            chunk = todo.pop()
+            payload = _ipc(data.take(pa.array(chunk)))
+            if len(payload) > MAX_BATCH_BYTES and len(chunk) > 1:
+                half = len(chunk) // 2
+                todo += [chunk[half:], chunk[:half]]
+                continue
+            yield chunk, payload
+
     def _key(self, data: pa.Table, idx: int) -> tuple[object, ...]:
         row = data.slice(idx, 1).to_pylist()[0]
         return tuple(row.get(c.name) for c in self.table.schema.key_columns)
@@ -254,16 +274,12 @@ class WriteSession:
         self,
         p: _Pending,
         loc: TabletLocation,
-        chunk: np.ndarray,
+        payload: bytes,
         deadline: Deadline,
         result: WriteResult,
     ) -> tuple[tpb.WriteResponsePB, TabletLocation]:
-        """One batch to the tablet's leader, following leadership changes until the deadline."""
-        sink = pa.BufferOutputStream()
-        part = p.data.take(pa.array(chunk))
-        with pa.ipc.new_stream(sink, part.schema) as w:
-            w.write_table(part)
-        payload = sink.getvalue().to_pybytes()
+        """One batch (rows as Arrow IPC) to the tablet's leader, following leadership changes
+        until the deadline."""
         backoff = Backoff()
         tried: set[str] = set()
         refreshed = False
@@ -320,6 +336,13 @@ class WriteSession:
             elif not isinstance(err, ServiceUnavailable | Timeout | WrongDestination | Aborted):
                 raise err
             log.debug("write to %s on %s: %s; retrying", loc.tablet_id, target.ts_uuid, err)
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
 
 
 def format_errors(errors: Sequence[RowError], limit: int = 5) -> str:

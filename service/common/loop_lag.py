@@ -12,6 +12,20 @@ the histogram `tessera_event_loop_lag_seconds`; the gauge
 every 15 s sees a one-off stall), and `tessera_event_loop_stalls_total` counts wakes later than
 `stall_s` (the Raft heartbeat interval by default: the bound a request must not exceed).
 
+A wake-up can be late for two reasons: this process held its loop (a request's CPU-heavy part
+on the loop, or a worker thread holding the GIL), or the machine did not run the process (other
+processes on its CPUs). The second is nobody's bug here, and on a shared 2-core test machine
+it comes and goes. So each wake also notes the CPU time the loop's own thread used since the
+last one (`time.thread_time`), and `tessera_event_loop_busy_stalls_total` counts the stalls
+during which that CPU time exceeds `stall_s` too: the loop was busy running something for
+longer than the bound, not waiting for a CPU. A thread that is not scheduled uses no CPU time,
+so a machine that is merely overloaded moves only `tessera_event_loop_stalls_total`, while work
+that holds the loop moves both, however slowly the machine runs it. The whole process's CPU
+time would not do: a server busy with many bounded steps (and worker threads) uses CPU all
+along, and on a slow machine a late wake then spans a lot of it. What this does not see is a
+loop that waits for the GIL while a worker thread holds it in native code, or for a blocking
+system call: those count as stalls only.
+
 The monitor costs one wake per interval (100 ms by default): nothing next to a server's
 heartbeats. It starts with the server and stops with it (`start` / `aclose`).
 """
@@ -53,6 +67,11 @@ class LoopLagMonitor:
             "tessera_event_loop_stalls_total",
             f"Wake-ups later than the stall bound ({stall_s:g} s: the Raft heartbeat interval)",
         )
+        self._busy_stalls = registry.counter(
+            "tessera_event_loop_busy_stalls_total",
+            f"Stalls (wake-ups later than {stall_s:g} s) during which the loop's thread used "
+            "more than that much CPU time: work on the loop held it, not a busy machine",
+        )
         self._recent: deque[tuple[float, float]] = deque()
         registry.gauge_callback(
             "tessera_event_loop_lag_max_seconds",
@@ -62,14 +81,19 @@ class LoopLagMonitor:
         self._periodic = Periodic("loop-lag-monitor", interval_s, self._woke, log)
         self._asked = 0.0
         """When the next wake-up is due (monotonic)."""
+        self._cpu = 0.0
+        """The loop thread's CPU time at the last wake-up (`time.thread_time`)."""
         self.max_lag_s = 0.0
         """The largest lag seen since start (tests and the fuzzer read it)."""
 
-    def observe(self, lag_s: float, now: float) -> None:
-        """Record one wake-up `lag_s` late at monotonic time `now`."""
+    def observe(self, lag_s: float, now: float, cpu_s: float = 0.0) -> None:
+        """Record one wake-up `lag_s` late at monotonic time `now`, the process having used
+        `cpu_s` of CPU time on the loop's thread since the previous one."""
         self._hist.observe(lag_s)
         if lag_s > self.stall_s:
             self._stalls.inc()
+            if cpu_s > self.stall_s:
+                self._busy_stalls.inc()
         self.max_lag_s = max(self.max_lag_s, lag_s)
         self._recent.append((now, lag_s))
         while self._recent and self._recent[0][0] < now - self.window_s:
@@ -80,11 +104,14 @@ class LoopLagMonitor:
 
     def _woke(self) -> None:
         now = time.monotonic()
-        self.observe(max(0.0, now - self._asked), now)
+        cpu = time.thread_time()
+        self.observe(max(0.0, now - self._asked), now, cpu - self._cpu)
+        self._cpu = cpu
         self._asked = time.monotonic() + self.interval_s  # Periodic sleeps this long next
 
     def start(self) -> None:
         self._asked = time.monotonic() + self.interval_s
+        self._cpu = time.thread_time()
         self._periodic.start()
 
     async def aclose(self) -> None:

@@ -12,6 +12,7 @@ Modules
     batching        pacing of group commits, and proposal deadlines
     syncer          threads that run fdatasync off the event loop
     ticker          one tick timer per process for all its groups
+    turns           applies of all its groups share the event loop in bounded slices
     quiesce         idle groups stop ticking; one digest per peer server stands in
     snapshots       when a node snapshots, at which index, with which membership
     raft_store      a node's durable state: WAL, consensus metadata, latest snapshot

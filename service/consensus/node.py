@@ -9,8 +9,10 @@ Everything that touches the RawNode happens in `_run`, one loop iteration at a t
      together, so their heartbeats leave in one write per peer);
   3. if no Ready is being persisted: finish the one that was (its fsync is done: send what
      waited for it, apply, advance), append the queued proposals as ONE batch, and start the
-     next Ready: a leader sends its appends, the WAL records are encoded and written here, and
-     the fdatasync runs in a worker thread (`syncer.py`) while this loop carries on.
+     next Ready: a leader sends its appends, the WAL records are encoded and written here (in
+     the worker thread too when they are large), and the fdatasync runs in a worker thread
+     (`syncer.py`) while this loop carries on. Applying takes turns with the process's other
+     groups when it is given `apply_slice_s` (turns.py).
 
 *Group commit, pipelined.* While a Ready's fdatasync runs, the loop does not wait for it: the
 event loop keeps taking requests, and messages and proposals pile up (the core may be stepped
@@ -72,7 +74,7 @@ from service.common.errors import (
     ServiceUnavailable,
     Timeout,
 )
-from service.consensus import syncer, ticker
+from service.consensus import syncer, ticker, turns
 from service.consensus.batching import Deadlines, Pacer
 from service.consensus.node_api import (
     AnchoredStateMachine,
@@ -121,6 +123,14 @@ log = logging.getLogger(__name__)
 LEASE_FRACTION = 0.5
 """The leader lease of `RaftNode.read`, as a fraction of the election timeout."""
 T = TypeVar("T")
+
+WRITE_ON_LOOP_BYTES = 1 << 20
+"""A Ready whose entries carry more than this is written to the WAL in the worker thread that
+syncs it, not on the event loop (`_start_ready`): a tablet write may be tens of MiB."""
+
+
+def _entry_bytes(rd: Ready) -> int:
+    return sum(len(e.data) for e in rd.entries)
 
 
 @dataclass(slots=True)
@@ -221,6 +231,8 @@ class RaftNode(Quiescing):
         self._held: list[Message] = []
         """Commit-only appends of a leader, sent with its next appends or at the next tick."""
         self._syncer = syncer.shared()
+        self._turns: turns.Turns | None = None
+        """Slices of the loop shared with the process's other groups (set in `_run`)."""
         self._quiescence = quiescence if settings.quiesce_ticks > 0 else None
         self._quiesced = False
         """Ticks are ignored: an idle group's leader and caught-up followers (quiesce.py)."""
@@ -504,6 +516,8 @@ class RaftNode(Quiescing):
         loop = asyncio.get_running_loop()
         # The process's groups tick together (ticker.py): their heartbeats leave as one write.
         stop_ticking = ticker.shared(self.settings.tick_interval_s).add(self._tick_timer)
+        if self.settings.apply_slice_s > 0:
+            self._turns = turns.shared(self.settings.apply_slice_s)
         try:
             while not self._closed:
                 if not self._has_work():
@@ -622,11 +636,13 @@ class RaftNode(Quiescing):
         self._learn_addresses(rd.entries)
         if rd.send_before_persist:
             self._send(rd.messages, hold_commit_only=True)
-            self._apply_ready(rd)
+            await self._apply_ready(rd)
         store = self.store
         job: Callable[[], None] | None = None
-        if store.writes_metadata(rd):
-            job = functools.partial(store.persist, rd)  # cmeta/snapshot fsyncs: all off-loop
+        if store.writes_metadata(rd) or _entry_bytes(rd) > WRITE_ON_LOOP_BYTES:
+            # cmeta/snapshot fsyncs, or a large write (copying it into the page cache takes
+            # a while on a busy disk): all off-loop.
+            job = functools.partial(store.persist, rd)
         elif store.write(rd):  # WAL records, written here; only the fdatasync is left
             job = store.sync
         started = time.perf_counter()
@@ -659,7 +675,7 @@ class RaftNode(Quiescing):
         if not rd.send_before_persist:
             # 2. send, only now that what the messages promise is durable; 3. apply.
             self._send(rd.messages, hold_commit_only=False)
-            self._apply_ready(rd)
+            await self._apply_ready(rd)
         self.raw.advance(rd)
         self._wake_applied()
         await self._maybe_snapshot()
@@ -683,7 +699,7 @@ class RaftNode(Quiescing):
         if self._held:
             self._send([], hold_commit_only=False)
 
-    def _apply_ready(self, rd: Ready) -> None:
+    async def _apply_ready(self, rd: Ready) -> None:
         if rd.soft_state is not None:
             ss = rd.soft_state
             self._on_soft_state(ss.leader, ss.term, ss.role)
@@ -704,6 +720,10 @@ class RaftNode(Quiescing):
                 if not fut.done():
                     fut.set_exception(Aborted("outcome lost in a snapshot install; retry"))
         for e in rd.committed_entries:
+            if self._turns is not None and e.data:
+                # Between entries, never within one: each applies whole, in log order, by this
+                # task alone (turns.py); only when the loop's slice is used up does this yield.
+                await self._turns.turn()
             self._apply(e)
         for rs in rd.read_states:
             read = self._reads.pop(rs.context, None)

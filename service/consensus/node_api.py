@@ -84,6 +84,10 @@ class NodeSettings:
     quiesce_ticks: int = 0
     """A leader idle this many ticks stops ticking and heartbeating, and so do its followers
     (quiesce.py; needs a `Quiescence` given to the node). 0: never."""
+    apply_slice_s: float = 0.0
+    """Applies of the process's groups share the event loop in slices of about this long, so
+    that many groups committing at once do not hold up its timers and I/O (turns.py). 0: every
+    group applies what it has at once (a process with one group, or cheap entries)."""
 
     @classmethod
     def from_raft_settings(cls, r: RaftSettings) -> NodeSettings:

@@ -35,7 +35,26 @@ import pyarrow.compute as pc
 from service.common.errors import Corruption, InvalidArgument
 from service.common.schema import ColumnSchema, ColumnType, Schema
 
-__all__ = ["RowOp", "WriteBatch", "decode_write"]
+__all__ = [
+    "MAX_WRITE_BYTES",
+    "MAX_WRITE_ROWS",
+    "RowOp",
+    "WriteBatch",
+    "check_write_size",
+    "decode_write",
+]
+
+MAX_WRITE_ROWS = 50_000
+MAX_WRITE_BYTES = 8 << 20
+"""The most rows, and bytes of Arrow IPC, one Write may carry (InvalidArgument beyond). Every
+step of a write runs at a cost that grows with its size: on the leader, copying the entry into
+an append message per follower and serializing it; on each replica, parsing that message,
+then applying the entry on the event loop in one step (a scan never sees part of an entry), at
+a few microseconds per row (tens for a partial UPDATE). These bounds keep each such step a
+small fraction of the Raft heartbeat interval (service/common/loop_lag.py): a 64 MiB write (the
+gRPC message limit) of 3 million narrow rows held each replica's loop for seconds, and its
+leader lost leadership. 8 MiB is also Kudu's client default for one batch. The client cuts
+writes to fit (write_session.MAX_BATCH_ROWS, MAX_BATCH_BYTES)."""
 
 _OPS_KEY = b"tessera.ops"
 _VERSION_KEY = b"tessera.schema_version"
@@ -250,6 +269,21 @@ def _resolve_ops(default_op: int, ops: Sequence[int], n: int) -> np.ndarray:
     return out.astype(np.uint8)
 
 
+def check_write_size(payload_bytes: int, rows: int | None = None) -> None:
+    """InvalidArgument if a Write carries more than `MAX_WRITE_BYTES` of rows, or more than
+    `MAX_WRITE_ROWS` rows (`rows`, once the stream is read)."""
+    if payload_bytes > MAX_WRITE_BYTES:
+        raise InvalidArgument(
+            f"rows: {payload_bytes} bytes, more than the {MAX_WRITE_BYTES} one Write may "
+            "carry; split them into several Writes"
+        )
+    if rows is not None and rows > MAX_WRITE_ROWS:
+        raise InvalidArgument(
+            f"rows: {rows} rows, more than the {MAX_WRITE_ROWS} one Write may carry; split "
+            "them into several Writes"
+        )
+
+
 def decode_write(
     schema: Schema, rows_ipc: bytes, default_op: int, ops: Sequence[int]
 ) -> WriteBatch:
@@ -258,6 +292,7 @@ def decode_write(
     Raises InvalidArgument naming the problem: a malformed stream, a duplicate or unknown
     column, a type that does not convert, a missing or null key, a null in a NOT NULL column,
     an absent NOT NULL column without default for a row that may create one, bad ops.
+    (Size limits are the Write RPC's: `check_write_size`.)
     """
     table = _read_stream(rows_ipc)
     names = table.schema.names

@@ -83,7 +83,7 @@ from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.raft import ConfigChangeType, NodeId, RaftConfig, Role
 from service.tserver import superblock as sbmod
-from service.tserver.row_ops import WriteBatch, decode_write
+from service.tserver.row_ops import WriteBatch, check_write_size, decode_write
 from service.tserver.rowstore import RowStore, WriteResult
 from service.tserver.superblock import DataState, Superblock
 
@@ -97,6 +97,17 @@ _SNAP_INDEX = struct.Struct("<Q")
 def write_entry(batch: WriteBatch) -> bytes:
     """The Raft entry of a validated write (module docstring)."""
     return _WRITE + batch.encode()
+
+
+def _validated_entry(schema: Schema, rows: bytes, default_op: int, ops: list[int]) -> bytes | None:
+    """The Raft entry of a client write checked under `schema` (InvalidArgument if it is bad,
+    or larger than a Write may be); None if it has no rows. Pure: it may run in a thread."""
+    check_write_size(len(rows))
+    batch = decode_write(schema, rows, default_op, ops)
+    check_write_size(len(rows), batch.num_rows)
+    if batch.table.num_rows == 0:
+        return None
+    return write_entry(batch)
 
 
 class ReplicaState(enum.Enum):
@@ -414,10 +425,16 @@ class TabletReplica:
                 f"tablet {self.tablet_id}: the write uses schema version {req.schema_version}, "
                 f"newer than this replica's {store.schema.version}; retry shortly"
             )
-        batch = decode_write(store.schema, req.rows, int(req.default_op), list(req.ops))
-        if batch.table.num_rows == 0:
+        # Validating and encoding cost time linear in the request (up to MAX_WRITE_BYTES of
+        # row_ops.py), mostly in Arrow calls that release the GIL (full validation, casts, the
+        # IPC writer): a worker thread keeps them off the loop that every Raft group of this
+        # server shares (service/common/loop_lag.py).
+        entry = await asyncio.to_thread(
+            _validated_entry, store.schema, req.rows, int(req.default_op), list(req.ops)
+        )
+        if entry is None:
             return tpb.WriteResponsePB(applied_index=node.applied)
-        result = cast(WriteResult, await node.propose(write_entry(batch), timeout=timeout))
+        result = cast(WriteResult, await node.propose(entry, timeout=timeout))
         if self.settings.on_rows_written is not None:
             self.settings.on_rows_written(result.rows_applied)
         resp = tpb.WriteResponsePB(applied_index=node.applied, rows_applied=result.rows_applied)

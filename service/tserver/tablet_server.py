@@ -84,6 +84,11 @@ log = logging.getLogger(__name__)
 INSTANCE_FILE = "instance"
 SERVER_GRACE_S = 1.0
 RPC_TIMEOUT_S = 30.0
+APPLY_SLICE_S = 0.05
+"""The tablets' applies share the event loop in slices of about this long (consensus/turns.py):
+a write fanned out to every tablet of this server then lags the loop by about this plus one
+apply (a Write's rows are bounded, row_ops.MAX_WRITE_ROWS), well under the Raft heartbeat
+interval, instead of by all their applies at once."""
 
 
 def load_or_create_uuid(data_dir: Path, wanted: str | None = None) -> NodeId:
@@ -212,7 +217,9 @@ class TabletServer:
         )
         transport.set_address(self.uuid, self.address)
         self.transport = transport
-        node_settings = NodeSettings.from_raft_settings(config.raft)
+        node_settings = dataclasses.replace(
+            NodeSettings.from_raft_settings(config.raft), apply_slice_s=APPLY_SLICE_S
+        )
         if config.quiesce_idle_ms:
             raft = config.raft
             node_settings = dataclasses.replace(

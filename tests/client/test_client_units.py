@@ -1,15 +1,20 @@
-"""Pure pieces of the client: request ids, the tablet map, scan tokens, replica order."""
+"""Pure pieces of the client: request ids, the tablet map, scan tokens, replica order, how
+writes are cut into Write RPCs."""
 
 from __future__ import annotations
 
 import pickle
+from types import SimpleNamespace
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 from service.client.master_client import RequestIds
 from service.client.meta_cache import Replica, TabletLocation, _TabletMap
 from service.client.retry import Backoff
 from service.client.scanner import ScanToken, TokenReplica, order_replicas
+from service.client.write_session import MAX_BATCH_BYTES, WriteSession
 from service.common.errors import InvalidArgument
 from service.common.partition import Partition
 
@@ -94,3 +99,23 @@ def test_backoff_grows_and_is_capped() -> None:
     delays = [b.next_delay() for _ in range(8)]
     assert all(0 <= d <= 0.4 for d in delays)
     assert max(delays[:1]) <= 0.1
+
+
+def test_writes_are_cut_into_batches_a_tablet_server_accepts() -> None:
+    # A few rows of 1 MiB among small ones: batches sized by the average row would carry
+    # several of them and pass MAX_BATCH_BYTES, so those are halved until they fit.
+    n = 3000
+    values = ["x" * (1 << 20) if i % 100 == 0 else f"v{i}" for i in range(n)]
+    data = pa.table({"k": pa.array(range(n), pa.int64()), "v": values})
+    rows = np.arange(n, dtype=np.int64)[::-1].copy()  # any subset, in any order
+    session = SimpleNamespace(batch_rows=1000)
+    batches = list(WriteSession._batches(session, data, rows))  # type: ignore[arg-type]
+    assert np.concatenate([c for c, _ in batches]).tolist() == rows.tolist()
+    assert all(len(c) <= 1000 and len(p) <= MAX_BATCH_BYTES for c, p in batches)
+    for chunk, payload in batches:
+        got = pa.ipc.open_stream(payload).read_all()
+        assert got.column("k").to_pylist() == chunk.tolist()
+    # A single row past the limit goes alone, for the server to refuse naming the limit.
+    big = pa.table({"k": [1, 2], "v": ["x" * (MAX_BATCH_BYTES + 1), "y"]})
+    alone = list(WriteSession._batches(session, big, np.arange(2)))  # type: ignore[arg-type]
+    assert [c.tolist() for c, _ in alone] == [[0], [1]]

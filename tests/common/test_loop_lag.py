@@ -26,6 +26,18 @@ def test_observations_feed_the_histogram_the_window_max_and_the_stall_count() ->
     assert "tessera_event_loop_lag_max_seconds 0.7" in text
     mon.observe(0.03, now=112.0)  # the 0.7 s stall left the 10 s window
     assert mon.max_recent() == 0.03 and mon.max_lag_s == 0.7
+    assert "tessera_event_loop_busy_stalls_total 0" in _render(reg)
+
+
+def test_a_stall_is_the_process_s_own_only_when_it_used_the_cpu_meanwhile() -> None:
+    reg = MetricsRegistry()
+    mon = LoopLagMonitor(reg, stall_s=0.5, window_s=10.0)
+    mon.observe(0.9, now=100.0, cpu_s=0.1)  # not scheduled: the machine's
+    mon.observe(0.9, now=101.0, cpu_s=0.8)  # busy the whole time: its own
+    mon.observe(0.2, now=102.0, cpu_s=0.8)  # busy, but woke in time (other threads)
+    text = _render(reg)
+    assert "tessera_event_loop_stalls_total 2" in text
+    assert "tessera_event_loop_busy_stalls_total 1" in text
 
 
 def test_a_blocked_loop_is_measured() -> None:
@@ -40,3 +52,20 @@ def test_a_blocked_loop_is_measured() -> None:
 
     mon = asyncio.run(main())
     assert 0.25 < mon.max_lag_s < 1.0
+
+
+def test_a_loop_held_by_cpu_work_counts_a_busy_stall() -> None:
+    async def main() -> MetricsRegistry:
+        reg = MetricsRegistry()
+        mon = LoopLagMonitor(reg, stall_s=0.2, interval_s=0.02)
+        mon.start()
+        await asyncio.sleep(0.1)
+        end = time.thread_time() + 0.35
+        while time.thread_time() < end:  # CPU work on the loop, however slow the machine
+            pass
+        await asyncio.sleep(0.1)
+        await mon.aclose()
+        return reg
+
+    text = _render(asyncio.run(main()))
+    assert "tessera_event_loop_busy_stalls_total 1" in text

@@ -9,6 +9,7 @@ limits; ticks are 10 ms so a whole election takes a few hundred milliseconds.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -30,8 +31,9 @@ from service.common.errors import (
     ServiceUnavailable,
     Timeout,
 )
+from service.consensus import turns
 from service.consensus.fs import AppendFile, FileSystem, RealFileSystem
-from service.consensus.node import NodeSettings, RaftNode
+from service.consensus.node import WRITE_ON_LOOP_BYTES, NodeSettings, RaftNode
 from service.consensus.quiesce import Quiescence
 from service.consensus.raft_store import RaftStore
 from service.raft import ConfigChangeType, Message, MessageType, NodeId, RaftConfig, Role
@@ -422,6 +424,39 @@ def test_group_commit_many_proposals_few_syncs(tmp_path: Path) -> None:
         )
         for f in c.followers(leader):
             assert f.store.wal.metrics.syncs - follower_syncs[f.uuid] <= n // 20
+
+    run(tmp_path, scenario)
+
+
+def test_applies_that_take_turns_stay_whole_and_in_log_order(tmp_path: Path) -> None:
+    # A slice so short that every entry with data waits for a new pass of the loop
+    # (turns.py): proposals still resolve in order with their own results, and every node
+    # applies every entry once, in log order (`check_order`).
+    async def scenario(c: Cluster) -> None:
+        leader = await c.leader()
+        n = 100
+        results = await asyncio.gather(
+            *(leader.propose(f"k{i}={i}".encode(), timeout=WAIT_S) for i in range(n))
+        )
+        indexes = [r for r in results if isinstance(r, int)]
+        assert indexes == list(range(indexes[0], indexes[0] + n))
+        await eventually(
+            lambda: all(len(sm.kv) == n for sm in c.sms.values()), "every node applied all"
+        )
+        assert turns.shared(1e-9).yields > 0
+
+    run(tmp_path, scenario, settings=dataclasses.replace(FAST, apply_slice_s=1e-9))
+
+
+def test_a_large_entry_is_written_off_the_loop_and_replicated(tmp_path: Path) -> None:
+    async def scenario(c: Cluster) -> None:
+        leader = await c.leader()
+        big = "v" * (WRITE_ON_LOOP_BYTES + 1)
+        index = await leader.propose(f"big={big}".encode(), timeout=WAIT_S)
+        await eventually(
+            lambda: all(sm.kv.get("big") == big for sm in c.sms.values()), "applied everywhere"
+        )
+        assert all(sm.last_index >= index for sm in c.sms.values())
 
     run(tmp_path, scenario)
 

@@ -9,10 +9,18 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from service.client import write_session
 from service.common.errors import Corruption, InvalidArgument
 from service.common.schema import AddColumn, ColumnType, DropColumn, RenameColumn, Schema
 from service.testing.hostile_arrow import POISONS
-from service.tserver.row_ops import RowOp, WriteBatch, decode_write
+from service.tserver.row_ops import (
+    MAX_WRITE_BYTES,
+    MAX_WRITE_ROWS,
+    RowOp,
+    WriteBatch,
+    check_write_size,
+    decode_write,
+)
 
 T = ColumnType
 
@@ -185,3 +193,16 @@ def test_poison_streams_are_refused_before_replication_and_at_apply(poison: str)
         decode_write(kv, data, RowOp.UPSERT, [])
     with pytest.raises(Corruption, match="write entry"):
         WriteBatch.decode(data, kv)
+
+
+def test_a_write_larger_than_one_write_may_be_is_refused_naming_the_limit() -> None:
+    check_write_size(MAX_WRITE_BYTES, MAX_WRITE_ROWS)  # the largest accepted
+    with pytest.raises(InvalidArgument, match=f"more than the {MAX_WRITE_BYTES} one Write"):
+        check_write_size(MAX_WRITE_BYTES + 1)
+    with pytest.raises(InvalidArgument, match=f"{MAX_WRITE_ROWS + 1} rows, more than the"):
+        check_write_size(100, MAX_WRITE_ROWS + 1)
+
+
+def test_the_client_sends_writes_a_tablet_server_accepts() -> None:
+    assert write_session.MAX_BATCH_ROWS <= MAX_WRITE_ROWS
+    assert write_session.MAX_BATCH_BYTES <= MAX_WRITE_BYTES

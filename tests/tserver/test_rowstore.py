@@ -111,6 +111,36 @@ def test_upsert_and_update_partial_columns(store: RowStore) -> None:
     assert rows(store)[0] == {"id": 1, "s": None, "x": 0.5}
 
 
+def test_partial_update_of_many_rows_in_several_files_merges_each_live_version(
+    store: RowStore,
+) -> None:
+    # The live versions a partial write merges over are read from files with one take per
+    # file; each row must still come from its newest source.
+    w = Writer(store)
+    w([r(i, "file1", x=1.0) for i in range(0, 3000)])
+    store.flush()
+    w([r(i, "file2", x=2.0) for i in range(0, 3000, 2)], RowOp.UPSERT)
+    w([{"id": i} for i in range(0, 3000, 5)], RowOp.DELETE)
+    store.flush()
+    w([r(i, "frozen", x=3.0) for i in range(0, 3000, 3)], RowOp.UPSERT)
+    assert store.freeze() is not None
+    w([r(i, "mem", x=None) for i in range(0, 3000, 7)], RowOp.UPSERT)
+    res = w([{"id": i, "x": -float(i)} for i in range(3000)], RowOp.UPDATE)
+
+    def newest(i: int) -> str | None:
+        if i % 7 == 0:
+            return "mem"
+        if i % 3 == 0:
+            return "frozen"
+        if i % 5 == 0:
+            return None
+        return "file2" if i % 2 == 0 else "file1"
+
+    live = [i for i in range(3000) if newest(i) is not None]
+    assert res.rows_applied == len(live) and len(res.errors) == 3000 - len(live)
+    assert rows(store) == [{"id": i, "s": newest(i), "x": -float(i)} for i in live]
+
+
 def test_delete_then_reinsert_and_missing_delete(store: RowStore) -> None:
     w = Writer(store)
     w([r(1), r(2)])
