@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.testing.linearizability import Operation, Status
+from service.testing.linearizability import Operation, OpStatus
 
 PRESENT = b"1"
 MISMATCH_CODES = frozenset({"ALREADY_EXISTS", "NOT_FOUND"})
@@ -119,8 +119,8 @@ class History:
 # --- linearizability ---------------------------------------------------------------------------
 
 
-def _status(op: Op) -> Status:
-    return {"ok": Status.OK, "fail": Status.FAIL}.get(op.type, Status.UNKNOWN)
+def _status(op: Op) -> OpStatus:
+    return {"ok": OpStatus.OK, "fail": OpStatus.FAIL}.get(op.type, OpStatus.UNKNOWN)
 
 
 def _ret(op: Op) -> float | None:
@@ -147,7 +147,7 @@ def register_ops(history: Sequence[Op]) -> list[Operation]:
                     _enc(op.output),
                     op.invoke,
                     op.complete,
-                    Status.OK,
+                    OpStatus.OK,
                 )
             )
         elif op.f == "write":
@@ -171,11 +171,11 @@ def register_ops(history: Sequence[Op]) -> list[Operation]:
 def _cas(op: Op, key: str, expected: bytes | None, new: bytes | None) -> Operation:
     if op.type == "fail" and op.error in MISMATCH_CODES:
         return Operation(
-            op.process, key, "cas", new, expected, b"0", op.invoke, op.complete, Status.OK
+            op.process, key, "cas", new, expected, b"0", op.invoke, op.complete, OpStatus.OK
         )
     if op.type == "ok":
         return Operation(
-            op.process, key, "cas", new, expected, PRESENT, op.invoke, op.complete, Status.OK
+            op.process, key, "cas", new, expected, PRESENT, op.invoke, op.complete, OpStatus.OK
         )
     return Operation(op.process, key, "cas", new, expected, None, op.invoke, _ret(op), _status(op))
 
@@ -216,7 +216,7 @@ def catalog_ops(history: Sequence[Op]) -> list[Operation]:
                         PRESENT if name in seen else None,
                         op.invoke,
                         op.complete,
-                        Status.OK,
+                        OpStatus.OK,
                     )
                 )
     return out

@@ -50,12 +50,12 @@ number of distinct configurations grows roughly linearly with the length of the 
 
 FAIL and UNKNOWN operations
 ---------------------------
-``Status.FAIL`` operations definitely did not take effect (refused before being proposed): they are
-dropped before the search. ``Status.UNKNOWN`` ones (timeout, lost connection) may have taken effect
-at any instant after their call, or never: they get a call event and no return event (a return at
-+infinity), so they never force a backtrack and success does not require linearizing them. Plain
-WGL handles them, but each one stays pending to the end of the history and can double the number
-of configurations, so four sound reductions keep them cheap:
+``OpStatus.FAIL`` operations definitely did not take effect (refused before being proposed): they
+are dropped before the search. ``OpStatus.UNKNOWN`` ones (timeout, lost connection) may have taken
+effect at any instant after their call, or never: they get a call event and no return event (a
+return at +infinity), so they never force a backtrack and success does not require linearizing
+them. Plain WGL handles them, but each one stays pending to the end of the history and can double
+the number of configurations, so four sound reductions keep them cheap:
 
 1. *Dropping.* An UNKNOWN ``get`` has no effect and no visible result: dropped. An UNKNOWN ``cas``
    is only linearized as a successful one (a failed one is a no-op, the same as leaving it out).
@@ -117,9 +117,9 @@ from enum import Enum
 
 __all__ = [
     "CheckResult",
+    "OpStatus",
     "Operation",
     "Recorder",
-    "Status",
     "check",
     "describe",
 ]
@@ -135,7 +135,7 @@ _MAX_PENDING_SHOWN = 30
 _CLOCK_CHECK_MASK = 4095
 
 
-class Status(Enum):
+class OpStatus(Enum):
     """How an operation ended, as far as the client knows."""
 
     OK = "ok"  # completed with a known result
@@ -160,18 +160,18 @@ class Operation:
     output: bytes | None  # get: the value read (None = not found); cas: b"1" / b"0"
     call: float
     ret: float | None
-    status: Status
+    status: OpStatus
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise ValueError(f"unknown operation kind {self.kind!r}")
-        if (self.ret is None) != (self.status is Status.UNKNOWN):
+        if (self.ret is None) != (self.status is OpStatus.UNKNOWN):
             raise ValueError(f"ret must be None exactly when the status is UNKNOWN: {self}")
         if self.ret is not None and self.ret < self.call:
             raise ValueError(f"operation returned before it was called: {self}")
         if (
             self.kind == "cas"
-            and self.status is Status.OK
+            and self.status is OpStatus.OK
             and self.output not in (_CAS_OK, _CAS_MISMATCH)
         ):
             raise ValueError(f"a completed cas must output b'1' or b'0': {self}")
@@ -211,7 +211,7 @@ def check(
     by_key: dict[str, list[Operation]] = {}
     for op in history:
         ops = by_key.setdefault(op.key, [])
-        if op.status is not Status.FAIL:
+        if op.status is not OpStatus.FAIL:
             ops.append(op)
 
     checked = 0
@@ -281,15 +281,15 @@ def _relevant(ops: Sequence[Operation]) -> list[Operation]:
     observed: set[bytes | None] = set()
     has_failed_cas = False
     for op in ops:
-        if op.kind == "get" and op.status is Status.OK:
+        if op.kind == "get" and op.status is OpStatus.OK:
             observed.add(op.output)
         elif op.kind == "cas":
             observed.add(op.expected)
-            if op.status is Status.OK and op.output == _CAS_MISMATCH:
+            if op.status is OpStatus.OK and op.output == _CAS_MISMATCH:
                 has_failed_cas = True
     kept = []
     for op in ops:
-        if op.status is Status.UNKNOWN:
+        if op.status is OpStatus.UNKNOWN:
             if op.kind == "get":
                 continue
             if not has_failed_cas and op.value not in observed:
@@ -309,14 +309,14 @@ def _check_key(
             code.append(_PUT)
         elif op.kind == "get":
             code.append(_GET)
-        elif op.status is Status.UNKNOWN or op.output == _CAS_OK:
+        elif op.status is OpStatus.UNKNOWN or op.output == _CAS_OK:
             code.append(_CAS_SWAP)
         else:
             code.append(_CAS_FAIL)
     value = [op.value for op in ops]
     expected = [op.expected for op in ops]
     output = [op.output for op in ops]
-    unknown = [1 if op.status is Status.UNKNOWN else 0 for op in ops]
+    unknown = [1 if op.status is OpStatus.UNKNOWN else 0 for op in ops]
     bit = [1 << i for i in range(n)]
 
     # Events sorted by (time, call-before-return, operation index); see "Equal timestamps". An
@@ -532,14 +532,14 @@ def describe(op: Operation) -> str:
         result = ""
     elif op.kind == "get":
         body = "get()"
-        result = f" = {op.output!r}" if op.status is Status.OK else ""
+        result = f" = {op.output!r}" if op.status is OpStatus.OK else ""
     else:
         body = f"cas({op.expected!r} -> {op.value!r})"
-        if op.status is Status.OK:
+        if op.status is OpStatus.OK:
             result = " = swapped" if op.output == _CAS_OK else " = mismatch"
         else:
             result = ""
-    status = "" if op.status is Status.OK else f" ({op.status.value})"
+    status = "" if op.status is OpStatus.OK else f" ({op.status.value})"
     return f"c{op.client} {body}{result} [{_fmt_time(op.call)}, {_fmt_time(op.ret)}]{status}"
 
 
@@ -594,7 +594,7 @@ class Recorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._calls: list[_Invocation] = []  # indexed by handle
-        self._results: dict[int, tuple[Status, bytes | None, float | None]] = {}
+        self._results: dict[int, tuple[OpStatus, bytes | None, float | None]] = {}
 
     def invoke(
         self,
@@ -614,18 +614,18 @@ class Recorder:
 
     def ok(self, handle: int, output: bytes | None, now: float) -> None:
         """The operation completed: ``output`` is the value read (get), b"1"/b"0" (cas), or None."""
-        self._resolve(handle, Status.OK, output, now)
+        self._resolve(handle, OpStatus.OK, output, now)
 
     def fail(self, handle: int, now: float) -> None:
         """The operation definitely did not take effect."""
-        self._resolve(handle, Status.FAIL, None, now)
+        self._resolve(handle, OpStatus.FAIL, None, now)
 
     def unknown(self, handle: int) -> None:
         """The outcome is unknown (timeout, lost connection)."""
-        self._resolve(handle, Status.UNKNOWN, None, None)
+        self._resolve(handle, OpStatus.UNKNOWN, None, None)
 
     def _resolve(
-        self, handle: int, status: Status, output: bytes | None, now: float | None
+        self, handle: int, status: OpStatus, output: bytes | None, now: float | None
     ) -> None:
         with self._lock:
             if not 0 <= handle < len(self._calls):
@@ -640,7 +640,7 @@ class Recorder:
             results = dict(self._results)
         out = []
         for handle, inv in enumerate(calls):
-            status, output, ret = results.get(handle, (Status.UNKNOWN, None, None))
+            status, output, ret = results.get(handle, (OpStatus.UNKNOWN, None, None))
             out.append(
                 Operation(
                     client=inv.client,

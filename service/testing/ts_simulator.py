@@ -40,7 +40,7 @@ Shards. Each tablet's group is decided by ONE owner (`_Group`: the committed vie
 servers hold a live replica) and each replica lives on its server's host (`_Replica`: the view
 it reports); they talk in small messages (a replica is live or not; here is the committed view;
 copy this replica) and owner calls (AlterSchema, ChangeConfig). In one process both sides are
-this `Simulator` and a message is a function call. With `--shards K` the fleet runs as K
+this `FleetSimulator` and a message is a function call. With `--shards K` the fleet runs as K
 processes, each with its own event loop, admin port and a slice of the servers; a tablet's
 owner is a hash of its id, and the messages travel over Unix sockets in an owner-only directory
 (service/testing/ts_simulator_shards.py), so the rule is the same whichever shard hosts which
@@ -54,7 +54,7 @@ it names), and the admin port serves TLS with one `tserver` certificate and requ
 callers' certificates from the CA (it does not authorize further: it is a simulator). Without
 it, plaintext, the fleet's heartbeats sharing HEARTBEAT_CHANNELS connections per master.
 
-Use `Simulator` in-process (tests own its event loop, or `SimulatorThread` runs one in a
+Use `FleetSimulator` in-process (tests own its event loop, or `SimulatorThread` runs one in a
 thread), or the command line, which serves until SIGTERM/SIGINT.
 """
 
@@ -98,7 +98,7 @@ from service.pb import master_pb2_grpc, tserver_pb2_grpc
 from service.pb import tserver_pb2 as tpb
 from service.tserver.heartbeater import HeartbeatStream
 
-__all__ = ["Simulator", "SimulatorThread", "main"]
+__all__ = ["FleetSimulator", "SimulatorThread", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +294,7 @@ RECENT_S = 10.0
 """The window of the `recent_*` heartbeat statistics (a benchmark's steady-state window)."""
 
 
-class Simulator:
+class FleetSimulator:
     """N simulated tablet servers sharing one admin port (module docstring)."""
 
     def __init__(
@@ -968,7 +968,7 @@ class Simulator:
 class _AdminServicer(tserver_pb2_grpc.TabletServerAdminServiceServicer):
     """The admin RPCs a master sends; the others answer UNIMPLEMENTED (the base class)."""
 
-    def __init__(self, sim: Simulator) -> None:
+    def __init__(self, sim: FleetSimulator) -> None:
         self.sim = sim
 
     @rpc_errors
@@ -1005,20 +1005,20 @@ class _AdminServicer(tserver_pb2_grpc.TabletServerAdminServiceServicer):
 
 
 class SimulatorThread:
-    """A `Simulator` on its own event loop in a daemon thread (for synchronous tests).
+    """A `FleetSimulator` on its own event loop in a daemon thread (for synchronous tests).
     `call(fn)` runs `fn(sim)` on that loop and returns its result."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._args, self._kwargs = args, kwargs
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self.sim: Simulator | None = None
+        self.sim: FleetSimulator | None = None
 
     def __enter__(self) -> SimulatorThread:
         self._thread.start()
 
-        async def start() -> Simulator:
-            sim = Simulator(*self._args, **self._kwargs)
+        async def start() -> FleetSimulator:
+            sim = FleetSimulator(*self._args, **self._kwargs)
             await sim.start()
             return sim
 
@@ -1054,7 +1054,7 @@ async def _serve(args: argparse.Namespace) -> int:
     if args.shard_index is not None:
         bus = SocketBus(args.shard_index, args.shards, Path(args.shard_dir), uuids)
         uuids = shard_uuids(uuids, args.shard_index, args.shards)
-    sim = Simulator(
+    sim = FleetSimulator(
         [m.strip() for m in args.masters.split(",") if m.strip()],
         uuids,
         args.bind,

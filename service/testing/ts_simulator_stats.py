@@ -13,16 +13,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from service.testing.ts_simulator import RECENT_S, Simulator
+from service.testing.ts_simulator import RECENT_S, FleetSimulator
 
 __all__ = ["dump_stats", "stats_inputs", "write_stats_every_second", "write_stats_file"]
 
 
-def dump_stats(sim: Simulator, path: Path) -> None:
+def dump_stats(sim: FleetSimulator, path: Path) -> None:
     write_stats_file(path, stats_inputs(sim))
 
 
-def stats_inputs(sim: Simulator) -> dict[str, Any]:
+def stats_inputs(sim: FleetSimulator) -> dict[str, Any]:
     """What the statistics are computed from, copied on the loop (cheap: no sorting)."""
     replicas, leaders = sim.tablet_counts()
     return {
@@ -53,7 +53,7 @@ def write_stats_file(path: Path, inputs: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-async def write_stats_every_second(sim: Simulator, path: Path) -> None:
+async def write_stats_every_second(sim: FleetSimulator, path: Path) -> None:
     """Until cancelled; sorted in a worker thread (module docstring)."""
     while True:
         await asyncio.sleep(1.0)

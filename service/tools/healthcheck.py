@@ -15,7 +15,7 @@ a leader or a loaded catalog, so the check is cheap and never blocks on the clus
 term (ConnectToMaster), and from a leader that serves (ListTables succeeds: it replayed
 sys.catalog) its view of the masters (ListMasters) and of the tablet servers
 (ListTabletServers). `tessera cluster up` waits on it and `tessera cluster status` reports it.
-An unreachable master is a `MasterView` with `error` naming its address, never an exception.
+An unreachable master is a `MasterHealth` with `error` naming its address, never an exception.
 `status_of_masters` turns a probe into a `ClusterStatus` report for a cluster known only by its
 masters (the compose job runner's `cluster status --masters`); `local_cluster.status` makes the
 same report for a local cluster, with its processes.
@@ -40,8 +40,8 @@ from service.pb import master_pb2_grpc, tserver_pb2_grpc
 
 __all__ = [
     "ClusterStatus",
+    "MasterHealth",
     "MasterProbe",
-    "MasterView",
     "ServerStatus",
     "TabletServerView",
     "build_parser",
@@ -78,7 +78,7 @@ async def check(
 
 
 @dataclass(frozen=True, slots=True)
-class MasterView:
+class MasterHealth:
     """One master as it answers ConnectToMaster (and, if the leader answered, ListMasters)."""
 
     address: str
@@ -103,7 +103,7 @@ class TabletServerView:
 
 @dataclass(frozen=True, slots=True)
 class MasterProbe:
-    masters: tuple[MasterView, ...]
+    masters: tuple[MasterHealth, ...]
     leader: str | None = None
     """Address of a master that answered LEADER and served ListTables."""
     tservers: tuple[TabletServerView, ...] = ()
@@ -120,7 +120,7 @@ _LeaderViews = tuple[pb.ListMastersResponsePB, pb.ListTabletServersResponsePB]
 
 async def _ask(
     address: str, rpc_timeout: float, credentials: Credentials | None
-) -> tuple[MasterView, _LeaderViews | None]:
+) -> tuple[MasterHealth, _LeaderViews | None]:
     """ConnectToMaster on one master; if it leads, also ListTables, ListMasters and
     ListTabletServers. Returns its view and (a serving leader only) the last two responses."""
     async with open_channel(address, credentials, role="master") as channel:
@@ -128,8 +128,8 @@ async def _ask(
         try:
             r = await stub.ConnectToMaster(pb.ConnectToMasterRequestPB(), timeout=rpc_timeout)
         except grpc.aio.AioRpcError as e:
-            return MasterView(address, error=_rpc_error(address, e, credentials)), None
-        view = MasterView(address, pb.RaftRolePB.Name(r.role), r.term)
+            return MasterHealth(address, error=_rpc_error(address, e, credentials)), None
+        view = MasterHealth(address, pb.RaftRolePB.Name(r.role), r.term)
         if r.role != pb.LEADER:
             return view, None
         try:

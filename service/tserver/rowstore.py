@@ -101,7 +101,7 @@ from service.tserver.rowstore_files import (
 from service.tserver.rowstore_memstore import Frozen, MemStore, OlderVersions, apply_batch
 from service.tserver.rowstore_merge import emit_batches, hash_array, merge_sources
 
-__all__ = ["MANIFEST", "Compaction", "Frozen", "RowStore", "WriteResult", "is_store_file"]
+__all__ = ["MANIFEST", "AppliedWrite", "Compaction", "Frozen", "RowStore", "is_store_file"]
 
 MANIFEST = "MANIFEST"
 """The manifest's file name inside the store's directory."""
@@ -116,7 +116,7 @@ def is_store_file(name: str) -> bool:
 
 
 @dataclass(frozen=True)
-class WriteResult:
+class AppliedWrite:
     """The outcome of one applied write entry.
 
     `rows_applied` counts rows that changed the tablet (an INSERT_IGNORE of an existing key does
@@ -350,22 +350,22 @@ class RowStore:
         self._schema = schema
         self._write_manifest()
 
-    def apply_write(self, index: int, batch: WriteBatch) -> WriteResult:
+    def apply_write(self, index: int, batch: WriteBatch) -> AppliedWrite:
         """Apply one replicated write (deterministic: same state and batch, same outcome).
 
         Rows apply in order; a refused row (INSERT of a live key: AlreadyExists; UPDATE or
         DELETE of a missing one: NotFound) is reported and the others still apply.
         """
         if index <= self._applied:
-            return WriteResult(skipped=True)
+            return AppliedWrite(skipped=True)
         self.note_index(index)
         n = batch.num_rows
         if n == 0:
-            return WriteResult()
+            return AppliedWrite()
         older = OlderVersions(self._schema, self._mem, self._frozen, [f for _, f in self._files])
         applied, errors, live_delta = apply_batch(self._mem, self._schema, batch, older)
         self._live += live_delta
-        return WriteResult(applied, tuple(errors))
+        return AppliedWrite(applied, tuple(errors))
 
     # --- flush ---------------------------------------------------------------------------
 

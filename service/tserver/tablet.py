@@ -84,7 +84,7 @@ from service.pb import tserver_pb2 as tpb
 from service.raft import ConfigChangeType, NodeId, RaftConfig, Role
 from service.tserver import superblock as sbmod
 from service.tserver.row_ops import WriteBatch, check_write_size, decode_write
-from service.tserver.rowstore import RowStore, WriteResult
+from service.tserver.rowstore import AppliedWrite, RowStore
 from service.tserver.superblock import DataState, Superblock
 
 log = logging.getLogger(__name__)
@@ -434,7 +434,7 @@ class TabletReplica:
         )
         if entry is None:
             return tpb.WriteResponsePB(applied_index=node.applied)
-        result = cast(WriteResult, await node.propose(entry, timeout=timeout))
+        result = cast(AppliedWrite, await node.propose(entry, timeout=timeout))
         if self.settings.on_rows_written is not None:
             self.settings.on_rows_written(result.rows_applied)
         resp = tpb.WriteResponsePB(applied_index=node.applied, rows_applied=result.rows_applied)

@@ -25,7 +25,7 @@ from service.common.schema import ColumnType, Schema
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
 from service.testing.master_cluster import MasterCluster
-from service.testing.ts_simulator import Simulator, SimulatorThread
+from service.testing.ts_simulator import FleetSimulator, SimulatorThread
 from tests.integration.test_master_cluster import Masters, _serving_leader, _wait
 from tests.integration.test_master_failover_tasks import OVERRIDES
 from tests.integration.test_master_tasks import PARTITIONING, SCHEMA
@@ -131,7 +131,7 @@ def test_kudu_1353_a_new_leader_without_any_report_knows_every_replica(s: Scenar
         timeout=10,
     )
 
-    def schema_versions(sim: Simulator) -> set[int]:
+    def schema_versions(sim: FleetSimulator) -> set[int]:
         return {g.view.schema_version for g in sim.groups.values() if g.table_id == table_id}
 
     _wait(
@@ -149,7 +149,7 @@ def test_kudu_1353_a_new_leader_without_any_report_knows_every_replica(s: Scenar
         timeout=10,
     )
 
-    def live_replicas(sim: Simulator) -> int:
+    def live_replicas(sim: FleetSimulator) -> int:
         return sum(
             1
             for srv in sim.servers.values()

@@ -13,7 +13,7 @@ import pytest
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
 from service.testing.master_cluster import FAST_RAFT, MasterCluster
-from service.testing.ts_simulator import Simulator, SimulatorThread
+from service.testing.ts_simulator import FleetSimulator, SimulatorThread
 from tests.integration.test_master_cluster import Masters, _serving_leader, _wait
 from tests.integration.test_master_tasks import PARTITIONING, SCHEMA
 
@@ -93,7 +93,7 @@ def test_pending_creates_finish_under_the_new_leader_after_kill_9(tmp_path: Path
                     30,
                 )
 
-                def fenced(s: Simulator) -> bool:
+                def fenced(s: FleetSimulator) -> bool:
                     return all(srv.highest_term > old_term for srv in s.servers.values())
 
                 assert sims.call(fenced)

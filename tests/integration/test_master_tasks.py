@@ -31,7 +31,7 @@ from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc, tserver_pb2_grpc
 from service.pb import tserver_pb2 as tpb
 from service.raft import Role
-from service.testing.ts_simulator import Simulator
+from service.testing.ts_simulator import FleetSimulator
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,7 @@ async def eventually(cond: Callable[[], Awaitable[bool]], timeout: float = 20.0)
 
 
 class Cluster:
-    def __init__(self, master: MasterServer, sim: Simulator) -> None:
+    def __init__(self, master: MasterServer, sim: FleetSimulator) -> None:
         self.master = master
         self.sim = sim
         self.channel = grpc.aio.insecure_channel(master.address)
@@ -115,7 +115,9 @@ async def start(tmp: Path, servers: int = 3, **kw: Any) -> Cluster:
     while not (master.catalog and master.catalog.loaded):
         assert time.monotonic() < deadline, "the single master never loaded its catalog"
         await asyncio.sleep(0.02)
-    sim = Simulator([master.address], [f"ts-{i}" for i in range(servers)], heartbeat_interval_s=0.1)
+    sim = FleetSimulator(
+        [master.address], [f"ts-{i}" for i in range(servers)], heartbeat_interval_s=0.1
+    )
     await sim.start()
     assert master.ts_manager is not None
     deadline = time.monotonic() + 10

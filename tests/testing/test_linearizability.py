@@ -14,14 +14,14 @@ import pytest
 from service.testing.linearizability import (
     CheckResult,
     Operation,
+    OpStatus,
     Recorder,
-    Status,
     check,
 )
 
-OK = Status.OK
-FAIL = Status.FAIL
-UNKNOWN = Status.UNKNOWN
+OK = OpStatus.OK
+FAIL = OpStatus.FAIL
+UNKNOWN = OpStatus.UNKNOWN
 
 
 def put(
@@ -31,7 +31,7 @@ def put(
     *,
     key: str = "k",
     client: int = 0,
-    status: Status = OK,
+    status: OpStatus = OK,
 ) -> Operation:
     return Operation(client, key, "put", value, None, None, call, ret, status)
 
@@ -43,7 +43,7 @@ def get(
     *,
     key: str = "k",
     client: int = 1,
-    status: Status = OK,
+    status: OpStatus = OK,
 ) -> Operation:
     return Operation(client, key, "get", None, None, output, call, ret, status)
 
@@ -57,7 +57,7 @@ def cas(
     *,
     key: str = "k",
     client: int = 2,
-    status: Status = OK,
+    status: OpStatus = OK,
 ) -> Operation:
     return Operation(client, key, "cas", value, expected, output, call, ret, status)
 

@@ -17,7 +17,7 @@ import pytest
 from service.common.errors import NotTheLeader, ServiceUnavailable
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
-from service.testing.ts_simulator import Simulator, _Peer, _View, commits, elect
+from service.testing.ts_simulator import FleetSimulator, _Peer, _View, commits, elect
 from service.testing.ts_simulator_shards import SocketBus, merge_stats, shard_uuids
 
 MASTER = "127.0.0.1:1"
@@ -39,7 +39,7 @@ def test_elect_needs_a_majority_of_voters_and_keeps_a_live_leader() -> None:
     assert not commits(_view("a", "b"), {"a"}) and commits(_view("a", "b"), {"a", "b"})
 
 
-def _create(sim: Simulator, tablet: str, dest: str, peers: list[str]) -> None:
+def _create(sim: FleetSimulator, tablet: str, dest: str, peers: list[str]) -> None:
     req = tpb.CreateTabletRequestPB(dest_uuid=dest, tablet_id=tablet, table_id="t1")
     req.config.opid_index = 1
     for u in peers:
@@ -47,7 +47,7 @@ def _create(sim: Simulator, tablet: str, dest: str, peers: list[str]) -> None:
     sim.create_tablet(req)
 
 
-def _leaders_reported(sim: Simulator, tablet: str) -> set[str]:
+def _leaders_reported(sim: FleetSimulator, tablet: str) -> set[str]:
     out = set()
     for s in sim.servers.values():
         r = s.replicas.get(tablet)
@@ -57,7 +57,7 @@ def _leaders_reported(sim: Simulator, tablet: str) -> set[str]:
 
 
 def test_a_tablet_leads_only_once_a_majority_of_its_replicas_exist() -> None:
-    sim = Simulator([MASTER], ["a", "b", "c"])
+    sim = FleetSimulator([MASTER], ["a", "b", "c"])
     _create(sim, "t", "c", ["a", "b", "c"])
     assert sim.leader_of("t") == "" and _leaders_reported(sim, "t") == {""}
     _create(sim, "t", "b", ["a", "b", "c"])
@@ -80,7 +80,7 @@ def test_a_tablet_leads_only_once_a_majority_of_its_replicas_exist() -> None:
 def test_a_replica_never_created_is_never_counted() -> None:
     """The master placed a tablet on a, b and x; x is not simulated here (or its CreateTablet
     failed): a and b are a majority; with b tombstoned, a alone is not."""
-    sim = Simulator([MASTER], ["a", "b"])
+    sim = FleetSimulator([MASTER], ["a", "b"])
     _create(sim, "t", "a", ["x", "a", "b"])
     assert sim.leader_of("t") == ""
     _create(sim, "t", "b", ["x", "a", "b"])
@@ -93,7 +93,7 @@ def test_a_replica_never_created_is_never_counted() -> None:
     assert sim.leader_of("t") == "" and _leaders_reported(sim, "t") == {""}
 
 
-def _change(sim: Simulator, dest: str, kind: int, peer: str) -> mpb.ConsensusStatePB:
+def _change(sim: FleetSimulator, dest: str, kind: int, peer: str) -> mpb.ConsensusStatePB:
     req = tpb.ChangeConfigRequestPB(dest_uuid=dest, tablet_id="t", type=kind)  # type: ignore[arg-type]
     req.peer.permanent_uuid = peer
     req.peer.member_type = mpb.NON_VOTER
@@ -101,7 +101,7 @@ def _change(sim: Simulator, dest: str, kind: int, peer: str) -> mpb.ConsensusSta
 
 
 def test_a_config_change_commits_only_with_a_majority_of_the_new_config() -> None:
-    sim = Simulator([MASTER], ["a", "b", "c", "d"])
+    sim = FleetSimulator([MASTER], ["a", "b", "c", "d"])
     for u in ("a", "b", "c"):
         _create(sim, "t", u, ["a", "b", "c"])
     assert sim.leader_of("t") == "a"
@@ -124,14 +124,14 @@ def test_a_config_change_commits_only_with_a_majority_of_the_new_config() -> Non
     assert sim.groups["t"].view.voters() == ["a", "b", "d"]
 
 
-def _registered_leader_links(sim: Simulator) -> None:
+def _registered_leader_links(sim: FleetSimulator) -> None:
     for s in sim.servers.values():
         link = s.links[MASTER]
         link.registered, link.leader, link.need_full = True, True, False
         link.dirty.clear()
 
 
-def _report(sim: Simulator, uuid: str) -> mpb.TabletReportPB:
+def _report(sim: FleetSimulator, uuid: str) -> mpb.TabletReportPB:
     s = sim.servers[uuid]
     req = mpb.TSHeartbeatRequestPB()
     sent = sim.build_report(s, s.links[MASTER], req)
@@ -143,7 +143,7 @@ def test_reports_are_edge_triggered_per_replica() -> None:
     """A change marks only the replicas it touches: an idle server reports nothing, a server
     whose one tablet got a new leader reports that tablet alone, and no other server any."""
     servers = [f"s{i}" for i in range(6)]
-    sim = Simulator([MASTER], servers)
+    sim = FleetSimulator([MASTER], servers)
     for n in range(300):
         peers = [servers[(n + k) % 6] for k in range(3)]
         for u in peers:
@@ -169,7 +169,7 @@ def test_reports_are_edge_triggered_per_replica() -> None:
 
 
 def test_an_unacknowledged_report_is_sent_again() -> None:
-    sim = Simulator([MASTER], ["a", "b", "c"])
+    sim = FleetSimulator([MASTER], ["a", "b", "c"])
     _registered_leader_links(sim)
     _create(sim, "t", "a", ["a", "b", "c"])
     s, link = sim.servers["a"], sim.servers["a"].links[MASTER]
@@ -187,7 +187,7 @@ def test_shards_apply_the_majority_rule_across_processes_buses() -> None:
 
     async def main(directory: Path) -> None:
         buses = [SocketBus(i, 2, directory, uuids) for i in range(2)]
-        sims = [Simulator([MASTER], shard_uuids(uuids, i, 2), bus=buses[i]) for i in range(2)]
+        sims = [FleetSimulator([MASTER], shard_uuids(uuids, i, 2), bus=buses[i]) for i in range(2)]
         for bus, sim in zip(buses, sims, strict=True):
             bus.on_message, bus.on_call = sim.on_message, sim.on_call
             await bus.start()

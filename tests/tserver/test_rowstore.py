@@ -21,7 +21,7 @@ from service.common.keys import encode_key
 from service.common.predicates import ColumnPredicate, ScanSpec
 from service.common.schema import AddColumn, ColumnType, DropColumn, RenameColumn, Schema
 from service.tserver.row_ops import RowOp, WriteBatch, decode_write
-from service.tserver.rowstore import MANIFEST, RowStore, WriteResult
+from service.tserver.rowstore import MANIFEST, AppliedWrite, RowStore
 
 T = ColumnType
 
@@ -44,7 +44,7 @@ class Writer:
 
     def __call__(
         self, rows: list[dict[str, Any]], op: RowOp = RowOp.INSERT, ops: list[int] | None = None
-    ) -> WriteResult:
+    ) -> AppliedWrite:
         schema = self.store.schema
         arrow = schema.to_arrow()
         names = list(rows[0]) if rows else list(schema.key)
@@ -77,7 +77,7 @@ def key(store: RowStore, *values: object) -> bytes:
 
 def test_insert_scan_and_duplicate_per_row_error(store: RowStore) -> None:
     w = Writer(store)
-    assert w([r(3), r(1), r(2)]) == WriteResult(3, ())
+    assert w([r(3), r(1), r(2)]) == AppliedWrite(3, ())
     res = w([r(4), r(2, "dup"), r(5)])
     assert res.rows_applied == 2
     assert [i for i, _ in res.errors] == [1]
@@ -91,7 +91,7 @@ def test_insert_ignore_skips_existing(store: RowStore) -> None:
     w = Writer(store)
     w([r(1)])
     res = w([r(1, "new"), r(2)], RowOp.INSERT_IGNORE)
-    assert res == WriteResult(1, ())
+    assert res == AppliedWrite(1, ())
     assert rows(store) == [r(1), r(2)]
 
 
@@ -148,7 +148,7 @@ def test_delete_then_reinsert_and_missing_delete(store: RowStore) -> None:
     res = w([{"id": 1}, {"id": 3}], RowOp.DELETE)
     assert res.rows_applied == 1 and isinstance(res.errors[0][1], NotFound)
     assert rows(store) == [r(2)]
-    assert w([r(1, "again")]) == WriteResult(1, ())
+    assert w([r(1, "again")]) == AppliedWrite(1, ())
     assert rows(store) == [r(1, "again"), r(2)]
     assert store.row_count() == 2
 
@@ -165,11 +165,11 @@ def test_replayed_indexes_are_skipped(store: RowStore, schema: Schema) -> None:
     w = Writer(store)
     w([r(1)])
     batch = decode_write(schema, _ipc(pa.Table.from_pylist([r(2)])), RowOp.INSERT, [])
-    assert store.apply_write(1, batch) == WriteResult(skipped=True)
+    assert store.apply_write(1, batch) == AppliedWrite(skipped=True)
     store.note_index(5)
     assert store.applied_index == 5
     assert store.apply_write(5, batch).skipped
-    assert store.apply_write(6, batch) == WriteResult(1, ())
+    assert store.apply_write(6, batch) == AppliedWrite(1, ())
     assert store.apply_write(7, WriteBatch.decode(batch.encode(), schema)).errors
 
 
