@@ -24,11 +24,13 @@ docs/design/failover.md#R3). `RaftNode.listeners` reports every change of role. 
 in term t a task waits until sys.catalog has applied the leader's own no-op entry (a successful
 `RaftNode.read()` proves it: the ReadIndex of a new leader is only answered once an entry of its
 term committed, and `read()` waits until that index is applied here), then, if still leader of term
-t, calls `CatalogManager.load()` and `TSManager.request_full_reports()`. Until then the servicer
-answers NotReady. On any other role the catalog is `unload()`ed at once and a pending load is
-cancelled, so a deposed leader never answers from its caches. The catalog's maps stay warm on
-followers (sys.catalog's listener runs on every replica), so a load is a rebuild of what is already
-in memory.
+t, calls `CatalogManager.start_load()` and `TSManager.request_full_reports()`. Until then the
+servicer answers NotReady. On any other role the catalog is `unload()`ed at once and a pending load
+is cancelled, so a deposed leader never answers from its caches. The catalog's maps stay warm on
+followers (sys.catalog's listener runs on every replica), so a load rebuilds nothing: the catalog
+answers at once, and the tasks of every tablet are recomputed in slices of the loop afterwards,
+so that the new leader heartbeats its followers within the election timeout whatever the size of
+the catalog.
 
 The TSManager is fed by heartbeats on every master, leader or follower (docs/design/failover.md#R1).
 
@@ -488,10 +490,11 @@ class MasterServer:
         st = node.status()
         if st.role is not Role.LEADER or st.term != term:
             return
-        catalog.load()
+        started = time.monotonic()
+        slices = catalog.start_load()
         asked = ts.request_full_reports()
         log.info(
-            "master %s is the leader of term %d: catalog loaded at index %d, full reports "
+            "master %s is the leader of term %d: catalog ready at index %d, full reports "
             "requested from %d tablet servers",
             self.uuid,
             term,
@@ -500,6 +503,17 @@ class MasterServer:
         )
         self._start_security(term)
         self._start_background(term)
+        # The tasks of every tablet, a slice per step of the loop (`start_load`): sys.catalog's
+        # Raft ticks and the first heartbeats to the followers run between slices. This task
+        # is cancelled with the term, which ends the slicing.
+        for _ in slices:
+            await asyncio.sleep(0)
+        log.info(
+            "master %s: tasks of term %d recomputed in %.2f s",
+            self.uuid,
+            term,
+            time.monotonic() - started,
+        )
 
     # --- security: CA and token signing keys (module docstring) ------------------------------
 
