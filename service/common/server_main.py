@@ -4,7 +4,8 @@
 {"address", "pid", "uuid"} once the server serves, plus "http_address" (host:port of its
 status pages and /metrics) when it serves HTTP (launchers in service.testing wait for it).
 The process runs until SIGTERM/SIGINT or until the server's fatal event (a storage failure
-that must not be retried) is set; then `aclose()` stops it in its documented order.
+that must not be retried) is set; then `aclose()` stops it in its documented order, within
+`shutdown_timeout_s` when the server sets one.
 
 Exit codes: 0 after SIGTERM/SIGINT, 3 after a fatal storage failure, 2 for a configuration
 error.
@@ -20,6 +21,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -53,8 +55,14 @@ async def serve(
     fatal: Callable[[], asyncio.Event | None],
     failed: Callable[[], bool],
     ready_file: Path | None = None,
+    shutdown_timeout_s: float | None = None,
 ) -> int:
-    """Start `server`, announce it, wait for a signal or a fatal failure, stop it."""
+    """Start `server`, announce it, wait for a signal or a fatal failure, stop it.
+
+    `shutdown_timeout_s`: the longest to wait for `aclose()`. A stop that takes longer is given
+    up on and the process exits as it would after a crash, which a server whose every
+    acknowledged write is synced to its write-ahead log survives (a torn tail is cut off at the
+    next start, docs/design/consensus.md#R6), rather than make an operator reach for SIGKILL."""
     try:
         await server.start()
     except BaseException:
@@ -73,7 +81,20 @@ async def serve(
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     code = 3 if failed() else 0
     log.info("%s %s shutting down (%s)", name, server.uuid, "fatal" if code else "signal")
-    await server.aclose()
+    began = time.monotonic()
+    try:
+        async with asyncio.timeout(shutdown_timeout_s):
+            await server.aclose()
+    except TimeoutError:
+        log.warning(
+            "%s %s: shutdown not finished after %.0f s; exiting without it (as after a crash, "
+            "which the write-ahead log is made to survive)",
+            name,
+            server.uuid,
+            shutdown_timeout_s,
+        )
+    else:
+        log.info("%s %s stopped in %.2f s", name, server.uuid, time.monotonic() - began)
     for t in waits:
         t.cancel()
     return code

@@ -196,6 +196,7 @@ class BackgroundTasks:
     def start(self) -> None:
         self._remove_listener = self.catalog.add_work_listener(self.wake)
         self._main = asyncio.create_task(self._run(), name=f"master-bg-{self.fence.master_term}")
+        self._main.add_done_callback(_retrieve)
 
     def stop(self) -> None:
         """Cancel everything at once (a change of role); `aclose` also waits."""
@@ -368,7 +369,8 @@ class BackgroundTasks:
                 self._running.pop(key, None)
                 self._drain()
 
-        self._running[key] = asyncio.create_task(wrapped())
+        task = self._running[key] = asyncio.create_task(wrapped())
+        task.add_done_callback(_retrieve)
 
     async def _run_task(self, key: TaskKey, retry: _Retry) -> None:
         task = retry.task
@@ -622,3 +624,11 @@ def _target(action: ReportAction) -> NodeId:
 def _host_port(address: str) -> HostPort:
     host, _, port = address.rpartition(":")
     return HostPort(host, int(port))
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Log how a task of this term ended if it failed: `stop` cancels without waiting, and an
+    error nobody retrieves is logged by asyncio as "Task exception was never retrieved", at a
+    time and place that no longer say whose it was."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task %s failed", task.get_name(), exc_info=task.exception())

@@ -6,7 +6,9 @@ Tablet servers heartbeat to ALL masters (docs/design/failover.md#R1, which ends 
 heartbeat is handled in this order:
 
   1. decode and validate the whole request (instance, registration, tablet report) into
-     dataclasses; a bad field is InvalidArgument naming it, and nothing has changed;
+     dataclasses; a bad field is InvalidArgument naming it, and nothing has changed. A large
+     report is decoded in a thread (`read_report`), at most `ReportGate.max_reading` at once
+     (more are shed, not decoded): sys.catalog's Raft ticks share this loop;
   2. `TSManager.heartbeat`: registration and liveness, on every master alike;
   3. only on the leader whose catalog is loaded, and only for a registered instance: note
      which replicas the report says are FAILED (`CatalogManager.note_replica_states`, in
@@ -48,12 +50,13 @@ from service.master.ts_descriptor import NodeInstance, TSRegistration
 from service.master.ts_manager import HeartbeatOutcome, TSManager
 from service.pb import master_pb2 as pb
 
-__all__ = ["HeartbeatContext", "ReportGate", "decode_report", "handle_heartbeat"]
+__all__ = ["HeartbeatContext", "ReportGate", "decode_report", "handle_heartbeat", "read_report"]
 
 log = logging.getLogger(__name__)
 
 _DECODE_BEFORE_SHEDDING = 64
-"""An incremental report of at most this many replicas is decoded even when the gate is full."""
+"""An incremental report of at most this many replicas is decoded even when the gate is full,
+and on the event loop; a larger one is decoded in a thread (`read_report`)."""
 MAX_REPORTED_TABLETS = 100_000
 """More replicas than this in one report is refused (a runaway or hostile sender)."""
 
@@ -96,14 +99,22 @@ class ReportGate:
     not resumed yet (a slot handed to a waiter that gives up is handed on)."""
 
     def __init__(
-        self, max_in_flight: int = 8, budget_s: float = 1.0, max_waiting: int = 32
+        self,
+        max_in_flight: int = 8,
+        budget_s: float = 1.0,
+        max_waiting: int = 32,
+        max_reading: int = 2,
     ) -> None:
-        if max_in_flight < 1 or not budget_s > 0 or max_waiting < 0:
+        if max_in_flight < 1 or not budget_s > 0 or max_waiting < 0 or max_reading < 1:
             raise InvalidArgument(
-                f"report gate: max_in_flight must be >= 1, budget_s > 0 and max_waiting >= 0, "
-                f"got {max_in_flight}, {budget_s} and {max_waiting}"
+                f"report gate: max_in_flight must be >= 1, budget_s > 0, max_waiting >= 0 and "
+                f"max_reading >= 1, got {max_in_flight}, {budget_s}, {max_waiting} and "
+                f"{max_reading}"
             )
         self.max_in_flight = max_in_flight
+        self.max_reading = max_reading
+        self.reading = 0
+        """Large reports being decoded now (`start_reading`)."""
         self.max_waiting = max_waiting
         self.budget_s = budget_s
         self.in_flight = 0
@@ -210,6 +221,26 @@ class ReportGate:
             and len(self._waiters) >= self.max_waiting
         )
 
+    def start_reading(self) -> bool:
+        """Take one of `max_reading` slots for decoding and judging a large report; False
+        (the report is to be shed, counted here) when every slot is taken.
+
+        Why. Most of a new leader's full reports change nothing, so they never take a write
+        slot and `saturated` never sheds them: when 300 servers sent ~1,000-replica full
+        reports at once, all 300 were decoded and judged at once, and the Raft ticks of
+        sys.catalog queued behind them for longer than the election timeout (masters flapped
+        at 95,000 tablets). Decoding runs in a thread (`read_report`), which takes the
+        interpreter lock from the loop every few milliseconds; bounding the readers keeps the
+        loop's share of it. A shed report is sent again with the next heartbeat."""
+        if self.reading >= self.max_reading:
+            self.shed += 1
+            return False
+        self.reading += 1
+        return True
+
+    def done_reading(self) -> None:
+        self.reading -= 1
+
     def _wake(self) -> None:
         """Hand the free slots to the first waiters still waiting."""
         for waiter in self._waiters:
@@ -294,6 +325,16 @@ def decode_report(report: pb.TabletReportPB) -> list[ReportedTablet]:
     return out
 
 
+async def read_report(report: pb.TabletReportPB) -> list[ReportedTablet]:
+    """`decode_report`, in a thread for a report of more than `_DECODE_BEFORE_SHEDDING`
+    replicas: decoding a 1,000-replica full report takes tens of milliseconds of Python (most
+    of it `consensus_state_from_pb`), which on the event loop would hold up sys.catalog's Raft
+    ticks and votes. The thread only reads the request, which nothing else touches meanwhile."""
+    if len(report.updated_tablets) <= _DECODE_BEFORE_SHEDDING:
+        return decode_report(report)
+    return await asyncio.to_thread(decode_report, report)
+
+
 def _registration(request: pb.TSHeartbeatRequestPB) -> TSRegistration:
     r = request.registration
     try:
@@ -324,14 +365,29 @@ async def handle_heartbeat(
     has_report = request.HasField("tablet_report")
     report = request.tablet_report
     big = not report.is_incremental or len(report.updated_tablets) > _DECODE_BEFORE_SHEDDING
-    if has_report and ctx.leading and big and ctx.reports.saturated:
+    reading = False
+    if has_report and ctx.leading and big:
         # Shed before decoding: at 100,000 tablets, decoding full reports that the gate then
-        # shed was most of a new leader's time. Not acknowledged: sent again next heartbeat.
-        # Small incremental reports are cheap to decode and mostly change nothing (answered
-        # at once, without the gate), so they still go through.
-        ctx.reports.shed += 1
-        has_report = False
-    reported = decode_report(request.tablet_report) if has_report and ctx.leading else []
+        # shed was most of a new leader's time; and at most `max_reading` large reports are
+        # decoded and judged at once (`ReportGate.start_reading`). Not acknowledged: sent
+        # again next heartbeat. Small incremental reports are cheap to decode and mostly
+        # change nothing (answered at once, without the gate), so they still go through.
+        if ctx.reports.saturated:
+            ctx.reports.shed += 1
+            has_report = False
+        else:
+            reading = ctx.reports.start_reading()
+            has_report = reading
+    reported: list[ReportedTablet] = []
+    if has_report and ctx.leading:
+        try:
+            reported = await read_report(request.tablet_report)
+        finally:
+            # Given back before the judging in `process`, which runs in this same step of the
+            # loop (no await before it): at most `max_reading` reports are between decoding
+            # and judged.
+            if reading:
+                ctx.reports.done_reading()
 
     ts = ctx.ts_manager
     outcome = ts.heartbeat(instance, registration, request.num_leaders)

@@ -18,6 +18,7 @@ asks for full reports. AddMaster/RemoveMaster change sys.catalog's membership (`
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
@@ -598,11 +599,31 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self, request_iterator: AsyncIterator[pb.TSHeartbeatRequestPB], context: Ctx
     ) -> AsyncIterator[pb.TSHeartbeatResponsePB]:
         """TSHeartbeat, request after request, on one stream per tablet server; the first
-        error ends it (rpc_errors)."""
-        async for request in request_iterator:
-            if self.authorizer is not None:
-                self.authorizer.check("TSHeartbeatStream", request, context)
-            yield await handle_heartbeat(self.master.heartbeat_context(), request)
+        error ends it (rpc_errors).
+
+        The stream ends (OK) as soon as the master starts shutting down, even between two
+        requests: a stream still open when the gRPC server's grace period ends is cancelled
+        by gRPC, which logs a traceback for each, one per tablet server."""
+        closing = asyncio.ensure_future(self.master.closing.wait())
+        try:
+            requests = aiter(request_iterator)
+            while True:
+                nxt = asyncio.ensure_future(anext(requests))
+                await asyncio.wait((nxt, closing), return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done():
+                    nxt.cancel()
+                    return
+                try:
+                    request = nxt.result()
+                except StopAsyncIteration:
+                    return
+                if self.authorizer is not None:
+                    self.authorizer.check("TSHeartbeatStream", request, context)
+                yield await handle_heartbeat(self.master.heartbeat_context(), request)
+                if closing.done():
+                    return
+        finally:
+            closing.cancel()
 
     @rpc_errors
     async def ListTabletServers(

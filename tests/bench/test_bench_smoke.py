@@ -152,3 +152,34 @@ def test_scale_bench_quick_grows_the_catalog_and_fails_over() -> None:
     # RUNNING needs a leader, which needs 2 of 3 replicas: at least that many exist.
     assert int(fleet.group(1)) >= 40_000 and int(fleet.group(2)) >= 20_000, r.stdout
     assert _bench_processes(*ours) == before
+
+
+def test_master_promotion_and_failover_scale_print_their_figures(tmp_path: Path) -> None:
+    """`bench.master_promotion` and `bench.master_failover_scale` at a small scale: each line
+    of figures, and no simulator or master of the run left running."""
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.master_promotion", "--tablets", "2000", "--servers", "30"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [line.split()[0] for line in r.stdout.splitlines()] == ["load", "decode", "report"]
+    keep = tmp_path / "scale"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.master_failover_scale",
+            *("--tablets", "1000", "--servers", "30", "--rounds", "1", "--watch", "1"),
+            *("--keep", str(keep)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"first correct GetTableLocations after \d+\.\d\d s", r.stdout), r.stdout
+    assert _bench_processes(str(keep)) == []  # the simulator and masters name it

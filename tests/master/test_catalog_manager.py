@@ -1024,6 +1024,43 @@ def test_a_new_leader_recomputes_pending_tasks_from_committed_state() -> None:
     run(go())
 
 
+def test_a_new_leader_answers_at_once_and_recomputes_tasks_in_slices() -> None:
+    """A promotion rebuilds nothing (the maps are warm on every master) and computes the tasks
+    a slice at a time, so the loop runs between slices; a tablet that changes meanwhile is
+    recomputed as it commits, and the end result is `load()`'s."""
+    env = make_env()
+
+    async def go() -> None:
+        await create_running(env, "a")
+        b = await create(env, "b")
+        await env.cm.assign_tablets()
+        expected = sorted(map(repr, env.cm.pending_tasks()))
+        assert len(expected) == 6 and len(env.cm.maps.tablets_by_id) == 12
+        env.cm.unload()
+        maps = env.cm.maps
+        slices = env.cm.start_load(slice_tablets=3)
+        assert env.cm.loaded and env.cm.maps is maps  # ready at once, not rebuilt
+        assert env.cm.pending_tasks() == []
+        assert [t.table_id for t in await env.cm.list_tables()] != []
+        done = [next(slices), next(slices)]
+        assert done == [3, 6]
+        # A change committed mid-load: its tablets' tasks come from the listener.
+        await env.cm.delete_table(by_id(b), Ids("c-del")())
+        assert list(slices) == [9, 12]
+        after = sorted(map(repr, env.cm.pending_tasks()))
+        env.cm.unload()
+        env.cm.load()
+        assert after == sorted(map(repr, env.cm.pending_tasks())) != expected
+        # A term that ends mid-load stops its slicing.
+        env.cm.unload()
+        slices = env.cm.start_load(slice_tablets=3)
+        next(slices)
+        env.cm.unload()
+        assert list(slices) == [] and env.cm.pending_tasks() == []
+
+    run(go())
+
+
 def test_settings_from_the_master_config() -> None:
     config = MasterConfig(data_dir=Path("/nonexistent"), default_num_replicas=1)
     settings = CatalogSettings.from_config(config, assignment_timeout_s=5.0)

@@ -14,8 +14,9 @@ import pytest
 from service.common.errors import InvalidArgument, NotTheLeader
 from service.common.ids import NodeId, TabletId
 from service.master.catalog_records import CatalogWrite
-from service.master.heartbeat import ReportGate
+from service.master.heartbeat import ReportGate, decode_report, read_report
 from service.master.report_processing import DeleteReplica, ReportAction, ReportPlan
+from service.pb import master_pb2 as pb
 
 
 class NeedsWrite:
@@ -253,3 +254,47 @@ def test_the_gate_is_saturated_only_with_every_slot_and_the_queue_taken() -> Non
         assert not gate.saturated
 
     asyncio.run(main())
+
+
+def test_large_reports_are_read_a_few_at_a_time_and_the_rest_shed() -> None:
+    gate = ReportGate(max_reading=2)
+    assert gate.start_reading() and gate.start_reading()
+    assert not gate.start_reading() and gate.shed == 1  # sent again with the next heartbeat
+    gate.done_reading()
+    assert gate.start_reading() and gate.reading == 2 and gate.shed == 1
+    with pytest.raises(InvalidArgument, match="max_reading"):
+        ReportGate(max_reading=0)
+
+
+def _full_report(replicas: int, bad_at: int = -1) -> pb.TabletReportPB:
+    report = pb.TabletReportPB(is_incremental=False, sequence_number=1)
+    for i in range(replicas):
+        t = report.updated_tablets.add(
+            tablet_id=f"{i:032x}", state=pb.REPLICA_RUNNING, role=pb.FOLLOWER
+        )
+        cs = t.consensus_state
+        cs.current_term, cs.leader_uuid = 1, "ts-a"
+        cs.committed_config.opid_index = 1
+        for uuid in ("ts-a", "ts-b", "ts-c" if i != bad_at else "ts-a"):
+            cs.committed_config.peers.add(permanent_uuid=uuid, member_type=pb.VOTER)
+    return report
+
+
+def test_a_large_report_is_decoded_while_the_loop_keeps_running() -> None:
+    """Decoding a full report of thousands of replicas takes the interpreter for tens of
+    milliseconds: in a thread, the loop's other tasks (sys.catalog's Raft ticks) run
+    meanwhile. The result and its errors are decode_report's."""
+    report = _full_report(5_000)
+
+    async def main() -> int:
+        ticks = 0
+        decoding = asyncio.ensure_future(read_report(report))
+        while not decoding.done():
+            await asyncio.sleep(0.001)
+            ticks += 1
+        assert decoding.result() == decode_report(report)
+        return ticks
+
+    assert asyncio.run(main()) >= 2
+    with pytest.raises(InvalidArgument, match=r"updated_tablets\[70\].consensus_state"):
+        asyncio.run(read_report(_full_report(100, bad_at=70)))
