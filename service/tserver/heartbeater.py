@@ -176,6 +176,11 @@ class Heartbeater:
         task = asyncio.create_task(self._loop(v, stub, ev), name=f"hb-{v.address}")
         self._loops[v.address] = _Loop(v, ch, ev, task)
 
+    def master_uuids(self) -> frozenset[str]:
+        """The uuids of the masters this server heartbeats to, as their answers named them:
+        the cluster's masters (the configured ones and those the masters' own answers listed)."""
+        return frozenset(v.master_uuid for v in self.views if v.master_uuid)
+
     def masters(self) -> list[str]:
         """The masters heartbeated to now (membership changes included)."""
         return list(self._loops)

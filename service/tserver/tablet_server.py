@@ -384,6 +384,16 @@ class TabletServer:
         if fence is not None:
             self._saw_master_term(fence.master_term)
 
+    def is_cluster_master(self, uuid: str) -> bool:
+        """`uuid` is one of the masters this server heartbeats to (`Heartbeater.master_uuids`).
+        A master certificate alone does not make its holder one of this cluster's masters:
+        a certificate of any other uuid could otherwise send fenced calls with a term of its
+        choosing, and a term above the real leader's, once a call succeeded, locks that leader
+        out as deposed (docs/design/security.md#R6)."""
+        if self.heartbeater is None:
+            return True  # not started: no admin call reaches a server before it serves
+        return uuid in self.heartbeater.master_uuids()
+
     def check_fence(self, fence: tpb.MasterFencePB | None) -> None:
         """Refuse a request from a master term lower than the highest seen (module doc)."""
         if fence is None:

@@ -168,6 +168,11 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
                 raise PermissionDenied(
                     f"{who}: the fence names master {fence.master_uuid!r}, not the caller"
                 )
+            if not self.server.is_cluster_master(who.name):
+                raise PermissionDenied(
+                    f"{who}: not one of the masters this tablet server heartbeats to; a "
+                    "master certificate alone does not make a cluster's master"
+                )
         self.server.check_fence(fence)
 
     def _note_fence(self, request: _Fenced) -> None:

@@ -259,6 +259,13 @@ def test_tablet_admin_calls_only_from_masters_and_admins(cluster: MiniCluster) -
         forged.fence.master_uuid, forged.fence.master_term = "m-y", 10**6
         err = _refused(stub.DeleteTablet, forged, 5)
         assert isinstance(err, PermissionDenied) and "not the caller" in err.message, err
+        # Its own fence, but "m-x" is no master of this cluster: refused, whatever the term (a
+        # successful call would have raised the server's master term above the real leader's).
+        own = tpb.DeleteTabletRequestPB()
+        own.CopyFrom(req)
+        own.fence.master_uuid, own.fence.master_term = "m-x", 2
+        err = _refused(stub.DeleteTablet, own, 5)
+        assert isinstance(err, PermissionDenied) and "heartbeats to" in err.message, err
     # The replica is still there (as its server tells an admin); a user may not even list it.
     ch = open_sync_channel(replica.address, cluster.credentials(), role="tserver")
     with ch:
@@ -268,6 +275,10 @@ def test_tablet_admin_calls_only_from_masters_and_admins(cluster: MiniCluster) -
         r.tablet_id == token.tablet_id and r.data_state == tpb.TABLET_DATA_READY
         for r in listed.replicas
     )
+    # The real leader's fenced calls still work: a new table's tablets are created there.
+    with cluster.client() as c:
+        c.call("create_table", "after_outsider", SCHEMA, PartitionSchema(), num_replicas=3)
+        c.call("delete_table", "after_outsider")
     ch = open_sync_channel(replica.address, _creds(cluster, "user", "alice"), role="tserver")
     with ch:
         stub = tserver_pb2_grpc.TabletServerAdminServiceStub(ch)
