@@ -53,7 +53,14 @@ import pyarrow as pa
 
 from service.common.errors import NotFound
 from service.common.tls import Credentials
-from spark_jobs.catalog import append, register, register_tables, retry_on_conflict, table_path
+from spark_jobs.catalog import (
+    append,
+    ensure_database,
+    register,
+    register_tables,
+    retry_on_conflict,
+    table_path,
+)
 from spark_jobs.inventory import Inventory, SnapshotStamp
 from spark_jobs.reconcile import Finding
 
@@ -207,7 +214,7 @@ def write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None = None) -> S
 
 def _write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None) -> SnapshotWrite:
     who = run_by or RunBy.of(None)
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
+    ensure_database(spark, DATABASE)
     sid = inv.stamp.snapshot_id
     counts = {kind: len(inv.rows(kind)) for kind in Inventory.KINDS}
     if "snapshots" in _tables(spark):

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 __all__ = [
     "CATALOG_IMPLEMENTATION",
     "append",
+    "ensure_database",
     "hive_requested",
     "is_conflict",
     "register",
@@ -92,8 +93,16 @@ def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def ensure_database(spark: Any, database: str) -> None:
+    """CREATE DATABASE IF NOT EXISTS, quietly: Spark logs a warning whenever the database's
+    directory exists already, which with a catalog per session is every session but the
+    first."""
+    if not spark.catalog.databaseExists(database):
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS {_quote(database)}")
+
+
 def _database_path(spark: Any, database: str) -> str:
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {_quote(database)}")
+    ensure_database(spark, database)
     return str(spark.catalog.getDatabase(database).locationUri).rstrip("/")
 
 
@@ -141,12 +150,19 @@ def register_tables(
     existing: dict[str, set[str]] = {}
     for db, table, path in found:
         if db not in existing:
-            spark.sql(f"CREATE DATABASE IF NOT EXISTS {_quote(db)}")
+            ensure_database(spark, db)
             existing[db] = {
                 r.tableName for r in spark.sql(f"SHOW TABLES IN {_quote(db)}").collect()
             }
         if table not in existing[db]:
-            register(spark, db, table, path)
+            try:
+                register(spark, db, table, path)
+            except Exception as exc:
+                # Another process is creating it (its first commit not yet complete, or
+                # lost): named next time. Anything else is a real problem.
+                if not _no_table_yet(exc):
+                    raise
+                continue
             registered.append(f"{db}.{table}")
     return registered
 
@@ -158,12 +174,20 @@ def _list_delta_tables(spark: Any, jvm: Any, database: str | None) -> list[tuple
     if not fs.isDirectory(root):
         return []
 
+    def is_delta(directory: Any) -> bool:
+        # A table has a commit (or a checkpoint) in its log: a bare _delta_log is a table
+        # another process is creating right now.
+        log = jvm.org.apache.hadoop.fs.Path(directory, "_delta_log")
+        return bool(fs.exists(log)) and any(
+            str(s.getPath().getName()).endswith((".json", ".parquet", "_last_checkpoint"))
+            for s in fs.listStatus(log)
+        )
+
     def delta_tables(directory: Any) -> list[tuple[str, str]]:
         return sorted(
             (s.getPath().getName(), s.getPath().toUri().toString())
             for s in fs.listStatus(directory)
-            if s.isDirectory()
-            and fs.exists(jvm.org.apache.hadoop.fs.Path(s.getPath(), "_delta_log"))
+            if s.isDirectory() and is_delta(s.getPath())
         )
 
     found: list[tuple[str, str, str]] = []
@@ -175,9 +199,7 @@ def _list_delta_tables(spark: Any, jvm: Any, database: str | None) -> list[tuple
             db = name.removesuffix(".db").lower()
             if database is None or db == database:
                 found += [(db, t, p) for t, p in delta_tables(status.getPath())]
-        elif database in (None, "default") and fs.exists(
-            jvm.org.apache.hadoop.fs.Path(status.getPath(), "_delta_log")
-        ):
+        elif database in (None, "default") and is_delta(status.getPath()):
             found.append(("default", name, status.getPath().toUri().toString()))
     return found
 
@@ -195,6 +217,15 @@ def _probe(spark: Any, database: str | None, known: Iterable[str]) -> list[tuple
             continue
         found.append((database, table, path))
     return found
+
+
+def _no_table_yet(exc: BaseException) -> bool:
+    """A location that holds no complete Delta table (yet): Delta's errors for it."""
+    text = str(exc)
+    return any(
+        c in text
+        for c in ("DELTA_MISSING_DELTA_TABLE", "DELTA_SCHEMA_NOT_PROVIDED", "is not a Delta table")
+    )
 
 
 def append(spark: Any, writer: Any, database: str, table: str) -> None:
