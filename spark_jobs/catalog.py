@@ -207,9 +207,18 @@ def _list_delta_tables(spark: Any, jvm: Any, database: str | None) -> list[tuple
 def _probe(spark: Any, database: str | None, known: Iterable[str]) -> list[tuple[str, str, str]]:
     if database is None:
         return []
-    base = _database_path(spark, database)
+    # Where the database's directory is, without creating it (there may be nothing to name).
+    named: set[str] = set()
+    if spark.catalog.databaseExists(database):
+        base = _database_path(spark, database)
+        named = {r.tableName for r in spark.sql(f"SHOW TABLES IN {_quote(database)}").collect()}
+    else:
+        warehouse = str(spark.conf.get("spark.sql.warehouse.dir")).rstrip("/")
+        base = f"{warehouse}/{database}.db"
     found = []
     for table in known:
+        if table in named:
+            continue
         path = f"{base}/{table}"
         try:
             spark.sql(f"DESCRIBE HISTORY delta.{_quote(path)} LIMIT 1").collect()

@@ -8,7 +8,7 @@ A session's configuration is layered, later layers winning:
    plus small-machine sizing. They make the module work even where the
    repository's ``conf/`` is absent (an installed wheel).
 2. ``conf/spark-defaults.conf`` of the repository (``key  value`` lines, ``#`` comments), with
-   ``{data}`` replaced by `spark_data_dir` (warehouse and metastore live outside the source
+   ``{data}`` replaced by `spark_data_dir` (the warehouse lives outside the source
    tree) and ``{repo}`` by the repository root.
 3. ``$SPARK_MASTER_URL`` for the master (docker-compose's job runner sets it).
 4. What spark-submit launched the process with (``--master``, ``--conf``, ``--packages``, the
