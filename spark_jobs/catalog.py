@@ -120,6 +120,7 @@ def _escape(text: str) -> str:
 def register(spark: Any, database: str, table: str, path: str) -> None:
     """Name the Delta table at `path` `database.table` in the session's catalog (no-op when
     the name exists)."""
+    ensure_database(spark, database)
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {_quote(database)}.{_quote(table)} USING delta "
         f"LOCATION '{_escape(path)}'"
@@ -147,27 +148,28 @@ def register_tables(
         else _probe(spark, database, known)
     )
     registered = []
-    existing: dict[str, set[str]] = {}
     for db, table, path in found:
-        if db not in existing:
-            ensure_database(spark, db)
-            existing[db] = {
-                r.tableName for r in spark.sql(f"SHOW TABLES IN {_quote(db)}").collect()
-            }
-        if table not in existing[db]:
-            try:
-                register(spark, db, table, path)
-            except Exception as exc:
-                # Another process is creating it (its first commit not yet complete, or
-                # lost): named next time. Anything else is a real problem.
-                if not _no_table_yet(exc):
-                    raise
-                continue
-            registered.append(f"{db}.{table}")
+        try:
+            register(spark, db, table, path)
+        except Exception as exc:
+            # Another process is creating it (its first commit not yet complete, or lost):
+            # named next time. Anything else is a real problem.
+            if not _no_table_yet(exc):
+                raise
+            continue
+        registered.append(f"{db}.{table}")
     return registered
 
 
+def _named(spark: Any, database: str) -> set[str]:
+    """The tables the session's catalog names in `database` (none if it does not know it)."""
+    if not spark.catalog.databaseExists(database):
+        return set()
+    return {r.tableName for r in spark.sql(f"SHOW TABLES IN {_quote(database)}").collect()}
+
+
 def _list_delta_tables(spark: Any, jvm: Any, database: str | None) -> list[tuple[str, str, str]]:
+    """(database, table, path) of each Delta table in the warehouse the catalog lacks."""
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
     root = jvm.org.apache.hadoop.fs.Path(str(spark.conf.get("spark.sql.warehouse.dir")))
     fs = root.getFileSystem(hadoop)
@@ -183,13 +185,15 @@ def _list_delta_tables(spark: Any, jvm: Any, database: str | None) -> list[tuple
             for s in fs.listStatus(log)
         )
 
-    def delta_tables(directory: Any) -> list[tuple[str, str]]:
+    def delta_tables(directory: Any, db: str) -> list[tuple[str, str, str]]:
+        named = _named(spark, db)  # only those the catalog lacks are looked into
         return sorted(
-            (s.getPath().getName(), s.getPath().toUri().toString())
+            (db, str(s.getPath().getName()), str(s.getPath().toUri().toString()))
             for s in fs.listStatus(directory)
-            if s.isDirectory() and is_delta(s.getPath())
+            if s.isDirectory() and s.getPath().getName() not in named and is_delta(s.getPath())
         )
 
+    default_named = _named(spark, "default")
     found: list[tuple[str, str, str]] = []
     for status in sorted(fs.listStatus(root), key=lambda s: str(s.getPath().getName())):
         name = str(status.getPath().getName())
@@ -198,9 +202,13 @@ def _list_delta_tables(spark: Any, jvm: Any, database: str | None) -> list[tuple
         if name.endswith(".db"):
             db = name.removesuffix(".db").lower()
             if database is None or db == database:
-                found += [(db, t, p) for t, p in delta_tables(status.getPath())]
-        elif database in (None, "default") and is_delta(status.getPath()):
-            found.append(("default", name, status.getPath().toUri().toString()))
+                found += delta_tables(status.getPath(), db)
+        elif (
+            database in (None, "default")
+            and name not in default_named
+            and is_delta(status.getPath())
+        ):
+            found.append(("default", name, str(status.getPath().toUri().toString())))
     return found
 
 
@@ -208,10 +216,9 @@ def _probe(spark: Any, database: str | None, known: Iterable[str]) -> list[tuple
     if database is None:
         return []
     # Where the database's directory is, without creating it (there may be nothing to name).
-    named: set[str] = set()
+    named = _named(spark, database)
     if spark.catalog.databaseExists(database):
         base = _database_path(spark, database)
-        named = {r.tableName for r in spark.sql(f"SHOW TABLES IN {_quote(database)}").collect()}
     else:
         warehouse = str(spark.conf.get("spark.sql.warehouse.dir")).rstrip("/")
         base = f"{warehouse}/{database}.db"

@@ -50,7 +50,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
-from spark_jobs.catalog import CATALOG_IMPLEMENTATION, hive_requested
+from spark_jobs.catalog import CATALOG_IMPLEMENTATION, hive_requested, register_tables
 
 __all__ = [
     "DEFAULTS_FILE",
@@ -254,7 +254,6 @@ def build_session(
         spark = _start_after_fetching(builder, settings, delta_jar, exc)
     # The log4j2 file already says WARN; this also covers a caller who replaced that file.
     spark.sparkContext.setLogLevel(LOG_LEVEL)
-    from spark_jobs.catalog import register_tables
     from spark_jobs.datasource import register
 
     register(spark)  # format("tessera") and USING tessera

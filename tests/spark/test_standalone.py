@@ -139,7 +139,6 @@ def readme_recipe() -> str:
     return match.group(1)
 
 
-@pytest.mark.slow
 def test_the_readme_spark_submit_recipe_runs_as_written(
     standalone: StandaloneSpark, cluster: MiniCluster, tmp_path: Path
 ) -> None:
