@@ -5,6 +5,7 @@ The top of the stack (docs/design/layers.md#R1): it uses the client library and 
 Modules
 -------
     session         the one way Tessera builds a SparkSession (Delta, quiet, small machines)
+    catalog         table names: an in-memory catalog per session rebuilt from the warehouse
     datasource      the "tessera" PySpark DataSource: one partition per tablet, reads and writes
     stream_sink     `writeStream.format("tessera")`: exactly once through idempotent writes
     connect         Spark Connect: a server with Delta and the source, and a client helper

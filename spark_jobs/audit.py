@@ -30,8 +30,11 @@ half-way through appends nothing twice (history appends carry Delta's `txnAppId`
 and snapshot id, with `txnVersion` 1, and Delta skips a version it has committed for that app
 id) and the MERGE converges on the same rows.
 
-The tables live in the Spark SQL catalog (a Hive metastore kept on disk, see
-conf/spark-defaults.conf), so a later session or a SQL shell finds them by name.
+The tables are Delta tables under the warehouse (`<warehouse>/tessera_audit.db/<table>`) that
+every session registers by name itself (spark_jobs/catalog.py: no metastore shared between
+processes unless one is configured), so a later session finds them by name. Jobs running at
+the same time meet only in Delta's optimistic concurrency: a write that loses a race with
+another writer is retried whole, which the idempotence above makes safe.
 `read_snapshot` turns a saved snapshot back into an `Inventory` (from the history tables):
 every job can run offline against history with `--snapshot ID|latest`.
 """
@@ -50,10 +53,19 @@ import pyarrow as pa
 
 from service.common.errors import NotFound
 from service.common.tls import Credentials
+from spark_jobs.catalog import (
+    append,
+    ensure_database,
+    register,
+    register_tables,
+    retry_on_conflict,
+    table_path,
+)
 from spark_jobs.inventory import Inventory, SnapshotStamp
 from spark_jobs.reconcile import Finding
 
 __all__ = [
+    "AUDIT_TABLES",
     "DATABASE",
     "KEYS",
     "RunBy",
@@ -106,14 +118,14 @@ def _frame(spark: Any, table: pa.Table) -> Any:
 def _append(spark: Any, table: pa.Table, name: str, snapshot_id: str) -> None:
     """Append once per (table, snapshot id): Delta skips a txnAppId's version it has seen."""
     df = _frame(spark, table)
-    (
+    writer = (
         df.write.format("delta")
         .mode("append")
         .option("txnAppId", f"{DATABASE}.{name}.{snapshot_id}")
         .option("txnVersion", "1")
         .option("mergeSchema", "true")  # tables written before a column was added
-        .saveAsTable(f"{DATABASE}.{name}")
     )
+    append(spark, writer, DATABASE, name)
 
 
 KEYS: dict[str, tuple[str, ...]] = {
@@ -158,11 +170,16 @@ def _merge_current(spark: Any, table: pa.Table, kind: str) -> int:
     view = f"tessera_audit_src_{kind}"
     _frame(spark, table).createOrReplaceTempView(view)
     if kind not in _tables(spark):
+        # Created at its path, then named: in the in-memory catalog a CREATE TABLE of a managed
+        # table is refused once another process has created its directory, while a path is
+        # Delta's to arbitrate (it fails DELTA_PATH_EXISTS, and write_snapshot tries again).
+        path = table_path(spark, DATABASE, kind)
         spark.sql(
-            f"CREATE TABLE {name} USING delta "
+            f"CREATE TABLE delta.`{path}` USING delta "
             "TBLPROPERTIES (delta.enableChangeDataFeed = true) "
             f"AS SELECT * FROM {view}"
         )
+        register(spark, DATABASE, kind, path)
         return _latest_version(spark, name)
     stamp = {f.name for f in _STAMP}
     data = [c for c in table.column_names if c not in stamp]
@@ -190,9 +207,14 @@ def write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None = None) -> S
     `snapshots` was written whole). A snapshot id already there, or a catalog at the latest
     snapshot's master term and committed index, writes nothing. Retrying after a failure
     half-way appends nothing twice (history appends carry Delta's txnAppId) and the MERGE
-    converges. `run_by` (who took it) goes in the `snapshots` row."""
+    converges, so a write that loses a race with another writer (another job writing the same
+    tables) is retried whole. `run_by` (who took it) goes in the `snapshots` row."""
+    return retry_on_conflict(lambda: _write_snapshot(spark, inv, run_by))
+
+
+def _write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None) -> SnapshotWrite:
     who = run_by or RunBy.of(None)
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
+    ensure_database(spark, DATABASE)
     sid = inv.stamp.snapshot_id
     counts = {kind: len(inv.rows(kind)) for kind in Inventory.KINDS}
     if "snapshots" in _tables(spark):
@@ -234,13 +256,27 @@ def write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None = None) -> S
     return SnapshotWrite("written", counts, versions)
 
 
+AUDIT_TABLES = (
+    *KEYS,
+    *(f"{kind}_history" for kind in KEYS),
+    "snapshots",
+    "findings",
+    "rebalance_plans",
+)
+"""Every table of `tessera_audit` the jobs write (what a Spark Connect session looks for)."""
+
+
 def _tables(spark: Any) -> set[str]:
+    """The audit tables, including those another process created since this session began."""
+    register_tables(spark, DATABASE, AUDIT_TABLES)
+    if not spark.catalog.databaseExists(DATABASE):
+        return set()
     return {r.tableName for r in spark.sql(f"SHOW TABLES IN {DATABASE}").collect()}
 
 
 def read_snapshot(spark: Any, snapshot_id: str = "latest") -> Inventory:
     """The inventory saved as `snapshot_id` ("latest": the newest one)."""
-    if not spark.catalog.databaseExists(DATABASE) or "snapshots" not in _tables(spark):
+    if "snapshots" not in _tables(spark):
         raise NotFound(f"no audit snapshots: database {DATABASE} has no snapshots table yet")
     snaps = spark.table(f"{DATABASE}.snapshots")
     if snapshot_id == "latest":
@@ -326,14 +362,13 @@ def write_findings(
     A run that found nothing writes nothing (no empty Delta commit per run)."""
     if not findings:
         return
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
     table = findings_table(run_id, at, findings, outcomes, run_by)
-    df = _frame(spark, table)
-    (
-        df.write.format("delta")
+    writer = (
+        _frame(spark, table)
+        .write.format("delta")
         .mode("append")
         .option("txnAppId", f"{DATABASE}.findings.{run_id}")
         .option("txnVersion", "1")
         .option("mergeSchema", "true")
-        .saveAsTable(f"{DATABASE}.findings")
     )
+    retry_on_conflict(lambda: append(spark, writer, DATABASE, "findings"))

@@ -7,7 +7,7 @@ helper that gives a remote session the source.
 
 The server is Spark's own (`org.apache.spark.sql.connect.service.SparkConnectServer`, whose jar
 the pip pyspark ships) started with spark-submit, with the settings every Tessera session has
-(`spark_jobs.session`: Delta's packages, extension and catalog, the warehouse and metastore)
+(`spark_jobs.session`: Delta's packages, extension and catalog, the warehouse, the table names)
 and this interpreter as its Python workers, so the tessera source runs in them. A Python data
 source is registered per session, and a Connect client's session is its own: `connect_session`
 registers it on the remote session. A Connect client needs the `connect` extra
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from spark_jobs.catalog import CATALOG_IMPLEMENTATION, hive_requested
 from spark_jobs.session import (
     _BUILTIN_DEFAULTS,
     REPO_ROOT,
@@ -48,6 +49,8 @@ def server_command(
     """The spark-submit command line (and environment) of a Connect server on 127.0.0.1:`port`
     with Tessera's session settings (module docstring)."""
     settings = {**_BUILTIN_DEFAULTS, **read_spark_defaults(), **(conf or {})}
+    if CATALOG_IMPLEMENTATION not in (conf or {}) and hive_requested(conf or {}):
+        settings[CATALOG_IMPLEMENTATION] = "hive"  # a metastore named: as build_session does
     settings["spark.connect.grpc.binding.address"] = "127.0.0.1"
     settings["spark.connect.grpc.binding.port"] = str(port)
     if warehouse_dir is not None:
@@ -87,9 +90,14 @@ def connect_session(url: str) -> SparkSession:
             "a Spark Connect client needs the 'connect' extra: pip install 'tessera[connect]'"
         ) from e
     spark = SparkSession.builder.remote(url).getOrCreate()
+    from spark_jobs.audit import AUDIT_TABLES, DATABASE
+    from spark_jobs.catalog import register_tables
     from spark_jobs.datasource import register
 
     register(spark)
+    # A server with the default in-memory catalog knows only the tables it wrote itself; the
+    # jobs' audit tables are named for it from the warehouse (spark_jobs/catalog.py).
+    register_tables(spark, DATABASE, AUDIT_TABLES)
     return spark
 
 
@@ -101,7 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tessera spark connect-server", description=__doc__)
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--warehouse", help="the Spark SQL warehouse directory")
-    p.add_argument("--metastore", help="where the Hive metastore (Derby) lives")
+    p.add_argument(
+        "--metastore",
+        help="use a Hive metastore (embedded Derby) in this directory instead of the default "
+        "in-memory catalog (spark_jobs/catalog.py)",
+    )
     args = p.parse_args(argv)
     cmd, env = server_command(args.port, warehouse_dir=args.warehouse, metastore_dir=args.metastore)
     print(f"Spark Connect server on sc://127.0.0.1:{args.port} (Ctrl-C stops it)", flush=True)

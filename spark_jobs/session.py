@@ -8,7 +8,7 @@ A session's configuration is layered, later layers winning:
    plus small-machine sizing. They make the module work even where the
    repository's ``conf/`` is absent (an installed wheel).
 2. ``conf/spark-defaults.conf`` of the repository (``key  value`` lines, ``#`` comments), with
-   ``{data}`` replaced by `spark_data_dir` (warehouse and metastore live outside the source
+   ``{data}`` replaced by `spark_data_dir` (the warehouse lives outside the source
    tree) and ``{repo}`` by the repository root.
 3. ``$SPARK_MASTER_URL`` for the master (docker-compose's job runner sets it).
 4. What spark-submit launched the process with (``--master``, ``--conf``, ``--packages``, the
@@ -50,6 +50,8 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
+from spark_jobs.catalog import CATALOG_IMPLEMENTATION, hive_requested, register_tables
+
 __all__ = [
     "DEFAULTS_FILE",
     "LOG4J2_FILE",
@@ -85,6 +87,9 @@ _BUILTIN_DEFAULTS: dict[str, str] = {
     "spark.master": "local[2]",
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # A catalog per session, rebuilt from the warehouse: no Derby metastore for concurrent jobs
+    # to fight over (spark_jobs/catalog.py).
+    "spark.sql.catalogImplementation": "in-memory",
     # Delta rebuilds table state with a job of this many partitions (default 50, ~10 s here).
     "spark.databricks.delta.snapshotPartitions": "2",
     # Two cores: the UI costs start-up time and a port, 200 shuffle partitions cost 200 tasks.
@@ -104,10 +109,10 @@ DATA_DIR_ENV = "TESSERA_SPARK_HOME"
 
 
 def spark_data_dir() -> Path:
-    """Where sessions keep their warehouse and Hive metastore by default: $TESSERA_SPARK_HOME,
+    """Where sessions keep their warehouse (the audit tables) by default: $TESSERA_SPARK_HOME,
     else $XDG_DATA_HOME/tessera/spark, else ~/.local/share/tessera/spark. Outside the source
     tree: a job run from a checkout must not write its tables into it, and two checkouts share
-    one catalog of audit tables."""
+    one set of audit tables."""
     explicit = os.environ.get(DATA_DIR_ENV)
     if explicit:
         return Path(explicit).expanduser().resolve()
@@ -192,8 +197,10 @@ def build_session(
     Layers, later ones winning: the built-in defaults; conf/spark-defaults.conf;
     ``$SPARK_MASTER_URL`` for the master; whatever spark-submit launched the process with
     (`launcher_settings`: our defaults never override it); ``conf``; then ``master``,
-    ``warehouse_dir`` and ``metastore_dir`` (where the Hive catalog's Derby database and log
-    live). See the module docstring.
+    ``warehouse_dir`` and ``metastore_dir`` (use Hive's catalog, its Derby database and log
+    there). See the module docstring. The catalog is an in-memory one per session, which
+    registers the warehouse's Delta tables by name as the session starts, unless a Hive
+    metastore is configured (spark_jobs/catalog.py).
 
     Call it before the process makes its first gRPC call, as the jobs and the demo do: PySpark
     forks the JVM with ``preexec_fn``, and grpcio >= 1.80's fork handlers can kill that child
@@ -214,6 +221,11 @@ def build_session(
     for key in launched:
         settings.pop(key, None)
     settings.update(conf or {})
+    chosen = {**launched, **(conf or {})}
+    if CATALOG_IMPLEMENTATION not in chosen and hive_requested(chosen):
+        # The caller named a metastore (a network one, say) without choosing Hive's catalog:
+        # that is a request for it, over our in-memory default.
+        settings[CATALOG_IMPLEMENTATION] = "hive"
     if master is not None:
         settings["spark.master"] = master
     if warehouse_dir is not None:
@@ -245,11 +257,15 @@ def build_session(
     from spark_jobs.datasource import register
 
     register(spark)  # format("tessera") and USING tessera
+    register_tables(spark)  # the warehouse's Delta tables by name (in-memory catalog only)
     return spark
 
 
 def _configure_metastore(settings: dict[str, str], directory: Path) -> None:
-    """Keep the Hive catalog's Derby database, and Derby's log, under `directory`."""
+    """Use Hive's catalog with its Derby database, and Derby's log, under `directory`. Derby
+    admits one JVM at a time: this is for a process that wants its catalog to itself (a
+    test, the demo, a Connect server); jobs that run concurrently share the default, or a
+    network metastore (spark_jobs/catalog.py)."""
     directory.mkdir(parents=True, exist_ok=True)
     settings["spark.sql.catalogImplementation"] = "hive"
     settings["spark.hadoop.javax.jdo.option.ConnectionURL"] = (

@@ -31,14 +31,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    """One local[2] SparkSession with Delta, its warehouse in a temporary directory."""
+    """One local[2] SparkSession with Delta, its warehouse in a temporary directory, and the
+    default catalog (in-memory, rebuilt from the warehouse: what jobs get)."""
     from spark_jobs.session import build_session
 
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
-    metastore = tmp_path_factory.mktemp("spark-metastore")
-    session = build_session(
-        "tessera-tests", warehouse_dir=str(warehouse), metastore_dir=str(metastore)
-    )
+    session = build_session("tessera-tests", warehouse_dir=str(warehouse))
     try:
         yield session
     finally:

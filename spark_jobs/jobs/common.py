@@ -55,7 +55,12 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
         help="the Spark SQL warehouse (default: $TESSERA_SPARK_HOME/warehouse, see "
         "spark_jobs/session.py; spark-submit's --conf spark.sql.warehouse.dir also wins)",
     )
-    p.add_argument("--metastore", metavar="DIR", help="where the Hive metastore (Derby) lives")
+    p.add_argument(
+        "--metastore",
+        metavar="DIR",
+        help="use a Hive metastore (embedded Derby, one process at a time) in DIR instead of the "
+        "default per-session catalog rebuilt from the warehouse (spark_jobs/catalog.py)",
+    )
     p.add_argument(
         "--credentials",
         metavar="DIR",

@@ -33,13 +33,15 @@ from service.rebalance.rebalancing import (
     plan_moves,
     skew_report,
 )
-from spark_jobs.audit import DATABASE
+from spark_jobs.audit import AUDIT_TABLES, DATABASE
+from spark_jobs.catalog import append, register_tables, retry_on_conflict
 from spark_jobs.inventory import Inventory
 from spark_jobs.jobs.common import EXIT_ERROR, JobContext, run_job
 from spark_jobs.reconcile import Finding
 
 JOB = "rebalance_plan"
-PLANS = f"{DATABASE}.rebalance_plans"
+PLANS_TABLE = "rebalance_plans"
+PLANS = f"{DATABASE}.{PLANS_TABLE}"
 
 
 def distribution(inv: Inventory) -> tuple[Distribution, dict[str, str]]:
@@ -139,18 +141,18 @@ def _save_plan(ctx: JobContext, inv: Inventory, dist: Distribution, moves: Seque
             ("max_table_skew_after", pa.int64()),
         ]
     )
-    ctx.spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
     df = ctx.spark.createDataFrame(pa.Table.from_pylist(rows, schema=schema))
-    (
+    writer = (
         df.write.format("delta")
         .mode("append")
         .option("txnAppId", f"{PLANS}.{ctx.run_id}")
         .option("txnVersion", "1")
-        .saveAsTable(PLANS)
     )
+    retry_on_conflict(lambda: append(ctx.spark, writer, DATABASE, PLANS_TABLE))
 
 
 def _load_plan(ctx: JobContext, plan_id: str) -> list[Move]:
+    register_tables(ctx.spark, DATABASE, AUDIT_TABLES)  # saved by another process, perhaps
     if not ctx.spark.catalog.tableExists(PLANS):
         raise NotFound(f"no saved plans: {PLANS} does not exist yet")
     rows = ctx.spark.table(PLANS).filter(f"plan_id = '{plan_id}'").orderBy("move_no").collect()

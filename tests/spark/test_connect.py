@@ -69,7 +69,9 @@ def _free_port() -> int:
 def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     base = tmp_path_factory.mktemp("connect")
     port = _free_port()
-    cmd, env = server_command(port, warehouse_dir=str(base / "wh"), metastore_dir=str(base / "ms"))
+    # The default catalog (in-memory, spark_jobs/catalog.py); test_stream_sink.py and the demo
+    # run with a Hive metastore (--metastore).
+    cmd, env = server_command(port, warehouse_dir=str(base / "wh"))
     log = (base / "server.log").open("wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=base)
     try:

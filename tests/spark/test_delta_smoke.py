@@ -66,7 +66,6 @@ def test_session_applies_the_repository_defaults(spark: SparkSession) -> None:
         "spark.sql.warehouse.dir",
         "spark.jars.packages",
         "spark.driver.extraJavaOptions",
-        "spark.hadoop.javax.jdo.option.ConnectionURL",  # the fixture's temporary metastore
     }
     for key, value in defaults.items():
         if key not in rewritten:

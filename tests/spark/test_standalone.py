@@ -7,11 +7,15 @@ worker's executor process, with Tessera's credentials and an authz-checked user.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyspark
 import pytest
 
 from service.client.sync import SyncClient
@@ -24,6 +28,7 @@ from tests.spark.conftest import masters
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(600)]
 
+PYSPARK_JARS = Path(pyspark.__file__).parent / "jars"
 SCHEMA = Schema.build([("id", ColumnType.INT64), ("v", ColumnType.STRING)], key="id")
 
 SCRIPT = """
@@ -114,3 +119,67 @@ def test_the_jobs_run_on_a_standalone_cluster(
         )  # fmt: skip
         assert proc.returncode in ok, (job, proc.stderr[-4000:])
     assert len({k.split("/")[0] for k in standalone.executor_logs()}) >= 3
+
+
+RECIPE_MARK = "<!-- spark-submit recipe:"
+README_MASTER, README_MASTERS, README_CREDENTIALS = (
+    "spark://spark-master:7077",
+    "h1:7051,h2:7051",
+    "/path/to/credentials",
+)
+
+
+def readme_recipe() -> str:
+    """The shell block that follows the recipe's marker comment in README.md."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.count(RECIPE_MARK) == 1, "README.md: one spark-submit recipe marker"
+    after = readme[readme.index(RECIPE_MARK) :]
+    match = re.search(r"-->\s*```sh\n(.*?)```", after, flags=re.S)
+    assert match is not None, "README.md: a ```sh block right after the recipe marker"
+    return match.group(1)
+
+
+def test_the_readme_spark_submit_recipe_runs_as_written(
+    standalone: StandaloneSpark, cluster: MiniCluster, tmp_path: Path
+) -> None:
+    """README.md's spark-submit recipe, run with bash from the repository root with only its
+    placeholders replaced: it succeeds against the standalone cluster, Ivy adds no jar that
+    pyspark already ships (spark.jars.excludes did its work), and the job's tasks ran in the
+    worker's executor."""
+    recipe = readme_recipe()
+    defaults = read_spark_defaults()
+    assert f"--packages {defaults['spark.jars.packages']} " in recipe, "README pins other jars"
+    for placeholder in (README_MASTER, README_MASTERS, README_CREDENTIALS):
+        assert recipe.count(placeholder) == 1, placeholder
+    creds = cluster.credentials_dir()
+    assert creds is not None
+    script = (
+        recipe.replace(README_MASTER, standalone.url)
+        .replace(README_MASTERS, masters(cluster))
+        .replace(README_CREDENTIALS, creds)
+    )
+    before = set(standalone.executor_logs())
+    env = {
+        **standalone.env(),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "TESSERA_SPARK_HOME": str(tmp_path / "spark-home"),  # the job's warehouse, if it writes
+    }
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        capture_output=True, text=True, timeout=400, env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert proc.returncode in (0, 2), proc.stderr[-4000:]  # clean, or found something
+    assert "orphan_sweep:" in proc.stdout, proc.stdout[-2000:]
+
+    # Ivy's report lists the modules it put on the classpath ("org#artifact;version from ...").
+    used = re.findall(r"^\s+(\S+)#(\S+);\S+ from \S+ in \[default\]$", proc.stderr, re.M)
+    group, artifact, _ = defaults["spark.jars.packages"].split(":")
+    assert (group, artifact) in used, used
+    excluded = {tuple(x.split(":")) for x in defaults["spark.jars.excludes"].split(",")}
+    assert not excluded & set(used), excluded & set(used)
+    shipped = {re.sub(r"-\d.*\.jar$", "", j.name) for j in PYSPARK_JARS.glob("*.jar")}
+    assert not {a for _, a in used} & shipped, "Ivy added a jar pyspark already ships"
+
+    # The job's tasks (the inventory's per-server listings) ran in the worker's executor.
+    new = {k: v for k, v in standalone.executor_logs().items() if k not in before}
+    assert new and any("Running task" in v for v in new.values()), list(new)

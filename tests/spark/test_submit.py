@@ -82,15 +82,15 @@ def test_outside_spark_submit_the_launcher_set_nothing(monkeypatch: pytest.Monke
     assert launcher_settings() == {}
 
 
-def test_warehouse_and_metastore_default_outside_the_source_tree(
+def test_warehouse_default_outside_the_source_tree_and_no_shared_metastore(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TESSERA_SPARK_HOME", str(tmp_path / "state"))
     d = read_spark_defaults()
     assert d["spark.sql.warehouse.dir"] == str(tmp_path / "state" / "warehouse")
-    assert (
-        str(tmp_path / "state" / "metastore_db") in d["spark.hadoop.javax.jdo.option.ConnectionURL"]
-    )
+    # No metastore database to share by default (spark_jobs/catalog.py).
+    assert d["spark.sql.catalogImplementation"] == "in-memory"
+    assert not any("derby" in v.lower() for v in d.values())
     monkeypatch.delenv("TESSERA_SPARK_HOME")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     d = read_spark_defaults()
