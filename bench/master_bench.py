@@ -133,7 +133,9 @@ class _Replicate:
         return self.state.apply(self.index, data)
 
 
-async def in_process(tablets: int, servers: int) -> tuple[CatalogManager, _Replicate, str]:
+def catalog_on_fleet(servers: int) -> tuple[CatalogManager, _Replicate]:
+    """A loaded, empty catalog manager in process, `servers` registered tablet servers, and
+    the in-memory replication it writes through (also bench/master_promotion.py)."""
     clock = ManualClock(start=100.0)
     ts = TSManager(clock, 60.0)
     for i in range(servers):
@@ -146,6 +148,11 @@ async def in_process(tablets: int, servers: int) -> tuple[CatalogManager, _Repli
     settings = CatalogSettings(max_create_tablets_per_ts=10_000, max_creating_tablets=10_000)
     cm = CatalogManager(state, rep, ts, clock, random.Random(1), settings)
     cm.load()
+    return cm, rep
+
+
+async def in_process(tablets: int, servers: int) -> tuple[CatalogManager, _Replicate, str]:
+    cm, rep = catalog_on_fleet(servers)
     table_id = await cm.create_table("bench", SCHEMA, partitioning(tablets), 3, RequestId("b", 1))
     return cm, rep, table_id
 

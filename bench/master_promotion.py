@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import sys
 import time
 from dataclasses import replace
 
-from bench.master_bench import SCHEMA, _Replicate, partitioning
-from service.common.clock import ManualClock
+from bench.master_bench import SCHEMA, catalog_on_fleet, partitioning
 from service.common.ids import NodeId
 from service.master import heartbeat
 from service.master.catalog_manager import CatalogManager
@@ -38,28 +36,13 @@ from service.master.catalog_records import (
     Update,
     consensus_state_to_pb,
 )
-from service.master.catalog_settings import CatalogSettings
-from service.master.sys_catalog import SysCatalogState
-from service.master.ts_descriptor import NodeInstance, TSRegistration
-from service.master.ts_manager import TSManager
 from service.pb import master_pb2 as pb
 
 TABLE_TABLETS = 10_000
 
 
 async def build(tablets: int, servers: int) -> CatalogManager:
-    clock = ManualClock(start=100.0)
-    ts = TSManager(clock, 60.0)
-    for i in range(servers):
-        ts.register(
-            NodeInstance(NodeId(f"ts-{i}"), 1),
-            TSRegistration((f"10.0.{i // 250}.{i % 250 + 1}:7050",)),
-        )
-    state = SysCatalogState()
-    rep = _Replicate(state)
-    settings = CatalogSettings(max_create_tablets_per_ts=10_000, max_creating_tablets=10_000)
-    cm = CatalogManager(state, rep, ts, clock, random.Random(1), settings)
-    cm.load()
+    cm, rep = catalog_on_fleet(servers)
     for n, start in enumerate(range(0, tablets, TABLE_TABLETS)):
         count = min(TABLE_TABLETS, tablets - start)
         table_id = await cm.create_table(
