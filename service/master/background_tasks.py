@@ -80,7 +80,7 @@ from service.master.catalog_records import ConsensusState, HostPort, TabletState
 from service.master.report_processing import (
     AlterReplica,
     ChangeReplicaConfig,
-    ConfigChange,
+    ConfigChangeType,
     DeleteReplica,
     ReportAction,
 )
@@ -94,9 +94,9 @@ __all__ = ["BackgroundSettings", "BackgroundTasks", "TaskView"]
 log = logging.getLogger(__name__)
 
 _CHANGE_PB = {
-    ConfigChange.ADD_PEER: tpb.ChangeConfigRequestPB.ADD_PEER,
-    ConfigChange.REMOVE_PEER: tpb.ChangeConfigRequestPB.REMOVE_PEER,
-    ConfigChange.PROMOTE_PEER: tpb.ChangeConfigRequestPB.PROMOTE_PEER,
+    ConfigChangeType.ADD_PEER: tpb.ChangeConfigRequestPB.ADD_PEER,
+    ConfigChangeType.REMOVE_PEER: tpb.ChangeConfigRequestPB.REMOVE_PEER,
+    ConfigChangeType.PROMOTE_PEER: tpb.ChangeConfigRequestPB.PROMOTE_PEER,
 }
 
 

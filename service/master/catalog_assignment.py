@@ -80,12 +80,12 @@ from service.master.catalog_info import CatalogMaps, TabletInfo
 from service.master.catalog_records import (
     CatalogWrite,
     ConsensusState,
-    EntryType,
     HostPort,
     Insert,
     MemberType,
     Precondition,
     RaftPeer,
+    RecordType,
     RowKey,
     RowOp,
     TableRecord,
@@ -290,7 +290,7 @@ class AssignmentPlan:
 
 
 def _key(tablet_id: str) -> RowKey:
-    return RowKey(EntryType.TABLET, tablet_id)
+    return RowKey(RecordType.TABLET, tablet_id)
 
 
 def due_tablets(

@@ -102,10 +102,10 @@ from service.master.catalog_info import (
 from service.master.catalog_reads import (
     AlterTableStatus,
     CreateTableStatus,
+    ListedTable,
     TableIdentifier,
     TableLocations,
     TableSchemaInfo,
-    TableSummary,
     TabletLocationsResult,
     alter_status,
     create_status,
@@ -119,11 +119,11 @@ from service.master.catalog_reads import (
 from service.master.catalog_records import (
     CatalogWrite,
     ConsensusState,
-    EntryType,
     HostPort,
     Insert,
     Precondition,
     Record,
+    RecordType,
     RequestId,
     RowKey,
     RowOp,
@@ -401,7 +401,7 @@ class CatalogManager(AssignmentRounds):
             ops.append(Insert(replace(tablet, created_time_us=now_us)))
         write = CatalogWrite(
             ops=tuple(ops),
-            expected=(Precondition.absent(RowKey(EntryType.TABLE, table_id)),),
+            expected=(Precondition.absent(RowKey(RecordType.TABLE, table_id)),),
             request_id=req,
             operation=CREATE_TABLE,
             response=pb.CreateTableResponsePB(table_id=table_id).SerializeToString(),
@@ -590,7 +590,7 @@ class CatalogManager(AssignmentRounds):
         self._check_ready()
         return alter_status(self._resolve(table))
 
-    async def list_tables(self, name_filter: str = "") -> list[TableSummary]:
+    async def list_tables(self, name_filter: str = "") -> list[ListedTable]:
         """Live tables whose name contains `name_filter`, by name."""
         self._check_ready()
         if not isinstance(name_filter, str):

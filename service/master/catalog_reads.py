@@ -30,11 +30,11 @@ __all__ = [
     "AddressOf",
     "AlterTableStatus",
     "CreateTableStatus",
+    "ListedTable",
     "RpcAddresses",
     "TableIdentifier",
     "TableLocations",
     "TableSchemaInfo",
-    "TableSummary",
     "TabletLocationsResult",
     "TabletNotRunning",
     "alter_status",
@@ -153,7 +153,7 @@ class AlterTableStatus:
 
 
 @dataclass(frozen=True)
-class TableSummary:
+class ListedTable:
     table_id: TableId
     name: str
     state: TableState
@@ -225,14 +225,14 @@ def alter_status(info: TableInfo) -> AlterTableStatus:
     return AlterTableStatus(done, version)
 
 
-def list_tables(maps: CatalogMaps, name_filter: str) -> list[TableSummary]:
+def list_tables(maps: CatalogMaps, name_filter: str) -> list[ListedTable]:
     """Live tables whose name contains `name_filter`, by name."""
     out = []
     for info in maps.live_tables():
         r = info.record
         if name_filter in r.name:
             out.append(
-                TableSummary(
+                ListedTable(
                     r.table_id,
                     r.name,
                     r.state,

@@ -55,7 +55,6 @@ __all__ = [
     "CertAuthorityRecord",
     "ConsensusState",
     "Delete",
-    "EntryType",
     "HostPort",
     "Insert",
     "JoinCredentialUseRecord",
@@ -63,6 +62,7 @@ __all__ = [
     "Precondition",
     "RaftPeer",
     "Record",
+    "RecordType",
     "RequestId",
     "RowKey",
     "RowOp",
@@ -96,7 +96,7 @@ CA_ENTRY_ID = "root-ca"
 # --- keys and enums --------------------------------------------------------------------------
 
 
-class EntryType(enum.Enum):
+class RecordType(enum.Enum):
     """What a row holds. Values are EntryTypePB's: they order rows in snapshots and dumps."""
 
     TABLE = pb.ENTRY_TYPE_TABLE
@@ -115,7 +115,7 @@ class EntryType(enum.Enum):
 class RowKey:
     """A row's key, (entry type, id). Rows are ordered by `sort_key`: entry type number, id."""
 
-    entry_type: EntryType
+    entry_type: RecordType
     entry_id: str
 
     @property
@@ -337,16 +337,16 @@ Record: TypeAlias = (
 def record_key(record: Record) -> RowKey:
     """The key of the row that holds `record`."""
     if isinstance(record, TableRecord):
-        return RowKey(EntryType.TABLE, record.table_id)
+        return RowKey(RecordType.TABLE, record.table_id)
     if isinstance(record, TabletRecord):
-        return RowKey(EntryType.TABLET, record.tablet_id)
+        return RowKey(RecordType.TABLET, record.tablet_id)
     if isinstance(record, CertAuthorityRecord):
-        return RowKey(EntryType.CERT_AUTHORITY, CA_ENTRY_ID)
+        return RowKey(RecordType.CERT_AUTHORITY, CA_ENTRY_ID)
     if isinstance(record, GrantRecord):
-        return RowKey(EntryType.GRANT, grant_entry_id(record.table_id, record.user))
+        return RowKey(RecordType.GRANT, grant_entry_id(record.table_id, record.user))
     if isinstance(record, JoinCredentialUseRecord):
-        return RowKey(EntryType.JOIN_CREDENTIAL_USE, record.credential_sha256)
-    return RowKey(EntryType.TOKEN_SIGNING_KEY, tsk_entry_id(record.key_seq))
+        return RowKey(RecordType.JOIN_CREDENTIAL_USE, record.credential_sha256)
+    return RowKey(RecordType.TOKEN_SIGNING_KEY, tsk_entry_id(record.key_seq))
 
 
 # --- field checks ----------------------------------------------------------------------------
@@ -669,21 +669,21 @@ RecordPB: TypeAlias = (
 
 # The oneof field that carries each record type in CatalogRowOpPB and CatalogRowPB.
 _FIELD = {
-    EntryType.TABLE: "table",
-    EntryType.TABLET: "tablet",
-    EntryType.CERT_AUTHORITY: "cert_authority",
-    EntryType.TOKEN_SIGNING_KEY: "token_signing_key",
-    EntryType.GRANT: "grant",
-    EntryType.JOIN_CREDENTIAL_USE: "join_credential_use",
+    RecordType.TABLE: "table",
+    RecordType.TABLET: "tablet",
+    RecordType.CERT_AUTHORITY: "cert_authority",
+    RecordType.TOKEN_SIGNING_KEY: "token_signing_key",
+    RecordType.GRANT: "grant",
+    RecordType.JOIN_CREDENTIAL_USE: "join_credential_use",
 }
 _ENTRY_OF_FIELD = {v: k for k, v in _FIELD.items()}
 _MESSAGE = {
-    EntryType.TABLE: pb.TableRecordPB,
-    EntryType.TABLET: pb.TabletRecordPB,
-    EntryType.CERT_AUTHORITY: pb.CertAuthorityRecordPB,
-    EntryType.TOKEN_SIGNING_KEY: pb.TokenSigningKeyRecordPB,
-    EntryType.GRANT: pb.GrantRecordPB,
-    EntryType.JOIN_CREDENTIAL_USE: pb.JoinCredentialUseRecordPB,
+    RecordType.TABLE: pb.TableRecordPB,
+    RecordType.TABLET: pb.TabletRecordPB,
+    RecordType.CERT_AUTHORITY: pb.CertAuthorityRecordPB,
+    RecordType.TOKEN_SIGNING_KEY: pb.TokenSigningKeyRecordPB,
+    RecordType.GRANT: pb.GrantRecordPB,
+    RecordType.JOIN_CREDENTIAL_USE: pb.JoinCredentialUseRecordPB,
 }
 
 
@@ -701,38 +701,38 @@ def record_to_pb(record: Record) -> RecordPB:
     return tsk_to_pb(record)
 
 
-def record_from_pb(entry_type: EntryType, message: RecordPB) -> Record:
+def record_from_pb(entry_type: RecordType, message: RecordPB) -> Record:
     """The validated record of `entry_type` held by `message` (of the matching type)."""
-    if entry_type is EntryType.TABLE:
+    if entry_type is RecordType.TABLE:
         assert isinstance(message, pb.TableRecordPB)
         return table_from_pb(message)
-    if entry_type is EntryType.TABLET:
+    if entry_type is RecordType.TABLET:
         assert isinstance(message, pb.TabletRecordPB)
         return tablet_from_pb(message)
-    if entry_type is EntryType.CERT_AUTHORITY:
+    if entry_type is RecordType.CERT_AUTHORITY:
         assert isinstance(message, pb.CertAuthorityRecordPB)
         return cert_authority_from_pb(message)
-    if entry_type is EntryType.GRANT:
+    if entry_type is RecordType.GRANT:
         assert isinstance(message, pb.GrantRecordPB)
         return grant_from_pb(message)
-    if entry_type is EntryType.JOIN_CREDENTIAL_USE:
+    if entry_type is RecordType.JOIN_CREDENTIAL_USE:
         assert isinstance(message, pb.JoinCredentialUseRecordPB)
         return join_use_from_pb(message)
     assert isinstance(message, pb.TokenSigningKeyRecordPB)
     return tsk_from_pb(message)
 
 
-def record_message(entry_type: EntryType) -> type[RecordPB]:
+def record_message(entry_type: RecordType) -> type[RecordPB]:
     """The protobuf message class of an entry type's records."""
     return _MESSAGE[entry_type]
 
 
-def record_field(entry_type: EntryType) -> str:
+def record_field(entry_type: RecordType) -> str:
     """The oneof field name carrying an entry type's records."""
     return _FIELD[entry_type]
 
 
-def entry_type_of_field(name: str) -> EntryType:
+def entry_type_of_field(name: str) -> RecordType:
     return _ENTRY_OF_FIELD[name]
 
 
@@ -741,8 +741,8 @@ def key_to_pb(key: RowKey) -> pb.CatalogKeyPB:
 
 
 def key_from_pb(p: pb.CatalogKeyPB, path: str = "key") -> RowKey:
-    entry_type = _enum(EntryType, p.entry_type, f"{path}.entry_type")
-    assert isinstance(entry_type, EntryType)
+    entry_type = _enum(RecordType, p.entry_type, f"{path}.entry_type")
+    assert isinstance(entry_type, RecordType)
     if not p.entry_id:
         raise InvalidArgument(f"{path}.entry_id: missing")
     return RowKey(entry_type, p.entry_id)

@@ -23,9 +23,9 @@ from service.common.tokens import Privilege
 from service.master.catalog_records import (
     CatalogWrite,
     Delete,
-    EntryType,
     GrantRecord,
     Precondition,
+    RecordType,
     RequestId,
     RowKey,
     RowOp,
@@ -79,7 +79,7 @@ def grant_pb(table_id: str, table_name: str, user: str, held: Iterable[Privilege
 
 
 def _key(table_id: str, user: str) -> RowKey:
-    return RowKey(EntryType.GRANT, grant_entry_id(table_id, user))
+    return RowKey(RecordType.GRANT, grant_entry_id(table_id, user))
 
 
 def grant_change_write(

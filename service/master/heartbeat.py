@@ -40,9 +40,9 @@ from service.common.ids import NodeId, TabletId, validate_uuid
 from service.master.catalog_manager import CatalogManager
 from service.master.catalog_records import ConsensusState, consensus_state_from_pb
 from service.master.report_processing import (
-    ReplicaState,
     ReportAction,
     ReportedRole,
+    ReportedState,
     ReportedTablet,
     ReportPlan,
 )
@@ -311,7 +311,7 @@ def decode_report(report: pb.TabletReportPB) -> list[ReportedTablet]:
         except InvalidArgument as e:
             raise InvalidArgument(f"{path}.tablet_id: {e.message}") from None
         try:
-            state = ReplicaState(t.state)
+            state = ReportedState(t.state)
         except ValueError:
             raise InvalidArgument(f"{path}.state: unknown replica state {t.state}") from None
         try:

@@ -60,10 +60,10 @@ from service.master.catalog_info import CatalogMaps
 from service.master.catalog_records import (
     CatalogWrite,
     ConsensusState,
-    EntryType,
     MemberType,
     Precondition,
     RaftPeer,
+    RecordType,
     RowKey,
     RowOp,
     TableRecord,
@@ -77,12 +77,12 @@ __all__ = [
     "REPORT_OPERATION",
     "AlterReplica",
     "ChangeReplicaConfig",
-    "ConfigChange",
+    "ConfigChangeType",
     "DeleteReplica",
-    "ReplicaState",
     "ReportAction",
     "ReportPlan",
     "ReportedRole",
+    "ReportedState",
     "ReportedTablet",
     "TabletDecision",
     "confirms",
@@ -94,7 +94,7 @@ __all__ = [
 REPORT_OPERATION = "TabletReport"
 
 
-class ReplicaState(enum.Enum):
+class ReportedState(enum.Enum):
     """A replica's state on its server (master.proto's ReplicaStatePB, by name)."""
 
     UNKNOWN = 0
@@ -122,7 +122,7 @@ class ReportedTablet:
     """One replica as its server reported it (ReportedTabletPB, decoded and validated)."""
 
     tablet_id: TabletId
-    state: ReplicaState
+    state: ReportedState
     role: ReportedRole
     consensus: ConsensusState | None
     """The replica's COMMITTED consensus state (current term, leader, committed config); None
@@ -155,7 +155,7 @@ class AlterReplica:
     schema_version: int
 
 
-class ConfigChange(enum.Enum):
+class ConfigChangeType(enum.Enum):
     """tserver.proto's ChangeConfigRequestPB.ChangeType, by name."""
 
     ADD_PEER = 1
@@ -170,7 +170,7 @@ class ChangeReplicaConfig:
 
     tablet_id: TabletId
     leader: NodeId
-    change: ConfigChange
+    change: ConfigChangeType
     peer: RaftPeer
     cas_config_opid_index: int
     reason: str
@@ -254,7 +254,7 @@ def is_leader_report(reporter: str, reported: ReportedTablet) -> bool:
     """The reporter says it leads its committed config (step 3 of the module docstring). A
     FAILED replica never does: its Raft loop stopped in whatever role it had."""
     cs = reported.consensus
-    if reported.state is ReplicaState.FAILED:
+    if reported.state is ReportedState.FAILED:
         return False
     if reported.role is not ReportedRole.LEADER or cs is None or cs.leader_uuid != reporter:
         return False
@@ -318,7 +318,7 @@ def decide(
     if (
         cs is not None
         and cs.peer(reporter) is None
-        and reported.state is not ReplicaState.TOMBSTONED
+        and reported.state is not ReportedState.TOMBSTONED
         and (rcs is None or rcs.config_index <= cs.config_index)
     ):
         actions.append(
@@ -401,7 +401,7 @@ def plan_report(
         actions.extend(d.actions)
         if d.update is not None and info is not None:
             ops.append(Update(d.update))
-            expected.append(Precondition(RowKey(EntryType.TABLET, info.tablet_id), info.version))
+            expected.append(Precondition(RowKey(RecordType.TABLET, info.tablet_id), info.version))
             updated.append(info.tablet_id)
             new_records[info.tablet_id] = d.update
     tables_done: list[TableId] = []
@@ -417,7 +417,7 @@ def plan_report(
             if new_records.get(t.tablet_id, t.record).state is TabletState.RUNNING
         ):
             ops.append(Update(replace(rec, state=TableState.RUNNING, fully_applied_schema=None)))
-            expected.append(Precondition(RowKey(EntryType.TABLE, table_id), table_info.version))
+            expected.append(Precondition(RowKey(RecordType.TABLE, table_id), table_info.version))
             tables_done.append(table_id)
     write = (
         CatalogWrite(ops=tuple(ops), expected=tuple(expected), operation=REPORT_OPERATION)

@@ -52,9 +52,9 @@ from service.master.catalog_records import (
 from service.master.placement_policy import ServerLoad, choose_replacement
 from service.master.report_processing import (
     ChangeReplicaConfig,
-    ConfigChange,
+    ConfigChangeType,
     DeleteReplica,
-    ReplicaState,
+    ReportedState,
     ReportedTablet,
 )
 
@@ -76,12 +76,12 @@ class FailedReplicas:
         """Record one report of `server`; True if it names a FAILED replica not known before
         (re-replication has new work)."""
         reported = list(reported)
-        failed = frozenset(r.tablet_id for r in reported if r.state is ReplicaState.FAILED)
+        failed = frozenset(r.tablet_id for r in reported if r.state is ReportedState.FAILED)
         before = self._by_server.get(server, frozenset())
         if full:
             now = failed
         else:
-            others = {r.tablet_id for r in reported if r.state is not ReplicaState.FAILED}
+            others = {r.tablet_id for r in reported if r.state is not ReportedState.FAILED}
             now = (before - others) | failed
         if now:
             self._by_server[server] = now
@@ -160,7 +160,7 @@ def plan_rereplication(
             return ChangeReplicaConfig(
                 tid,
                 leader,
-                ConfigChange.REMOVE_PEER,
+                ConfigChangeType.REMOVE_PEER,
                 p,
                 cs.config_index,
                 f"non-voter {p.uuid} of tablet {tid} failed",
@@ -171,7 +171,7 @@ def plan_rereplication(
             return ChangeReplicaConfig(
                 tid,
                 leader,
-                ConfigChange.REMOVE_PEER,
+                ConfigChangeType.REMOVE_PEER,
                 victim,
                 cs.config_index,
                 f"voter {victim.uuid} of tablet {tid} failed and {len(voters)} voters exceed "
@@ -191,7 +191,7 @@ def plan_rereplication(
     return ChangeReplicaConfig(
         tid,
         leader,
-        ConfigChange.ADD_PEER,
+        ConfigChangeType.ADD_PEER,
         peer,
         cs.config_index,
         f"voter {failed_voters[0].uuid} of tablet {tid} failed: adding {chosen} "

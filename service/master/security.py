@@ -65,9 +65,9 @@ from service.master.catalog_records import (
     CatalogWrite,
     CertAuthorityRecord,
     Delete,
-    EntryType,
     Insert,
     Precondition,
+    RecordType,
     RowKey,
     RowOp,
     TokenSigningKeyRecord,
@@ -272,7 +272,7 @@ class TokenSigningKeys:
 
 
 def _tsk_key(key_seq: int) -> RowKey:
-    return RowKey(EntryType.TOKEN_SIGNING_KEY, tsk_entry_id(key_seq))
+    return RowKey(RecordType.TOKEN_SIGNING_KEY, tsk_entry_id(key_seq))
 
 
 def tsk_write(

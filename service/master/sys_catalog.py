@@ -103,10 +103,10 @@ from service.common.errors import (
 from service.master.catalog_records import (
     CA_ENTRY_ID,
     CertAuthorityRecord,
-    EntryType,
     GrantRecord,
     JoinCredentialUseRecord,
     Record,
+    RecordType,
     RequestId,
     RowKey,
     TableRecord,
@@ -241,7 +241,7 @@ class SysCatalogState:
         max_results_per_client: int = DEFAULT_MAX_RESULTS_PER_CLIENT,
     ) -> None:
         self._requests = RequestTable(request_retention_entries, max_results_per_client)
-        self._rows: dict[EntryType, dict[str, Row[Record]]] = {t: {} for t in EntryType}
+        self._rows: dict[RecordType, dict[str, Row[Record]]] = {t: {} for t in RecordType}
         self._data: dict[RowKey, bytes] = {}
         self._tablets_by_table: dict[str, set[str]] = {}
         self._live_starts: dict[str, list[tuple[bytes, str]]] = {}
@@ -374,7 +374,7 @@ class SysCatalogState:
 
     def tables(self, *, include_removed: bool = True) -> list[Row[TableRecord]]:
         """Tables by id; REMOVED ones too unless `include_removed` is false."""
-        rows = cast(list[Row[TableRecord]], self._of_type(EntryType.TABLE))
+        rows = cast(list[Row[TableRecord]], self._of_type(RecordType.TABLE))
         return [r for r in rows if include_removed or not r.record.is_removed]
 
     def table(self, table_id: str) -> Row[TableRecord] | None:
@@ -397,39 +397,39 @@ class SysCatalogState:
 
     def all_tablets(self) -> list[Row[TabletRecord]]:
         """Every tablet row (deleted and replaced ones included), by tablet id."""
-        return cast(list[Row[TabletRecord]], self._of_type(EntryType.TABLET))
+        return cast(list[Row[TabletRecord]], self._of_type(RecordType.TABLET))
 
     def cert_authority(self) -> Row[CertAuthorityRecord] | None:
-        row = self._rows[EntryType.CERT_AUTHORITY].get(CA_ENTRY_ID)
+        row = self._rows[RecordType.CERT_AUTHORITY].get(CA_ENTRY_ID)
         return cast(Row[CertAuthorityRecord] | None, row)
 
     def signing_keys(self) -> list[Row[TokenSigningKeyRecord]]:
         """Token signing keys by key_seq (expired ones included until purged)."""
-        return cast(list[Row[TokenSigningKeyRecord]], self._of_type(EntryType.TOKEN_SIGNING_KEY))
+        return cast(list[Row[TokenSigningKeyRecord]], self._of_type(RecordType.TOKEN_SIGNING_KEY))
 
     def grant(self, table_id: str, user: str) -> Row[GrantRecord] | None:
         """What `user` holds on table `table_id`, if anything."""
-        row = self._rows[EntryType.GRANT].get(grant_entry_id(table_id, user))
+        row = self._rows[RecordType.GRANT].get(grant_entry_id(table_id, user))
         return cast(Row[GrantRecord] | None, row)
 
     def grants(self) -> list[Row[GrantRecord]]:
         """Every grant, by (table id, user)."""
-        return cast(list[Row[GrantRecord]], self._of_type(EntryType.GRANT))
+        return cast(list[Row[GrantRecord]], self._of_type(RecordType.GRANT))
 
     def grants_of(self, table_id: str) -> list[Row[GrantRecord]]:
         """The grants on one table, by user."""
-        rows = self._rows[EntryType.GRANT]
+        rows = self._rows[RecordType.GRANT]
         prefix = grant_entry_id(table_id, "")
         return cast(list[Row[GrantRecord]], [rows[i] for i in sorted(rows) if i.startswith(prefix)])
 
     def join_credential_use(self, credential_sha256: str) -> Row[JoinCredentialUseRecord] | None:
         """The enrollment a join credential made, if it made one (docs/design/security.md#R10)."""
-        row = self._rows[EntryType.JOIN_CREDENTIAL_USE].get(credential_sha256)
+        row = self._rows[RecordType.JOIN_CREDENTIAL_USE].get(credential_sha256)
         return cast(Row[JoinCredentialUseRecord] | None, row)
 
     def join_credential_uses(self) -> list[Row[JoinCredentialUseRecord]]:
         """Every used join credential not purged yet, by fingerprint."""
-        rows = self._of_type(EntryType.JOIN_CREDENTIAL_USE)
+        rows = self._of_type(RecordType.JOIN_CREDENTIAL_USE)
         return cast(list[Row[JoinCredentialUseRecord]], rows)
 
     def remembered(self, client_id: str, seq_no: int) -> RememberedResult | None:
@@ -511,7 +511,7 @@ class SysCatalogState:
                 raise AlreadyExists(f"{key} already exists (version {old.version})")
             if op.kind in (pb.CatalogRowOpPB.UPDATE, pb.CatalogRowOpPB.DELETE) and old is None:
                 raise NotFound(f"{key} does not exist")
-            if record is None and key.entry_type in (EntryType.TABLE, EntryType.TABLET):
+            if record is None and key.entry_type in (RecordType.TABLE, RecordType.TABLET):
                 raise FailedPrecondition(
                     f"{key} cannot be deleted: table and tablet records are kept forever "
                     "(docs/design/catalog.md#R8); mark it REMOVED or DELETED instead"
@@ -716,18 +716,18 @@ class SysCatalogState:
     def _get(self, key: RowKey) -> Row[Record] | None:
         return self._rows[key.entry_type].get(key.entry_id)
 
-    def _of_type(self, entry_type: EntryType) -> list[Row[Record]]:
+    def _of_type(self, entry_type: RecordType) -> list[Row[Record]]:
         rows = self._rows[entry_type]
         return [rows[i] for i in sorted(rows)]
 
     def _sorted_rows(self) -> list[Row[Record]]:
-        return [row for t in sorted(EntryType, key=lambda t: t.value) for row in self._of_type(t)]
+        return [row for t in sorted(RecordType, key=lambda t: t.value) for row in self._of_type(t)]
 
     def _table(self, table_id: str) -> Row[TableRecord] | None:
-        return cast(Row[TableRecord] | None, self._rows[EntryType.TABLE].get(table_id))
+        return cast(Row[TableRecord] | None, self._rows[RecordType.TABLE].get(table_id))
 
     def _tablet(self, tablet_id: str) -> Row[TabletRecord] | None:
-        return cast(Row[TabletRecord] | None, self._rows[EntryType.TABLET].get(tablet_id))
+        return cast(Row[TabletRecord] | None, self._rows[RecordType.TABLET].get(tablet_id))
 
 
 _LIVE_TABLET_STATES = frozenset({TabletState.PREPARING, TabletState.CREATING, TabletState.RUNNING})

@@ -70,7 +70,7 @@ from service.master.catalog_records import (
     Update,
 )
 from service.master.catalog_settings import CatalogSettings
-from service.master.report_processing import ReplicaState, ReportedRole, ReportedTablet
+from service.master.report_processing import ReportedRole, ReportedState, ReportedTablet
 from service.master.sys_catalog import ApplyResult, SysCatalogState
 from service.master.ts_descriptor import NodeInstance, TSRegistration
 from service.master.ts_manager import TSManager
@@ -1138,7 +1138,7 @@ def test_concurrent_reports_of_an_altering_tables_tablets_end_the_alter() -> Non
             assert rec.consensus is not None and rec.consensus.leader_uuid is not None
             leader = rec.consensus.leader_uuid
             reported = ReportedTablet(
-                rec.tablet_id, ReplicaState.RUNNING, ReportedRole.LEADER, rec.consensus, 1
+                rec.tablet_id, ReportedState.RUNNING, ReportedRole.LEADER, rec.consensus, 1
             )
             reports.append((NodeId(leader), [reported]))
         assert len(reports) == 2

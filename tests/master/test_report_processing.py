@@ -26,8 +26,8 @@ from service.master.report_processing import (
     REPORT_OPERATION,
     AlterReplica,
     DeleteReplica,
-    ReplicaState,
     ReportedRole,
+    ReportedState,
     ReportedTablet,
     decide,
 )
@@ -77,7 +77,7 @@ def rep(
     consensus: ConsensusState | None,
     *,
     schema: int = 2,
-    state: ReplicaState = ReplicaState.RUNNING,
+    state: ReportedState = ReportedState.RUNNING,
 ) -> ReportedTablet:
     return ReportedTablet(X, state, role, consensus, schema)
 
@@ -125,12 +125,12 @@ CASES = [
      None, []),
     ("evicted and already tombstoned: nothing", replace(RUNNING,
      consensus=cs(2, "ts-0", 5, NEW_PEERS)), TABLE, "ts-2",
-     rep(FOLLOWER, cs(1, "ts-0"), state=ReplicaState.TOMBSTONED), None, []),
+     rep(FOLLOWER, cs(1, "ts-0"), state=ReportedState.TOMBSTONED), None, []),
     ("a FAILED replica claiming to lead a newer term: nothing learned from it", RUNNING,
-     TABLE, "ts-1", rep(LEADER, cs(2, "ts-1"), state=ReplicaState.FAILED), None, []),
+     TABLE, "ts-1", rep(LEADER, cs(2, "ts-1"), state=ReportedState.FAILED), None, []),
     ("evicted FAILED replica: TOMBSTONED with cas", replace(RUNNING,
      consensus=cs(2, "ts-0", 5, NEW_PEERS)), TABLE, "ts-2",
-     rep(ReportedRole.UNKNOWN, None, state=ReplicaState.FAILED), None,
+     rep(ReportedRole.UNKNOWN, None, state=ReportedState.FAILED), None,
      ["tombstone ts-2 cas 5"]),
     ("leader on an old schema: AlterSchema, version recorded", replace(RUNNING,
      reported_schema_version=0), TABLE, "ts-0", rep(LEADER, cs(1, "ts-0"), schema=1),
@@ -228,7 +228,7 @@ def _leader_reports(env: object, table_id: str, schema: int = 0) -> dict[str, li
         for p in rec.consensus.peers:
             role = LEADER if p.uuid == leader else FOLLOWER
             out.setdefault(p.uuid, []).append(
-                ReportedTablet(rec.tablet_id, ReplicaState.RUNNING, role, c, schema)
+                ReportedTablet(rec.tablet_id, ReportedState.RUNNING, role, c, schema)
             )
     return out
 
@@ -310,7 +310,7 @@ def test_a_failed_replication_changes_nothing_and_raises() -> None:
 def test_orphans_are_listed_and_left_alone() -> None:
     async def main() -> None:
         env = make_env()
-        orphan = ReportedTablet(TabletId("f" * 32), ReplicaState.RUNNING, LEADER, cs(1, "ts-0"), 0)
+        orphan = ReportedTablet(TabletId("f" * 32), ReportedState.RUNNING, LEADER, cs(1, "ts-0"), 0)
         plan = await env.cm.process_report(NodeId("ts-0"), [orphan])
         assert plan.write is None and plan.actions == () and plan.orphans == (orphan.tablet_id,)
 
@@ -321,7 +321,7 @@ def test_failed_replicas_are_noted_by_the_loaded_leader_only_and_wake_its_tasks(
     env = make_env(load=False)
     woken: list[int] = []
     env.cm.add_work_listener(lambda: woken.append(1))
-    failed = [ReportedTablet(X, ReplicaState.FAILED, ReportedRole.UNKNOWN, None)]
+    failed = [ReportedTablet(X, ReportedState.FAILED, ReportedRole.UNKNOWN, None)]
     env.cm.note_replica_states(NodeId("ts-1"), failed, full=True)
     assert len(env.cm.failed_replicas) == 0 and not woken  # not the leader: nothing kept
     env.cm.load()

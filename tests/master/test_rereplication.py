@@ -11,9 +11,9 @@ from service.common.ids import NodeId, TabletId
 from service.master.catalog_records import ConsensusState, MemberType, RaftPeer, TabletState
 from service.master.placement_policy import ServerLoad
 from service.master.report_processing import (
-    ConfigChange,
-    ReplicaState,
+    ConfigChangeType,
     ReportedRole,
+    ReportedState,
     ReportedTablet,
 )
 from service.master.rereplication import FailedReplicas, plan_failed_cleanup, plan_rereplication
@@ -43,7 +43,7 @@ def plan(t, failed=("ts-2",), servers=SERVERS):  # type: ignore[no-untyped-def]
 
 def test_failed_voter_gets_a_non_voter_to_promote_with_cas() -> None:
     a = plan(tablet("ts-0", "ts-1", "ts-2"))
-    assert a is not None and a.change is ConfigChange.ADD_PEER
+    assert a is not None and a.change is ConfigChangeType.ADD_PEER
     assert a.leader == "ts-0" and a.cas_config_opid_index == 4
     assert a.peer.member_type is MemberType.NON_VOTER and a.peer.promote
     assert a.peer.uuid == "ts-3"  # live, not a peer, fewest replicas
@@ -55,13 +55,13 @@ def test_wait_while_the_replacement_catches_up() -> None:
 
 def test_remove_the_failed_voter_once_the_replacement_is_a_voter() -> None:
     a = plan(tablet("ts-0", "ts-1", "ts-2", "ts-3", index=6))
-    assert a is not None and a.change is ConfigChange.REMOVE_PEER
+    assert a is not None and a.change is ConfigChangeType.REMOVE_PEER
     assert a.peer.uuid == "ts-2" and a.cas_config_opid_index == 6
 
 
 def test_a_failed_non_voter_is_removed() -> None:
     a = plan(tablet("ts-0", "ts-1", "ts-3", "+ts-2"))
-    assert a is not None and a.change is ConfigChange.REMOVE_PEER and a.peer.uuid == "ts-2"
+    assert a is not None and a.change is ConfigChangeType.REMOVE_PEER and a.peer.uuid == "ts-2"
 
 
 def test_nothing_without_a_live_leader_or_for_healthy_or_non_running_tablets() -> None:
@@ -78,7 +78,7 @@ def test_nothing_when_no_live_server_is_free() -> None:
 # --- FAILED replicas: replaced at once, then tombstoned ---------------------------------------
 
 
-def reported(tablet_id: str, state: ReplicaState) -> ReportedTablet:
+def reported(tablet_id: str, state: ReportedState) -> ReportedTablet:
     return ReportedTablet(TabletId(tablet_id), state, ReportedRole.UNKNOWN, None)
 
 
@@ -86,15 +86,15 @@ def test_a_replica_reported_failed_is_replaced_at_once_by_a_server_that_is_alive
     known = FailedReplicas()
     t = tablet("ts-0", "ts-1", "ts-3")  # every server alive: nothing to evict for death
     assert plan(t, failed=()) is None
-    assert known.note_report("ts-3", [reported(t.tablet_id, ReplicaState.FAILED)], full=True)
+    assert known.note_report("ts-3", [reported(t.tablet_id, ReportedState.FAILED)], full=True)
     a = plan(t, failed=known.servers_of(t.tablet_id))
-    assert a is not None and a.change is ConfigChange.ADD_PEER and a.peer.uuid == "ts-4"
+    assert a is not None and a.change is ConfigChangeType.ADD_PEER and a.peer.uuid == "ts-4"
     assert "voter ts-3 of tablet" in a.reason
 
 
 def test_failed_replicas_follow_full_and_incremental_reports() -> None:
     known = FailedReplicas()
-    up, down, gone = ReplicaState.RUNNING, ReplicaState.FAILED, ReplicaState.TOMBSTONED
+    up, down, gone = ReportedState.RUNNING, ReportedState.FAILED, ReportedState.TOMBSTONED
     # A full report: its FAILED replicas, and new work (True).
     assert known.note_report("ts-1", [reported("t1", down), reported("t2", up)], full=True)
     assert known.servers_of("t1") == {"ts-1"} and not known.servers_of("t2") and len(known) == 1

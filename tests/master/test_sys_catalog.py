@@ -24,12 +24,12 @@ from service.master.catalog_records import (
     CertAuthorityRecord,
     ConsensusState,
     Delete,
-    EntryType,
     HostPort,
     Insert,
     MemberType,
     Precondition,
     RaftPeer,
+    RecordType,
     RequestId,
     RowKey,
     RowOp,
@@ -541,11 +541,11 @@ def test_cert_authority_and_signing_keys() -> None:
     assert code == "ALREADY_EXISTS"
     # Expired keys are purged.
     apply_ok(
-        state, 3, CatalogWrite(ops=(Delete(RowKey(EntryType.TOKEN_SIGNING_KEY, tsk_entry_id(3))),))
+        state, 3, CatalogWrite(ops=(Delete(RowKey(RecordType.TOKEN_SIGNING_KEY, tsk_entry_id(3))),))
     )
     assert [r.record.key_seq for r in state.signing_keys()] == [12, 100]
     code, _ = refusal_of(
-        state, 4, CatalogWrite(ops=(Delete(RowKey(EntryType.TOKEN_SIGNING_KEY, tsk_entry_id(3))),))
+        state, 4, CatalogWrite(ops=(Delete(RowKey(RecordType.TOKEN_SIGNING_KEY, tsk_entry_id(3))),))
     )
     assert code == "NOT_FOUND"
 
@@ -728,8 +728,8 @@ def test_listeners_see_applied_writes_and_restores() -> None:
     remove()
     apply_ok(state, 3, CatalogWrite())
     assert seen == [first, Restored(2)]
-    assert [r.key.entry_type for r in first.written] == [EntryType.TABLE] + [
-        EntryType.TABLET
+    assert [r.key.entry_type for r in first.written] == [RecordType.TABLE] + [
+        RecordType.TABLET
     ] * len(tablets)
 
 
