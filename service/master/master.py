@@ -643,14 +643,20 @@ class MasterServer:
         (`report_processing`, step 3): one GetConsensusState per server, all at once, each at
         the address that server registered itself (never one the claim names, which the
         claimant wrote). The answers that confirm their claim, by tablet."""
-        ts, proxy = self.ts_manager, self.proxy
-        if ts is None or proxy is None:
+        ts, proxy, catalog = self.ts_manager, self.proxy, self.catalog
+        if ts is None or proxy is None or catalog is None:
             return {}
         asks: dict[str, list[TabletId]] = {}
         for tablet_id, cs in claims:
-            for peer in cs.peers:
-                if peer.member_type is MemberType.VOTER and peer.uuid != reporter:
-                    asks.setdefault(peer.uuid, []).append(tablet_id)
+            # The claim's other voters, and the recorded config's (who saw what came before:
+            # the only ones left to ask when the claim names the reporter alone).
+            info = catalog.maps.tablets_by_id.get(tablet_id)
+            recorded = info.record.consensus if info is not None else None
+            peers = [*cs.peers, *(recorded.peers if recorded is not None else ())]
+            for uuid in dict.fromkeys(
+                p.uuid for p in peers if p.member_type is MemberType.VOTER and p.uuid != reporter
+            ):
+                asks.setdefault(uuid, []).append(tablet_id)
 
         async def ask(uuid: str, tablets: list[TabletId]) -> dict[str, ConsensusState]:
             address = ts.rpc_address(uuid)
@@ -669,7 +675,7 @@ class MasterServer:
         for answers in await asyncio.gather(*(ask(u, t) for u, t in asks.items())):
             for answered, cs in answers.items():
                 tid = TabletId(answered)
-                if tid in claimed and confirms(cs, claimed[tid]):
+                if tid in claimed and confirms(cs, claimed[tid], reporter):
                     out[tid] = cs
         return out
 

@@ -21,14 +21,16 @@ multi-master audit):
      reported COMMITTED state (never the pending config) becomes the tablet's consensus state.
      A CREATING tablet so reported becomes RUNNING ("if t CREATING and has leader": RUNNING
      when its leader reports it).
-     A report that would change the tablet's VOTERS, or that comes from a server that is not a
-     voter of the recorded config, is a claim about other servers: one tablet server's
-     certificate (stolen, or a server gone bad) must not be enough to move a tablet's
-     membership, since step 4 then tombstones the replicas the claim left out. Such a report is
-     adopted only once another voter of the reported config confirms it (`needs_confirmation`;
-     the leader asks them with GetConsensusState, `confirmed` holds what they answered);
-     until then it is ignored and listed in the plan's `unconfirmed`, and the heartbeat does
-     not acknowledge the report, so the server sends it again.
+     A report that would ADD voters to the recorded config, or that comes from a server that
+     is not a recorded voter, is a claim about other servers: one tablet server's certificate
+     (stolen, or a server gone bad) must not be enough to move a tablet's membership, since
+     step 4 then tombstones the replicas the claim left out. Such a report is adopted only once
+     another voter (of the reported or the recorded config) confirms it with its own committed
+     config: the same one, or one the claim follows from by removals with the reporter a voter
+     in it (`needs_confirmation`, `confirms`; the leader asks them with GetConsensusState,
+     `confirmed` holds what they answered). Until then it is ignored and listed in the plan's
+     `unconfirmed`, and the heartbeat does not acknowledge the report, so the server sends it
+     again. A recorded voter's report of the same voters or fewer needs no confirmation.
   4. The reporter is not a peer of the newest committed config the master knows (it was
      evicted), its replica is not already tombstoned, and its own committed config is not newer
      than the master's: DeleteTablet(TABLET_DATA_TOMBSTONED) with `cas_config_opid_index` = the
@@ -227,27 +229,39 @@ def _voters(cs: ConsensusState) -> frozenset[str]:
     return frozenset(p.uuid for p in cs.peers if p.member_type is MemberType.VOTER)
 
 
+def _follows(reporter: str, claim: ConsensusState, base: ConsensusState) -> bool:
+    """`claim` can only have come from `base` by removing voters (or by none), and its
+    reporter is a voter of `base`: it names no server `base` did not already trust."""
+    voters = _voters(base)
+    return (
+        reporter in voters and _voters(claim) <= voters and claim.config_index >= base.config_index
+    )
+
+
 def needs_confirmation(
     reporter: str, reported: ConsensusState, recorded: ConsensusState | None
 ) -> bool:
-    """A leader report that changes the recorded voters, or whose reporter is not a recorded
-    voter, claims something about other servers (module docstring, step 3). A tablet with no
-    recorded config has none to protect."""
+    """A leader report that adds voters to the recorded config, or whose reporter is not a
+    recorded voter, claims something about other servers (module docstring, step 3). A new
+    leader of the same voters, or a config that only removed voters, reported by a recorded
+    voter, needs nobody's word (a bad member could shrink its tablets' configs, but it holds
+    their data already). A tablet with no recorded config has none to protect."""
     if recorded is None:
         return False
-    voters = _voters(recorded)
-    return reporter not in voters or _voters(reported) != voters
+    return not _follows(reporter, reported, recorded)
 
 
-def confirms(answer: ConsensusState | None, claim: ConsensusState) -> bool:
+def confirms(answer: ConsensusState | None, claim: ConsensusState, reporter: str) -> bool:
     """Another voter's own committed consensus state `answer` confirms `claim`: the same
-    config (op index and voters). Its term may differ (it may not have heard of the latest
-    election yet); a newer config makes the claim stale, not confirmed."""
-    return (
-        answer is not None
-        and answer.config_index == claim.config_index
-        and _voters(answer) == _voters(claim)
-    )
+    config (op index and voters), or one the claim follows from by removals with the reporter
+    a voter of it (the voter saw the reporter added, and the claim removed voters since: a
+    replica moved off a one-replica tablet is reported as the new replica alone, and nobody
+    else is left in its config to ask). Its term may differ (it may not have heard of the
+    latest election yet)."""
+    if answer is None:
+        return False
+    same = answer.config_index == claim.config_index and _voters(answer) == _voters(claim)
+    return same or _follows(reporter, claim, answer)
 
 
 def is_leader_report(reporter: str, reported: ReportedTablet) -> bool:
@@ -299,7 +313,7 @@ def decide(
         elif (
             (known is None or not _same(rcs, known))
             and needs_confirmation(reporter, rcs, known)
-            and not confirms(confirmed, rcs)
+            and not confirms(confirmed, rcs, reporter)
         ):
             leader = False
             unconfirmed = rcs

@@ -167,13 +167,25 @@ def test_a_membership_claim_is_adopted_once_another_voter_confirms_it() -> None:
     d = decide(NodeId("ts-0"), report, RUNNING, TABLE, cs(1, "ts-0", 5, NEW_PEERS))
     assert d.update is not None and d.update.consensus is not None and d.unconfirmed is None
     assert tuple(p.uuid for p in d.update.consensus.peers) == ("ts-0", "ts-1", "ts-3")
-    # Another index, or other voters: no confirmation.
-    for answer in (cs(2, "ts-0", 4, NEW_PEERS), cs(2, "ts-0", 5, PEERS), None):
+    # A voter that does not know ts-3 as a voter, or no answer: no confirmation.
+    for answer in (cs(2, "ts-0", 5, PEERS), cs(2, "ts-0", 6, PEERS), None):
         d = decide(NodeId("ts-0"), report, RUNNING, TABLE, answer)
         assert d.update is None and d.unconfirmed == claim
-    # The same voters from a recorded voter (a new leader, a new term): no question asked.
+    # The same voters from a recorded voter (a new leader, a new term), or a config that only
+    # removed voters: no question asked (it names no server the master did not trust).
     d = decide(NodeId("ts-1"), rep(LEADER, cs(2, "ts-1")), RUNNING, TABLE)
     assert d.update is not None and d.unconfirmed is None
+    d = decide(NodeId("ts-0"), rep(LEADER, cs(2, "ts-0", 5, PEERS[:2])), RUNNING, TABLE)
+    assert d.update is not None and d.unconfirmed is None
+    # A one-replica tablet moved from ts-0 to ts-3 is reported by ts-3 alone, with nobody else
+    # in its config: ts-0, the recorded voter, saw ts-3 added, which confirms the claim.
+    one = replace(RUNNING, consensus=cs(1, "ts-0", 3, PEERS[:1]))
+    moved = cs(3, "ts-3", 7, (RaftPeer(NodeId("ts-3"), MemberType.VOTER),))
+    d = decide(NodeId("ts-3"), rep(LEADER, moved), one, TABLE)
+    assert d.update is None and d.unconfirmed == moved
+    both = cs(2, "ts-0", 6, (PEERS[0], RaftPeer(NodeId("ts-3"), MemberType.VOTER)))
+    d = decide(NodeId("ts-3"), rep(LEADER, moved), one, TABLE, both)
+    assert d.update is not None and d.update.consensus == moved
 
 
 @pytest.mark.parametrize(
