@@ -226,8 +226,8 @@ def _one_case(
 def test_a_short_fixed_seed_campaign_finds_nothing(
     fuzz_cluster: FuzzCluster, tmp_path: Path
 ) -> None:
-    """150 cases of seed 1, about 3 rounds of every RPC, with nothing kept out (no known issue
-    is open: fuzz_guard.KNOWN_ISSUES)."""
+    """150 cases from the campaign's fixed first seed, about 3 rounds of every RPC, with nothing
+    kept out (fuzz_guard.KNOWN_ISSUES is empty)."""
     campaign, lines = _campaign(fuzz_cluster, tmp_path, skip_known=False)
     try:
         stats = campaign.run(150)
