@@ -151,6 +151,18 @@ def catalog_on_fleet(servers: int) -> tuple[CatalogManager, _Replicate]:
     return cm, rep
 
 
+async def mark_running(cm: CatalogManager, rep: _Replicate, table_id: str) -> None:
+    """Every tablet of the table RUNNING with a leader, as report processing would record it
+    (one write; also bench/master_promotion.py)."""
+    ops = []
+    for info in cm.maps.tables_by_id[table_id].tablets.values():  # type: ignore[index]
+        rec = info.record
+        assert rec.consensus is not None
+        cs = replace(rec.consensus, term=1, leader_uuid=rec.consensus.peers[0].uuid)
+        ops.append(Update(replace(rec, state=TabletState.RUNNING, consensus=cs)))
+    await rep(CatalogWrite(ops=tuple(ops)).encode(), 1.0)
+
+
 async def in_process(tablets: int, servers: int) -> tuple[CatalogManager, _Replicate, str]:
     cm, rep = catalog_on_fleet(servers)
     table_id = await cm.create_table("bench", SCHEMA, partitioning(tablets), 3, RequestId("b", 1))
@@ -165,14 +177,7 @@ async def entry_bytes(tablets: int) -> int:
 async def lookup_p99(tablets: int) -> float:
     cm, rep, table_id = await in_process(tablets, 30)
     await cm.assign_tablets(max_tablets=tablets)  # all in one round
-    # Every tablet RUNNING with a leader, as report processing would record it.
-    ops = []
-    for info in cm.maps.tables_by_id[table_id].tablets.values():  # type: ignore[index]
-        rec = info.record
-        assert rec.consensus is not None
-        cs = replace(rec.consensus, term=1, leader_uuid=rec.consensus.peers[0].uuid)
-        ops.append(Update(replace(rec, state=TabletState.RUNNING, consensus=cs)))
-    await rep(CatalogWrite(ops=tuple(ops)).encode(), 1.0)
+    await mark_running(cm, rep, table_id)
     keys = [t.partition.partition_key_start for t in cm.maps.tables_by_id[table_id].live_tablets()]  # type: ignore[index]
     ident = TableIdentifier.by_id(table_id)
     rng = random.Random(2)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import grpc
 
-from bench.master_bench import SCHEMA, partitioning
+from bench.master_bench import SCHEMA, partitioning, start_sim
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
@@ -208,29 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     sim = None
     try:
         cluster.start()
-        addresses = ",".join(cluster.addresses)
-        port_file = base / "sim.port"
-        sim = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "service.testing.ts_simulator",
-                "--masters",
-                addresses,
-                "--uuid",
-                "f",
-                "--count",
-                str(args.servers),
-                "--stagger",
-                "--port-file",
-                str(port_file),
-            ],
-            cwd=master_cluster.ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=(base / "sim.log").open("wb"),
-        )
-        while not port_file.exists():
-            time.sleep(0.1)
+        sim, _ = start_sim(list(cluster.addresses), "f", args.servers, base, stagger=True)
         time.sleep(3.0)
         first = build(cluster, args.tablets)[0]
         roots = [("this tree", master_cluster.ROOT)]

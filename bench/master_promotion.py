@@ -23,17 +23,13 @@ import argparse
 import asyncio
 import sys
 import time
-from dataclasses import replace
 
-from bench.master_bench import SCHEMA, catalog_on_fleet, partitioning
+from bench.master_bench import SCHEMA, catalog_on_fleet, mark_running, partitioning
 from service.common.ids import NodeId
 from service.master import heartbeat
 from service.master.catalog_manager import CatalogManager
 from service.master.catalog_records import (
-    CatalogWrite,
     RequestId,
-    TabletState,
-    Update,
     consensus_state_to_pb,
 )
 from service.pb import master_pb2 as pb
@@ -49,13 +45,7 @@ async def build(tablets: int, servers: int) -> CatalogManager:
             f"t{n}", SCHEMA, partitioning(count), 3, RequestId("b", n + 1)
         )
         await cm.assign_tablets(max_tablets=count)
-        ops = []
-        for info in cm.maps.tables_by_id[table_id].tablets.values():  # type: ignore[index]
-            rec = info.record
-            assert rec.consensus is not None
-            cs = replace(rec.consensus, term=1, leader_uuid=rec.consensus.peers[0].uuid)
-            ops.append(Update(replace(rec, state=TabletState.RUNNING, consensus=cs)))
-        await rep(CatalogWrite(ops=tuple(ops)).encode(), 1.0)
+        await mark_running(cm, rep, table_id)
         print(f"  .. {start + count} tablets", file=sys.stderr, flush=True)
     return cm
 
