@@ -27,7 +27,7 @@ A create that is not RUNNING within --create-timeout seconds ends the growth ear
 message (the failover figures are still measured on the catalog reached).
 
 Usage: python -m bench.scale_bench [--target 200000] [--servers 1000] [--table-tablets 10000]
-       [--shards 2] [--create-timeout 600] [--quick]
+       [--shards 2] [--create-timeout 600] [--quick] [--set KEY=VALUE ...]
        (--quick: --target 20000 --servers 100, a small run)
 """
 
@@ -355,7 +355,8 @@ async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:
         workdir = Path(tmp)
         procs: list[subprocess.Popen[bytes]] = []
-        with MasterCluster(workdir / "masters", 3, overrides=OVERRIDES) as cluster:
+        overrides = {**OVERRIDES, **dict(kv.split("=", 1) for kv in args.set)}
+        with MasterCluster(workdir / "masters", 3, overrides=overrides) as cluster:
             m = Masters(cluster)
             watcher: asyncio.Task[None] | None = None
             try:
@@ -403,7 +404,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=2, help="simulator processes")
     p.add_argument("--create-timeout", type=float, default=600.0, help="seconds per create")
     p.add_argument("--quick", action="store_true", help="20,000 tablets on 100 servers")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a master setting over the bench's (repeatable), to try a knob",
+    )
     args = p.parse_args(argv)
+    if any("=" not in kv for kv in args.set):
+        p.error("--set takes KEY=VALUE")
     if args.quick:
         args.target, args.servers = 20_000, 100
     if args.target < 1 or args.table_tablets < 1 or args.servers < 3:

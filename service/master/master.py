@@ -255,6 +255,11 @@ class MasterServer:
         )
         self._probe_task: asyncio.Task[None] | None = None
         self._addresses_pb: tuple[tuple[MasterPeer, ...], tuple[pb.HostPortPB, ...]] | None = None
+        self._follower_heartbeat_ms = min(
+            config.follower_heartbeat_interval_ms, config.unresponsive_timeout_ms // 4
+        )
+        """The pace a follower asks of tablet servers: it records liveness only, so a quarter
+        of the unresponsive timeout at most keeps its registry warm (docs/design/failover.md#R1)."""
         # Background tasks (module docstring): the proxy lives as long as the process.
         self.proxy: TServerProxy | None = None
         self.credentials: Credentials | None = None
@@ -634,6 +639,7 @@ class MasterServer:
             reports=self.report_gate,
             token_keys=self._token_keys_pb(),
             confirm_claims=self._confirm_claims,
+            heartbeat_interval_ms=0 if st.role is Role.LEADER else self._follower_heartbeat_ms,
         )
 
     async def _confirm_claims(

@@ -2114,6 +2114,7 @@ class TSHeartbeatResponsePB(_message.Message):
     ACKED_REPORT_SEQUENCE_NUMBER_FIELD_NUMBER: _builtins.int
     MASTER_ADDRESSES_FIELD_NUMBER: _builtins.int
     TOKEN_VERIFYING_KEYS_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     leader_master: _builtins.bool
     """followers record liveness only (docs/design/failover.md#R1)"""
     master_term: _builtins.int
@@ -2124,6 +2125,11 @@ class TSHeartbeatResponsePB(_message.Message):
     """The sequence number of the tablet report this heartbeat carried once the leader processed
     it; 0 when it did not (a follower, a failed or deferred write): the server sends the
     changes again.
+    """
+    heartbeat_interval_ms: _builtins.int
+    """How often this master wants the next heartbeats, in ms; 0: at the server's own interval.
+    A follower asks for fewer (it records liveness only, well inside its unresponsive timeout);
+    a server heartbeats no less often than its own interval (docs/design/failover.md#R1).
     """
     @_builtins.property
     def master_instance(self) -> Global___NodeInstancePB: ...
@@ -2146,10 +2152,11 @@ class TSHeartbeatResponsePB(_message.Message):
         acked_report_sequence_number: _builtins.int = ...,
         master_addresses: _abc.Iterable[Global___HostPortPB] | None = ...,
         token_verifying_keys: _abc.Iterable[Global___TokenVerifyingKeyPB] | None = ...,
+        heartbeat_interval_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["master_instance", b"master_instance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_report_sequence_number", b"acked_report_sequence_number", "leader_master", b"leader_master", "master_addresses", b"master_addresses", "master_instance", b"master_instance", "master_term", b"master_term", "needs_full_tablet_report", b"needs_full_tablet_report", "needs_reregister", b"needs_reregister", "token_verifying_keys", b"token_verifying_keys"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_report_sequence_number", b"acked_report_sequence_number", "heartbeat_interval_ms", b"heartbeat_interval_ms", "leader_master", b"leader_master", "master_addresses", b"master_addresses", "master_instance", b"master_instance", "master_term", b"master_term", "needs_full_tablet_report", b"needs_full_tablet_report", "needs_reregister", b"needs_reregister", "token_verifying_keys", b"token_verifying_keys"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

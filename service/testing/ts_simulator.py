@@ -274,6 +274,10 @@ class _MasterLink:
     seq: int = 0
     in_flight: bool = False
     """A heartbeat on this link has not been answered yet (stagger mode sends no other)."""
+    asked_interval_s: float = 0.0
+    """The pace this link's master last asked for (a follower's is slower; 0: the fleet's)."""
+    next_due: float = 0.0
+    """Monotonic time before which a slow-paced follower link is not heartbeated."""
 
 
 @dataclass
@@ -769,7 +773,14 @@ class FleetSimulator:
         the interval with `stagger`)."""
         self.rounds += 1
         self._promote_caught_up()
-        pairs = [(s, link) for s in self.servers.values() if s.up for link in s.links.values()]
+        now = time.monotonic()
+        pairs = [
+            (s, link)
+            for s in self.servers.values()
+            if s.up
+            for link in s.links.values()
+            if link.leader or now >= link.next_due
+        ]
         if not self.stagger:
             await asyncio.gather(*(self._heartbeat(s, link) for s, link in pairs))
             return
@@ -814,7 +825,9 @@ class FleetSimulator:
             self.heartbeats_failed += 1
             why = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
             self.heartbeat_errors[why] += 1
-            link.leader = False
+            if link.leader:
+                link.leader = False
+                _reprobe(s)
             if sent is not None:
                 link.dirty |= sent[1]
             log.debug("heartbeat %s -> %s failed: %s", s.uuid, link.address, why)
@@ -827,9 +840,19 @@ class FleetSimulator:
             self.recent_latencies.popleft()
         if len(self.heartbeat_latencies) > 200_000:
             del self.heartbeat_latencies[:100_000]
-        link.leader = resp.leader_master
+        was_leader, link.leader = link.leader, resp.leader_master
+        link.asked_interval_s = resp.heartbeat_interval_ms / 1000.0
+        if resp.master_term > s.highest_term or (was_leader and not link.leader):
+            _reprobe(s)  # leadership moved: every master now, as the real heartbeater
         if resp.leader_master and resp.master_term > s.highest_term:
             s.highest_term = resp.master_term
+        link.next_due = 0.0
+        if (
+            not link.leader
+            and link.asked_interval_s > self.heartbeat_interval_s
+            and any(other.leader for other in s.links.values())
+        ):
+            link.next_due = now + link.asked_interval_s - self.heartbeat_interval_s / 2
         if resp.needs_reregister:
             link.registered = False
             link.need_full = True
@@ -1100,6 +1123,13 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
     out += ["--stagger"] if args.stagger else []
     out += ["--pki", args.pki] if args.pki is not None else []
     return out
+
+
+def _reprobe(s: _Server) -> None:
+    """Leadership moved or was lost: every master of `s` is heartbeated next round, whatever
+    pace a follower asked for (service/tserver/heartbeater.py does the same)."""
+    for link in s.links.values():
+        link.next_due = 0.0
 
 
 def _answered(link: _MasterLink, _: asyncio.Task[None]) -> None:

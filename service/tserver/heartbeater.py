@@ -28,10 +28,14 @@ and counts as a failed heartbeat; the next heartbeat opens a new stream.
 
 Timing: every `heartbeat_interval_ms`; sooner (but at most every `MIN_GAP_S`) when a replica
 changed and this master is the leader, so a new tablet leader is reported within milliseconds,
-not a full interval. After `max_failures_before_backoff` consecutive failures the loop backs off
-exponentially up to 10 intervals; a higher master term in any answer wakes the backed-off
-loops at once (leadership moved, maybe to a master that just came back). A server that loses
-every master keeps serving data: nothing here gates the data path.
+not a full interval. A follower may ask for a slower pace in its answers
+(`heartbeat_interval_ms`, docs/design/failover.md#R1): it only records liveness, and most of a
+large fleet's heartbeats would otherwise go to followers. The slower pace holds only while
+another master is the known leader. After `max_failures_before_backoff` consecutive failures
+the loop backs off exponentially up to 10 intervals. A higher master term in any answer, or
+losing the leader (a failed heartbeat, or an answer as follower), wakes every other loop at
+once: leadership moved, maybe to a master heartbeated slowly or one that just came back. A
+server that loses every master keeps serving data: nothing here gates the data path.
 
 Membership (AddMaster/RemoveMaster): `master_addresses` from the configuration is only where
 the loops start. Every answer carries the masters of the answering master's latest config. A
@@ -132,6 +136,8 @@ class MasterView:
     last_ok: float = 0.0
     master_uuid: str = ""
     term: int = 0
+    asked_interval_s: float = 0.0
+    """The pace this master last asked for (a follower's is slower; 0: ours)."""
 
 
 class Heartbeater:
@@ -233,13 +239,29 @@ class Heartbeater:
             # Not awaited here (this runs inside a loop, possibly the one being stopped).
             asyncio.get_running_loop().create_task(lp.stop())
 
-    def _reprobe_backed_off(self, answered: MasterView) -> None:
-        """A new master term: leadership moved, perhaps to a master this server backed off
-        from while it restarted. Every backed-off loop tries its master now instead of waiting
-        out its backoff, so a new leader's registry fills within a heartbeat or two."""
+    def _reprobe_others(self, answered: MasterView) -> None:
+        """Leadership moved (a new master term) or the leader was lost: perhaps to a master
+        heartbeated at a follower's slow pace, or one this server backed off from while it
+        restarted. Every other loop tries its master now instead of waiting out its pace or
+        backoff, so the new leader hears from this server (and its reports) within a
+        heartbeat, and its registry fills."""
         for lp in self._loops.values():
-            if lp.view is not answered and lp.view.failures > self.max_failures:
+            if lp.view is not answered:
                 lp.wake.set()
+
+    def _delay(self, v: MasterView) -> float:
+        """Seconds until the next heartbeat to `v`'s master: our interval; a follower's slower
+        pace when it asked for one and another master is the known leader (without a known
+        leader every master is heartbeated at our interval, to find one); backed off after
+        repeated failures."""
+        delay = self.interval_s
+        if v.failures > self.max_failures:
+            return min(
+                self.interval_s * 2 ** (v.failures - self.max_failures), 10 * self.interval_s
+            )
+        if not v.is_leader and v.asked_interval_s > delay and self.leader_address() is not None:
+            delay = v.asked_interval_s
+        return delay
 
     def leader_address(self) -> str | None:
         for v in self.views:
@@ -269,7 +291,9 @@ class Heartbeater:
             except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as e:
                 v.failures += 1
                 v.failures_total += 1
-                v.is_leader = False
+                if v.is_leader:
+                    v.is_leader = False
+                    self._reprobe_others(v)
                 if v.failures == 1 or v.failures % 30 == 0:
                     why = from_grpc(e) if isinstance(e, grpc.aio.AioRpcError) else repr(e)
                     log.warning("heartbeat to %s failed (%d): %s", v.address, v.failures, why)
@@ -277,11 +301,7 @@ class Heartbeater:
                 v.failures += 1
                 v.failures_total += 1
                 log.exception("heartbeat to %s failed", v.address)
-            delay = self.interval_s
-            if v.failures > self.max_failures:
-                delay = min(
-                    self.interval_s * 2 ** (v.failures - self.max_failures), 10 * self.interval_s
-                )
+            delay = self._delay(v)
             wake.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, delay - (time.monotonic() - t0))):
@@ -323,10 +343,13 @@ class Heartbeater:
         if resp.master_term:
             v.term = resp.master_term
             if resp.master_term > self.highest_term():
-                self._reprobe_backed_off(v)
+                self._reprobe_others(v)
             self.on_master_term(resp.master_term)
         was_leader = v.is_leader
         v.is_leader = resp.leader_master
+        v.asked_interval_s = resp.heartbeat_interval_ms / 1000.0
+        if was_leader and not v.is_leader:
+            self._reprobe_others(v)
         if v.needs_register and req.HasField("registration"):
             v.needs_register = False
         acked_now = False
