@@ -10,7 +10,8 @@ Modules
                         TSManager, gRPC; leadership (load on election, unload on step-down)
     __main__            `python -m service.master`
     master_service      the Master RPC API: decode, leader check, delegate (thin servicer)
-    catalog_manager     DDL and lookups under the state-change contract; one write per operation
+    catalog_manager     DDL and lookups under the state-change contract; one write per operation;
+                        holds the assigner and keeps it told what committed
     ddl_checks          pure checks of DDL arguments (names, limits)
     catalog_settings    the catalog manager's knobs and limits
     catalog_records     the records of sys.catalog as frozen dataclasses, and their protobuf codec
@@ -21,7 +22,9 @@ Modules
     catalog_reads       the lookups clients make, as pure functions of the maps
     locations_cache     GetTableLocations answers kept until what they were built from changes
     catalog_assignment  roll-forward: tasks derived from committed state, assignment planning
-    catalog_rounds      when an assignment round is due, and one bounded round under locks
+    assigner            the catalog manager's collaborator for assignment: the CREATING tablets
+                        and their timeouts, placement backoffs, when a round is due, and one
+                        bounded round under locks
     background_tasks    the leader's loop: assignment rounds, side-effect RPCs with retries,
                         re-replication
     placement_policy    which servers host a new or replacement replica (PURE)
@@ -55,9 +58,9 @@ One CreateTable through the master
    rows into the maps, tablets before the table, and `catalog_assignment.tasks_for` recomputes
    the tablets' tasks. `create_table` returns the table id.
 4. `background_tasks.BackgroundTasks` (leader only) is woken: `CatalogManager.assign_tablets`
-   (`catalog_rounds`) plans a bounded round (`catalog_assignment.plan_assignments`, servers
-   from `placement_policy` and `ts_manager`) and replicates ONE write moving the tablets to
-   CREATING with their committed configs.
+   (its `assigner.Assigner`) plans a bounded round (`catalog_assignment.plan_assignments`,
+   servers from `placement_policy` and `ts_manager`) and replicates ONE write moving the
+   tablets to CREATING with their committed configs.
 5. The tasks of CREATING tablets are CreateTablet on every peer: `background_tasks` sends them
    through `tserver_proxy` (destination uuid, master term, deadline) and retries until each
    server has answered.
