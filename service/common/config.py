@@ -598,7 +598,9 @@ class MasterConfig:
             f"must be <= 1 day (86400000): it bounds how long a revoked grant keeps working, "
             f"got {self.authz_token_ttl_ms}",
         )
-        c.non_negative("max_queued_tablet_reports", "table_locations_cache_entries")
+        c.non_negative(
+            "max_queued_tablet_reports", "table_locations_cache_entries", "leader_warmup_ms"
+        )
         c.that(
             self.assignment_retry_initial_ms <= self.assignment_retry_max_ms,
             "assignment_retry_initial_ms",

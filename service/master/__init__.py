@@ -13,7 +13,8 @@ Modules
     catalog_manager     DDL and lookups under the state-change contract; one write per operation;
                         holds the assigner and keeps it told what committed
     ddl_checks          pure checks of DDL arguments (names, limits)
-    catalog_settings    the catalog manager's knobs and limits
+    catalog_settings    the catalog manager's knobs: MasterConfig's (defaults and rules from there,
+                        in seconds) and the limits only it has
     catalog_records     the records of sys.catalog as frozen dataclasses, and their protobuf codec
     sys_catalog         the replicated state machine: deterministic apply, preconditions,
                         invariants, snapshots

@@ -1070,6 +1070,19 @@ def test_settings_from_the_master_config() -> None:
     for bad in ({"default_num_replicas": 2}, {"max_write_bytes": 0}, {"default_num_replicas": 9}):
         with pytest.raises(InvalidArgument):
             dataclasses.replace(settings, **bad).validate()
+    # MasterConfig's rules, in its units, for the knobs it has: the message names the knob.
+    with pytest.raises(InvalidArgument, match="assignment_retry_initial_ms"):
+        dataclasses.replace(settings, assignment_retry_initial_s=60.0).validate()
+    with pytest.raises(InvalidArgument, match="leader_warmup_ms"):
+        dataclasses.replace(settings, leader_warmup_s=-1.0).validate()
+
+
+def test_settings_defaults_are_the_master_configs() -> None:
+    """One home for each default: the settings' own defaults are what a MasterConfig with
+    its defaults gives, in the manager's units."""
+    config = MasterConfig(data_dir=Path("/nonexistent"))
+    assert CatalogSettings() == CatalogSettings.from_config(config)
+    assert CatalogSettings().assignment_timeout_s == config.assignment_timeout_ms / 1000
 
 
 # --- performance -----------------------------------------------------------------------------
