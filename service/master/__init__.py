@@ -11,7 +11,7 @@ Modules
     __main__            `python -m service.master`
     master_service      the Master RPC API: decode, leader check, delegate (thin servicer)
     catalog_manager     DDL and lookups under the state-change contract; one write per operation;
-                        holds the assigner and keeps it told what committed
+                        the apply listener; holds the assigner and the report handler
     ddl_checks          pure checks of DDL arguments (names, limits)
     catalog_settings    the catalog manager's knobs: MasterConfig's (defaults and rules from there,
                         in seconds) and the limits only it has
@@ -33,6 +33,8 @@ Modules
     (rebalancing moves: service.rebalance, shared with the client and the Spark job)
     replica_changes     AddReplica/RemoveReplica/MoveReplica for operators
     report_processing   what the leader does about one reported replica (PURE)
+    report_handler      the catalog manager's collaborator for tablet reports: judged, locked,
+                        written as ONE entry; the replicas reported FAILED
     heartbeat           TSHeartbeat: liveness on every master, reports on the leader, ReportGate
     ts_descriptor       what a master knows of one tablet server (wire values, records)
     ts_manager          the tablet server registry, on every master
@@ -67,7 +69,7 @@ One CreateTable through the master
    server has answered.
 6. Each tablet server creates its replica (`service.tserver.tablet_manager`) and reports it in
    its next heartbeat; `heartbeat.handle_heartbeat` records liveness (`ts_manager`), passes the
-   `ReportGate`, and calls `CatalogManager.process_report`.
+   `ReportGate`, and calls `CatalogManager.process_report` (its `report_handler.ReportHandler`).
 7. `report_processing.plan_report` sees the leader of the committed config report the tablet
    and writes it RUNNING (one write for the whole report).
 8. When every tablet is RUNNING, `CatalogManager.is_create_table_done` (IsCreateTableDone) says

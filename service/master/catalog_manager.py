@@ -147,7 +147,8 @@ from service.master.ddl_checks import (
 )
 from service.master.grants import GrantChange, grant_change_write, grant_deletes, grant_pb
 from service.master.locations_cache import LocationsCache
-from service.master.report_processing import ReportedTablet, ReportPlan, plan_report
+from service.master.report_handler import ReportHandler
+from service.master.report_processing import ReportedTablet, ReportPlan
 from service.master.rereplication import FailedReplicas
 from service.master.sys_catalog import (
     ApplyResult,
@@ -185,7 +186,9 @@ Replicate: TypeAlias = Callable[[bytes, float], Awaitable[ApplyResult]]
 
 
 class CatalogManager:
-    """DDL and lookups of the master (module docstring). One event loop owns it.
+    """DDL and lookups of the master (module docstring). One event loop owns it; its
+    collaborators `_assigner` (assignment rounds) and `_reports` (tablet reports) work on its
+    maps and replicate through it, and it answers NotReady before it delegates to them.
 
     Invariants: `_maps` equals `CatalogMaps.rebuild(_sys)` whenever control is outside the
     listener, and `_assigner` works on the same maps (`_reload` hands it every rebuilt one)
@@ -228,7 +231,7 @@ class CatalogManager:
             address_of=self._address_of,
         )
         self._work_listeners: list[Callable[[], None]] = []
-        self._failed_replicas = FailedReplicas()
+        self._reports = ReportHandler(lambda: self._maps, self._replicate)
         self._reload()
         self._remove_listener = sys_catalog.add_listener(self._on_change)
 
@@ -251,7 +254,7 @@ class CatalogManager:
     def failed_replicas(self) -> FailedReplicas:
         """Replicas their servers report FAILED, as this leader heard (`note_replica_states`);
         empty while not loaded (read it, never change it)."""
-        return self._failed_replicas
+        return self._reports.failed_replicas
 
     @property
     def locations_cache(self) -> LocationsCache:
@@ -290,7 +293,7 @@ class CatalogManager:
         self._loaded = True
         self._loaded_at = self._clock.now()
         self._assigner.clear_backoffs()
-        self._failed_replicas.clear()  # rebuilt by the full reports a new leader asks for
+        self._reports.clear()  # rebuilt by the full reports a new leader asks for
         self._tasks.clear()
         return self._recompute_tasks(max(1, slice_tablets))
 
@@ -322,7 +325,7 @@ class CatalogManager:
         self._loaded = False
         self._tasks.clear()
         self._assigner.clear_backoffs()
-        self._failed_replicas.clear()
+        self._reports.clear()
         self._locations_cache.clear()
 
     def close(self) -> None:
@@ -753,7 +756,7 @@ class CatalogManager:
         state calls for it anew (or a new leader recomputes everything)."""
         self._tasks.done(task)
 
-    # --- tablet reports ----------------------------------------------------------------------
+    # --- tablet reports (report_handler.ReportHandler; NotReady until loaded) -----------------
 
     def note_replica_states(
         self, reporter: NodeId, reported: Sequence[ReportedTablet], *, full: bool
@@ -761,7 +764,7 @@ class CatalogManager:
         """Learn which of `reporter`'s replicas are FAILED from one of its reports (leader
         only; not replicated: `rereplication.FailedReplicas`). A newly FAILED replica wakes
         the background tasks, which replace it."""
-        if self._loaded and self._failed_replicas.note_report(reporter, reported, full=full):
+        if self._loaded and self._reports.note_replica_states(reporter, reported, full=full):
             self._wake()
 
     def judge_report(
@@ -774,7 +777,7 @@ class CatalogManager:
         has no write (a steady server's report: nothing changed), it is the whole answer and
         `process_report` need not run. `confirmed`: see `report_processing.plan_report`."""
         self._check_ready()
-        return plan_report(self._maps, reporter, reported, confirmed)
+        return self._reports.judge_report(reporter, reported, confirmed)
 
     async def process_report(
         self,
@@ -783,38 +786,11 @@ class CatalogManager:
         judged: ReportPlan | None = None,
         confirmed: Mapping[TabletId, ConsensusState] | None = None,
     ) -> ReportPlan:
-        """Judge one tablet report against committed state (`report_processing`) and replicate
-        its record changes as ONE write; returns the plan, whose `actions` the caller sends
-        once this returns (the write committed). Replication errors propagate and change
-        nothing (KUDU-495): the server's next report (not acknowledged) tries again.
-        `judged`: `judge_report`'s plan of this report, if the caller has it (it names the
-        tablets to lock; the report is judged again under the locks either way)."""
+        """Judge one tablet report under its tables' and tablets' locks and replicate its
+        record changes as ONE write (`ReportHandler.process_report`); the caller sends the
+        plan's `actions` once this returns."""
         self._check_ready()
-        plan = (
-            judged if judged is not None else plan_report(self._maps, reporter, reported, confirmed)
-        )
-        if plan.write is None:
-            return plan
-        tablets = sorted(plan.updated_tablets)
-        tables = sorted({self._maps.tablets_by_id[t].table_id for t in tablets})
-        async with contextlib.AsyncExitStack() as stack:
-            for table_id in tables:
-                # An ALTERING table is locked exclusively: the report that ends the alter is
-                # judged from every tablet's reported version, so two reports of its tablets
-                # must not plan side by side (each saw the other's tablet behind, neither
-                # ended the alter, and the table stayed ALTERING: edge-triggered reports do
-                # not come again). Kudu takes the table's write lock for the same step.
-                table = self._maps.tables_by_id[table_id]
-                altering = table.record.state is TableState.ALTERING
-                lock = table.lock.exclusive() if altering else table.lock.shared()
-                await stack.enter_async_context(lock)
-            for tablet_id in tablets:
-                await stack.enter_async_context(self._maps.tablets_by_id[tablet_id].lock)
-            plan = plan_report(self._maps, reporter, reported, confirmed)  # again, under the locks
-            if plan.write is not None:
-                await self._replicate(plan.write)
-                failpoints.hit("process_report:after_replicate")
-        return plan
+        return await self._reports.process_report(reporter, reported, judged, confirmed)
 
     # --- replication -------------------------------------------------------------------------
 
