@@ -27,11 +27,14 @@ _MASTER = MasterConfig(data_dir=Path("catalog-settings"))
 def _knob(name: str, *, ms_to_s: bool = False) -> Any:
     """A field mirroring MasterConfig's knob `name`, in seconds if `ms_to_s` (the knob in ms)."""
     scale = 1000 if ms_to_s else 1
-    default = getattr(_MASTER, name)
     return field(
-        default=default / scale if ms_to_s else default,
-        metadata={"knob": name, "scale": scale},
+        default=_scaled(getattr(_MASTER, name), scale), metadata={"knob": name, "scale": scale}
     )
+
+
+def _scaled(value: Any, scale: int) -> Any:
+    """A knob's value in the settings' units (ms / 1000: seconds, as a float)."""
+    return value / float(scale) if scale != 1 else value
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,12 @@ class CatalogSettings:
 
     @classmethod
     def from_config(cls, config: MasterConfig, **overrides: Any) -> CatalogSettings:
-        knobs = {f.name: _from_knob(f, getattr(config, f.metadata["knob"])) for f in _knobs()}
+        """The settings of a master started with `config` (validated by its loader), then
+        `overrides` by field name (tests and benchmarks)."""
+        knobs = {
+            f.name: _scaled(getattr(config, f.metadata["knob"]), f.metadata["scale"])
+            for f in _knobs()
+        }
         base = cls(
             **knobs, max_write_bytes=min(cls.max_write_bytes, config.rpc.max_message_bytes // 2)
         )
@@ -81,7 +89,11 @@ class CatalogSettings:
 
     def validate(self) -> None:
         """InvalidArgument naming the first bad value: a mirrored one by its MasterConfig knob
-        (in the knob's units), an own limit by its field."""
+        (in the knob's units), an own limit by its field.
+
+        The mirrored values go back into MasterConfig's units (a float where a fraction of a
+        ms is set: the rules compare, so it is checked as it is) in an otherwise default
+        MasterConfig, whose `validate` is the one statement of their rules."""
         as_config = {
             f.metadata["knob"]: getattr(self, f.name) * f.metadata["scale"] for f in _knobs()
         }
@@ -97,11 +109,6 @@ class CatalogSettings:
 
 def _knobs() -> list[Field[Any]]:
     return [f for f in fields(CatalogSettings) if "knob" in f.metadata]
-
-
-def _from_knob(f: Field[Any], value: Any) -> Any:
-    scale = f.metadata["scale"]
-    return value / float(scale) if scale != 1 else value
 
 
 _OWN_LIMITS = tuple(f.name for f in fields(CatalogSettings) if "knob" not in f.metadata)
