@@ -34,7 +34,7 @@ One CreateTable, end to end
    into the in-memory maps (master/catalog_info.py) and the client gets its table id
    (docs/design/catalog.md#R1..R7).
 5. master, background tasks: the leader's `BackgroundTasks` (master/background_tasks.py) runs an
-   assignment round (master/catalog_rounds.py, catalog_assignment.py): servers chosen by
+   assignment round (master/assigner.py, catalog_assignment.py): servers chosen by
    master/placement_policy.py, the tablets moved to CREATING with their configs in one more
    write; then the CreateTablet RPCs committed state calls for go out through
    master/tserver_proxy.py, retried until done (docs/design/coordinator.md#R3).

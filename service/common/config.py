@@ -610,6 +610,7 @@ class MasterConfig:
             "max_queued_tablet_reports",
             "table_locations_cache_entries",
             "follower_heartbeat_interval_ms",
+            "leader_warmup_ms",
         )
         c.that(
             self.assignment_retry_initial_ms <= self.assignment_retry_max_ms,

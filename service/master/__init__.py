@@ -10,9 +10,11 @@ Modules
                         TSManager, gRPC; leadership (load on election, unload on step-down)
     __main__            `python -m service.master`
     master_service      the Master RPC API: decode, leader check, delegate (thin servicer)
-    catalog_manager     DDL and lookups under the state-change contract; one write per operation
+    catalog_manager     DDL and lookups under the state-change contract; one write per operation;
+                        the apply listener; holds the assigner and the report handler
     ddl_checks          pure checks of DDL arguments (names, limits)
-    catalog_settings    the catalog manager's knobs and limits
+    catalog_settings    the catalog manager's knobs: MasterConfig's (defaults and rules from there,
+                        in seconds) and the limits only it has
     catalog_records     the records of sys.catalog as frozen dataclasses, and their protobuf codec
     sys_catalog         the replicated state machine: deterministic apply, preconditions,
                         invariants, snapshots
@@ -21,7 +23,9 @@ Modules
     catalog_reads       the lookups clients make, as pure functions of the maps
     locations_cache     GetTableLocations answers kept until what they were built from changes
     catalog_assignment  roll-forward: tasks derived from committed state, assignment planning
-    catalog_rounds      when an assignment round is due, and one bounded round under locks
+    assigner            the catalog manager's collaborator for assignment: the CREATING tablets
+                        and their timeouts, placement backoffs, when a round is due, and one
+                        bounded round under locks
     background_tasks    the leader's loop: assignment rounds, side-effect RPCs with retries,
                         re-replication
     placement_policy    which servers host a new or replacement replica (PURE)
@@ -29,6 +33,8 @@ Modules
     (rebalancing moves: service.rebalance, shared with the client and the Spark job)
     replica_changes     AddReplica/RemoveReplica/MoveReplica for operators
     report_processing   what the leader does about one reported replica (PURE)
+    report_handler      the catalog manager's collaborator for tablet reports: judged, locked,
+                        written as ONE entry; the replicas reported FAILED
     heartbeat           TSHeartbeat: liveness on every master, reports on the leader, ReportGate
     ts_descriptor       what a master knows of one tablet server (wire values, records)
     ts_manager          the tablet server registry, on every master
@@ -55,15 +61,15 @@ One CreateTable through the master
    rows into the maps, tablets before the table, and `catalog_assignment.tasks_for` recomputes
    the tablets' tasks. `create_table` returns the table id.
 4. `background_tasks.BackgroundTasks` (leader only) is woken: `CatalogManager.assign_tablets`
-   (`catalog_rounds`) plans a bounded round (`catalog_assignment.plan_assignments`, servers
-   from `placement_policy` and `ts_manager`) and replicates ONE write moving the tablets to
-   CREATING with their committed configs.
+   (its `assigner.Assigner`) plans a bounded round (`catalog_assignment.plan_assignments`,
+   servers from `placement_policy` and `ts_manager`) and replicates ONE write moving the
+   tablets to CREATING with their committed configs.
 5. The tasks of CREATING tablets are CreateTablet on every peer: `background_tasks` sends them
    through `tserver_proxy` (destination uuid, master term, deadline) and retries until each
    server has answered.
 6. Each tablet server creates its replica (`service.tserver.tablet_manager`) and reports it in
    its next heartbeat; `heartbeat.handle_heartbeat` records liveness (`ts_manager`), passes the
-   `ReportGate`, and calls `CatalogManager.process_report`.
+   `ReportGate`, and calls `CatalogManager.process_report` (its `report_handler.ReportHandler`).
 7. `report_processing.plan_report` sees the leader of the committed config report the tablet
    and writes it RUNNING (one write for the whole report).
 8. When every tablet is RUNNING, `CatalogManager.is_create_table_done` (IsCreateTableDone) says

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from random import Random
 from typing import TypeAlias, cast
@@ -87,8 +87,9 @@ from service.common.schema import (
     AlterOp,
     Schema,
 )
+from service.master.assigner import Assigner
 from service.master.catalog_assignment import (
-    AssignmentBackoff,
+    AssignmentPlan,
     PendingTasks,
     Task,
     new_catalog_id,
@@ -133,7 +134,6 @@ from service.master.catalog_records import (
     TabletState,
     Update,
 )
-from service.master.catalog_rounds import AssignmentRounds
 from service.master.catalog_settings import CatalogSettings
 from service.master.ddl_checks import (
     check_alter_steps,
@@ -147,7 +147,8 @@ from service.master.ddl_checks import (
 )
 from service.master.grants import GrantChange, grant_change_write, grant_deletes, grant_pb
 from service.master.locations_cache import LocationsCache
-from service.master.report_processing import ReportedTablet, ReportPlan, plan_report
+from service.master.report_handler import ReportHandler
+from service.master.report_processing import ReportedTablet, ReportPlan
 from service.master.rereplication import FailedReplicas
 from service.master.sys_catalog import (
     ApplyResult,
@@ -184,14 +185,16 @@ Replicate: TypeAlias = Callable[[bytes, float], Awaitable[ApplyResult]]
 # --- the manager -----------------------------------------------------------------------------
 
 
-class CatalogManager(AssignmentRounds):
-    """DDL and lookups of the master (module docstring). One event loop owns it.
+class CatalogManager:
+    """DDL and lookups of the master (module docstring). One event loop owns it; its
+    collaborators `_assigner` (assignment rounds) and `_reports` (tablet reports) work on its
+    maps and replicate through it, and it answers NotReady before it delegates to them.
 
     Invariants: `_maps` equals `CatalogMaps.rebuild(_sys)` whenever control is outside the
-    listener; `_tasks` holds the tasks of every tablet while loaded (empty otherwise);
-    `_reserved_names` are names of creates and renames in flight; `_creating` holds exactly
-    the CREATING tablets; `_creating_since[t]`, when this leader first sent tablet t's
-    CreateTablet calls (`create_started`), exists only for t in `_creating`.
+    listener, and `_assigner` works on the same maps (`_reload` hands it every rebuilt one)
+    and follows every committed tablet (its own invariants: `assigner.Assigner`); `_tasks`
+    holds the tasks of every tablet while loaded (empty otherwise); `_reserved_names` are
+    names of creates and renames in flight.
     """
 
     def __init__(
@@ -216,15 +219,19 @@ class CatalogManager(AssignmentRounds):
         """When this manager last became ready as leader (clock seconds): the warm-up starts."""
         self._reserved_names: set[str] = set()
         self._tasks = PendingTasks()
-        self._creating: set[TabletId] = set()
-        self._creating_since: dict[TabletId, float] = {}
-        self._backoff = AssignmentBackoff(
-            self._settings.assignment_retry_initial_s, self._settings.assignment_retry_max_s
-        )
         self._sys = sys_catalog
         self._maps = CatalogMaps()
+        self._assigner = Assigner(
+            self._maps,
+            ts_manager,
+            clock,
+            rng,
+            self._settings,
+            replicate=self._replicate,
+            address_of=self._address_of,
+        )
         self._work_listeners: list[Callable[[], None]] = []
-        self._failed_replicas = FailedReplicas()
+        self._reports = ReportHandler(lambda: self._maps, self._replicate)
         self._reload()
         self._remove_listener = sys_catalog.add_listener(self._on_change)
 
@@ -247,7 +254,7 @@ class CatalogManager(AssignmentRounds):
     def failed_replicas(self) -> FailedReplicas:
         """Replicas their servers report FAILED, as this leader heard (`note_replica_states`);
         empty while not loaded (read it, never change it)."""
-        return self._failed_replicas
+        return self._reports.failed_replicas
 
     @property
     def locations_cache(self) -> LocationsCache:
@@ -285,8 +292,8 @@ class CatalogManager(AssignmentRounds):
             self._reload()
         self._loaded = True
         self._loaded_at = self._clock.now()
-        self._backoff.clear()
-        self._failed_replicas.clear()  # rebuilt by the full reports a new leader asks for
+        self._assigner.clear_backoffs()
+        self._reports.clear()  # rebuilt by the full reports a new leader asks for
         self._tasks.clear()
         return self._recompute_tasks(max(1, slice_tablets))
 
@@ -317,8 +324,8 @@ class CatalogManager(AssignmentRounds):
         """Stop serving (leadership lost). The maps stay warm through the listener."""
         self._loaded = False
         self._tasks.clear()
-        self._backoff.clear()
-        self._failed_replicas.clear()
+        self._assigner.clear_backoffs()
+        self._reports.clear()
         self._locations_cache.clear()
 
     def close(self) -> None:
@@ -690,7 +697,38 @@ class CatalogManager(AssignmentRounds):
     def _address_of(self, uuid: str) -> HostPort | None:
         return self._registry_address_of(uuid)
 
-    # --- tasks (assignment rounds: catalog_rounds.AssignmentRounds) ---------------------------
+    # --- assignment rounds (assigner.Assigner; NotReady until loaded) -------------------------
+
+    def plan_assignments(
+        self, now: float | None = None, tables: Collection[TableId] | None = None
+    ) -> AssignmentPlan:
+        """What one assignment round would write now, without writing it
+        (`Assigner.plan_assignments`)."""
+        self._check_ready()
+        return self._assigner.plan_assignments(now, tables)
+
+    def assignment_due(self, now: float | None = None) -> bool:
+        """A round has something to do (`Assigner.assignment_due`); never while not loaded."""
+        return self._loaded and self._assigner.assignment_due(now)
+
+    def next_assignment_at(self) -> float | None:
+        """When the background loop should look again at the latest (`Assigner`)."""
+        return self._assigner.next_assignment_at()
+
+    async def assign_tablets(
+        self, now: float | None = None, *, max_tablets: int | None = None
+    ) -> AssignmentPlan:
+        """One bounded assignment round, replicated (`Assigner.assign_tablets`); the
+        background tasks call it."""
+        self._check_ready()
+        return await self._assigner.assign_tablets(now, max_tablets=max_tablets)
+
+    def create_started(self, tablet_id: TabletId) -> None:
+        """The CreateTablet calls of CREATING `tablet_id` are going out for the first time: its
+        assignment timeout runs from now (`Assigner.create_started`)."""
+        self._assigner.create_started(tablet_id)
+
+    # --- tasks -------------------------------------------------------------------------------
 
     def pending_tasks(self) -> list[Task]:
         """Side effects committed state calls for and not yet reported done (`task_done`)."""
@@ -718,7 +756,7 @@ class CatalogManager(AssignmentRounds):
         state calls for it anew (or a new leader recomputes everything)."""
         self._tasks.done(task)
 
-    # --- tablet reports ----------------------------------------------------------------------
+    # --- tablet reports (report_handler.ReportHandler; NotReady until loaded) -----------------
 
     def note_replica_states(
         self, reporter: NodeId, reported: Sequence[ReportedTablet], *, full: bool
@@ -726,7 +764,7 @@ class CatalogManager(AssignmentRounds):
         """Learn which of `reporter`'s replicas are FAILED from one of its reports (leader
         only; not replicated: `rereplication.FailedReplicas`). A newly FAILED replica wakes
         the background tasks, which replace it."""
-        if self._loaded and self._failed_replicas.note_report(reporter, reported, full=full):
+        if self._loaded and self._reports.note_replica_states(reporter, reported, full=full):
             self._wake()
 
     def judge_report(
@@ -739,7 +777,7 @@ class CatalogManager(AssignmentRounds):
         has no write (a steady server's report: nothing changed), it is the whole answer and
         `process_report` need not run. `confirmed`: see `report_processing.plan_report`."""
         self._check_ready()
-        return plan_report(self._maps, reporter, reported, confirmed)
+        return self._reports.judge_report(reporter, reported, confirmed)
 
     async def process_report(
         self,
@@ -748,38 +786,11 @@ class CatalogManager(AssignmentRounds):
         judged: ReportPlan | None = None,
         confirmed: Mapping[TabletId, ConsensusState] | None = None,
     ) -> ReportPlan:
-        """Judge one tablet report against committed state (`report_processing`) and replicate
-        its record changes as ONE write; returns the plan, whose `actions` the caller sends
-        once this returns (the write committed). Replication errors propagate and change
-        nothing (KUDU-495): the server's next report (not acknowledged) tries again.
-        `judged`: `judge_report`'s plan of this report, if the caller has it (it names the
-        tablets to lock; the report is judged again under the locks either way)."""
+        """Judge one tablet report under its tables' and tablets' locks and replicate its
+        record changes as ONE write (`ReportHandler.process_report`); the caller sends the
+        plan's `actions` once this returns."""
         self._check_ready()
-        plan = (
-            judged if judged is not None else plan_report(self._maps, reporter, reported, confirmed)
-        )
-        if plan.write is None:
-            return plan
-        tablets = sorted(plan.updated_tablets)
-        tables = sorted({self._maps.tablets_by_id[t].table_id for t in tablets})
-        async with contextlib.AsyncExitStack() as stack:
-            for table_id in tables:
-                # An ALTERING table is locked exclusively: the report that ends the alter is
-                # judged from every tablet's reported version, so two reports of its tablets
-                # must not plan side by side (each saw the other's tablet behind, neither
-                # ended the alter, and the table stayed ALTERING: edge-triggered reports do
-                # not come again). Kudu takes the table's write lock for the same step.
-                table = self._maps.tables_by_id[table_id]
-                altering = table.record.state is TableState.ALTERING
-                lock = table.lock.exclusive() if altering else table.lock.shared()
-                await stack.enter_async_context(lock)
-            for tablet_id in tablets:
-                await stack.enter_async_context(self._maps.tablets_by_id[tablet_id].lock)
-            plan = plan_report(self._maps, reporter, reported, confirmed)  # again, under the locks
-            if plan.write is not None:
-                await self._replicate(plan.write)
-                failpoints.hit("process_report:after_replicate")
-        return plan
+        return await self._reports.process_report(reporter, reported, judged, confirmed)
 
     # --- replication -------------------------------------------------------------------------
 
@@ -827,16 +838,8 @@ class CatalogManager(AssignmentRounds):
         self._maps = CatalogMaps.rebuild(self._sys)
         self._locations_cache.clear()  # built from the old maps' objects: never current again
         self._ts.replace_replica_counts(self._maps.replica_counts())
-        self._creating = {
-            t
-            for t in self._maps.pending
-            if self._maps.tablets_by_id[t].state is TabletState.CREATING
-        }
-        self._creating_since = {
-            t: since for t, since in self._creating_since.items() if t in self._creating
-        }
+        self._assigner.reset(self._maps)
         self._tasks.clear()
-        self._backoff.retain(set(self._maps.preparing))
         if self._loaded:
             for tablet in self._maps.tablets_by_id.values():
                 self._update_tasks(tablet)
@@ -845,12 +848,7 @@ class CatalogManager(AssignmentRounds):
     def _follow_up(self, delta: MapsDelta) -> None:
         for uuid in delta.servers:
             self._ts.set_replica_counts(uuid, self._maps.replica_counts_of(uuid))
-        for _, new in delta.tablets:
-            if new.state is TabletState.CREATING:
-                self._creating.add(new.tablet_id)
-            else:
-                self._creating.discard(new.tablet_id)
-                self._creating_since.pop(new.tablet_id, None)
+        self._assigner.note_committed(delta.tablets)
         if not self._loaded:
             return
         affected: dict[TabletId, None] = {new.tablet_id: None for _, new in delta.tablets}

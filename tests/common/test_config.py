@@ -246,6 +246,9 @@ def test_master_assignment_round_and_stall_settings_are_validated() -> None:
     assert err.key == "assignment_retry_initial_ms" and "assignment_retry_max_ms" in str(err)
     err = _error(MasterConfig, {**base, "loop_stall_threshold_ms": 60_000})
     assert err.key == "loop_stall_threshold_ms" and "unresponsive_timeout_ms" in str(err)
+    # 0 turns the warm-up off; below that is refused here, not first by the catalog manager.
+    err = _error(MasterConfig, {**base, "leader_warmup_ms": -1})
+    assert err.key == "leader_warmup_ms" and "must be >= 0" in str(err)
 
 
 def test_tserver_validation() -> None:

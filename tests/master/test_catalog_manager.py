@@ -892,9 +892,12 @@ def test_rebuilt_maps_equal_the_incrementally_maintained_ones() -> None:
         b = await create(env, "b", num_replicas=1)
         await env.cm.assign_tablets()
         start_creates(env, b)
+        assert len(env.cm._assigner._creating_since) == 6
+        assert_assigner_follows(env.cm)
         env.clock.advance(6.0)
         plan = await env.cm.assign_tablets()  # b's CREATING tablets are replaced
         assert len(plan.replaced) == 6
+        assert_assigner_follows(env.cm)  # the replacements CREATING, their calls not sent
         await env.cm.alter_table(by_id(a), [AddColumn("x", ColumnType.INT32)], ids())
         await create(env, "c", partition_schema=PartitionSchema())
         await env.cm.delete_table(by_id(b), ids())
@@ -907,8 +910,24 @@ def test_rebuilt_maps_equal_the_incrementally_maintained_ones() -> None:
         cm2 = CatalogManager(other, FakeRaft(other), env.ts, env.clock, random.Random(2))
         other.restore(env.state.snapshot())
         assert cm2.maps == env.cm.maps
+        # The assigner followed every entry, and the rebuild (assigner.Assigner's invariants).
+        assert_assigner_follows(env.cm)
+        assert_assigner_follows(cm2)
 
     run(go())
+
+
+def assert_assigner_follows(cm: CatalogManager) -> None:
+    """The manager's assigner holds exactly the CREATING tablets of the manager's maps, and
+    a creation start only for those (it owns that state; the manager only tells it what
+    committed)."""
+    assigner = cm._assigner
+    creating = {
+        t for t, info in cm.maps.tablets_by_id.items() if info.state is TabletState.CREATING
+    }
+    assert assigner._maps is cm.maps
+    assert assigner._creating == creating
+    assert set(assigner._creating_since) <= creating
 
 
 # --- assignment ------------------------------------------------------------------------------
@@ -1070,6 +1089,19 @@ def test_settings_from_the_master_config() -> None:
     for bad in ({"default_num_replicas": 2}, {"max_write_bytes": 0}, {"default_num_replicas": 9}):
         with pytest.raises(InvalidArgument):
             dataclasses.replace(settings, **bad).validate()
+    # MasterConfig's rules, in its units, for the knobs it has: the message names the knob.
+    with pytest.raises(InvalidArgument, match="assignment_retry_initial_ms"):
+        dataclasses.replace(settings, assignment_retry_initial_s=60.0).validate()
+    with pytest.raises(InvalidArgument, match="leader_warmup_ms"):
+        dataclasses.replace(settings, leader_warmup_s=-1.0).validate()
+
+
+def test_settings_defaults_are_the_master_configs() -> None:
+    """One home for each default: the settings' own defaults are what a MasterConfig with
+    its defaults gives, in the manager's units."""
+    config = MasterConfig(data_dir=Path("/nonexistent"))
+    assert CatalogSettings() == CatalogSettings.from_config(config)
+    assert CatalogSettings().assignment_timeout_s == config.assignment_timeout_ms / 1000
 
 
 # --- performance -----------------------------------------------------------------------------

@@ -1,17 +1,19 @@
-"""Assignment rounds of the catalog manager: when a round is due, and one bounded round.
+"""The catalog manager's assigner: when an assignment round is due, and one bounded round.
 
 `catalog_assignment` holds the pure parts (which tablets are due, the planner, the backoff);
-this is the part that needs the manager's state: its committed maps, the CREATING tablets and
-when their calls went out, the tablet servers' loads, locks and replication. It is a mixin of
-`CatalogManager` (catalog_manager.py), split off to keep that module readable; the attributes
-and methods declared below are the manager's.
+`Assigner` is the part with state: which tablets are CREATING and since when their calls went
+out, and the backoffs of tables that could not be placed. `CatalogManager` (catalog_manager.py)
+holds one and tells it what committed (`reset`, `note_committed`); everything else it needs
+comes through its constructor: the tablet servers' loads (`TSManager`), the clock, the rng,
+the settings, and the manager's `replicate` and address lookup. It never checks readiness:
+the manager answers NotReady before it delegates.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from random import Random
 
 from service.common import failpoints
@@ -26,43 +28,89 @@ from service.master.catalog_assignment import (
     plan_assignments,
 )
 from service.master.catalog_info import CatalogMaps, TabletInfo
-from service.master.catalog_records import CatalogWrite, HostPort
+from service.master.catalog_records import CatalogWrite, HostPort, TabletRecord, TabletState
 from service.master.catalog_settings import CatalogSettings
 from service.master.sys_catalog import ApplyResult
 from service.master.ts_manager import TSManager
 
-__all__ = ["AssignmentRounds"]
+__all__ = ["Assigner"]
 
 _PLAN_CHUNK = 32
 """Tablets planned between two yields to the event loop in an assignment round."""
 
 
-class AssignmentRounds:
-    """Assignment for `CatalogManager` (module docstring). Invariant (the manager's):
-    `_creating` holds exactly the CREATING tablets, and `_creating_since[t]` exists only for
-    t in `_creating`."""
+class Assigner:
+    """Assignment rounds over the catalog manager's committed maps (module docstring).
 
-    _settings: CatalogSettings
-    _maps: CatalogMaps
-    _ts: TSManager
-    _clock: Clock
-    _rng: Random
-    _loaded: bool
-    _backoff: AssignmentBackoff
-    _creating: set[TabletId]
-    _creating_since: dict[TabletId, float]
+    Invariants: `_maps` is the manager's current `CatalogMaps` (it hands over every rebuilt
+    one through `reset`); `_creating` holds exactly the CREATING tablets of `_maps` (`reset`
+    recomputes it, `note_committed` follows each applied entry); `_creating_since[t]`, when
+    this leader first sent tablet t's CreateTablet calls (`create_started`), exists only for
+    t in `_creating`; `_backoff` names only tables with PREPARING tablets."""
 
-    def _check_ready(self) -> None:
-        raise NotImplementedError  # the manager's
+    def __init__(
+        self,
+        maps: CatalogMaps,
+        ts_manager: TSManager,
+        clock: Clock,
+        rng: Random,
+        settings: CatalogSettings,
+        replicate: Callable[[CatalogWrite], Awaitable[ApplyResult]],
+        address_of: Callable[[str], HostPort | None],
+    ) -> None:
+        self._maps = maps
+        self._ts = ts_manager
+        self._clock = clock
+        self._rng = rng
+        self._settings = settings
+        self._replicate = replicate
+        """The manager's: propose one write and wait until it is applied (and so committed in
+        the maps, by the manager's listener); a refusal is raised as its error."""
+        self._address_of = address_of
+        self._creating: set[TabletId] = set()
+        self._creating_since: dict[TabletId, float] = {}
+        self._backoff = AssignmentBackoff(
+            settings.assignment_retry_initial_s, settings.assignment_retry_max_s
+        )
+        self.reset(maps)
 
-    def _now_us(self) -> int:
-        raise NotImplementedError  # the manager's
+    # --- what committed ----------------------------------------------------------------------
 
-    def _address_of(self, uuid: str) -> HostPort | None:
-        raise NotImplementedError  # the manager's
+    def reset(self, maps: CatalogMaps) -> None:
+        """The manager rebuilt its maps (`maps`): recompute the CREATING tablets; keep when
+        the calls of those still CREATING went out, and the backoffs of tables still waiting."""
+        self._maps = maps
+        self._creating = {
+            t for t in maps.pending if maps.tablets_by_id[t].state is TabletState.CREATING
+        }
+        self._creating_since = {
+            t: since for t, since in self._creating_since.items() if t in self._creating
+        }
+        self._backoff.retain(set(maps.preparing))
 
-    async def _replicate(self, write: CatalogWrite) -> ApplyResult:
-        raise NotImplementedError  # the manager's
+    def note_committed(self, tablets: Iterable[tuple[TabletRecord | None, TabletRecord]]) -> None:
+        """Tablet rows one applied entry committed, (before or None, now): follow CREATING."""
+        for _, new in tablets:
+            if new.state is TabletState.CREATING:
+                self._creating.add(new.tablet_id)
+            else:
+                self._creating.discard(new.tablet_id)
+                self._creating_since.pop(new.tablet_id, None)
+
+    def clear_backoffs(self) -> None:
+        """A term starts or ends: a new leader tries every table at once (servers may have
+        registered meanwhile)."""
+        self._backoff.clear()
+
+    def create_started(self, tablet_id: TabletId) -> None:
+        """The background tasks are sending the CreateTablet calls of CREATING tablet
+        `tablet_id` for the first time: its assignment timeout starts now (Kudu's
+        last_create_tablet_time), not when it entered CREATING, so a tablet whose calls
+        waited behind thousands of others is not replaced for the wait."""
+        if tablet_id in self._creating:
+            self._creating_since.setdefault(tablet_id, self._clock.monotonic())
+
+    # --- rounds ------------------------------------------------------------------------------
 
     def plan_assignments(
         self, now: float | None = None, tables: Collection[TableId] | None = None
@@ -70,7 +118,6 @@ class AssignmentRounds:
         """One assignment round over committed state as ONE write (`catalog_assignment`);
         `now` is monotonic (default: the clock's); `tables`: only these. Pure but for rng
         draws: nothing changes."""
-        self._check_ready()
         now = self._clock.monotonic() if now is None else now
         return plan_assignments(
             self._maps,
@@ -89,7 +136,7 @@ class AssignmentRounds:
         """An assignment round has something to do: PREPARING tablets of tables not waiting
         out a placement backoff and room to make them CREATING (for all of them, or at least
         `_round_quantum`), or a CREATING one older than the assignment timeout."""
-        if not self._loaded or not self._maps.pending:
+        if not self._maps.pending:
             return False
         now = self._clock.monotonic() if now is None else now
         tables = self._maps.tables_by_id
@@ -121,9 +168,8 @@ class AssignmentRounds:
         """One bounded assignment round (`catalog_assignment`, "Bounded rounds"): at most
         `max_tablets` (default: the settings') due tablets, locked (tables, then tablets),
         planned in chunks with a yield between them, replicated as ONE write; returns the plan
-        (committed when this returns) with the tables it deferred. The background task calls
-        this; replication errors propagate and change nothing."""
-        self._check_ready()
+        (committed when this returns) with the tables it deferred. Replication errors
+        propagate and change nothing."""
         now = self._clock.monotonic() if now is None else now
         limit = max_tablets or self._settings.max_tablets_per_assignment_round
         due = self._due(now, limit)
@@ -182,10 +228,5 @@ class AssignmentRounds:
         step with capacity")."""
         return max(0, self._settings.max_creating_tablets - len(self._creating))
 
-    def create_started(self, tablet_id: TabletId) -> None:
-        """The background tasks are sending the CreateTablet calls of CREATING tablet
-        `tablet_id` for the first time: its assignment timeout starts now (Kudu's
-        last_create_tablet_time), not when it entered CREATING, so a tablet whose calls
-        waited behind thousands of others is not replaced for the wait."""
-        if tablet_id in self._creating:
-            self._creating_since.setdefault(tablet_id, self._clock.monotonic())
+    def _now_us(self) -> int:
+        return int(self._clock.now() * 1_000_000)
