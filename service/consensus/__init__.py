@@ -8,7 +8,8 @@ Modules
     node            `RaftNode`: the one task that owns a RawNode; propose, read, membership
     node_api        what a RaftNode is given and gives: state machine, transport, settings,
                     leader-change events
-    node_quiesce    what a node decides after a tick: promote a caught-up learner, or quiesce
+    node_quiesce    `NodeQuiescence`, a RaftNode's collaborator: what it decides after a tick
+                    (promote a caught-up learner, or quiesce), and its quiesced state
     batching        pacing of group commits, and proposal deadlines
     syncer          threads that run fdatasync off the event loop
     ticker          one tick timer per process for all its groups

@@ -84,7 +84,7 @@ from service.consensus.node_api import (
     StateMachine,
     group_commit_stats,
 )
-from service.consensus.node_quiesce import Quiescing, late_answer
+from service.consensus.node_quiesce import NodeQuiescence
 from service.consensus.quiesce import Quiescence
 from service.consensus.raft_store import RaftStore, Recovered, StoreIOError
 from service.consensus.snapshots import ConfigHistory, plan_snapshot
@@ -143,7 +143,7 @@ class _Persist:
     started: float
 
 
-class RaftNode(Quiescing):
+class RaftNode:
     def __init__(
         self,
         *,
@@ -175,7 +175,6 @@ class RaftNode(Quiescing):
         self._configs = ConfigHistory(self.applied, self.applied_config)
         for node, addr in recovered.addresses.items():
             transport.set_address(node, addr)
-        self._promotable: set[NodeId] = set()
         opts = RaftOptions(
             id=uuid,
             election_tick=settings.election_ticks,
@@ -233,11 +232,16 @@ class RaftNode(Quiescing):
         self._syncer = syncer.shared()
         self._turns: turns.Turns | None = None
         """Slices of the loop shared with the process's other groups (set in `_run`)."""
-        self._quiescence = quiescence if settings.quiesce_ticks > 0 else None
-        self._quiesced = False
-        """Ticks are ignored: an idle group's leader and caught-up followers (quiesce.py)."""
-        self._idle_ticks = 0
-        """Consecutive ticks this leader found its group idle (`_maybe_quiesce`)."""
+        self._quiesce = NodeQuiescence(
+            group_id=group_id,
+            uuid=uuid,
+            raw=self.raw,
+            settings=settings,
+            registry=quiescence if settings.quiesce_ticks > 0 else None,
+            busy=self._busy,
+            on_loop=self._on_loop,
+        )
+        """Quiescence and learner promotion (node_quiesce.py): whether ticks are ignored."""
         self.metrics: dict[str, float] = {
             "proposals": 0,
             "batches": 0,
@@ -254,13 +258,11 @@ class RaftNode(Quiescing):
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"raft-{self.group_id}-{self.uuid}")
-        if self._quiescence is not None:
-            self._quiescence.register(self)
+        self._quiesce.register(self)
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._quiescence is not None:
-            self._quiescence.unregister(self.group_id)
+        self._quiesce.unregister()
         if self._task is not None:
             self._wakeup.set()  # the loop sees the closed flag at its next iteration
             try:
@@ -277,16 +279,50 @@ class RaftNode(Quiescing):
         (nothing stepped now could leave before it ends), so the loop is not woken for them."""
         if self._closed:
             return
-        if self._quiesced and not all(late_answer(m, self.raw.raft.term) for m in messages):
-            self.wake()
+        self._quiesce.wake_for(messages)
         self._inbox.extend(messages)
         if self._persisting is None:
             self._wakeup.set()
 
+    # -- quiescence (quiesce.py: the node as the server's registry sees it) --------------------
+
+    @property
+    def quiesced(self) -> bool:
+        """Whether ticks are ignored (an idle group's leader or caught-up follower)."""
+        return self._quiesce.quiesced
+
+    def members(self) -> frozenset[str]:
+        """The other members of the current config (the peers a digest goes to)."""
+        return self._quiesce.members()
+
+    def wake(self, *, leader_suspect: bool = False) -> None:
+        """Tick again. `leader_suspect`: the leader's server went silent, so count a full
+        election timeout as passed (campaign within the jitter, vote for others)."""
+        self._quiesce.wake(leader_suspect=leader_suspect)
+
+    def quiesce_follower(self, leader: str, term: int, commit: int) -> bool:
+        """Stop ticking if this follows `leader` at `term` with its log up to `commit`, all
+        committed, and nothing in hand: no messages or calls queued for the loop here, the
+        rest is `NodeQuiescence.quiesce_follower`'s to check. A tick already due is dropped
+        with it: the loop would otherwise run it, quiesced."""
+        if self._closed or self._inbox or self._control:
+            return False
+        if not self._quiesce.quiesce_follower(leader, term, commit):
+            return False
+        self._tick_due = False
+        return True
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        """Run `fn` at the loop's next iteration, before its tick, and wake the loop."""
+        self._control.append(fn)
+        self._wakeup.set()
+
+    # -- membership ---------------------------------------------------------------------------
+
     def config_members(self) -> frozenset[str]:
         """Every node of this group's latest and committed configs (voters and learners), this
-        one included: who may send it Raft messages. (Not the quiescence mixin's `members`,
-        the peers a digest goes to.) Empty for a node that knows no config yet (a master joining
+        one included: who may send it Raft messages. (Not `members`, the peers a digest goes
+        to.) Empty for a node that knows no config yet (a master joining
         empty), which accepts the leader that is about to send it one."""
         st = self.status()
         return frozenset(st.config.members | st.committed_config.members)
@@ -314,8 +350,7 @@ class RaftNode(Quiescing):
 
     def _check_open(self) -> None:
         """Called first by every request for the loop's work, so it also ends quiescence."""
-        if self._quiesced:
-            self.wake()
+        self._quiesce.wake()
         if self.fatal is not None:
             raise IOFatal(f"node stopped after a storage failure: {self.fatal}")
         if self._closed:
@@ -336,7 +371,7 @@ class RaftNode(Quiescing):
     def is_promotable(self, node: str) -> bool:
         """Whether learner `node` was added to be promoted once caught up
         (docs/design/consensus.md#R4)."""
-        return node in self._promotable
+        return self._quiesce.is_promotable(node)
 
     async def propose(self, data: bytes, timeout: float | None = None) -> object:
         """Replicate `data`; returns the state machine's result once applied here.
@@ -534,8 +569,7 @@ class RaftNode(Quiescing):
                     self._flush_held()
                     self._deadlines.expire(loop.time())
                     self.raw.tick()
-                    self._maybe_promote()
-                    self._maybe_quiesce()
+                    self._quiesce.after_tick(self.applied)
                 if self._persisting is not None:
                     if not self._persisting.done.done():
                         self._status = None
@@ -569,7 +603,7 @@ class RaftNode(Quiescing):
                     await asyncio.shield(self._persisting.done)
 
     def _tick_timer(self) -> None:
-        if self._quiesced:
+        if self._quiesce.quiesced:
             return
         self._tick_due = True
         self._wakeup.set()
@@ -746,7 +780,7 @@ class RaftNode(Quiescing):
                         self.transport.set_address(cc.node, ctx["address"])
                         self.store.add_addresses({cc.node: ctx["address"]})
                     if cc.type is ConfigChangeType.ADD_LEARNER and ctx.get("promote"):
-                        self._promotable.add(cc.node)
+                        self._quiesce.promote_when_caught_up(cc.node)
 
     def _apply(self, e: Entry) -> None:
         result: object = None

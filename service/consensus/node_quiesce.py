@@ -1,19 +1,25 @@
 """What a RaftNode decides after a tick: promote a caught-up learner, or quiesce.
 
-A mixin of `RaftNode` (node.py), kept apart so the node's loop reads on its own; it touches
-only the node's own state, from the node's event loop. Quiescence (quiesce.py has the rules:
-which groups may stop ticking, what wakes them, why it is safe) waits for promotions: a
-leader with a learner to promote keeps ticking until it has.
+`NodeQuiescence` is a collaborator the node holds (`RaftNode._quiesce`), kept apart so the
+node's loop reads on its own. It owns the node's side of quiescence (quiesce.py has the rules:
+which groups may stop ticking, what wakes them, why it is safe): whether the node is quiesced,
+how many ticks in a row its group was idle, the learners to promote once caught up, and the
+handle on the server's `Quiescence` registry. What it needs from the node it is given
+explicitly: the node's `RawNode` and settings, a `busy()` predicate (proposals, reads, waiters
+or a Ready in hand) and a way to run a call on the node's loop and wake it. Everything here
+runs on the node's event loop, as the node does (docs/design/layers.md#R5): the registry's
+calls come from its periodic task and the transport, both on that loop.
+
+Quiescence waits for promotions: a leader with a learner to promote keeps ticking until it has.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
 from service.consensus.node_api import NodeSettings
-from service.consensus.quiesce import Quiescence
+from service.consensus.quiesce import Quiescence, QuiescentNode
 from service.raft import (
     ConfigChange,
     ConfigChangeRefused,
@@ -26,32 +32,57 @@ from service.raft import (
     Role,
 )
 
-__all__ = ["Quiescing", "late_answer"]
+__all__ = ["NodeQuiescence", "late_answer"]
 
 log = logging.getLogger("service.consensus.node")  # the node's own log lines
 
 
-class Quiescing:
-    """Quiescence methods of RaftNode; the attributes below are RaftNode's."""
+class NodeQuiescence:
+    """One RaftNode's quiescence and learner promotion.
 
-    group_id: str
-    uuid: NodeId
-    raw: RawNode
-    settings: NodeSettings
-    applied: int
-    _quiescence: Quiescence | None
-    _quiesced: bool
-    _idle_ticks: int
-    _closed: bool
-    _tick_due: bool
-    _inbox: list[Message]
-    _control: list[Callable[[], None]]
-    _wakeup: asyncio.Event
-    _promotable: set[NodeId]
+    `registry` is the server's `Quiescence`, or None when quiescence is off (then only
+    promotion runs). `busy()` says whether the node has proposals, reads, waiters, held
+    messages or a Ready being persisted. `on_loop(fn)` queues `fn` for the node's loop (it
+    runs before the next tick, with the core to itself) and wakes the loop."""
 
-    def _busy(self) -> bool:
-        """Whether the node has proposals, reads, waiters or a Ready in hand (RaftNode)."""
-        raise NotImplementedError
+    def __init__(
+        self,
+        *,
+        group_id: str,
+        uuid: NodeId,
+        raw: RawNode,
+        settings: NodeSettings,
+        registry: Quiescence | None,
+        busy: Callable[[], bool],
+        on_loop: Callable[[Callable[[], None]], None],
+    ) -> None:
+        self.group_id = group_id
+        self.uuid = uuid
+        self._raw = raw
+        self._settings = settings
+        self._registry = registry
+        self._busy = busy
+        self._on_loop = on_loop
+        self._quiesced = False
+        """Ticks are ignored: an idle group's leader and caught-up followers (quiesce.py)."""
+        self._idle_ticks = 0
+        """Consecutive ticks this leader found its group idle (`_maybe_quiesce`)."""
+        self._promotable: set[NodeId] = set()
+        """Learners added with the promote mark, not promoted yet
+        (docs/design/consensus.md#R4)."""
+
+    # -- the registry ---------------------------------------------------------------------------
+
+    def register(self, node: QuiescentNode) -> None:
+        """`node` (the RaftNode holding this) takes part in the server's digests."""
+        if self._registry is not None:
+            self._registry.register(node)
+
+    def unregister(self) -> None:
+        if self._registry is not None:
+            self._registry.unregister(self.group_id)
+
+    # -- state ----------------------------------------------------------------------------------
 
     @property
     def quiesced(self) -> bool:
@@ -59,7 +90,16 @@ class Quiescing:
 
     def members(self) -> frozenset[str]:
         """The other members of the current config (the peers a digest goes to)."""
-        return self.raw.raft.config.members - {self.uuid}
+        return self._raw.raft.config.members - {self.uuid}
+
+    def promote_when_caught_up(self, node: NodeId) -> None:
+        """Learner `node` was added with the promote mark: make it a voter once caught up."""
+        self._promotable.add(node)
+
+    def is_promotable(self, node: str) -> bool:
+        return node in self._promotable
+
+    # -- waking and sleeping --------------------------------------------------------------------
 
     def wake(self, *, leader_suspect: bool = False) -> None:
         """Tick again. `leader_suspect`: the leader's server went silent, so count a full
@@ -68,38 +108,49 @@ class Quiescing:
             return
         self._quiesced = False
         self._idle_ticks = 0
-        if self._quiescence is not None:
-            self._quiescence.left(self.group_id)
+        if self._registry is not None:
+            self._registry.left(self.group_id)
         if leader_suspect:
-            self._control.append(self.raw.expire_election_timer)
-            self._wakeup.set()
+            self._on_loop(self._raw.expire_election_timer)
+
+    def wake_for(self, messages: list[Message]) -> None:
+        """Messages are about to be stepped: any but a late heartbeat answer wakes the node."""
+        if self._quiesced and not all(late_answer(m, self._raw.raft.term) for m in messages):
+            self.wake()
 
     def quiesce_follower(self, leader: str, term: int, commit: int) -> bool:
         """Stop ticking if this follows `leader` at `term` and has its log up to `commit`,
         all committed, with nothing in hand (a digest from the leader's server said so). The
         digest is the leader's liveness signal, so the election timer restarts as for a
-        heartbeat: woken later by a message, the follower has a whole timeout again."""
+        heartbeat: woken later by a message, the follower has a whole timeout again. The node
+        checks its own queues first (`RaftNode.quiesce_follower`)."""
+        raw = self._raw
         if (
             self._quiesced
-            or self._closed
-            or not self.raw.quiet_follower(NodeId(leader), term, commit)
-            or self._inbox
-            or self._control
+            or not raw.quiet_follower(NodeId(leader), term, commit)
             or self._busy()
-            or self.raw.has_ready()
+            or raw.has_ready()
         ):
             return False
-        self.raw.heard_from_leader()
+        raw.heard_from_leader()
         self._quiesced = True
-        self._tick_due = False
         return True
+
+    # -- after a tick ---------------------------------------------------------------------------
+
+    def after_tick(self, applied: int) -> None:
+        """What the node's loop does after each tick of the core: promote a caught-up learner,
+        then (a leader with everything up to `applied` applied) perhaps quiesce."""
+        self._maybe_promote()
+        self._maybe_quiesce(applied)
 
     def _maybe_promote(self) -> None:
         """The leader promotes a PRE_VOTER once its log has caught up
         (docs/design/consensus.md#R4)."""
-        if not self.settings.auto_promote or self.raw.raft.state is not Role.LEADER:
+        raw = self._raw
+        if not self._settings.auto_promote or raw.raft.state is not Role.LEADER:
             return
-        raft = self.raw.raft
+        raft = raw.raft
         if raft.pending_configs or raft.pending_conf_index > raft.log.committed:
             return
         for node in sorted(raft.config.learners & self._promotable):
@@ -107,7 +158,7 @@ class Quiescing:
             if pr is not None and pr.match >= raft.log.committed:
                 cc = ConfigChange(ConfigChangeType.PROMOTE, node, raft.committed_config.index)
                 try:
-                    self.raw.propose_config_change(cc)
+                    raw.propose_config_change(cc)
                     self._promotable.discard(node)
                     log.info(
                         "%s/%s: promoting caught-up learner %s", self.group_id, self.uuid, node
@@ -116,17 +167,18 @@ class Quiescing:
                     pass
                 return
 
-    def _maybe_quiesce(self) -> None:
+    def _maybe_quiesce(self, applied: int) -> None:
         """After a tick of a leader: quiesce once its group has been quiet (RawNode.quiet_leader:
         everything committed and replicated to every peer, nothing changing) and everything
         applied with nothing in hand, for `quiesce_ticks` ticks in a row."""
-        q = self._quiescence
+        q = self._registry
         if q is None:
             return
-        raft = self.raw.raft
+        raw = self._raw
+        raft = raw.raft
         if (
-            self.raw.quiet_leader()
-            and self.applied == raft.log.committed
+            raw.quiet_leader()
+            and applied == raft.log.committed
             and not self._busy()
             and not (raft.config.learners & self._promotable)
         ):
@@ -135,9 +187,9 @@ class Quiescing:
             self._idle_ticks = 0
             return
         if (
-            self._idle_ticks >= self.settings.quiesce_ticks
-            and self.raw.peers_recently_active()
-            and not self.raw.has_ready()
+            self._idle_ticks >= self._settings.quiesce_ticks
+            and raw.peers_recently_active()
+            and not raw.has_ready()
         ):
             self._quiesced = True
             q.lead(self.group_id, raft.term, raft.log.committed, self.members())

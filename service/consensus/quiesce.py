@@ -26,7 +26,7 @@ per interval, in place of a heartbeat and its answer per group.
 *Follower.* A follower that is told, by a digest from its own leader, that its group is
 quiesced at its term, and whose log ends at that commit index and has committed it
 (`RawNode.quiet_follower`), stops its election timer, restarted first as for a heartbeat: the
-digest is the leader's word that it is alive (`Quiescing.quiesce_follower`). It starts
+digest is the leader's word that it is alive (`NodeQuiescence.quiesce_follower`). It starts
 ticking again when
   * any Raft message for the group arrives (the leader woke up: a proposal, a config change);
   * the next digest from its leader's server does not list the group (the leader woke, lost
@@ -37,8 +37,8 @@ ticking again when
     because it has "heard from a leader recently" (it has not).
 
 *Waking.* Anything that hands a node work (a message, a proposal, a read, a config change, a
-leadership transfer, a report of an unreachable peer) wakes it first (`Quiescing.wake`), and
-it leaves the digest. A digest that cannot be sent to a peer's server wakes every group led
+leadership transfer, a report of an unreachable peer) wakes it first (`NodeQuiescence.wake`),
+and it leaves the digest. A digest that cannot be sent to a peer's server wakes every group led
 here with that peer (`peer_unreachable`): a leader that lost its quorum then steps down by
 check-quorum as it would awake, instead of sleeping on as a leader nobody follows. A
 follower that missed the quiesce (its commit was behind) times out and pre-votes; that message

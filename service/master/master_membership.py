@@ -14,8 +14,9 @@ AddMaster(address)
      mark. It ships the new master sys.catalog as that snapshot, never as the log from index 1:
      the group's first config was bootstrapped, not logged, so a master that replayed the log
      would apply every membership change onto an empty config and count a wrong quorum (found
-     by this module's tests; `Raft._send_append`). Then `RaftNode._maybe_promote` turns it
-     into a voter once its log has caught up (Kudu's PRE_VOTER, docs/design/tablet_copy.md#R7), so
+     by this module's tests; `Raft._send_append`). Then the leader's RaftNode turns it into a
+     voter once its log has caught up (`NodeQuiescence._maybe_promote`, after every tick; Kudu's
+     PRE_VOTER, docs/design/tablet_copy.md#R7), so
      the quorum never counts on a master that cannot vote sensibly yet.
   4. The call returns once the master is a voter in the committed config, or fails with
      TIMED_OUT naming what is left (the change itself stays: the master is promoted when it

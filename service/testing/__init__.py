@@ -7,7 +7,8 @@ Modules
 -------
     simulator           deterministic simulation of a Raft group: the real core and WAL, a
                         simulated world, safety checks after every step
-    sim_network         the simulator's network: delays, drops, partitions
+    sim_network         the network a simulator holds: messages in flight, delays, drops,
+                        partitions
     sim_quiesce         quiescence in the simulator
     sim_cli             `make sim`: the simulator over many seeds
     simdisk             an in-memory file system that can lose power (torn writes, fsync errors)

@@ -53,12 +53,12 @@ class _Sender:
         self.src = src
 
     def send_digest(self, peer: str, digest: pb.QuiesceDigest) -> None:
-        self.sim.send_digest(self.src, NodeId(peer), digest)
+        self.sim.net.send_digest(self.src, NodeId(peer), digest)
 
 
 class SimQuiescence:
     """One simulated node's quiescence: its registry (it is its own server) and the node's
-    side of the rules, as `Quiescing` (node_quiesce.py) plays them for a RaftNode."""
+    side of the rules, as `NodeQuiescence` (node_quiesce.py) plays them for a RaftNode."""
 
     group_id = GROUP
 
@@ -117,7 +117,7 @@ class SimQuiescence:
             self.wake()
 
     def after_tick(self) -> None:
-        """A leader's `_maybe_quiesce` (node_quiesce.py)."""
+        """A leader's `NodeQuiescence._maybe_quiesce` (node_quiesce.py)."""
         raw = self.node.node
         raft = raw.raft
         if raw.quiet_leader() and self.node.applied == raft.log.committed and not self._busy():

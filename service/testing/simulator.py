@@ -13,7 +13,9 @@ keeps only what was synced (plus a random prefix of the rest: a torn tail). A no
 Ready contract exactly: persist, then send, then apply, then advance. A crash may strike in the
 middle of persisting, after the WAL write but before its fsync. Most nodes are *pipelined* like
 the asyncio shell: a Ready's fsync completes steps later while the node goes on stepping,
-ticking and proposing (`SimNode.process`).
+ticking and proposing (`SimNode.process`). Messages between nodes travel through the network
+the simulator holds (`Simulator.net`, sim_network.py): delays, drops, duplicates, reordering
+and partitions, all drawn from the seed's `random.Random` as the simulator calls it.
 
 After every step the simulator checks Raft's safety properties (Figure 3):
   election safety      at most one leader per term, ever;
@@ -38,7 +40,6 @@ from dataclasses import dataclass, field
 
 from service.consensus.raft_store import RaftStore, StoreIOError
 from service.consensus.wal import WalIOError
-from service.pb import consensus_pb2 as pb
 from service.raft import (
     ConfigChange,
     ConfigChangeRefused,
@@ -46,7 +47,6 @@ from service.raft import (
     Entry,
     EntryType,
     MemoryStorage,
-    Message,
     NodeId,
     ProposalDropped,
     RaftConfig,
@@ -230,7 +230,7 @@ class SimNode:
         sim = self.sim
         if rd.send_before_persist:
             for m in rd.messages:  # a leader's appends overlap its own fsync
-                sim.send(m)
+                sim.net.send(m)
             self._apply_ready(rd)  # its committed entries are durable here already
         # 1. persist (possibly crashing half-way: WAL written, not synced)
         if rd.entries and sim.rng.random() < sim.opts.crash / 4:
@@ -268,7 +268,7 @@ class SimNode:
         if not rd.send_before_persist:
             # 2. send
             for m in rd.messages:
-                sim.send(m)
+                sim.net.send(m)
             # 3. apply
             self._apply_ready(rd)
         self.node.advance(rd)
@@ -365,7 +365,7 @@ class SimNode:
 # -- the world --------------------------------------------------------------------------------
 
 
-class Simulator(SimNetwork):
+class Simulator:
     def __init__(self, opts: SimOptions) -> None:
         self.opts = opts
         self.rng = random.Random(opts.seed)
@@ -378,8 +378,6 @@ class Simulator(SimNetwork):
         else:
             self.quiesce = opts.quiesce
             self.lease_reads = self.lease_reads and not opts.quiesce
-        self.digests: list[tuple[int, int, NodeId, NodeId, pb.QuiesceDigest]] = []
-        self.snapshot_reports: list[tuple[NodeId, NodeId, bool]] = []
         self.quiet_until = 0
         """Clients start nothing before this step (a quiet stretch, so groups can quiesce)."""
         self.now = 0
@@ -389,9 +387,15 @@ class Simulator(SimNetwork):
             nid: SimNode(self, nid, self.fss[nid], boot) for nid in self.ids
         }
         self.down_until: dict[NodeId, int] = {}
-        self.net: list[tuple[int, int, Message]] = []
-        self._seq = 0
-        self.cut: set[tuple[NodeId, NodeId]] = set()
+        self.net = SimNetwork(
+            self.rng,
+            lambda: self.now,
+            self.nodes,
+            max_delay=opts.max_delay,
+            drop=opts.drop,
+            duplicate=opts.duplicate,
+        )
+        """Messages and digests in flight, and the partition (sim_network.py)."""
         self.heal_at = -1
         self.recorder = Recorder()
         self.client_busy: dict[int, bool] = {c: False for c in range(opts.clients)}
@@ -527,22 +531,19 @@ class Simulator(SimNetwork):
         if rng.random() < self.opts.crash and len(live) > 1:
             self.crash(rng.choice(live), "random")
         if self.heal_at == self.now:
-            self.cut.clear()
+            self.net.heal()
             self.log("heal")
-        if not self.cut and rng.random() < self.opts.partition:
+        if not self.net.partitioned and rng.random() < self.opts.partition:
             if rng.random() < 0.5:
                 victim = rng.choice(self.ids)
-                self.cut = {(victim, o) for o in self.ids if o != victim}
-                self.cut |= {(o, victim) for o in self.ids if o != victim}
+                self.net.isolate(victim, self.ids)
                 self.log(f"isolate {victim}")
             else:
                 side = set(rng.sample(self.ids, len(self.ids) // 2))
-                self.cut = {
-                    (a, b) for a in self.ids for b in self.ids if (a in side) != (b in side)
-                }
+                self.net.split(side, self.ids)
                 self.log(f"partition {sorted(side)}")
             if rng.random() < 0.2:  # one-way partitions too
-                self.cut = {(a, b) for (a, b) in self.cut if a < b}
+                self.net.one_way()
             self.heal_at = self.now + rng.randint(10, 80)
 
     def admin(self) -> None:
@@ -649,9 +650,9 @@ class Simulator(SimNetwork):
 
     def step(self) -> None:
         self.now += 1
-        self.report_snapshots()
-        self.deliver_due()
-        self.deliver_digests()
+        self.net.report_snapshots()
+        self.net.deliver_due()
+        self.net.deliver_digests()
         for nid in self.ids:
             n = self.nodes[nid]
             if n is None:
@@ -701,7 +702,8 @@ class Simulator(SimNetwork):
 
     def converge(self) -> None:
         """Heal, restart everyone, and require the group to agree on every committed entry."""
-        self.cut.clear()
+        self.net.heal()
+        self.net.make_reliable()
         self.converging = True
         self.opts = SimOptions(
             **{**self.opts.__dict__, "drop": 0.0, "duplicate": 0.0, "crash": 0.0, "partition": 0.0}

@@ -588,7 +588,7 @@ def test_a_learner_added_without_promote_stays_a_non_voter(tmp_path: Path) -> No
         )
         await leader.propose(b"after=1", timeout=WAIT_S)
         await eventually(lambda: c.sms["d"].kv.get("after") == "1", "d applies new writes")
-        for _ in range(20):  # many leader ticks: _maybe_promote runs on each
+        for _ in range(20):  # many leader ticks: NodeQuiescence.after_tick runs on each
             await asyncio.sleep(0.05)
         assert "d" in leader.status().committed_config.learners
         assert "d" not in leader.status().config.voters
