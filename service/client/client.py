@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from service.client.channels import ChannelPool
 from service.client.master_client import MasterClient
-from service.client.meta_cache import MetaCache, TableInfo, TabletLocation
+from service.client.meta_cache import MetaCache, TableHandle, TabletLocation
 from service.client.pruning import prune
 from service.client.retry import Backoff, Deadline
 from service.client.scanner import ScanToken, TabletScanner, TokenReplica, order_replicas
@@ -348,7 +348,7 @@ class TesseraClient:
 
     async def open_table(
         self, name: str, *, refresh: bool = False, timeout: float | None = None
-    ) -> TableInfo:
+    ) -> TableHandle:
         """The table's schema and partitioning (cached; `refresh` asks the master again)."""
         return await self.meta.table(name, self._t(timeout), refresh=refresh)
 

@@ -43,7 +43,7 @@ import grpc.aio
 import numpy as np
 import pyarrow as pa
 
-from service.client.meta_cache import TableInfo, TabletLocation
+from service.client.meta_cache import TableHandle, TabletLocation
 from service.client.retry import Backoff, Deadline
 from service.common.errors import (
     Aborted,
@@ -121,7 +121,7 @@ class WriteSession:
     def __init__(
         self,
         client: TesseraClient,
-        table: TableInfo,
+        table: TableHandle,
         *,
         timeout: float = 60.0,
         max_buffered_rows: int = 200_000,
