@@ -2,9 +2,8 @@
 
 A channel multiplexes calls over one HTTP/2 connection and reconnects on its own, so the client
 keeps exactly one per address for its lifetime (masters and tablet servers alike) rather than
-dialing per call. Reconnect backoff is capped low (300 ms): after a server restarts, the next
-attempt should find it within the retry budget of a single operation, not after gRPC's default
-two-minute ceiling.
+dialing per call. Its options (reconnect backoff capped at 300 ms, 64 MiB messages) and why are
+`channel_options.client` (service/common/channel_options.py).
 """
 
 from __future__ import annotations
@@ -12,21 +11,16 @@ from __future__ import annotations
 import grpc
 import grpc.aio
 
+from service.common import channel_options
 from service.common.tls import Credentials, open_channel
 from service.pb import master_pb2_grpc, tserver_pb2_grpc
 
 __all__ = ["MAX_MESSAGE_BYTES", "ChannelPool"]
 
-MAX_MESSAGE_BYTES = 64 << 20
-"""Largest message either way: a scan page or write batch far above the 2 MB default pages."""
+MAX_MESSAGE_BYTES = channel_options.CLIENT_MAX_MESSAGE_BYTES
+"""Largest message either way (service/common/channel_options.py says why)."""
 
-_OPTIONS = [
-    ("grpc.max_reconnect_backoff_ms", 300),
-    ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.min_reconnect_backoff_ms", 50),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
+_OPTIONS = channel_options.client()
 
 
 class ChannelPool:

@@ -22,6 +22,7 @@ Modules
     server_main     the `main()` shared by the server processes
     pki             the cluster CA and the certificates that carry identities
     tls             mutual TLS on every gRPC connection, and who is calling
+    channel_options every gRPC channel and server option, one constructor per purpose, and why
     tokens          signed tokens: format, signing, verification, authz claims
     authz           per-servicer RPC policies, default deny
     cert_renewal    a server renewing its own certificate before it expires, without a restart
