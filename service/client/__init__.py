@@ -21,7 +21,7 @@ Modules
     scanner         scan tokens and the fault-tolerant tablet scanner
     replica_ops     add, remove and move one replica, compare-and-set
     retry           deadlines and retry pacing
-    channels        one gRPC channel per server address
+    channels        one gRPC channel per server address; failed calls raise TesseraErrors
     credentials     where a client finds its credentials
 (Certificates from the masters, for users, joins and renewals: service.common.enrollment.)
 """

@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
 
-import grpc.aio
 import pyarrow as pa
 
 from service.client.channels import ChannelPool
@@ -42,7 +41,6 @@ from service.common.errors import (
     TesseraError,
     Timeout,
     WrongDestination,
-    from_grpc,
 )
 from service.common.partition import PartitionSchema
 from service.common.predicates import ColumnPredicate, ScanSpec, predicate_to_pb, validate_spec
@@ -526,10 +524,7 @@ class TesseraClient:
                 resp: tpb.SplitKeyRangeResponsePB = await self.channels.tserver(
                     rep.address
                 ).SplitKeyRange(req, timeout=token.rpc_timeout_s)  # type: ignore[misc]
-            except grpc.aio.AioRpcError as e:
-                err = from_grpc(e)
-                if not isinstance(err, _SPLIT_FAIL_OVER):
-                    raise err from e
+            except _SPLIT_FAIL_OVER as err:
                 last = err
                 continue
             return _checked_split(token, rep.ts_uuid, resp)

@@ -4,6 +4,7 @@ docs/design/layers.md#R1).
 Modules
 -------
     errors          the one error tree, its stable codes and the gRPC mapping in both directions
+    error_mapping   channel interceptors raising a failed outgoing call as its TesseraError
     config          frozen-dataclass configuration loaded strictly from `conf/*.toml`
     ids             `NewType` ids (`NodeId`, `TableId`, `TabletId`) and uuid helpers
     clock           the `Clock` protocol, `RealClock` and the deterministic `ManualClock`
