@@ -72,6 +72,7 @@ import grpc
 import grpc.aio
 
 from bench.protos import etcd_kv_pb2
+from service.common import channel_options
 from service.common.pki import IdentityFiles
 from service.common.tls import Credentials, open_channel
 from service.pb import kvdemo_pb2, kvdemo_pb2_grpc
@@ -80,12 +81,7 @@ LEADER_ADDRESS_KEY = "tessera-leader-address"  # service.common.errors.LEADER_AD
 KVDEMO_PUT = "/tessera.kvdemo.KvDemo/Put"  # service tessera.kvdemo.KvDemo, rpc Put
 KVDEMO_PUT_STREAM = "/tessera.kvdemo.KvDemo/PutStream"
 ETCD_PUT = "/etcdserverpb.KV/Put"  # service etcdserverpb.KV, rpc Put (bench/protos/etcd_kv.proto)
-CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.use_local_subchannel_pool", 1),  # one TCP connection per channel
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
+CHANNEL_OPTIONS = channel_options.load_generator()
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -38,6 +38,7 @@ import grpc
 import grpc.aio
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
+from service.common import channel_options
 from service.pb import kvdemo_pb2, kvdemo_pb2_grpc
 
 LEADER_ADDRESS_KEY = "tessera-leader-address"
@@ -161,7 +162,7 @@ async def serve(args: argparse.Namespace) -> int:
     conf = SyncObjConf(journalFile=str(args.journal), appendEntriesUseBatch=not args.no_batch)
     obj = ReplicatedDict(args.raft, [p.split("=", 1)[0] for p in args.peer], conf)
     # SO_REUSEPORT off: one server per port (see RpcSettings.server_options).
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(options=channel_options.server())
     kvdemo_pb2_grpc.add_KvDemoServicer_to_server(
         PySyncObjKvServicer(obj, grpc_of_raft, args.raft), server
     )

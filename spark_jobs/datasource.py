@@ -81,7 +81,7 @@ from service.client.credentials import (
     find_credentials,
     load_token_file,
 )
-from service.client.meta_cache import TableInfo
+from service.client.meta_cache import TableHandle
 from service.client.scanner import REPLICA_SELECTIONS, ScanToken
 from service.client.sync import SyncClient
 from service.client.write_session import OPERATIONS, format_errors
@@ -326,8 +326,8 @@ class ReadOptions:
             self.masters, timeout=self.rpc_timeout_s, credentials=self.credentials()
         )
 
-    def table_info(self) -> TableInfo:
-        info: TableInfo = self.client().call("open_table", self.table, refresh=True)
+    def table_info(self) -> TableHandle:
+        info: TableHandle = self.client().call("open_table", self.table, refresh=True)
         if self.columns is not None:
             for c in self.columns:
                 if not info.schema.has_column(c):
@@ -559,7 +559,7 @@ _FAMILIES: dict[ColumnType, tuple[type, ...]] = {
 of value (integers into integers, and so on), converted with overflow checks per batch."""
 
 
-def check_write_schema(info: TableInfo, schema: StructType, operation: str) -> None:
+def check_write_schema(info: TableHandle, schema: StructType, operation: str) -> None:
     """Refuse, before any task runs, a DataFrame that cannot be written to the table."""
     for f in schema.fields:
         if not info.schema.has_column(f.name):
@@ -582,7 +582,7 @@ def check_write_schema(info: TableInfo, schema: StructType, operation: str) -> N
             )
 
 
-def truncate(opts: ReadOptions, info: TableInfo) -> int:
+def truncate(opts: ReadOptions, info: TableHandle) -> int:
     """Delete every row of the table (overwrite with truncate=true); the rows deleted."""
     client = opts.client()
     keys = [c.name for c in info.schema.key_columns]
@@ -609,7 +609,7 @@ class TesseraWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TesseraCommit:
         opts = self.opts
         client = opts.client()
-        info: TableInfo = client.call("open_table", opts.table)
+        info: TableHandle = client.call("open_table", opts.table)
         target = info.schema.to_arrow()
         session = client.call("new_session", opts.table, timeout=opts.rpc_timeout_s)
 

@@ -244,6 +244,7 @@ def list_hosted(
     import grpc
 
     from service.client.credentials import find_credentials
+    from service.common import channel_options
     from service.common.tls import open_sync_channel
     from service.pb import tserver_pb2_grpc
 
@@ -251,7 +252,7 @@ def list_hosted(
         address,
         find_credentials(credentials_dir),
         role="tserver",
-        options=[("grpc.max_receive_message_length", 256 << 20)],
+        options=channel_options.tool(),
     )
     try:
         stub = tserver_pb2_grpc.TabletServerAdminServiceStub(channel)

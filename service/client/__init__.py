@@ -15,19 +15,19 @@ Modules
     client          `TesseraClient`: catalog admin, writes, scans, scan tokens
     sync            `SyncClient`: the blocking facade (Spark executors, the CLI, scripts)
     master_client   the leader master: discovery, leader hints, retries, request ids
-    meta_cache      tables and tablet locations by partition key
+    meta_cache      opened tables (`TableHandle`) and tablet locations by partition key
     pruning         which tablets a scan can skip (PURE)
     write_session   rows routed to their tablets' leaders, per-row errors
     scanner         scan tokens and the fault-tolerant tablet scanner
     replica_ops     add, remove and move one replica, compare-and-set
     retry           deadlines and retry pacing
-    channels        one gRPC channel per server address
+    channels        one gRPC channel per server address; failed calls raise TesseraErrors
     credentials     where a client finds its credentials
 (Certificates from the masters, for users, joins and renewals: service.common.enrollment.)
 """
 
 from service.client.client import MasterInfo, TableSummary, TabletServerInfo, TesseraClient
-from service.client.meta_cache import Replica, TableInfo, TabletLocation
+from service.client.meta_cache import Replica, TableHandle, TabletLocation
 from service.client.scanner import ScanToken, TabletScanner
 from service.client.write_session import RowError, WriteResult, WriteSession
 from service.common.predicates import ColumnPredicate
@@ -38,7 +38,7 @@ __all__ = [
     "Replica",
     "RowError",
     "ScanToken",
-    "TableInfo",
+    "TableHandle",
     "TableSummary",
     "TabletLocation",
     "TabletScanner",

@@ -2,9 +2,11 @@
 
 A channel multiplexes calls over one HTTP/2 connection and reconnects on its own, so the client
 keeps exactly one per address for its lifetime (masters and tablet servers alike) rather than
-dialing per call. Reconnect backoff is capped low (300 ms): after a server restarts, the next
-attempt should find it within the retry budget of a single operation, not after gRPC's default
-two-minute ceiling.
+dialing per call. Its options (reconnect backoff capped at 300 ms, 64 MiB messages) and why are
+`channel_options.client` (service/common/channel_options.py).
+
+Every channel carries the error mapping (service/common/error_mapping.py): a call made through
+the pool fails with the `TesseraError` the server raised, never a bare `grpc.aio.AioRpcError`.
 """
 
 from __future__ import annotations
@@ -12,27 +14,24 @@ from __future__ import annotations
 import grpc
 import grpc.aio
 
+from service.common import channel_options
+from service.common.error_mapping import INTERCEPTORS
 from service.common.tls import Credentials, open_channel
 from service.pb import master_pb2_grpc, tserver_pb2_grpc
 
 __all__ = ["MAX_MESSAGE_BYTES", "ChannelPool"]
 
-MAX_MESSAGE_BYTES = 64 << 20
-"""Largest message either way: a scan page or write batch far above the 2 MB default pages."""
+MAX_MESSAGE_BYTES = channel_options.CLIENT_MAX_MESSAGE_BYTES
+"""Largest message either way (service/common/channel_options.py says why)."""
 
-_OPTIONS = [
-    ("grpc.max_reconnect_backoff_ms", 300),
-    ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.min_reconnect_backoff_ms", 50),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
+_OPTIONS = channel_options.client()
 
 
 class ChannelPool:
     """Channels by address and server role, created on first use, closed together by
     `aclose()`. With `credentials`, every channel is mutual TLS and accepts only a server
-    certificate of the role asked for (service/common/tls.py)."""
+    certificate of the role asked for (service/common/tls.py). Calls on its channels raise
+    `TesseraError`s (module docstring)."""
 
     def __init__(self, credentials: Credentials | None = None) -> None:
         self.credentials = credentials
@@ -41,7 +40,9 @@ class ChannelPool:
     def channel(self, address: str, role: str = "") -> grpc.aio.Channel:
         ch = self._channels.get((address, role))
         if ch is None:
-            ch = open_channel(address, self.credentials, role=role, options=_OPTIONS)
+            ch = open_channel(
+                address, self.credentials, role=role, options=_OPTIONS, interceptors=INTERCEPTORS
+            )
             self._channels[(address, role)] = ch
         return ch
 

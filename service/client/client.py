@@ -24,12 +24,11 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
 
-import grpc.aio
 import pyarrow as pa
 
 from service.client.channels import ChannelPool
 from service.client.master_client import MasterClient
-from service.client.meta_cache import MetaCache, TableInfo, TabletLocation
+from service.client.meta_cache import MetaCache, TableHandle, TabletLocation
 from service.client.pruning import prune
 from service.client.retry import Backoff, Deadline
 from service.client.scanner import ScanToken, TabletScanner, TokenReplica, order_replicas
@@ -42,7 +41,6 @@ from service.common.errors import (
     TesseraError,
     Timeout,
     WrongDestination,
-    from_grpc,
 )
 from service.common.partition import PartitionSchema
 from service.common.predicates import ColumnPredicate, ScanSpec, predicate_to_pb, validate_spec
@@ -348,7 +346,7 @@ class TesseraClient:
 
     async def open_table(
         self, name: str, *, refresh: bool = False, timeout: float | None = None
-    ) -> TableInfo:
+    ) -> TableHandle:
         """The table's schema and partitioning (cached; `refresh` asks the master again)."""
         return await self.meta.table(name, self._t(timeout), refresh=refresh)
 
@@ -526,10 +524,7 @@ class TesseraClient:
                 resp: tpb.SplitKeyRangeResponsePB = await self.channels.tserver(
                     rep.address
                 ).SplitKeyRange(req, timeout=token.rpc_timeout_s)  # type: ignore[misc]
-            except grpc.aio.AioRpcError as e:
-                err = from_grpc(e)
-                if not isinstance(err, _SPLIT_FAIL_OVER):
-                    raise err from e
+            except _SPLIT_FAIL_OVER as err:
                 last = err
                 continue
             return _checked_split(token, rep.ts_uuid, resp)

@@ -31,8 +31,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-import grpc
-import grpc.aio
 from google.protobuf.message import Message
 
 from service.client.channels import ChannelPool
@@ -43,7 +41,6 @@ from service.common.errors import (
     ServiceUnavailable,
     TesseraError,
     Timeout,
-    from_grpc,
 )
 from service.pb import master_pb2 as pb
 
@@ -118,13 +115,10 @@ class MasterClient:
 
     async def _connect(self, address: str, deadline: Deadline) -> pb.ConnectToMasterResponsePB:
         stub = self._pool.master(address)
-        try:
-            resp: pb.ConnectToMasterResponsePB = await stub.ConnectToMaster(  # type: ignore[misc]
-                pb.ConnectToMasterRequestPB(),
-                timeout=deadline.attempt_timeout(DISCOVERY_ATTEMPT_S),
-            )
-        except grpc.aio.AioRpcError as e:
-            raise from_grpc(e) from e
+        resp: pb.ConnectToMasterResponsePB = await stub.ConnectToMaster(  # type: ignore[misc]
+            pb.ConnectToMasterRequestPB(),
+            timeout=deadline.attempt_timeout(DISCOVERY_ATTEMPT_S),
+        )
         return resp
 
     async def _discover_once(self, deadline: Deadline) -> str:
@@ -226,11 +220,15 @@ class MasterClient:
                 raise Timeout(f"{method}: timed out after retries; last error: {last}") from last
             stub = self._pool.master(address)
             try:
-                return await attempt(stub, deadline.attempt_timeout(ATTEMPT_CAP_S))
-            except grpc.aio.AioRpcError as e:
-                err = from_grpc(e)
+                attempt_s = deadline.attempt_timeout(ATTEMPT_CAP_S)
             except Timeout:
                 raise Timeout(f"{method}: timed out; last error: {last}") from last
+            try:
+                return await attempt(stub, attempt_s)
+            except TesseraError as e:
+                # The call failed (the pool maps it: service/common/error_mapping.py). An
+                # attempt that ran out of its own time is a Timeout here, retried below.
+                err = e
             last = err
             if isinstance(err, NotTheLeader):
                 hint = err.leader_address

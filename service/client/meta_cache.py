@@ -8,8 +8,8 @@ holds that key, with its replicas and which of them leads. Asking the master for
 would make it the bottleneck of every data operation, so the client caches, as Kudu's
 MetaCache does:
 
-* `TableInfo` by name: schema, partition schema, replication. Refreshed on demand (a schema
-  error from a tablet server, `open_table(refresh=True)`).
+* a `TableHandle` per table name: schema, partition schema, replication. Refreshed on demand
+  (a schema error from a tablet server, `open_table(refresh=True)`).
 * per table, the tablets by `partition_key_start` (a sorted list, found by bisect), each with
   the expiry the master granted (`ttl_ms`). A lookup of an unknown or expired key fetches
   locations from that key on, a page of tablets at a time.
@@ -39,14 +39,19 @@ from service.common.schema_codec import (
 )
 from service.pb import master_pb2 as pb
 
-__all__ = ["MetaCache", "Replica", "TableInfo", "TabletLocation"]
+__all__ = ["MetaCache", "Replica", "TableHandle", "TabletLocation"]
 
 LOCATIONS_PAGE = 100
 """Tablets asked for per GetTableLocations when filling the cache."""
 
 
 @dataclass(frozen=True)
-class TableInfo:
+class TableHandle:
+    """The client's view of an opened table: what routing a row and checking a write need.
+
+    Not the master's `TableInfo` (its copy-on-write catalog entry, Kudu's name): a handle is a
+    snapshot the client refreshes on demand, never a record of the catalog's state."""
+
     table_id: str
     name: str
     schema: Schema
@@ -94,9 +99,9 @@ class TabletLocation:
         return replace(self, replicas=reps)
 
 
-def table_info_from_pb(r: pb.GetTableSchemaResponsePB) -> TableInfo:
+def table_handle_from_pb(r: pb.GetTableSchemaResponsePB) -> TableHandle:
     schema = schema_from_pb(r.schema)
-    return TableInfo(
+    return TableHandle(
         table_id=r.table_id,
         name=r.table_name,
         schema=schema,
@@ -181,7 +186,7 @@ class MetaCache:
     ) -> None:
         self._master = master
         self._clock = clock
-        self._tables: dict[str, TableInfo] = {}
+        self._tables: dict[str, TableHandle] = {}
         self._maps: dict[str, _TabletMap] = {}
         self.location_fetches = 0
         """GetTableLocations calls made (tests assert that caching works)."""
@@ -191,7 +196,7 @@ class MetaCache:
 
     # --- tables ------------------------------------------------------------------------------
 
-    async def table(self, name: str, timeout: float, *, refresh: bool = False) -> TableInfo:
+    async def table(self, name: str, timeout: float, *, refresh: bool = False) -> TableHandle:
         info = None if refresh else self._tables.get(name)
         if info is None:
             r = await self._master.call(
@@ -199,7 +204,7 @@ class MetaCache:
                 pb.GetTableSchemaRequestPB(table=pb.TableIdentifierPB(table_name=name)),
                 timeout,
             )
-            info = table_info_from_pb(r)
+            info = table_handle_from_pb(r)
             old = self._tables.get(name)
             if old is not None and old.table_id != info.table_id:
                 self._maps.pop(old.table_id, None)  # dropped and re-created under this name

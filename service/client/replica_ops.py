@@ -46,8 +46,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-import grpc.aio
 from google.protobuf.message import Message
 
 from service.client.client import TesseraClient
@@ -64,7 +62,6 @@ from service.common.errors import (
     Timeout,
     WrongDestination,
     error_class,
-    from_grpc,
 )
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
@@ -162,12 +159,10 @@ class _Ops:
         return address
 
     async def _admin(self, address: str, method: str, request: Message) -> Any:
-        """TabletServerAdminService.<method>(request) at `address`, errors as TesseraErrors."""
+        """TabletServerAdminService.<method>(request) at `address`; a failure raises its
+        TesseraError (the pool's channels map it: service/common/error_mapping.py)."""
         stub = self.client.channels.tserver_admin(address)
-        try:
-            return await getattr(stub, method)(request, timeout=self.attempt())
-        except grpc.aio.AioRpcError as e:
-            raise from_grpc(e) from e
+        return await getattr(stub, method)(request, timeout=self.attempt())
 
     async def _read_once(self, tablet_id: str) -> ConsensusView:
         r: mpb.GetTabletLocationsResponsePB = await self.client.master.call(

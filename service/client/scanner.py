@@ -39,8 +39,6 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-import grpc
-import grpc.aio
 import pyarrow as pa
 
 from service.client.meta_cache import location_from_pb
@@ -54,7 +52,6 @@ from service.common.errors import (
     TesseraError,
     Timeout,
     WrongDestination,
-    from_grpc,
 )
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
@@ -280,18 +277,15 @@ class TabletScanner:
         seq = 0
         finished = False
         try:
-            try:
-                resp: tpb.ScanResponsePB = await stub.Scan(  # type: ignore[misc]
-                    tpb.ScanRequestPB(
-                        dest_uuid=rep.ts_uuid,
-                        new_scan=self._new_scan(),
-                        batch_size_bytes=tok.batch_size_bytes,
-                        authz_token=tok.authz_token,
-                    ),
-                    timeout=tok.rpc_timeout_s,
-                )
-            except grpc.aio.AioRpcError as e:
-                raise from_grpc(e) from e
+            resp: tpb.ScanResponsePB = await stub.Scan(  # type: ignore[misc]
+                tpb.ScanRequestPB(
+                    dest_uuid=rep.ts_uuid,
+                    new_scan=self._new_scan(),
+                    batch_size_bytes=tok.batch_size_bytes,
+                    authz_token=tok.authz_token,
+                ),
+                timeout=tok.rpc_timeout_s,
+            )
             self.read_index = max(self.read_index, resp.applied_index)
             while True:
                 scanner_id = resp.scanner_id
@@ -305,18 +299,15 @@ class TabletScanner:
                     finished = True
                     return
                 seq += 1
-                try:
-                    resp = await stub.ScanNext(  # type: ignore[misc]
-                        tpb.ScanNextRequestPB(
-                            dest_uuid=rep.ts_uuid,
-                            scanner_id=scanner_id,
-                            call_seq_id=seq,
-                            batch_size_bytes=tok.batch_size_bytes,
-                        ),
-                        timeout=tok.rpc_timeout_s,
-                    )
-                except grpc.aio.AioRpcError as e:
-                    raise from_grpc(e) from e
+                resp = await stub.ScanNext(  # type: ignore[misc]
+                    tpb.ScanNextRequestPB(
+                        dest_uuid=rep.ts_uuid,
+                        scanner_id=scanner_id,
+                        call_seq_id=seq,
+                        batch_size_bytes=tok.batch_size_bytes,
+                    ),
+                    timeout=tok.rpc_timeout_s,
+                )
         finally:
             if scanner_id and not finished:
                 await self._close_quietly(stub, rep, scanner_id)
@@ -328,5 +319,5 @@ class TabletScanner:
             await stub.ScanClose(
                 tpb.ScanCloseRequestPB(dest_uuid=rep.ts_uuid, scanner_id=scanner_id), timeout=2
             )
-        except (grpc.aio.AioRpcError, TesseraError):
+        except TesseraError:
             pass

@@ -38,12 +38,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import grpc
-import grpc.aio
 import numpy as np
 import pyarrow as pa
 
-from service.client.meta_cache import TableInfo, TabletLocation
+from service.client.meta_cache import TableHandle, TabletLocation
 from service.client.retry import Backoff, Deadline
 from service.common.errors import (
     Aborted,
@@ -55,7 +53,6 @@ from service.common.errors import (
     TesseraError,
     Timeout,
     WrongDestination,
-    from_grpc,
 )
 from service.pb import tserver_pb2 as tpb
 
@@ -121,7 +118,7 @@ class WriteSession:
     def __init__(
         self,
         client: TesseraClient,
-        table: TableInfo,
+        table: TableHandle,
         *,
         timeout: float = 60.0,
         max_buffered_rows: int = 200_000,
@@ -312,13 +309,12 @@ class WriteSession:
                 authz_token=self.client.meta.authz_token(loc.table_id),
             )
             stub = self.client.channels.tserver(target.address)
+            attempt_s = deadline.attempt_timeout(30.0)  # Timeout once the deadline passed
             try:
-                resp: tpb.WriteResponsePB = await stub.Write(  # type: ignore[misc]
-                    req, timeout=deadline.attempt_timeout(30.0)
-                )
+                resp: tpb.WriteResponsePB = await stub.Write(req, timeout=attempt_s)  # type: ignore[misc]
                 return resp, loc
-            except grpc.aio.AioRpcError as e:
-                err = from_grpc(e)
+            except TesseraError as e:  # the call failed (service/common/error_mapping.py)
+                err = e
             last = err
             result.retries += 1
             tried.add(target.ts_uuid)

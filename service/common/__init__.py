@@ -4,6 +4,7 @@ docs/design/layers.md#R1).
 Modules
 -------
     errors          the one error tree, its stable codes and the gRPC mapping in both directions
+    error_mapping   channel interceptors raising a failed outgoing call as its TesseraError
     config          frozen-dataclass configuration loaded strictly from `conf/*.toml`
     ids             `NewType` ids (`NodeId`, `TableId`, `TabletId`) and uuid helpers
     clock           the `Clock` protocol, `RealClock` and the deterministic `ManualClock`
@@ -22,6 +23,7 @@ Modules
     server_main     the `main()` shared by the server processes
     pki             the cluster CA and the certificates that carry identities
     tls             mutual TLS on every gRPC connection, and who is calling
+    channel_options every gRPC channel and server option, one constructor per purpose, and why
     tokens          signed tokens: format, signing, verification, authz claims
     authz           per-servicer RPC policies, default deny
     cert_renewal    a server renewing its own certificate before it expires, without a restart

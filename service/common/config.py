@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn, TypeVar
 
+from service.common import channel_options
 from service.common.errors import InvalidArgument
 from service.common.ids import NodeId, validate_node_id
 from service.common.pki import IdentityFiles
@@ -283,26 +284,19 @@ class WalSettings:
 class RpcSettings:
     """`[rpc]`: gRPC limits shared by servers and channels."""
 
-    max_message_bytes: int = 64 * MiB
+    max_message_bytes: int = channel_options.DEFAULT_MAX_MESSAGE_BYTES
     """Largest message sent or received (gRPC's own default is 4 MiB)."""
 
     MAX_MESSAGE_BYTES: ClassVar[int] = 2**31 - 1
 
     def grpc_options(self) -> list[tuple[str, int]]:
-        """Options for `grpc.aio.server(options=...)` and `grpc.aio.insecure_channel`."""
-        return [
-            ("grpc.max_send_message_length", self.max_message_bytes),
-            ("grpc.max_receive_message_length", self.max_message_bytes),
-        ]
+        """Options for this server's channels to other servers (`channel_options.server_peer`)."""
+        return channel_options.server_peer(self.max_message_bytes)
 
     def server_options(self) -> list[tuple[str, int]]:
-        """Options for `grpc.aio.server`: `grpc_options` and SO_REUSEPORT off.
-
-        gRPC sets SO_REUSEPORT on Linux by default, so a second server binding a port that is
-        in use *succeeds* and the kernel splits new connections between the two: a master
-        started on a port another process took meanwhile would answer half its clients with
-        "Method not found". Off, the bind fails and the server refuses to start."""
-        return [*self.grpc_options(), ("grpc.so_reuseport", 0)]
+        """Options for `grpc.aio.server` (`channel_options.server`: the message limit, and
+        SO_REUSEPORT off so that a port in use fails the bind)."""
+        return channel_options.server(self.max_message_bytes)
 
     def validate(self, section: str = "rpc") -> None:
         c = _Check(self, section)

@@ -21,14 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
+from service.common import error_mapping
 from service.common.errors import (
     NotTheLeader,
     ServiceUnavailable,
     TesseraError,
     Timeout,
-    from_grpc,
 )
 from service.common.pki import IdentityFiles, new_request
 from service.common.tls import Credentials, open_channel
@@ -64,15 +62,14 @@ async def request_certificate(
     while time.monotonic() < deadline:
         for address in masters:
             remaining = max(0.1, deadline - time.monotonic())
-            async with open_channel(address, credentials, role="master") as ch:
+            async with open_channel(
+                address, credentials, role="master", interceptors=error_mapping.INTERCEPTORS
+            ) as ch:
                 try:
                     r = await master_pb2_grpc.MasterServiceStub(ch).IssueCertificate(
                         request, timeout=min(10.0, remaining)
                     )
-                except grpc.aio.AioRpcError as e:
-                    err = from_grpc(e)
-                    if not isinstance(err, NotTheLeader | ServiceUnavailable | Timeout):
-                        raise err from None
+                except (NotTheLeader, ServiceUnavailable, Timeout) as err:
                     last = err
                     continue
             files = out if isinstance(out, IdentityFiles) else IdentityFiles.in_dir(out)

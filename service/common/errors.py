@@ -24,9 +24,11 @@ the servicer instance, so this module knows nothing of metrics and several serve
 process keep separate counts; a servicer without one behaves exactly as before.
 
 On the client, `from_grpc()` is the inverse: it reads the code back and rebuilds the same class,
-message and fields. A status without our metadata (a proxy, a connection refused, a server of a
-newer version with a code we do not know) falls back to a class chosen by the gRPC status, so
-callers only ever handle `TesseraError`s.
+message and fields, and keeps the call's own status and details (`rpc_status`, `rpc_details`).
+A status without our metadata (a proxy, a connection refused, a server of a newer version with
+a code we do not know) falls back to a class chosen by the gRPC status, so callers only ever
+handle `TesseraError`s. Channels opened with `error_mapping.INTERCEPTORS` (every channel of the
+client library's pool) apply it to every call themselves.
 
 Two class flags guide callers without a table of codes:
 
@@ -138,6 +140,14 @@ class TesseraError(Exception):
     fatal: ClassVar[bool] = False
 
     message: str
+    rpc_status: grpc.StatusCode | None = None
+    """For an error rebuilt from a failed call (`from_grpc`): the gRPC status the call ended
+    with, which the class alone does not always tell (NOT_THE_LEADER and SERVICE_UNAVAILABLE
+    share UNAVAILABLE; a status without Tessera's metadata falls back to a class). None for an
+    error raised in this process."""
+    rpc_details: str | None = None
+    """For an error rebuilt from a failed call: the details string the call ended with, as
+    received (`message` may add the status name when there were none)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -639,8 +649,11 @@ def from_grpc(e: grpc.RpcError | grpc.aio.AioRpcError) -> TesseraError:
     metadata = _metadata_of(e)
     cls = error_class(metadata.get(CODE_KEY, ""))
     if cls is not None:
-        return cls.from_wire(details or "", metadata)
-    # Not from a Tessera handler (a proxy, connection refused, a newer server's code): go by
-    # status, and say which status it was when there is no message.
-    cls = _BY_STATUS.get(status, Internal)
-    return cls.from_wire(details or f"{status.name} (no details)", metadata)
+        err = cls.from_wire(details or "", metadata)
+    else:
+        # Not from a Tessera handler (a proxy, connection refused, a newer server's code): go
+        # by status, and say which status it was when there is no message.
+        cls = _BY_STATUS.get(status, Internal)
+        err = cls.from_wire(details or f"{status.name} (no details)", metadata)
+    err.rpc_status, err.rpc_details = status, details
+    return err

@@ -186,12 +186,15 @@ def open_channel(
     *,
     role: str = "",
     options: Sequence[tuple[str, Any]] = (),
+    interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
 ) -> grpc.aio.Channel:
     """A channel to `address`. With `creds`: mutual TLS, the server's certificate verified
-    against the CA and the DNS name of `role` ("" accepts any server role)."""
+    against the CA and the DNS name of `role` ("" accepts any server role). `options` come from
+    service/common/channel_options.py; `interceptors` wrap every call made on the channel."""
     if creds is None:
-        return grpc.aio.insecure_channel(address, options=list(options))
-    return grpc.aio.secure_channel(address, *_tls(creds, role, options))
+        return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
+    tls, opts = _tls(creds, role, options)
+    return grpc.aio.secure_channel(address, tls, opts, interceptors=interceptors)
 
 
 def open_sync_channel(

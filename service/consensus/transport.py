@@ -45,6 +45,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from google.protobuf.message import DecodeError
 
+from service.common import channel_options
 from service.common.authz import Authorizer, Rule, allow
 from service.common.errors import (
     FailedPrecondition,
@@ -272,7 +273,7 @@ class GrpcTransport:
         uuid: str,
         *,
         incarnations: Incarnations | None,
-        max_message_bytes: int = 64 << 20,
+        max_message_bytes: int = channel_options.DEFAULT_MAX_MESSAGE_BYTES,
         drop_unknown_groups: bool = False,
         credentials: Credentials | None = None,
         peer_role: str = "",
@@ -296,12 +297,7 @@ class GrpcTransport:
         self.own_address: str | None = None
         """This server's address, sent with the others (when they are news to the peer) so that
         a receiver that knows nobody (a learner booted with no peers) can answer."""
-        self.channel_options = [
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-        ]
+        self.channel_options = channel_options.consensus_peer(max_message_bytes)
         self.max_message_bytes = max_message_bytes
         self._peers: dict[str, _Peer] = {}
         self._closing: set[asyncio.Future[None]] = set()

@@ -48,16 +48,14 @@ import re
 import time
 from typing import TYPE_CHECKING
 
-import grpc
-import grpc.aio
-
+from service.common import error_mapping
 from service.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
     NotTheLeader,
+    TesseraError,
     Timeout,
-    from_grpc,
 )
 from service.common.ids import NodeId
 from service.common.tls import open_channel
@@ -140,7 +138,12 @@ class MasterMembership:
         try:
             # Over mutual TLS in a secure cluster: the new master must hold a master
             # certificate of the cluster's CA, or the handshake fails here.
-            async with open_channel(address, self.master.credentials, role="master") as channel:
+            async with open_channel(
+                address,
+                self.master.credentials,
+                role="master",
+                interceptors=error_mapping.INTERCEPTORS,
+            ) as channel:
                 stub = master_pb2_grpc.MasterServiceStub(channel)
                 resp: pb.ConnectToMasterResponsePB = await stub.ConnectToMaster(
                     pb.ConnectToMasterRequestPB(), timeout=PROBE_TIMEOUT_S
@@ -148,9 +151,9 @@ class MasterMembership:
                 masters: pb.ListMastersResponsePB = await stub.ListMasters(
                     pb.ListMastersRequestPB(), timeout=PROBE_TIMEOUT_S
                 )
-        except grpc.aio.AioRpcError as e:
+        except TesseraError as e:
             raise FailedPrecondition(
-                f"master to add at {address} did not answer ({from_grpc(e)}): start it first, "
+                f"master to add at {address} did not answer ({e}): start it first, "
                 "with join_existing = true and an empty data dir"
             ) from None
         own = [e for e in masters.masters if e.instance.instance_seqno]

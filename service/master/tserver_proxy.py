@@ -35,7 +35,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from service.common.errors import InvalidArgument, from_grpc
+from service.common import error_mapping
+from service.common.errors import InvalidArgument
 from service.common.schema import Schema
 from service.common.schema_codec import partition_schema_to_pb, partition_to_pb, schema_to_pb
 from service.common.tls import Credentials, open_channel
@@ -242,12 +243,10 @@ class TServerProxy:
     # --- channels ----------------------------------------------------------------------------
 
     async def _call(self, address: str, fn: Callable[[Any], Awaitable[Any]]) -> Any:
-        """Call `fn(stub)` (a grpc.aio call; the generated stubs are typed as sync ones)."""
-        stub = self._stub(address)
-        try:
-            return await fn(stub)
-        except grpc.aio.AioRpcError as e:
-            raise from_grpc(e) from e
+        """Call `fn(stub)` (a grpc.aio call; the generated stubs are typed as sync ones). A
+        failure raises its TesseraError: the channels carry the error mapping
+        (service/common/error_mapping.py)."""
+        return await fn(self._stub(address))
 
     def _stub(self, address: str) -> tserver_pb2_grpc.TabletServerAdminServiceStub:
         if self._closed:
@@ -262,7 +261,13 @@ class TServerProxy:
             closing = asyncio.ensure_future(channel.close(None))
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
-        channel = open_channel(address, self._credentials, role="tserver", options=self._options)
+        channel = open_channel(
+            address,
+            self._credentials,
+            role="tserver",
+            options=self._options,
+            interceptors=error_mapping.INTERCEPTORS,
+        )
         self._channels[address] = channel
         stub = self._stubs[address] = tserver_pb2_grpc.TabletServerAdminServiceStub(channel)
         return stub

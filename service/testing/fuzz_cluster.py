@@ -49,6 +49,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from service.client.sync import SyncClient
+from service.common import channel_options
 from service.common.keys import encode_key
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
 from service.common.schema import ColumnType, Schema
@@ -370,7 +371,7 @@ class FuzzCluster:
         ch = self._channels.get(key)
         if ch is None:
             ch = self._channels[key] = open_sync_channel(
-                address, self.creds[role], options=[("grpc.max_receive_message_length", 64 << 20)]
+                address, self.creds[role], options=channel_options.tool()
             )
         return ch
 

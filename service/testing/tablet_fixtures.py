@@ -9,6 +9,7 @@ import time
 import grpc
 import pyarrow as pa
 
+from service.common import channel_options
 from service.common.partition import Partition
 from service.common.schema import ColumnType, Schema
 from service.common.schema_codec import partition_to_pb, schema_to_pb
@@ -134,10 +135,7 @@ class ClusterStubs:
                 ts.address,
                 self.cluster.credentials(),
                 role="tserver",
-                options=[
-                    ("grpc.max_reconnect_backoff_ms", 300),
-                    ("grpc.max_receive_message_length", 64 << 20),
-                ],
+                options=channel_options.client(),
             )
         return ch
 

@@ -80,6 +80,7 @@ from typing import Any, Protocol
 import grpc
 import grpc.aio
 
+from service.common import channel_options
 from service.common.errors import (
     CasMismatch,
     ConfigChangeRejected,
@@ -367,7 +368,7 @@ class FleetSimulator:
 
     async def start(self) -> None:
         # SO_REUSEPORT off: one server per port (see RpcSettings.server_options).
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(options=channel_options.server())
         if self.pki is not None:
             self._credentials = {
                 u: Credentials.from_files(self.pki.files("tserver", u)) for u in self.servers
@@ -384,7 +385,7 @@ class FleetSimulator:
         self._server = server
         for m in self.masters if self.pki is None else ():
             for i in range(HEARTBEAT_CHANNELS):
-                ch = grpc.aio.insecure_channel(m, options=[("grpc.use_local_subchannel_pool", 1)])
+                ch = grpc.aio.insecure_channel(m, options=channel_options.own_connection())
                 self._channels[f"{m}#{i}"] = ch
                 self._stubs[f"{m}#{i}"] = master_pb2_grpc.MasterServiceStub(ch)
         self._loop_task = asyncio.create_task(self._heartbeat_loop(), name="ts-sim-heartbeats")
@@ -888,7 +889,7 @@ class FleetSimulator:
         key = f"{master}#{uuid}"
         stub = self._stubs.get(key)
         if stub is None:
-            options = [("grpc.use_local_subchannel_pool", 1)]
+            options = channel_options.own_connection()
             ch = self._channels[key] = open_channel(master, creds, role="master", options=options)
             stub = self._stubs[key] = master_pb2_grpc.MasterServiceStub(ch)
         return stub

@@ -43,7 +43,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from service.client import TableInfo, TesseraClient
+from service.client import TableHandle, TesseraClient
 from service.client.client import AlterStep
 from service.client.credentials import find_credentials
 from service.common.errors import InvalidArgument
@@ -165,7 +165,7 @@ def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 # --- table commands --------------------------------------------------------------------------
 
 
-def _partitioning(info: TableInfo) -> dict[str, Any]:
+def _partitioning(info: TableHandle) -> dict[str, Any]:
     schema, ps = info.schema, info.partition_schema
     cols = [schema.column(c) for c in ps.range_columns(schema)]
     return {

@@ -29,13 +29,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
-import grpc
-import grpc.aio
-
 from service.client import TesseraClient
 from service.client.channels import ChannelPool
 from service.client.client import TableSummary, TabletServerInfo
-from service.common.errors import NotFound, TesseraError, WrongDestination, from_grpc
+from service.common.errors import NotFound, TesseraError, WrongDestination
 from service.common.tls import Credentials
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
@@ -95,9 +92,9 @@ def _replica(r: tpb.ReplicaStatusPB) -> ReplicaReport:
     )
 
 
-def _why(e: grpc.aio.AioRpcError) -> str:
+def _why(e: TesseraError) -> str:
     """The error of a failed call, gRPC's connection failures cut to their cause."""
-    message = from_grpc(e).message
+    message = e.message
     if message.startswith("failed to connect to all addresses"):
         return message.rsplit(": ", 1)[-1]  # "... Failed to connect ...: Connection refused"
     return message
@@ -108,7 +105,7 @@ async def _probe_master(pool: ChannelPool, address: str, timeout: float) -> Mast
         r: mpb.ConnectToMasterResponsePB = await pool.master(address).ConnectToMaster(  # type: ignore[misc]
             mpb.ConnectToMasterRequestPB(), timeout=timeout
         )
-    except grpc.aio.AioRpcError as e:
+    except TesseraError as e:  # the pool maps failed calls (service/common/error_mapping.py)
         return MasterReport(address, reachable=False, error=_why(e))
     return MasterReport(
         address,
@@ -128,8 +125,8 @@ async def _probe_tserver(pool: ChannelPool, s: TabletServerInfo, timeout: float)
         resp: tpb.ListTabletsResponsePB = await pool.tserver_admin(s.address).ListTablets(  # type: ignore[misc]
             tpb.ListTabletsRequestPB(dest_uuid=s.uuid), timeout=timeout
         )
-    except grpc.aio.AioRpcError as e:
-        wrong = isinstance(from_grpc(e), WrongDestination)
+    except TesseraError as e:
+        wrong = isinstance(e, WrongDestination)
         return replace(base, reachable=wrong, wrong_uuid=wrong, error=_why(e))
     return replace(base, replicas=tuple(_replica(r) for r in resp.replicas))
 

@@ -77,6 +77,7 @@ from typing import TYPE_CHECKING
 import google_crc32c
 import grpc
 
+from service.common import channel_options
 from service.common.errors import (
     Corruption,
     FailedPrecondition,
@@ -359,7 +360,7 @@ class CopyClient:
             address,
             self.credentials,
             role="tserver",
-            options=[("grpc.max_receive_message_length", 2 * CHUNK_BYTES + (1 << 20))],
+            options=channel_options.tablet_copy(CHUNK_BYTES),
         ) as ch:
             stub = tpb_grpc.TabletCopyServiceStub(ch)
             begin: tpb.BeginTabletCopySessionResponsePB = await stub.BeginTabletCopySession(

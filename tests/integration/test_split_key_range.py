@@ -26,7 +26,7 @@ import pytest
 
 from service.client import TesseraClient
 from service.client.scanner import ScanToken, TokenReplica
-from service.common.errors import InvalidArgument
+from service.common.errors import InvalidArgument, TesseraError
 from service.common.keys import encode_key
 from service.common.partition import PartitionSchema, RangeSchema
 from service.common.schema import ColumnType, Schema
@@ -179,6 +179,19 @@ def test_split_tokens_tile_tablets_read_exactly_and_scan_nothing(cluster: MiniCl
     asyncio.run(main())
 
 
+class Status:
+    """The gRPC status and details a failed call ended with, read off its TesseraError."""
+
+    def __init__(self, err: TesseraError) -> None:
+        self.err = err
+
+    def code(self) -> grpc.StatusCode | None:
+        return self.err.rpc_status
+
+    def details(self) -> str | None:
+        return self.err.rpc_details
+
+
 def test_bad_requests_get_their_status(cluster: MiniCluster) -> None:
     async def main() -> None:
         async with TesseraClient(
@@ -188,12 +201,13 @@ def test_bad_requests_get_their_status(cluster: MiniCluster) -> None:
             rep = tok.replicas[0]
             stub = tpb_grpc.TabletServerServiceStub(c.channels.channel(rep.address))
 
-            async def call(**kw: Any) -> grpc.aio.AioRpcError:
+            async def call(**kw: Any) -> Status:
                 fields = {"dest_uuid": rep.ts_uuid, "tablet_id": tok.tablet_id, **kw}
                 req = tpb.SplitKeyRangeRequestPB(**fields)
-                with pytest.raises(grpc.aio.AioRpcError) as e:
+                # The client's channels raise TesseraErrors that keep the call's status.
+                with pytest.raises(TesseraError) as e:
                     await stub.SplitKeyRange(req, timeout=10)
-                return e.value
+                return Status(e.value)
 
             e = await call(tablet_id="no-such-tablet", target_chunk_rows=10)
             assert e.code() is grpc.StatusCode.NOT_FOUND

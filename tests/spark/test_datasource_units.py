@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-from service.client.meta_cache import TableInfo
+from service.client.meta_cache import TableHandle
 from service.common.errors import InvalidArgument
 from service.common.partition import PartitionSchema
 from service.common.pki import ClusterPki
@@ -30,7 +30,7 @@ from spark_jobs.datasource import (
 SCHEMA = Schema.build(
     [("id", ColumnType.INT64), ("n", ColumnType.INT32), ("s", ColumnType.STRING)], key="id"
 )
-INFO = TableInfo("tid", "t", SCHEMA, PartitionSchema(), 3)
+INFO = TableHandle("tid", "t", SCHEMA, PartitionSchema(), 3)
 
 
 def test_options_parse_with_defaults_and_refuse_unknown_ones() -> None:
