@@ -59,6 +59,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from random import Random
 from typing import Any
 
@@ -100,15 +101,21 @@ _CHANGE_PB = {
 }
 
 
+_MASTER_DEFAULTS = MasterConfig(data_dir=Path("background-settings"))
+"""MasterConfig with its defaults, the one home of the values below (its data_dir is never
+opened)."""
+
+
 @dataclass(frozen=True)
 class BackgroundSettings:
-    """Knobs of the background tasks (MasterConfig's, in seconds)."""
+    """Knobs of the background tasks: MasterConfig's, in seconds. The defaults are
+    MasterConfig's (`from_config` of a default config), never written here again."""
 
-    interval_s: float = 1.0
-    retry_initial_s: float = 0.5
-    retry_max_s: float = 10.0
-    max_concurrent_rpcs: int = 64
-    replica_eviction_s: float = 300.0
+    interval_s: float = _MASTER_DEFAULTS.bg_task_interval_ms / 1000.0
+    retry_initial_s: float = _MASTER_DEFAULTS.task_retry_initial_ms / 1000.0
+    retry_max_s: float = _MASTER_DEFAULTS.task_retry_max_ms / 1000.0
+    max_concurrent_rpcs: int = _MASTER_DEFAULTS.max_concurrent_tserver_rpcs
+    replica_eviction_s: float = _MASTER_DEFAULTS.replica_eviction_timeout_ms / 1000.0
 
     @classmethod
     def from_config(cls, config: MasterConfig) -> BackgroundSettings:

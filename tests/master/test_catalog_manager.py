@@ -47,6 +47,7 @@ from service.common.schema import (
     RenameColumn,
     Schema,
 )
+from service.master.background_tasks import BackgroundSettings
 from service.master.catalog_assignment import (
     AlterReplicas,
     CreateReplicas,
@@ -1102,6 +1103,9 @@ def test_settings_defaults_are_the_master_configs() -> None:
     config = MasterConfig(data_dir=Path("/nonexistent"))
     assert CatalogSettings() == CatalogSettings.from_config(config)
     assert CatalogSettings().assignment_timeout_s == config.assignment_timeout_ms / 1000
+    # The background tasks' settings likewise.
+    assert BackgroundSettings() == BackgroundSettings.from_config(config)
+    assert BackgroundSettings().retry_max_s == config.task_retry_max_ms / 1000
 
 
 # --- performance -----------------------------------------------------------------------------
