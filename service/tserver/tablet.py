@@ -552,7 +552,8 @@ class TabletReplica:
             await node.wait_applied(min_index, timeout=timeout)
 
     def scan(self, spec: ScanSpec) -> Iterator[pa.RecordBatch]:
-        """Batches of `spec` over a snapshot taken now (safe to drain in a worker thread)."""
+        """Batches of `spec` over a snapshot taken now (`RowStore.scan`); nothing costly runs
+        before the first batch is asked for, so drain it in a worker thread."""
         self.running_node()
         assert self.store is not None
         return self.store.scan(spec)
