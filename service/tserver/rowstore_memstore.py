@@ -22,7 +22,8 @@ file), built once per version and cached until the next mutation. A scan or chec
 thread, so the event loop that runs applies does not build it.
 
 Thread safety: the active memstore is mutated only by the apply thread. A frozen memstore is
-never mutated, so its `source()` may be built in a worker thread.
+never mutated, so its `source()` may be built in a worker thread, as may a `MemSnapshot`'s
+(taken on the apply thread).
 """
 
 from __future__ import annotations
