@@ -274,18 +274,20 @@ RACE = Schema.build(
     [("id", ColumnType.INT64), ("g", ColumnType.INT64), ("s", ColumnType.STRING)], key="id"
 )
 RACE_ROWS = 20_000
-GENERATIONS = 12
+GENERATIONS = 16
+PAD = 300
+"""Bytes of `s`: each write adds about 8 MB to the memstore's size estimate, so it passes
+`flush_bytes` (64 MiB) every eight writes or so and reads meet frozen memstores and files."""
 
 
 def _generation(g: int) -> pa.Table:
     ids = pa.array(range(RACE_ROWS), pa.int64())
+    text = pc.binary_join_element_wise(pa.scalar(f"g{g}-"), pc.cast(ids, pa.string()), "")
     return pa.table(
         {
             "id": ids,
             "g": pa.array([g] * RACE_ROWS, pa.int64()),
-            "s": pc.binary_join_element_wise(
-                pa.scalar(f"g{g}-"), pc.cast(ids, pa.string()), pa.scalar("")
-            ),
+            "s": pc.utf8_rpad(text, width=PAD, padding="."),
         }
     )
 
@@ -347,7 +349,8 @@ def test_scans_and_checksums_read_one_applied_index_while_writes_go_on(
             if applied[g - 1] < index and (g == GENERATIONS or index < applied[g + 1])
         }
 
-    assert scans and sums
+    # The reads met the writes: they saw the tablet at more than one generation.
+    assert len({index for _, index in scans} | {index for _, _, index in sums}) > 1, applied
     for table, index in scans:
         seen = set(table.column("g").to_pylist())
         assert table.num_rows == RACE_ROWS and len(seen) == 1, (index, seen)
@@ -357,6 +360,10 @@ def test_scans_and_checksums_read_one_applied_index_while_writes_go_on(
         assert all(table.column(n).equals(want.column(n)) for n in want.column_names), (index, g)
     for count, digest, index in sums:
         assert any(expected[g] == (count, digest) for g in generations(index)), (index, applied)
+    # Flushes ran while the reads did (their files are there), so reads met frozen memstores.
+    for r in loc.replicas:
+        data = cluster.tserver_by_uuid(r.ts_uuid).data_dir / "tablets" / loc.tablet_id / "data"
+        assert list(data.glob("rs-*.arrow")), f"no flush on {r.ts_uuid}"
     # Replicas at the same index agree (what ksck compares).
     by_index: dict[int, set[bytes]] = {}
     for _, digest, index in sums:
