@@ -26,6 +26,12 @@ along, and on a slow machine a late wake then spans a lot of it. What this does 
 loop that waits for the GIL while a worker thread holds it in native code, or for a blocking
 system call: those count as stalls only.
 
+The CPU time of each interval is kept as well, in the histogram
+`tessera_event_loop_busy_seconds`: unlike the lag, it does not grow when the machine is
+overloaded, so it shows what a step on the loop costs at any load, well below the stall bound
+too (a request whose on-loop part grows with the data it reads shows there long before it
+stalls a server).
+
 The monitor costs one wake per interval (100 ms by default): nothing next to a server's
 heartbeats. It starts with the server and stops with it (`start` / `aclose`).
 """
@@ -72,6 +78,12 @@ class LoopLagMonitor:
             f"Stalls (wake-ups later than {stall_s:g} s) during which the loop's thread used "
             "more than that much CPU time: work on the loop held it, not a busy machine",
         )
+        self._busy = registry.histogram(
+            "tessera_event_loop_busy_seconds",
+            f"CPU time the event loop's thread used between two wake-ups (asked every "
+            f"{interval_s:g} s): how long work on the loop held it, however busy the machine",
+            buckets=LAG_BUCKETS,
+        )
         self._recent: deque[tuple[float, float]] = deque()
         registry.gauge_callback(
             "tessera_event_loop_lag_max_seconds",
@@ -90,6 +102,7 @@ class LoopLagMonitor:
         """Record one wake-up `lag_s` late at monotonic time `now`, the process having used
         `cpu_s` of CPU time on the loop's thread since the previous one."""
         self._hist.observe(lag_s)
+        self._busy.observe(cpu_s)
         if lag_s > self.stall_s:
             self._stalls.inc()
             if cpu_s > self.stall_s:

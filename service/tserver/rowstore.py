@@ -33,8 +33,13 @@ either every file (bounding their number; the caller's policy, see tablet.py) or
 files whose key ranges overlap (`overlapping_files`): only overlapping files cost a scan a
 merge, and a group's keys are in no other file, so its merged file can go anywhere in the list.
 
-Reads. `scan` takes a snapshot when called (the memstore is materialized as a sorted Arrow
-table, cached until the next write) and merges the sources by key windows (`rowstore_merge`):
+Reads. `scan` and `checksum` read a `Snapshot` taken when called, between two applies: the
+data files and frozen memstores of that moment (immutable) and a copy of the active memstore's
+dict (row tuples are never mutated, so copying the dict is enough; about a millisecond per
+100,000 rows). Everything costly happens when the snapshot is read, in the reader's thread (a
+worker thread for the tablet server's Scan and Checksum), while applies go on: the memstores
+are materialized as sorted Arrow tables (cached until the next write) and the sources are
+merged by key windows (`rowstore_merge`):
 where only one source has rows, its batches pass straight through (memory-mapped, no copy);
 where sources overlap they are merged, newest version first. Tombstones are dropped, then
 predicates (Arrow compute) and the projection are applied. A cold tablet (one file, or files
@@ -44,6 +49,23 @@ Key checks on apply never scan files: each file keeps its sorted keys as a numpy
 fixed-width byte strings (or a Python list when widths differ) for binary search, and a batch
 of keys is looked up with one vectorized `searchsorted` per file.
 
+Installs. Rewriting the manifest costs two fsyncs (the file, the directory): milliseconds on
+an idle disk, far more on one busy with WAL syncs and data files. So an install is cut in
+three too, and only the middle one, which touches no state the apply thread uses, waits for
+the disk: `stage_install` (or `stage_compaction`) sets the state the manifest is to say next
+(`_Staged`: its files, flushed index and live rows); `write_manifest`, in a worker thread,
+writes the newest staged state; `finish_install` (`finish_compaction`) then makes reads use
+the new file and moves `flushed_index` on, and only then are a compaction's inputs deleted
+(`remove_compacted`). The order keeps a crash safe: the manifest lists a file only once its
+data is fsynced (`write_frozen`), `flushed_index`, which anchors the WAL (the tablet's Raft
+log is kept from it on), never passes what the manifest on disk says, and no input of a
+compaction is deleted while a durable manifest lists it. A staged state is true of the disk
+even before its manifest is written (its file is durable, its flushed index fully applied),
+so whichever manifest write runs, `alter_schema`'s on the apply thread included, it writes the
+newest staged state, and writes are serialized by a lock. One install is under way at a time
+(the tablet's flush task runs them one after another); while one is, the manifest on disk may
+be ahead of `data_files` (`install_pending`), which a tablet copy's image must not be.
+
 A failed apply. An entry that raises while it is applied may leave part of itself in the
 memstore (`apply_write` notes the index first), and a manifest written after that would say
 the entry is durable: the next start would skip it and run on with part of a write, silently.
@@ -51,8 +73,10 @@ So the tablet calls `fail` when an entry cannot be applied, and from then on not
 the disk (`freeze` and every manifest write raise): the files keep saying only what was fully
 applied, and the replay after a restart meets the same entry and fails the same way.
 
-Thread safety: every method except `write_frozen` and `write_compaction` must be called from
-one thread (the tablet's apply loop). Those two only read data that no one mutates.
+Thread safety: every method except `write_frozen`, `write_compaction`, `write_manifest`,
+`remove_compacted` and a `Snapshot`'s must be called from one thread (the tablet's apply loop).
+Those only read data that no one mutates, or (`write_manifest`) a staged state replaced whole,
+under their own lock.
 
 This module holds the store itself: the manifest, writes, flush, compaction and reads (a
 tablet copy ships the manifest and data files as they are, tablet_copy.py). The memstores and
@@ -71,11 +95,12 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from service.common.errors import (
     AlreadyExists,
@@ -84,7 +109,7 @@ from service.common.errors import (
     TesseraError,
 )
 from service.common.predicates import ScanSpec, to_arrow_expression, validate_spec
-from service.common.schema import Schema
+from service.common.schema import ColumnSchema, Schema
 from service.common.schema_codec import schema_from_pb, schema_to_pb
 from service.consensus.fs import RealFileSystem
 from service.pb import common_pb2
@@ -98,10 +123,24 @@ from service.tserver.rowstore_files import (
     phys_name,
     write_arrow_file,
 )
-from service.tserver.rowstore_memstore import Frozen, MemStore, OlderVersions, apply_batch
+from service.tserver.rowstore_memstore import (
+    Frozen,
+    MemSnapshot,
+    MemStore,
+    OlderVersions,
+    apply_batch,
+)
 from service.tserver.rowstore_merge import emit_batches, hash_array, merge_sources
 
-__all__ = ["MANIFEST", "AppliedWrite", "Compaction", "Frozen", "RowStore", "is_store_file"]
+__all__ = [
+    "MANIFEST",
+    "AppliedWrite",
+    "Compaction",
+    "Frozen",
+    "RowStore",
+    "Snapshot",
+    "is_store_file",
+]
 
 MANIFEST = "MANIFEST"
 """The manifest's file name inside the store's directory."""
@@ -166,8 +205,12 @@ class RowStore:
         self._flushed = flushed_index
         self._applied = flushed_index
         self._live = live_rows  # live rows of files + frozen + memstore
-        self._file_live = live_rows  # live rows of the state the manifest describes
         self._next_seq = next_seq
+        self._staged = _Staged(tuple(name for name, _ in files), flushed_index, live_rows)
+        """What the manifest says, or is being rewritten to say (module docstring, Installs)."""
+        self._pending: Frozen | Compaction | None = None
+        """The install whose manifest is being written (between `stage_*` and `finish_*`)."""
+        self._manifest_lock = threading.Lock()  # one manifest write at a time, from any thread
         self._mem = MemStore(schema, flushed_index)
         self._frozen: list[Frozen] = []
         self._compacting: Compaction | None = None
@@ -187,7 +230,7 @@ class RowStore:
         if (directory / MANIFEST).exists():
             raise AlreadyExists(f"row store {directory} already exists")
         store = cls(directory, schema, [], 0, 0, 1)
-        store._write_manifest()
+        store.write_manifest()
         return store
 
     @classmethod
@@ -293,20 +336,29 @@ class RowStore:
 
     # --- manifest ------------------------------------------------------------------------
 
-    def _write_manifest(self) -> None:
-        self._check_not_failed()
-        body = json.dumps(
-            {
-                "files": [name for name, _ in self._files],
-                "schema": base64.b64encode(schema_to_pb(self._schema).SerializeToString()).decode(),
-                "flushed_index": self._flushed,
-                "live_rows": self._file_live,
-                "next_seq": self._next_seq,
-            },
-            sort_keys=True,
-        ).encode()
-        digest = hashlib.blake2b(body, digest_size=16).hexdigest().encode()
-        self._fs.write_atomic(str(self._dir / MANIFEST), _MANIFEST_MAGIC + digest + b"\n" + body)
+    def write_manifest(self) -> None:
+        """Replace the manifest (atomically, fsynced) with the newest staged state and the
+        current schema. Safe in a worker thread: writes are serialized, and each writes the
+        newest state when it runs, so the last to finish leaves the newest state on disk."""
+        with self._manifest_lock:
+            self._check_not_failed()
+            staged = self._staged
+            body = json.dumps(
+                {
+                    "files": list(staged.files),
+                    "schema": base64.b64encode(
+                        schema_to_pb(self._schema).SerializeToString()
+                    ).decode(),
+                    "flushed_index": staged.flushed_index,
+                    "live_rows": staged.live_rows,
+                    "next_seq": self._next_seq,
+                },
+                sort_keys=True,
+            ).encode()
+            digest = hashlib.blake2b(body, digest_size=16).hexdigest().encode()
+            self._fs.write_atomic(
+                str(self._dir / MANIFEST), _MANIFEST_MAGIC + digest + b"\n" + body
+            )
 
     def _new_file_name(self) -> str:
         with self._lock:
@@ -348,7 +400,7 @@ class RowStore:
         # and are read by id like files.
         self._mem = self._mem.relaid_out(schema)
         self._schema = schema
-        self._write_manifest()
+        self.write_manifest()
 
     def apply_write(self, index: int, batch: WriteBatch) -> AppliedWrite:
         """Apply one replicated write (deterministic: same state and batch, same outcome).
@@ -391,16 +443,49 @@ class RowStore:
 
     def install(self, f: Frozen) -> None:
         """Add `f`'s written file to the manifest (flushed_index = f.last_index), fsync it and
-        drop the frozen memstore. Frozen memstores are installed in the order frozen."""
+        drop the frozen memstore, in this thread: `stage_install`, `write_manifest`,
+        `finish_install`. Frozen memstores are installed in the order frozen."""
+        self.stage_install(f)
+        self.write_manifest()
+        self.finish_install(f)
+
+    def stage_install(self, f: Frozen) -> None:
+        """The manifest's next state lists `f`'s file (module docstring, Installs); reads and
+        `flushed_index` do not change until `finish_install`."""
         if not self._frozen or self._frozen[0] is not f:
             raise InvalidArgument("install: frozen memstores must be installed in freeze order")
         if f.written is None:
             raise InvalidArgument("install: write_frozen has not completed")
+        self._stage(f)
+        st = self._staged
+        self._staged = _Staged(
+            (*st.files, f.file_name), max(st.flushed_index, f.last_index), f.live_rows
+        )
+
+    def finish_install(self, f: Frozen) -> None:
+        """Once the manifest staged by `stage_install(f)` is durable: reads take the file
+        instead of the frozen memstore, and `flushed_index` (the WAL's anchor) moves on."""
+        self._finish(f)
+        assert f.written is not None
         self._files = [*self._files, (f.file_name, f.written)]
         self._flushed = max(self._flushed, f.last_index)
-        self._file_live = f.live_rows
-        self._write_manifest()
         self._frozen = self._frozen[1:]
+
+    def _stage(self, what: Frozen | Compaction) -> None:
+        if self._pending is not None:
+            raise InvalidArgument("install: another install is under way")
+        self._pending = what
+
+    def _finish(self, what: Frozen | Compaction) -> None:
+        if self._pending is not what:
+            raise InvalidArgument("install: finishing an install that was not staged")
+        self._pending = None
+
+    @property
+    def install_pending(self) -> bool:
+        """Whether an install's manifest is being written: the manifest on disk may then be
+        ahead of what `data_files` and `flushed_index` say."""
+        return self._pending is not None
 
     def flush(self) -> None:
         """freeze + write_frozen + install, in this thread. With nothing to flush, still
@@ -410,8 +495,12 @@ class RowStore:
             self.write_frozen(f)
             self.install(f)
         elif not self._frozen and self._flushed < self._applied and not self._mem.rows:
-            self._flushed = self._applied
-            self._write_manifest()
+            if self._pending is not None:
+                raise InvalidArgument("flush: an install is under way")
+            st = self._staged
+            self._staged = _Staged(st.files, self._applied, st.live_rows)
+            self.write_manifest()
+            self._flushed = self._applied  # only once the manifest says so (the WAL's anchor)
 
     # --- compaction ----------------------------------------------------------------------
 
@@ -482,17 +571,41 @@ class RowStore:
         c.written = open_arrow_file(path, c.schema)
 
     def install_compaction(self, c: Compaction) -> None:
-        """Swap the merged file in for its inputs (manifest first), then delete the inputs."""
+        """Swap the merged file in for its inputs (manifest first), then delete the inputs, in
+        this thread: `stage_compaction`, `write_manifest`, `finish_compaction`,
+        `remove_compacted`."""
+        self.stage_compaction(c)
+        self.write_manifest()
+        self.finish_compaction(c)
+        self.remove_compacted(c)
+
+    def stage_compaction(self, c: Compaction) -> None:
+        """The manifest's next state lists the merged file instead of its inputs (module
+        docstring, Installs); reads do not change until `finish_compaction`."""
         if self._compacting is not c:
             raise InvalidArgument("install_compaction: not the compaction under way")
         if c.written is None and not c.empty:
             raise InvalidArgument("install_compaction: write_compaction has not completed")
+        self._stage(c)
+        inputs = set(c.inputs)
+        st = self._staged
+        head = (c.file_name,) if c.written is not None else ()
+        files = head + tuple(name for name in st.files if name not in inputs)
+        self._staged = _Staged(files, st.flushed_index, st.live_rows)
+
+    def finish_compaction(self, c: Compaction) -> None:
+        """Once the manifest staged by `stage_compaction(c)` is durable: reads take the merged
+        file instead of its inputs."""
+        self._finish(c)
         inputs = set(c.inputs)
         rest = [(name, src) for name, src in self._files if name not in inputs]
         head = [(c.file_name, c.written)] if c.written is not None else []
         self._files = head + rest
-        self._write_manifest()
         self._compacting = None
+
+    def remove_compacted(self, c: Compaction) -> None:
+        """Delete `c`'s inputs, after `finish_compaction`. Safe in a worker thread: readers
+        that took them before keep reading them (memory-mapped; an unlinked file lives on)."""
         for name in c.inputs:
             with contextlib.suppress(FileNotFoundError):
                 (self._dir / name).unlink()
@@ -507,13 +620,13 @@ class RowStore:
 
     # --- reads ---------------------------------------------------------------------------
 
-    def _sources(self) -> list[Source]:
-        """Every source, oldest first, as of now (the memstore materialized)."""
-        out = [src for _, src in self._files]
-        out.extend(f.mem.source() for f in self._frozen)
+    def snapshot(self) -> Snapshot:
+        """The rows as of now, cheaply (module docstring, Reads): call between two applies."""
+        files = tuple(src for _, src in self._files)
+        mems = [MemSnapshot(f.mem, frozen=True) for f in self._frozen]
         if self._mem.rows:
-            out.append(self._mem.source())
-        return out
+            mems.append(MemSnapshot(self._mem))
+        return Snapshot(self._schema, files, tuple(mems), self._applied)
 
     def split_view(self) -> KeyView:
         """The sorted sources for `key_splitting`, safe to read in a worker thread: files and
@@ -544,23 +657,54 @@ class RowStore:
         if spec.start_after_key is not None:
             lo = max(lo, spec.start_after_key + b"\x00")  # the smallest key after it
         hi = spec.upper_key
-        sources = self._sources()
+        snap = self.snapshot()
         out_schema = pa.schema([schema.to_arrow().field(name) for name in proj])
-        return emit_batches(
-            merge_sources(sources, cols, lo, hi, expr), out_cols, out_schema, spec.limit
-        )
+        return emit_batches(snap.merged(cols, lo, hi, expr), out_cols, out_schema, spec.limit)
+
+    def checksum(self) -> tuple[int, bytes]:
+        """`Snapshot.checksum` of the rows as of now, in this thread."""
+        return self.snapshot().checksum()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A row store's rows as of one applied index, readable in any thread.
+
+    Taken between two applies (`RowStore.snapshot`), it holds the immutable data files and
+    frozen memstores of that moment and a copy of the active memstore's dict; the costly part,
+    materializing memstores as Arrow and merging, happens when it is read, in the reader's
+    thread, while applies go on. `applied_index` is the row store's at that moment.
+    """
+
+    schema: Schema
+    files: tuple[Source, ...]
+    mems: tuple[MemSnapshot, ...]
+    applied_index: int
+
+    def sources(self) -> list[Source]:
+        """Every source, oldest first (memstores materialized now, in this thread)."""
+        return [*self.files, *(m.source() for m in self.mems)]
+
+    def merged(
+        self, cols: Sequence[ColumnSchema], lo: bytes, hi: bytes, expr: pc.Expression | None
+    ) -> Iterator[pa.Table]:
+        """`merge_sources` over this snapshot: a generator, so that nothing, not even the
+        memstores' Arrow form, is built before its first item is asked for."""
+        yield from merge_sources(self.sources(), cols, lo, hi, expr)
 
     def checksum(self) -> tuple[int, bytes]:
         """(live rows, blake2b digest) over every live row in key order, every column.
 
         Columns are hashed as canonical value streams (validity, fixed-width values with nulls
         zeroed, lengths and bytes of variable-width values), so the digest does not depend on
-        how rows are split among files, memstores or batches.
+        how rows are split among files, memstores or batches: replicas at the same index agree
+        whatever they flushed or compacted. Costs time linear in the tablet; run it in a
+        worker thread (hashing and Arrow release the GIL for most of it).
         """
-        schema = self._schema
+        schema = self.schema
         hashers = [[hashlib.blake2b(digest_size=32) for _ in range(3)] for _ in schema.columns]
         rows = 0
-        for t in merge_sources(self._sources(), schema.columns, b"", b"", None):
+        for t in self.merged(schema.columns, b"", b"", None):
             rows += t.num_rows
             for c, hs in zip(schema.columns, hashers, strict=True):
                 for chunk in t.column(phys_name(c.id)).chunks:
@@ -572,6 +716,16 @@ class RowStore:
             for h in hs:
                 top.update(h.digest())
         return rows, top.digest()
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """The part of the manifest that installs change (module docstring, Installs)."""
+
+    files: tuple[str, ...]
+    flushed_index: int
+    live_rows: int
+    """Live rows of the state the manifest describes."""
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,14 @@ which finds keys with one vectorized `searchsorted` per file and materializes a 
 when a partial update needs it). The durable side (manifest, files, flush, compaction, scans,
 snapshots) is `rowstore`; the sorted merge behind reads is `rowstore_merge`.
 
-The memstore is read by scans as a sorted Arrow source (`MemStore.source`, the same physical
-layout as a data file), built once per version and cached until the next mutation.
+The memstore is read by scans as a sorted Arrow source (the same physical layout as a data
+file), built once per version and cached until the next mutation. A scan or checksum takes a
+`MemSnapshot` between two applies (a copy of the dict) and builds the source from it in a worker
+thread, so the event loop that runs applies does not build it.
 
 Thread safety: the active memstore is mutated only by the apply thread. A frozen memstore is
-never mutated, so its `source()` may be built in a worker thread.
+never mutated, so its `source()` may be built in a worker thread, as may a `MemSnapshot`'s
+(taken on the apply thread).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from service.common.schema import ColumnSchema, ColumnType, Schema
 from service.tserver.row_ops import RowOp, WriteBatch
 from service.tserver.rowstore_files import DEL_COL, KEY_COL, Source, conform, phys_name
 
-__all__ = ["Frozen", "MemStore", "OlderVersions", "apply_batch", "py_values"]
+__all__ = ["Frozen", "MemSnapshot", "MemStore", "OlderVersions", "apply_batch", "py_values"]
 
 _MISSING = object()
 ROW_OVERHEAD = 96
@@ -64,23 +67,14 @@ class MemStore:
         self._cache: tuple[int, Source] | None = None
 
     def source(self) -> Source:
-        """This memstore as a sorted Arrow source (cached until the next mutation)."""
+        """This memstore as a sorted Arrow source (cached until the next mutation). Only from
+        the apply thread, or on a frozen memstore; elsewhere use a `MemSnapshot`."""
+        return MemSnapshot(self, frozen=True).source()
+
+    def cached_source(self, version: int) -> Source | None:
+        """The Arrow form of this memstore as of `version`, if it was built already."""
         cache = self._cache
-        if cache is not None and cache[0] == self.version:
-            return cache[1]
-        version = self.version
-        items = sorted(self.rows.items(), key=lambda kv: kv[0])
-        arrays: list[pa.Array] = [
-            pa.array([k for k, _ in items], type=pa.binary()),
-            pa.array([r is None for _, r in items], type=pa.bool_()),
-        ]
-        names = [KEY_COL, DEL_COL]
-        for j, (cid, t) in enumerate(zip(self.col_ids, self.types, strict=True)):
-            arrays.append(pa.array([None if r is None else r[j] for _, r in items], type=t))
-            names.append(phys_name(cid))
-        src = Source(pa.Table.from_arrays(arrays, names=names))
-        self._cache = (version, src)
-        return src
+        return cache[1] if cache is not None and cache[0] == version else None
 
     def file_schema(self) -> pa.Schema:
         """The physical schema of the data file this memstore flushes to (its own layout)."""
@@ -101,6 +95,58 @@ class MemStore:
             )
         mem.nbytes = self.nbytes
         return mem
+
+
+class MemSnapshot:
+    """A memstore's rows as of one moment, turned into a sorted Arrow source later, anywhere.
+
+    Taking one is cheap and happens on the apply thread, between two entries: the Arrow form
+    of the memstore (sorting its keys, building a column from every row tuple) costs far more
+    than copying its dict, and the copy is all a snapshot needs, since row tuples are never
+    mutated (`apply_batch` replaces them). So a scan or checksum copies the dict where applies
+    run and builds the source in a worker thread (`source`), while applies go on. A frozen
+    memstore is never mutated and is not copied; one whose Arrow form is cached as of this
+    version is not copied either.
+    """
+
+    __slots__ = ("_mem", "_rows", "_version")
+
+    def __init__(self, mem: MemStore, *, frozen: bool = False) -> None:
+        self._mem = mem
+        self._version = mem.version
+        self._rows: dict[bytes, Row | None] | None = None
+        if mem.cached_source(self._version) is None:
+            self._rows = mem.rows if frozen else dict(mem.rows)
+
+    def source(self) -> Source:
+        """The snapshot as a sorted Arrow source; safe in any thread. Cached on the memstore
+        while its version has not moved on."""
+        mem, version = self._mem, self._version
+        cached = mem.cached_source(version)
+        if cached is not None:
+            return cached
+        assert self._rows is not None
+        src = _to_source(self._rows, mem.col_ids, mem.types)
+        if mem.version == version:  # else a newer form may be cached: keep that one
+            mem._cache = (version, src)
+        return src
+
+
+def _to_source(
+    rows: dict[bytes, Row | None], col_ids: tuple[int, ...], types: Sequence[pa.DataType]
+) -> Source:
+    """`rows` (a memstore's dict) as a sorted Arrow source laid out as `col_ids`."""
+    keys = sorted(rows)
+    values = [rows[k] for k in keys]
+    arrays: list[pa.Array] = [
+        pa.array(keys, type=pa.binary()),
+        pa.array([r is None for r in values], type=pa.bool_()),
+    ]
+    names = [KEY_COL, DEL_COL]
+    for j, (cid, t) in enumerate(zip(col_ids, types, strict=True)):
+        arrays.append(pa.array([None if r is None else r[j] for r in values], type=t))
+        names.append(phys_name(cid))
+    return Source(pa.Table.from_arrays(arrays, names=names))
 
 
 class Frozen:

@@ -26,7 +26,9 @@ tablet copy (tablet_copy.py). At start, the anchor is checked against the files.
 
 Flushing: after an apply, when the in-memory store passes `flush_rows` or `flush_bytes`, one
 background task freezes it (on the loop, cheap), writes and fsyncs the file in a worker thread
-while applies continue, and installs it (on the loop). Compaction follows the same pattern when
+while applies continue, and installs it: the new manifest is staged on the loop, written and
+fsynced in a worker thread, and the file takes the frozen memstore's place on the loop once it
+is durable (rowstore.py, Installs). Compaction follows the same pattern when
 there are more than `compact_files` files. A tablet that takes no write for `flush_idle_s` is
 flushed anyway, and then each group of files whose key ranges overlap is compacted into one:
 a cold tablet ends as files a scan reads straight through, with no merge (one timer per
@@ -495,8 +497,13 @@ class TabletReplica:
             frozen = store.freeze()
             if frozen is not None:
                 await asyncio.to_thread(store.write_frozen, frozen)
-                if store is self.store:
-                    store.install(frozen)
+                if store is not self.store:
+                    return
+                # The manifest's fsyncs wait for the disk in a worker thread; reads and the
+                # WAL's anchor move on once it is durable (rowstore.py, Installs).
+                store.stage_install(frozen)
+                await asyncio.to_thread(store.write_manifest)
+                store.finish_install(frozen)
             if not compact:
                 return
             files = sum(1 for f in store.data_files() if f.endswith(".arrow"))
@@ -510,7 +517,10 @@ class TabletReplica:
                 await asyncio.to_thread(store.write_compaction, c)
                 if store is not self.store:
                     break
-                store.install_compaction(c)
+                store.stage_compaction(c)
+                await asyncio.to_thread(store.write_manifest)
+                store.finish_compaction(c)
+                await asyncio.to_thread(store.remove_compacted, c)
                 if not overlapping:
                     break
         except Exception as e:  # a failed flush: the WAL still has everything; stop the replica
@@ -552,7 +562,8 @@ class TabletReplica:
             await node.wait_applied(min_index, timeout=timeout)
 
     def scan(self, spec: ScanSpec) -> Iterator[pa.RecordBatch]:
-        """Batches of `spec` over a snapshot taken now (safe to drain in a worker thread)."""
+        """Batches of `spec` over a snapshot taken now (`RowStore.scan`); nothing costly runs
+        before the first batch is asked for, so drain it in a worker thread."""
         self.running_node()
         assert self.store is not None
         return self.store.scan(spec)

@@ -147,8 +147,11 @@ class CopySource:
         replica = self.tablets.get(req.tablet_id)
         node = replica.running_node()
         store = await replica.flush_for_copy()
+        while store.install_pending:  # another flush began meanwhile: its manifest may be
+            store = await replica.flush_for_copy()  # on disk already, its file not yet listed
         # From here to the links, no await: the manifest on disk, its files and `index` are
-        # one state of the store (installs and compactions happen on this loop).
+        # one state of the store (an install's manifest write is the only step off this loop,
+        # and none is under way).
         sid = os.urandom(12).hex()
         directory = self.root / sid
         directory.mkdir(parents=True)

@@ -450,7 +450,10 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         store = replica.store
         assert store is not None
         applied = node.applied
-        count, digest = store.checksum()
+        # The snapshot is taken here, between two applies, at `applied`; hashing the whole
+        # tablet costs time linear in its size, so it runs in a worker thread while the loop
+        # goes on applying (service/common/loop_lag.py).
+        count, digest = await asyncio.to_thread(store.snapshot().checksum)
         return tpb.ChecksumResponsePB(row_count=count, digest=digest, applied_index=applied)
 
     @rpc_errors

@@ -69,3 +69,15 @@ def test_a_loop_held_by_cpu_work_counts_a_busy_stall() -> None:
 
     text = _render(asyncio.run(main()))
     assert "tessera_event_loop_busy_stalls_total 1" in text
+
+
+def test_the_loop_thread_s_cpu_time_of_each_interval_is_a_histogram() -> None:
+    reg = MetricsRegistry()
+    mon = LoopLagMonitor(reg, stall_s=0.5, window_s=10.0)
+    mon.observe(0.9, now=100.0, cpu_s=0.002)  # late, but the loop was idle: the machine's
+    mon.observe(0.01, now=101.0, cpu_s=0.07)  # on time, yet a 70 ms step ran on the loop
+    text = _render(reg)
+    assert "tessera_event_loop_busy_seconds_count 2" in text
+    assert 'tessera_event_loop_busy_seconds_bucket{le="0.005"} 1' in text
+    assert 'tessera_event_loop_busy_seconds_bucket{le="0.05"} 1' in text
+    assert 'tessera_event_loop_busy_seconds_bucket{le="0.1"} 2' in text

@@ -635,3 +635,98 @@ def test_many_rows_merge_across_windows(store: RowStore) -> None:
     got_ids = got.column("id").to_numpy()
     assert bool((np.diff(got_ids) > 0).all())
     assert got.column("s").null_count == n - 300
+
+
+def test_a_staged_install_changes_reads_and_the_flushed_index_only_once_durable(
+    tmp_path: Path, store: RowStore
+) -> None:
+    """rowstore.py, Installs: the manifest is written apart (a worker thread in a tablet);
+    until it is, the WAL's anchor (flushed_index) and reads stay where they were, and a crash
+    after the write finds the file."""
+    w = Writer(store)
+    w([r(1), r(2)])
+    f = store.freeze()
+    assert f is not None
+    store.write_frozen(f)
+    store.stage_install(f)
+    assert store.install_pending and store.flushed_index == 0
+    assert store.data_files() == [MANIFEST]
+    with pytest.raises(InvalidArgument, match="under way"):
+        store.stage_install(f)
+    w([r(3)])  # applies go on meanwhile
+    assert rows(store) == [r(1), r(2), r(3)]
+    store.write_manifest()
+    assert store.flushed_index == 0  # durable, not yet published
+    crashed = RowStore.open(tmp_path / "t")  # what a crash now would find
+    assert crashed.flushed_index == 1 and rows(crashed) == [r(1), r(2)]
+    store.finish_install(f)
+    assert not store.install_pending and store.flushed_index == 1
+    assert len(store.data_files()) == 2 and rows(store) == [r(1), r(2), r(3)]
+
+
+def test_an_alter_during_a_staged_install_writes_the_staged_state(
+    tmp_path: Path, store: RowStore
+) -> None:
+    """A manifest write always writes the newest staged state: an alter's (on the apply
+    thread) between stage and finish keeps the new file, and the install's keeps the new
+    schema, whichever runs last."""
+    w = Writer(store)
+    w([r(1)])
+    f = store.freeze()
+    assert f is not None
+    store.write_frozen(f)
+    store.stage_install(f)
+    s1 = store.schema.apply([AddColumn("y", T.INT64)])
+    store.alter_schema(store.applied_index + 1, s1)  # writes the manifest itself
+    after_alter = RowStore.open(tmp_path / "t")
+    assert after_alter.flushed_index == 1 and after_alter.schema.version == s1.version
+    store.write_manifest()
+    store.finish_install(f)
+    reopened = RowStore.open(tmp_path / "t")
+    assert reopened.schema.version == s1.version and reopened.flushed_index == 1
+    assert rows(reopened) == [{**r(1), "y": None}]
+
+
+def test_a_staged_compaction_deletes_its_inputs_only_after_the_manifest(
+    tmp_path: Path, store: RowStore
+) -> None:
+    w = Writer(store)
+    for i in range(3):
+        w([r(i)])
+        store.flush()
+    c = store.prepare_compaction()
+    assert c is not None
+    store.write_compaction(c)
+    store.stage_compaction(c)
+    snap = store.snapshot()  # taken before the swap: reads the inputs
+    store.write_manifest()
+    assert all((tmp_path / "t" / name).exists() for name in c.inputs)
+    store.finish_compaction(c)
+    store.remove_compacted(c)
+    assert not any((tmp_path / "t" / name).exists() for name in c.inputs)
+    assert store.data_files() == [MANIFEST, c.file_name]
+    assert snap.checksum() == store.checksum()  # unlinked inputs still read (memory-mapped)
+    assert rows(RowStore.open(tmp_path / "t")) == [r(0), r(1), r(2)]
+
+
+def test_a_snapshot_copies_no_rows_and_reads_the_state_it_was_taken_at(
+    tmp_path: Path, store: RowStore, schema: Schema
+) -> None:
+    """Taken between applies, a snapshot builds nothing (the memstore's Arrow form is built when
+    it is read, in a tablet server's worker thread); later writes, deletes, flushes and
+    compactions do not change what it reads."""
+    w = Writer(store)
+    w([r(1), r(2)])
+    store.flush()
+    w([r(3)])
+    snap = store.snapshot()
+    mem = store._mem
+    assert mem.cached_source(mem.version) is None  # nothing built yet
+    w([r(4)])
+    w([{"id": 1}, {"id": 3}], RowOp.DELETE)
+    store.flush()
+    store.compact()
+    other = RowStore.create(tmp_path / "other", schema)
+    Writer(other)([r(1), r(2), r(3)])
+    assert snap.checksum() == other.checksum()
+    assert snap.applied_index == 2 and store.applied_index == 4

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import shutil
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -671,3 +672,43 @@ async def test_a_copy_session_serves_the_flushed_files_from_hard_links(server: S
         tpb.EndTabletCopySessionRequestPB(dest_uuid=server.uuid, session_id=begin.session_id)
     )
     assert not session_dir.exists()
+
+
+@with_server
+async def test_a_flush_waits_for_its_manifest_fsyncs_off_the_event_loop(server: Server) -> None:
+    """A flush's manifest write (file and directory fsyncs, slow on a busy disk) runs in a
+    worker thread, and the tablet takes writes while it waits (rowstore.py, Installs). The
+    disk here is made slow by holding that write until a Write sent meanwhile has been applied
+    and acknowledged; a manifest written on the loop's thread is counted instead of held."""
+    await server.create()
+    await server.data.Write(write_request(server.uuid, "tablet-1", rows(0, 100)))
+    assert server.ts is not None
+    replica = server.ts.tablets.get("tablet-1")
+    store = replica.store
+    assert store is not None
+    loop_thread = threading.current_thread()
+    on_loop: list[str] = []
+    started, release = threading.Event(), threading.Event()
+    real_write = store._fs.write_atomic
+
+    def slow_write(path: str, data: bytes) -> None:
+        if threading.current_thread() is loop_thread:
+            on_loop.append(path)  # the old way: it would block the very Write we wait for
+        else:
+            started.set()
+            release.wait(30)
+        real_write(path, data)
+
+    store._fs.write_atomic = slow_write  # type: ignore[method-assign]
+    flush = asyncio.create_task(replica.flush())
+    while not (started.is_set() or flush.done()):
+        await asyncio.sleep(0.01)
+    before = store.flushed_index
+    w = await server.data.Write(write_request(server.uuid, "tablet-1", rows(100, 200)))
+    assert w.rows_applied == 100
+    assert store.flushed_index == before  # the manifest is not durable yet: the anchor waits
+    release.set()
+    await flush
+    assert on_loop == [] and started.is_set()
+    assert store.flushed_index > before
+    assert (await scan_all(server.data, server.uuid, "tablet-1")).num_rows == 200
