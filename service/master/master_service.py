@@ -23,7 +23,7 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -609,6 +609,11 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             requests = aiter(request_iterator)
             while True:
                 nxt = asyncio.ensure_future(anext(requests))
+                # Retrieved whatever happens: when the server cancels this stream (it gave up
+                # on a slow answer), this handler is cancelled mid-wait and `nxt` ends later,
+                # with StopAsyncIteration, that nobody would read ("Task exception was never
+                # retrieved", hundreds of times when a large fleet's heartbeats timed out).
+                nxt.add_done_callback(_retrieve)
                 await asyncio.wait((nxt, closing), return_when=asyncio.FIRST_COMPLETED)
                 if not nxt.done():
                     nxt.cancel()
@@ -929,3 +934,9 @@ def _required(value: str, field: str) -> str:
     if not value:
         raise InvalidArgument(f"{field}: required")
     return value
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a finished task's outcome as seen (an error here was answered, or moot)."""
+    if not task.cancelled():
+        task.exception()
