@@ -152,7 +152,7 @@ from service.master.progress_clock import ProgressClock
 from service.master.report_processing import ReportAction, confirms
 from service.master.security import ensure_security, load_ca, public_key
 from service.master.status_pages import install_master_metrics, install_master_pages
-from service.master.sys_catalog import ApplyResult, SysCatalogState
+from service.master.sys_catalog import ApplyResult, CatalogChange, Restored, SysCatalogState
 from service.master.table_access import TableAccess
 from service.master.ts_manager import TSManager
 from service.master.tserver_proxy import Fence, TServerProxy
@@ -337,6 +337,7 @@ class MasterServer:
             on_wal_sync=self.wal_sync.observe,
         )
         sys_catalog = SysCatalogState()
+        sys_catalog.add_listener(_FreezeGrownCatalog())
         node = RaftNode(
             group_id=GROUP,
             uuid=self.uuid,
@@ -786,3 +787,35 @@ class MasterServer:
         if uuid == self.uuid:
             return self.address
         return self.transport.address_of(uuid) if self.transport is not None else None
+
+
+class _FreezeGrownCatalog:
+    """A sys.catalog listener that moves the heap out of the cyclic collector's sight
+    (`gc.freeze`) each time the catalog has written `ROWS` rows since the last time, on every
+    master, leader or follower.
+
+    Why. A full collection walks every object of the heap on the event loop: about 0.3 s per
+    30,000 tablets in process, two seconds and more at 200,000 on a loaded machine, past the
+    election timeout. Catalog objects are long-lived, and the collections their allocations
+    trigger (a 10,000-tablet CreateTable applied) were the loop's longest holds while a large
+    catalog grew: a leader held its loop 2.1 s and lost its term, followers held theirs long
+    enough to miss appends. Growing an in-process catalog to 100,000 tablets on a loaded
+    machine: the longest full collection 2.61 s (26.6 s in all) without, 0.50 s (6.6 s) with.
+    Frozen objects are still freed by their reference counts (the catalog's records are
+    acyclic); only cyclic garbage of the instant stays.
+    """
+
+    ROWS = 5_000
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def __call__(self, change: CatalogChange) -> None:
+        if isinstance(change, Restored):
+            gc.freeze()
+            self.rows = 0
+            return
+        self.rows += len(change.written)
+        if self.rows >= self.ROWS:
+            gc.freeze()
+            self.rows = 0
