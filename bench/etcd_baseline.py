@@ -51,8 +51,7 @@ from bench.loadgen import (
 )
 from service.common.pki import CertificateAuthority, ClusterPki, IdentityFiles
 from service.common.private_files import write_private_file
-from service.testing.demo_cluster import free_ports
-from service.testing.processes import terminate_all
+from service.tools.launcher import free_ports, terminate_all
 
 HEARTBEAT_MS = 100  # etcd's default --heartbeat-interval
 ELECTION_MS = 1000  # etcd's default --election-timeout

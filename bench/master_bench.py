@@ -88,7 +88,7 @@ from service.master.ts_manager import TSManager
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.testing.master_cluster import FAST_RAFT, MasterCluster
-from service.testing.processes import terminate_all
+from service.tools.launcher import terminate_all
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICE = "/tessera.master.MasterService"

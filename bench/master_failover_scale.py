@@ -37,7 +37,7 @@ from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.testing import master_cluster
 from service.testing.master_cluster import MasterCluster
-from service.testing.processes import terminate_all
+from service.tools.launcher import terminate_all
 
 TABLE_TABLETS = 10_000
 

@@ -25,8 +25,7 @@ from pathlib import Path
 
 from bench.loadgen import ROOT, KvDemoTarget, LoadResult, LoadSpec, log, run_load
 from bench.pysyncobj_node import FSYNC
-from service.testing.demo_cluster import free_ports
-from service.testing.processes import terminate_all
+from service.tools.launcher import free_ports, terminate_all
 
 
 class PySyncObjCluster:

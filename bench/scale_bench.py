@@ -55,7 +55,7 @@ from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.testing.master_cluster import MasterCluster
-from service.testing.processes import terminate_all
+from service.tools.launcher import terminate_all
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = {"bg_task_interval_ms": "200", "max_create_tablets_per_ts": "1000"}

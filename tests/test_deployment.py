@@ -45,11 +45,10 @@ from service.common.config import (
     parse_override,
     split_host_port,
 )
-from service.testing.demo_cluster import free_ports
 from service.testing.master_cluster import FAST_RAFT
 from service.testing.mini_cluster import FAST_TSERVER
-from service.testing.processes import terminate_all
 from service.tools.cli import build_parser
+from service.tools.launcher import free_ports, terminate_all
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"

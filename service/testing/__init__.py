@@ -17,7 +17,8 @@ Modules
     demo_cluster        KV demo nodes as real processes on loopback
     master_cluster      master processes on loopback
     mini_cluster        masters and tablet servers as real processes on loopback
-    processes           stopping child processes: SIGTERM, grace, SIGKILL
+                        (all three start, wait for and stop their processes with
+                        service.tools.launcher)
     ts_simulator        many simulated tablet servers in one process, for master tests and
                         benchmarks
     ts_simulator_stats  the tablet-server simulator's statistics file

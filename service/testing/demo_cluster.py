@@ -3,7 +3,8 @@
 Ports are picked free on 127.0.0.1 before launch (the peers must know each other's addresses
 to bootstrap); every node logs to `<dir>/<uuid>.log`. `stop()` sends SIGTERM and then SIGKILL
 to whatever is left, so a test that uses the cluster as a context manager never leaves a
-process running.
+process running (nor does one whose start fails half-way). The process mechanics and
+`free_ports` are `service.tools.launcher`'s.
 
 `secure=True` makes a CA for the cluster in `<dir>/pki` and starts every node with its own
 `tserver` certificate (`kv_demo_server --credentials`): mutual TLS between the nodes and towards
@@ -14,72 +15,18 @@ tests speak plaintext; the benchmarks run both (bench/README.md).
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import random
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from service.common.pki import ClusterPki
-from service.testing.processes import terminate_all
+from service.tools import launcher
+from service.tools.launcher import CONF_DIR, StopOnExit, free_ports
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO_CONF = ROOT / "conf" / "raft-demo.toml"
-
-
-_LOW_PORT = 10_000
-"""Ports below this are left alone (well-known and registered services)."""
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32_768, 60_999  # Linux's default
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct loopback ports free now, for servers whose addresses must be known before
-    they start (a master group's `master_addresses`).
-
-    Chosen below the kernel's ephemeral range: a port from that range (what binding port 0
-    gives) can be taken, between this call and the server's bind, as the local port of any
-    outgoing connection on the machine -- a test once failed to start a master that way
-    ("Failed to bind to address 127.0.0.1:40757"). Nothing takes ports below the range unless
-    asked for them by number."""
-    low, _ = _ephemeral_range()
-    rng = random.SystemRandom()
-    tries = min(max(0, low - _LOW_PORT), 64 * n)  # random draws, not a shuffle of the range
-    tried: set[int] = set()
-    socks: list[socket.socket] = []
-    try:
-        while len(socks) < n and len(tried) < tries:
-            port = rng.randrange(_LOW_PORT, low)
-            if port in tried:
-                continue
-            tried.add(port)
-            s = socket.socket()
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                s.close()
-                continue
-            socks.append(s)
-        while len(socks) < n:  # no room below the range: let the kernel choose
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+DEMO_CONF = CONF_DIR / "raft-demo.toml"
 
 
 @dataclass
@@ -88,7 +35,11 @@ class DemoNode:
     address: str
     data_dir: Path
     log: Path
-    proc: subprocess.Popen[bytes] | None = None
+    launched: launcher.Launched | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.launched.proc if self.launched is not None else None
 
     @property
     def alive(self) -> bool:
@@ -96,7 +47,7 @@ class DemoNode:
 
 
 @dataclass
-class DemoCluster:
+class DemoCluster(StopOnExit):
     base: Path
     size: int = 3
     overrides: Mapping[str, str] = field(default_factory=dict)
@@ -152,55 +103,30 @@ class DemoCluster:
 
     def start_node(self, uuid: str, peers: list[str] | None = None) -> None:
         node = self.nodes[uuid]
-        ready = self.base / f"{uuid}.ready"
-        ready.unlink(missing_ok=True)
-        members = self.initial if peers is None else peers
-        args = [
-            sys.executable,
-            "-m",
-            "service.tools.kv_demo_server",
-            "--conf",
-            str(DEMO_CONF),
-            "--set",
+        settings = [
             f"uuid={uuid}",
-            "--set",
             f"data_dir={node.data_dir}",
-            "--set",
             f"rpc_bind={node.address}",
-            "--set",
-            f"peers={self._peers_toml(members)}",
-            "--ready-file",
-            str(ready),
+            f"peers={self._peers_toml(self.initial if peers is None else peers)}",
+            *(f"{k}={v}" for k, v in self.overrides.items()),
         ]
-        for k, v in self.overrides.items():
-            args += ["--set", f"{k}={v}"]
         creds = self.credentials_dir("tserver", uuid)
-        if creds is not None:
-            args += ["--credentials", str(creds)]
-        logf = node.log.open("ab")
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        node.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-        logf.close()
+        extra = ["--credentials", str(creds)] if creds is not None else []
+        ready = self.base / f"{uuid}.ready"
+        args = launcher.server_args(
+            "service.tools.kv_demo_server", DEMO_CONF, settings, ready, extra
+        )
+        node.launched = launcher.spawn(uuid, args, log=node.log, ready=ready)
 
     def wait_ready(self, uuids: list[str], timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         for uuid in uuids:
-            ready = self.base / f"{uuid}.ready"
-            while not ready.exists():
-                node = self.nodes[uuid]
-                if not node.alive:
-                    raise RuntimeError(f"{uuid} exited: {node.log.read_text()[-2000:]}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{uuid} not serving after {timeout}s")
-                time.sleep(0.02)
-            info = json.loads(ready.read_text())
-            assert info["address"] == self.nodes[uuid].address
+            node = self.nodes[uuid]
+            assert node.launched is not None, f"{uuid} was never started"
+            launcher.wait_ready(node.launched, deadline, timeout, expect_address=node.address)
 
     def kill(self, uuid: str, sig: int = signal.SIGKILL) -> None:
-        node = self.nodes[uuid]
-        if node.proc is not None and node.proc.poll() is None:
-            node.proc.send_signal(sig)
-            node.proc.wait(timeout=30)
+        launcher.kill(self.nodes[uuid].proc, sig)
 
     def restart(self, uuid: str) -> None:
         self.kill(uuid)
@@ -208,17 +134,10 @@ class DemoCluster:
         self.wait_ready([uuid])
 
     def stop(self) -> None:
-        terminate_all(n.proc for n in self.nodes.values() if n.proc is not None)
+        launcher.terminate_all(n.proc for n in self.nodes.values() if n.proc is not None)
 
     def exit_codes(self) -> dict[str, int | None]:
         return {u: (n.proc.poll() if n.proc else None) for u, n in self.nodes.items()}
-
-    def __enter__(self) -> DemoCluster:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 @contextlib.contextmanager

@@ -50,7 +50,7 @@ from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc
 from service.testing.fuzz_cluster import FuzzCluster
-from service.testing.processes import terminate_all
+from service.tools.launcher import terminate_all
 
 __all__ = [
     "CatalogView",

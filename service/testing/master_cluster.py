@@ -6,16 +6,14 @@ address to bootstrap sys.catalog); each master's uuid follows from its address
 the machine); each master's ready file names the address it got (`MasterProcess.http_address`).
 Every master logs to `<base>/<name>.log` and keeps its data in `<base>/<name>/`. `stop()` sends
 SIGTERM and then SIGKILL to whatever is left, so a test that uses the cluster as a context
-manager never leaves a process running.
+manager never leaves a process running. How a process is started, waited for and stopped is
+`service.tools.launcher`'s, shared with the other launchers; this module says what a master is.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,15 +23,15 @@ import grpc
 import grpc.aio
 
 from service.common.pki import ClusterPki
-from service.common.tls import Credentials, SecuritySettings, open_channel, open_sync_channel
+from service.common.tls import Credentials, open_channel, open_sync_channel
 from service.master.master import master_uuid
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
-from service.testing.demo_cluster import free_ports
-from service.testing.processes import terminate_all
+from service.tools import launcher
+from service.tools.launcher import CONF_DIR, ROOT, StopOnExit, free_ports
 
-ROOT = Path(__file__).resolve().parents[2]
-MASTER_CONF = ROOT / "conf" / "master.toml"
+MASTER_CONF = CONF_DIR / "master.toml"
+__all__ = ["FAST_RAFT", "MASTER_CONF", "ROOT", "MasterCluster", "MasterProcess"]
 
 FAST_RAFT: Mapping[str, str] = {
     "raft.tick_interval_ms": "50",
@@ -51,9 +49,13 @@ class MasterProcess:
     address: str
     data_dir: Path
     log: Path
-    proc: subprocess.Popen[bytes] | None = None
+    launched: launcher.Launched | None = None
     http_address: str = ""
     """host:port of its status pages and /metrics, from its ready file ("" if not serving)."""
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.launched.proc if self.launched is not None else None
 
     @property
     def uuid(self) -> str:
@@ -65,7 +67,7 @@ class MasterProcess:
 
 
 @dataclass
-class MasterCluster:
+class MasterCluster(StopOnExit):
     """N masters forming one sys.catalog group. Use as a context manager."""
 
     base: Path
@@ -136,9 +138,7 @@ class MasterCluster:
 
     def security_overrides(self, role: str, name: str) -> list[str]:
         """`--set` arguments giving a server of (role, name) its certificate (none insecure)."""
-        if self.pki is None:
-            return ["security.mode=insecure"]
-        return SecuritySettings.from_files(self.pki.files(role, name)).overrides()
+        return launcher.security_overrides(self.pki.files(role, name) if self.pki else None)
 
     def by_address(self, address: str) -> MasterProcess:
         for m in self.masters.values():
@@ -165,76 +165,33 @@ class MasterCluster:
         """Launch `name`; `join` starts it as a new member of the running group
         (`join_existing`), `env` adds environment variables (failpoints)."""
         m = self.masters[name]
-        ready = self.base / f"{name}.ready"
-        ready.unlink(missing_ok=True)
-        addresses = "[" + ", ".join(f'"{a}"' for a in self.addresses) + "]"
-        args = [
-            sys.executable,
-            "-m",
-            "service.master",
-            "--conf",
-            str(MASTER_CONF),
-            "--set",
+        settings = [
             f"data_dir={m.data_dir}",
-            "--set",
             f"rpc_bind={m.address}",
-            "--set",
             f"advertised_address={m.address}",
-            "--set",
-            f"master_addresses={addresses}",
-            "--set",
+            f"master_addresses={launcher.toml_list(self.addresses)}",
             "http_bind=127.0.0.1:0",
-            "--ready-file",
-            str(ready),
+            *(["join_existing=true"] if join else []),
+            *self.security_overrides("master", m.uuid),
+            *(f"{k}={v}" for k, v in self.overrides.items()),
         ]
-        if join:
-            args += ["--set", "join_existing=true"]
-        for s in self.security_overrides("master", m.uuid):
-            args += ["--set", s]
-        for k, v in self.overrides.items():
-            args += ["--set", f"{k}={v}"]
-        logf = m.log.open("ab")
-        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-        m.proc = subprocess.Popen(
-            args, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, env=full_env
-        )
-        logf.close()
+        ready = self.base / f"{name}.ready"
+        args = launcher.server_args("service.master", MASTER_CONF, settings, ready)
+        m.launched = launcher.spawn(name, args, log=m.log, ready=ready, env=env)
 
     def wait_ready(self, names: list[str], timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         for name in names:
-            ready = self.base / f"{name}.ready"
             m = self.masters[name]
-            while not ready.exists():
-                if not m.alive:
-                    raise RuntimeError(f"{name} exited: {m.log.read_text()[-2000:]}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{name} not serving after {timeout}s")
-                time.sleep(0.02)
-            info = json.loads(ready.read_text())
-            if info["address"] != m.address:
-                raise RuntimeError(f"{name} serves on {info['address']}, expected {m.address}")
+            assert m.launched is not None, f"{name} was never started"
+            info = launcher.wait_ready(m.launched, deadline, timeout, expect_address=m.address)
             m.http_address = info.get("http_address", "")
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        m = self.masters[name]
-        if m.proc is not None and m.proc.poll() is None:
-            m.proc.send_signal(sig)
-            m.proc.wait(timeout=30)
+        launcher.kill(self.masters[name].proc, sig)
 
     def stop(self) -> None:
-        terminate_all(m.proc for m in self.masters.values() if m.proc is not None)
+        launcher.terminate_all(m.proc for m in self.masters.values() if m.proc is not None)
 
     def exit_codes(self) -> dict[str, int | None]:
         return {n: (m.proc.poll() if m.proc else None) for n, m in self.masters.items()}
-
-    def __enter__(self) -> MasterCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -6,18 +6,14 @@ heartbeating to every master. Each logs to `<base>/<name>.log` and keeps its dat
 `<base>/<name>/`, so a server restarted with `start_tserver(name)` comes back with the same uuid
 and replicas.
 `stop()` sends SIGTERM, then SIGKILL to whatever is left: used as a context manager, the
-cluster never leaves a process running.
+cluster never leaves a process running. The process mechanics are `service.tools.launcher`'s.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
-import uuid as uuidlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,15 +21,15 @@ from pathlib import Path
 import grpc
 
 from service.client.sync import SyncClient
-from service.common.config import SecuritySettings
 from service.common.pki import IdentityFiles
 from service.common.tls import Credentials, open_sync_channel
 from service.pb import master_pb2 as mpb
 from service.pb import master_pb2_grpc
-from service.testing.master_cluster import FAST_RAFT, ROOT, MasterCluster
-from service.testing.processes import terminate_all
+from service.testing.master_cluster import FAST_RAFT, MasterCluster
+from service.tools import launcher
+from service.tools.launcher import CONF_DIR, StopOnExit
 
-TSERVER_CONF = ROOT / "conf" / "tserver.toml"
+TSERVER_CONF = CONF_DIR / "tserver.toml"
 
 FAST_TSERVER: Mapping[str, str] = {
     **FAST_RAFT,
@@ -49,9 +45,13 @@ class TServerProcess:
     log: Path
     address: str = ""
     uuid: str = ""
-    proc: subprocess.Popen[bytes] | None = None
+    launched: launcher.Launched | None = None
     http_address: str = ""
     """host:port of its status pages and /metrics, from its ready file ("" if not serving)."""
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.launched.proc if self.launched is not None else None
 
     @property
     def alive(self) -> bool:
@@ -59,7 +59,7 @@ class TServerProcess:
 
 
 @dataclass
-class MiniCluster:
+class MiniCluster(StopOnExit):
     """Masters plus tablet servers. Use as a context manager."""
 
     base: Path
@@ -111,13 +111,6 @@ class MiniCluster:
             self.master_addresses, timeout=timeout, credentials=self.credentials(), **kwargs
         )
 
-    def _tserver_uuid(self, ts: TServerProcess) -> str:
-        """The uuid the server has (its instance file) or will take (from its certificate)."""
-        try:
-            return str(json.loads((ts.data_dir / "instance").read_text())["uuid"])
-        except (OSError, ValueError, KeyError):
-            return f"ts-{uuidlib.uuid4().hex}"
-
     def start(self) -> None:
         self.masters.start()
         for name in self.tservers:
@@ -155,63 +148,34 @@ class MiniCluster:
         """Launch tablet server `name` with a certificate of its own from the cluster's CA, or
         with the credentials directory `credentials_dir` (a join credential, say)."""
         ts = self.tservers[name]
-        ready = self.base / f"{name}.ready"
-        ready.unlink(missing_ok=True)
-        masters = "[" + ", ".join(f'"{a}"' for a in self.master_addresses) + "]"
-        bind = ts.address or "127.0.0.1:0"
-        args = [
-            sys.executable,
-            "-m",
-            "service.tserver",
-            "--conf",
-            str(TSERVER_CONF),
-            "--set",
+        settings = [
             f"data_dir={ts.data_dir}",
-            "--set",
-            f"rpc_bind={bind}",
-            "--set",
-            f"master_addresses={masters}",
-            "--set",
+            f"rpc_bind={ts.address or '127.0.0.1:0'}",
+            f"master_addresses={launcher.toml_list(self.master_addresses)}",
             "http_bind=127.0.0.1:0",
-            "--ready-file",
-            str(ready),
+            *(f"{k}={v}" for k, v in self.tserver_overrides.items()),
         ]
-        for k, v in self.tserver_overrides.items():
-            args += ["--set", f"{k}={v}"]
         if credentials_dir is not None:
-            security = SecuritySettings.from_files(IdentityFiles.in_dir(credentials_dir))
-            overrides = security.overrides()
+            settings += launcher.security_overrides(IdentityFiles.in_dir(credentials_dir))
         else:
-            overrides = self.masters.security_overrides("tserver", self._tserver_uuid(ts))
-        for s in overrides:
-            args += ["--set", s]
-        logf = ts.log.open("ab")
-        penv = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-        ts.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, env=penv)
-        logf.close()
+            uuid = launcher.tserver_uuid(ts.data_dir)
+            settings += self.masters.security_overrides("tserver", uuid)
+        ready = self.base / f"{name}.ready"
+        args = launcher.server_args("service.tserver", TSERVER_CONF, settings, ready)
+        ts.launched = launcher.spawn(name, args, log=ts.log, ready=ready, env=env)
         if wait:
             self.wait_tserver(name)
         return ts
 
     def wait_tserver(self, name: str, timeout: float = 30.0) -> None:
         ts = self.tservers[name]
-        ready = self.base / f"{name}.ready"
-        deadline = time.monotonic() + timeout
-        while not ready.exists():
-            if not ts.alive:
-                raise RuntimeError(f"{name} exited: {ts.log.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} not serving after {timeout}s")
-            time.sleep(0.02)
-        info = json.loads(ready.read_text())
+        assert ts.launched is not None, f"{name} was never started"
+        info = launcher.wait_ready(ts.launched, time.monotonic() + timeout, timeout)
         ts.address, ts.uuid = info["address"], info["uuid"]
         ts.http_address = info.get("http_address", "")
 
     def kill_tserver(self, name: str, sig: int = signal.SIGKILL) -> None:
-        ts = self.tservers[name]
-        if ts.proc is not None and ts.proc.poll() is None:
-            ts.proc.send_signal(sig)
-            ts.proc.wait(timeout=30)
+        launcher.kill(self.tservers[name].proc, sig)
 
     def tserver_by_uuid(self, uuid: str) -> TServerProcess:
         for ts in self.tservers.values():
@@ -220,16 +184,5 @@ class MiniCluster:
         raise KeyError(uuid)
 
     def stop(self) -> None:
-        terminate_all(ts.proc for ts in self.tservers.values() if ts.proc is not None)
+        launcher.terminate_all(ts.proc for ts in self.tservers.values() if ts.proc is not None)
         self.masters.stop()
-
-    def __enter__(self) -> MiniCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from service.testing.processes import terminate_all
+from service.tools.launcher import terminate_all
 
 __all__ = ["StandaloneSpark", "spark_bin"]
 

@@ -201,8 +201,8 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def run_fleet(args: argparse.Namespace, argv: list[str]) -> int:
     """The parent of `--shards K`: start the children, publish the port file, merge their
     statistics each second, stop them on SIGTERM/SIGINT (or when one dies: exit 1)."""
-    from service.testing.processes import terminate_all
     from service.testing.ts_simulator import uuids_for
+    from service.tools.launcher import terminate_all
 
     directory = Path(tempfile.mkdtemp(prefix="tsim-"))  # mode 0700: the bus's access control
     children: list[subprocess.Popen[bytes]] = []

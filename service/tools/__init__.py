@@ -1,13 +1,17 @@
 """The `tessera` command and what it drives: local clusters, DDL and admin commands, ksck.
 
 Tools sit above the client (docs/design/layers.md#R1): they may start master and tablet server
-processes and use service.testing's launchers.
+processes and use service.testing's launchers. The mechanics of starting a server process live
+here (`launcher`), not in service.testing, so that the user's `tessera cluster` and the test
+clusters share them without the tool depending on test support.
 
 Modules
 -------
     cli             the `tessera` command: subcommands and their dispatch
     cli_args        typed arguments and the `main` runner every command shares
     output          aligned plain-text tables and JSON for every command
+    launcher        starting server processes, shared by every cluster launcher: command
+                    line, owner-only log, ready file, SIGTERM-grace-SIGKILL, free ports
     local_cluster   a local cluster of real background processes in one directory
     local_servers   one server of a local cluster: start, stop, restart by name
     cluster_cmd     `tessera cluster up|status|down|start|stop|restart`

@@ -20,6 +20,11 @@ servers bind `127.0.0.1:0` the first time (their uuid lives in their data_dir, n
 address); the address they got is recorded and reused on restart, because their replicas' Raft
 configurations and the masters' registry name it.
 
+Processes. Command lines, owner-only logs, ready files, SIGTERM-grace-SIGKILL and free ports
+are `launcher`'s, shared with the test clusters. What differs here, on purpose: servers are
+started detached and recorded in cluster.json, and only a pid that passes the pid-reuse check
+below is ever signalled, so `down` never kills what it did not start.
+
 Detached sessions. Servers run in a session of their own (`start_new_session=True`), read
 /dev/null and write to their log file: a Ctrl-C in the terminal that ran `up`, or that terminal
 closing, does not reach them, and no pipe ties them to the command that started them.
@@ -46,16 +51,11 @@ functions are synchronous (`asyncio.run`): they block on processes and serve the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
-import uuid as uuidlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -65,10 +65,11 @@ from service.client.credentials import find_credentials
 from service.common.config import MasterConfig, TServerConfig, load_config, parse_override
 from service.common.errors import FailedPrecondition, InvalidArgument
 from service.common.pki import ClusterPki
-from service.common.tls import Credentials, SecuritySettings
+from service.common.tls import Credentials
 from service.master.master import master_uuid
-from service.testing.demo_cluster import free_ports
+from service.tools import launcher
 from service.tools.healthcheck import ClusterStatus, ServerStatus, probe_masters
+from service.tools.launcher import CONF_DIR, Launched, LaunchError, free_ports
 
 __all__ = ["CLUSTER_FILE", "ClusterRecord", "LocalClusterError", "ServerRecord", "Stopped"]
 __all__ += ["down", "is_running", "load_record", "master_addresses", "status", "up"]
@@ -76,9 +77,8 @@ __all__ += ["add_master", "remove_master"]
 
 CLUSTER_FILE = "cluster.json"
 FORMAT = 1
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_MASTER_CONF = ROOT / "conf" / "master.toml"
-DEFAULT_TSERVER_CONF = ROOT / "conf" / "tserver.toml"
+DEFAULT_MASTER_CONF = CONF_DIR / "master.toml"
+DEFAULT_TSERVER_CONF = CONF_DIR / "tserver.toml"
 MANAGED_KEYS = ("data_dir", "rpc_bind", "advertised_address", "master_addresses", "http_bind")
 """Settings `up` sets itself for every server; an override of one of them is refused."""
 _MODULES = {"master": "service.master", "tserver": "service.tserver"}
@@ -187,55 +187,12 @@ def master_addresses(dir: Path | str) -> list[str]:
 
 # --- processes -------------------------------------------------------------------------------
 
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-"""Servers started by this process, kept so they are reaped (polled), not left as zombies."""
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` is a process that has not exited. For a child of this process its Popen
-    decides (and reaps it): a child's command line reads empty while it is exiting, before
-    it has become a zombie, so the command line cannot tell that it is gone."""
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        if child.poll() is None:
-            return True
-        del _CHILDREN[pid]
-        return False
-    if Path("/proc/self").exists():
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return False
-        return stat.rpartition(")")[2].split()[0] != "Z"  # a zombie has exited
-    try:  # no /proc (macOS)
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, and is someone else's
-    return True
-
-
-def _cmdline(pid: int) -> str:
-    """The command line of `pid` ("" if there is none: no such process, or an exiting one)."""
-    if Path("/proc/self").exists():
-        try:
-            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return ""
-        return raw.replace(b"\0", b" ").decode(errors="replace").strip()
-    try:  # no /proc (macOS)
-        out = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True)
-    except OSError:
-        return ""
-    return out.stdout.decode(errors="replace").strip()
-
 
 def is_running(server: ServerRecord) -> bool:
     """Whether the recorded pid is still this server (the pid-reuse check, see the docstring)."""
-    if server.pid is None or not _alive(server.pid):
+    if server.pid is None or not launcher.pid_alive(server.pid):
         return False
-    cmd = _cmdline(server.pid) + " "
+    cmd = launcher.pid_cmdline(server.pid) + " "
     return f" {_MODULES[server.kind]} " in cmd and f" data_dir={server.data_dir} " in cmd
 
 
@@ -244,30 +201,16 @@ def _http_supported(kind: str) -> bool:
     return "http_bind" in {f.name for f in dataclasses.fields(cls)}
 
 
-def _log_tail(path: Path, offset: int, limit: int = 3000) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            text = f.read().decode(errors="replace")[-limit:].rstrip()
-    except OSError as e:
-        return f"(cannot read {path}: {e.strerror})"
-    return text or "(the log is empty)"
-
-
 @dataclass
 class _Launch:
-    """A server `up` started: its record (completed from the ready file), process, ready file
-    and where this run's output starts in its log."""
+    """A server `up` started: its record (completed from the ready file) and its process."""
 
     server: ServerRecord
-    proc: subprocess.Popen[bytes]
-    ready: Path
-    log_offset: int
+    launched: Launched
 
 
 def _settings(record: ClusterRecord, server: ServerRecord) -> tuple[str, list[str]]:
     """The conf file and the `--set`s `server` runs with: the overrides, then MANAGED_KEYS."""
-    master_list = "[" + ", ".join(f'"{a}"' for a in record.master_addresses) + "]"
     if server.kind == "master":
         conf, settings = record.master_conf, list(record.master_overrides)
     else:
@@ -275,7 +218,7 @@ def _settings(record: ClusterRecord, server: ServerRecord) -> tuple[str, list[st
     settings += [f"data_dir={server.data_dir}", f"rpc_bind={server.address or '127.0.0.1:0'}"]
     if server.kind == "master":
         settings.append(f"advertised_address={server.address}")
-    settings.append(f"master_addresses={master_list}")
+    settings.append(f"master_addresses={launcher.toml_list(record.master_addresses)}")
     if _http_supported(server.kind):
         settings.append("http_bind=127.0.0.1:0")
     if not any(s.startswith("security.") for s in settings):
@@ -303,15 +246,8 @@ def _security(record: ClusterRecord, server: ServerRecord) -> list[str]:
     if server.kind == "master":
         name: str = master_uuid(server.address)
     else:
-        name = server.uuid or _instance_uuid(Path(server.data_dir)) or f"ts-{uuidlib.uuid4().hex}"
-    return SecuritySettings.from_files(_pki(record).files(server.kind, name)).overrides()
-
-
-def _instance_uuid(data_dir: Path) -> str:
-    try:
-        return str(json.loads((data_dir / "instance").read_text())["uuid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
+        name = launcher.tserver_uuid(Path(server.data_dir), server.uuid)
+    return launcher.security_overrides(_pki(record).files(server.kind, name))
 
 
 def credentials(dir: Path | str) -> Credentials | None:
@@ -329,84 +265,37 @@ def _check_config(record: ClusterRecord) -> None:
 
 
 def _spawn(record: ClusterRecord, server: ServerRecord, *, join: bool = False) -> _Launch:
-    ready = record.dir / "run" / f"{server.name}.ready"
-    ready.unlink(missing_ok=True)
+    """Start `server` detached (it outlives this command), in DIR."""
     conf, settings = _settings(record, server)
     if join:
         settings.append("join_existing=true")
-    args = [sys.executable, "-m", _MODULES[server.kind], "--conf", conf]
-    for s in settings:
-        args += ["--set", s]
-    args += ["--ready-file", str(ready)]
+    ready = record.dir / "run" / f"{server.name}.ready"
+    args = launcher.server_args(_MODULES[server.kind], conf, settings, ready)
     Path(server.data_dir).mkdir(parents=True, exist_ok=True)
-    log = Path(server.log)
-    path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
-    with log.open("ab") as logf:
-        offset = logf.tell()
-        logf.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(args)}\n".encode())
-        logf.flush()
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            cwd=record.dir,
-            env=env,
-            start_new_session=True,
-        )
-    _CHILDREN[proc.pid] = proc
-    return _Launch(replace(server, pid=proc.pid), proc, ready, offset)
-
-
-def _failure(launch: _Launch, problem: str) -> LocalClusterError:
-    s = launch.server
-    tail = _log_tail(Path(s.log), launch.log_offset)
-    return LocalClusterError(f"{s.name} (pid {s.pid}) {problem}; the end of {s.log}:\n{tail}")
+    launched = launcher.spawn(
+        server.name, args, log=Path(server.log), ready=ready, cwd=record.dir, detach=True
+    )
+    return _Launch(replace(server, pid=launched.proc.pid), launched)
 
 
 def _check_alive(launches: Iterable[_Launch]) -> None:
-    for launch in launches:
-        code = launch.proc.poll()
-        if code is not None:
-            raise _failure(launch, f"exited with code {code}")
+    try:
+        launcher.check_alive(lc.launched for lc in launches)
+    except LaunchError as e:
+        raise LocalClusterError(str(e)) from None
 
 
 def _wait_ready(launch: _Launch, deadline: float, timeout: float) -> None:
     """Wait for the ready file and fold what it says (address, uuid, http) into the launch."""
     s = launch.server
-    while not launch.ready.exists():
-        _check_alive([launch])
-        if time.monotonic() > deadline:
-            raise _failure(launch, f"is not serving after {timeout:g}s")
-        time.sleep(0.05)
-    info = json.loads(launch.ready.read_text())
-    if s.kind == "master" and info["address"] != s.address:
-        raise _failure(launch, f"serves on {info['address']}, expected {s.address}")
+    expect = s.address if s.kind == "master" else None
+    try:
+        info = launcher.wait_ready(launch.launched, deadline, timeout, expect_address=expect)
+    except LaunchError as e:
+        raise LocalClusterError(str(e)) from None
     launch.server = replace(
         s, address=info["address"], uuid=info["uuid"], http_address=info.get("http_address")
     )
-
-
-def _stop(pids: Sequence[int], grace: float) -> set[int]:
-    """SIGTERM `pids`, wait up to `grace` s, SIGKILL what is left; the set that needed SIGKILL.
-    Only called with pids that passed the pid-reuse check."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    left = set(pids)
-    while True:
-        left = {p for p in left if _alive(p)}
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    while any(_alive(p) for p in left):
-        time.sleep(0.02)
-    return left
 
 
 # --- up --------------------------------------------------------------------------------------
@@ -539,7 +428,9 @@ def up(
         if record.tservers:
             say(f"waiting for {len(record.tservers)} tablet server(s) to register ... ok")
     except BaseException:
-        _stop([lc.server.pid for lc in launches if lc.server.pid is not None], grace=5.0)
+        launcher.terminate_all(
+            [lc.server.pid for lc in launches if lc.server.pid is not None], grace=5.0
+        )
         _save(_with(record, [replace(lc.server, pid=None) for lc in launches]))
         raise
     return record
@@ -626,7 +517,7 @@ def add_master(
         say(f"adding {name} to the group ... ok (a voter, caught up)")
     except BaseException:
         if launch.server.pid is not None:
-            _stop([launch.server.pid], grace=5.0)
+            launcher.terminate_all([launch.server.pid], grace=5.0)
         _save(record)
         raise
     _save(_with(grown, [launch.server]))
@@ -663,7 +554,7 @@ def remove_master(
     asyncio.run(remove())
     say(f"removing {server.name} from the group ... ok")
     if is_running(server) and server.pid is not None:
-        outcome = "killed" if _stop([server.pid], grace) else "stopped"
+        outcome = "killed" if launcher.terminate_all([server.pid], grace) else "stopped"
         say(f"stopping {server.name} ... {outcome}")
     shutil.rmtree(server.data_dir, ignore_errors=True)
     _save(replace(record, masters=tuple(m for m in record.masters if m.name != server.name)))
@@ -726,7 +617,7 @@ def down(dir: Path | str, grace: float = 10.0, progress: Progress | None = None)
     results: list[Stopped] = []
     for group in (record.tservers, record.masters):
         live = [s for s in group if is_running(s)]
-        killed = _stop([s.pid for s in live if s.pid is not None], grace)
+        killed = launcher.terminate_all([s.pid for s in live if s.pid is not None], grace)
         for s in group:
             outcome = "killed" if s.pid in killed else "stopped" if s in live else "not running"
             results.append(Stopped(s.name, s.pid, outcome))

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from service.common.errors import InvalidArgument
+from service.tools import launcher
 from service.tools.local_cluster import (
     ClusterRecord,
     LocalClusterError,
@@ -21,7 +22,6 @@ from service.tools.local_cluster import (
     Stopped,
     _save,
     _spawn,
-    _stop,
     _wait_ready,
     _with,
     is_running,
@@ -46,7 +46,7 @@ def stop_server(dir: Path | str, name: str, grace: float = 10.0) -> Stopped:
     if not is_running(server) or server.pid is None:
         outcome = "not running"
     else:
-        outcome = "killed" if _stop([server.pid], grace) else "stopped"
+        outcome = "killed" if launcher.terminate_all([server.pid], grace) else "stopped"
     _save(_with(record, [replace(server, pid=None)]))
     return Stopped(name, server.pid, outcome)
 

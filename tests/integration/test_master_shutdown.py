@@ -32,7 +32,7 @@ from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.testing.master_cluster import FAST_RAFT, ROOT, MasterCluster, MasterProcess
-from service.testing.processes import terminate_all
+from service.tools.launcher import terminate_all
 from tests.integration.test_master_tasks import SCHEMA
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -19,7 +19,7 @@ from service.client.sync import SyncClient
 from service.common.partition import HashBucketSchema, PartitionSchema
 from service.common.schema import ColumnType, Schema
 from service.testing.mini_cluster import MiniCluster
-from service.testing.processes import terminate_all
+from service.tools.launcher import terminate_all
 from spark_jobs.connect import server_command
 from spark_jobs.session import REPO_ROOT
 from tests.spark.conftest import masters

@@ -12,7 +12,7 @@ import pytest
 
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
-from service.testing.demo_cluster import free_ports
+from service.tools.launcher import free_ports
 from service.tserver.heartbeater import HeartbeatStream
 
 

@@ -24,7 +24,6 @@ from service.common.tls import SecuritySettings
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
-from service.testing.demo_cluster import free_ports
 from service.testing.tablet_fixtures import (
     SCHEMA,
     create_request,
@@ -33,6 +32,7 @@ from service.testing.tablet_fixtures import (
     scan_all,
     write_request,
 )
+from service.tools.launcher import free_ports
 from service.tserver import superblock as sbmod
 from service.tserver.rowstore import RowStore
 from service.tserver.superblock import DataState
