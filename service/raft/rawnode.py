@@ -193,6 +193,18 @@ class RawNode:
             return True
         return r.log.has_next_committed()
 
+    def take_messages(self, types: frozenset[MessageType]) -> list[Message]:
+        """Remove and return the queued messages of `types`, in order, leaving the rest for the
+        next Ready. For heartbeats and their answers, which promise nothing about the log:
+        the shell may send them while the previous Ready's persist still runs, so a slow
+        fsync neither silences a leader nor keeps a follower from answering one (the leader's
+        quorum check would depose it, and every member would campaign at once)."""
+        r = self.raft
+        taken = [m for m in r.msgs if m.type in types]
+        if taken:
+            r.msgs = [m for m in r.msgs if m.type not in types]
+        return taken
+
     def ready(self) -> Ready:
         r = self.raft
         rd = Ready(

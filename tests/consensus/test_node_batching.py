@@ -219,6 +219,39 @@ def test_an_append_that_replaces_entries_being_persisted(tmp_path: Path) -> None
     asyncio.run(main())
 
 
+def test_heartbeats_are_answered_while_a_persist_is_stuck_on_the_disk(tmp_path: Path) -> None:
+    """A follower whose fsync stalls still answers the leader's heartbeats (they promise
+    nothing about the log); its answer to the append waits for the disk. Before, every
+    message waited: a disk stalled past an election timeout kept every follower silent, the
+    leader's quorum check deposed it and the whole group campaigned."""
+
+    async def main() -> None:
+        c = Cluster(tmp_path)
+        fs = GatedFileSystem()
+        a, b = NodeId("a"), NodeId("b")
+        try:
+            node = await c.start("b", ["a", "b", "c"], fs=fs)
+            rec = record(node)
+            fs.armed = True
+            entries = tuple(Entry(1, i, data=b"k%d=v" % i) for i in (1, 2))
+            node.step([Message(MessageType.APP, to=b, frm=a, term=1, index=0, entries=entries)])
+            await eventually(fs.entered.is_set, "the entries are being persisted")
+            node.step([Message(MessageType.HEARTBEAT, to=b, frm=a, term=1, commit=0)])
+            await eventually(
+                lambda: bool(rec.sent(MessageType.HEARTBEAT_RESP, a)), "the heartbeat answered"
+            )
+            assert rec.sent(MessageType.APP_RESP, a) == []  # not before the disk
+            fs.release.set()
+            await eventually(lambda: bool(rec.sent(MessageType.APP_RESP, a)), "append answered")
+            assert [m.index for m in rec.sent(MessageType.APP_RESP, a)] == [2]
+            assert node.fatal is None
+        finally:
+            fs.release.set()
+            await c.close()
+
+    asyncio.run(main())
+
+
 LINGER = NodeSettings(
     tick_interval_s=0.01, heartbeat_ticks=2, election_ticks=10, batch_linger_s=0.3
 )
