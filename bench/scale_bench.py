@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -136,10 +137,17 @@ class Masters:
             await ch.close(None)
 
 
-async def create_table(m: Masters, name: str, tablets: int, seq: int) -> str:
-    """CreateTable through whichever master leads (retried while there is none)."""
+_SEQ = itertools.count(1)
+"""Request sequence numbers of the bench's client, one per CreateTable, always increasing: a
+master remembers only a client's latest results, so a number reused after twenty creates is
+refused as stale (and one reused earlier would be answered with the first table's id)."""
+
+
+async def create_table(m: Masters, name: str, tablets: int) -> str:
+    """CreateTable through whichever master leads (retried, with the same request id, while
+    there is none)."""
     req = pb.CreateTableRequestPB(
-        request_id=pb.RequestIdPB(client_id="scale-bench", seq_no=seq),
+        request_id=pb.RequestIdPB(client_id="scale-bench", seq_no=next(_SEQ)),
         name=name,
         schema=schema_to_pb(SCHEMA),
         partition_schema=partition_schema_to_pb(partitioning(tablets), SCHEMA),
@@ -237,7 +245,7 @@ async def grow(args: argparse.Namespace, m: Masters, sim_pids: list[int]) -> tup
         c0, s0, t0 = cpu_seconds(pid), fleet_cpu(sim_pids), time.monotonic()
         progress(f"table {n + 1}/{steps}: CreateTable {count} tablets x 3 (catalog {catalog})")
         try:
-            table_id = await create_table(m, f"scale{n}", count, 10 + n)
+            table_id = await create_table(m, f"scale{n}", count)
             secs = await wait_running(m, table_id, args.create_timeout)
         except TimeoutError as e:
             print(
@@ -302,7 +310,7 @@ async def new_leader(m: Masters, old: str, old_term: int, t0: float) -> float:
 
 async def failovers(args: argparse.Namespace, m: Masters) -> list[tuple[float, float, float]]:
     progress(f"probe table of {PROBE_TABLETS} tablets for the failover lookups")
-    probe = await create_table(m, "probe", PROBE_TABLETS, 1)
+    probe = await create_table(m, "probe", PROBE_TABLETS)
     await wait_running(m, probe, args.create_timeout)
     stub = await m.leader_stub()
     r = await stub.GetTableLocations(
@@ -320,7 +328,7 @@ async def failovers(args: argparse.Namespace, m: Masters) -> list[tuple[float, f
         m.leader = ""
 
         async def small_create(k: int = k, t0: float = t0) -> float:
-            table = await create_table(m, f"small{k}", PROBE_TABLETS, 100 + k)
+            table = await create_table(m, f"small{k}", PROBE_TABLETS)
             await wait_running(m, table, args.create_timeout, quiet=True)
             return time.monotonic() - t0
 
