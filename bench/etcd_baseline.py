@@ -51,7 +51,7 @@ from bench.loadgen import (
 )
 from service.common.pki import CertificateAuthority, ClusterPki, IdentityFiles
 from service.common.private_files import write_private_file
-from service.tools.launcher import free_ports, terminate_all
+from service.tools.launcher import StopOnExit, free_ports, terminate_all
 
 HEARTBEAT_MS = 100  # etcd's default --heartbeat-interval
 ELECTION_MS = 1000  # etcd's default --election-timeout
@@ -122,7 +122,7 @@ def member_certificate(ca: CertificateAuthority, name: str) -> tuple[bytes, byte
     return signed.public_bytes(serialization.Encoding.PEM), key_pem
 
 
-class EtcdCluster:
+class EtcdCluster(StopOnExit):
     def __init__(
         self, binary: str, base: Path | None = None, size: int = 3, *, secure: bool = True
     ) -> None:
@@ -242,17 +242,6 @@ class EtcdCluster:
     def stop(self) -> None:
         terminate_all(self.procs.values())
         shutil.rmtree(self.base, ignore_errors=True)
-
-    def __enter__(self) -> EtcdCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def run(

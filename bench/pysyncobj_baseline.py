@@ -25,10 +25,10 @@ from pathlib import Path
 
 from bench.loadgen import ROOT, KvDemoTarget, LoadResult, LoadSpec, log, run_load
 from bench.pysyncobj_node import FSYNC
-from service.tools.launcher import free_ports, terminate_all
+from service.tools.launcher import StopOnExit, free_ports, terminate_all
 
 
-class PySyncObjCluster:
+class PySyncObjCluster(StopOnExit):
     def __init__(self, base: Path | None = None, size: int = 3, *, batch: bool = True) -> None:
         self.batch = batch
         self.base = Path(tempfile.mkdtemp(prefix="pysyncobj-bench-")) if base is None else base
@@ -90,17 +90,6 @@ class PySyncObjCluster:
     def stop(self) -> None:
         terminate_all(self.procs)
         shutil.rmtree(self.base, ignore_errors=True)
-
-    def __enter__(self) -> PySyncObjCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def run(
