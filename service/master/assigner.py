@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Set as AbstractSet
 from random import Random
 
 from service.common import failpoints
@@ -96,6 +97,11 @@ class Assigner:
             else:
                 self._creating.discard(new.tablet_id)
                 self._creating_since.pop(new.tablet_id, None)
+
+    @property
+    def creating(self) -> AbstractSet[TabletId]:
+        """The CREATING tablets (read-only: it follows committed state)."""
+        return self._creating
 
     def clear_backoffs(self) -> None:
         """A term starts or ends: a new leader tries every table at once (servers may have

@@ -66,6 +66,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from random import Random
 from typing import TypeAlias, cast
@@ -766,6 +767,12 @@ class CatalogManager:
         the background tasks, which replace it."""
         if self._loaded and self._reports.note_replica_states(reporter, reported, full=full):
             self._wake()
+
+    def creating_tablets(self) -> AbstractSet[TabletId]:
+        """The CREATING tablets (empty while not loaded): a report naming one of them turns
+        it RUNNING, so a heartbeat reads at least those entries of a report it otherwise
+        sheds (`heartbeat.handle_heartbeat`)."""
+        return self._assigner.creating if self._loaded else frozenset()
 
     def judge_report(
         self,

@@ -248,11 +248,7 @@ class MasterServer:
         self._clock: Clock = RealClock()
         self._security_task: asyncio.Task[None] | None = None
         self.progress_clock: ProgressClock | None = None
-        self.report_gate = ReportGate(
-            config.max_concurrent_tablet_reports,
-            config.tablet_report_budget_ms / 1000.0,
-            config.max_queued_tablet_reports,
-        )
+        self.report_gate = ReportGate.from_config(config)
         self._probe_task: asyncio.Task[None] | None = None
         self._addresses_pb: tuple[tuple[MasterPeer, ...], tuple[pb.HostPortPB, ...]] | None = None
         self._follower_heartbeat_ms = min(

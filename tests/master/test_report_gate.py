@@ -7,10 +7,12 @@ commits."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from service.common.config import MasterConfig
 from service.common.errors import InvalidArgument, NotTheLeader
 from service.common.ids import NodeId, TabletId
 from service.master.catalog_records import CatalogWrite
@@ -298,3 +300,17 @@ def test_a_large_report_is_decoded_while_the_loop_keeps_running() -> None:
     assert asyncio.run(main()) >= 2
     with pytest.raises(InvalidArgument, match=r"updated_tablets\[70\].consensus_state"):
         asyncio.run(read_report(_full_report(100, bad_at=70)))
+
+
+def test_the_gate_defaults_are_the_master_configs() -> None:
+    def knobs(g: ReportGate) -> tuple[int, float, int]:
+        return g.max_in_flight, g.budget_s, g.max_waiting
+
+    assert knobs(ReportGate()) == knobs(ReportGate.from_config(MasterConfig(data_dir=Path("x"))))
+    config = MasterConfig(
+        data_dir=Path("x"),
+        max_concurrent_tablet_reports=5,
+        tablet_report_budget_ms=250,
+        max_queued_tablet_reports=7,
+    )
+    assert knobs(ReportGate.from_config(config)) == (5, 0.25, 7)
