@@ -70,10 +70,20 @@ class Authorizer:
     def identity(self, context: grpc.aio.ServicerContext[Any, Any]) -> Identity:
         return peer_identity(context, self.secure)
 
-    def check(self, method: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    def check(
+        self,
+        method: str,
+        request: Any,
+        context: grpc.aio.ServicerContext[Any, Any],
+        who: Identity | None = None,
+    ) -> None:
         """Raise PermissionDenied (or Unauthenticated) unless the caller may call `method`
-        with `request` (None for a streaming request, checked by the handler itself)."""
-        who = self.identity(context)
+        with `request` (None for a streaming request, checked by the handler itself). `who`:
+        the caller's identity when the handler already has it (`identity(context)`, once per
+        stream: a heartbeat stream's peer does not change, and reading it is a copy of the
+        connection's auth context each time)."""
+        if who is None:
+            who = self.identity(context)
         if who is INSECURE_PEER:
             return
         rule = self.policy.get(method)

@@ -26,19 +26,32 @@ How each kind of call is mapped (grpc.aio's interceptor API, whose edges matter 
 
 Calls with a request stream are not made by the client library and are not intercepted.
 Success costs one extra await per call; no status, metadata or message is altered.
+
+`mapped(call)` is the same unary mapping for a channel opened without the interceptors: grpc.aio
+runs every intercepted unary call in a task of its own, about 50 µs of CPU per call on these
+machines (3,000 loopback calls with and without). A caller that makes all its calls through
+one function and many of them maps there instead: the master's tablet-server proxy sends
+30,000 CreateTablet calls for one 10,000-tablet table.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
 
 from service.common.errors import from_grpc
 
-__all__ = ["INTERCEPTORS", "MapErrorsUnaryStream", "MapErrorsUnaryUnary"]
+__all__ = [
+    "INTERCEPTORS",
+    "MapErrorsUnaryStream",
+    "MapErrorsUnaryUnary",
+    "mapped",
+]
+
+_T = TypeVar("_T")
 
 
 class MapErrorsUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
@@ -69,6 +82,15 @@ class MapErrorsUnaryStream(grpc.aio.UnaryStreamClientInterceptor):
     ) -> Any:
         call = await continuation(client_call_details, request)
         return _mapped(call)
+
+
+async def mapped(call: Awaitable[_T]) -> _T:
+    """Await a unary call made on a channel without `INTERCEPTORS`, its failure raised as its
+    `TesseraError` exactly as `MapErrorsUnaryUnary` raises it (module docstring)."""
+    try:
+        return await call
+    except grpc.aio.AioRpcError as e:
+        raise from_grpc(e) from e
 
 
 async def _mapped(call: AsyncIterator[Any]) -> AsyncIterator[Any]:

@@ -604,6 +604,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         The stream ends (OK) as soon as the master starts shutting down, even between two
         requests: a stream still open when the gRPC server's grace period ends is cancelled
         by gRPC, which logs a traceback for each, one per tablet server."""
+        who = self.authorizer.identity(context) if self.authorizer is not None else None
         closing = asyncio.ensure_future(self.master.closing.wait())
         try:
             requests = aiter(request_iterator)
@@ -623,7 +624,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
                 except StopAsyncIteration:
                     return
                 if self.authorizer is not None:
-                    self.authorizer.check("TSHeartbeatStream", request, context)
+                    self.authorizer.check("TSHeartbeatStream", request, context, who)
                 yield await handle_heartbeat(self.master.heartbeat_context(), request)
                 if closing.done():
                     return

@@ -244,9 +244,10 @@ class TServerProxy:
 
     async def _call(self, address: str, fn: Callable[[Any], Awaitable[Any]]) -> Any:
         """Call `fn(stub)` (a grpc.aio call; the generated stubs are typed as sync ones). A
-        failure raises its TesseraError: the channels carry the error mapping
-        (service/common/error_mapping.py)."""
-        return await fn(self._stub(address))
+        failure raises its TesseraError (`error_mapping.mapped`: every call of the proxy
+        comes through here, so its channels carry no interceptors, which cost a task per
+        call)."""
+        return await error_mapping.mapped(fn(self._stub(address)))
 
     def _stub(self, address: str) -> tserver_pb2_grpc.TabletServerAdminServiceStub:
         if self._closed:
@@ -266,7 +267,6 @@ class TServerProxy:
             self._credentials,
             role="tserver",
             options=self._options,
-            interceptors=error_mapping.INTERCEPTORS,
         )
         self._channels[address] = channel
         stub = self._stubs[address] = tserver_pb2_grpc.TabletServerAdminServiceStub(channel)

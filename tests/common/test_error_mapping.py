@@ -4,6 +4,8 @@ loopback.
 A small server with `rpc_errors` handlers stands in for a master or tablet server; calls go
 through `ChannelPool` channels, as every client call does. Unary and server-streaming calls,
 successes, Tessera errors with their fields, transport failures, deadlines and cancellation.
+The unary cases run twice: through the interceptors, and as `mapped(call)` on a channel without
+them (the master's tablet-server proxy), which must raise exactly the same errors.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import grpc.aio
 import pytest
 
 from service.client.channels import ChannelPool
+from service.common.error_mapping import mapped
 from service.common.errors import (
     NotReady,
     NotTheLeader,
@@ -25,6 +28,7 @@ from service.common.errors import (
     Timeout,
     rpc_errors,
 )
+from service.common.tls import open_channel
 
 SERVICE = "tessera.test.Mapping"
 
@@ -82,7 +86,10 @@ class _Servicer:
 
 
 async def _with_server(
-    body: Callable[[_Servicer, grpc.aio.Channel], Awaitable[Any]], *, stop_first: bool = False
+    body: Callable[[_Servicer, grpc.aio.Channel], Awaitable[Any]],
+    *,
+    stop_first: bool = False,
+    style: str = "interceptors",
 ) -> Any:
     servicer = _Servicer()
     unary = ("echo", "not_leader", "hang")
@@ -98,10 +105,13 @@ async def _with_server(
     if stop_first:
         await server.stop(None)
     pool = ChannelPool()
+    address = f"127.0.0.1:{port}"
+    channel = pool.channel(address) if style == "interceptors" else open_channel(address, None)
     try:
-        return await body(servicer, pool.channel(f"127.0.0.1:{port}"))
+        return await body(servicer, channel)
     finally:
         await pool.aclose()
+        await channel.close(None)
         await server.stop(None)
 
 
@@ -109,25 +119,36 @@ def _unary(ch: grpc.aio.Channel, method: str) -> Any:
     return ch.unary_unary(f"/{SERVICE}/{method}", _raw, _raw)
 
 
+STYLES = ("interceptors", "mapped")
+"""How a unary call's failure is mapped: by the channel's interceptors, or by `mapped`."""
+
+
+def _call(style: str, ch: grpc.aio.Channel, method: str, request: bytes, timeout: float) -> Any:
+    call = _unary(ch, method)(request, timeout=timeout)
+    return call if style == "interceptors" else mapped(call)
+
+
 def _stream(ch: grpc.aio.Channel, method: str) -> Any:
     return ch.unary_stream(f"/{SERVICE}/{method}", _raw, _raw)
 
 
-def test_unary_success_passes_through() -> None:
+@pytest.mark.parametrize("style", STYLES)
+def test_unary_success_passes_through(style: str) -> None:
     async def body(_: _Servicer, ch: grpc.aio.Channel) -> bytes:
-        r: bytes = await _unary(ch, "echo")(b"hello", timeout=10)
+        r: bytes = await _call(style, ch, "echo", b"hello", 10)
         return r
 
-    assert asyncio.run(_with_server(body)) == b"hello"
+    assert asyncio.run(_with_server(body, style=style)) == b"hello"
 
 
-def test_unary_failure_is_the_servers_error_with_its_fields_and_status() -> None:
+@pytest.mark.parametrize("style", STYLES)
+def test_unary_failure_is_the_servers_error_with_its_fields_and_status(style: str) -> None:
     async def body(_: _Servicer, ch: grpc.aio.Channel) -> TesseraError:
         with pytest.raises(TesseraError) as e:
-            await _unary(ch, "not_leader")(b"", timeout=10)
+            await _call(style, ch, "not_leader", b"", 10)
         return e.value
 
-    err = asyncio.run(_with_server(body))
+    err = asyncio.run(_with_server(body, style=style))
     assert type(err) is NotTheLeader and err.retryable
     assert (err.message, err.leader_uuid, err.leader_address) == (
         "a follower",
@@ -139,38 +160,41 @@ def test_unary_failure_is_the_servers_error_with_its_fields_and_status() -> None
     assert not isinstance(err, grpc.RpcError)
 
 
-def test_connection_refused_is_service_unavailable() -> None:
+@pytest.mark.parametrize("style", STYLES)
+def test_connection_refused_is_service_unavailable(style: str) -> None:
     async def body(_: _Servicer, ch: grpc.aio.Channel) -> TesseraError:
         with pytest.raises(TesseraError) as e:
-            await _unary(ch, "echo")(b"x", timeout=5)
+            await _call(style, ch, "echo", b"x", 5)
         return e.value
 
-    err = asyncio.run(_with_server(body, stop_first=True))
+    err = asyncio.run(_with_server(body, stop_first=True, style=style))
     assert type(err) is ServiceUnavailable and err.retryable
     assert err.rpc_status is grpc.StatusCode.UNAVAILABLE
 
 
-def test_deadline_is_timeout_and_the_server_sees_the_call_end() -> None:
+@pytest.mark.parametrize("style", STYLES)
+def test_deadline_is_timeout_and_the_server_sees_the_call_end(style: str) -> None:
     async def body(s: _Servicer, ch: grpc.aio.Channel) -> TesseraError:
         with pytest.raises(TesseraError) as e:
-            await _unary(ch, "hang")(b"", timeout=0.5)
+            await _call(style, ch, "hang", b"", 0.5)
         await asyncio.wait_for(s.cancelled.wait(), 10)
         return e.value
 
-    err = asyncio.run(_with_server(body))
+    err = asyncio.run(_with_server(body, style=style))
     assert type(err) is Timeout and err.rpc_status is grpc.StatusCode.DEADLINE_EXCEEDED
 
 
-def test_cancelling_the_caller_cancels_the_rpc_and_is_not_mapped() -> None:
+@pytest.mark.parametrize("style", STYLES)
+def test_cancelling_the_caller_cancels_the_rpc_and_is_not_mapped(style: str) -> None:
     async def body(s: _Servicer, ch: grpc.aio.Channel) -> None:
-        task = asyncio.ensure_future(_unary(ch, "hang")(b"", timeout=30))
+        task = asyncio.ensure_future(_call(style, ch, "hang", b"", 30))
         await asyncio.wait_for(s.started.wait(), 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.wait_for(s.cancelled.wait(), 10)  # the server's handler was cancelled
 
-    asyncio.run(_with_server(body))
+    asyncio.run(_with_server(body, style=style))
 
 
 def test_call_cancel_on_a_unary_call() -> None:

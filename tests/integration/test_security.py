@@ -189,7 +189,16 @@ def test_heartbeats_only_from_tablet_servers_as_themselves(cluster: MiniCluster)
     ch, stub = _master_stub(leader, _creds(cluster, "tserver", "ts-intruder"))
     with ch:
         err = _refused(stub.TSHeartbeat, _heartbeat(real.uuid, 9), 5)
+        assert isinstance(err, PermissionDenied) and real.uuid in err.message, err
+        # The same over the heartbeat stream (its caller's identity is read once per stream).
+        stream = stub.TSHeartbeatStream
+        err = _refused(lambda: list(stream(iter([_heartbeat(real.uuid, 9)]), timeout=5)))
     assert isinstance(err, PermissionDenied) and real.uuid in err.message, err
+    ch, stub = _master_stub(leader, _creds(cluster, "user", "alice"))
+    with ch:
+        stream = stub.TSHeartbeatStream
+        err = _refused(lambda: list(stream(iter([_heartbeat("ts-fake-user", 9)]), timeout=5)))
+    assert isinstance(err, PermissionDenied) and "tserver" in err.message, err
     with cluster.client() as c:
         after = {s.uuid: s for s in c.call("list_tablet_servers")}
     assert set(after) == set(before)  # no fake server registered
