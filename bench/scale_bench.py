@@ -51,6 +51,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from bench.fleet_census import take_census
 from bench.master_bench import SCHEMA, cpu_seconds, partitioning, wait_for_port_file
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
@@ -308,6 +309,20 @@ async def new_leader(m: Masters, old: str, old_term: int, t0: float) -> float:
         await asyncio.sleep(0.02)
 
 
+async def settled_fleet_stats(path: Path, catalog: int, wait_s: float = 10.0) -> dict[str, Any]:
+    """The fleet's statistics once they count every replica and leader of `catalog` tablets,
+    or as they are after `wait_s`. The file lags the fleet by up to two seconds (each shard
+    writes its own every second, and the fleet merges them every second), so read at once
+    after the last create it missed the last tablets' leaders."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        stats: dict[str, Any] = json.loads(path.read_text())
+        settled = stats.get("replicas") == 3 * catalog and stats.get("leaders") == catalog
+        if settled or time.monotonic() >= deadline:
+            return stats
+        await asyncio.sleep(0.5)
+
+
 async def failovers(args: argparse.Namespace, m: Masters) -> list[tuple[float, float, float]]:
     progress(f"probe table of {PROBE_TABLETS} tablets for the failover lookups")
     probe = await create_table(m, "probe", PROBE_TABLETS)
@@ -383,7 +398,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
                 watcher = None
-                stats = json.loads((workdir / "fleet.stats").read_text())
+                stats = await settled_fleet_stats(workdir / "fleet.stats", catalog)
                 print(
                     f"fleet    {stats.get('replicas', 0)} replicas, {stats.get('leaders', 0)}"
                     f" leaders on {args.servers} servers; heartbeat p99 over the last"
@@ -391,6 +406,13 @@ async def main_async(args: argparse.Namespace) -> None:
                     f" ms (worst shard), {stats.get('failed', 0)} heartbeats failed",
                     flush=True,
                 )
+                fleet_census = await take_census(
+                    await m.leader_stub(),
+                    m.cluster.channel,
+                    info.get("addresses") or [info["address"]],
+                    info["uuids"],
+                )
+                print(fleet_census.line(), flush=True)
                 results = await failovers(args, m)
             finally:
                 if watcher is not None:

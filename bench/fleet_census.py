@@ -1,0 +1,115 @@
+"""The scale benchmark's census: the catalog's tablet locations against what the simulated fleet
+actually hosts, replica by replica.
+
+Why. IsCreateTableDone says every tablet reported a leader once, and the fleet's statistics
+count replicas and leaders; neither says whether the catalog and the fleet agree now. A
+tablet the catalog lists on three servers may be hosted on two (a CreateTablet that never
+landed), or have no leader in the fleet (its group lost its majority); a server may host a
+replica the catalog has no record of. The census asks every simulated server for its
+replicas (GetConsensusState, the admin call a master uses to confirm membership claims) and
+every table's locations from the leader, and counts each kind of disagreement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from service.pb import master_pb2 as pb
+from service.pb import tserver_pb2 as tpb
+from service.pb import tserver_pb2_grpc
+
+__all__ = ["Census", "take_census"]
+
+
+@dataclass
+class Census:
+    tablets: int = 0
+    """Tablets the catalog lists (every live table's)."""
+    replicas: int = 0
+    """Replicas the catalog lists."""
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    """(tablet, server): listed by the catalog, not hosted by that server."""
+    leaderless: list[str] = field(default_factory=list)
+    """Tablets the catalog lists whose replicas in the fleet name no leader among them."""
+    unlisted: list[tuple[str, str]] = field(default_factory=list)
+    """(tablet, server): hosted, not listed by the catalog (orphans, or not yet deleted)."""
+
+    def line(self) -> str:
+        def few(items: Iterable[Any]) -> str:
+            shown = [str(x) for x in list(items)[:3]]
+            return f" (e.g. {', '.join(shown)})" if shown else ""
+
+        return (
+            f"census   catalog {self.tablets} tablets, {self.replicas} replicas; fleet: "
+            f"{len(self.missing)} listed replicas not hosted{few(self.missing)}, "
+            f"{len(self.leaderless)} tablets without a leader{few(self.leaderless)}, "
+            f"{len(self.unlisted)} hosted replicas not listed{few(self.unlisted)}"
+        )
+
+
+async def _fleet(
+    channel_for: Any, shard_addresses: list[str], uuids: list[str]
+) -> tuple[dict[tuple[str, str], int], dict[str, str]]:
+    """(hosted (tablet, server) -> role, tablet -> the leader its leader replica names)."""
+    hosted: dict[tuple[str, str], int] = {}
+    leaders: dict[str, str] = {}
+    for address in shard_addresses:
+        stub = tserver_pb2_grpc.TabletServerAdminServiceStub(channel_for(address))
+        for uuid in uuids:
+            try:
+                r = await stub.GetConsensusState(
+                    tpb.GetConsensusStateRequestPB(dest_uuid=uuid), timeout=30
+                )
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.FAILED_PRECONDITION and "no simulated" in (
+                    e.details() or ""
+                ):
+                    continue  # that server lives in another shard
+                raise
+            for entry in r.tablets:
+                hosted[(entry.tablet_id, uuid)] = entry.role
+                if entry.role == pb.LEADER and entry.consensus_state.leader_uuid == uuid:
+                    leaders[entry.tablet_id] = uuid
+    return hosted, leaders
+
+
+async def take_census(
+    master: Any, channel_for: Any, shard_addresses: list[str], uuids: list[str]
+) -> Census:
+    """`master`: the leader's MasterService stub; `channel_for(address)`: an admin channel to a
+    simulator shard's admin port."""
+    hosted, leaders = await _fleet(channel_for, shard_addresses, uuids)
+    out = Census()
+    listed: set[tuple[str, str]] = set()
+    tables = await master.ListTables(pb.ListTablesRequestPB(), timeout=60)
+    for table in tables.tables:
+        start = b""
+        while True:
+            r = await master.GetTableLocations(
+                pb.GetTableLocationsRequestPB(
+                    table=pb.TableIdentifierPB(table_id=table.table_id),
+                    partition_key_start=start,
+                    max_returned_locations=1000,
+                ),
+                timeout=60,
+            )
+            for t in r.tablet_locations:
+                out.tablets += 1
+                for replica in t.replicas:
+                    out.replicas += 1
+                    listed.add((t.tablet_id, replica.ts_uuid))
+                    if (t.tablet_id, replica.ts_uuid) not in hosted:
+                        out.missing.append((t.tablet_id, replica.ts_uuid))
+                if t.tablet_id not in leaders:
+                    out.leaderless.append(t.tablet_id)
+            last = r.tablet_locations[-1].partition.partition_key_end if r.tablet_locations else b""
+            if not last:
+                break
+            start = last
+    out.unlisted = [k for k in hosted if k not in listed]
+    return out
