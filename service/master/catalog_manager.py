@@ -147,6 +147,7 @@ from service.master.ddl_checks import (
     is_int,
 )
 from service.master.grants import GrantChange, grant_change_write, grant_deletes, grant_pb
+from service.master.group_commit import GroupCommit
 from service.master.locations_cache import LocationsCache
 from service.master.report_handler import ReportHandler
 from service.master.report_processing import ReportedTablet, ReportPlan
@@ -232,7 +233,9 @@ class CatalogManager:
             address_of=self._address_of,
         )
         self._work_listeners: list[Callable[[], None]] = []
-        self._reports = ReportHandler(lambda: self._maps, self._replicate)
+        self._report_writes = GroupCommit(self._propose)
+        """Report writes proposed together share entries (group_commit.py)."""
+        self._reports = ReportHandler(lambda: self._maps, self._replicate_report)
         self._reload()
         self._remove_listener = sys_catalog.add_listener(self._on_change)
 
@@ -804,15 +807,27 @@ class CatalogManager:
     async def _replicate(self, write: CatalogWrite) -> ApplyResult:
         """Propose `write` and wait until applied (and so committed in memory, by the
         listener). A refusal is raised as its error; replication errors propagate."""
+        result = await self._propose(write)
+        result.raise_for_refusal()
+        return result
+
+    async def _replicate_report(self, write: CatalogWrite) -> ApplyResult:
+        """`_replicate` for a tablet report's write, which may share its entry with other
+        reports' (`GroupCommit`)."""
+        result = await self._report_writes.replicate(write)
+        result.raise_for_refusal()
+        return result
+
+    async def _propose(self, write: CatalogWrite) -> ApplyResult:
+        """Propose `write` as one entry and wait until applied; a refusal is in the result.
+        ResourceExhausted, before anything is proposed, for an entry over the size limit."""
         data = write.encode()
         if len(data) > self._settings.max_write_bytes:
             raise ResourceExhausted(
                 f"{write.operation or 'catalog write'}: the entry would be {len(data)} bytes, "
                 f"more than the {self._settings.max_write_bytes} allowed"
             )
-        result = await self._replicate_fn(data, self._settings.replicate_timeout_s)
-        result.raise_for_refusal()
-        return result
+        return await self._replicate_fn(data, self._settings.replicate_timeout_s)
 
     def _remembered(self, req: RequestId, operation: str) -> bytes | None:
         found = self._sys.remembered(req.client_id, req.seq_no)

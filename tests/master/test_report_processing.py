@@ -3,6 +3,7 @@ reports through the catalog manager (ONE write per report)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import replace
 
@@ -267,6 +268,25 @@ def test_a_full_report_is_one_write_and_makes_tablets_running() -> None:
         for uuid, tablets in sorted(reports.items()):
             await env.cm.process_report(NodeId(uuid), tablets)
         assert env.raft.proposals == before
+
+    run(main())
+
+
+def test_reports_processed_together_share_one_entry() -> None:
+    async def main() -> None:
+        env = make_env(servers=6)
+        table_id = await create(env)
+        await env.cm.assign_tablets()
+        reports = _leader_reports(env, table_id)
+        leaders = {t.consensus.leader_uuid for ts in reports.values() for t in ts if t.consensus}
+        assert len(leaders) > 1
+        before = env.raft.proposals
+        await asyncio.gather(
+            *(env.cm.process_report(NodeId(u), tablets) for u, tablets in reports.items())
+        )
+        assert env.raft.proposals - before == 1  # group commit: one entry for all of them
+        rows = [r.record for r in env.state.tablets_of(table_id)]
+        assert {r.state for r in rows} == {TabletState.RUNNING}
 
     run(main())
 
