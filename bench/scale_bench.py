@@ -295,7 +295,9 @@ async def first_correct_lookup(m: Masters, table_id: str, tablets: set[str], t0:
         await asyncio.sleep(0.02)
 
 
-async def new_leader(m: Masters, old: str, old_term: int, t0: float) -> float:
+async def new_leader(m: Masters, old: str, old_term: int, t0: float) -> tuple[float, int]:
+    """Seconds from `t0` until another master leads in a later term, and how many terms later
+    (more than 1: an election failed first, typically two followers that split the vote)."""
     while True:
         for address in m.cluster.addresses:
             if address == old:
@@ -305,7 +307,7 @@ async def new_leader(m: Masters, old: str, old_term: int, t0: float) -> float:
             except grpc.aio.AioRpcError:
                 continue
             if r.role == pb.LEADER and r.term > old_term:
-                return time.monotonic() - t0
+                return time.monotonic() - t0, r.term - old_term
         await asyncio.sleep(0.02)
 
 
@@ -347,7 +349,7 @@ async def failovers(args: argparse.Namespace, m: Masters) -> list[tuple[float, f
             await wait_running(m, table, args.create_timeout, quiet=True)
             return time.monotonic() - t0
 
-        elected, lookup, create = await asyncio.wait_for(
+        (elected, terms), lookup, create = await asyncio.wait_for(
             asyncio.gather(
                 new_leader(m, old, old_term, t0),
                 first_correct_lookup(m, probe, tablets, t0),
@@ -356,7 +358,8 @@ async def failovers(args: argparse.Namespace, m: Masters) -> list[tuple[float, f
             args.create_timeout,
         )
         print(
-            f"failover {k + 1}/{KILLS} kill -9 of the leader: new leader {elected:.2f} s, first"
+            f"failover {k + 1}/{KILLS} kill -9 of the leader: new leader {elected:.2f} s"
+            f" ({terms} term{'s' if terms > 1 else ''} later), first"
             f" correct GetTableLocations {lookup:.2f} s (goal <= {GOAL_LOOKUP_S:.0f}), small"
             f" CreateTable RUNNING {create:.2f} s (goal <= {GOAL_SMALL_CREATE_S:.0f})",
             flush=True,
