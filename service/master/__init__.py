@@ -34,7 +34,8 @@ Modules
     replica_changes     AddReplica/RemoveReplica/MoveReplica for operators
     report_processing   what the leader does about one reported replica (PURE)
     report_handler      the catalog manager's collaborator for tablet reports: judged, locked,
-                        written as ONE entry; the replicas reported FAILED
+                        written as ONE write; the replicas reported FAILED
+    group_commit        report writes proposed together share one sys.catalog entry
     heartbeat           TSHeartbeat: liveness on every master, reports on the leader, ReportGate
     ts_descriptor       what a master knows of one tablet server (wire values, records)
     ts_manager          the tablet server registry, on every master
@@ -71,7 +72,8 @@ One CreateTable through the master
    its next heartbeat; `heartbeat.handle_heartbeat` records liveness (`ts_manager`), passes the
    `ReportGate`, and calls `CatalogManager.process_report` (its `report_handler.ReportHandler`).
 7. `report_processing.plan_report` sees the leader of the committed config report the tablet
-   and writes it RUNNING (one write for the whole report).
+   and writes it RUNNING (one write for the whole report; writes of reports processed
+   together share one sys.catalog entry, `group_commit`).
 8. When every tablet is RUNNING, `CatalogManager.is_create_table_done` (IsCreateTableDone) says
    so, and the client's `create_table` returns.
 """

@@ -15,7 +15,8 @@ heartbeat is handled in this order:
   3. only on the leader whose catalog is loaded, and only for a registered instance: note
      which replicas the report says are FAILED (`CatalogManager.note_replica_states`, in
      memory: re-replication replaces them), process the tablet report, full or incremental
-     (`CatalogManager.process_report`: ONE replicated write for the whole report), then hand
+     (`CatalogManager.process_report`: ONE write for the whole report, which may share its
+     sys.catalog entry with other reports' writes, group_commit.py), then hand
      the RPCs it calls for to the background tasks.
      A failed replication is logged and the report is not acknowledged (the server sends it
      again); it never fails the heartbeat nor crashes the master (KUDU-495). A follower

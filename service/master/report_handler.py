@@ -3,7 +3,8 @@
 `report_processing` decides what one report calls for (PURE); `ReportHandler` is the part with
 locks and a write: it judges a report against the manager's committed maps, takes the locks of
 the tables and tablets the plan changes, judges again under them and replicates the plan's
-record changes as ONE write. It also keeps which replicas their servers report FAILED
+record changes as ONE write (which may share its sys.catalog entry with the writes of other
+reports processed at the same time: group_commit.py). It also keeps which replicas their servers report FAILED
 (`rereplication.FailedReplicas`, in memory: not replicated). `CatalogManager`
 (catalog_manager.py) holds one and answers NotReady before it delegates; `heartbeat` reaches it
 through the manager.

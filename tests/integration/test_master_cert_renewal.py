@@ -53,6 +53,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MiniClus
         yield c, old_end
 
 
+def _role(c: MiniCluster, address: str) -> int:
+    with c.sync_channel(address) as ch:
+        r = master_pb2_grpc.MasterServiceStub(ch).ConnectToMaster(
+            pb.ConnectToMasterRequestPB(), timeout=10
+        )
+    return int(r.role)
+
+
 def test_a_master_certificate_near_its_end_is_renewed_and_served_without_a_restart(
     cluster: tuple[MiniCluster, dt.datetime],
 ) -> None:
@@ -83,6 +91,13 @@ def test_a_master_certificate_near_its_end_is_renewed_and_served_without_a_resta
     # commit through it, each side dialing the other afresh.
     c.masters.kill("master-3")
     c.masters.kill("master-2")
+    # master-1 steps down first (it lost its quorum), so that no heartbeat of its old term
+    # reaches master-2 once restarted: one would give master-2 a leader lease in which it
+    # refuses master-1's votes for its whole 5 s election timeout, and it would then win.
+    deadline = time.monotonic() + 30
+    while _role(c, m1.address) == pb.LEADER:
+        assert time.monotonic() < deadline, "master-1 never stepped down"
+        time.sleep(0.05)
     c.masters.overrides = {**c.masters.overrides, "raft.election_timeout_ms": "5000"}
     c.masters.start_master("master-2")
     c.masters.wait_ready(["master-2"])
