@@ -179,6 +179,37 @@ def test_an_unacknowledged_report_is_sent_again() -> None:
     assert [t.tablet_id for t in _report(sim, "a").updated_tablets] == ["t"]
 
 
+def test_a_full_report_is_built_once_and_follows_every_change() -> None:
+    """A server sends its full report until one is acknowledged; it is built once and kept
+    until one of the server's replicas changes (a new leader, a new replica, a removed one),
+    and every full report says what a freshly built one would."""
+    sim = FleetSimulator([MASTER], ["a", "b", "c"])
+    _registered_leader_links(sim)
+    for n in range(3):
+        for u in ("a", "b", "c"):
+            _create(sim, f"t{n}", u, ["a", "b", "c"])
+    s = sim.servers["b"]
+    s.links[MASTER].need_full = True
+
+    def fresh() -> list[bytes]:
+        return [sim._report(s, r).SerializeToString() for r in s.replicas.values()]
+
+    def full() -> list[bytes]:
+        rep = _report(sim, "b")
+        assert not rep.is_incremental
+        return [t.SerializeToString() for t in rep.updated_tablets]
+
+    first = full()
+    assert first == fresh() and s.full_report is not None
+    cached = s.full_report
+    assert full() == first and s.full_report is cached  # nothing changed: not rebuilt
+    sim.stop_server("a")  # a's tablets get new leaders: b's view of them changes
+    assert full() == fresh() != first
+    _create(sim, "t9", "b", ["a", "b", "c"])  # a new replica
+    assert "t9" in {t.tablet_id for t in _report(sim, "b").updated_tablets}
+    assert full() == fresh()
+
+
 def test_shards_apply_the_majority_rule_across_processes_buses() -> None:
     """Two shards, servers split between them: the owner of a tablet counts replicas created
     on the other shard, and each replica reports the leader only once two of three exist."""
