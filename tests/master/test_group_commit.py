@@ -75,6 +75,16 @@ def _state(log: Log, t: TabletRecord) -> TabletState:
     return row.record.state
 
 
+async def _first_held(gc: GroupCommit, log: Log, row: TabletRecord) -> asyncio.Future[ApplyResult]:
+    """A first write, held in flight by the log's closed gate (`log.gate.set()` lets it go)."""
+    log.gate = asyncio.Event()
+    first = asyncio.ensure_future(gc.replicate(_running(row)))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert gc.in_flight == 1
+    return first
+
+
 def run(fn: Callable[[], object]) -> None:
     asyncio.run(fn())  # type: ignore[arg-type]
 
@@ -124,16 +134,13 @@ def test_a_row_never_appears_twice_in_one_entry() -> None:
 def test_batches_in_flight_are_bounded_and_later_writes_gather() -> None:
     async def main() -> None:
         log, rows = _catalog(8)
-        log.gate = asyncio.Event()
         gc = GroupCommit(log, max_in_flight=1)
-        first = asyncio.ensure_future(gc.replicate(_running(rows[0])))
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        assert gc.in_flight == 1
+        first = await _first_held(gc, log, rows[0])
         rest = [asyncio.ensure_future(gc.replicate(_running(t))) for t in rows[1:]]
         for _ in range(3):
             await asyncio.sleep(0)
         assert gc.in_flight == 1 and not log.entries  # waiting for the first batch
+        assert log.gate is not None
         log.gate.set()
         await asyncio.gather(first, *rest)
         assert [len(e.ops) for e in log.entries] == [1, 7]
@@ -169,15 +176,13 @@ def test_a_replication_error_reaches_every_caller_and_writes_nothing() -> None:
 def test_a_caller_cancelled_before_its_batch_leaves_is_not_written() -> None:
     async def main() -> None:
         log, rows = _catalog(4)
-        log.gate = asyncio.Event()
         gc = GroupCommit(log, max_in_flight=1)
-        first = asyncio.ensure_future(gc.replicate(_running(rows[0])))
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        first = await _first_held(gc, log, rows[0])
         gone = asyncio.ensure_future(gc.replicate(_running(rows[1])))
         kept = asyncio.ensure_future(gc.replicate(_running(rows[2])))
         await asyncio.sleep(0)
         gone.cancel()
+        assert log.gate is not None
         log.gate.set()
         await asyncio.gather(first, kept)
         assert _state(log, rows[1]) is TabletState.CREATING
