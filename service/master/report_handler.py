@@ -4,10 +4,10 @@
 locks and a write: it judges a report against the manager's committed maps, takes the locks of
 the tables and tablets the plan changes, judges again under them and replicates the plan's
 record changes as ONE write (which may share its sys.catalog entry with the writes of other
-reports processed at the same time: group_commit.py). It also keeps which replicas their servers report FAILED
-(`rereplication.FailedReplicas`, in memory: not replicated). `CatalogManager`
-(catalog_manager.py) holds one and answers NotReady before it delegates; `heartbeat` reaches it
-through the manager.
+reports processed at the same time: group_commit.py). It also keeps which replicas their
+servers report FAILED (`rereplication.FailedReplicas`, in memory: not replicated).
+`CatalogManager` (catalog_manager.py) holds one and answers NotReady before it delegates;
+`heartbeat` reaches it through the manager.
 """
 
 from __future__ import annotations
