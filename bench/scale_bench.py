@@ -44,7 +44,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +53,7 @@ import grpc.aio
 
 from bench.fleet_census import take_census
 from bench.master_bench import SCHEMA, cpu_seconds, partitioning, wait_for_port_file
+from bench.master_failover_scale import metric
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
@@ -375,15 +375,6 @@ async def failovers(args: argparse.Namespace, m: Masters) -> list[tuple[float, f
     return out
 
 
-def _sys_catalog_index(http_address: str, metric: str) -> int:
-    url = f"http://{http_address}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as r:  # loopback status page
-        for line in r.read().decode().splitlines():
-            if line.startswith(f'{metric}{{group="sys.catalog"}}'):
-                return int(float(line.split()[-1]))
-    raise RuntimeError(f"{url}: no {metric} for sys.catalog")
-
-
 async def caught_up(m: Masters, name: str, timeout: float) -> None:
     """Until the restarted master `name` has applied what the leader had committed when it
     came back. Killing the next leader sooner would leave one master up to date and one still
@@ -391,18 +382,15 @@ async def caught_up(m: Masters, name: str, timeout: float) -> None:
     failover measured would be of two failures at once."""
     await m.poll()
     leader = m.cluster.by_address(m.leader)
-    target = await asyncio.to_thread(
-        _sys_catalog_index, leader.http_address, "tessera_raft_commit_index"
-    )
+    target = await asyncio.to_thread(metric, leader.http_address, "tessera_raft_commit_index")
+    if target is None:
+        raise RuntimeError(f"the leader {m.leader} has no tessera_raft_commit_index")
     node = m.cluster.masters[name]
     deadline = time.monotonic() + timeout
     while True:
-        with contextlib.suppress(OSError, RuntimeError):
-            index = await asyncio.to_thread(
-                _sys_catalog_index, node.http_address, "tessera_raft_applied_index"
-            )
-            if index >= target:
-                return
+        index = await asyncio.to_thread(metric, node.http_address, "tessera_raft_applied_index")
+        if index is not None and index >= target:
+            return
         if time.monotonic() > deadline:
             raise TimeoutError(f"{name} did not catch up to index {target} in {timeout:.0f} s")
         await asyncio.sleep(0.5)

@@ -446,9 +446,7 @@ async def handle_heartbeat(
     reported: list[ReportedTablet] = []
     if has_report and ctx.leading:
         try:
-            reported = (
-                decode_report(report, only) if only else await read_report(request.tablet_report)
-            )
+            reported = decode_report(report, only) if only else await read_report(report)
         finally:
             # Given back before the judging in `process`, which runs in this same step of the
             # loop (no await before it): at most `max_reading` reports are between decoding
