@@ -525,6 +525,11 @@ class MasterConfig:
     """Tablet reports waiting for a turn; one beyond them, or still waiting when
     tablet_report_budget_ms is spent, is not processed now (nor acknowledged) and comes
     again with the server's next heartbeat."""
+    full_report_turns: int = 8
+    """Tablet servers the leader asks for their full report at once (heartbeat.ReportGate,
+    report_turns.py); the others are told to wait and send only their changes meanwhile. It
+    reads two large reports at a time, so a few more keep it reading without a fleet's full
+    reports arriving all together after an election."""
     tablet_report_budget_ms: int = 1000
     """Longest a heartbeat waits for its report's turn and write; past it the heartbeat is
     answered (the report unacknowledged) and the write goes on. Liveness never waits on the
@@ -593,6 +598,7 @@ class MasterConfig:
             "assignment_retry_max_ms",
             "loop_stall_threshold_ms",
             "max_concurrent_tablet_reports",
+            "full_report_turns",
             "tablet_report_budget_ms",
             "authz_token_ttl_ms",
             "cert_renewal_check_ms",

@@ -37,6 +37,7 @@ Modules
                         written as ONE write; the replicas reported FAILED
     group_commit        report writes proposed together share one sys.catalog entry
     heartbeat           TSHeartbeat: liveness on every master, reports on the leader, ReportGate
+    report_turns        which servers the leader asks for their full report now (PURE)
     ts_descriptor       what a master knows of one tablet server (wire values, records)
     ts_manager          the tablet server registry, on every master
     progress_clock      liveness time that stands still while the master's loop stalls

@@ -22,10 +22,12 @@ heartbeat is handled in this order:
      again); it never fails the heartbeat nor crashes the master (KUDU-495). A follower
      ignores the report (its maps follow sys.catalog, never reports). Reports go through a
      `ReportGate`: liveness (step 2) must never wait on catalog writes;
-  4. answer: `needs_full_tablet_report` while the leader still wants one (after this master's
-     election, KUDU-1374, or a registration); a full report processed under the token of the
-     latest request clears that wish; `acked_report_sequence_number` is the report's sequence
-     number once processed.
+  4. answer: while the leader still wants a full report (after this master's election,
+     KUDU-1374, or a registration), either `needs_full_tablet_report` (the server's turn: a
+     few at a time, report_turns.py) or `full_tablet_report_deferred` (send changes only
+     until asked); a full report processed under the token of the latest request clears
+     that wish; `acked_report_sequence_number` is the report's sequence number once
+     processed.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from service.master.report_processing import (
     ReportedTablet,
     ReportPlan,
 )
+from service.master.report_turns import FullReportTurns
 from service.master.ts_descriptor import NodeInstance, TSRegistration
 from service.master.ts_manager import HeartbeatOutcome, TSManager
 from service.pb import master_pb2 as pb
@@ -70,6 +73,10 @@ log = logging.getLogger(__name__)
 _DECODE_BEFORE_SHEDDING = 64
 """An incremental report of at most this many replicas is decoded even when the gate is full,
 and on the event loop; a larger one is decoded in a thread (`read_report`)."""
+FULL_REPORT_TURN_LAPSE_S = 5.0
+"""A server asked for its full report that has not had one processed this long after is
+asked no longer; its turn goes to another (report_turns.py). Several heartbeat intervals:
+a turn's report can be shed once or twice and still be read within it."""
 MAX_REPORTED_TABLETS = 100_000
 """More replicas than this in one report is refused (a runaway or hostile sender)."""
 _MASTER = MasterConfig(data_dir=Path("report-gate"))
@@ -124,6 +131,7 @@ class ReportGate:
         budget_s: float = _MASTER.tablet_report_budget_ms / 1000.0,
         max_waiting: int = _MASTER.max_queued_tablet_reports,
         max_reading: int = 2,
+        full_report_turns: int = _MASTER.full_report_turns,
     ) -> None:
         """The defaults are MasterConfig's (`from_config`); `max_reading` is this class's own."""
         if max_in_flight < 1 or not budget_s > 0 or max_waiting < 0 or max_reading < 1:
@@ -136,6 +144,10 @@ class ReportGate:
         self.max_reading = max_reading
         self.reading = 0
         """Large reports being decoded now (`start_reading`)."""
+        self._readers: collections.deque[asyncio.Future[None]] = collections.deque()
+        """Full reports sent in their turn, waiting for a reading slot (`wait_reading`)."""
+        self.turns = FullReportTurns(full_report_turns, lapse_s=FULL_REPORT_TURN_LAPSE_S)
+        """Which servers are asked for their full report now (report_turns.py)."""
         self.max_waiting = max_waiting
         self.budget_s = budget_s
         self.in_flight = 0
@@ -155,6 +167,7 @@ class ReportGate:
             config.max_concurrent_tablet_reports,
             config.tablet_report_budget_ms / 1000.0,
             config.max_queued_tablet_reports,
+            full_report_turns=config.full_report_turns,
         )
 
     async def process(
@@ -261,13 +274,46 @@ class ReportGate:
         at 95,000 tablets). Decoding runs in a thread (`read_report`), which takes the
         interpreter lock from the loop every few milliseconds; bounding the readers keeps the
         loop's share of it. A shed report is sent again with the next heartbeat."""
-        if self.reading >= self.max_reading:
+        if self.reading >= self.max_reading or self._readers:
             self.shed += 1
             return False
         self.reading += 1
         return True
 
+    async def wait_reading(self) -> bool:
+        """`start_reading` for a full report sent in its turn (report_turns.py): when every
+        slot is taken it waits for one, first come first served, for at most half of
+        `budget_s` (then it is shed like any other). The leader asked for this report, and the few
+        servers holding a turn send theirs within milliseconds of one another: shedding all
+        but `max_reading` of them would waste a heartbeat interval of each. Half the budget:
+        the report's write, if it needs one, has a budget of its own (`process`)."""
+        if self.start_reading():
+            return True
+        self.shed -= 1  # not shed yet: it waits
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._readers.append(waiter)
+        taken = False
+        try:
+            async with asyncio.timeout(self.budget_s / 2):
+                await waiter
+            taken = True
+        except TimeoutError:
+            pass
+        finally:
+            self._readers.remove(waiter)
+            if waiter.done() and not waiter.cancelled() and not taken:
+                self.done_reading()  # handed a slot too late (or cancelled): pass it on
+        if not taken:
+            self.shed += 1
+        return taken
+
     def done_reading(self) -> None:
+        """A reading slot is given back: to the first full report waiting for one, if any
+        (the slot passes to it without being freed), else freed."""
+        for waiter in self._readers:
+            if not waiter.done():
+                waiter.set_result(None)
+                return
         self.reading -= 1
 
     def _wake(self) -> None:
@@ -437,7 +483,13 @@ async def handle_heartbeat(
             ctx.reports.shed += 1
             has_report = False
         else:
-            reading = ctx.reports.start_reading()
+            # A full report sent in its turn waits for a reading slot (report_turns.py).
+            turn = (
+                not report.is_incremental
+                and ctx.ts_manager.needs_full_report(instance.permanent_uuid)
+                and ctx.reports.turns.take(instance.permanent_uuid, _now())
+            )
+            reading = await ctx.reports.wait_reading() if turn else ctx.reports.start_reading()
             if not reading:
                 # ...but the entries that turn a CREATING tablet RUNNING are read now, as a
                 # partial report, never acknowledged (`urgent_entries`).
@@ -511,19 +563,25 @@ def _answer(
     acked: int,
 ) -> pb.TSHeartbeatResponsePB:
     """Step 4 of the module docstring."""
-    needs_full = (
-        ctx.leading
-        and not outcome.needs_reregister
-        and ts.needs_full_report(instance.permanent_uuid)
-    )
+    uuid = instance.permanent_uuid
+    due = ctx.leading and not outcome.needs_reregister and ts.needs_full_report(uuid)
+    turn = due and ctx.reports.turns.take(uuid, _now())
+    if ctx.leading and not due:
+        ctx.reports.turns.done(uuid)
     return pb.TSHeartbeatResponsePB(
         master_instance=ctx.master_instance,
         leader_master=ctx.leading,
         master_term=ctx.term,
         needs_reregister=outcome.needs_reregister,
-        needs_full_tablet_report=needs_full or (ctx.leading and outcome.needs_reregister),
+        needs_full_tablet_report=turn,
+        full_tablet_report_deferred=due and not turn,
         acked_report_sequence_number=acked,
         master_addresses=list(ctx.master_addresses),
         token_verifying_keys=list(ctx.token_keys) if ctx.leading else [],
         heartbeat_interval_ms=ctx.heartbeat_interval_ms,
     )
+
+
+def _now() -> float:
+    """The clock of full-report turns: the event loop's (monotonic)."""
+    return asyncio.get_running_loop().time()

@@ -531,9 +531,10 @@ class MasterServer:
         gc.freeze()
         slices = catalog.start_load()
         asked = ts.request_full_reports()
+        self.report_gate.turns.clear()
         log.info(
             "master %s is the leader of term %d: catalog ready at index %d, full reports "
-            "requested from %d tablet servers",
+            "due from %d tablet servers (asked a few at a time)",
             self.uuid,
             term,
             index,

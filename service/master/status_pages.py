@@ -148,6 +148,10 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
         gate = master.report_gate
         return [(("shed",), float(gate.shed)), (("late",), float(gate.late))]
 
+    def full_report_turns() -> list[tuple[tuple[str], float]]:
+        turns = master.report_gate.turns
+        return [(("given",), float(turns.given)), (("lapsed",), float(turns.lapsed))]
+
     def locations_lookups() -> list[tuple[tuple[str], float]]:
         if master.catalog is None:
             return []
@@ -213,6 +217,24 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
         "shed (too many report writes running) or late (write still running at the budget).",
         reports_deferred,
         ("reason",),
+    )
+    registry.counter_callback(
+        "tessera_master_full_report_turns_total",
+        "Tablet servers asked for their full report in their turn (report_turns.py): given, "
+        "or lapsed (the report was not processed within the turn, and the turn went on).",
+        full_report_turns,
+        ("outcome",),
+    )
+    registry.gauge_callback(
+        "tessera_master_full_reports_due",
+        "Registered tablet servers whose full report this master still wants (after its "
+        "election or their registration; only a leader processes them).",
+        lambda: float(master.ts_manager.full_reports_due()) if master.ts_manager else 0.0,
+    )
+    registry.gauge_callback(
+        "tessera_master_full_report_turns_held",
+        "Tablet servers holding a turn to send their full report now (at most full_report_turns).",
+        lambda: float(master.report_gate.turns.holding()),
     )
     registry.counter_callback(
         "tessera_master_table_locations_cache_lookups_total",

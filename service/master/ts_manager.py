@@ -209,6 +209,11 @@ class TSManager:
         record = self._records.get(NodeId(uuid))
         return record is None or record.full_report_pending
 
+    def full_reports_due(self) -> int:
+        """Registered servers whose full report is still wanted (a walk of the registry: for
+        /metrics, not for every heartbeat)."""
+        return sum(r.full_report_pending for r in self._records.values())
+
     def full_report_processed(self, token: ReportToken) -> bool:
         """Record that the full report answering `token` has been processed.
 

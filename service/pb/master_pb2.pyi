@@ -2115,12 +2115,13 @@ class TSHeartbeatResponsePB(_message.Message):
     MASTER_ADDRESSES_FIELD_NUMBER: _builtins.int
     TOKEN_VERIFYING_KEYS_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    FULL_TABLET_REPORT_DEFERRED_FIELD_NUMBER: _builtins.int
     leader_master: _builtins.bool
     """followers record liveness only (docs/design/failover.md#R1)"""
     master_term: _builtins.int
     needs_reregister: _builtins.bool
     needs_full_tablet_report: _builtins.bool
-    """e.g. every server after a new leader's election"""
+    """send a full report now (this server's turn)"""
     acked_report_sequence_number: _builtins.int
     """The sequence number of the tablet report this heartbeat carried once the leader processed
     it; 0 when it did not (a follower, a failed or deferred write): the server sends the
@@ -2130,6 +2131,12 @@ class TSHeartbeatResponsePB(_message.Message):
     """How often this master wants the next heartbeats, in ms; 0: at the server's own interval.
     A follower asks for fewer (it records liveness only, well inside its unresponsive timeout);
     a server heartbeats no less often than its own interval (docs/design/failover.md#R1).
+    """
+    full_tablet_report_deferred: _builtins.bool
+    """The leader wants a full report from this server but has not given it a turn yet: until it
+    asks (needs_full_tablet_report), send only what changed since the last report any leader
+    acknowledged. A new leader reads full reports a few at a time; a fleet that all sent theirs
+    at once would only have most of them refused (docs/design/failover.md#R3).
     """
     @_builtins.property
     def master_instance(self) -> Global___NodeInstancePB: ...
@@ -2153,10 +2160,11 @@ class TSHeartbeatResponsePB(_message.Message):
         master_addresses: _abc.Iterable[Global___HostPortPB] | None = ...,
         token_verifying_keys: _abc.Iterable[Global___TokenVerifyingKeyPB] | None = ...,
         heartbeat_interval_ms: _builtins.int = ...,
+        full_tablet_report_deferred: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["master_instance", b"master_instance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_report_sequence_number", b"acked_report_sequence_number", "heartbeat_interval_ms", b"heartbeat_interval_ms", "leader_master", b"leader_master", "master_addresses", b"master_addresses", "master_instance", b"master_instance", "master_term", b"master_term", "needs_full_tablet_report", b"needs_full_tablet_report", "needs_reregister", b"needs_reregister", "token_verifying_keys", b"token_verifying_keys"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_report_sequence_number", b"acked_report_sequence_number", "full_tablet_report_deferred", b"full_tablet_report_deferred", "heartbeat_interval_ms", b"heartbeat_interval_ms", "leader_master", b"leader_master", "master_addresses", b"master_addresses", "master_instance", b"master_instance", "master_term", b"master_term", "needs_full_tablet_report", b"needs_full_tablet_report", "needs_reregister", b"needs_reregister", "token_verifying_keys", b"token_verifying_keys"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -329,6 +329,11 @@ def test_master_metrics(setup: Setup) -> None:
     # (an RPC's outcome is counted when it ends); the report gate shed nothing.
     deferred = fam["tessera_master_tablet_reports_deferred_total"]
     assert deferred.kind == "counter" and deferred.value(reason="shed") == 0
+    # Each of the 3 servers was asked for its full report in a turn; none lapsed.
+    turns = fam["tessera_master_full_report_turns_total"]
+    assert turns.value(outcome="given") >= 3 and turns.value(outcome="lapsed") == 0
+    assert fam["tessera_master_full_report_turns_held"].value() == 0
+    assert fam["tessera_master_full_reports_due"].value() == 0
     assert rpc.total(service="ConsensusServicer") > 0  # followers' replies reach the leader
     lat = fam["tessera_rpc_duration_seconds"]
     assert lat.kind == "histogram"

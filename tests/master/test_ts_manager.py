@@ -263,8 +263,10 @@ def test_request_full_reports_marks_every_server_live_or_dead(
     clock.advance(TIMEOUT * 2)
     mgr.heartbeat(inst("ts-0"))
     assert not any(d.needs_full_report for d in mgr.descriptors())
+    assert mgr.full_reports_due() == 0
     assert mgr.request_full_reports() == 5
     assert all(d.needs_full_report for d in mgr.descriptors())
+    assert mgr.full_reports_due() == 5
     assert [d.live for d in mgr.descriptors()] == [True, False, False, False, False]
 
 
