@@ -269,9 +269,8 @@ class _MasterLink:
     registered: bool = False
     leader: bool = False
     need_full: bool = True
-    dirty: set[str] = field(default_factory=set)
-    """Tablets whose reported state changed (or that were removed) since the last report this
-    link's master acknowledged: the next incremental report carries exactly these."""
+    """The next report to this master is a full one (until the leader says its turn has not
+    come: `full_tablet_report_deferred`)."""
     seq: int = 0
     in_flight: bool = False
     """A heartbeat on this link has not been answered yet (stagger mode sends no other)."""
@@ -293,6 +292,13 @@ class _Server:
     """Replicas not tombstoned, kept up to date at each change (never recounted)."""
     leaders: int = 0
     """Replicas whose view names this server leader, likewise."""
+    dirty: set[str] = field(default_factory=set)
+    """Tablets whose reported state changed (or that were removed) since the last report a
+    leader acknowledged: the next incremental report, to whichever master leads, carries
+    exactly these (an acknowledged report is committed, so every later leader knows it)."""
+    acked_term: int = 0
+    """The term of the leader that acknowledged last; a deposed leader's older term's
+    acknowledgement is not taken."""
     full_report: bytes | None = None
     """Every replica's entry of a full report, serialized (a TabletReportPB holding only
     `updated_tablets`), or None after any change of this server's replicas (`_mark`).
@@ -305,6 +311,9 @@ class _Server:
 
 
 RECENT_S = 10.0
+PROMPT_GAP_S = 0.05
+"""How soon a link heartbeats again, out of its round, when its master just turned leader or
+gave it its turn for a full report (the tablet server's `MIN_GAP_S`)."""
 """The window of the `recent_*` heartbeat statistics (a benchmark's steady-state window)."""
 
 
@@ -465,10 +474,9 @@ class FleetSimulator:
     # --- host side: replicas and the edge-triggered reports ----------------------------------
 
     def _mark(self, s: _Server, tablet_id: str) -> None:
-        """Edge trigger: the tablet's reported state changed on this server; every link's next
+        """Edge trigger: the tablet's reported state changed on this server; the next
         incremental report carries it (and only the tablets so marked)."""
-        for link in s.links.values():
-            link.dirty.add(tablet_id)
+        s.dirty.add(tablet_id)
         s.full_report = None
 
     def _set_view(self, s: _Server, r: _Replica, view: _View) -> None:
@@ -752,7 +760,7 @@ class FleetSimulator:
         if not (link.registered and link.leader and self.send_reports):
             return None
         full = link.need_full
-        taken, link.dirty = link.dirty, set()
+        taken, s.dirty = s.dirty, set()
         report = req.tablet_report
         report.is_incremental = not full
         link.seq += 1
@@ -796,7 +804,7 @@ class FleetSimulator:
             if link.leader or now >= link.next_due
         ]
         if not self.stagger:
-            await asyncio.gather(*(self._heartbeat(s, link) for s, link in pairs))
+            await asyncio.gather(*(self._beat(s, link) for s, link in pairs if not link.in_flight))
             return
         # Independent servers: each link heartbeats at its own phase of the interval, one
         # heartbeat at a time, and a slow answer delays only that link's next heartbeat (as
@@ -814,6 +822,19 @@ class FleetSimulator:
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
             task.add_done_callback(functools.partial(_answered, link))
+
+    async def _beat(self, s: _Server, link: _MasterLink) -> None:
+        """One heartbeat on `link`, marked in flight meanwhile (one at a time per stream)."""
+        link.in_flight = True
+        try:
+            await self._heartbeat(s, link)
+        finally:
+            link.in_flight = False
+
+    async def _prompt(self, s: _Server, link: _MasterLink) -> None:
+        await asyncio.sleep(PROMPT_GAP_S)
+        if s.up and not link.in_flight:
+            await self._beat(s, link)
 
     async def _heartbeat(self, s: _Server, link: _MasterLink) -> None:
         # An idle server's heartbeat is its instance, two counters kept at each change and
@@ -843,7 +864,7 @@ class FleetSimulator:
                 link.leader = False
                 _reprobe(s)
             if sent is not None:
-                link.dirty |= sent[1]
+                s.dirty |= sent[1]
             log.debug("heartbeat %s -> %s failed: %s", s.uuid, link.address, why)
             return
         latency = time.perf_counter() - t0
@@ -869,19 +890,30 @@ class FleetSimulator:
             link.next_due = now + link.asked_interval_s - self.heartbeat_interval_s / 2
         if resp.needs_reregister:
             link.registered = False
-            link.need_full = True
             if sent is not None:
-                link.dirty |= sent[1]
+                s.dirty |= sent[1]
             return
         link.registered = True
         if sent is not None:
-            if resp.acked_report_sequence_number == link.seq:
+            if resp.acked_report_sequence_number == link.seq and resp.master_term >= s.acked_term:
+                s.acked_term = resp.master_term
                 if sent[0]:
                     self.full_reports[(s.uuid, link.address)] += 1
-                link.need_full = False
+                    link.need_full = False
             else:
-                link.dirty |= sent[1]
-        link.need_full = link.need_full or resp.needs_full_tablet_report
+                s.dirty |= sent[1]
+        prompt = link.leader and not was_leader
+        if resp.needs_full_tablet_report:
+            prompt = prompt or not link.need_full
+            link.need_full = True
+        elif resp.full_tablet_report_deferred:
+            link.need_full = False
+        if prompt and s.up:
+            # A new leader, or our turn for a full report: heartbeat again now, not next round
+            # (service/tserver/heartbeater.py does the same).
+            task = asyncio.create_task(self._prompt(s, link))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
 
     def _stream(self, s: _Server, link: _MasterLink) -> HeartbeatStream:
         """The server's heartbeat stream to the link's master (as a tablet server keeps one),

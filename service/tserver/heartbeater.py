@@ -9,10 +9,19 @@ so reports go only to the master that last answered as leader; the others get ba
 
   needs_register   set at start and whenever the master answers `needs_reregister`; the next
                    heartbeat carries the registration (addresses, version, start time)
-  needs_full       set at start, on `needs_full_tablet_report` (a new leader asks every server,
-                   ending KUDU-1374) and whenever the master turned leader since our last report
-  acked            the ReportedTabletPB (serialized) of every replica as the master last
-                   acknowledged it
+  needs_full       the next report to this master is a full one: set at start and when the
+                   leader asks (`needs_full_tablet_report`: a new leader wants one from every
+                   server, ending KUDU-1374, but asks a few servers at a time); cleared when
+                   one is acknowledged, or when the leader says its turn has not come
+                   (`full_tablet_report_deferred`)
+
+and, for all masters together, `acked`: the ReportedTabletPB (serialized) of every replica as
+the leader last acknowledged it, with that leader's term. A leader acknowledges a report only
+once what it implies is committed in sys.catalog, and every later leader has what was
+committed, so `acked` stays true across a change of leader: a new leader is sent the changes
+since then at once, while it waits to ask for our full report (which repairs whatever a
+leader received and did not act on). An acknowledgement from a leader of an older term than
+`acked`'s is ignored.
 
 An incremental report is the difference between the replicas' current reports and `acked`:
 changed or new replicas in `updated_tablets`, vanished ones in `removed_tablet_ids`
@@ -28,7 +37,8 @@ and counts as a failed heartbeat; the next heartbeat opens a new stream.
 
 Timing: every `heartbeat_interval_ms`; sooner (but at most every `MIN_GAP_S`) when a replica
 changed and this master is the leader, so a new tablet leader is reported within milliseconds,
-not a full interval. A follower may ask for a slower pace in its answers
+not a full interval, and likewise when a master turned leader or gave us our turn for a full
+report. A follower may ask for a slower pace in its answers
 (`heartbeat_interval_ms`, docs/design/failover.md#R1): it only records liveness, and most of a
 large fleet's heartbeats would otherwise go to followers. The slower pace holds only while
 another master is the known leader. After `max_failures_before_backoff` consecutive failures
@@ -53,7 +63,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
@@ -127,7 +137,9 @@ class MasterView:
     needs_register: bool = True
     needs_full: bool = True
     is_leader: bool = False
-    acked: dict[str, bytes] = field(default_factory=dict)
+    prompt: bool = False
+    """Heartbeat again after `MIN_GAP_S`, not an interval: this master just turned leader or
+    asked for our full report."""
     seq: int = 0
     failures: int = 0
     """Consecutive failed heartbeats (reset by a success)."""
@@ -158,6 +170,10 @@ class Heartbeater:
         self.on_token_keys = on_token_keys
         """Told the token signing keys' public halves the leader sends (authz token checks)."""
         self.views = [MasterView(a) for a in master_addresses]
+        self.acked: dict[str, bytes] = {}
+        """Every replica's ReportedTabletPB (serialized) as the leader of `acked_term` last
+        acknowledged it (docstring)."""
+        self.acked_term = 0
         self.credentials = credentials
         self.instance = instance
         self.registration = registration
@@ -255,6 +271,9 @@ class Heartbeater:
         leader every master is heartbeated at our interval, to find one); backed off after
         repeated failures."""
         delay = self.interval_s
+        if v.prompt:
+            v.prompt = False
+            return MIN_GAP_S
         if v.failures > self.max_failures:
             return min(
                 self.interval_s * 2 ** (v.failures - self.max_failures), 10 * self.interval_s
@@ -319,14 +338,14 @@ class Heartbeater:
             req.registration.CopyFrom(self.registration())
         current: dict[str, bytes] = {}
         sent_seq = None
-        if v.is_leader or v.needs_full:
+        if v.is_leader:
             reports = {
                 tid: self.tablets.reported_tablet(r) for tid, r in self.tablets.replicas.items()
             }
             current = {tid: r.SerializeToString(deterministic=True) for tid, r in reports.items()}
             full = v.needs_full
-            changed = [tid for tid, data in current.items() if full or v.acked.get(tid) != data]
-            removed = [] if full else [tid for tid in v.acked if tid not in current]
+            changed = [tid for tid, data in current.items() if full or self.acked.get(tid) != data]
+            removed = [] if full else [tid for tid in self.acked if tid not in current]
             if full or changed or removed:
                 v.seq += 1
                 sent_seq = v.seq
@@ -352,28 +371,32 @@ class Heartbeater:
             self._reprobe_others(v)
         if v.needs_register and req.HasField("registration"):
             v.needs_register = False
-        acked_now = False
         acked = resp.acked_report_sequence_number
-        if sent_seq is not None and resp.leader_master and acked >= sent_seq:
-            acked_now = True
+        if (
+            sent_seq is not None
+            and resp.leader_master
+            and acked >= sent_seq
+            and resp.master_term >= self.acked_term  # never a deposed leader's over a newer's
+        ):
             rep = req.tablet_report
             if rep.is_incremental:
                 for tid in rep.removed_tablet_ids:
-                    v.acked.pop(tid, None)
+                    self.acked.pop(tid, None)
                 for r in rep.updated_tablets:
-                    v.acked[r.tablet_id] = current[r.tablet_id]
+                    self.acked[r.tablet_id] = current[r.tablet_id]
             else:
-                v.acked = dict(current)
+                self.acked = dict(current)
                 v.needs_full = False
-        if v.is_leader and not was_leader and not acked_now:
-            # It did not process what we sent while it was a follower.
-            v.needs_full = True
-            v.acked.clear()
+            self.acked_term = resp.master_term
+        if v.is_leader and not was_leader:
+            v.prompt = True  # a new leader: what it may not know goes now, not in an interval
         if resp.needs_reregister:
             v.needs_register = True
-            v.needs_full = True
         if resp.needs_full_tablet_report:
+            v.prompt = v.prompt or not v.needs_full
             v.needs_full = True
+        elif resp.full_tablet_report_deferred:
+            v.needs_full = False
         if resp.leader_master and resp.token_verifying_keys and self.on_token_keys is not None:
             self.on_token_keys(
                 [

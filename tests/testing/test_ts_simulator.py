@@ -128,7 +128,7 @@ def _registered_leader_links(sim: FleetSimulator) -> None:
     for s in sim.servers.values():
         link = s.links[MASTER]
         link.registered, link.leader, link.need_full = True, True, False
-        link.dirty.clear()
+        s.dirty.clear()
 
 
 def _report(sim: FleetSimulator, uuid: str) -> mpb.TabletReportPB:
@@ -174,8 +174,8 @@ def test_an_unacknowledged_report_is_sent_again() -> None:
     _create(sim, "t", "a", ["a", "b", "c"])
     s, link = sim.servers["a"], sim.servers["a"].links[MASTER]
     sent = sim.build_report(s, link, mpb.TSHeartbeatRequestPB())
-    assert sent == (False, {"t"}) and not link.dirty
-    link.dirty |= sent[1]  # what a failed or unacknowledged heartbeat does
+    assert sent == (False, {"t"}) and not s.dirty
+    s.dirty |= sent[1]  # what a failed or unacknowledged heartbeat does
     assert [t.tablet_id for t in _report(sim, "a").updated_tablets] == ["t"]
 
 
@@ -267,3 +267,63 @@ def test_merged_statistics_sum_counts_and_keep_the_worst_p99() -> None:
     )
     assert (merged["replicas"], merged["leaders"], merged["recent_p99_s"]) == (7, 3, 0.03)
     assert merged["errors"] == {"X": 3} and merged["shards"] == 2
+
+
+class _ScriptedMaster:
+    """A heartbeat stream whose master answers as leader of `term`, acknowledging each report
+    (an in-memory transport: the simulator's own heartbeat path, no gRPC)."""
+
+    def __init__(self, term: int, **flags: bool) -> None:
+        self.term, self.flags = term, flags
+        self.reports: list[mpb.TabletReportPB] = []
+
+    async def heartbeat(self, req: mpb.TSHeartbeatRequestPB) -> mpb.TSHeartbeatResponsePB:
+        seq = 0
+        if req.HasField("tablet_report"):
+            self.reports.append(req.tablet_report)
+            seq = req.tablet_report.sequence_number
+        return mpb.TSHeartbeatResponsePB(
+            leader_master=True,
+            master_term=self.term,
+            acked_report_sequence_number=seq,
+            **self.flags,
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_new_leader_that_defers_the_full_report_gets_the_changes_since_the_last_ack() -> None:
+    """As the real heartbeater: what a leader acknowledged is committed, so a new leader that
+    has not given this server its turn yet is sent exactly what changed since then; its turn
+    brings the full report at once (out of the round), not a round later."""
+
+    async def main() -> None:
+        other = "127.0.0.1:2"
+        sim = FleetSimulator([MASTER, other], ["a", "b", "c"])
+        _create(sim, "t1", "a", ["a", "b", "c"])
+        s = sim.servers["a"]
+        old, new = _ScriptedMaster(1), _ScriptedMaster(2, full_tablet_report_deferred=True)
+        sim._streams[("a", MASTER)] = old  # type: ignore[assignment]
+        sim._streams[("a", other)] = new  # type: ignore[assignment]
+        for link in s.links.values():
+            link.registered = True
+        s.links[MASTER].leader = True
+        await sim._heartbeat(s, s.links[MASTER])  # the first leader reads the full report
+        assert [r.is_incremental for r in old.reports] == [False] and not s.dirty
+
+        _create(sim, "t2", "a", ["a", "b", "c"])  # then the leader dies; `other` wins
+        s.links[MASTER].leader = False
+        await sim._heartbeat(s, s.links[other])  # was a follower: no report yet
+        assert not s.links[other].need_full and new.reports == []
+        await asyncio.sleep(0.1)  # the prompt heartbeat to the new leader
+        assert [[t.tablet_id for t in r.updated_tablets] for r in new.reports] == [["t2"]]
+        assert new.reports[0].is_incremental and not s.dirty
+
+        new.flags = {"needs_full_tablet_report": True}  # its turn
+        await sim._heartbeat(s, s.links[other])
+        await asyncio.sleep(0.1)
+        assert not new.reports[-1].is_incremental and len(new.reports[-1].updated_tablets) == 2
+        await sim.aclose()
+
+    asyncio.run(main())

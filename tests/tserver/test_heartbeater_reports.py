@@ -1,0 +1,161 @@
+"""What the tablet server's heartbeater reports to which master (service/tserver/heartbeater.py):
+`Heartbeater._heartbeat` against scripted master answers (an in-memory transport; the real
+stream is tested in test_heartbeat_stream.py and the whole exchange by the cluster tests).
+
+What is acknowledged is committed in sys.catalog, so it stays acknowledged across a change of
+leader: a new leader that defers our full report is sent, at once, exactly what changed
+since the last acknowledgement, whichever master gave it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, cast
+
+from service.pb import master_pb2 as pb
+from service.tserver.heartbeater import Heartbeater, HeartbeatStream, MasterView
+from service.tserver.tablet_manager import TabletManager
+
+
+class Tablets:
+    """The part of TabletManager the heartbeater reads: replicas and their reports."""
+
+    def __init__(self) -> None:
+        self.replicas: dict[str, pb.ReportedTabletPB] = {}
+        self.listeners: list[Callable[[str], None]] = []
+
+    def set(self, tablet_id: str, schema_version: int) -> None:
+        self.replicas[tablet_id] = pb.ReportedTabletPB(
+            tablet_id=tablet_id, schema_version=schema_version
+        )
+
+    def reported_tablet(self, r: pb.ReportedTabletPB) -> pb.ReportedTabletPB:
+        return r
+
+    def num_live(self) -> int:
+        return len(self.replicas)
+
+    def num_leaders(self) -> int:
+        return 0
+
+
+class Master:
+    """A scripted master: answers each heartbeat with `answer(request)`, recording requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[pb.TSHeartbeatRequestPB] = []
+        self.answer: Callable[[pb.TSHeartbeatRequestPB], pb.TSHeartbeatResponsePB] = lambda req: (
+            pb.TSHeartbeatResponsePB()
+        )
+
+    async def heartbeat(self, req: pb.TSHeartbeatRequestPB) -> pb.TSHeartbeatResponsePB:
+        self.requests.append(req)
+        return self.answer(req)
+
+
+def leader(term: int, *, ack: bool = True, **flags: bool) -> Any:
+    """Answers as leader of `term`, acknowledging the report (if any) when `ack`."""
+
+    def answer(req: pb.TSHeartbeatRequestPB) -> pb.TSHeartbeatResponsePB:
+        seq = req.tablet_report.sequence_number if ack and req.HasField("tablet_report") else 0
+        return pb.TSHeartbeatResponsePB(
+            leader_master=True, master_term=term, acked_report_sequence_number=seq, **flags
+        )
+
+    return answer
+
+
+def make() -> tuple[Heartbeater, Tablets, MasterView, MasterView]:
+    tablets = Tablets()
+    hb = Heartbeater(
+        ("a:1", "b:1"),
+        pb.NodeInstancePB(permanent_uuid="ts", instance_seqno=1),
+        lambda: pb.ServerRegistrationPB(),
+        cast(TabletManager, tablets),
+        interval_s=1.0,
+        rpc_timeout_s=1.0,
+        max_failures_before_backoff=3,
+        on_master_term=lambda term: None,
+        highest_term=lambda: 0,
+    )
+    a, b = hb.views
+    return hb, tablets, a, b
+
+
+async def beat(hb: Heartbeater, view: MasterView, master: Master) -> pb.TSHeartbeatRequestPB:
+    await hb._heartbeat(view, cast(HeartbeatStream, master))
+    return master.requests[-1]
+
+
+def reported(req: pb.TSHeartbeatRequestPB) -> tuple[bool, list[str], list[str]]:
+    """(incremental, updated tablet ids, removed tablet ids) of a request's report."""
+    rep = req.tablet_report
+    return (
+        rep.is_incremental,
+        sorted(t.tablet_id for t in rep.updated_tablets),
+        sorted(rep.removed_tablet_ids),
+    )
+
+
+def test_a_new_leader_that_defers_the_full_report_gets_the_changes_since_the_last_ack() -> None:
+    async def main() -> None:
+        hb, tablets, va, vb = make()
+        a, b = Master(), Master()
+        tablets.set("t1", 0)
+        tablets.set("t2", 0)
+
+        # Master a turns leader (first contact: no report yet) and asks for our full report.
+        a.answer = leader(1, needs_full_tablet_report=True)
+        assert not (await beat(hb, va, a)).HasField("tablet_report")
+        assert va.is_leader and va.needs_full and hb._delay(va) < 0.1  # sent at once
+        a.answer = leader(1)
+        assert reported(await beat(hb, va, a)) == (False, ["t1", "t2"], [])
+        assert not va.needs_full and hb.acked_term == 1
+
+        # Things change; then a dies and b wins term 2, deferring our full report.
+        tablets.set("t1", 1)
+        tablets.set("t3", 0)
+        del tablets.replicas["t2"]
+        b.answer = leader(2, full_tablet_report_deferred=True)
+        assert not (await beat(hb, vb, b)).HasField("tablet_report")  # b was a follower
+        assert vb.is_leader and not vb.needs_full and hb._delay(vb) < 0.1
+        # The next report to b: what changed since a's acknowledgement, nothing more.
+        assert reported(await beat(hb, vb, b)) == (True, ["t1", "t3"], ["t2"])
+        assert hb.acked_term == 2
+        assert not (await beat(hb, vb, b)).HasField("tablet_report")  # nothing new
+
+        # b's deposed predecessor acknowledging late is not taken over b's acknowledgement.
+        tablets.set("t3", 1)
+        a.answer = leader(1)
+        va.is_leader = True
+        assert reported(await beat(hb, va, a)) == (True, ["t3"], [])
+        assert hb.acked_term == 2
+        assert reported(await beat(hb, vb, b)) == (True, ["t3"], [])  # still owed to b
+
+        # b's turn comes: the full report goes out at once.
+        b.answer = leader(2, needs_full_tablet_report=True, ack=False)
+        assert not (await beat(hb, vb, b)).HasField("tablet_report")
+        assert vb.needs_full and hb._delay(vb) < 0.1
+        b.answer = leader(2)
+        assert reported(await beat(hb, vb, b)) == (False, ["t1", "t3"], [])
+        assert not vb.needs_full
+
+    asyncio.run(main())
+
+
+def test_an_unacknowledged_report_is_sent_again_and_a_follower_gets_none() -> None:
+    async def main() -> None:
+        hb, tablets, va, vb = make()
+        a, b = Master(), Master()
+        tablets.set("t1", 0)
+        a.answer = leader(1, full_tablet_report_deferred=True)
+        await beat(hb, va, a)
+        a.answer = leader(1, ack=False, full_tablet_report_deferred=True)  # shed
+        assert reported(await beat(hb, va, a)) == (True, ["t1"], [])
+        assert reported(await beat(hb, va, a)) == (True, ["t1"], [])
+        b.answer = lambda req: pb.TSHeartbeatResponsePB(leader_master=False, master_term=1)
+        assert not (await beat(hb, vb, b)).HasField("tablet_report")
+        assert not (await beat(hb, vb, b)).HasField("tablet_report")
+
+    asyncio.run(main())
