@@ -343,7 +343,8 @@ async def failovers(args: argparse.Namespace, m: Masters) -> list[tuple[float, f
         name = m.cluster.by_address(old).name
         progress(f"failover {k + 1}/{KILLS}: kill -9 {name} (leader, term {old_term})")
         t0 = time.monotonic()
-        m.cluster.kill(name, signal.SIGKILL)
+        m.cluster.kill(name, signal.SIGKILL)  # returns once the process has exited
+        progress(f"{name} exited {time.monotonic() - t0:.2f} s after its SIGKILL")
         m.leader = ""
 
         async def small_create(k: int = k, t0: float = t0) -> float:
@@ -351,7 +352,7 @@ async def failovers(args: argparse.Namespace, m: Masters) -> list[tuple[float, f
             await wait_running(m, table, args.create_timeout, quiet=True)
             return time.monotonic() - t0
 
-        (elected, terms), lookup, create, read = await asyncio.wait_for(
+        (elected, terms), lookup, create, (read, http) = await asyncio.wait_for(
             asyncio.gather(
                 new_leader(m, old, old_term, t0),
                 first_correct_lookup(m, probe, tablets, t0),
@@ -365,7 +366,7 @@ async def failovers(args: argparse.Namespace, m: Masters) -> list[tuple[float, f
             f" ({terms} term{'s' if terms > 1 else ''} later), first"
             f" correct GetTableLocations {lookup:.2f} s (goal <= {GOAL_LOOKUP_S:.0f}), small"
             f" CreateTable RUNNING {create:.2f} s (goal <= {GOAL_SMALL_CREATE_S:.0f}), every"
-            f" full report read {read:.1f} s",
+            f" full report read {read:.1f} s ({await turns(http)})",
             flush=True,
         )
         out.append((elected, lookup, create))
@@ -378,26 +379,44 @@ async def failovers(args: argparse.Namespace, m: Masters) -> list[tuple[float, f
     return out
 
 
-async def full_reports_read(m: Masters, old: str, t0: float) -> float:
+async def full_reports_read(m: Masters, old: str, t0: float) -> tuple[float, str]:
     """Seconds from `t0` (the kill of `old`) until a surviving master leads with its catalog
     loaded and has read every server's full report (`tessera_master_full_reports_due` 0; a
     follower's count means nothing, it reads none), polled every 0.25 s. Not a goal: it shows
-    how long the new leader's catch-up on the fleet lasts while lookups and creates go on."""
+    how long the new leader's catch-up on the fleet lasts while lookups and creates go on.
+    Returns the seconds and the new leader's status address."""
     others = [node.http_address for node in m.cluster.masters.values() if node.address != old]
     while True:
         for http in others:
             if await asyncio.to_thread(metric, http, "tessera_master_catalog_loaded") != 1:
                 continue
             if await asyncio.to_thread(metric, http, "tessera_master_full_reports_due") == 0:
-                return time.monotonic() - t0
+                return time.monotonic() - t0, http
         await asyncio.sleep(0.25)
 
 
+async def turns(http: str) -> str:
+    """The full-report turns the leader at `http` gave and saw lapse, and the tablet reports
+    it shed (report_turns.py, heartbeat.ReportGate), since it started."""
+    out = []
+    for what, name in (
+        ("turns given", 'tessera_master_full_report_turns_total{outcome="given"}'),
+        ("lapsed", 'tessera_master_full_report_turns_total{outcome="lapsed"}'),
+        ("reports shed", 'tessera_master_tablet_reports_deferred_total{reason="shed"}'),
+    ):
+        value = await asyncio.to_thread(metric, http, name)
+        out.append(f"{what} {value:.0f}" if value is not None else f"{what} ?")
+    return ", ".join(out)
+
+
 async def caught_up(m: Masters, name: str, timeout: float) -> None:
-    """Until the restarted master `name` has applied what the leader had committed when it
-    came back. Killing the next leader sooner would leave one master up to date and one still
-    catching up (at 200,000 tablets, installing a 30-40 MB snapshot): no quorum, and the
-    failover measured would be of two failures at once."""
+    """Until the restarted master `name` has heard from the leader (its term is the leader's)
+    and applied what the leader had committed when it came back. Killing the next leader
+    sooner would leave one master up to date and one still catching up (at 200,000 tablets,
+    installing a 30-40 MB snapshot): no quorum, and the failover measured would be of two
+    failures at once. The applied index alone is not enough: a master replays its own log on
+    start, which can reach the target before it has heard from the leader at all (10 s later
+    at 200,000 tablets)."""
     await m.poll()
     leader = m.cluster.by_address(m.leader)
     target = await asyncio.to_thread(metric, leader.http_address, "tessera_raft_commit_index")
@@ -407,10 +426,14 @@ async def caught_up(m: Masters, name: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         index = await asyncio.to_thread(metric, node.http_address, "tessera_raft_applied_index")
-        if index is not None and index >= target:
+        term = await asyncio.to_thread(metric, node.http_address, "tessera_raft_term")
+        if index is not None and index >= target and term is not None and term >= m.leader_term:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{name} did not catch up to index {target} in {timeout:.0f} s")
+            raise TimeoutError(
+                f"{name} did not catch up to index {target} of term {m.leader_term} in "
+                f"{timeout:.0f} s"
+            )
         await asyncio.sleep(0.5)
 
 
