@@ -74,6 +74,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import enum
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -381,7 +382,8 @@ class CatalogMaps:
       * `tablets_by_id[x]` for every tablet row; it sits in `tables_by_id[its table].tablets`;
       * `pending` = ids of tablets in PREPARING or CREATING;
       * `_replicas[u][t]` = number of tablets of table `t` in HOSTED_STATES whose committed
-        config has peer `u` (only positive counts are kept).
+        config has peer `u` (only positive counts are kept);
+      * `tablet_states[s]` = number of tablets in state `s`.
     """
 
     def __init__(self) -> None:
@@ -397,6 +399,10 @@ class CatalogMaps:
         """Per table, its PREPARING tablets in partition order as last sorted; may also hold
         tablets that left PREPARING since (skipped on reading), dropped when one is added."""
         self._replicas: dict[str, dict[str, int]] = {}
+        self.tablet_states: Counter[TabletState] = Counter()
+        """Tablets by committed state, kept as rows commit (read it, never change it): /metrics
+        reads it on every scrape, and counting 200,000 tablets there took about 0.1 s of the
+        leader's loop per scrape."""
 
     @classmethod
     def rebuild(cls, state: SysCatalogState) -> CatalogMaps:
@@ -411,6 +417,7 @@ class CatalogMaps:
                 tablet = TabletInfo(tablet_row)
                 maps._attach(table, tablet)
                 maps._count(tablet.record, +1)
+                maps.tablet_states[tablet.state] += 1
             table._index = PartitionIndex.of(table._live.values())
         return maps
 
@@ -449,6 +456,8 @@ class CatalogMaps:
             old = info.record if info is not None else None
             if old is not None:
                 servers |= self._count(old, -1)
+                self.tablet_states[old.state] -= 1
+            self.tablet_states[rec.state] += 1
             if info is None:
                 info = TabletInfo(row)
                 self._attach(table, info)
@@ -592,6 +601,7 @@ class CatalogMaps:
             "pending": tuple(sorted(self.pending)),
             "preparing": {t: tuple(sorted(ids)) for t, ids in sorted(self.preparing.items())},
             "replicas": self.replica_counts(),
+            "states": dict(sorted((s.name, n) for s, n in self.tablet_states.items() if n)),
         }
 
     def __eq__(self, other: object) -> bool:

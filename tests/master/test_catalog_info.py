@@ -5,6 +5,7 @@ side-effect tasks derived from committed records."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import random
 
@@ -224,6 +225,8 @@ def test_maps_kept_by_on_applied_equal_maps_rebuilt_from_the_rows() -> None:
     rebuilt = CatalogMaps.rebuild(cat.state)
     assert cat.maps == rebuilt
     maps = cat.maps
+    recount = collections.Counter(t.state for t in maps.tablets_by_id.values())
+    assert +maps.tablet_states == recount and recount[TabletState.DELETED] == len(b_tablets)
     assert set(maps.tables_by_id) == {a.table_id, b.table_id}  # removed tables kept by id
     assert set(maps.tables_by_name) == {"b"}
     assert len(maps.tablets_by_id) == len(a_tablets) + len(b_tablets) + 1
