@@ -261,6 +261,11 @@ class CatalogManager:
         return self._reports.failed_replicas
 
     @property
+    def report_writes(self) -> GroupCommit:
+        """Report writes and the sys.catalog entries that carried them (for /metrics)."""
+        return self._report_writes
+
+    @property
     def locations_cache(self) -> LocationsCache:
         """GetTableLocations answers kept (for /metrics: hits, misses, entries)."""
         return self._locations_cache

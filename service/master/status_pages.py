@@ -124,8 +124,8 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
     def tablets_by_state() -> list[tuple[tuple[str], float]]:
         if master.catalog is None:
             return []
-        tally = Tally(t.record.state.name for t in master.catalog.maps.tablets_by_id.values())
-        return [((s.name,), float(tally[s.name])) for s in TabletState]
+        tally = master.catalog.maps.tablet_states  # kept as rows commit: no walk per scrape
+        return [((s.name,), float(tally[s])) for s in TabletState]
 
     def tservers() -> list[tuple[tuple[str], float]]:
         ts = master.ts_manager
@@ -147,6 +147,12 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
     def reports_deferred() -> list[tuple[tuple[str], float]]:
         gate = master.report_gate
         return [(("shed",), float(gate.shed)), (("late",), float(gate.late))]
+
+    def report_writes() -> list[tuple[tuple[str], float]]:
+        if master.catalog is None:
+            return []
+        group = master.catalog.report_writes
+        return [(("writes",), float(group.writes)), (("entries",), float(group.entries))]
 
     def full_report_turns() -> list[tuple[tuple[str], float]]:
         turns = master.report_gate.turns
@@ -217,6 +223,13 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
         "shed (too many report writes running) or late (write still running at the budget).",
         reports_deferred,
         ("reason",),
+    )
+    registry.counter_callback(
+        "tessera_master_report_writes_total",
+        "Catalog writes of tablet reports, and the sys.catalog entries that carried them "
+        "(writes proposed together share an entry, group_commit.py).",
+        report_writes,
+        ("what",),
     )
     registry.counter_callback(
         "tessera_master_full_report_turns_total",

@@ -334,6 +334,9 @@ def test_master_metrics(setup: Setup) -> None:
     assert turns.value(outcome="given") >= 3 and turns.value(outcome="lapsed") == 0
     assert fam["tessera_master_full_report_turns_held"].value() == 0
     assert fam["tessera_master_full_reports_due"].value() == 0
+    # Reports made the 3 tablets RUNNING: at least one write, never more entries than writes.
+    group = fam["tessera_master_report_writes_total"]
+    assert 1 <= group.value(what="entries") <= group.value(what="writes")
     assert rpc.total(service="ConsensusServicer") > 0  # followers' replies reach the leader
     lat = fam["tessera_rpc_duration_seconds"]
     assert lat.kind == "histogram"
