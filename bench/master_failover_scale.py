@@ -47,15 +47,25 @@ def progress(msg: str) -> None:
 
 
 def metric(http_address: str, name: str) -> float | None:
+    """One value of the master's /metrics (the first sample of `name`; a name may carry its
+    labels, `x{a="b"}`); None if absent or the master does not answer."""
+    return metrics(http_address, name)[name]
+
+
+def metrics(http_address: str, *names: str) -> dict[str, float | None]:
+    """Several values from ONE /metrics page. Rendering it walks the catalog, so a poll reads
+    the page once for all it needs, not once per value."""
+    out: dict[str, float | None] = dict.fromkeys(names)
     try:
         with urllib.request.urlopen(f"http://{http_address}/metrics", timeout=2) as r:
             body = r.read().decode()
     except OSError:
-        return None
+        return out
     for line in body.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.split()[-1])
-    return None
+        for name in names:
+            if out[name] is None and (line.startswith(name + " ") or line.startswith(name + "{")):
+                out[name] = float(line.split()[-1])
+    return out
 
 
 def stubs(cluster: MasterCluster) -> dict[str, master_pb2_grpc.MasterServiceStub]:
