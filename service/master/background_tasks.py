@@ -232,6 +232,10 @@ class BackgroundTasks:
     def in_flight(self) -> int:
         return len(self._running)
 
+    def num_tasks(self) -> int:
+        """How many tasks `views` would list, without building them (for /metrics)."""
+        return len(self._retries)
+
     def views(self) -> list[TaskView]:
         """Every task running or waiting to be retried, for the status pages (read-only)."""
         now = self.clock.monotonic()

@@ -168,7 +168,7 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
         return float(len(master.catalog.locations_cache)) if master.catalog is not None else 0.0
 
     def tasks() -> float:
-        return float(len(master.background.views())) if master.background is not None else 0.0
+        return float(master.background.num_tasks()) if master.background is not None else 0.0
 
     def queue(field: int) -> list[tuple[tuple[str], float]]:
         bg = master.background

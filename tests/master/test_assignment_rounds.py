@@ -249,6 +249,7 @@ def test_queued_create_tablets_of_a_deleted_table_are_never_sent() -> None:
         assert sum(isinstance(t, CreateReplicas) for t in env.cm.pending_tasks()) == 8
         await wait_for(lambda: proxy.calls == 2)
         assert bg.in_flight == 2
+        assert bg.num_tasks() == len(bg.views()) == 8  # what /metrics counts, unbuilt
         await env.cm.delete_table(by_id(table_id), Ids()())
         proxy.gate.set()
         while bg.in_flight:
