@@ -29,7 +29,7 @@ A create that is not RUNNING within --create-timeout seconds ends the growth ear
 message (the failover figures are still measured on the catalog reached).
 
 Usage: python -m bench.scale_bench [--target 200000] [--servers 1000] [--table-tablets 10000]
-       [--shards 2] [--create-timeout 600] [--quick] [--set KEY=VALUE ...]
+       [--shards 2] [--create-timeout 600] [--quick] [--set KEY=VALUE ...] [--keep-logs DIR]
        (--quick: --target 20000 --servers 100, a small run)
 """
 
@@ -41,6 +41,7 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -497,11 +498,25 @@ async def main_async(args: argparse.Namespace) -> None:
                     watcher.cancel()
                 terminate_all(procs)
                 await m.aclose()
+                if args.keep_logs is not None:  # a failed run's logs matter most
+                    keep_logs(workdir, args.keep_logs)
     worst = max((r[1] for r in results), default=float("nan"))
     print(
         f"scale: {catalog} tablets, {unprovoked} unprovoked elections, create max"
         f" {slowest:.1f} s, failover lookup p100 {worst:.2f} s"
     )
+
+
+def keep_logs(workdir: Path, dest: Path) -> None:
+    """Copy the masters' and the fleet's logs out of the run's temporary directory (which goes
+    with the run) into `dest`, created owner-only: a failover figure worth explaining needs
+    the masters' own account of it."""
+    dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+    dest.chmod(0o700)
+    for log in [*sorted((workdir / "masters").glob("*.log")), workdir / "fleet.log"]:
+        if log.is_file():
+            shutil.copyfile(log, dest / log.name)
+    progress(f"logs kept in {dest}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -512,6 +527,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=2, help="simulator processes")
     p.add_argument("--create-timeout", type=float, default=600.0, help="seconds per create")
     p.add_argument("--quick", action="store_true", help="20,000 tablets on 100 servers")
+    p.add_argument(
+        "--keep-logs",
+        type=Path,
+        metavar="DIR",
+        help="copy the masters' and the fleet's logs here at the end (owner-only)",
+    )
     p.add_argument(
         "--set",
         action="append",
