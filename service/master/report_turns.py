@@ -14,8 +14,10 @@ So the leader hands out turns. A server whose full report is due is answered eit
 `needs_full_tablet_report` (its turn: send it now) or `full_tablet_report_deferred` (not yet:
 send only what changes). At most `max_turns` servers hold a turn at once; a turn ends when the
 server's full report has been processed (`done`), or lapses `lapse_s` after it was given, so a
-server that stopped heartbeating does not keep its turn forever. Turns are first come, first
-served in heartbeat order, so every due server gets one within about
+server that stopped heartbeating does not keep its turn forever; a server whose turn lapsed
+waits another `lapse_s` before it can have one again, so a server that heartbeats but never
+sends its report (a fault, or a hostile peer) cannot keep a turn by asking at once. Turns
+are first come, first served in heartbeat order, so every due server gets one within about
 (due servers / reading rate) seconds.
 
 Nothing here is needed for correctness: a deferred server still sends every change, and a
@@ -36,7 +38,8 @@ class FullReportTurns:
     """At most `max_turns` servers asked for a full report at once (module docstring).
 
     Invariant: `len(self._held) <= max_turns` after every call; `_held` maps a server's uuid to
-    when its turn lapses (monotonic seconds, the caller's clock)."""
+    when its turn lapses, `_resting` a server whose turn lapsed to when it may have another
+    (monotonic seconds, the caller's clock); no uuid is in both."""
 
     def __init__(self, max_turns: int, lapse_s: float) -> None:
         if max_turns < 1 or not lapse_s > 0:
@@ -47,6 +50,7 @@ class FullReportTurns:
         self.max_turns = max_turns
         self.lapse_s = lapse_s
         self._held: dict[str, float] = {}
+        self._resting: dict[str, float] = {}
         self.given = 0
         """Turns handed out (a renewed turn is not counted again)."""
         self.lapsed = 0
@@ -59,8 +63,12 @@ class FullReportTurns:
         if until is not None:
             if now < until:
                 return True
-            del self._held[uuid]
-            self.lapsed += 1
+            self._lapse(uuid, now)
+        rest = self._resting.get(uuid)
+        if rest is not None:
+            if now < rest:
+                return False
+            del self._resting[uuid]
         if len(self._held) >= self.max_turns:
             self._expire(now)
             if len(self._held) >= self.max_turns:
@@ -72,15 +80,21 @@ class FullReportTurns:
     def done(self, uuid: str) -> None:
         """`uuid`'s full report was processed (or is no longer wanted): its turn ends."""
         self._held.pop(uuid, None)
+        self._resting.pop(uuid, None)
 
     def clear(self) -> None:
         """A new leadership: nobody holds a turn."""
         self._held.clear()
+        self._resting.clear()
 
     def holding(self) -> int:
         return len(self._held)
 
     def _expire(self, now: float) -> None:
         for uuid in [u for u, until in self._held.items() if now >= until]:
-            del self._held[uuid]
-            self.lapsed += 1
+            self._lapse(uuid, now)
+
+    def _lapse(self, uuid: str, now: float) -> None:
+        del self._held[uuid]
+        self._resting[uuid] = now + self.lapse_s
+        self.lapsed += 1

@@ -43,9 +43,20 @@ def test_a_turn_lapses_and_goes_to_another() -> None:
     assert not turns.take("b", 4.9)
     assert turns.take("b", 5.0)  # a never sent its report (or it was never read)
     assert turns.lapsed == 1 and turns.holding() == 1
-    # a comes back after its turn lapsed: it waits like anyone else.
+    # a comes back after its turn lapsed: it rests a lapse before it can have another, even
+    # with a turn free (a server that never sends its report cannot keep asking for one).
     assert not turns.take("a", 6.0)
-    assert turns.lapsed == 1
+    turns.done("b")
+    assert not turns.take("a", 9.9)
+    assert turns.take("a", 10.0)
+    assert turns.lapsed == 1 and turns.given == 3
+
+
+def test_a_holder_that_never_reports_loses_its_turn_at_its_own_heartbeat() -> None:
+    turns = FullReportTurns(max_turns=1, lapse_s=5.0)
+    assert turns.take("a", 0.0)
+    assert not turns.take("a", 5.0)  # lapsed: resting, though the only turn is now free
+    assert turns.take("b", 5.1) and turns.lapsed == 1
 
 
 def test_clear_ends_every_turn() -> None:
