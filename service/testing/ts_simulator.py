@@ -403,7 +403,8 @@ class FleetSimulator:
         self._server = server
         for m in self.masters if self.pki is None else ():
             for i in range(HEARTBEAT_CHANNELS):
-                ch = grpc.aio.insecure_channel(m, options=channel_options.own_connection())
+                options = channel_options.own_connection(channel_options.heartbeat())
+                ch = grpc.aio.insecure_channel(m, options=options)
                 self._channels[f"{m}#{i}"] = ch
                 self._stubs[f"{m}#{i}"] = master_pb2_grpc.MasterServiceStub(ch)
         self._loop_task = asyncio.create_task(self._heartbeat_loop(), name="ts-sim-heartbeats")
@@ -934,7 +935,7 @@ class FleetSimulator:
         key = f"{master}#{uuid}"
         stub = self._stubs.get(key)
         if stub is None:
-            options = channel_options.own_connection()
+            options = channel_options.own_connection(channel_options.heartbeat())
             ch = self._channels[key] = open_channel(master, creds, role="master", options=options)
             stub = self._stubs[key] = master_pb2_grpc.MasterServiceStub(ch)
         return stub

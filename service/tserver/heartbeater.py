@@ -68,6 +68,7 @@ from typing import Any, cast
 
 import grpc
 
+from service.common import channel_options
 from service.common.errors import from_grpc
 from service.common.tls import Credentials, open_channel
 from service.common.tokens import VerifyingKey
@@ -192,7 +193,9 @@ class Heartbeater:
             self._start_loop(v)
 
     def _start_loop(self, v: MasterView) -> None:
-        ch = open_channel(v.address, self.credentials, role="master")
+        ch = open_channel(
+            v.address, self.credentials, role="master", options=channel_options.heartbeat()
+        )
         ev = asyncio.Event()
         stub = mpb_grpc.MasterServiceStub(ch)
         task = asyncio.create_task(self._loop(v, stub, ev), name=f"hb-{v.address}")

@@ -5,11 +5,13 @@ surfacing at once as an error the heartbeat loop counts, and a new stream on the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
+from service.common import channel_options
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.tools.launcher import free_ports
@@ -91,6 +93,43 @@ def test_an_unanswered_heartbeat_times_out_and_the_next_opens_a_new_stream() -> 
         master.delay_s = 0.0
         await stream.heartbeat(pb.TSHeartbeatRequestPB())
         assert master.streams == 2
+        stream.close()
+        await channel.close()
+        await server.stop(grace=None)
+
+    asyncio.run(main())
+
+
+def test_a_master_back_after_a_long_outage_is_heartbeated_within_two_seconds() -> None:
+    """The heartbeat channel's reconnect backoff is capped (channel_options.heartbeat): with
+    gRPC's default the channel to a master down for 12 s would wait several seconds more
+    (doubling from 1 s, up to 120 s) after the master came back, and a master that wins an
+    election meanwhile has a cold registry."""
+
+    async def main() -> None:
+        (port,) = free_ports(1)
+        address = f"127.0.0.1:{port}"
+        master = Master()
+        server = await serve(master, address)
+        channel = grpc.aio.insecure_channel(address, options=channel_options.heartbeat())
+        stream = HeartbeatStream(master_pb2_grpc.MasterServiceStub(channel), timeout_s=1.0)
+        req = pb.TSHeartbeatRequestPB()
+        await stream.heartbeat(req)
+        await server.stop(grace=None)
+        down_until = asyncio.get_running_loop().time() + 12.0
+        while asyncio.get_running_loop().time() < down_until:  # the heartbeater keeps trying
+            with contextlib.suppress(ConnectionError, grpc.aio.AioRpcError, TimeoutError):
+                await stream.heartbeat(req)
+            await asyncio.sleep(0.5)
+        server = await serve(master, address)
+        back = asyncio.get_running_loop().time()
+        while True:
+            try:
+                await stream.heartbeat(req)
+                break
+            except (ConnectionError, grpc.aio.AioRpcError, TimeoutError):
+                await asyncio.sleep(0.1)
+        assert asyncio.get_running_loop().time() - back < 2.5
         stream.close()
         await channel.close()
         await server.stop(grace=None)
