@@ -170,6 +170,9 @@ def test_kudu_1374_a_re_elected_leader_asks_every_server_for_a_full_report(s: Sc
     reports = s.sims.call(lambda sim: dict(sim.full_reports))
     assert all(reports.get((ts, first), 0) >= 1 for ts in SERVERS)
     paused: str | None = first
+    # Counted before the election that makes `first` lead again: its servers send their full
+    # reports within milliseconds of hearing it lead, possibly before the loop below ends.
+    before = reports
     _pause(s, first)
     for _ in range(20):
         others = [a for a in s.cluster.addresses if a != paused]
@@ -179,12 +182,12 @@ def test_kudu_1374_a_re_elected_leader_asks_every_server_for_a_full_report(s: Sc
         _caught_up(s, paused, leader)
         if leader == first:
             break
+        before = s.sims.call(lambda sim: dict(sim.full_reports))
         _pause(s, leader)
         paused = leader
     else:
         pytest.fail("the first leader was never elected again")
     paused = None
-    before = s.sims.call(lambda sim: dict(sim.full_reports))
 
     def all_reported() -> bool | None:
         got = s.sims.call(lambda sim: dict(sim.full_reports))
@@ -194,14 +197,26 @@ def test_kudu_1374_a_re_elected_leader_asks_every_server_for_a_full_report(s: Sc
     _wait("a full report from every server to the re-elected leader", all_reported, 30)
 
 
+def _own_entry(s: Scenario, address: str) -> pb.ListMastersResponsePB.Entry:
+    """The master's own ListMasters entry (the one it fills with its instance seqno)."""
+    r = s.masters[address].ListMasters(pb.ListMastersRequestPB(), timeout=2)
+    return next(e for e in r.masters if e.instance.instance_seqno)
+
+
 def _caught_up(s: Scenario, resumed: str, leader: str) -> None:
     """Wait until a resumed master has heard of `leader`'s term (a master paused while it led
-    still says LEADER at first)."""
+    still says LEADER at first) and applied what the leader had committed. Without the
+    second, the next pause could leave it a log shorter than the other follower's, which
+    then refuses it every vote: the first leader could never be elected again (seen once in
+    CI, 20 rotations in a row)."""
     term = s.masters[leader].ConnectToMaster(pb.ConnectToMasterRequestPB(), timeout=2).term
+    target = _own_entry(s, leader).committed_index
 
     def heard() -> bool | None:
         r = s.masters[resumed].ConnectToMaster(pb.ConnectToMasterRequestPB(), timeout=2)
-        return True if r.term >= term and r.role != pb.LEADER else None
+        if r.term < term or r.role == pb.LEADER:
+            return None
+        return True if _own_entry(s, resumed).applied_index >= target else None
 
     _wait(f"{resumed} back as a follower", heard, 30)
 
