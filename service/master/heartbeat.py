@@ -274,8 +274,14 @@ class ReportGate:
         at 95,000 tablets). Decoding runs in a thread (`read_report`), which takes the
         interpreter lock from the loop every few milliseconds; bounding the readers keeps the
         loop's share of it. A shed report is sent again with the next heartbeat."""
+        if self._take_reading():
+            return True
+        self.shed += 1
+        return False
+
+    def _take_reading(self) -> bool:
+        """A reading slot, if one is free and no full report waits for one."""
         if self.reading >= self.max_reading or self._readers:
-            self.shed += 1
             return False
         self.reading += 1
         return True
@@ -287,9 +293,8 @@ class ReportGate:
         servers holding a turn send theirs within milliseconds of one another: shedding all
         but `max_reading` of them would waste a heartbeat interval of each. Half the budget:
         the report's write, if it needs one, has a budget of its own (`process`)."""
-        if self.start_reading():
+        if self._take_reading():
             return True
-        self.shed -= 1  # not shed yet: it waits
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._readers.append(waiter)
         taken = False
