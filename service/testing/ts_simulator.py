@@ -805,7 +805,7 @@ class FleetSimulator:
             if link.leader or now >= link.next_due
         ]
         if not self.stagger:
-            await asyncio.gather(*(self._beat(s, link) for s, link in pairs if not link.in_flight))
+            await asyncio.gather(*(self._beat(s, link) for s, link in pairs))
             return
         # Independent servers: each link heartbeats at its own phase of the interval, one
         # heartbeat at a time, and a slow answer delays only that link's next heartbeat (as
@@ -825,7 +825,10 @@ class FleetSimulator:
             task.add_done_callback(functools.partial(_answered, link))
 
     async def _beat(self, s: _Server, link: _MasterLink) -> None:
-        """One heartbeat on `link`, marked in flight meanwhile (one at a time per stream)."""
+        """One heartbeat on `link`, marked in flight meanwhile: none if one already is (one at
+        a time per stream; the check and the mark run in one step of the loop)."""
+        if link.in_flight:
+            return
         link.in_flight = True
         try:
             await self._heartbeat(s, link)
@@ -834,7 +837,7 @@ class FleetSimulator:
 
     async def _prompt(self, s: _Server, link: _MasterLink) -> None:
         await asyncio.sleep(PROMPT_GAP_S)
-        if s.up and not link.in_flight:
+        if s.up:
             await self._beat(s, link)
 
     async def _heartbeat(self, s: _Server, link: _MasterLink) -> None:
