@@ -145,6 +145,18 @@ class SocketBus:
             await writer.drain()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._read(reader)
+        except asyncio.CancelledError:
+            # Shutdown cancels this connection's task, and Python 3.11's stream server then
+            # asks the task for its exception, which raises for a cancelled task and is
+            # logged as an "Exception in callback" with a traceback. The task is the
+            # connection's top level: ending it normally is the whole of its shutdown.
+            pass
+        finally:
+            writer.close()
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
         reader._limit = 1 << 24  # type: ignore[attr-defined]  # a full view can be long
         while line := await reader.readline():
             msg = json.loads(line)
@@ -157,7 +169,6 @@ class SocketBus:
                     fut.set_result(msg["r"])
             else:
                 self.on_message(msg)
-        writer.close()
 
     def _answer(self, msg: dict[str, Any]) -> dict[str, Any]:
         try:

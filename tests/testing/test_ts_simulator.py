@@ -11,6 +11,7 @@ import asyncio
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -327,3 +328,32 @@ def test_a_new_leader_that_defers_the_full_report_gets_the_changes_since_the_las
         await sim.aclose()
 
     asyncio.run(main())
+
+
+def test_a_shard_link_cut_by_shutdown_ends_without_an_error_in_the_log() -> None:
+    """The fleet stops by cancelling its tasks, a shard's open incoming link among them. It
+    must end as a shutdown, not as "Exception in callback ... CancelledError" from asyncio's
+    stream server (which asks a finished connection task for its exception)."""
+    errors: list[dict[str, Any]] = []
+
+    async def main(directory: Path) -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+        buses = [SocketBus(i, 2, directory, ["a", "b"]) for i in range(2)]
+        got: list[dict[str, Any]] = []
+        buses[1].on_message = got.append
+        for bus in buses:
+            await bus.start()
+        buses[0].send(1, {"k": "note", "n": 1})
+        for _ in range(200):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+        assert got == [{"k": "note", "n": 1}]  # the link is open; shard 1 reads it
+        for bus in buses:
+            await bus.aclose()
+        # Leaving now: asyncio.run cancels the tasks still reading the open link.
+
+    with tempfile.TemporaryDirectory(prefix="tsim-") as tmp:
+        os.chmod(tmp, 0o700)
+        asyncio.run(main(Path(tmp)))
+    assert errors == []
