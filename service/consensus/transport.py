@@ -19,6 +19,17 @@ A request carries this server's known peer addresses (so a receiver that knows n
 answer) only when they are news to the peer: on the first unary Step after a (re)connect and
 after an address changed, not with every write (`addresses_version`).
 
+Warm peers (`keep_warm`): Raft sends nothing between two followers, so the first message one
+sends the other is a vote request at the moment the leader is gone, and it would pay for a TCP
+connection, a TLS handshake and the unary first contact on a machine that is busy at exactly
+that moment (measured: 230-470 ms per hop on a loaded 2-core host, long enough for both
+survivors to pre-vote at once and split the vote). A server whose group is small (the
+masters') asks the transport to keep a ready stream to every member: each interval, a member
+without one gets an empty request (no groups), which connects, handshakes and opens the
+stream. An open stream also keeps gRPC from idling the connection, and a peer that goes away
+ends it, so the next interval redials. Tablet servers do not: they share peers with hundreds
+of groups whose leaders keep the streams busy anyway.
+
 Receiving: `ConsensusServicer.Step` checks the envelope before anything reaches a core:
   * `dest_uuid` must be this server's uuid (docs/design/consensus.md#R9: never act on a message
     meant for another incarnation or node) -> FAILED_PRECONDITION;
@@ -67,6 +78,8 @@ log = logging.getLogger(__name__)
 
 STEP_TIMEOUT_S = 5.0
 MAX_QUEUE = 4096
+WARM_INTERVAL_S = 1.0
+"""How often `keep_warm` looks for a member without a ready stream."""
 
 
 class Incarnations:
@@ -119,7 +132,11 @@ class _Peer:
     def __init__(self, transport: GrpcTransport, node: str) -> None:
         self.t = transport
         self.node = node
-        self.queue: asyncio.Queue[tuple[str, list[Message]] | pb.QuiesceDigest] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[str, list[Message]] | pb.QuiesceDigest | None] = (
+            asyncio.Queue()
+        )
+        """Messages of a group, a quiescence digest, or None: an empty request that only
+        connects (`GrpcTransport.keep_warm`)."""
         self.queued = 0
         """Messages in `queue` (bounded by MAX_QUEUE in `GrpcTransport.send`)."""
         self.channel: grpc.aio.Channel | None = None
@@ -130,6 +147,8 @@ class _Peer:
         self.dest_incarnation = ""
         self.task: asyncio.Task[None] | None = None
         self.failures = 0
+        self.sending = False
+        """`run` is sending a request (or backing off after one failed)."""
         self.stream: grpc.aio.StreamUnaryCall | None = None
         self.stream_ok = False  # a unary Step succeeded since the last (re)connect or failure
         self._watchers: set[asyncio.Task[None]] = set()
@@ -175,7 +194,9 @@ class _Peer:
             digest: pb.QuiesceDigest | None = None
             item = await self.queue.get()
             while True:  # everything queued meanwhile: one request
-                if isinstance(item, pb.QuiesceDigest):
+                if item is None:
+                    pass  # nothing to carry: the request (empty if alone) connects the peer
+                elif isinstance(item, pb.QuiesceDigest):
                     digest = item  # a newer one replaces an older one
                 else:
                     group, msgs = item
@@ -185,7 +206,11 @@ class _Peer:
                 if self.queue.empty():
                     break
                 item = self.queue.get_nowait()
-            await self._send(by_group, digest)
+            self.sending = True
+            try:
+                await self._send(by_group, digest)
+            finally:
+                self.sending = False
 
     async def _send(
         self, by_group: dict[str, list[Message]], digest: pb.QuiesceDigest | None = None
@@ -301,6 +326,7 @@ class GrpcTransport:
         self.max_message_bytes = max_message_bytes
         self._peers: dict[str, _Peer] = {}
         self._closing: set[asyncio.Future[None]] = set()
+        self._warmer: asyncio.Task[None] | None = None
         self._groups: dict[str, Callable[[list[Message]], None]] = {}
         self._unreachable: dict[str, Callable[[str], None]] = {}
         self._snapshot_sent: dict[str, Callable[[str], None]] = {}
@@ -368,7 +394,34 @@ class GrpcTransport:
             if cb is not None and any(m.type is MessageType.SNAP for m in msgs):
                 cb(node)
 
+    def keep_warm(
+        self, members: Callable[[], frozenset[str]], interval_s: float = WARM_INTERVAL_S
+    ) -> None:
+        """Keep a connected, handshaken stream to every one of `members()` (other than this
+        server) whose address is known, checked every `interval_s` (module docstring: warm
+        peers). Runs until `aclose`."""
+        if self._warmer is None:
+            self._warmer = asyncio.create_task(
+                self._keep_warm(members, interval_s), name="raft-keep-warm"
+            )
+
+    async def _keep_warm(self, members: Callable[[], frozenset[str]], interval_s: float) -> None:
+        while True:
+            for node in members():
+                if node != self.uuid and node in self.addresses:
+                    peer = self._peer(node)
+                    # Not while anything is queued or being sent: that request connects too,
+                    # and a peer that failed is backing off inside its sender.
+                    if peer.stream is None and peer.queue.empty() and not peer.sending:
+                        peer.queue.put_nowait(None)
+            await asyncio.sleep(interval_s)
+
     async def aclose(self) -> None:
+        if self._warmer is not None:
+            self._warmer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._warmer
+            self._warmer = None
         for p in self._peers.values():
             p.close_stream()
             for w in p._watchers:

@@ -406,6 +406,9 @@ class MasterServer:
         master_servicer.add_to_server(server)
         await server.start()
         await node.start()
+        # A ready stream to every other master before it is needed: the first message between
+        # two followers is the vote request when the leader is gone (transport.py: warm peers).
+        transport.keep_warm(node.config_members)
         if creds is not None:
             self.renewer = CertRenewer(
                 self._sign_own_certificate,

@@ -688,3 +688,68 @@ def test_a_snapshot_written_to_the_stream_is_reported_sent(tmp_path: Path) -> No
         await tb.aclose()
 
     asyncio.run(main())
+
+
+# --- warm peers -----------------------------------------------------------------------------------
+
+
+def test_keep_warm_connects_every_member_before_any_message_and_redials_a_restarted_one(
+    tmp_path: Path,
+) -> None:
+    """A member gets an empty request (no groups: nothing delivered) and a ready stream
+    before any Raft message is sent to it, so the first real message (a vote request between
+    two followers) needs no connection, handshake or unary round trip. A member that went
+    away is redialled once it is back, and members without an address or this server itself
+    are left alone."""
+
+    async def main() -> None:
+        ta = make_transport(tmp_path, A)
+        tb = RecordingTransport(
+            B, incarnations=Incarnations(RealFileSystem(), str(tmp_path / "b"), B)
+        )
+        in_b = Inbox()
+        tb.register(GROUP, in_b.deliver)
+        assert ta.incarnations is not None and tb.incarnations is not None
+        server = grpc.aio.server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        ConsensusServicer(tb).add_to_server(server)
+        await server.start()
+        addr_b = f"127.0.0.1:{port}"
+        ta.set_address(B, addr_b)
+        ta.keep_warm(lambda: frozenset({A, B, C}), interval_s=0.05)  # C: no address known
+
+        def ready() -> bool:
+            peer = ta._peers.get(B)
+            return peer is not None and peer.stream is not None and not peer.sending
+
+        # Two empty requests: the unary first contact, then the stream's first write.
+        await eventually(lambda: ready() and len(tb.requests) == 2)
+        assert set(ta._peers) == {B}
+        assert not any(r.groups for r in tb.requests)
+        assert tb.incarnations.peers == {A: ta.incarnations.own}  # the handshake was made
+        assert in_b.batches == [] and ta.sent == 0
+
+        # The first message goes over the stream opened in advance: no second unary Step.
+        ta.send(GROUP, [heartbeat(term=3)])
+        await eventually(lambda: in_b.messages == [heartbeat(term=3)])
+        assert ta.sent == 1
+
+        # B goes away: the stream ends; B is back on the same port: A redials it unasked.
+        await server.stop(None)
+        await eventually(lambda: ta._peers[B].stream is None)
+        before = len(tb.requests)
+        server = grpc.aio.server()
+        assert server.add_insecure_port(addr_b) == port
+        ConsensusServicer(tb).add_to_server(server)
+        await server.start()
+        await eventually(lambda: ready() and len(tb.requests) == before + 2)
+        assert not any(r.groups for r in tb.requests[before:])
+        ta.send(GROUP, [heartbeat(term=4)])
+        await eventually(lambda: in_b.messages == [heartbeat(term=3), heartbeat(term=4)])
+        await ta.aclose()
+        await tb.aclose()
+        await server.stop(None)
+        # The transport's own tasks are gone (gRPC's server may still be retiring its own).
+        assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("raft-")]
+
+    asyncio.run(main())
