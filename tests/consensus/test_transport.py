@@ -516,6 +516,10 @@ class RecordingTransport(GrpcTransport):
         super().__init__(*args, **kwargs)
         self.requests: list[pb.StepRequest] = []
 
+    @classmethod
+    def for_node(cls, tmp_path: Path, uuid: str) -> RecordingTransport:
+        return cls(uuid, incarnations=Incarnations(RealFileSystem(), str(tmp_path / uuid), uuid))
+
     def deliver(self, req: pb.StepRequest) -> None:
         copy = pb.StepRequest()
         copy.CopyFrom(req)
@@ -528,9 +532,7 @@ def test_one_send_is_one_request_and_addresses_travel_only_when_they_are_news(
 ) -> None:
     async def main() -> None:
         ta = make_transport(tmp_path, A)
-        tb = RecordingTransport(
-            B, incarnations=Incarnations(RealFileSystem(), str(tmp_path / "b"), B)
-        )
+        tb = RecordingTransport.for_node(tmp_path, B)
         in_b = Inbox()
         tb.register(GROUP, in_b.deliver)
         async with serving(tb) as addr_b:
@@ -567,9 +569,7 @@ def test_everything_queued_for_a_peer_goes_in_one_request_whatever_the_groups(
 
     async def main() -> None:
         ta = make_transport(tmp_path, A)
-        tb = RecordingTransport(
-            B, incarnations=Incarnations(RealFileSystem(), str(tmp_path / "b"), B)
-        )
+        tb = RecordingTransport.for_node(tmp_path, B)
         inboxes = {g: Inbox() for g in ("g1", "g2", "g3")}
         for g, inbox in inboxes.items():
             tb.register(g, inbox.deliver)
@@ -704,9 +704,7 @@ def test_keep_warm_connects_every_member_before_any_message_and_redials_a_restar
 
     async def main() -> None:
         ta = make_transport(tmp_path, A)
-        tb = RecordingTransport(
-            B, incarnations=Incarnations(RealFileSystem(), str(tmp_path / "b"), B)
-        )
+        tb = RecordingTransport.for_node(tmp_path, B)
         in_b = Inbox()
         tb.register(GROUP, in_b.deliver)
         assert ta.incarnations is not None and tb.incarnations is not None
