@@ -15,8 +15,10 @@ assignment pace is raised, as bench-master does (`OVERRIDES`).
             until IsCreateTableDone says every tablet RUNNING; goal <= 60 s), the leader's CPU
             over the step (fraction of one core, /proc/<pid>/stat) and RSS (/proc/<pid>/status),
             the simulator's CPU over the step (all its processes), and the elections seen so far
-  failover  the leader killed (SIGKILL) and restarted 3 times: time to a new leader
-            (ConnectToMaster answers LEADER), to the first correct GetTableLocations of a probe
+  failover  the leader killed (SIGKILL) and restarted 3 times: time to a new leader (by
+            its own log, and until ConnectToMaster answers LEADER, which waits for a
+            majority to confirm it, so the gap is the new leader's and its follower's
+            responsiveness, not the election), to the first correct GetTableLocations of a probe
             table (every tablet listed with a LEADER replica; goal <= 3 s) and for a small
             CreateTable to be RUNNING (goal <= 10 s), each measured from the kill (the
             signal; the line also says when the process was gone); and when the new leader
@@ -47,9 +49,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -57,12 +61,15 @@ import grpc.aio
 from bench.fleet_census import take_census
 from bench.master_bench import SCHEMA, cpu_seconds, partitioning, wait_for_port_file
 from bench.master_failover_scale import metric, metrics
+from service.client.channels import ChannelPool
+from service.client.master_client import MasterClient
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.testing.master_cluster import MasterCluster
 from service.tools.launcher import terminate_all
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = {"bg_task_interval_ms": "200", "max_create_tablets_per_ts": "1000"}
 """The assignment pace bench-master uses; Raft timing and liveness stay the product's."""
@@ -105,12 +112,22 @@ class Masters:
         return self.stubs[address]
 
     async def poll(self) -> None:
-        for address in self.cluster.addresses:
+        """Ask every master at once (as the client library does): one master slow to answer
+        must not delay hearing from the others."""
+
+        async def ask(address: str) -> pb.ConnectToMasterResponsePB | None:
             try:
-                r = await self.stub(address).ConnectToMaster(
+                r: pb.ConnectToMasterResponsePB = await self.stub(address).ConnectToMaster(
                     pb.ConnectToMasterRequestPB(), timeout=2
                 )
             except grpc.aio.AioRpcError:
+                return None
+            return r
+
+        addresses = self.cluster.addresses
+        answers = await asyncio.gather(*map(ask, addresses))
+        for address, r in zip(addresses, answers, strict=True):
+            if r is None:
                 continue
             self.terms[address] = max(self.terms.get(address, 0), r.term)
             if r.role == pb.LEADER and r.term >= self.leader_term:
@@ -148,16 +165,21 @@ master remembers only a client's latest results, so a number reused after twenty
 refused as stale (and one reused earlier would be answered with the first table's id)."""
 
 
-async def create_table(m: Masters, name: str, tablets: int) -> str:
-    """CreateTable through whichever master leads (retried, with the same request id, while
-    there is none)."""
-    req = pb.CreateTableRequestPB(
-        request_id=pb.RequestIdPB(client_id="scale-bench", seq_no=next(_SEQ)),
+def create_request(name: str, tablets: int) -> pb.CreateTableRequestPB:
+    """A CreateTable of `tablets` tablets x 3 replicas (no request id yet)."""
+    return pb.CreateTableRequestPB(
         name=name,
         schema=schema_to_pb(SCHEMA),
         partition_schema=partition_schema_to_pb(partitioning(tablets), SCHEMA),
         num_replicas=3,
     )
+
+
+async def create_table(m: Masters, name: str, tablets: int) -> str:
+    """CreateTable through whichever master leads (retried, with the same request id, while
+    there is none)."""
+    req = create_request(name, tablets)
+    req.request_id.CopyFrom(pb.RequestIdPB(client_id="scale-bench", seq_no=next(_SEQ)))
     while True:
         stub = await m.leader_stub()
         try:
@@ -284,35 +306,75 @@ def correct_locations(r: pb.GetTableLocationsResponsePB, tablets: set[str]) -> b
     return seen == tablets and leaders
 
 
+async def first_from_any(addresses: list[str], ask: Callable[[str], Awaitable[T | None]]) -> T:
+    """The first answer `ask(address)` gives that is not None, asking each of `addresses` in a
+    loop of its own (every 20 ms, RPC errors ignored): a master slow to answer delays only
+    its own loop, as with a client that asks every master at once."""
+
+    async def keep_asking(address: str) -> T:
+        while True:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                answer = await ask(address)
+                if answer is not None:
+                    return answer
+            await asyncio.sleep(0.02)
+
+    tasks = [asyncio.create_task(keep_asking(a)) for a in addresses]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        return next(iter(done)).result()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def first_correct_lookup(m: Masters, table_id: str, tablets: set[str], t0: float) -> float:
+    """Seconds from `t0` until a surviving master answers GetTableLocations correctly."""
     req = pb.GetTableLocationsRequestPB(table=pb.TableIdentifierPB(table_id=table_id))
-    while True:
-        for address in m.cluster.addresses:
-            if not m.cluster.by_address(address).alive:
-                continue
-            try:
-                r = await m.stub(address).GetTableLocations(req, timeout=1)
-            except grpc.aio.AioRpcError:
-                continue
-            if correct_locations(r, tablets):
-                return time.monotonic() - t0
-        await asyncio.sleep(0.02)
+
+    async def ask(address: str) -> float | None:
+        r = await m.stub(address).GetTableLocations(req, timeout=1)
+        return time.monotonic() - t0 if correct_locations(r, tablets) else None
+
+    alive = [a for a in m.cluster.addresses if m.cluster.by_address(a).alive]
+    return await first_from_any(alive, ask)
 
 
 async def new_leader(m: Masters, old: str, old_term: int, t0: float) -> tuple[float, int]:
-    """Seconds from `t0` until another master leads in a later term, and how many terms later
-    (more than 1: an election failed first, typically two followers that split the vote)."""
-    while True:
-        for address in m.cluster.addresses:
-            if address == old:
-                continue
-            try:
-                r = await m.stub(address).ConnectToMaster(pb.ConnectToMasterRequestPB(), timeout=1)
-            except grpc.aio.AioRpcError:
-                continue
-            if r.role == pb.LEADER and r.term > old_term:
-                return time.monotonic() - t0, r.term - old_term
-        await asyncio.sleep(0.02)
+    """Seconds from `t0` until another master answers ConnectToMaster as the leader of a later
+    term, and how many terms later (more than 1: an election failed first, typically two
+    followers that split the vote)."""
+
+    async def ask(address: str) -> tuple[float, int] | None:
+        r = await m.stub(address).ConnectToMaster(pb.ConnectToMasterRequestPB(), timeout=1)
+        if r.role == pb.LEADER and r.term > old_term:
+            return time.monotonic() - t0, r.term - old_term
+        return None
+
+    return await first_from_any([a for a in m.cluster.addresses if a != old], ask)
+
+
+def elected_in_log(log: Path, term: int) -> float | None:
+    """The wall-clock time a master's log says it became the leader of `term` (its
+    "term T, role LEADER" line), or None if it does not say so."""
+    mark = f"term {term}, role LEADER"
+    with contextlib.suppress(OSError):
+        for line in log.read_text(errors="replace").splitlines():
+            if mark in line:
+                stamp = datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%fZ")
+                return stamp.replace(tzinfo=UTC).timestamp()
+    return None
+
+
+def elected_by_log(m: Masters, term: int, killed_at: float) -> str:
+    """Seconds from the kill (`killed_at`, wall clock) until some master's log says it led
+    `term`, for the failover line."""
+    for node in m.cluster.masters.values():
+        at = elected_in_log(node.log, term)
+        if at is not None:
+            return f"{at - killed_at:.2f} s"
+    return "?"
 
 
 async def settled_fleet_stats(path: Path, catalog: int, wait_s: float = 10.0) -> dict[str, Any]:
@@ -333,53 +395,78 @@ async def failovers(args: argparse.Namespace, m: Masters) -> list[tuple[float, f
     progress(f"probe table of {PROBE_TABLETS} tablets for the failover lookups")
     probe = await create_table(m, "probe", PROBE_TABLETS)
     await wait_running(m, probe, args.create_timeout)
-    stub = await m.leader_stub()
-    r = await stub.GetTableLocations(
-        pb.GetTableLocationsRequestPB(table=pb.TableIdentifierPB(table_id=probe)), timeout=10
-    )
-    tablets = {t.tablet_id for t in r.tablet_locations}
+    # The client library's view for the small creates: it learns the leader here, as a
+    # client in use would have before the kill.
+    client = MasterClient(m.cluster.addresses, ChannelPool(m.cluster.credentials()))
     out = []
-    for k in range(KILLS):
-        await m.poll()
-        old, old_term = m.leader, m.leader_term
-        name = m.cluster.by_address(old).name
-        progress(f"failover {k + 1}/{KILLS}: kill -9 {name} (leader, term {old_term})")
-        t0 = time.monotonic()
-        m.cluster.kill(name, signal.SIGKILL)  # returns once the process has exited
-        exited = time.monotonic() - t0
-        m.leader = ""
-
-        async def small_create(k: int = k, t0: float = t0) -> float:
-            table = await create_table(m, f"small{k}", PROBE_TABLETS)
-            await wait_running(m, table, args.create_timeout, quiet=True)
-            return time.monotonic() - t0
-
-        (elected, terms), lookup, create, (read, http) = await asyncio.wait_for(
-            asyncio.gather(
-                new_leader(m, old, old_term, t0),
-                first_correct_lookup(m, probe, tablets, t0),
-                small_create(),
-                full_reports_read(m, old, t0),
-            ),
-            args.create_timeout,
+    try:
+        r = await client.call(
+            "GetTableLocations",
+            pb.GetTableLocationsRequestPB(table=pb.TableIdentifierPB(table_id=probe)),
+            timeout=30,
         )
-        print(
-            f"failover {k + 1}/{KILLS} kill -9 of the leader (gone {exited:.2f} s later):"
-            f" new leader {elected:.2f} s"
-            f" ({terms} term{'s' if terms > 1 else ''} later), first"
-            f" correct GetTableLocations {lookup:.2f} s (goal <= {GOAL_LOOKUP_S:.0f}), small"
-            f" CreateTable RUNNING {create:.2f} s (goal <= {GOAL_SMALL_CREATE_S:.0f}), every"
-            f" full report read {read:.1f} s ({await turns(http)})",
-            flush=True,
-        )
-        out.append((elected, lookup, create))
-        progress(f"restarting {name}")
-        t1 = time.monotonic()
-        m.cluster.start_master(name)
-        m.cluster.wait_ready([name], timeout=120)
-        await caught_up(m, name, timeout=300)
-        progress(f"{name} restarted and caught up in {time.monotonic() - t1:.1f} s")
+        tablets = {t.tablet_id for t in r.tablet_locations}
+        for k in range(KILLS):
+            out.append(await failover(args, m, client, k, probe, tablets))
+    finally:
+        await client.aclose()
     return out
+
+
+async def failover(
+    args: argparse.Namespace,
+    m: Masters,
+    client: MasterClient,
+    k: int,
+    probe: str,
+    tablets: set[str],
+) -> tuple[float, float, float]:
+    """Kill the leader, measure the failover (module docstring), restart the master killed."""
+    await m.poll()
+    old, old_term = m.leader, m.leader_term
+    name = m.cluster.by_address(old).name
+    progress(f"failover {k + 1}/{KILLS}: kill -9 {name} (leader, term {old_term})")
+    t0, killed_at = time.monotonic(), time.time()
+    m.cluster.kill(name, signal.SIGKILL)  # returns once the process has exited
+    exited = time.monotonic() - t0
+    m.leader = ""
+
+    async def small_create() -> float:
+        """Through the client library, as a user would (it still names the old leader:
+        its first attempt fails and it rediscovers, with its own backoff)."""
+        req = create_request(f"small{k}", PROBE_TABLETS)
+        table_id = (await client.ddl("CreateTable", req, timeout=120)).table_id
+        done = pb.IsCreateTableDoneRequestPB(table=pb.TableIdentifierPB(table_id=table_id))
+        while not (await client.call("IsCreateTableDone", done, timeout=60)).done:
+            await asyncio.sleep(0.2)
+        return time.monotonic() - t0
+
+    (elected, terms), lookup, create, (read, http) = await asyncio.wait_for(
+        asyncio.gather(
+            new_leader(m, old, old_term, t0),
+            first_correct_lookup(m, probe, tablets, t0),
+            small_create(),
+            full_reports_read(m, old, t0),
+        ),
+        args.create_timeout,
+    )
+    print(
+        f"failover {k + 1}/{KILLS} kill -9 of the leader (gone {exited:.2f} s later):"
+        f" new leader {elected_by_log(m, old_term + terms, killed_at)} by its log,"
+        f" answering {elected:.2f} s"
+        f" ({terms} term{'s' if terms > 1 else ''} later), first"
+        f" correct GetTableLocations {lookup:.2f} s (goal <= {GOAL_LOOKUP_S:.0f}), small"
+        f" CreateTable RUNNING {create:.2f} s (goal <= {GOAL_SMALL_CREATE_S:.0f}), every"
+        f" full report read {read:.1f} s ({await turns(http)})",
+        flush=True,
+    )
+    progress(f"restarting {name}")
+    t1 = time.monotonic()
+    m.cluster.start_master(name)
+    m.cluster.wait_ready([name], timeout=120)
+    await caught_up(m, name, timeout=300)
+    progress(f"{name} restarted and caught up in {time.monotonic() - t1:.1f} s")
+    return elected, lookup, create
 
 
 async def full_reports_read(m: Masters, old: str, t0: float) -> tuple[float, str]:
