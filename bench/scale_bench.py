@@ -63,6 +63,7 @@ from bench.master_bench import SCHEMA, cpu_seconds, partitioning, wait_for_port_
 from bench.master_failover_scale import metric, metrics
 from service.client.channels import ChannelPool
 from service.client.master_client import MasterClient
+from service.common.errors import from_grpc
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
@@ -306,17 +307,51 @@ def correct_locations(r: pb.GetTableLocationsResponsePB, tablets: set[str]) -> b
     return seen == tablets and leaders
 
 
-async def first_from_any(addresses: list[str], ask: Callable[[str], Awaitable[T | None]]) -> T:
-    """The first answer `ask(address)` gives that is not None, asking each of `addresses` in a
-    loop of its own (every 20 ms, RPC errors ignored): a master slow to answer delays only
-    its own loop, as with a client that asks every master at once."""
+class Trace:
+    """What each probe attempt got, per master, as seconds from the kill: printed when a
+    failover misses a goal, so the figure comes with the reason (runs of the same outcome are
+    merged: `0.41-1.62 FOLLOWER x57`)."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.runs: dict[str, list[list[Any]]] = {}
+
+    def add(self, address: str, started: float, outcome: str) -> None:
+        runs = self.runs.setdefault(address, [])
+        now = time.monotonic() - self.t0
+        if runs and runs[-1][2] == outcome:
+            runs[-1][1], runs[-1][3] = now, runs[-1][3] + 1
+        else:
+            runs.append([started - self.t0, now, outcome, 1])
+
+    def lines(self, m: Masters, what: str) -> list[str]:
+        out = []
+        for address, runs in self.runs.items():
+            name = m.cluster.by_address(address).name
+            steps = ", ".join(f"{a:.2f}-{b:.2f} {o} x{n}" for a, b, o, n in runs)
+            out.append(f"{what} on {name}: {steps}")
+        return out
+
+
+async def first_from_any(
+    addresses: list[str], ask: Callable[[str], Awaitable[T | str]], trace: Trace
+) -> T:
+    """The first answer `ask(address)` gives that is not a string (a string says why the
+    answer is not the one awaited), asking each of `addresses` in a loop of its own (every
+    20 ms; an RPC error is an answer not awaited): a master slow to answer delays only its
+    own loop, as with a client that asks every master at once. Every answer goes to `trace`."""
 
     async def keep_asking(address: str) -> T:
         while True:
-            with contextlib.suppress(grpc.aio.AioRpcError):
+            started = time.monotonic()
+            try:
                 answer = await ask(address)
-                if answer is not None:
-                    return answer
+            except grpc.aio.AioRpcError as e:
+                answer = type(from_grpc(e)).__name__  # NotTheLeader, NotReady, Timeout...
+            if not isinstance(answer, str):
+                trace.add(address, started, "ok")
+                return answer
+            trace.add(address, started, answer)
             await asyncio.sleep(0.02)
 
     tasks = [asyncio.create_task(keep_asking(a)) for a in addresses]
@@ -329,30 +364,34 @@ async def first_from_any(addresses: list[str], ask: Callable[[str], Awaitable[T 
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def first_correct_lookup(m: Masters, table_id: str, tablets: set[str], t0: float) -> float:
-    """Seconds from `t0` until a surviving master answers GetTableLocations correctly."""
+async def first_correct_lookup(m: Masters, table_id: str, tablets: set[str], trace: Trace) -> float:
+    """Seconds from the kill until a surviving master answers GetTableLocations correctly."""
     req = pb.GetTableLocationsRequestPB(table=pb.TableIdentifierPB(table_id=table_id))
 
-    async def ask(address: str) -> float | None:
+    async def ask(address: str) -> float | str:
         r = await m.stub(address).GetTableLocations(req, timeout=1)
-        return time.monotonic() - t0 if correct_locations(r, tablets) else None
+        if correct_locations(r, tablets):
+            return time.monotonic() - trace.t0
+        listed = {t.tablet_id for t in r.tablet_locations}
+        led = sum(any(x.role == pb.LEADER for x in t.replicas) for t in r.tablet_locations)
+        return f"{len(listed & tablets)} listed, {led} with a leader"
 
     alive = [a for a in m.cluster.addresses if m.cluster.by_address(a).alive]
-    return await first_from_any(alive, ask)
+    return await first_from_any(alive, ask, trace)
 
 
-async def new_leader(m: Masters, old: str, old_term: int, t0: float) -> tuple[float, int]:
-    """Seconds from `t0` until another master answers ConnectToMaster as the leader of a later
-    term, and how many terms later (more than 1: an election failed first, typically two
-    followers that split the vote)."""
+async def new_leader(m: Masters, old: str, old_term: int, trace: Trace) -> tuple[float, int]:
+    """Seconds from the kill until another master answers ConnectToMaster as the leader of a
+    later term, and how many terms later (more than 1: an election failed first, typically
+    two followers that split the vote)."""
 
-    async def ask(address: str) -> tuple[float, int] | None:
+    async def ask(address: str) -> tuple[float, int] | str:
         r = await m.stub(address).ConnectToMaster(pb.ConnectToMasterRequestPB(), timeout=1)
         if r.role == pb.LEADER and r.term > old_term:
-            return time.monotonic() - t0, r.term - old_term
-        return None
+            return time.monotonic() - trace.t0, r.term - old_term
+        return f"{pb.RaftRolePB.Name(r.role)} term {r.term}"
 
-    return await first_from_any([a for a in m.cluster.addresses if a != old], ask)
+    return await first_from_any([a for a in m.cluster.addresses if a != old], ask, trace)
 
 
 def elected_in_log(log: Path, term: int) -> float | None:
@@ -441,10 +480,11 @@ async def failover(
             await asyncio.sleep(0.2)
         return time.monotonic() - t0
 
+    connects, lookups = Trace(t0), Trace(t0)
     (elected, terms), lookup, create, (read, http) = await asyncio.wait_for(
         asyncio.gather(
-            new_leader(m, old, old_term, t0),
-            first_correct_lookup(m, probe, tablets, t0),
+            new_leader(m, old, old_term, connects),
+            first_correct_lookup(m, probe, tablets, lookups),
             small_create(),
             full_reports_read(m, old, t0),
         ),
@@ -460,6 +500,9 @@ async def failover(
         f" full report read {read:.1f} s ({await turns(http)})",
         flush=True,
     )
+    if lookup > GOAL_LOOKUP_S:
+        for line in [*connects.lines(m, "ConnectToMaster"), *lookups.lines(m, "lookup")]:
+            progress(line)
     progress(f"restarting {name}")
     t1 = time.monotonic()
     m.cluster.start_master(name)
