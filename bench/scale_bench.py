@@ -503,6 +503,9 @@ async def failover(
     if lookup > GOAL_LOOKUP_S:
         for line in [*connects.lines(m, "ConnectToMaster"), *lookups.lines(m, "lookup")]:
             progress(line)
+        for node in m.cluster.masters.values():
+            if node.address != old:
+                progress(f"{node.name}: {await loop_lag(node.http_address)}")
     progress(f"restarting {name}")
     t1 = time.monotonic()
     m.cluster.start_master(name)
@@ -531,6 +534,27 @@ async def full_reports_read(m: Masters, old: str, t0: float) -> tuple[float, str
             if values[loaded] == 1 and values[due] == 0:
                 return time.monotonic() - t0, http
         await asyncio.sleep(1.0)
+
+
+async def loop_lag(http: str) -> str:
+    """How late the event loop of the master at `http` ran over the last 60 s (the window of
+    its lag gauge, service/common/loop_lag.py; read within a minute of a kill it covers the
+    failover), and its stalls beyond the Raft heartbeat interval: busy ones (its own work) and
+    all (also waits for a CPU or the GIL)."""
+    names = {
+        "loop lag max": "tessera_event_loop_lag_max_seconds",
+        "stalls": "tessera_event_loop_stalls_total",
+        "busy stalls": "tessera_event_loop_busy_stalls_total",
+    }
+    values = await asyncio.to_thread(metrics, http, *names.values())
+    out = []
+    for what, name in names.items():
+        value = values[name]
+        if value is None:
+            out.append(f"{what} ?")
+        else:
+            out.append(f"{what} {value:.2f} s" if what == "loop lag max" else f"{what} {value:.0f}")
+    return ", ".join(out)
 
 
 async def turns(http: str) -> str:
