@@ -536,41 +536,39 @@ async def full_reports_read(m: Masters, old: str, t0: float) -> tuple[float, str
         await asyncio.sleep(1.0)
 
 
+async def metric_line(http: str, *fields: tuple[str, str, str]) -> str:
+    """One /metrics read of the master at `http`, as "label value, ...": each field is
+    (label, metric name, format of its value); "?" for a value the page does not have."""
+    values = await asyncio.to_thread(metrics, http, *(name for _, name, _ in fields))
+    out = []
+    for label, name, fmt in fields:
+        value = values[name]
+        out.append(f"{label} {fmt.format(value)}" if value is not None else f"{label} ?")
+    return ", ".join(out)
+
+
 async def loop_lag(http: str) -> str:
     """How late the event loop of the master at `http` ran over the last 60 s (the window of
     its lag gauge, service/common/loop_lag.py; read within a minute of a kill it covers the
     failover), and its stalls beyond the Raft heartbeat interval: busy ones (its own work) and
     all (also waits for a CPU or the GIL)."""
-    names = {
-        "loop lag max": "tessera_event_loop_lag_max_seconds",
-        "stalls": "tessera_event_loop_stalls_total",
-        "busy stalls": "tessera_event_loop_busy_stalls_total",
-    }
-    values = await asyncio.to_thread(metrics, http, *names.values())
-    out = []
-    for what, name in names.items():
-        value = values[name]
-        if value is None:
-            out.append(f"{what} ?")
-        else:
-            out.append(f"{what} {value:.2f} s" if what == "loop lag max" else f"{what} {value:.0f}")
-    return ", ".join(out)
+    return await metric_line(
+        http,
+        ("loop lag max", "tessera_event_loop_lag_max_seconds", "{:.2f} s"),
+        ("stalls", "tessera_event_loop_stalls_total", "{:.0f}"),
+        ("busy stalls", "tessera_event_loop_busy_stalls_total", "{:.0f}"),
+    )
 
 
 async def turns(http: str) -> str:
     """The full-report turns the leader at `http` gave and saw lapse, and the tablet reports
     it shed (report_turns.py, heartbeat.ReportGate), since it started."""
-    names = {
-        "turns given": 'tessera_master_full_report_turns_total{outcome="given"}',
-        "lapsed": 'tessera_master_full_report_turns_total{outcome="lapsed"}',
-        "reports shed": 'tessera_master_tablet_reports_deferred_total{reason="shed"}',
-    }
-    values = await asyncio.to_thread(metrics, http, *names.values())
-    out = []
-    for what, name in names.items():
-        value = values[name]
-        out.append(f"{what} {value:.0f}" if value is not None else f"{what} ?")
-    return ", ".join(out)
+    return await metric_line(
+        http,
+        ("turns given", 'tessera_master_full_report_turns_total{outcome="given"}', "{:.0f}"),
+        ("lapsed", 'tessera_master_full_report_turns_total{outcome="lapsed"}', "{:.0f}"),
+        ("reports shed", 'tessera_master_tablet_reports_deferred_total{reason="shed"}', "{:.0f}"),
+    )
 
 
 async def caught_up(m: Masters, name: str, timeout: float) -> None:
