@@ -113,8 +113,8 @@ class Masters:
         return self.stubs[address]
 
     async def poll(self) -> None:
-        """Ask every master at once (as the client library does): one master slow to answer
-        must not delay hearing from the others."""
+        """Ask every master at once (as the client library does): a poll takes as long as the
+        slowest answer (at most the 2 s timeout), not the sum of them."""
 
         async def ask(address: str) -> pb.ConnectToMasterResponsePB | None:
             try:
