@@ -5,9 +5,9 @@ election timeout loading the catalog, then decoding and judging 300 full reports
 those steps on an in-process catalog of --tablets tablets x 3 replicas on --servers servers
 (every tablet RUNNING with a leader, as report processing records it), one line per figure:
 
-  load      seconds until the catalog answers after a promotion (`CatalogManager.start_load`,
-            `load()` where it does not exist), until every task is recomputed, and the longest
-            single hold of the loop meanwhile
+  load      seconds until the catalog answers after a promotion (`CatalogManager.load`: the
+            maps and tasks are kept warm, so nothing is rebuilt) and the longest single hold
+            of the loop meanwhile
   decode    one server's full report (~3 x tablets / servers replicas): seconds to decode it
             (`heartbeat.decode_report`) and to judge it (`judge_report`), each on the loop
   report    --reports such full reports arriving together, as after an election: the longest
@@ -97,19 +97,11 @@ async def main_async(args: argparse.Namespace) -> None:
     cm.unload()
     async with LoopWatch() as watch:
         t0 = time.perf_counter()
-        if hasattr(cm, "start_load"):  # the catalog answers at once; tasks in slices
-            slices = cm.start_load()
-            ready_s = time.perf_counter() - t0
-            for _ in slices:
-                await asyncio.sleep(0)
-        else:  # the maps rebuilt and every task computed before the catalog answers
-            cm.load()
-            ready_s = time.perf_counter() - t0
-        load_s = time.perf_counter() - t0
+        cm.load()
+        ready_s = time.perf_counter() - t0
     print(
-        f"load     {len(cm.maps.tablets_by_id)} tablets: ready after {ready_s:.3f} s, loaded "
-        f"after {load_s:.3f} s, longest loop hold {watch.longest:.3f} s, "
-        f"{len(cm.pending_tasks())} pending tasks"
+        f"load     {len(cm.maps.tablets_by_id)} tablets: ready after {ready_s:.3f} s, longest "
+        f"loop hold {watch.longest:.3f} s, {len(cm.pending_tasks())} pending tasks"
     )
     report = full_report(cm, "ts-0")
     n = len(report.updated_tablets)

@@ -209,6 +209,10 @@ class PendingTasks:
         self._tasks.clear()
         self._done.clear()
 
+    def forget_done(self) -> None:
+        """Every task pending again (a new leader cannot know what the last one sent)."""
+        self._done.clear()
+
     def update(self, tablet: TabletRecord, table: TableRecord | None) -> bool:
         """Recompute one tablet's tasks from its committed record (and its table's); True if
         a task was added or changed (work for the background tasks; a removal is not)."""

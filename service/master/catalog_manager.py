@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from random import Random
@@ -195,7 +195,8 @@ class CatalogManager:
     Invariants: `_maps` equals `CatalogMaps.rebuild(_sys)` whenever control is outside the
     listener, and `_assigner` works on the same maps (`_reload` hands it every rebuilt one)
     and follows every committed tablet (its own invariants: `assigner.Assigner`); `_tasks`
-    holds the tasks of every tablet while loaded (empty otherwise); `_reserved_names` are
+    holds the tasks committed state calls for on every tablet, on every master (done marks only
+    while loaded, `pending_tasks` is empty otherwise); `_reserved_names` are
     names of creates and renames in flight.
     """
 
@@ -271,56 +272,31 @@ class CatalogManager:
         return self._locations_cache
 
     def load(self, sys_catalog: SysCatalogState | None = None) -> None:
-        """Become ready to serve as leader, all at once: `start_load` run to its end."""
-        for _ in self.start_load(sys_catalog):
-            pass
+        """Become ready to serve as leader. sys.catalog must have applied everything up to
+        this leader's no-op entry.
 
-    def start_load(
-        self, sys_catalog: SysCatalogState | None = None, slice_tablets: int = 2_000
-    ) -> Iterator[int]:
-        """Become ready to serve as leader: ready at once, and the returned iterator
-        recomputes every pending task (roll-forward, docs/design/coordinator.md#R3),
-        `slice_tablets` tablets per step (it yields the tablets done so far). sys.catalog
-        must have applied everything up to this leader's no-op entry.
+        Nothing is rebuilt or recomputed: the listener keeps the maps equal to sys.catalog's
+        rows and the tasks equal to what those rows call for on every master, leader or not
+        (the class invariant), so a promotion costs the same at 200,000 tablets as at ten. A
+        new leader only forgets what the last one heard: done marks (it sends every pending
+        task again, roll-forward, docs/design/coordinator.md#R3), placement backoffs and
+        reports. Only a different `sys_catalog` is rebuilt from.
 
-        Why in slices, and why no rebuild. A new leader must heartbeat its followers within
-        the election timeout, on the same loop. Rebuilding the maps from sys.catalog's rows
-        and every tablet's tasks in one go took 2.2-3.4 s at 95,000 tablets, longer than the
-        1.5 s election timeout, and the masters flapped. The maps need no rebuild: the
-        listener keeps them equal to sys.catalog's rows on every master, leader or not (the
-        class invariant); only a different `sys_catalog` is rebuilt from. The tasks exist only
-        while loaded, so they are recomputed, a slice per step of the loop: meanwhile the
-        catalog answers (lookups and DDL need no tasks), and a tablet that changes is
-        recomputed by the listener as it commits, so a slice never lists a task committed
-        state no longer calls for."""
+        Why. A new leader must heartbeat its followers within the election timeout, on the
+        same loop. Rebuilding the maps and every tablet's tasks at once took 2.2-3.4 s at
+        95,000 tablets, longer than the 1.5 s election timeout, and the masters flapped; with
+        warm maps the tasks alone still took 0.85-1.2 s of the loop at 200,000 tablets, in the
+        first second of the term, while the first client lookups waited behind them."""
         if sys_catalog is not None and sys_catalog is not self._sys:
             self._remove_listener()
             self._sys = sys_catalog
             self._remove_listener = sys_catalog.add_listener(self._on_change)
-            self._loaded = False
             self._reload()
         self._loaded = True
         self._loaded_at = self._clock.now()
         self._assigner.clear_backoffs()
         self._reports.clear()  # rebuilt by the full reports a new leader asks for
-        self._tasks.clear()
-        return self._recompute_tasks(max(1, slice_tablets))
-
-    def _recompute_tasks(self, slice_tablets: int) -> Iterator[int]:
-        maps = self._maps
-        ids = list(maps.tablets_by_id)
-        for start in range(0, len(ids), slice_tablets):
-            if not self._loaded or self._maps is not maps:
-                # Unloaded (the term ended), or rebuilt, which recomputed every task.
-                return
-            work = False
-            for tablet_id in ids[start : start + slice_tablets]:
-                info = maps.tablets_by_id.get(tablet_id)
-                if info is not None:
-                    work = self._update_tasks(info) or work
-            if work:
-                self._wake()
-            yield min(start + slice_tablets, len(ids))
+        self._tasks.forget_done()
         log.info(
             "catalog loaded at index %d: %d tables, %d tablets, %d pending tasks",
             self._sys.applied_index,
@@ -328,11 +304,13 @@ class CatalogManager:
             len(self._maps.tablets_by_id),
             len(self._tasks),
         )
+        if len(self._tasks):
+            self._wake()
 
     def unload(self) -> None:
         """Stop serving (leadership lost). The maps stay warm through the listener."""
         self._loaded = False
-        self._tasks.clear()
+        self._tasks.forget_done()
         self._assigner.clear_backoffs()
         self._reports.clear()
         self._locations_cache.clear()
@@ -740,12 +718,14 @@ class CatalogManager:
     # --- tasks -------------------------------------------------------------------------------
 
     def pending_tasks(self) -> list[Task]:
-        """Side effects committed state calls for and not yet reported done (`task_done`)."""
-        return self._tasks.pending()
+        """Side effects committed state calls for and not yet reported done (`task_done`); none
+        while not loaded (the tasks are kept warm, but only a leader carries them out)."""
+        return self._tasks.pending() if self._loaded else []
 
     def task_pending(self, task: Task) -> bool:
-        """`task` is still called for and not done (cheap: one lookup)."""
-        return self._tasks.is_pending(task)
+        """`task` is still called for and not done (cheap: one lookup); never while not
+        loaded."""
+        return self._loaded and self._tasks.is_pending(task)
 
     def add_work_listener(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Call `fn` (which must not block) whenever committed state may call for new tasks or
@@ -762,7 +742,7 @@ class CatalogManager:
 
     def task_done(self, task: Task) -> None:
         """The background task carried `task` out. It is not listed again unless committed
-        state calls for it anew (or a new leader recomputes everything)."""
+        state calls for it anew (or a new leader forgets every done mark)."""
         self._tasks.done(task)
 
     # --- tablet reports (report_handler.ReportHandler; NotReady until loaded) -----------------
@@ -867,17 +847,15 @@ class CatalogManager:
         self._ts.replace_replica_counts(self._maps.replica_counts())
         self._assigner.reset(self._maps)
         self._tasks.clear()
+        for tablet in self._maps.tablets_by_id.values():
+            self._update_tasks(tablet)
         if self._loaded:
-            for tablet in self._maps.tablets_by_id.values():
-                self._update_tasks(tablet)
             self._wake()
 
     def _follow_up(self, delta: MapsDelta) -> None:
         for uuid in delta.servers:
             self._ts.set_replica_counts(uuid, self._maps.replica_counts_of(uuid))
         self._assigner.note_committed(delta.tablets)
-        if not self._loaded:
-            return
         affected: dict[TabletId, None] = {new.tablet_id: None for _, new in delta.tablets}
         for old_t, new_t in delta.tables:
             if old_t is not None and (
@@ -890,7 +868,7 @@ class CatalogManager:
         work = any(new.state is TabletState.PREPARING for _, new in delta.tablets)
         for tablet_id in affected:
             work = self._update_tasks(self._maps.tablets_by_id[tablet_id]) or work
-        if work:
+        if work and self._loaded:
             self._wake()
 
     def _update_tasks(self, tablet: TabletInfo) -> bool:

@@ -24,13 +24,12 @@ docs/design/failover.md#R3). `RaftNode.listeners` reports every change of role. 
 in term t a task waits until sys.catalog has applied the leader's own no-op entry (a successful
 `RaftNode.read()` proves it: the ReadIndex of a new leader is only answered once an entry of its
 term committed, and `read()` waits until that index is applied here), then, if still leader of term
-t, calls `CatalogManager.start_load()` and `TSManager.request_full_reports()`. Until then the
+t, calls `CatalogManager.load()` and `TSManager.request_full_reports()`. Until then the
 servicer answers NotReady. On any other role the catalog is `unload()`ed at once and a pending load
-is cancelled, so a deposed leader never answers from its caches. The catalog's maps stay warm on
-followers (sys.catalog's listener runs on every replica), so a load rebuilds nothing: the catalog
-answers at once, and the tasks of every tablet are recomputed in slices of the loop afterwards,
-so that the new leader heartbeats its followers within the election timeout whatever the size of
-the catalog.
+is cancelled, so a deposed leader never answers from its caches. The catalog's maps and the tasks
+they call for stay warm on followers (sys.catalog's listener runs on every replica), so a load
+rebuilds and recomputes nothing: the new leader answers at once and heartbeats its followers
+within the election timeout whatever the size of the catalog.
 
 The TSManager is fed by heartbeats on every master, leader or follower (docs/design/failover.md#R1).
 
@@ -524,7 +523,6 @@ class MasterServer:
         st = node.status()
         if st.role is not Role.LEADER or st.term != term:
             return
-        started = time.monotonic()
         # The catalog is long-lived: out of the cyclic collector's sight from now on. A full
         # collection walks every object of the heap on this loop, 0.3 s per 30,000 tablets
         # measured in process (more on a loaded machine), and the new leader's first seconds
@@ -532,7 +530,7 @@ class MasterServer:
         # what it keeps alive is the cyclic garbage of this instant (objects freed by their
         # reference counts are freed as before).
         gc.freeze()
-        slices = catalog.start_load()
+        catalog.load()  # rebuilds and recomputes nothing: the maps and tasks are warm
         asked = ts.request_full_reports()
         self.report_gate.turns.clear()
         log.info(
@@ -545,18 +543,6 @@ class MasterServer:
         )
         self._start_security(term)
         self._start_background(term)
-        # The tasks of every tablet, a slice per step of the loop (`start_load`): sys.catalog's
-        # Raft ticks and the first heartbeats to the followers run between slices. This task
-        # is cancelled with the term, which ends the slicing.
-        for _ in slices:
-            await asyncio.sleep(0)
-        gc.freeze()  # the tasks just computed, likewise
-        log.info(
-            "master %s: tasks of term %d recomputed in %.2f s",
-            self.uuid,
-            term,
-            time.monotonic() - started,
-        )
 
     # --- security: CA and token signing keys (module docstring) ------------------------------
 

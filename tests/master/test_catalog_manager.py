@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -52,6 +53,7 @@ from service.master.catalog_assignment import (
     AlterReplicas,
     CreateReplicas,
     DeleteReplicas,
+    PendingTasks,
 )
 from service.master.catalog_info import (
     CatalogMaps,
@@ -1024,7 +1026,7 @@ def test_timed_out_tablets_are_replaced_in_one_write_invisible_until_committed()
     run(go())
 
 
-def test_a_new_leader_recomputes_pending_tasks_from_committed_state() -> None:
+def test_a_new_leader_sends_every_pending_task_again() -> None:
     env = make_env()
 
     async def go() -> None:
@@ -1037,46 +1039,50 @@ def test_a_new_leader_recomputes_pending_tasks_from_committed_state() -> None:
         env.cm.task_done(expected[0])
         env.cm.unload()  # deposed
         assert env.cm.pending_tasks() == []
-        env.cm.load()  # elected again: everything recomputed, done marks forgotten
+        env.cm.load()  # elected again: every done mark forgotten
         assert sorted(map(repr, env.cm.pending_tasks())) == sorted(map(repr, expected))
         assert b in {t.table_id for t in expected}
 
     run(go())
 
 
-def test_a_new_leader_answers_at_once_and_recomputes_tasks_in_slices() -> None:
-    """A promotion rebuilds nothing (the maps are warm on every master) and computes the tasks
-    a slice at a time, so the loop runs between slices; a tablet that changes meanwhile is
-    recomputed as it commits, and the end result is `load()`'s."""
+def test_a_follower_keeps_the_tasks_warm_so_a_promotion_recomputes_nothing() -> None:
+    """A follower's manager (the same sys.catalog, never loaded) follows every committed change
+    of the tasks as of the maps, lists none while it is not the leader, and once elected lists
+    exactly what a manager rebuilt from the same rows lists, without recomputing a tablet."""
     env = make_env()
+    follower = CatalogManager(
+        env.state, FakeRaft(env.state), env.ts, env.clock, random.Random(2), env.cm.settings
+    )
 
     async def go() -> None:
-        await create_running(env, "a")
+        a = await create_running(env, "a")
         b = await create(env, "b")
         await env.cm.assign_tablets()
-        expected = sorted(map(repr, env.cm.pending_tasks()))
-        assert len(expected) == 6 and len(env.cm.maps.tablets_by_id) == 12
-        env.cm.unload()
-        maps = env.cm.maps
-        slices = env.cm.start_load(slice_tablets=3)
-        assert env.cm.loaded and env.cm.maps is maps  # ready at once, not rebuilt
-        assert env.cm.pending_tasks() == []
-        assert [t.table_id for t in await env.cm.list_tables()] != []
-        done = [next(slices), next(slices)]
-        assert done == [3, 6]
-        # A change committed mid-load: its tablets' tasks come from the listener.
+        await env.cm.alter_table(by_id(a), [DropColumn("value")], Ids("c-alter")())
         await env.cm.delete_table(by_id(b), Ids("c-del")())
-        assert list(slices) == [9, 12]
-        after = sorted(map(repr, env.cm.pending_tasks()))
-        env.cm.unload()
-        env.cm.load()
-        assert after == sorted(map(repr, env.cm.pending_tasks())) != expected
-        # A term that ends mid-load stops its slicing.
-        env.cm.unload()
-        slices = env.cm.start_load(slice_tablets=3)
-        next(slices)
-        env.cm.unload()
-        assert list(slices) == [] and env.cm.pending_tasks() == []
+        leader_tasks = sorted(map(repr, env.cm.pending_tasks()))
+        assert leader_tasks  # AlterReplicas of a, DeleteReplicas of b
+        assert follower.pending_tasks() == [] and not follower.task_pending(
+            env.cm.pending_tasks()[0]
+        )
+        rebuilt = CatalogManager(
+            env.state, FakeRaft(env.state), env.ts, env.clock, random.Random(3), env.cm.settings
+        )
+        updates = 0
+        update = PendingTasks.update
+
+        def counted(self: PendingTasks, *args: Any) -> bool:
+            nonlocal updates
+            updates += 1
+            return update(self, *args)
+
+        with mock.patch.object(PendingTasks, "update", counted):
+            follower.load()  # elected
+        assert updates == 0
+        rebuilt.load()
+        assert sorted(map(repr, follower.pending_tasks())) == leader_tasks
+        assert sorted(map(repr, rebuilt.pending_tasks())) == leader_tasks
 
     run(go())
 
