@@ -53,6 +53,11 @@ DISCOVERY_ATTEMPT_S = 2.0
 """Longest one ConnectToMaster may take during discovery: a hung master must not hold it up."""
 ATTEMPT_CAP_S = 15.0
 """Longest one attempt of a catalog call may take; the rest of the deadline goes to retries."""
+DISCOVERY_BACKOFF_CAP_S = 0.5
+"""Longest pause between two rounds of discovery. No master leads for about an election
+timeout after a leader dies (1.5-2 s by default); with the calls' own cap of 2 s a client
+still asking then found the new leader up to 2 s after it was elected. One round is a
+ConnectToMaster to each master, and the jitter still spreads many clients' rounds."""
 
 
 class RequestIds:
@@ -166,7 +171,7 @@ class MasterClient:
         """The leader's address, discovered (with backoff) if not cached."""
         if self._leader is not None:
             return self._leader
-        backoff = Backoff()
+        backoff = Backoff(cap=DISCOVERY_BACKOFF_CAP_S)
         last: TesseraError | None = None
         while True:
             try:

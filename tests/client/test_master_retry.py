@@ -36,12 +36,17 @@ HANG = "hang"
 class _FakeMaster:
     """Leads term 1; ListTables answers from `script`, one outcome per call, then succeeds."""
 
-    def __init__(self, script: Sequence[TesseraError | str]) -> None:
+    def __init__(self, script: Sequence[TesseraError | str], follower_rounds: int = 0) -> None:
         self.script = list(script)
         self.calls = 0
+        self.follower_rounds = follower_rounds
+        """ConnectToMaster answers FOLLOWER (no leader known) this many times first."""
 
     @rpc_errors
     async def ConnectToMaster(self, request: Any, context: Any) -> pb.ConnectToMasterResponsePB:
+        if self.follower_rounds > 0:
+            self.follower_rounds -= 1
+            return pb.ConnectToMasterResponsePB(role=pb.FOLLOWER, term=1)
         return pb.ConnectToMasterResponsePB(role=pb.LEADER, term=1)
 
     @rpc_errors
@@ -99,6 +104,27 @@ def test_unavailable_and_timed_out_attempts_are_retried() -> None:
         NotTheLeader("a follower"),
     ]
     assert _list_tables(_FakeMaster(script), timeout=20) == 5
+
+
+def test_discovery_keeps_asking_at_least_every_half_second_while_no_master_leads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """During an election no master leads: discovery backs off, but never longer than
+    `DISCOVERY_BACKOFF_CAP_S`, so a client finds the new leader soon after it is elected
+    (each pause's ceiling, before its jitter, is recorded, not slept)."""
+    ceilings: list[float] = []
+
+    class Recorded(master_client.Backoff):
+        async def sleep(self, deadline: Any) -> None:
+            ceilings.append(min(self.cap, self.initial * 2**self.attempts))
+            self.next_delay()
+
+    monkeypatch.setattr(master_client, "Backoff", Recorded)
+    fake = _FakeMaster([], follower_rounds=12)
+    assert _list_tables(fake, timeout=20) == 1
+    assert len(ceilings) == 12
+    assert ceilings[:4] == [0.05, 0.1, 0.2, 0.4]  # still exponential, from a fast first retry
+    assert max(ceilings) == master_client.DISCOVERY_BACKOFF_CAP_S == 0.5
 
 
 def test_other_errors_are_the_answer_at_once() -> None:
