@@ -601,6 +601,11 @@ async def caught_up(m: Masters, name: str, timeout: float) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
+    # SIGTERM unwinds like Ctrl-C: the masters and the fleet are stopped on the way out (the
+    # default action ended the bench alone and left them running, orphaned).
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     progress(
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; 3 secured masters,"
         f" {args.servers} simulated servers in {args.shards} processes, target {args.target}"
@@ -700,7 +705,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.target < 1 or args.table_tablets < 1 or args.servers < 3:
         p.error("--target and --table-tablets must be >= 1, --servers >= 3")
     args.shards = max(1, min(args.shards, args.servers))
-    asyncio.run(main_async(args))
+    try:
+        asyncio.run(main_async(args))
+    except asyncio.CancelledError:
+        progress("terminated (SIGTERM): masters and fleet stopped")
+        return 128 + signal.SIGTERM
     return 0
 
 

@@ -18,14 +18,7 @@ import pytest
 from service.common.errors import NotTheLeader, ServiceUnavailable
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
-from service.testing.ts_simulator import (
-    PROMPT_GAP_S,
-    FleetSimulator,
-    _Peer,
-    _View,
-    commits,
-    elect,
-)
+from service.testing.ts_simulator import FleetSimulator, _Peer, _View, commits, elect
 from service.testing.ts_simulator_shards import SocketBus, merge_stats, shard_uuids
 
 MASTER = "127.0.0.1:1"
@@ -332,33 +325,6 @@ def test_a_new_leader_that_defers_the_full_report_gets_the_changes_since_the_las
         await sim._heartbeat(s, s.links[other])
         await asyncio.sleep(0.1)
         assert not new.reports[-1].is_incremental and len(new.reports[-1].updated_tablets) == 2
-        await sim.aclose()
-
-    asyncio.run(main())
-
-
-def test_a_changed_replica_is_reported_to_the_leader_within_the_prompt_gap() -> None:
-    """As a real tablet server: a change heartbeats the leader again after `PROMPT_GAP_S`, not
-    at the next round; a burst of changes is one heartbeat; a follower is not prompted."""
-
-    async def main() -> None:
-        other = "127.0.0.1:2"
-        sim = FleetSimulator([MASTER, other], ["a", "b", "c"])
-        s = sim.servers["a"]
-        leader, follower = _ScriptedMaster(1), _ScriptedMaster(1)
-        sim._streams[("a", MASTER)] = leader  # type: ignore[assignment]
-        sim._streams[("a", other)] = follower  # type: ignore[assignment]
-        for link in s.links.values():
-            link.registered = True
-        s.links[MASTER].leader = True
-        s.links[MASTER].need_full = False
-        for n in range(3):  # one burst: three new replicas, one leader each
-            _create(sim, f"t{n}", "a", ["a", "b", "c"])
-        assert leader.reports == []
-        await asyncio.sleep(PROMPT_GAP_S * 4)
-        assert len(leader.reports) == 1 and follower.reports == []
-        assert {t.tablet_id for t in leader.reports[0].updated_tablets} == {"t0", "t1", "t2"}
-        assert not s.dirty and not s.links[MASTER].prompted
         await sim.aclose()
 
     asyncio.run(main())
