@@ -311,6 +311,7 @@ class _Server:
 
 
 RECENT_S = 10.0
+"""The window of the `recent_*` heartbeat statistics (a benchmark's steady-state window)."""
 PROMPT_GAP_S = 0.05
 """How soon a link heartbeats again, out of its round, when its master just turned leader or
 gave it its turn for a full report (the tablet server's `MIN_GAP_S`).
@@ -320,7 +321,6 @@ one of its replicas changed; here the change waits for the server's next round (
 interval). Simulated servers that did as the real ones made more heartbeats than the masters
 could take while a 10,000-tablet table was created on 1,000 servers (tables took up to 64.7-80.1
 s instead of 35-59 s), so the scale bench measures with the round only."""
-"""The window of the `recent_*` heartbeat statistics (a benchmark's steady-state window)."""
 
 
 class FleetSimulator:
