@@ -77,13 +77,14 @@ from service.master.catalog_assignment import (
     task_key,
 )
 from service.master.catalog_manager import CatalogManager
-from service.master.catalog_records import ConsensusState, HostPort, TabletState
+from service.master.catalog_records import ConsensusState, HostPort, MemberType, TabletState
 from service.master.report_processing import (
     AlterReplica,
     ChangeReplicaConfig,
     ConfigChangeType,
     DeleteReplica,
     ReportAction,
+    same_config,
 )
 from service.master.rereplication import plan_failed_cleanup, plan_rereplication
 from service.master.ts_manager import TSManager
@@ -196,6 +197,8 @@ class BackgroundTasks:
         self.rpcs_sent = 0
         self.rpcs_failed = 0
         self.rpcs_skipped = 0
+        self.tombstones_unconfirmed = 0
+        """Tombstones not sent because a majority of the config's voters did not confirm it."""
         """Task RPCs not sent because the task was no longer called for (see `_rpc`)."""
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -522,6 +525,8 @@ class BackgroundTasks:
         if failpoints.skipped(type(action).__name__):
             return
         if isinstance(action, DeleteReplica):
+            if action.tombstone and not await self._tombstone_confirmed(action):
+                return
             await self._rpc(
                 action.server,
                 lambda a: self.proxy.delete_tablet(
@@ -559,6 +564,53 @@ class BackgroundTasks:
                     action.cas_config_opid_index,
                 ),
             )
+
+    async def _tombstone_confirmed(self, action: DeleteReplica) -> bool:
+        """Nothing is destroyed on one server's word (docs/design/catalog.md#R15): before a
+        replica is tombstoned, a majority of the voters of the recorded config that excludes
+        it must say, each at the address it registered, that they hold that config committed
+        (or a newer one that still excludes it). A config that some server's report alone put
+        in the catalog (by a bug, or before this rule) then tombstones nobody. Tombstones are
+        rare (an evicted or replaced replica), so one GetConsensusState per voter is cheap."""
+        info = self.catalog.maps.tablets_by_id.get(action.tablet_id)
+        cs = info.record.consensus if info is not None else None
+        if cs is None or cs.peer(action.server) is not None:
+            return False  # re-added since the decision: nothing to do
+        voters = [p.uuid for p in cs.peers if p.member_type is MemberType.VOTER]
+
+        async def agrees(voter: NodeId) -> bool:
+            address = self.ts.rpc_address(voter)
+            if address is None:
+                return False
+            try:
+                said = await self.proxy.consensus_states(
+                    address, voter, [action.tablet_id], timeout_s=self.proxy.rpc_timeout_s
+                )
+            except TesseraError as e:
+                log.info("tombstone of %s: %s not asked: %s", action.tablet_id, voter, e)
+                return False
+            got = said.get(action.tablet_id)
+            if got is None:
+                return False
+            c = got.committed
+            return same_config(c, cs) or (
+                c.config_index > cs.config_index and c.peer(action.server) is None
+            )
+
+        votes = await asyncio.gather(*(agrees(v) for v in voters))
+        if 2 * sum(votes) > len(voters):
+            return True
+        self.tombstones_unconfirmed += 1
+        log.warning(
+            "not tombstoning %s on %s: only %d of its %d recorded voters confirm the config "
+            "(op index %d) that excludes it",
+            action.tablet_id,
+            action.server,
+            sum(votes),
+            len(voters),
+            cs.config_index,
+        )
+        return False
 
     # --- re-replication ----------------------------------------------------------------------
 

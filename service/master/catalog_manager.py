@@ -120,7 +120,6 @@ from service.master.catalog_reads import (
 )
 from service.master.catalog_records import (
     CatalogWrite,
-    ConsensusState,
     HostPort,
     Insert,
     Precondition,
@@ -150,7 +149,7 @@ from service.master.grants import GrantChange, grant_change_write, grant_deletes
 from service.master.group_commit import GroupCommit
 from service.master.locations_cache import LocationsCache
 from service.master.report_handler import ReportHandler
-from service.master.report_processing import ReportedTablet, ReportPlan
+from service.master.report_processing import Answers, Claim, ReportedTablet, ReportPlan
 from service.master.rereplication import FailedReplicas
 from service.master.sys_catalog import (
     ApplyResult,
@@ -762,30 +761,34 @@ class CatalogManager:
         sheds (`heartbeat.handle_heartbeat`)."""
         return self._assigner.creating if self._loaded else frozenset()
 
-    def judge_report(
-        self,
-        reporter: NodeId,
-        reported: Sequence[ReportedTablet],
-        confirmed: Mapping[TabletId, ConsensusState] | None = None,
-    ) -> ReportPlan:
+    def judge_report(self, reporter: NodeId, reported: Sequence[ReportedTablet]) -> ReportPlan:
         """The report judged against committed state without writing anything: when its plan
         has no write (a steady server's report: nothing changed), it is the whole answer and
-        `process_report` need not run. `confirmed`: see `report_processing.plan_report`."""
+        `process_report` need not run."""
         self._check_ready()
-        return self._reports.judge_report(reporter, reported, confirmed)
+        return self._reports.judge_report(reporter, reported)
+
+    def claims_to_ask(self, claims: Sequence[Claim]) -> list[Claim]:
+        """The unconfirmed claims whose voters the leader should ask now (claims.py)."""
+        self._check_ready()
+        return self._reports.claims_to_ask(claims)
+
+    def note_answers(self, answers: Mapping[TabletId, Answers]) -> None:
+        """Servers' answers to GetConsensusState about claimed tablets (claims.py)."""
+        if self._loaded:
+            self._reports.note_answers(answers)
 
     async def process_report(
         self,
         reporter: NodeId,
         reported: Sequence[ReportedTablet],
         judged: ReportPlan | None = None,
-        confirmed: Mapping[TabletId, ConsensusState] | None = None,
     ) -> ReportPlan:
         """Judge one tablet report under its tables' and tablets' locks and replicate its
         record changes as ONE write (`ReportHandler.process_report`); the caller sends the
         plan's `actions` once this returns."""
         self._check_ready()
-        return await self._reports.process_report(reporter, reported, judged, confirmed)
+        return await self._reports.process_report(reporter, reported, judged)
 
     # --- replication -------------------------------------------------------------------------
 

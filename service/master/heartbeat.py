@@ -48,6 +48,8 @@ from service.common.ids import NodeId, TabletId, validate_uuid
 from service.master.catalog_manager import CatalogManager
 from service.master.catalog_records import ConsensusState, consensus_state_from_pb
 from service.master.report_processing import (
+    Answers,
+    Claim,
     ReportAction,
     ReportedRole,
     ReportedState,
@@ -82,12 +84,9 @@ MAX_REPORTED_TABLETS = 100_000
 _MASTER = MasterConfig(data_dir=Path("report-gate"))
 """MasterConfig with its defaults, the gate's defaults (its data_dir is never opened)."""
 
-ConfirmClaims = Callable[
-    [NodeId, Sequence[tuple[TabletId, ConsensusState]]],
-    Awaitable[dict[TabletId, ConsensusState]],
-]
-"""Ask the other voters of each claimed config for their own committed consensus state; the
-answers that confirm a claim (`report_processing.confirms`), by tablet."""
+ConfirmClaims = Callable[[Sequence[Claim]], Awaitable[dict[TabletId, Answers]]]
+"""Ask the servers of each claimed tablet (the recorded config's and the claim's) for their own
+consensus state, at the addresses they registered: their answers, by tablet and server."""
 
 
 class ReportGate:
@@ -189,15 +188,17 @@ class ReportGate:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.budget_s
         plan = catalog.judge_report(reporter, reported)
-        confirmed: dict[TabletId, ConsensusState] | None = None
-        if plan.unconfirmed and confirm is not None:
+        ask = catalog.claims_to_ask(plan.unconfirmed) if plan.unconfirmed and confirm else []
+        if ask and confirm is not None:
+            answers: dict[TabletId, Answers] = {}
             try:
                 async with asyncio.timeout_at(deadline):
-                    confirmed = await confirm(reporter, plan.unconfirmed)
+                    answers = await confirm(ask)
             except TimeoutError:
-                confirmed = None
-            if confirmed:
-                plan = catalog.judge_report(reporter, reported, confirmed)
+                pass
+            if answers:
+                catalog.note_answers(answers)
+                plan = catalog.judge_report(reporter, reported)
         if plan.write is None:
             return plan
         fresh = self._free()  # no wait: the plan is still current and names what to lock
@@ -206,7 +207,7 @@ class ReportGate:
             return None
         self.in_flight += 1
         judged = plan if fresh else None
-        task = asyncio.ensure_future(catalog.process_report(reporter, reported, judged, confirmed))
+        task = asyncio.ensure_future(catalog.process_report(reporter, reported, judged))
         self._tasks.add(task)
         task.add_done_callback(self._finished)
         done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
@@ -536,12 +537,12 @@ async def handle_heartbeat(
             if plan.unconfirmed:
                 # Not acknowledged: the server sends these replicas again, and another voter
                 # is asked again (report_processing, step 3).
-                log.warning(
-                    "tablet server %s claims a membership no other voter confirms, for %d "
-                    "tablets (not adopted): %s",
+                log.info(
+                    "tablet server %s claims a leader or config the other voters do not (yet) "
+                    "confirm, for %d tablets (not adopted): %s",
                     uuid,
                     len(plan.unconfirmed),
-                    ", ".join(t for t, _ in plan.unconfirmed[:5]),
+                    ", ".join(c.tablet_id for c in plan.unconfirmed[:5]),
                 )
             elif not partial:
                 acked = request.tablet_report.sequence_number

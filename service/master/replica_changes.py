@@ -164,7 +164,9 @@ class ReplicaChanges:
             tablet_id,
         )
         if self._consensus(tablet_id).leader_uuid == from_ts:
-            await self.proxy.leader_step_down(self._address(from_ts), from_ts, tablet_id)
+            await self.proxy.leader_step_down(
+                self._address(from_ts), from_ts, self.fence(), tablet_id
+            )
             await self._until(
                 deadline,
                 f"a new leader of {tablet_id}",

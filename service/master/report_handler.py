@@ -12,14 +12,22 @@ servers report FAILED (`rereplication.FailedReplicas`, in memory: not replicated
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from service.common import failpoints
 from service.common.ids import NodeId, TabletId
 from service.master.catalog_info import CatalogMaps
-from service.master.catalog_records import CatalogWrite, ConsensusState, TableState
-from service.master.report_processing import ReportedTablet, ReportPlan, plan_report
+from service.master.catalog_records import CatalogWrite, TableState
+from service.master.claims import ClaimEvidence
+from service.master.report_processing import (
+    Answers,
+    Claim,
+    ReportedTablet,
+    ReportPlan,
+    plan_report,
+)
 from service.master.rereplication import FailedReplicas
 from service.master.sys_catalog import ApplyResult
 
@@ -43,6 +51,7 @@ class ReportHandler:
         """The manager's: propose one write and wait until it is applied; a refusal is raised
         as its error."""
         self._failed = FailedReplicas()
+        self._claims = ClaimEvidence()
 
     @property
     def failed_replicas(self) -> FailedReplicas:
@@ -50,34 +59,56 @@ class ReportHandler:
         it)."""
         return self._failed
 
+    @property
+    def claims(self) -> ClaimEvidence:
+        """What servers said of their replicas, and claims waiting for confirmation (read it;
+        the handler changes it)."""
+        return self._claims
+
     def clear(self) -> None:
-        """A term starts or ends: what servers reported FAILED is rebuilt by the full reports
-        a new leader asks for."""
+        """A term starts or ends: what servers reported FAILED, and what they said of their
+        replicas, is rebuilt by the full reports a new leader asks for."""
         self._failed.clear()
+        self._claims.clear()
 
     def note_replica_states(
         self, reporter: NodeId, reported: Sequence[ReportedTablet], *, full: bool
     ) -> bool:
-        """Learn which of `reporter`'s replicas are FAILED from one of its reports; True if a
+        """Learn which of `reporter`'s replicas are FAILED, and what it says of each (the
+        evidence for other servers' claims, claims.py), from one of its reports; True if a
         replica is newly FAILED (re-replication has work)."""
+        self._claims.note_report(reporter, reported, self._maps())
         return self._failed.note_report(reporter, reported, full=full)
 
-    def judge_report(
-        self,
-        reporter: NodeId,
-        reported: Sequence[ReportedTablet],
-        confirmed: Mapping[TabletId, ConsensusState] | None = None,
-    ) -> ReportPlan:
+    def note_answers(self, answers: Mapping[TabletId, Answers]) -> None:
+        """Servers' answers to GetConsensusState about claimed tablets (claims.py)."""
+        self._claims.note_answers(answers)
+
+    def claims_to_ask(self, claims: Sequence[Claim]) -> list[Claim]:
+        """Which unconfirmed claims to ask their voters about now (claims.py)."""
+        return self._claims.to_ask(claims, self._maps(), _now())
+
+    def judge_report(self, reporter: NodeId, reported: Sequence[ReportedTablet]) -> ReportPlan:
         """The report judged against committed state without writing anything
-        (`report_processing.plan_report`)."""
-        return plan_report(self._maps(), reporter, reported, confirmed)
+        (`report_processing.plan_report`), with what other servers said of its tablets and
+        their pending claims; its own unconfirmed claims become pending."""
+        ids = [r.tablet_id for r in reported]
+        plan = plan_report(
+            self._maps(),
+            reporter,
+            reported,
+            self._claims.answers(ids),
+            self._claims.pending(ids),
+        )
+        if plan.unconfirmed:
+            self._claims.note_unconfirmed(plan.unconfirmed, _now())
+        return plan
 
     async def process_report(
         self,
         reporter: NodeId,
         reported: Sequence[ReportedTablet],
         judged: ReportPlan | None = None,
-        confirmed: Mapping[TabletId, ConsensusState] | None = None,
     ) -> ReportPlan:
         """Judge one tablet report against committed state and replicate its record changes
         as ONE write; returns the plan, whose `actions` the caller sends once this returns
@@ -85,7 +116,7 @@ class ReportHandler:
         the server's next report (not acknowledged) tries again. `judged`: `judge_report`'s
         plan of this report, if the caller has it (it names the tablets to lock; the report
         is judged again under the locks either way)."""
-        plan = judged if judged is not None else self.judge_report(reporter, reported, confirmed)
+        plan = judged if judged is not None else self.judge_report(reporter, reported)
         if plan.write is None:
             return plan
         tablets = sorted(plan.updated_tablets)
@@ -103,8 +134,14 @@ class ReportHandler:
                 await stack.enter_async_context(lock)
             for tablet_id in tablets:
                 await stack.enter_async_context(self._maps().tablets_by_id[tablet_id].lock)
-            plan = self.judge_report(reporter, reported, confirmed)  # again, under the locks
+            plan = self.judge_report(reporter, reported)  # again, under the locks
             if plan.write is not None:
                 await self._replicate(plan.write)
+                self._claims.after_commit(plan, self._maps())
                 failpoints.hit("process_report:after_replicate")
         return plan
+
+
+def _now() -> float:
+    """The clock of pending claims: the event loop's (monotonic)."""
+    return asyncio.get_running_loop().time()

@@ -18,19 +18,25 @@ multi-master audit):
   3. The reporter is the LEADER of its reported committed config (role LEADER, leader_uuid is
      itself, a VOTER of that config, the replica not FAILED) and that consensus state is not
      older than the recorded one (term and config op index both >=) and differs from it: the
-     reported COMMITTED state (never the pending config) becomes the tablet's consensus state.
-     A CREATING tablet so reported becomes RUNNING ("if t CREATING and has leader": RUNNING
-     when its leader reports it).
-     A report that would ADD voters to the recorded config, or that comes from a server that
-     is not a recorded voter, is a claim about other servers: one tablet server's certificate
-     (stolen, or a server gone bad) must not be enough to move a tablet's membership, since
-     step 4 then tombstones the replicas the claim left out. Such a report is adopted only once
-     another voter (of the reported or the recorded config) confirms it with its own committed
-     config: the same one, or one the claim follows from by removals with the reporter a voter
-     in it (`needs_confirmation`, `confirms`; the leader asks them with GetConsensusState,
-     `confirmed` holds what they answered). Until then it is ignored and listed in the plan's
-     `unconfirmed`, and the heartbeat does not acknowledge the report, so the server sends it
-     again. A recorded voter's report of the same voters or fewer needs no confirmation.
+     reported COMMITTED state (never the pending config) becomes the tablet's consensus state,
+     once it is confirmed. A CREATING tablet so reported becomes RUNNING.
+     A report is a claim, not a fact (docs/design/catalog.md#R15): one tablet server's
+     certificate (stolen, or a server gone bad) must not be enough to move a tablet's
+     membership or its leader, since step 4 then tombstones the replicas the claim left out,
+     and a false higher term would make every true report look stale. So a claim is adopted
+     only when other servers' own words (`Evidence`: what each said of its replica in its own
+     reports, or answered GetConsensusState at the address it registered) confirm it
+     (`confirmation`):
+       * a config that differs from the recorded one: held (committed or pending, the same op
+         index and members) by a majority of the recorded config's voters, or, when it is one
+         Raft step from the recorded config, by a majority of its own voters (which is what
+         commits such a step in Raft); a higher op index alone never wins;
+       * a new term or leader: a majority of the claim's voters know that leader in that term;
+         a higher term alone never wins.
+     The reporter counts for itself. Until confirmed the claim is ignored and listed in the
+     plan's `unconfirmed`, and the heartbeat does not acknowledge the report, so the server
+     sends it again; a later report of another voter that confirms it adopts it then (the
+     handler keeps it as a pending claim, `plan_report(pending=...)`).
   4. The reporter is not a peer of the newest committed config the master knows (it was
      evicted), its replica is not already tombstoned, and its own committed config is not newer
      than the master's: DeleteTablet(TABLET_DATA_TOMBSTONED) with `cas_config_opid_index` = the
@@ -78,19 +84,23 @@ from service.master.catalog_records import (
 __all__ = [
     "REPORT_OPERATION",
     "AlterReplica",
+    "Answers",
     "ChangeReplicaConfig",
+    "Claim",
     "ConfigChangeType",
     "DeleteReplica",
+    "Evidence",
     "ReportAction",
     "ReportPlan",
     "ReportedRole",
     "ReportedState",
     "ReportedTablet",
     "TabletDecision",
-    "confirms",
+    "confirmation",
     "decide",
-    "needs_confirmation",
+    "one_step",
     "plan_report",
+    "same_config",
 ]
 
 REPORT_OPERATION = "TabletReport"
@@ -193,8 +203,8 @@ class TabletDecision:
     actions: tuple[ReportAction, ...] = ()
     note: str = ""
     unconfirmed: ConsensusState | None = None
-    """The reported consensus state, when it needs another voter's confirmation that
-    `confirmed` did not hold (module docstring, step 3)."""
+    """The reported consensus state, when the answers did not confirm it (module docstring,
+    step 3)."""
 
 
 def _older(reported: ConsensusState, recorded: ConsensusState) -> bool:
@@ -229,39 +239,86 @@ def _voters(cs: ConsensusState) -> frozenset[str]:
     return frozenset(p.uuid for p in cs.peers if p.member_type is MemberType.VOTER)
 
 
-def _follows(reporter: str, claim: ConsensusState, base: ConsensusState) -> bool:
-    """`claim` can only have come from `base` by removing voters (or by none), and its
-    reporter is a voter of `base`: it names no server `base` did not already trust."""
-    voters = _voters(base)
-    return (
-        reporter in voters and _voters(claim) <= voters and claim.config_index >= base.config_index
-    )
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What one server says of its own replica of a tablet: its committed consensus state
+    (current term, the leader it knows, committed config) and, if it told, its pending config
+    (GetConsensusState does; a tablet report carries the committed state only)."""
+
+    committed: ConsensusState
+    pending: ConsensusState | None = None
+
+    def holds(self, config: ConsensusState) -> bool:
+        """This replica's log holds `config` (committed or pending: same op index, members)."""
+        return same_config(self.committed, config) or (
+            self.pending is not None and same_config(self.pending, config)
+        )
+
+    def follows(self, claim: ConsensusState) -> bool:
+        """This replica knows the claim's leader in the claim's term."""
+        c = self.committed
+        return c.term == claim.term and c.leader_uuid == claim.leader_uuid
 
 
-def needs_confirmation(
-    reporter: str, reported: ConsensusState, recorded: ConsensusState | None
-) -> bool:
-    """A leader report that adds voters to the recorded config, or whose reporter is not a
-    recorded voter, claims something about other servers (module docstring, step 3). A new
-    leader of the same voters, or a config that only removed voters, reported by a recorded
-    voter, needs nobody's word (a bad member could shrink its tablets' configs, but it holds
-    their data already). A tablet with no recorded config has none to protect."""
+Answers: TypeAlias = Mapping[NodeId, Evidence]
+"""What servers other than a claim's reporter say of one tablet, by server uuid."""
+
+
+def _members(cs: ConsensusState) -> tuple[frozenset[str], frozenset[str]]:
+    voters = _voters(cs)
+    return voters, frozenset(p.uuid for p in cs.peers) - voters
+
+
+def same_config(a: ConsensusState, b: ConsensusState) -> bool:
+    """The same Raft config: the same op index and the same voters and non-voters. (Equal
+    peer tuples, the common case of a full report, answer without building sets.)"""
+    return a.config_index == b.config_index and (a.peers == b.peers or _members(a) == _members(b))
+
+
+def one_step(base: ConsensusState, claim: ConsensusState) -> bool:
+    """`claim` is one Raft membership step after `base`: a newer op index, and exactly one
+    server added, removed, promoted or demoted (docs/design/consensus.md#R4)."""
+    bv, bn = _members(base)
+    cv, cn = _members(claim)
+    changed = ((bv | bn) ^ (cv | cn)) | ((cv - bv) & bn) | ((bv - cv) & cn)
+    return claim.config_index > base.config_index and len(changed) == 1
+
+
+def _majority(voters: frozenset[str], agreeing: set[str]) -> bool:
+    return 2 * len(voters & agreeing) > len(voters)
+
+
+def confirmation(
+    reporter: str, claim: ConsensusState, recorded: ConsensusState | None, answers: Answers
+) -> str | None:
+    """None when the other servers' words confirm `claim` against `recorded` (module
+    docstring, step 3; docs/design/catalog.md#R15); otherwise why not, for logs. A tablet with
+    no recorded config has none to protect."""
     if recorded is None:
-        return False
-    return not _follows(reporter, reported, recorded)
-
-
-def confirms(answer: ConsensusState | None, claim: ConsensusState, reporter: str) -> bool:
-    """Another voter's own committed consensus state `answer` confirms `claim`: the same
-    config (op index and voters), or one the claim follows from by removals with the reporter
-    a voter of it (the voter saw the reporter added, and the claim removed voters since: a
-    replica moved off a one-replica tablet is reported as the new replica alone, and nobody
-    else is left in its config to ask). Its term may differ (it may not have heard of the
-    latest election yet)."""
-    if answer is None:
-        return False
-    same = answer.config_index == claim.config_index and _voters(answer) == _voters(claim)
-    return same or _follows(reporter, claim, answer)
+        return None
+    if not same_config(claim, recorded):
+        if claim.config_index <= recorded.config_index:
+            return (
+                f"config op index {claim.config_index} is not newer than the recorded "
+                f"{recorded.config_index}, yet its members differ"
+            )
+        holders = {reporter} | {u for u, e in answers.items() if e.holds(claim)}
+        old, new = _voters(recorded), _voters(claim)
+        if not (_majority(old, holders) or (one_step(recorded, claim) and _majority(new, holders))):
+            return (
+                f"config op index {claim.config_index} (voters {sorted(new)}) is held by "
+                f"{sorted(holders & (old | new))} only: a majority of the recorded voters "
+                f"{sorted(old)} must hold it (of its own voters, for a single step)"
+            )
+    if claim.term != recorded.term or claim.leader_uuid != recorded.leader_uuid:
+        followers = {reporter} | {u for u, e in answers.items() if e.follows(claim)}
+        voters = _voters(claim)
+        if not _majority(voters, followers):
+            return (
+                f"leader {claim.leader_uuid} in term {claim.term} is known by "
+                f"{sorted(followers & voters)} only, not by a majority of voters {sorted(voters)}"
+            )
+    return None
 
 
 def is_leader_report(reporter: str, reported: ReportedTablet) -> bool:
@@ -281,10 +338,10 @@ def decide(
     reported: ReportedTablet,
     tablet: TabletRecord | None,
     table: TableRecord | None,
-    confirmed: ConsensusState | None = None,
+    answers: Answers | None = None,
 ) -> TabletDecision:
-    """Steps 1-5 of the module docstring for one reported replica; `confirmed`: another
-    voter's answer about this tablet, if one was asked (step 3)."""
+    """Steps 1-5 of the module docstring for one reported replica; `answers`: what the
+    tablet's other servers said of it (step 3)."""
     tid = reported.tablet_id
     if tablet is None or table is None:
         return TabletDecision(
@@ -310,14 +367,12 @@ def decide(
         if known is not None and _older(rcs, known):
             leader = False  # a deposed leader's late report: nothing to learn from it
             notes.append("stale leader report ignored")
-        elif (
-            (known is None or not _same(rcs, known))
-            and needs_confirmation(reporter, rcs, known)
-            and not confirms(confirmed, rcs, reporter)
-        ):
+        elif (known is None or not _same(rcs, known)) and (
+            refusal := confirmation(reporter, rcs, known, answers or {})
+        ) is not None:
             leader = False
             unconfirmed = rcs
-            notes.append("membership claim not confirmed by another voter: ignored for now")
+            notes.append(f"claim not confirmed, ignored for now: {refusal}")
         else:
             if known is None or not _same(rcs, known):
                 new = replace(new, consensus=_with_addresses(rcs, known))
@@ -362,6 +417,26 @@ def decide(
 # --- one report ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A leader report that is waiting for confirmation (module docstring, step 3)."""
+
+    reporter: NodeId
+    reported: ReportedTablet
+
+    @property
+    def tablet_id(self) -> TabletId:
+        return self.reported.tablet_id
+
+    @property
+    def consensus(self) -> ConsensusState:
+        assert self.reported.consensus is not None
+        return self.reported.consensus
+
+    def changes_config(self, recorded: ConsensusState | None) -> bool:
+        return recorded is not None and not same_config(self.consensus, recorded)
+
+
 @dataclass(frozen=True)
 class ReportPlan:
     """One report's decisions: ONE write (None when nothing changes) and the RPCs to send once
@@ -373,20 +448,26 @@ class ReportPlan:
     updated_tables: tuple[TableId, ...] = ()
     orphans: tuple[TabletId, ...] = ()
     """Reported tablets with no catalog record (left alone)."""
-    unconfirmed: tuple[tuple[TabletId, ConsensusState], ...] = ()
-    """Leader reports that need another voter's confirmation (module docstring, step 3):
-    not adopted, and the report must not be acknowledged."""
+    unconfirmed: tuple[Claim, ...] = ()
+    """Leader reports of this reporter that the answers did not confirm (module docstring,
+    step 3): not adopted, and the report must not be acknowledged."""
+    adopted: tuple[Claim, ...] = ()
+    """Other servers' pending claims that this report's evidence confirmed: adopted by this
+    plan's write."""
 
 
 def plan_report(
     maps: CatalogMaps,
     reporter: NodeId,
     reported: Sequence[ReportedTablet],
-    confirmed: Mapping[TabletId, ConsensusState] | None = None,
+    answers: Mapping[TabletId, Answers] | None = None,
+    pending: Mapping[TabletId, Claim] | None = None,
 ) -> ReportPlan:
     """Decide about every replica of one report (the first of a repeated tablet id counts) and
-    gather the record changes into one write. `confirmed`: other voters' answers about the
-    tablets a previous plan of this report listed as `unconfirmed`."""
+    gather the record changes into one write. `answers`: what other servers said of each
+    tablet (their reports, or GetConsensusState), the reporter's own word excluded. `pending`:
+    other servers' unconfirmed claims about tablets of this report, adopted here when the
+    answers (this report among them) now confirm them."""
     seen: set[str] = set()
     ops: list[RowOp] = []
     expected: list[Precondition] = []
@@ -394,25 +475,47 @@ def plan_report(
     updated: list[TabletId] = []
     orphans: list[TabletId] = []
     new_records: dict[TabletId, TabletRecord] = {}
-    unconfirmed: list[tuple[TabletId, ConsensusState]] = []
+    unconfirmed: list[Claim] = []
+    adopted: list[Claim] = []
     for r in reported:
         if r.tablet_id in seen:
             continue
         seen.add(r.tablet_id)
         info = maps.tablets_by_id.get(r.tablet_id)
         table = maps.tables_by_id.get(info.table_id) if info is not None else None
+        tablet_answers = _others(answers, r.tablet_id, reporter)
         d = decide(
             reporter,
             r,
             info.record if info is not None else None,
             table.record if table is not None else None,
-            confirmed.get(r.tablet_id) if confirmed else None,
+            tablet_answers,
         )
         if info is None:
             orphans.append(r.tablet_id)
         if d.unconfirmed is not None:
-            unconfirmed.append((r.tablet_id, d.unconfirmed))
+            unconfirmed.append(Claim(reporter, r))
         actions.extend(d.actions)
+        claim = pending.get(r.tablet_id) if pending else None
+        if (
+            d.update is None
+            and claim is not None
+            and claim.reporter != reporter
+            and info is not None
+            and table is not None
+        ):
+            # Another server's claim that this report may be the missing word for.
+            theirs = decide(
+                claim.reporter,
+                claim.reported,
+                info.record,
+                table.record,
+                _others(answers, r.tablet_id, claim.reporter),
+            )
+            if theirs.update is not None:
+                adopted.append(claim)
+                actions.extend(theirs.actions)
+                d = theirs
         if d.update is not None and info is not None:
             ops.append(Update(d.update))
             expected.append(Precondition(RowKey(RecordType.TABLET, info.tablet_id), info.version))
@@ -445,4 +548,20 @@ def plan_report(
         tuple(tables_done),
         tuple(orphans),
         tuple(unconfirmed),
+        tuple(adopted),
     )
+
+
+def _others(
+    answers: Mapping[TabletId, Answers] | None, tablet_id: TabletId, reporter: NodeId
+) -> Answers:
+    """The answers about one tablet from servers other than `reporter` (whose own word is its
+    report, counted once)."""
+    if not answers:
+        return {}
+    got = answers.get(tablet_id)
+    if not got:
+        return {}
+    if reporter not in got:
+        return got
+    return {u: e for u, e in got.items() if u != reporter}

@@ -49,6 +49,7 @@ from service.master.catalog_records import (
     consensus_state_from_pb,
     consensus_state_to_pb,
 )
+from service.master.report_processing import Evidence
 from service.pb import common_pb2 as cpb
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
@@ -219,25 +220,38 @@ class TServerProxy:
 
     async def consensus_states(
         self, address: str, dest_uuid: str, tablet_ids: list[str], timeout_s: float
-    ) -> dict[str, ConsensusState]:
-        """The committed consensus state `dest_uuid` holds for each of `tablet_ids` it hosts
-        (GetConsensusState); entries it cannot decode are left out."""
+    ) -> dict[str, Evidence]:
+        """What `dest_uuid` holds for each of `tablet_ids` it hosts (GetConsensusState): its
+        committed consensus state and its pending config, if any; entries it cannot decode
+        are left out."""
         req = tpb.GetConsensusStateRequestPB(dest_uuid=dest_uuid, tablet_ids=tablet_ids)
         resp: tpb.GetConsensusStateResponsePB = await self._call(
             address, lambda s: s.GetConsensusState(req, timeout=timeout_s)
         )
-        out: dict[str, ConsensusState] = {}
+        out: dict[str, Evidence] = {}
         for entry in resp.tablets:
-            if entry.HasField("consensus_state"):
-                with contextlib.suppress(InvalidArgument):
-                    out[entry.tablet_id] = consensus_state_from_pb(
-                        entry.consensus_state, "consensus_state"
+            if not entry.HasField("consensus_state"):
+                continue
+            cs = entry.consensus_state
+            with contextlib.suppress(InvalidArgument):
+                committed = consensus_state_from_pb(cs, "consensus_state")
+                pending = None
+                if cs.HasField("pending_config") and cs.pending_config.peers:
+                    as_committed = mpb.ConsensusStatePB(
+                        current_term=cs.current_term, committed_config=cs.pending_config
                     )
+                    pending = consensus_state_from_pb(as_committed, "pending_config")
+                out[entry.tablet_id] = Evidence(committed, pending)
         return out
 
-    async def leader_step_down(self, address: str, dest_uuid: str, tablet_id: str) -> None:
-        """Ask the tablet's leader to hand leadership to its most caught-up voter."""
-        req = tpb.LeaderStepDownRequestPB(dest_uuid=dest_uuid, tablet_id=tablet_id)
+    async def leader_step_down(
+        self, address: str, dest_uuid: str, fence: Fence, tablet_id: str
+    ) -> None:
+        """Ask the tablet's leader to hand leadership to its most caught-up voter (fenced, as
+        every admin call of a master)."""
+        req = tpb.LeaderStepDownRequestPB(
+            dest_uuid=dest_uuid, tablet_id=tablet_id, fence=fence.to_pb()
+        )
         await self._call(address, lambda s: s.LeaderStepDown(req, timeout=self.rpc_timeout_s))
 
     # --- channels ----------------------------------------------------------------------------

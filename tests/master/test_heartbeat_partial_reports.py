@@ -15,7 +15,7 @@ import asyncio
 import pytest
 
 from service.common.errors import InvalidArgument
-from service.common.ids import TableId
+from service.common.ids import NodeId, TableId
 from service.master.catalog_records import TabletState, consensus_state_to_pb
 from service.master.heartbeat import (
     HeartbeatContext,
@@ -80,6 +80,11 @@ async def _new_leader_with_a_creating_table() -> tuple[Env, TableId, TableId]:
     await env.cm.assign_tablets()
     assert _states(env, new) == {TabletState.CREATING}
     assert env.ts.request_full_reports() == 3
+    # The other servers have spoken already (their incremental reports): their words confirm
+    # the reporter's claims to lead (claims.py).
+    for uuid, tablets in _leader_reports(env, new).items():
+        if uuid != REPORTER:
+            env.cm.note_replica_states(NodeId(uuid), tablets, full=False)
     return env, old, new
 
 

@@ -26,11 +26,15 @@ from service.master.catalog_records import (
 from service.master.report_processing import (
     REPORT_OPERATION,
     AlterReplica,
+    Answers,
     DeleteReplica,
+    Evidence,
     ReportedRole,
     ReportedState,
     ReportedTablet,
+    confirmation,
     decide,
+    one_step,
 )
 from tests.master.test_catalog_manager import (
     PARTITIONING,
@@ -86,65 +90,82 @@ def rep(
 LEADER, FOLLOWER = ReportedRole.LEADER, ReportedRole.FOLLOWER
 NEW_PEERS = (*PEERS[:2], RaftPeer(NodeId("ts-3"), MemberType.VOTER))
 
-# (name, tablet record or None, table record, reporter, report,
-#  expected update (field -> value) or None, expected actions)
+AGREE = ("ts-0", "ts-1", "ts-2", "ts-3")
+"""Every other server of the case's config says what the report says (its own word)."""
+
+# (name, tablet record or None, table record, reporter, report, servers whose own word agrees
+#  with the report, expected update (field -> value) or None, expected actions)
 CASES = [
     ("no record: never deleted (appendix A)", None, TABLE, "ts-0", rep(LEADER, cs(1, "ts-0")),
-     None, []),
+     AGREE, None, []),
     ("deleted tablet: DELETED", replace(RUNNING, state=TabletState.DELETED), TABLE, "ts-1",
-     rep(FOLLOWER, cs(1, "ts-0")), None, ["delete ts-1 DELETED"]),
+     rep(FOLLOWER, cs(1, "ts-0")), (), None, ["delete ts-1 DELETED"]),
     ("replaced tablet: DELETED", replace(CREATING, state=TabletState.REPLACED,
-     replaced_by=TabletId("c" * 32)), TABLE, "ts-2", rep(LEADER, cs(1, "ts-2")), None,
+     replaced_by=TabletId("c" * 32)), TABLE, "ts-2", rep(LEADER, cs(1, "ts-2")), (), None,
      ["delete ts-2 DELETED"]),
     ("removed table: DELETED", RUNNING, replace(TABLE, state=TableState.REMOVED), "ts-0",
-     rep(LEADER, cs(1, "ts-0")), None, ["delete ts-0 DELETED"]),
-    ("CREATING + leader of the committed config: RUNNING", CREATING, TABLE, "ts-0",
-     rep(LEADER, cs(1, "ts-0")), {"state": TabletState.RUNNING, "term": 1, "leader": "ts-0"},
-     []),
+     rep(LEADER, cs(1, "ts-0")), (), None, ["delete ts-0 DELETED"]),
+    ("CREATING + leader of the committed config, a follower agrees: RUNNING", CREATING, TABLE,
+     "ts-0", rep(LEADER, cs(1, "ts-0")), ("ts-1",),
+     {"state": TabletState.RUNNING, "term": 1, "leader": "ts-0"}, []),
+    ("CREATING + leader of the committed config, alone: not yet", CREATING, TABLE, "ts-0",
+     rep(LEADER, cs(1, "ts-0")), (), None, []),
     ("CREATING + follower: nothing", CREATING, TABLE, "ts-1", rep(FOLLOWER, cs(1, "ts-0")),
-     None, []),
+     AGREE, None, []),
     ("CREATING + LEADER role naming another leader: nothing", CREATING, TABLE, "ts-1",
-     rep(LEADER, cs(1, "ts-0")), None, []),
+     rep(LEADER, cs(1, "ts-0")), AGREE, None, []),
     ("CREATING + leaderless report: nothing", CREATING, TABLE, "ts-0", rep(LEADER, cs(0, None)),
-     None, []),
+     AGREE, None, []),
     ("RUNNING + newer committed config from its leader, not confirmed: nothing yet", RUNNING,
-     TABLE, "ts-0", rep(LEADER, cs(2, "ts-0", 5, NEW_PEERS)), None, []),
-    ("a leader the recorded config does not name, same voters: not adopted unconfirmed",
+     TABLE, "ts-0", rep(LEADER, cs(2, "ts-0", 5, NEW_PEERS)), (), None, []),
+    ("RUNNING + newer committed config, ts-1 holds it too: recorded", RUNNING, TABLE, "ts-0",
+     rep(LEADER, cs(2, "ts-0", 5, NEW_PEERS)), ("ts-1",),
+     {"index": 5, "peers": ("ts-0", "ts-1", "ts-3")}, []),
+    ("a leader the recorded config does not name, alone: not adopted",
      RUNNING, TABLE, "ts-9", rep(LEADER, cs(9, "ts-9", 9, (*PEERS[:2],
-     RaftPeer(NodeId("ts-9"), MemberType.VOTER)))), None, []),
-    ("RUNNING + new leader same config: recorded", RUNNING, TABLE, "ts-1",
-     rep(LEADER, cs(2, "ts-1")), {"term": 2, "leader": "ts-1"}, []),
+     RaftPeer(NodeId("ts-9"), MemberType.VOTER)))), (), None, []),
+    ("RUNNING + new leader same config, a follower agrees: recorded", RUNNING, TABLE, "ts-1",
+     rep(LEADER, cs(2, "ts-1")), ("ts-2",), {"term": 2, "leader": "ts-1"}, []),
+    ("RUNNING + new leader same config, alone: not yet", RUNNING, TABLE, "ts-1",
+     rep(LEADER, cs(2, "ts-1")), (), None, []),
     ("RUNNING + stale leader (older term): ignored", replace(RUNNING, consensus=cs(3, "ts-1")),
-     TABLE, "ts-0", rep(LEADER, cs(2, "ts-0"), schema=0), None, []),
+     TABLE, "ts-0", rep(LEADER, cs(2, "ts-0"), schema=0), AGREE, None, []),
     ("RUNNING + same state again: nothing", RUNNING, TABLE, "ts-0", rep(LEADER, cs(1, "ts-0")),
-     None, []),
+     (), None, []),
     ("evicted replica: TOMBSTONED with cas on the known config", replace(RUNNING,
      consensus=cs(2, "ts-0", 5, NEW_PEERS)), TABLE, "ts-2", rep(FOLLOWER, cs(1, "ts-0")),
-     None, ["tombstone ts-2 cas 5"]),
+     (), None, ["tombstone ts-2 cas 5"]),
     ("evicted but its config is newer than the master's: nothing", RUNNING, TABLE, "ts-9",
      rep(FOLLOWER, cs(3, "ts-0", 7, (*PEERS, RaftPeer(NodeId("ts-9"), MemberType.NON_VOTER)))),
-     None, []),
+     (), None, []),
     ("evicted and already tombstoned: nothing", replace(RUNNING,
      consensus=cs(2, "ts-0", 5, NEW_PEERS)), TABLE, "ts-2",
-     rep(FOLLOWER, cs(1, "ts-0"), state=ReportedState.TOMBSTONED), None, []),
+     rep(FOLLOWER, cs(1, "ts-0"), state=ReportedState.TOMBSTONED), (), None, []),
     ("a FAILED replica claiming to lead a newer term: nothing learned from it", RUNNING,
-     TABLE, "ts-1", rep(LEADER, cs(2, "ts-1"), state=ReportedState.FAILED), None, []),
+     TABLE, "ts-1", rep(LEADER, cs(2, "ts-1"), state=ReportedState.FAILED), AGREE, None, []),
     ("evicted FAILED replica: TOMBSTONED with cas", replace(RUNNING,
      consensus=cs(2, "ts-0", 5, NEW_PEERS)), TABLE, "ts-2",
-     rep(ReportedRole.UNKNOWN, None, state=ReportedState.FAILED), None,
+     rep(ReportedRole.UNKNOWN, None, state=ReportedState.FAILED), (), None,
      ["tombstone ts-2 cas 5"]),
     ("leader on an old schema: AlterSchema, version recorded", replace(RUNNING,
-     reported_schema_version=0), TABLE, "ts-0", rep(LEADER, cs(1, "ts-0"), schema=1),
+     reported_schema_version=0), TABLE, "ts-0", rep(LEADER, cs(1, "ts-0"), schema=1), (),
      {"schema": 1}, ["alter ts-0 to 2"]),
     ("leader on the table's schema: version recorded", replace(RUNNING,
-     reported_schema_version=1), TABLE, "ts-0", rep(LEADER, cs(1, "ts-0"), schema=2),
+     reported_schema_version=1), TABLE, "ts-0", rep(LEADER, cs(1, "ts-0"), schema=2), (),
      {"schema": 2}, []),
     ("follower on an old schema: nothing (its leader is asked)", RUNNING, TABLE, "ts-1",
-     rep(FOLLOWER, cs(1, "ts-0"), schema=0), None, []),
-    ("CREATING + leader on an old schema: RUNNING and AlterSchema", CREATING, TABLE, "ts-0",
-     rep(LEADER, cs(1, "ts-0"), schema=0), {"state": TabletState.RUNNING, "schema": 0},
-     ["alter ts-0 to 2"]),
+     rep(FOLLOWER, cs(1, "ts-0"), schema=0), (), None, []),
+    ("CREATING + leader on an old schema, a follower agrees: RUNNING and AlterSchema",
+     CREATING, TABLE, "ts-0", rep(LEADER, cs(1, "ts-0"), schema=0), ("ts-2",),
+     {"state": TabletState.RUNNING, "schema": 0}, ["alter ts-0 to 2"]),
 ]  # fmt: skip
+
+
+def _agreeing(report: ReportedTablet, servers: tuple[str, ...], reporter: str) -> Answers:
+    assert report.consensus is not None or not servers or servers == AGREE
+    if report.consensus is None:
+        return {}
+    return {NodeId(u): Evidence(report.consensus) for u in servers if u != reporter}
 
 
 def _action(a: object) -> str:
@@ -156,41 +177,86 @@ def _action(a: object) -> str:
     return f"alter {a.server} to {a.schema_version}"
 
 
-def test_a_membership_claim_is_adopted_once_another_voter_confirms_it() -> None:
-    """A leader report that changes the voters (or comes from a non-voter of the recorded
-    config) is a claim about other servers: adopted only with another voter's matching
-    committed config (same op index and voters), never on the reporter's word."""
+def _ev(c: ConsensusState, pending: ConsensusState | None = None) -> Evidence:
+    return Evidence(c, pending)
+
+
+def test_a_config_claim_needs_a_majority_of_the_recorded_voters_to_hold_it() -> None:
+    """A leader report that changes the config is a claim about other servers: adopted only
+    when a majority of the recorded config's voters hold it (the reporter counting for
+    itself), never on the reporter's word, whatever its term or op index."""
     claim = cs(2, "ts-0", 5, NEW_PEERS)
     report = rep(LEADER, claim)
     d = decide(NodeId("ts-0"), report, RUNNING, TABLE)
     assert d.update is None and d.unconfirmed == claim
-    # ts-1 confirms: the same config, at the term it knows.
-    d = decide(NodeId("ts-0"), report, RUNNING, TABLE, cs(1, "ts-0", 5, NEW_PEERS))
-    assert d.update is not None and d.update.consensus is not None and d.unconfirmed is None
-    assert tuple(p.uuid for p in d.update.consensus.peers) == ("ts-0", "ts-1", "ts-3")
-    # A voter that does not know ts-3 as a voter, or no answer: no confirmation.
-    for answer in (cs(2, "ts-0", 5, PEERS), cs(2, "ts-0", 6, PEERS), None):
-        d = decide(NodeId("ts-0"), report, RUNNING, TABLE, answer)
+    # ts-1 holds it, committed or pending: with the reporter, 2 of the 3 recorded voters.
+    for said in (_ev(cs(2, "ts-0", 5, NEW_PEERS)), _ev(cs(2, "ts-0"), cs(2, "ts-0", 5, NEW_PEERS))):
+        d = decide(NodeId("ts-0"), report, RUNNING, TABLE, {NodeId("ts-1"): said})
+        assert d.update is not None and d.update.consensus is not None and d.unconfirmed is None
+        assert tuple(p.uuid for p in d.update.consensus.peers) == ("ts-0", "ts-1", "ts-3")
+    # A voter that holds another config, or ts-3 (in the claim only: one step is not this
+    # claim, which swaps two servers), or nobody: not confirmed.
+    for answers in (
+        {NodeId("ts-1"): _ev(cs(2, "ts-0", 5, PEERS))},
+        {NodeId("ts-1"): _ev(cs(2, "ts-0", 6, NEW_PEERS))},
+        {NodeId("ts-3"): _ev(cs(2, "ts-0", 5, NEW_PEERS))},
+        {},
+    ):
+        d = decide(NodeId("ts-0"), report, RUNNING, TABLE, answers)
         assert d.update is None and d.unconfirmed == claim
-    # The same voters from a recorded voter (a new leader, a new term), or a config that only
-    # removed voters: no question asked (it names no server the master did not trust).
-    d = decide(NodeId("ts-1"), rep(LEADER, cs(2, "ts-1")), RUNNING, TABLE)
-    assert d.update is not None and d.unconfirmed is None
-    d = decide(NodeId("ts-0"), rep(LEADER, cs(2, "ts-0", 5, PEERS[:2])), RUNNING, TABLE)
-    assert d.update is not None and d.unconfirmed is None
-    # A one-replica tablet moved from ts-0 to ts-3 is reported by ts-3 alone, with nobody else
-    # in its config: ts-0, the recorded voter, saw ts-3 added, which confirms the claim.
-    one = replace(RUNNING, consensus=cs(1, "ts-0", 3, PEERS[:1]))
-    moved = cs(3, "ts-3", 7, (RaftPeer(NodeId("ts-3"), MemberType.VOTER),))
-    d = decide(NodeId("ts-3"), rep(LEADER, moved), one, TABLE)
-    assert d.update is None and d.unconfirmed == moved
-    both = cs(2, "ts-0", 6, (PEERS[0], RaftPeer(NodeId("ts-3"), MemberType.VOTER)))
-    d = decide(NodeId("ts-3"), rep(LEADER, moved), one, TABLE, both)
+
+
+def test_the_attack_of_one_member_claiming_to_be_the_only_voter_is_never_adopted() -> None:
+    """A follower's server claims LEADER, term 1000, op index 1000, voters = {itself}. The
+    other voters say what they really hold; adopted, the claim would have had them
+    tombstoned."""
+    forged = cs(1000, "ts-1", 1000, (PEERS[1],))
+    honest = {NodeId("ts-0"): _ev(cs(1, "ts-0")), NodeId("ts-2"): _ev(cs(1, "ts-0"))}
+    for answers in (honest, {}):
+        d = decide(NodeId("ts-1"), rep(LEADER, forged), RUNNING, TABLE, answers)
+        assert d.update is None and d.unconfirmed == forged and d.actions == ()
+    # The same with the recorded voters, a higher term alone: no new leader either.
+    term_only = cs(1000, "ts-1")
+    d = decide(NodeId("ts-1"), rep(LEADER, term_only), RUNNING, TABLE, honest)
+    assert d.update is None and d.unconfirmed == term_only
+    assert confirmation("ts-1", forged, RUNNING.consensus, honest) is not None
+
+
+def test_one_step_is_committed_by_its_own_majority() -> None:
+    """A single Raft step is committed by a majority of the new config (Raft thesis, 4.1):
+    the removal of a voter that never heard of it is still adopted when the remaining voters
+    hold it; a two-voter config losing one is adopted on the remaining voter's word."""
+    removal = cs(2, "ts-0", 5, PEERS[:2])
+    assert one_step(RUNNING.consensus, removal)  # type: ignore[arg-type]
+    d = decide(NodeId("ts-0"), rep(LEADER, removal), RUNNING, TABLE, {NodeId("ts-1"): _ev(removal)})
+    assert d.update is not None
+    # Remove ts-2 AND ts-1 (two steps) on ts-0's word: refused.
+    two = cs(2, "ts-0", 5, PEERS[:1])
+    assert not one_step(RUNNING.consensus, two)  # type: ignore[arg-type]
+    d = decide(NodeId("ts-0"), rep(LEADER, two), RUNNING, TABLE, {})
+    assert d.update is None
+    # A one-replica tablet moved from ts-0 to ts-3: ts-3 added, promoted, ts-0 removed; the
+    # last step reported by ts-3 is adopted on its word once the master knows the step before.
+    pair = replace(
+        RUNNING, consensus=cs(2, "ts-3", 6, (PEERS[0], RaftPeer(NodeId("ts-3"), MemberType.VOTER)))
+    )
+    moved = cs(2, "ts-3", 7, (RaftPeer(NodeId("ts-3"), MemberType.VOTER),))
+    d = decide(NodeId("ts-3"), rep(LEADER, moved), pair, TABLE)
     assert d.update is not None and d.update.consensus == moved
 
 
+def test_a_new_leader_needs_a_majority_that_knows_it() -> None:
+    claim = cs(2, "ts-1")
+    knows = _ev(cs(2, "ts-1"))
+    voted_elsewhere = _ev(cs(2, "ts-2"))
+    assert decide(NodeId("ts-1"), rep(LEADER, claim), RUNNING, TABLE, {NodeId("ts-2"): knows})
+    for answers in ({NodeId("ts-2"): voted_elsewhere}, {NodeId("ts-9"): knows}, {}):
+        d = decide(NodeId("ts-1"), rep(LEADER, claim), RUNNING, TABLE, answers)
+        assert d.update is None and d.unconfirmed == claim
+
+
 @pytest.mark.parametrize(
-    ("tablet", "table", "reporter", "report", "update", "actions"),
+    ("tablet", "table", "reporter", "report", "agree", "update", "actions"),
     [c[1:] for c in CASES],
     ids=[c[0] for c in CASES],
 )
@@ -199,10 +265,11 @@ def test_decide(
     table: TableRecord,
     reporter: str,
     report: ReportedTablet,
+    agree: tuple[str, ...],
     update: dict[str, object] | None,
     actions: list[str],
 ) -> None:
-    d = decide(NodeId(reporter), report, tablet, table)
+    d = decide(NodeId(reporter), report, tablet, table, _agreeing(report, agree, reporter))
     assert [_action(a) for a in d.actions] == actions
     if update is None:
         assert d.update is None, d.note
@@ -246,6 +313,13 @@ def _leader_reports(env: object, table_id: str, schema: int = 0) -> dict[str, li
     return out
 
 
+def _note_all(env: object, reports: dict[str, list[ReportedTablet]]) -> None:
+    """What the heartbeats do before they process: every server's word is heard (claims.py),
+    so each leader's claim finds its followers' agreement."""
+    for uuid, tablets in sorted(reports.items()):
+        env.cm.note_replica_states(NodeId(uuid), tablets, full=True)  # type: ignore[attr-defined]
+
+
 def test_a_full_report_is_one_write_and_makes_tablets_running() -> None:
     async def main() -> None:
         env = make_env()
@@ -253,6 +327,7 @@ def test_a_full_report_is_one_write_and_makes_tablets_running() -> None:
         await env.cm.assign_tablets()
         before = env.raft.proposals
         reports = _leader_reports(env, table_id)
+        _note_all(env, reports)
         for uuid, tablets in sorted(reports.items()):
             plan = await env.cm.process_report(NodeId(uuid), tablets)
             assert plan.actions == ()
@@ -280,6 +355,7 @@ def test_reports_processed_together_share_one_entry() -> None:
         reports = _leader_reports(env, table_id)
         leaders = {t.consensus.leader_uuid for ts in reports.values() for t in ts if t.consensus}
         assert len(leaders) > 1
+        _note_all(env, reports)
         before = env.raft.proposals
         await asyncio.gather(
             *(env.cm.process_report(NodeId(u), tablets) for u, tablets in reports.items())
@@ -296,7 +372,9 @@ def test_alter_done_when_every_leader_reports_the_version_in_the_same_write() ->
         env = make_env()
         table_id = await create(env)
         await env.cm.assign_tablets()
-        for uuid, tablets in sorted(_leader_reports(env, table_id).items()):
+        first = _leader_reports(env, table_id)
+        _note_all(env, first)
+        for uuid, tablets in sorted(first.items()):
             await env.cm.process_report(NodeId(uuid), tablets)
         version = await env.cm.alter_table(
             by_id(table_id), [AddColumn("extra", ColumnType.INT32)], Ids()()
@@ -328,13 +406,53 @@ def test_a_failed_replication_changes_nothing_and_raises() -> None:
         await env.cm.assign_tablets()
         snap = env.snapshot()
         env.raft.fail_before.append(Timeout("lost the lease"))
-        uuid, tablets = sorted(_leader_reports(env, table_id).items())[0]
+        reports = _leader_reports(env, table_id)
+        _note_all(env, reports)
+        uuid, tablets = sorted(reports.items())[0]
         with pytest.raises(Timeout):
             await env.cm.process_report(NodeId(uuid), tablets)
         assert env.snapshot() == snap
         # The next report goes through.
         await env.cm.process_report(NodeId(uuid), tablets)
         assert env.snapshot() != snap
+
+    run(main())
+
+
+def test_a_leaders_claim_waits_for_its_followers_word_and_is_adopted_when_it_comes() -> None:
+    """The leader's report comes before its followers': its claim is pending (not adopted, not
+    acknowledged); the first follower's report that knows the leader adopts it in its own
+    write, without waiting for the leader to send its report again."""
+
+    async def main() -> None:
+        env = make_env()
+        table_id = await create(env)
+        await env.cm.assign_tablets()
+        reports = _leader_reports(env, table_id)
+        leader_of = {
+            t.tablet_id: t.consensus.leader_uuid
+            for ts in reports.values()
+            for t in ts
+            if t.role is LEADER and t.consensus is not None
+        }
+        uuid = sorted(u for u in reports if any(t.role is LEADER for t in reports[u]))[0]
+        env.cm.note_replica_states(NodeId(uuid), reports[uuid], full=True)
+        plan = await env.cm.process_report(NodeId(uuid), reports[uuid])
+        claimed = {c.tablet_id for c in plan.unconfirmed}
+        assert claimed == {t for t, u in leader_of.items() if u == uuid} and plan.write is None
+        follower = next(
+            u
+            for u, ts in sorted(reports.items())
+            if u != uuid and any(t.tablet_id in claimed for t in ts)
+        )
+        env.cm.note_replica_states(NodeId(follower), reports[follower], full=True)
+        plan = await env.cm.process_report(NodeId(follower), reports[follower])
+        adopted = {c.tablet_id for c in plan.adopted}
+        assert adopted and adopted <= claimed
+        for t in adopted:
+            rec = env.state.tablet(t).record  # type: ignore[union-attr]
+            assert rec.state is TabletState.RUNNING
+            assert rec.consensus is not None and rec.consensus.leader_uuid == uuid
 
     run(main())
 

@@ -1,0 +1,188 @@
+"""What the leader master has heard each tablet server say of its replicas, to confirm claims.
+
+A tablet report is a claim (docs/design/catalog.md#R15): the leader adopts a reported
+consensus state that differs from the recorded one only when other servers' own words confirm
+it (`report_processing.confirmation`). Those words come from two places:
+
+* their own tablet reports. Every replica's server reports it when its term, leader or config
+  changes, so the followers of a newly elected leader report that leader within a heartbeat of
+  the leader's own report. `ClaimEvidence` keeps, per tablet, the latest consensus state each
+  server reported *when it differs from the recorded one* (an answer equal to the record can
+  confirm no change of it): in a steady cluster the store is empty, during a burst of creates it
+  holds a few entries per new tablet until their leaders' claims are adopted.
+* GetConsensusState, asked by the leader at the address each server registered
+  (`Master._confirm_claims`): at once for a claim that changes a config (rare, and a follower
+  need not report a config it applied), and for a claim of a new leader only once it has
+  waited `ASK_AFTER_S` for the followers' reports (asking for every new tablet's leader would
+  add RPCs by the thousand during a large create).
+
+A claim that is not yet confirmed is kept as *pending*: the report that carries the missing
+word (a follower's, usually) adopts it at once (`plan_report(pending=...)`), so the order in
+which a leader's and its followers' reports arrive costs no extra heartbeat.
+
+All of it is the leader's memory of one term: emptied when a term starts or ends (a new leader
+asks every server for a full report, which brings the words back). Bounded: past
+`MAX_TABLETS` tablets with evidence, new evidence is not kept (claims then wait for asks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from service.common.ids import NodeId, TabletId
+from service.master.catalog_info import CatalogMaps
+from service.master.catalog_records import ConsensusState
+from service.master.report_processing import (
+    Answers,
+    Claim,
+    Evidence,
+    ReportedState,
+    ReportedTablet,
+    ReportPlan,
+    same_config,
+)
+
+__all__ = ["ASK_AFTER_S", "MAX_TABLETS", "ClaimEvidence"]
+
+ASK_AFTER_S = 3.0
+"""A claim of a new leader (same config) waits this long for its followers' reports before the
+leader master asks them with GetConsensusState."""
+MAX_TABLETS = 100_000
+"""Most tablets with evidence kept at once (a few entries each): about 30 MB at most."""
+
+
+def _differs(cs: ConsensusState, recorded: ConsensusState | None) -> bool:
+    return (
+        recorded is None
+        or cs.term != recorded.term
+        or cs.leader_uuid != recorded.leader_uuid
+        or not same_config(cs, recorded)
+    )
+
+
+def _ahead(cs: ConsensusState, recorded: ConsensusState | None) -> bool:
+    return recorded is None or cs.term > recorded.term or cs.config_index > recorded.config_index
+
+
+class ClaimEvidence:
+    """Per tablet: what each server said of its replica (when it differs from the record),
+    and the claims waiting for confirmation (module docstring). Owned by the report handler;
+    used on the event loop only."""
+
+    def __init__(self) -> None:
+        self._said: dict[TabletId, dict[NodeId, Evidence]] = {}
+        self._pending: dict[TabletId, tuple[Claim, float]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._said.values())
+
+    @property
+    def pending_claims(self) -> int:
+        return len(self._pending)
+
+    def clear(self) -> None:
+        self._said.clear()
+        self._pending.clear()
+
+    # --- what servers say ----------------------------------------------------------------
+
+    def note_report(
+        self, reporter: NodeId, reported: Sequence[ReportedTablet], maps: CatalogMaps
+    ) -> None:
+        """Keep what `reporter` says of each replica it reported, when that differs from the
+        tablet's record; forget its earlier word otherwise (it now agrees, or its replica
+        failed or is gone, and says nothing)."""
+        for r in reported:
+            info = maps.tablets_by_id.get(r.tablet_id)
+            if info is None:
+                continue
+            cs = r.consensus
+            speaks = cs is not None and r.state not in (
+                ReportedState.FAILED,
+                ReportedState.TOMBSTONED,
+            )
+            if speaks and cs is not None and _differs(cs, info.record.consensus):
+                self._keep(r.tablet_id, reporter, Evidence(cs))
+            else:
+                self._forget(r.tablet_id, reporter)
+
+    def note_answers(self, answers: Mapping[TabletId, Answers]) -> None:
+        """Keep servers' answers to GetConsensusState (they may confirm later claims too)."""
+        for tablet_id, by_server in answers.items():
+            for uuid, evidence in by_server.items():
+                self._keep(tablet_id, uuid, evidence)
+
+    def _keep(self, tablet_id: TabletId, uuid: NodeId, evidence: Evidence) -> None:
+        said = self._said.get(tablet_id)
+        if said is None:
+            if len(self._said) >= MAX_TABLETS:
+                return
+            said = self._said[tablet_id] = {}
+        said[uuid] = evidence
+
+    def _forget(self, tablet_id: TabletId, uuid: NodeId) -> None:
+        said = self._said.get(tablet_id)
+        if said is not None and said.pop(uuid, None) is not None and not said:
+            del self._said[tablet_id]
+
+    def answers(self, tablet_ids: Iterable[TabletId]) -> dict[TabletId, Answers]:
+        """What is known of these tablets, for `plan_report`."""
+        out: dict[TabletId, Answers] = {}
+        said = self._said
+        for t in tablet_ids:
+            got = said.get(t)
+            if got:
+                out[t] = got
+        return out
+
+    # --- claims ---------------------------------------------------------------------------
+
+    def pending(self, tablet_ids: Iterable[TabletId]) -> dict[TabletId, Claim]:
+        """The pending claims about these tablets, for `plan_report`."""
+        if not self._pending:
+            return {}
+        out: dict[TabletId, Claim] = {}
+        for t in tablet_ids:
+            got = self._pending.get(t)
+            if got is not None:
+                out[t] = got[0]
+        return out
+
+    def note_unconfirmed(self, claims: Sequence[Claim], now: float) -> None:
+        """Keep each claim as pending (its first sighting's time, if it is the same claim)."""
+        for claim in claims:
+            old = self._pending.get(claim.tablet_id)
+            if old is not None and old[0] == claim:
+                continue
+            self._pending[claim.tablet_id] = (claim, now)
+
+    def to_ask(self, claims: Sequence[Claim], maps: CatalogMaps, now: float) -> list[Claim]:
+        """The claims worth a GetConsensusState to their voters now (module docstring)."""
+        out = []
+        for claim in claims:
+            info = maps.tablets_by_id.get(claim.tablet_id)
+            recorded = info.record.consensus if info is not None else None
+            seen = self._pending.get(claim.tablet_id)
+            waited = now - seen[1] if seen is not None and seen[0] == claim else 0.0
+            if claim.changes_config(recorded) or waited >= ASK_AFTER_S:
+                out.append(claim)
+        return out
+
+    def after_commit(self, plan: ReportPlan, maps: CatalogMaps) -> None:
+        """A plan's write committed (`maps` has it): adopted claims are done, and the words
+        that now agree with an updated record are forgotten."""
+        for claim in plan.adopted:
+            self._pending.pop(claim.tablet_id, None)
+        for tablet_id in plan.updated_tablets:
+            info = maps.tablets_by_id.get(tablet_id)
+            recorded = info.record.consensus if info is not None else None
+            pending = self._pending.get(tablet_id)
+            if pending is not None and not _ahead(pending[0].consensus, recorded):
+                del self._pending[tablet_id]  # adopted, or overtaken by a newer record
+            said = self._said.get(tablet_id)
+            if said is None:
+                continue
+            for uuid in [u for u, e in said.items() if not _differs(e.committed, recorded)]:
+                del said[uuid]
+            if not said:
+                del self._said[tablet_id]
