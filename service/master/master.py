@@ -121,7 +121,7 @@ from service.common.errors import (
     TesseraError,
     observe_rpcs,
 )
-from service.common.http_status import StatusServer, public_address
+from service.common.http_status import StatusServer, public_address, status_server
 from service.common.ids import NodeId, TabletId
 from service.common.loop_lag import LoopLagMonitor
 from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
@@ -140,7 +140,7 @@ from service.consensus.raft_store import RaftStore
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
 from service.master.background_tasks import BackgroundSettings, BackgroundTasks
 from service.master.catalog_manager import CatalogManager, Replicate
-from service.master.catalog_records import CertAuthorityRecord, ConsensusState, MemberType
+from service.master.catalog_records import CertAuthorityRecord
 from service.master.catalog_settings import CatalogSettings
 from service.master.cert_issuer import CertIssuer
 from service.master.heartbeat import HeartbeatContext, ReportGate
@@ -148,7 +148,7 @@ from service.master.master_membership import master_uuid
 from service.master.master_service import POLICY as MASTER_POLICY
 from service.master.master_service import MasterServicer
 from service.master.progress_clock import ProgressClock
-from service.master.report_processing import ReportAction, confirms
+from service.master.report_processing import Answers, Claim, Evidence, ReportAction
 from service.master.security import ensure_security, load_ca, public_key
 from service.master.status_pages import install_master_metrics, install_master_pages
 from service.master.sys_catalog import ApplyResult, CatalogChange, Restored, SysCatalogState
@@ -417,7 +417,14 @@ class MasterServer:
             )
             self.renewer.start()
         if config.http_bind:
-            http = StatusServer(config.http_bind, self.metrics, title="Tessera master")
+            # Off loopback the pages need a client certificate (docs/design/security.md#R13).
+            http = status_server(
+                config.http_bind,
+                config.http_auth,
+                self.metrics,
+                title="Tessera master",
+                credentials=self._current_credentials if creds is not None else None,
+            )
             install_master_pages(self, http)
             self.http = http
             await http.start()
@@ -429,7 +436,7 @@ class MasterServer:
             self.address,
             data_dir,
             ", ".join(p.address for p in self.peers) + (" (joining)" if joining else ""),
-            f"http://{self.http_address}/" if self.http_address else "off",
+            f"{self.http.scheme}://{self.http_address}/" if self.http else "off",
         )
 
     async def aclose(self) -> None:
@@ -629,29 +636,24 @@ class MasterServer:
             heartbeat_interval_ms=0 if st.role is Role.LEADER else self._follower_heartbeat_ms,
         )
 
-    async def _confirm_claims(
-        self, reporter: NodeId, claims: Sequence[tuple[TabletId, ConsensusState]]
-    ) -> dict[TabletId, ConsensusState]:
-        """Ask the other voters of each claimed config what they committed
-        (`report_processing`, step 3): one GetConsensusState per server, all at once, each at
-        the address that server registered itself (never one the claim names, which the
-        claimant wrote). The answers that confirm their claim, by tablet."""
+    async def _confirm_claims(self, claims: Sequence[Claim]) -> dict[TabletId, Answers]:
+        """Ask the servers of each claimed tablet what they hold (`report_processing`, step
+        3; claims.py): the recorded config's voters (who saw what came before) and the claim's
+        (who saw it happen), but not the claimant, whose word is its report. One
+        GetConsensusState per server, all at once, each at the address that server registered
+        itself (never one the claim names, which the claimant wrote)."""
         ts, proxy, catalog = self.ts_manager, self.proxy, self.catalog
         if ts is None or proxy is None or catalog is None:
             return {}
         asks: dict[str, list[TabletId]] = {}
-        for tablet_id, cs in claims:
-            # The claim's other voters, and the recorded config's (who saw what came before:
-            # the only ones left to ask when the claim names the reporter alone).
-            info = catalog.maps.tablets_by_id.get(tablet_id)
+        for claim in claims:
+            info = catalog.maps.tablets_by_id.get(claim.tablet_id)
             recorded = info.record.consensus if info is not None else None
-            peers = [*cs.peers, *(recorded.peers if recorded is not None else ())]
-            for uuid in dict.fromkeys(
-                p.uuid for p in peers if p.member_type is MemberType.VOTER and p.uuid != reporter
-            ):
-                asks.setdefault(uuid, []).append(tablet_id)
+            peers = [*claim.consensus.peers, *(recorded.peers if recorded is not None else ())]
+            for uuid in dict.fromkeys(p.uuid for p in peers if p.uuid != claim.reporter):
+                asks.setdefault(uuid, []).append(claim.tablet_id)
 
-        async def ask(uuid: str, tablets: list[TabletId]) -> dict[str, ConsensusState]:
+        async def ask(uuid: str, tablets: list[TabletId]) -> dict[str, Evidence]:
             address = ts.rpc_address(uuid)
             if address is None:
                 return {}
@@ -663,14 +665,13 @@ class MasterServer:
                 log.info("could not ask %s about %d tablets: %s", uuid, len(tablets), e)
                 return {}
 
-        claimed = dict(claims)
-        out: dict[TabletId, ConsensusState] = {}
-        for answers in await asyncio.gather(*(ask(u, t) for u, t in asks.items())):
-            for answered, cs in answers.items():
-                tid = TabletId(answered)
-                if tid in claimed and confirms(cs, claimed[tid], reporter):
-                    out[tid] = cs
-        return out
+        uuids = list(asks)
+        results = await asyncio.gather(*(ask(u, asks[u]) for u in uuids))
+        out: dict[TabletId, dict[NodeId, Evidence]] = {}
+        for server, answers in zip(uuids, results, strict=True):
+            for answered, evidence in answers.items():
+                out.setdefault(TabletId(answered), {})[NodeId(server)] = evidence
+        return dict(out)
 
     # --- certificate renewal (module docstring) -----------------------------------------------
 

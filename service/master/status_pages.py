@@ -11,6 +11,11 @@ Pages (every master, leader or follower; each shows this master's own view):
   /tservers  the tablet servers that registered here: liveness, time since last heartbeat,
              replicas and leaders (from the committed catalog), links to their status pages
   /tasks     the leader's background tasks in flight or waiting for a retry
+  /healthz   "ok" while the process serves (`common.http_status`)
+
+Who may read them: every page here names tables, tablets or servers, so off loopback (or with
+`http_auth = "tls"`) each needs a client certificate of the cluster CA, any role; only /healthz
+stays open (`common.http_status`, docs/design/security.md#R13).
 
 The catalog's maps are kept warm on followers too (master.py), so a follower's /tables is
 current up to what it has applied; /tasks is empty except on the leader.
@@ -576,7 +581,8 @@ class _MasterPages:
                 (
                     d.uuid,
                     d.rpc_address,
-                    link(f"http://{http}/", http) if http else "-",
+                    # This master's scheme: a deployment secures its status pages alike.
+                    link(f"{self.http.scheme}://{http}/", http) if http else "-",
                     self._server_state(d.uuid),
                     int(d.heartbeat_age_s * 1000),
                     d.total_replicas,

@@ -96,6 +96,12 @@ class HeartbeatOutcome:
     """The heartbeat registered a new process of a known server (a higher instance seqno)."""
 
 
+MAX_SEQNO_AHEAD_S = 3600
+"""How far ahead of a master's wall clock a registering server's instance seqno (its start
+time) may be: clocks differ by far less, and a seqno beyond it would lock the server's later
+processes out (`TSManager._register`)."""
+
+
 class TSManager:
     """The registry of tablet servers, keyed by permanent uuid (see the module docstring).
 
@@ -171,6 +177,17 @@ class TSManager:
         return self._snapshot(self._records[instance.permanent_uuid], self._clock.monotonic())
 
     def _register(self, instance: NodeInstance, registration: TSRegistration) -> bool:
+        # A tablet server's instance seqno is the wall-clock time it started, in microseconds.
+        # One far in the future would be a restart no later process of that server could
+        # follow (every real seqno below it refused): refused, changing nothing.
+        ahead_us = instance.instance_seqno - int(self._clock.now() * 1_000_000)
+        if ahead_us > MAX_SEQNO_AHEAD_S * 1_000_000:
+            raise InvalidArgument(
+                f"instance_seqno {instance.instance_seqno} of {instance.permanent_uuid} is "
+                f"{ahead_us / 3.6e9:.1f} hours ahead of this master's clock: a server's seqno is "
+                f"its start time in microseconds (check the clocks; at most {MAX_SEQNO_AHEAD_S}s "
+                "ahead is accepted)"
+            )
         now = self._clock.monotonic()
         record = self._records.get(instance.permanent_uuid)
         if record is None:

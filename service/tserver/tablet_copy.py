@@ -83,6 +83,7 @@ from service.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     StaleTerm,
     from_grpc,
 )
@@ -201,8 +202,12 @@ class CopySource:
             session_idle_timeout_ms=int(SESSION_IDLE_S * 1000),
         )
 
-    async def fetch(self, req: tpb.FetchDataRequestPB) -> tpb.FetchDataResponsePB:
-        s = self._session(req.session_id)
+    async def fetch(
+        self, req: tpb.FetchDataRequestPB, owner: str | None = None
+    ) -> tpb.FetchDataResponsePB:
+        """A chunk of one of the session's files; `owner`: the caller, who must be the server
+        that began the session (None: not checked, insecure mode)."""
+        s = self._session(req.session_id, owner)
         size = s.files.get(req.file_name)
         if size is None:
             raise NotFound(f"copy session {req.session_id}: no file {req.file_name!r}")
@@ -214,22 +219,35 @@ class CopySource:
             data=chunk, offset=req.offset, crc32c=google_crc32c.value(chunk), total_size=size
         )
 
-    def end(self, req: tpb.EndTabletCopySessionRequestPB) -> None:
-        s = self.sessions.pop(req.session_id, None)
-        if s is not None:
-            shutil.rmtree(s.directory, ignore_errors=True)
+    def end(self, req: tpb.EndTabletCopySessionRequestPB, owner: str | None = None) -> None:
+        s = self.sessions.get(req.session_id)
+        if s is None:
+            return
+        self._check_owner(req.session_id, s, owner)
+        del self.sessions[req.session_id]
+        shutil.rmtree(s.directory, ignore_errors=True)
 
     def close(self) -> None:
         for sid in list(self.sessions):
             shutil.rmtree(self.sessions.pop(sid).directory, ignore_errors=True)
 
-    def _session(self, sid: str) -> _Session:
+    def _session(self, sid: str, owner: str | None = None) -> _Session:
         self._expire()
         s = self.sessions.get(sid)
         if s is None:
             raise NotFound(f"copy session {sid!r} not found (ended or idle past {SESSION_IDLE_S}s)")
+        self._check_owner(sid, s, owner)
         s.last_used = time.monotonic()
         return s
+
+    @staticmethod
+    def _check_owner(sid: str, s: _Session, owner: str | None) -> None:
+        """A session's files go only to the server that began it (which the tablet's config
+        names): its id alone, if it leaked into a log, is not enough."""
+        if owner is not None and owner != s.requestor:
+            raise PermissionDenied(
+                f"copy session {sid} belongs to tablet server {s.requestor}, not {owner}"
+            )
 
     def _expire(self) -> None:
         now = time.monotonic()

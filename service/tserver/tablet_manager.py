@@ -254,12 +254,24 @@ class TabletManager:
             if state is DataState.TOMBSTONED and kind == tpb.TABLET_DATA_TOMBSTONED:
                 return  # idempotent
             if req.HasField("cas_config_opid_index") and replica.node is not None:
-                have = replica.node.applied_config.index
-                if have > req.cas_config_opid_index:
+                # Compare-and-set on the config op index (docs/design/tablet_copy.md#R8): the
+                # master decided from a config at this index that excludes this replica. A
+                # committed config of its own that is newer, or at that very index and naming
+                # it, says the decision is stale or the config it came from is not the group's
+                # (docs/design/catalog.md#R15): nothing is destroyed on such a word.
+                own = replica.node.applied_config
+                cas = req.cas_config_opid_index
+                if own.index > cas:
                     raise CasMismatch(
-                        f"tablet {tablet_id}: the replica's committed config op id is {have}, "
-                        f"newer than the {req.cas_config_opid_index} the request expects: "
-                        "it was re-added since, not deleted"
+                        f"tablet {tablet_id}: the replica's committed config op id is "
+                        f"{own.index}, newer than the {cas} the request expects: it was "
+                        "re-added since, not deleted"
+                    )
+                if own.index == cas and self.uuid in own.voters | own.learners:
+                    raise CasMismatch(
+                        f"tablet {tablet_id}: the replica's own committed config at op id {cas} "
+                        f"names it ({'voter' if self.uuid in own.voters else 'non-voter'}): "
+                        "the config the request was decided from is not its group's"
                     )
             last_index = last_term = 0
             if replica.node is not None:

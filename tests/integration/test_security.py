@@ -336,6 +336,22 @@ def test_a_tablet_copy_session_only_for_tablet_servers(cluster: MiniCluster) -> 
             tpb.StartTabletCopyRequestPB(dest_uuid=replica.ts_uuid, tablet_id=token.tablet_id),
             5,
         )
+    assert isinstance(err, PermissionDenied) and "only from itself" in err.message, err
+    # ...not even naming itself as the source.
+    with open_sync_channel(
+        replica.address, _creds(cluster, "tserver", "ts-stranger"), role="tserver"
+    ) as ch:
+        admin = tserver_pb2_grpc.TabletServerAdminServiceStub(ch)
+        err = _refused(
+            admin.StartTabletCopy,
+            tpb.StartTabletCopyRequestPB(
+                dest_uuid=replica.ts_uuid,
+                tablet_id=token.tablet_id,
+                copy_peer_uuid="ts-stranger",
+                copy_peer_addr=pb.HostPortPB(host="127.0.0.1", port=1),
+            ),
+            5,
+        )
     assert isinstance(err, PermissionDenied) and "not a member" in err.message, err
 
 

@@ -369,3 +369,18 @@ def test_descriptors_are_snapshots(mgr: TSManager, clock: ManualClock) -> None:
     after = mgr.get("a")
     assert after is not None and not after.live and after.total_replicas == 7
     assert after.to_server_load() == ServerLoad("a", False, 7, {"t1": 7})
+
+
+def test_a_seqno_far_ahead_of_the_masters_clock_is_refused_and_changes_nothing(
+    mgr: TSManager, clock: ManualClock
+) -> None:
+    """A server's seqno is its start time in microseconds: one hours ahead would lock every
+    later process of that server out (a member's own certificate could do that to it)."""
+    uuid = NodeId("ts-a")
+    now_us = int(clock.now() * 1_000_000)
+    mgr.heartbeat(NodeInstance(uuid, now_us), reg())
+    with pytest.raises(InvalidArgument, match="ahead of this master's clock"):
+        mgr.heartbeat(NodeInstance(uuid, now_us + 2 * 3600 * 1_000_000), reg())
+    assert mgr.lookup(NodeInstance(uuid, now_us)) is not None
+    later = NodeInstance(uuid, now_us + 60 * 1_000_000)  # a real restart a minute later
+    assert mgr.heartbeat(later, reg()).restarted
