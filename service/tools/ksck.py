@@ -13,7 +13,9 @@ The facts: for each master, its answer to ConnectToMaster (role, term, leader, c
 master list) or why it did not answer; for each tablet server the leader master knows, whether
 it answered Ping and ListTablets and, per replica it hosts, the replica's state, data state,
 role, term, leader and committed/pending config; for each table, the leader master's record of
-its tablets (committed config and recorded leader).
+its tablets (committed config and recorded leader); and with `--checksum`, each running
+replica's answer to Checksum (applied index, row count, digest, and the rows outside the
+tablet's partition with a few of their keys) or why there was none.
 
 Tablet ratings, in increasing severity (`Health`; a table is rated by its worst tablet, as Kudu
 rates tables):
@@ -27,10 +29,24 @@ rates tables):
 * UNDER_REPLICATED: a voter is not running (its server is unreachable, it FAILED, with the
   error its server gives, it is missing from its server) but a majority of voters runs; or
   the config has fewer voters than the table's replication factor.
+* ROWS_OUTSIDE_PARTITION (`--checksum` only): a replica holds live rows whose key lies outside
+  the tablet's partition, rows a tablet server accepted before it checked writes against the
+  partition (docs/design/tablets.md#R2). The table answers differently depending on which tablets
+  a query reads, and may hold a key twice; `outside_partition_remedy` says how to get rid of
+  them.
+* CHECKSUM_MISMATCH (`--checksum` only): replicas at the same applied index have different row
+  counts or digests: at least one replica's rows are not what its log says.
 * CONSENSUS_MISMATCH: replicas disagree with the master's record of the config, name different
   leaders, two replicas claim leadership in the same term, or the master records a leader the
   replicas did not elect.
 * UNAVAILABLE: fewer than a majority of voters run, or no replica leads: nothing can be written.
+
+The two data findings rank below CONSENSUS_MISMATCH and UNAVAILABLE (while those hold, which
+replica is right is not even known, or nothing can be written) and above UNDER_REPLICATED (a lost
+voter heals by itself; wrong rows stay until someone acts). With `--checksum`, a running replica
+that could not be checksummed (it did not catch up to the leader's applied index in time),
+and replicas that answered at different indexes because writes went on, are RECOVERING: not
+compared, so not known to be healthy.
 
 Every applicable finding is kept as a reason; the tablet's rating is the most severe one. This
 differs from Kudu in one way on purpose: Kudu stops at the first rule that matches and rates a
@@ -50,6 +66,7 @@ command exits 0 then and 1 otherwise.
 from __future__ import annotations
 
 import enum
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -62,17 +79,20 @@ __all__ = [
     "MasterReport",
     "MasterTablet",
     "MastersVerdict",
+    "ReplicaChecksum",
     "ReplicaReport",
     "ServerHealth",
     "ServerVerdict",
     "TServerReport",
     "TableSnapshot",
     "TableVerdict",
+    "TabletChecksums",
     "TabletVerdict",
     "check",
     "check_masters",
     "check_tservers",
     "failed_by_tablet",
+    "outside_partition_remedy",
     "rate_table",
     "rate_tablet",
 ]
@@ -84,8 +104,43 @@ class Health(enum.IntEnum):
     HEALTHY = 0
     RECOVERING = 1
     UNDER_REPLICATED = 2
-    CONSENSUS_MISMATCH = 3
-    UNAVAILABLE = 4
+    ROWS_OUTSIDE_PARTITION = 3
+    CHECKSUM_MISMATCH = 4
+    CONSENSUS_MISMATCH = 5
+    UNAVAILABLE = 6
+
+
+def outside_partition_remedy(table: str) -> str:
+    """What to do about a table with rows outside their tablets' partitions (said once per
+    table): the commands that rewrite it, named for it.
+
+    Deleting the rows where they lie cannot work: the client sends a DELETE to the tablet that
+    owns the key, and the tablet that holds the row refuses every row outside its partition,
+    a DELETE too (docs/design/tablets.md#R2). A copy scans every tablet, stray rows included,
+    and writes each row through the client, into the tablet that owns its key."""
+    t = shlex.quote(table)
+    new = shlex.quote(f"{table}_rewritten")
+    return "\n".join(
+        [
+            f"{table}: rows outside their tablet's partition were accepted before tablet "
+            "servers checked writes against the partition (docs/design/tablets.md#R2). They "
+            "cannot be deleted where they are: a DELETE goes to the tablet that owns the key, "
+            "and the tablet that holds the row refuses any row outside its partition, a DELETE "
+            "too (OUTSIDE_PARTITION). Rewrite the table instead, with its writers stopped (each "
+            "command with your --masters or --dir and --credentials):",
+            f"  tessera grant list --table {t}      (note them: grants go with their table)",
+            f"  tessera table copy {t} {new} --create --operation insert",
+            f"  tessera table delete {t} --yes",
+            f"  tessera table alter {new} --rename {t}",
+            f"  tessera grant {t} USER PRIVILEGE...  (each grant noted above)",
+            "The copy writes each row into the tablet that owns its key. A key held twice (in "
+            "its own tablet and outside another's) goes in once: its other copy is refused "
+            "(ALREADY_EXISTS), and the copy, having written every other row, fails naming the "
+            "first five such keys. "
+            "Check which version the new table kept (upsert the other if it is the right one) "
+            "before deleting the old table.",
+        ]
+    )
 
 
 class ServerHealth(enum.Enum):
@@ -178,6 +233,29 @@ class MasterTablet:
 
 
 @dataclass(frozen=True)
+class ReplicaChecksum:
+    """One replica's answer to Checksum (`--checksum`), or why there was none."""
+
+    uuid: str
+    applied_index: int = 0
+    rows: int = 0
+    digest: bytes = b""
+    outside_rows: int = 0
+    """Live rows whose key lies outside the tablet's partition."""
+    outside_sample_keys: tuple[str, ...] = ()
+    """The first few of their keys, decoded for people ("(id=5)")."""
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class TabletChecksums:
+    """Every answer to Checksum about one tablet (`--checksum`)."""
+
+    tablet_id: str
+    replicas: tuple[ReplicaChecksum, ...] = ()
+
+
+@dataclass(frozen=True)
 class TableSnapshot:
     table_id: str
     name: str
@@ -185,6 +263,8 @@ class TableSnapshot:
     tablets: tuple[MasterTablet, ...] = ()
     error: str = ""
     """Why the table's tablets could not be listed (then `tablets` is empty)."""
+    checksums: tuple[TabletChecksums, ...] = ()
+    """With `--checksum`: the replicas' checksums, per tablet."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +290,8 @@ class ClusterSnapshot:
     tservers: tuple[TServerReport, ...] = ()
     tables: tuple[TableSnapshot, ...] = ()
     error: str = ""
+    checksummed: bool = False
+    """Whether replicas were asked for checksums (`--checksum`)."""
 
 
 # --- verdicts --------------------------------------------------------------------------------
@@ -224,6 +306,10 @@ class TabletVerdict:
     partition: str = ""
     leader: str = ""
     """Address (or uuid) of the replica that leads, "" if none."""
+    checksums_matched: int = 0
+    """With `--checksum`: replicas whose checksum equals a peer's at the same applied index."""
+    outside_partition_rows: int = 0
+    """With `--checksum`: the most rows outside the partition any replica holds."""
 
 
 @dataclass(frozen=True)
@@ -262,6 +348,7 @@ class KsckReport:
     tservers: tuple[ServerVerdict, ...]
     tables: tuple[TableVerdict, ...]
     error: str = ""
+    checksummed: bool = False
 
     @property
     def healthy(self) -> bool:
@@ -275,6 +362,17 @@ class KsckReport:
     @property
     def unhealthy_tablets(self) -> list[TabletVerdict]:
         return [x for t in self.tables for x in t.tablets if x.health is not Health.HEALTHY]
+
+    @property
+    def outside_partition_tablets(self) -> list[TabletVerdict]:
+        """Tablets some replica of which holds rows outside the partition."""
+        return [x for t in self.tables for x in t.tablets if x.outside_partition_rows]
+
+    @property
+    def remedies(self) -> tuple[str, ...]:
+        """What to do about findings that need an operator: once per table they concern."""
+        tables = sorted({x.table_name for x in self.outside_partition_tablets})
+        return tuple(outside_partition_remedy(t) for t in tables)
 
 
 # --- rating ----------------------------------------------------------------------------------
@@ -340,9 +438,11 @@ def rate_tablet(
     num_replicas: int,
     table_name: str = "",
     failed: FailedByTablet | None = None,
+    checksums: Sequence[ReplicaChecksum] | None = None,
 ) -> TabletVerdict:
     """Rate one tablet from the master's record and its servers' reports (module docstring);
-    `failed` is `failed_by_tablet(servers)` (computed here if not given)."""
+    `failed` is `failed_by_tablet(servers)` (computed here if not given); `checksums`, the
+    replicas' answers to Checksum, only with `--checksum` (None: not asked)."""
     f = _Findings()
     names = {u: s.address for u, s in servers.items() if s.address}
     cfg = tablet.config
@@ -426,6 +526,9 @@ def rate_tablet(
             f"the master records {names.get(tablet.leader_uuid, tablet.leader_uuid)} as leader, "
             f"the replicas elected {names.get(leader, leader)}",
         )
+    matched = outside = 0
+    if checksums is not None:
+        matched, outside = _rate_checksums(f, checksums, frozenset(running), names)
     return TabletVerdict(
         tablet_id=tablet.tablet_id,
         table_name=table_name,
@@ -433,7 +536,69 @@ def rate_tablet(
         reasons=f.reasons(),
         partition=tablet.partition,
         leader=names.get(leader, leader),
+        checksums_matched=matched,
+        outside_partition_rows=outside,
     )
+
+
+def _rate_checksums(
+    f: _Findings,
+    sums: Sequence[ReplicaChecksum],
+    running: frozenset[str],
+    names: Mapping[str, str],
+) -> tuple[int, int]:
+    """Add the findings of the replicas' checksums to `f`; (replicas whose checksum equals a
+    peer's at the same index, the most rows outside the partition one replica holds).
+
+    Only replicas at the same applied index can be compared: their rows are the same function
+    of the same log prefix, so any difference is a replica gone wrong. A replica that was not
+    running is rated by the rules above already; one that was running but gave no checksum, or
+    whose index no peer shared (writes went on between the calls), leaves the tablet unverified
+    (RECOVERING: run the check again)."""
+    answered = sorted((c for c in sums if not c.error), key=lambda c: c.uuid)
+    for c in sorted(sums, key=lambda c: c.uuid):
+        if c.error and c.uuid in running:
+            f.add(
+                Health.RECOVERING, f"replica on {names.get(c.uuid, c.uuid)}: no checksum: {c.error}"
+            )
+    by_index: dict[int, list[ReplicaChecksum]] = {}
+    for c in answered:
+        by_index.setdefault(c.applied_index, []).append(c)
+    matched = 0
+    for index, group in sorted(by_index.items()):
+        if len(group) < 2:
+            continue
+        kinds = [(c.rows, c.digest) for c in group]
+        matched += sum(kinds.count(k) > 1 for k in kinds)
+        if len(set(kinds)) == 1:
+            continue
+        detail = "; ".join(
+            f"{names.get(c.uuid, c.uuid)}: {c.rows} rows, digest {c.digest.hex()[:16]}"
+            for c in group
+        )
+        f.add(Health.CHECKSUM_MISMATCH, f"replicas at applied index {index} disagree: {detail}")
+    alone = [c for c in answered if len(by_index[c.applied_index]) == 1]
+    if len(answered) > 1 and alone:
+        detail = ", ".join(f"{names.get(c.uuid, c.uuid)} at {c.applied_index}" for c in alone)
+        f.add(
+            Health.RECOVERING,
+            "checksum not compared: no other replica answered at the same applied index "
+            f"(writes went on during the check): {detail}",
+        )
+    holders: dict[tuple[int, tuple[str, ...]], list[str]] = {}
+    for c in answered:
+        if c.outside_rows:
+            holders.setdefault((c.outside_rows, c.outside_sample_keys), []).append(c.uuid)
+    for (n, keys), uuids in sorted(holders.items()):
+        who = ", ".join(names.get(u, u) for u in uuids)
+        head = f"replica on {who} holds" if len(uuids) == 1 else f"replicas on {who} each hold"
+        sample = ", ".join(keys) + (", ..." if n > len(keys) else "")
+        f.add(
+            Health.ROWS_OUTSIDE_PARTITION,
+            f"{head} {n} live row(s) whose key lies outside the tablet's partition"
+            + (f": {sample}" if keys else ""),
+        )
+    return matched, max((c.outside_rows for c in answered), default=0)
 
 
 def rate_table(
@@ -444,8 +609,10 @@ def rate_table(
     """Rate every tablet; the table takes its worst tablet's rating (UNAVAILABLE on error)."""
     if failed is None:
         failed = failed_by_tablet(servers)
+    sums = {c.tablet_id: c.replicas for c in table.checksums}
     tablets = tuple(
-        rate_tablet(t, servers, table.num_replicas, table.name, failed) for t in table.tablets
+        rate_tablet(t, servers, table.num_replicas, table.name, failed, sums.get(t.tablet_id))
+        for t in table.tablets
     )
     if table.error:
         health = Health.UNAVAILABLE
@@ -572,4 +739,5 @@ def check(snapshot: ClusterSnapshot) -> KsckReport:
             rate_table(t, servers, failed) for t in sorted(snapshot.tables, key=lambda t: t.name)
         ),
         error=snapshot.error,
+        checksummed=snapshot.checksummed,
     )

@@ -1,6 +1,7 @@
 """`tessera cluster ksck`: gather what every server knows, rate it (`ksck.check`), print it.
 
     tessera cluster ksck (--masters HOST:PORT,... | --dir DIR) [--tables T1,T2]
+                         [--checksum [--checksum-timeout SECONDS]]
                          [--timeout SECONDS] [--format plain|json]
 
 Exit status: 0 only when every master, tablet server and tablet is healthy; 1 otherwise
@@ -17,6 +18,15 @@ Gathering is the I/O edge of `service.tools.ksck` (which holds the rules and the
    parallel, one ListTablets per server (every replica it hosts with its state and consensus
    state), each call bounded by `--timeout`, so a dead server costs one timeout, not one per
    tablet. Servers that refuse the connection (a killed process) fail at once.
+4. with `--checksum` only (it reads every row of every checked tablet, so it is off by
+   default): every running replica of every tablet of the checked tables is asked Checksum,
+   with the caller's (admin) credentials. The leader is asked first; its applied index is then
+   each follower's `min_applied_index`, so followers finish applying what the leader had
+   before they answer, and replicas that still answered at different indexes (writes went on)
+   are asked again at the highest one, twice at most. Each ask gets `--checksum-timeout` in
+   all, a retryable refusal (a tablet starting) retried with the client's backoff
+   (service/client/retry.py). A few tablets are checksummed at a time. The sample keys of rows
+   outside a tablet's partition are decoded with the table's schema for the report.
 
 Kudu's ksck (`kudu cluster ksck`) is the model; see ksck.py for where the ratings differ.
 """
@@ -26,13 +36,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import textwrap
 from collections.abc import Sequence
 from dataclasses import replace
 
 from service.client import TesseraClient
 from service.client.channels import ChannelPool
 from service.client.client import TableSummary, TabletServerInfo
-from service.common.errors import NotFound, TesseraError, WrongDestination
+from service.client.retry import Backoff, Deadline
+from service.common.errors import InvalidArgument, NotFound, TesseraError, WrongDestination
+from service.common.keys import decode_key
+from service.common.schema import Schema
 from service.common.tls import Credentials
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
@@ -50,18 +64,36 @@ from service.tools.ksck import (
     KsckReport,
     MasterReport,
     MasterTablet,
+    ReplicaChecksum,
     ReplicaReport,
     ServerHealth,
     TableSnapshot,
+    TabletChecksums,
     TServerReport,
     check,
 )
 from service.tools.output import dumps, format_table
 from service.tools.table_syntax import partition_text
 
-__all__ = ["add_ksck", "build_parser", "format_report", "gather", "main", "report_json"]
+__all__ = [
+    "add_ksck",
+    "build_parser",
+    "describe_key",
+    "format_report",
+    "gather",
+    "main",
+    "report_json",
+]
 
 DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_CHECKSUM_TIMEOUT_S = 120.0
+"""How long one replica may take to catch up and checksum (`--checksum-timeout`): it reads
+the whole tablet."""
+CHECKSUM_TABLETS_AT_ONCE = 8
+"""Tablets checksummed at the same time: each costs every replica a pass over all its rows."""
+CHECKSUM_ROUNDS = 3
+"""Asks per replica at most: the leader's index, then up to two rounds at the highest index
+seen, for replicas that answered below it while writes went on."""
 
 
 def _hp(h: mpb.HostPortPB) -> str:
@@ -131,12 +163,16 @@ async def _probe_tserver(pool: ChannelPool, s: TabletServerInfo, timeout: float)
     return replace(base, replicas=tuple(_replica(r) for r in resp.replicas))
 
 
-async def _table(client: TesseraClient, t: TableSummary, timeout: float) -> TableSnapshot:
+async def _table(
+    client: TesseraClient, t: TableSummary, timeout: float
+) -> tuple[TableSnapshot, Schema | None]:
+    """The master's record of the table's tablets, and its schema (None when it could not be
+    read) for decoding keys."""
     try:
         info = await client.open_table(t.name, refresh=True, timeout=timeout)
         locs = await client.meta.tablets(t.table_id, timeout)
     except TesseraError as e:
-        return TableSnapshot(t.table_id, t.name, t.num_replicas, error=e.message)
+        return TableSnapshot(t.table_id, t.name, t.num_replicas, error=e.message), None
     tablets = tuple(
         MasterTablet(
             tablet_id=loc.tablet_id,
@@ -150,7 +186,138 @@ async def _table(client: TesseraClient, t: TableSummary, timeout: float) -> Tabl
         )
         for loc in locs
     )
-    return TableSnapshot(t.table_id, t.name, t.num_replicas, tablets)
+    return TableSnapshot(t.table_id, t.name, t.num_replicas, tablets), info.schema
+
+
+# --- checksums (--checksum) ------------------------------------------------------------------
+
+
+def describe_key(schema: Schema, key: bytes) -> str:
+    """An encoded primary key as people read it, "(id=5, host='a')"; hex if it does not
+    decode under `schema` (then it is named so)."""
+    cols = schema.key_columns
+    try:
+        values = decode_key(cols, key)
+    except InvalidArgument as e:
+        return f"0x{key.hex()} (does not decode: {e.message})"
+    return "(" + ", ".join(f"{c.name}={v!r}" for c, v in zip(cols, values, strict=True)) + ")"
+
+
+async def _checksum_replica(
+    pool: ChannelPool,
+    server: TServerReport,
+    tablet_id: str,
+    min_index: int,
+    schema: Schema | None,
+    timeout: float,
+) -> ReplicaChecksum:
+    """One replica's Checksum once it applied `min_index`; a retryable refusal is retried
+    until `timeout` (service/client/retry.py)."""
+    deadline = Deadline.after(timeout)
+    backoff = Backoff()
+    req = tpb.ChecksumRequestPB(
+        dest_uuid=server.uuid,
+        tablet_id=tablet_id,
+        min_applied_index=min_index,
+        check_partition=True,
+    )
+    while True:
+        try:
+            r: tpb.ChecksumResponsePB = await pool.tserver(server.address).Checksum(  # type: ignore[misc]
+                req, timeout=deadline.attempt_timeout()
+            )
+            break
+        except TesseraError as e:
+            if not e.retryable or deadline.remaining() <= 0:
+                return ReplicaChecksum(server.uuid, error=_why(e))
+            try:
+                await backoff.sleep(deadline)
+            except TesseraError:
+                return ReplicaChecksum(server.uuid, error=_why(e))
+    keys = tuple(
+        describe_key(schema, bytes(k)) if schema is not None else f"0x{bytes(k).hex()}"
+        for k in r.out_of_partition_sample_keys
+    )
+    return ReplicaChecksum(
+        server.uuid,
+        applied_index=r.applied_index,
+        rows=r.row_count,
+        digest=bytes(r.digest),
+        outside_rows=r.out_of_partition_rows,
+        outside_sample_keys=keys,
+    )
+
+
+def _askable(tablet: MasterTablet, servers: dict[str, TServerReport]) -> list[TServerReport]:
+    """The servers of the tablet's config that answered and host a running replica of it;
+    the others are rated without a checksum (ksck.py)."""
+    out = []
+    for uuid in sorted(tablet.config.voters | tablet.config.non_voters):
+        srv = servers.get(uuid)
+        if srv is None or not srv.reachable or srv.wrong_uuid or not srv.address:
+            continue
+        rep = srv.replica(tablet.tablet_id)
+        if rep is not None and rep.state == "RUNNING" and rep.data_state == "READY":
+            out.append(srv)
+    return out
+
+
+async def _checksum_tablet(
+    pool: ChannelPool,
+    tablet: MasterTablet,
+    servers: dict[str, TServerReport],
+    schema: Schema | None,
+    timeout: float,
+) -> TabletChecksums:
+    """Every running replica's checksum, at one applied index where it can be (module
+    docstring, step 4)."""
+    askable = _askable(tablet, servers)
+    tid = tablet.tablet_id
+    claims = [
+        (rep.term, s.uuid)
+        for s in askable
+        if (rep := s.replica(tid)) is not None and rep.role == "LEADER"
+    ]
+    leader = max(claims)[1] if claims else tablet.leader_uuid
+    got: dict[str, ReplicaChecksum] = {}
+    target = 0
+    first = [s for s in askable if s.uuid == leader]
+    if first:
+        got[leader] = await _checksum_replica(pool, first[0], tid, 0, schema, timeout)
+        target = got[leader].applied_index
+    todo = [s for s in askable if s.uuid not in got]
+    for _ in range(CHECKSUM_ROUNDS):
+        if not todo:
+            break
+        answers = await asyncio.gather(
+            *(_checksum_replica(pool, s, tid, target, schema, timeout) for s in todo)
+        )
+        got.update((a.uuid, a) for a in answers)
+        target = max((a.applied_index for a in got.values() if not a.error), default=0)
+        todo = [s for s in askable if not got[s.uuid].error and got[s.uuid].applied_index < target]
+    return TabletChecksums(tid, tuple(got[s.uuid] for s in askable))
+
+
+async def _checksums(
+    pool: ChannelPool,
+    tables: Sequence[tuple[TableSnapshot, Schema | None]],
+    reports: Sequence[TServerReport],
+    timeout: float,
+) -> list[TableSnapshot]:
+    """The tables with their tablets' checksums, `CHECKSUM_TABLETS_AT_ONCE` tablets at a
+    time."""
+    servers = {s.uuid: s for s in reports}
+    gate = asyncio.Semaphore(CHECKSUM_TABLETS_AT_ONCE)
+
+    async def one(t: MasterTablet, schema: Schema | None) -> TabletChecksums:
+        async with gate:
+            return await _checksum_tablet(pool, t, servers, schema, timeout)
+
+    async def table(snap: TableSnapshot, schema: Schema | None) -> TableSnapshot:
+        sums = await asyncio.gather(*(one(t, schema) for t in snap.tablets))
+        return replace(snap, checksums=tuple(sums))
+
+    return list(await asyncio.gather(*(table(snap, schema) for snap, schema in tables)))
 
 
 async def gather(
@@ -159,9 +326,12 @@ async def gather(
     timeout: float = DEFAULT_TIMEOUT_S,
     tables: Sequence[str] = (),
     credentials: Credentials | None = None,
+    checksum: bool = False,
+    checksum_timeout: float = DEFAULT_CHECKSUM_TIMEOUT_S,
 ) -> ClusterSnapshot:
-    """Ask every server (module docstring). NotFound if a table in `tables` does not exist;
-    any other failure is recorded in the snapshot for `check` to report."""
+    """Ask every server (module docstring); with `checksum`, every running replica of the
+    chosen tables for its checksum too. NotFound if a table in `tables` does not exist; any
+    other failure is recorded in the snapshot for `check` to report."""
     pool = ChannelPool(credentials)
     client = TesseraClient(masters, timeout=timeout, credentials=credentials)
     try:
@@ -180,14 +350,24 @@ async def gather(
         if missing:
             raise NotFound(f"no table named {', '.join(map(repr, missing))}")
         chosen = [t for t in summaries if not tables or t.name in tables]
-        ts_reports, table_snaps = await asyncio.gather(
+        ts_reports, read = await asyncio.gather(
             asyncio.gather(*(_probe_tserver(pool, s, timeout) for s in servers)),
             asyncio.gather(*(_table(client, t, timeout) for t in chosen)),
         )
+        if checksum:
+            table_snaps = await _checksums(pool, read, ts_reports, checksum_timeout)
+        else:
+            table_snaps = [snap for snap, _ in read]
     finally:
         await client.aclose()
         await pool.aclose()
-    return ClusterSnapshot(tuple(masters), tuple(probes), tuple(ts_reports), tuple(table_snaps))
+    return ClusterSnapshot(
+        tuple(masters),
+        tuple(probes),
+        tuple(ts_reports),
+        tuple(table_snaps),
+        checksummed=checksum,
+    )
 
 
 # --- printing --------------------------------------------------------------------------------
@@ -231,14 +411,22 @@ def format_report(report: KsckReport) -> str:
         for x in bad:
             out.append(f"{x.health.name}  tablet {x.tablet_id} of {x.table_name} ({x.partition})")
             out.extend(f"    {r}" for r in x.reasons)
+    if report.checksummed:
+        out.append("")
+        out.append(_checksum_line(report))
+    for remedy in report.remedies:
+        out.append("")
+        for line in remedy.splitlines():  # prose wrapped, indented commands as they are
+            out.extend([line] if line.startswith(" ") else textwrap.wrap(line, width=100))
     out.append("")
     if report.error:
         out.append(f"ERROR: {report.error}")
     if report.healthy:
         n = sum(len(t.tablets) for t in report.tables)
+        sums = ", checksums match" if report.checksummed else ""
         out.append(
             f"OK: {len(report.master_reports)} master(s), {len(report.tservers)} tablet "
-            f"server(s), {len(report.tables)} table(s), {n} tablet(s), all healthy"
+            f"server(s), {len(report.tables)} table(s), {n} tablet(s), all healthy{sums}"
         )
     else:
         n_ts = sum(s.health is not ServerHealth.HEALTHY for s in report.tservers)
@@ -248,6 +436,20 @@ def format_report(report: KsckReport) -> str:
             f"unhealthy, {n_tab} table(s) and {len(bad)} tablet(s) not healthy"
         )
     return "\n".join(out)
+
+
+def _checksum_line(report: KsckReport) -> str:
+    tablets = [x for t in report.tables for x in t.tablets]
+    matched = sum(x.checksums_matched for x in tablets)
+    outside = report.outside_partition_tablets
+    line = (
+        f"Checksums: {len(tablets)} tablet(s), {matched} replica(s) agree with a peer at the "
+        "same applied index"
+    )
+    if outside:
+        rows = sum(x.outside_partition_rows for x in outside)
+        line += f"; {rows} row(s) outside their tablet's partition in {len(outside)} tablet(s)"
+    return line
 
 
 def report_json(report: KsckReport) -> dict[str, object]:
@@ -273,6 +475,20 @@ def report_json(report: KsckReport) -> dict[str, object]:
             for t in report.tables
         ],
         "unhealthy_tablets": report.unhealthy_tablets,
+        "checksum": {
+            "checked": report.checksummed,
+            "replicas_matched": sum(x.checksums_matched for t in report.tables for x in t.tablets),
+            "rows_outside_partition": [
+                {
+                    "table": x.table_name,
+                    "tablet_id": x.tablet_id,
+                    "partition": x.partition,
+                    "rows": x.outside_partition_rows,
+                }
+                for x in report.outside_partition_tablets
+            ],
+        },
+        "remedies": list(report.remedies),
     }
 
 
@@ -282,7 +498,12 @@ def report_json(report: KsckReport) -> dict[str, object]:
 async def ksck(args: argparse.Namespace) -> int:
     tables = [t.strip() for t in (args.tables or "").split(",") if t.strip()]
     snapshot = await gather(
-        masters_of(args), timeout=args.timeout, tables=tables, credentials=credentials_of(args)
+        masters_of(args),
+        timeout=args.timeout,
+        tables=tables,
+        credentials=credentials_of(args),
+        checksum=args.checksum,
+        checksum_timeout=args.checksum_timeout,
     )
     report = check(snapshot)
     print(dumps(report_json(report)) if args.format == "json" else format_report(report))
@@ -291,6 +512,20 @@ async def ksck(args: argparse.Namespace) -> int:
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tables", metavar="T1,T2", help="check only these tables (default: all)")
+    p.add_argument(
+        "--checksum",
+        action="store_true",
+        help="also compare every replica's checksum and count rows outside each tablet's "
+        "partition (reads every row of the checked tables)",
+    )
+    p.add_argument(
+        "--checksum-timeout",
+        type=float,
+        default=DEFAULT_CHECKSUM_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long one replica may take to catch up and checksum "
+        f"({DEFAULT_CHECKSUM_TIMEOUT_S:g})",
+    )
     add_connection_args(p, timeout=DEFAULT_TIMEOUT_S)
     p.set_defaults(handler=run_command(ksck))
 
@@ -307,6 +542,7 @@ def add_ksck(cluster_subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "ksck",
         help="check masters, tablet servers and every tablet; exit 1 unless all healthy",
         description="Rate every tablet HEALTHY, RECOVERING, UNDER_REPLICATED,"
+        " ROWS_OUTSIDE_PARTITION, CHECKSUM_MISMATCH (the last two with --checksum),"
         " CONSENSUS_MISMATCH or UNAVAILABLE; exit 0 only when everything is healthy.",
     )
     _add_arguments(p)

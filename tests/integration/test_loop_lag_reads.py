@@ -136,6 +136,8 @@ async def _scan(
                 new_scan=tpb.NewScanRequestPB(tablet_id=tablet_id, min_applied_index=min_index),
             ),
             timeout=120,
+            # As for the checksum below: a handshake cut short on a loaded machine is retried.
+            wait_for_ready=True,
         )
         applied = resp.applied_index
         tables = [pa.ipc.open_stream(resp.batch).read_all()]
@@ -302,7 +304,8 @@ def _expected_digests(schema: Schema, tmp: Path) -> dict[int, tuple[int, bytes]]
     for g in range(1, GENERATIONS + 1):
         store = RowStore.create(tmp / f"g{g}", schema)
         store.apply_write(1, decode_write(schema, ipc(_generation(g)), RowOp.UPSERT, []))
-        out[g] = store.checksum()
+        got = store.checksum()
+        out[g] = (got.rows, got.digest)
         store.close()
     return out
 

@@ -12,19 +12,25 @@ from dataclasses import replace
 
 import pytest
 
+from service.common.keys import encode_key
+from service.common.schema import ColumnType, Schema
+from service.tools import ksck_cmd
 from service.tools.ksck import (
     ClusterSnapshot,
     Config,
     Health,
     MasterReport,
     MasterTablet,
+    ReplicaChecksum,
     ReplicaReport,
     ServerHealth,
     TableSnapshot,
+    TabletChecksums,
     TServerReport,
     check,
     check_masters,
     check_tservers,
+    outside_partition_remedy,
     rate_table,
     rate_tablet,
 )
@@ -564,3 +570,217 @@ def test_a_dead_server_no_config_names_is_gone_not_a_problem() -> None:
     assert check_tservers([dead], None)[0].health is ServerHealth.UNAVAILABLE
     alive_but_not_live = check_tservers([srv("y", live=False)], frozenset())
     assert alive_but_not_live[0].health is ServerHealth.NOT_LIVE
+
+
+# --- checksums (--checksum) ------------------------------------------------------------------
+
+D1, D2 = b"\x01" * 32, b"\x02" * 32
+
+
+def cs(
+    uuid: str, index: int = 7, rows: int = 10, digest: bytes = D1, **kw: object
+) -> ReplicaChecksum:
+    return ReplicaChecksum(uuid, applied_index=index, rows=rows, digest=digest, **kw)  # type: ignore[arg-type]
+
+
+AGREE = (cs("a"), cs("b"), cs("c"))
+KEYS = ("(id=3)", "(id=8)")
+OUTSIDE = {"outside_rows": 2, "outside_sample_keys": KEYS}
+
+# (name, the replicas' checksums, rating, a reason phrase, replicas matched, rows outside)
+CHECKSUM_CASES: list[tuple[str, tuple[ReplicaChecksum, ...], Health, str, int, int]] = [
+    ("all agree", AGREE, Health.HEALTHY, "", 3, 0),
+    (
+        "c's digest differs at the same index",
+        (cs("a"), cs("b"), cs("c", digest=D2)),
+        Health.CHECKSUM_MISMATCH,
+        "replicas at applied index 7 disagree: a:7050: 10 rows, digest 0101010101010101; "
+        "b:7050: 10 rows, digest 0101010101010101; c:7050: 10 rows, digest 0202020202020202",
+        2,
+        0,
+    ),
+    (
+        "no two replicas agree",
+        (cs("a"), cs("b", digest=D2), cs("c", digest=b"\x03" * 32)),
+        Health.CHECKSUM_MISMATCH,
+        "replicas at applied index 7 disagree",
+        0,
+        0,
+    ),
+    (
+        "c has a row more at the same index",
+        (cs("a"), cs("b"), cs("c", rows=11)),
+        Health.CHECKSUM_MISMATCH,
+        "c:7050: 11 rows",
+        2,
+        0,
+    ),
+    (
+        "c answered at a later index (writes went on): not compared",
+        (cs("a"), cs("b"), cs("c", index=9, digest=D2)),
+        Health.RECOVERING,
+        "no other replica answered at the same applied index (writes went on during the "
+        "check): c:7050 at 9",
+        2,
+        0,
+    ),
+    (
+        "a running replica gave no checksum",
+        (cs("a"), cs("b"), ReplicaChecksum("c", error="timed out waiting for index 7")),
+        Health.RECOVERING,
+        "replica on c:7050: no checksum: timed out waiting for index 7",
+        2,
+        0,
+    ),
+    (
+        "one replica holds rows outside the partition (and so differs)",
+        (cs("a"), cs("b"), cs("c", rows=12, digest=D2, **OUTSIDE)),
+        Health.CHECKSUM_MISMATCH,
+        "ROWS_OUTSIDE_PARTITION: replica on c:7050 holds 2 live row(s) whose key lies outside "
+        "the tablet's partition: (id=3), (id=8)",
+        2,
+        2,
+    ),
+    (
+        "every replica holds the same rows outside the partition",
+        (cs("a", **OUTSIDE), cs("b", **OUTSIDE), cs("c", **OUTSIDE)),
+        Health.ROWS_OUTSIDE_PARTITION,
+        "replicas on a:7050, b:7050, c:7050 each hold 2 live row(s) whose key lies outside the "
+        "tablet's partition: (id=3), (id=8)",
+        3,
+        2,
+    ),
+    (
+        "more rows outside than sample keys",
+        tuple(cs(u, outside_rows=40, outside_sample_keys=KEYS) for u in "abc"),
+        Health.ROWS_OUTSIDE_PARTITION,
+        "each hold 40 live row(s) whose key lies outside the tablet's partition: (id=3), "
+        "(id=8), ...",
+        3,
+        40,
+    ),
+    ("a single replica: nothing to compare", (cs("a"),), Health.HEALTHY, "", 0, 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("sums", "expected", "reason", "matched", "outside"),
+    [c[1:] for c in CHECKSUM_CASES],
+    ids=[c[0] for c in CHECKSUM_CASES],
+)
+def test_rate_tablet_checksums(
+    sums: tuple[ReplicaChecksum, ...], expected: Health, reason: str, matched: int, outside: int
+) -> None:
+    v = rate_tablet(MASTER, healthy_servers(), 3, "t", checksums=sums)
+    assert v.health is expected, v.reasons
+    if reason:
+        assert any(reason in r for r in v.reasons), v.reasons
+    else:
+        assert v.reasons == ()
+    assert (v.checksums_matched, v.outside_partition_rows) == (matched, outside)
+    ranks = [Health[r.split(":")[0]] for r in v.reasons]
+    assert ranks == sorted(ranks, reverse=True)
+
+
+def test_a_replica_already_rated_down_adds_no_checksum_finding() -> None:
+    """c's server is unreachable: UNDER_REPLICATED says so once; its failed Checksum is not
+    a second finding, and a and b still compare."""
+    servers = {**healthy_servers(), "c": srv("c", reachable=False, error="refused")}
+    sums = (cs("a"), cs("b"), ReplicaChecksum("c", error="refused"))
+    v = rate_tablet(MASTER, servers, 3, "t", checksums=sums)
+    assert v.health is Health.UNDER_REPLICATED
+    assert not any("checksum" in r for r in v.reasons), v.reasons
+    assert v.checksums_matched == 2
+
+
+def test_data_findings_rank_between_under_replicated_and_consensus_mismatch() -> None:
+    assert (
+        Health.UNDER_REPLICATED
+        < Health.ROWS_OUTSIDE_PARTITION
+        < Health.CHECKSUM_MISMATCH
+        < Health.CONSENSUS_MISMATCH
+    )
+    servers = {**healthy_servers(), "c": srv("c", reachable=False)}
+    v = rate_tablet(MASTER, servers, 3, checksums=(cs("a", **OUTSIDE), cs("b", **OUTSIDE)))
+    assert v.health is Health.ROWS_OUTSIDE_PARTITION
+    assert v.reasons[1].startswith("UNDER_REPLICATED:")
+
+
+def test_without_checksums_nothing_is_said_about_them() -> None:
+    v = rate_tablet(MASTER, healthy_servers(), 3, "t")
+    assert v.health is Health.HEALTHY and v.checksums_matched == 0
+
+
+def test_check_reports_rows_outside_the_partition_with_the_remedy_once() -> None:
+    t2 = MasterTablet("tablet-2", ABC, "a")
+    servers = healthy_servers()
+    servers = {
+        u: replace(s, replicas=(*s.replicas, replace(s.replicas[0], tablet_id="tablet-2")))
+        for u, s in servers.items()
+    }
+    table = TableSnapshot(
+        "id",
+        "t",
+        3,
+        (MASTER, t2),
+        checksums=(
+            TabletChecksums(T, AGREE),
+            TabletChecksums("tablet-2", tuple(cs(u, **OUTSIDE) for u in "abc")),
+        ),
+    )
+    report = check(_snapshot(tservers=tuple(servers.values()), tables=(table,), checksummed=True))
+    assert not report.healthy and report.checksummed
+    assert [x.tablet_id for x in report.outside_partition_tablets] == ["tablet-2"]
+    assert report.remedies == (outside_partition_remedy("t"),)
+    assert "tessera table copy t t_rewritten --create --operation insert" in report.remedies[0]
+    assert "tessera table copy 'my t' 'my t_rewritten'" in outside_partition_remedy("my t")
+    assert report.tables[0].count(Health.ROWS_OUTSIDE_PARTITION) == 1
+    clean = check(
+        _snapshot(
+            tables=(
+                replace(
+                    TableSnapshot("id", "t", 3, (MASTER,)), checksums=(TabletChecksums(T, AGREE),)
+                ),
+            ),
+            checksummed=True,
+        )
+    )
+    assert clean.healthy and clean.remedies == ()
+
+
+def test_the_report_prints_the_checksum_findings_and_the_remedy() -> None:
+    """Plain text and JSON carry the findings, the checksum summary and the table's rewrite."""
+    table = TableSnapshot(
+        "id",
+        "events",
+        3,
+        (replace(MASTER, partition="hash 0"),),
+        checksums=(TabletChecksums(T, tuple(cs(u, **OUTSIDE) for u in "abc")),),
+    )
+    report = check(_snapshot(tables=(table,), checksummed=True))
+    text = ksck_cmd.format_report(report)
+    assert "ROWS_OUTSIDE_PARTITION  tablet tablet-1 of events (hash 0)" in text
+    assert "replicas on a:7050, b:7050, c:7050 each hold 2 live row(s)" in text
+    assert "Checksums: 1 tablet(s), 3 replica(s) agree" in text
+    assert "\n  tessera table copy events events_rewritten --create --operation insert\n" in text
+    assert text.endswith("1 table(s) and 1 tablet(s) not healthy")
+    js = ksck_cmd.report_json(report)
+    assert js["checksum"] == {
+        "checked": True,
+        "replicas_matched": 3,
+        "rows_outside_partition": [
+            {"table": "events", "tablet_id": T, "partition": "hash 0", "rows": 2}
+        ],
+    }
+    assert js["remedies"] == [outside_partition_remedy("events")]
+    clean = check(_snapshot(checksummed=True))
+    assert ksck_cmd.format_report(clean).endswith("all healthy, checksums match")
+
+
+def test_describe_key_decodes_with_the_schema_or_says_it_cannot() -> None:
+    schema = Schema.build(
+        [("host", ColumnType.STRING), ("ts", ColumnType.INT64)], key=("host", "ts")
+    )
+    key = encode_key(schema, ["web-1", 5])
+    assert ksck_cmd.describe_key(schema, key) == "(host='web-1', ts=5)"
+    assert ksck_cmd.describe_key(schema, b"\x01").startswith("0x01 (does not decode: ")

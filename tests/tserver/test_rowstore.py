@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import os
 import threading
 from pathlib import Path
@@ -18,10 +19,17 @@ import pytest
 
 from service.common.errors import AlreadyExists, Corruption, InvalidArgument, NotFound
 from service.common.keys import encode_key
+from service.common.partition import HashBucketSchema, Partition, PartitionSchema, RangeSchema
 from service.common.predicates import ColumnPredicate, ScanSpec
 from service.common.schema import AddColumn, ColumnType, DropColumn, RenameColumn, Schema
 from service.tserver.row_ops import RowOp, WriteBatch, decode_write
-from service.tserver.rowstore import MANIFEST, AppliedWrite, RowStore
+from service.tserver.rowstore import (
+    MANIFEST,
+    OUTSIDE_SAMPLE_KEYS,
+    AppliedWrite,
+    Checksum,
+    RowStore,
+)
 
 T = ColumnType
 
@@ -540,7 +548,63 @@ def test_checksum_independent_of_flush_history(tmp_path: Path, schema: Schema) -
     assert a.checksum() == b.checksum()
     wb([{"id": 7, "x": 1.25}], RowOp.UPDATE)
     assert a.checksum() != b.checksum()
-    assert a.checksum()[0] == 29
+    assert a.checksum().rows == 29
+
+
+def _outside_of(ps: PartitionSchema, schema: Schema, tablet: int) -> tuple[Any, Partition]:
+    partition = ps.create_partitions(schema)[tablet]
+    return functools.partial(ps.rows_outside, schema, partition), partition
+
+
+@pytest.mark.parametrize("layout", ["memstore", "file", "files and memstore"])
+def test_checksum_counts_rows_outside_the_partition_in_the_same_pass(
+    tmp_path: Path, layout: str
+) -> None:
+    """The predicate sees live rows (deleted and overwritten versions are not counted), by
+    column name although the row store names columns by id (the key column was renamed, so
+    name and id differ): the count and the first 10 encoded keys in key order are what the
+    partition itself says, row by row, and the digest is the one taken without the check."""
+    base = Schema.build([("id", T.INT64), ("s", T.STRING), ("x", T.DOUBLE)], "id")
+    schema = base.apply([RenameColumn("id", "pk")])
+    ps = PartitionSchema(hash=(HashBucketSchema(("pk",), 4),), range=RangeSchema(()))
+    outside, partition = _outside_of(ps, schema, 1)
+    store = RowStore.create(tmp_path / "t", schema)
+    w = Writer(store)
+    w([{"pk": i, "s": f"s{i}", "x": i / 2} for i in range(300)])
+    if layout != "memstore":
+        store.flush()
+    w([{"pk": i} for i in range(0, 300, 7)], RowOp.DELETE)
+    w([{"pk": i, "s": "v2"} for i in range(0, 300, 5)], RowOp.UPSERT)
+    if layout == "file":
+        store.flush()
+        store.compact()
+    live = sorted(set(range(300)) - set(range(0, 300, 7)) | set(range(0, 300, 5)))
+    away = [i for i in live if not partition.contains(ps.partition_key_for_row(schema, {"pk": i}))]
+    assert 0 < len(away) < len(live)
+    keys = sorted(encode_key(schema, [i]) for i in away)
+
+    got = store.checksum(outside)
+    assert got.rows == len(live) and got.outside_rows == len(away)
+    assert got.outside_sample_keys == tuple(keys[:OUTSIDE_SAMPLE_KEYS])
+    assert (got.rows, got.digest) == (store.checksum().rows, store.checksum().digest)
+    assert store.checksum() == Checksum(got.rows, got.digest)  # no predicate: nothing counted
+
+
+def test_checksum_of_rows_all_inside_or_with_a_range_partition(tmp_path: Path) -> None:
+    """A range partition [100, 200): rows below and above are outside, in key order; a
+    tablet whose rows are all inside reports none."""
+    schema = Schema.build([("id", T.INT64), ("s", T.STRING)], "id")
+    ps = PartitionSchema(range=RangeSchema(("id",)), split_rows=((100,), (200,)))
+    middle, _ = _outside_of(ps, schema, 1)
+    store = RowStore.create(tmp_path / "t", schema)
+    Writer(store)([{"id": i, "s": "a"} for i in (5, 150, 199, 200, 250, 99, 100)])
+    got = store.checksum(middle)
+    assert got.outside_rows == 4
+    assert got.outside_sample_keys == tuple(encode_key(schema, [i]) for i in (5, 99, 200, 250))
+    inside = RowStore.create(tmp_path / "u", schema)
+    Writer(inside)([{"id": i, "s": "a"} for i in (100, 150, 199)])
+    assert inside.checksum(middle).outside_rows == 0
+    assert inside.checksum(middle).outside_sample_keys == ()
 
 
 # --- snapshots and accounting ---------------------------------------------------------------
