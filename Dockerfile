@@ -30,10 +30,12 @@ RUN pip install --no-cache-dir .
 COPY conf /etc/tessera
 
 # Servers run unprivileged. Named volumes mounted on these directories start as copies of them,
-# ownership included, so the data directories are writable by `tessera`.
+# ownership included, so the data directories are writable by `tessera`; the `pki` volume
+# (/var/lib/tessera-pki, where `tessera security provision` writes) starts owner-only.
 RUN useradd --system --create-home --home-dir /home/tessera tessera \
-    && mkdir -p /var/lib/tessera /var/lib/spark \
-    && chown tessera:tessera /var/lib/tessera /var/lib/spark
+    && mkdir -p /var/lib/tessera /var/lib/spark /var/lib/tessera-pki \
+    && chown tessera:tessera /var/lib/tessera /var/lib/spark /var/lib/tessera-pki \
+    && chmod 0700 /var/lib/tessera-pki
 USER tessera
 
 # No entry point: each compose service names its command (`tessera master run ...`, spark-class).

@@ -5,14 +5,19 @@ be a real entry point (a `tessera` command the CLI parser accepts, a `python -m`
 `main`, a `python -c` snippet that compiles, Spark's spark-class from the installed pyspark with
 a class its jars hold), every `--conf` must reach a file in conf/ through a bind mount, every
 `--set` must name a real setting and the resulting config must validate, addresses must name
-services and the ports they bind, data must live on declared named volumes, and health checks
-and `depends_on` must fit. It returns the problems rather than asserting, so the mutation tests
-below can show that each kind of mistake is caught.
+services and the ports they bind, data must live on declared named volumes, health checks and
+`depends_on` must fit, each service must mount only its own identity from the `pki` volume,
+read-only (docs/design/security.md#R14), and status pages off loopback must say
+`http_auth=tls` (docs/design/security.md#R13). It returns the problems rather than asserting,
+so the mutation tests below can show that each kind of mistake is caught. The layout tests then
+run the `pki` service's command into a temporary directory and look inside what every service
+mounts: the CA's key only in the masters'.
 
-The last test (slow: `make test-slow`) runs the compose file's own commands on loopback (host
-names and ports rewritten, nothing else): the servers come up, their health checks pass, and the
-job runner's command reports a healthy cluster. The health check and the job runner's command
-are also run against a local cluster in tests/tools/test_local_cluster.py, in the default run.
+The last test (slow: `make test-slow`) runs the compose file's own commands on loopback (the
+`pki` service first; host names, ports and mounted paths rewritten, nothing else): the servers
+come up, their health checks pass, and the job runner's command reports a healthy cluster. The
+health check and the job runner's command are also run against a local cluster in
+tests/tools/test_local_cluster.py, in the default run.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import copy
 import dataclasses
 import importlib
 import io
+import os
 import re
 import shlex
 import subprocess
@@ -96,21 +102,109 @@ HTTP_BIND = "http_bind" in {f.name for f in dataclasses.fields(MasterConfig)}
 # --- the checker -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Mount:
+    """One entry of a service's `volumes:`, short ("src:dst[:ro]") or long syntax."""
+
+    source: str
+    target: str
+    read_only: bool = False
+    subpath: str = ""
+    """For a named volume: the directory inside it that is mounted ("" = the whole volume)."""
+
+    @property
+    def is_bind(self) -> bool:
+        return self.source.startswith((".", "/"))
+
+
+def _mount(v: Any) -> Mount:
+    if isinstance(v, dict):
+        return Mount(
+            str(v.get("source", "")),
+            str(v.get("target", "")),
+            bool(v.get("read_only", False)),
+            str((v.get("volume") or {}).get("subpath", "")),
+        )
+    parts = str(v).split(":")
+    return Mount(parts[0], parts[1] if len(parts) > 1 else parts[0], parts[2:3] == ["ro"])
+
+
 def _mounts(svc: dict[str, Any]) -> list[tuple[str, str]]:
-    out = []
-    for v in svc.get("volumes") or []:
-        parts = str(v).split(":")
-        out.append((parts[0], parts[1] if len(parts) > 1 else parts[0]))
-    return out
+    return [(m.source, m.target) for m in _mount_list(svc)]
+
+
+def _mount_list(svc: dict[str, Any]) -> list[Mount]:
+    return [_mount(v) for v in svc.get("volumes") or []]
+
+
+def _under(path: str, mount: Mount) -> bool:
+    return (path + "/").startswith(mount.target.rstrip("/") + "/")
 
 
 def _host_path(svc: dict[str, Any], container_path: str) -> Path | None:
     """The file in the repository a bind mount shows at `container_path`, if any."""
-    for src, dst in _mounts(svc):
-        if src.startswith((".", "/")) and (container_path + "/").startswith(dst.rstrip("/") + "/"):
-            rel = container_path[len(dst.rstrip("/")) :].lstrip("/")
-            return (ROOT / src / rel).resolve()
+    for m in _mount_list(svc):
+        if m.is_bind and _under(container_path, m):
+            rel = container_path[len(m.target.rstrip("/")) :].lstrip("/")
+            return (ROOT / m.source / rel).resolve()
     return None
+
+
+PKI_VOLUME = "pki"
+"""The named volume `tessera security provision` fills: pki/ca is the CA, pki/<name> a party."""
+CA_DIR = "ca"
+
+
+def _is_provisioner(svc: dict[str, Any]) -> bool:
+    return [str(c) for c in (svc.get("command") or [])[:3]] == ["tessera", "security", "provision"]
+
+
+def _check_identities(name: str, svc: dict[str, Any], server: Server | None) -> list[str]:
+    """Each service mounts only its own identity from the pki volume, read-only; the CA's own
+    directory (and the whole volume) only the provisioner (docs/design/security.md#R14)."""
+    problems: list[str] = []
+    pki = [m for m in _mount_list(svc) if m.source == PKI_VOLUME]
+    if _is_provisioner(svc):
+        return problems
+    for m in pki:
+        if not m.subpath:
+            problems.append(
+                f"{name}: mounts the whole {PKI_VOLUME} volume at {m.target}, with the CA's key"
+                " and every party's: mount its own directory only (volume subpath)"
+            )
+        elif m.subpath.split("/")[0] == CA_DIR:
+            problems.append(f"{name}: mounts the CA's own directory {PKI_VOLUME}/{m.subpath}")
+        if not m.read_only:
+            problems.append(f"{name}: mounts {PKI_VOLUME}/{m.subpath} writable, not read-only")
+    if server is not None:
+        own = [m for m in pki if m.subpath == name]
+        if len(pki) != 1 or not own:
+            found = [m.subpath or "(whole volume)" for m in pki]
+            problems.append(
+                f"{name}: should mount exactly its own identity {PKI_VOLUME}/{name}, mounts {found}"
+            )
+        for key in ("ca_file", "cert_file", "key_file"):
+            path = getattr(server.config.security, key)
+            if own and not _under(path, own[0]):
+                problems.append(f"{name}: security.{key} {path!r} is not in its own identity")
+    else:
+        servers = {"master", "tserver"}
+        for m in pki:
+            if m.subpath.split("-")[0] in servers:
+                problems.append(f"{name}: mounts a server's identity {PKI_VOLUME}/{m.subpath}")
+    return problems
+
+
+def _check_status_auth(name: str, server: Server) -> list[str]:
+    """Status pages bound beyond loopback require client certificates, and the file says so
+    rather than relying on the default (docs/design/security.md#R13)."""
+    bind = getattr(server.config, "http_bind", "")
+    auth = getattr(server.config, "http_auth", None)
+    if not bind or auth is None:
+        return []
+    if auth != "tls":
+        return [f"{name}: http_auth is {auth!r}; the compose file sets http_auth=tls"]
+    return []
 
 
 def _parse(parser: Any, args: list[str]) -> tuple[Any, str | None]:
@@ -191,7 +285,9 @@ def _check_server(name: str, svc: dict[str, Any], args: Any, named: set[str]) ->
         path = getattr(config.security, key)
         if not any(src in named and path.startswith(dst + "/") for src, dst in _mounts(svc)):
             problems.append(f"{name}: security.{key} {path!r} is not on a named volume")
-    return problems, Server(name, args.command, config)
+    server = Server(name, args.command, config)
+    problems += _check_status_auth(name, server)
+    return problems, server
 
 
 def _check_addresses(services: dict[str, Any], servers: dict[str, Server]) -> list[str]:
@@ -270,6 +366,13 @@ def _check_health(name: str, svc: dict[str, Any], server: Server | None) -> list
             problems.append(
                 f"{name}: healthcheck asks {args.address}, the server binds {server.bind_port}"
             )
+        if server is not None:
+            own = Path(server.config.security.ca_file).parent
+            if getattr(args, "credentials", None) != str(own):
+                problems.append(
+                    f"{name}: healthcheck presents {args.credentials}, not the server's own"
+                    f" credentials {own}"
+                )
     return problems
 
 
@@ -297,6 +400,7 @@ def check_compose(compose: dict[str, Any]) -> list[str]:
                 servers[name] = server
         problems += _check_health(name, svc, server)
         problems += _check_published(name, svc, server)
+        problems += _check_identities(name, svc, server)
         for dep, spec in (svc.get("depends_on") or {}).items():
             if dep not in services:
                 problems.append(f"{name}: depends_on unknown service {dep}")
@@ -392,6 +496,40 @@ def _runner_masters(c: dict[str, Any]) -> None:
     c["services"]["job-runner"]["environment"]["TESSERA_MASTERS"] = "master-1:7051"
 
 
+def _insecure_master(c: dict[str, Any]) -> None:
+    _set(
+        "master-3", "security.key_file=/var/lib/tessera-identity/key.pem", "security.mode=insecure"
+    )(c)
+    _set("master-3", "http_auth=tls", "http_auth=none")(c)
+
+
+def _whole_pki_in_tserver(c: dict[str, Any]) -> None:
+    c["services"]["tserver-1"]["volumes"].append("pki:/var/lib/tessera-pki:ro")
+
+
+def _other_identity(c: dict[str, Any]) -> None:
+    for v in c["services"]["tserver-2"]["volumes"]:
+        if isinstance(v, dict) and v.get("source") == PKI_VOLUME:
+            v["volume"]["subpath"] = "master-2"
+
+
+def _ca_dir_in_runner(c: dict[str, Any]) -> None:
+    for v in c["services"]["job-runner"]["volumes"]:
+        if isinstance(v, dict) and v.get("source") == PKI_VOLUME:
+            v["volume"]["subpath"] = "ca"
+
+
+def _writable_identity(c: dict[str, Any]) -> None:
+    for v in c["services"]["master-1"]["volumes"]:
+        if isinstance(v, dict) and v.get("source") == PKI_VOLUME:
+            v["read_only"] = False
+
+
+def _health_as_admin(c: dict[str, Any]) -> None:
+    test = c["services"]["tserver-3"]["healthcheck"]["test"]
+    test[test.index("/var/lib/tessera-identity")] = "/var/lib/tessera-admin"
+
+
 MASTERS = 'master_addresses=["master-1:7051", "master-2:7051", "master-3:7051"]'
 MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("bad --set key", _set("master-2", "rpc_bind=0.0.0.0:7051", "rpc_bnd=0.0.0.0:7051"), "rpc_bnd"),
@@ -426,23 +564,42 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("job runner expecting a tablet server too many", _runner_tservers, "--tservers 3"),
     ("published port nothing listens on", _publish_wrong_port, "master-2: publishes port 8052"),
     ("port published on every address", _publish_everywhere, "tserver-1: publishes 8061:8050"),
-    (
-        "a master run insecure",
-        _set(
-            "master-3",
-            "security.key_file=/var/lib/tessera-pki/master-3/key.pem",
-            "security.mode=insecure",
-        ),
-        "master-3: security.mode is 'insecure'",
-    ),
+    ("a master run insecure", _insecure_master, "master-3: security.mode is 'insecure'"),
     (
         "a key file off the pki volume",
         _set(
             "tserver-2",
-            "security.key_file=/var/lib/tessera-pki/tserver-2/key.pem",
+            "security.key_file=/var/lib/tessera-identity/key.pem",
             "security.key_file=/tmp/key.pem",
         ),
         "tserver-2: security.key_file '/tmp/key.pem' is not on a named volume",
+    ),
+    (
+        "status pages open beyond loopback",
+        _set("tserver-1", "http_auth=tls", "http_auth=none"),
+        "tserver-1: http_auth is 'none'",
+    ),
+    (
+        "the default instead of a stated http_auth",
+        _set("master-2", "http_auth=tls", "log_level=INFO"),
+        "master-2: http_auth is 'auto'",
+    ),
+    (
+        "the whole pki volume in a tablet server",
+        _whole_pki_in_tserver,
+        "tserver-1: mounts the whole pki volume",
+    ),
+    (
+        "a tablet server given a master's identity",
+        _other_identity,
+        "tserver-2: should mount exactly its own identity pki/tserver-2",
+    ),
+    ("the CA's directory in the job runner", _ca_dir_in_runner, "job-runner: mounts the CA's"),
+    ("an identity mounted writable", _writable_identity, "master-1: mounts pki/master-1 writable"),
+    (
+        "a health check with someone else's credentials",
+        _health_as_admin,
+        "tserver-3: healthcheck presents /var/lib/tessera-admin",
     ),
     (
         "unknown module",
@@ -472,15 +629,110 @@ def test_checker_catches(
     assert any(expected in p for p in problems), (what, problems)
 
 
+# --- the identities each service is given ----------------------------------------------------
+
+
+def _host_paths(svc: dict[str, Any], volumes: Path) -> list[tuple[str, Path]]:
+    """(container path, path on this machine) of each of `svc`'s mounts, longest container path
+    first: a named volume is `volumes/<name>[/<subpath>]`, a bind mount the repository's."""
+    out = []
+    for m in _mount_list(svc):
+        host = (ROOT / m.source).resolve() if m.is_bind else volumes / m.source / m.subpath
+        out.append((m.target.rstrip("/"), host))
+    return sorted(out, key=lambda t: -len(t[0]))
+
+
+def _in_container(arg: str, mounts: list[tuple[str, Path]]) -> str:
+    for target, host in mounts:
+        arg = re.sub(re.escape(target) + r"(?=/|$)", str(host).replace("\\", "\\\\"), arg)
+    return arg
+
+
+def _provision(
+    tmp_path: Path, ports: dict[str, tuple[int, int]] | None = None
+) -> tuple[dict[str, Any], Path]:
+    """Run the compose file's `pki` service command here, its volume a directory of tmp_path:
+    (the services, the directory standing for the named volumes). With `ports` (`_localize`)
+    the masters' certificates bind their loopback addresses, each still in its service's
+    directory."""
+    services = load_compose()["services"]
+    volumes = tmp_path / "volumes"
+    name = next(n for n, s in services.items() if _is_provisioner(s))
+    command = [str(c) for c in services[name]["command"]]
+    if ports:
+        command = [
+            f"{c.split(':')[0]}={c}" if i and command[i - 1] == "--master" else c
+            for i, c in enumerate(command)
+        ]
+    cmd = _localize(command, name, ports or {}, _host_paths(services[name], volumes))
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, (cmd, done.stdout, done.stderr)
+    return services, volumes
+
+
+def _ca_keys_given(svc: dict[str, Any], volumes: Path) -> list[Path]:
+    """Every CA key inside what `svc` mounts, or a mount that is one."""
+    found: list[Path] = []
+    for _, host in _host_paths(svc, volumes):
+        if host.is_file():
+            found += [host] if host.name == "ca.key" else []
+        elif host.is_dir():
+            found += sorted(host.rglob("ca.key"))
+    return found
+
+
+def _kind(svc: dict[str, Any]) -> str:
+    cmd = [str(c) for c in svc.get("command") or []]
+    return cmd[1] if cmd[:1] == ["tessera"] and len(cmd) > 1 else ""
+
+
+def test_provisioned_layout_gives_the_ca_key_to_masters_only(tmp_path: Path) -> None:
+    """docs/design/security.md#R14, on the files themselves: provision as the `pki` service
+    does, then look inside what every other service mounts."""
+    services, volumes = _provision(tmp_path)
+    pki = volumes / PKI_VOLUME
+    assert (pki / CA_DIR / "ca.key").is_file()  # the key exists: finding none below means something
+    tservers = [n for n, s in services.items() if _kind(s) == "tserver"]
+    masters = [n for n, s in services.items() if _kind(s) == "master"]
+    assert len(tservers) == 3 and len(masters) == 3
+    for name, svc in services.items():
+        if _is_provisioner(svc):
+            continue
+        keys = _ca_keys_given(svc, volumes)
+        if name in masters:
+            assert keys == [pki / name / "ca.key"], (name, keys)
+        else:
+            assert keys == [], (name, keys)
+    for name in tservers:
+        assert sorted(p.name for p in (pki / name).iterdir()) == ["ca.pem", "cert.pem", "key.pem"]
+    # Owner-only throughout: directories 0700, files 0600.
+    for path in [pki, *pki.rglob("*")]:
+        mode = path.stat().st_mode & 0o777
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+
+
+def test_the_layout_check_finds_a_ca_key_mounted_into_a_tablet_server(tmp_path: Path) -> None:
+    services, volumes = _provision(tmp_path)
+    svc = copy.deepcopy(services["tserver-1"])
+    svc["volumes"].append("pki:/var/lib/tessera-pki:ro")  # the layout before R14
+    assert _ca_keys_given(svc, volumes) == sorted((volumes / PKI_VOLUME).rglob("ca.key")), (
+        "the whole volume shows every CA key"
+    )
+
+
 # --- the compose commands, run for real on loopback -------------------------------------------
 
 
 def _localize(
-    cmd: list[str], service: str, ports: dict[str, tuple[int, int]], data: Path
+    cmd: list[str],
+    service: str,
+    ports: dict[str, tuple[int, int]],
+    mounts: list[tuple[str, Path]],
 ) -> list[str]:
     """`cmd` as it would run in `service`'s container, rewritten for loopback: each service's
     name:port becomes 127.0.0.1:<its local port>, this service's binds and health check use its
-    local port, /var/lib/tessera its own directory, /etc/tessera the repository's conf/."""
+    local port, and each path in one of its mounts (`_host_paths`) the directory standing for
+    it: its own data volume, its own identity, the repository's conf/."""
     out = []
     for arg in cmd:
         for name, (container_port, local_port) in ports.items():
@@ -489,9 +741,7 @@ def _localize(
             container_port, local_port = ports[service]
             for host in ("0.0.0.0", "127.0.0.1"):
                 arg = arg.replace(f"{host}:{container_port}", f"127.0.0.1:{local_port}")
-        arg = arg.replace("/var/lib/tessera", str(data / service))
-        arg = arg.replace("/etc/tessera", str(ROOT / "conf"))
-        out.append(arg)
+        out.append(_in_container(arg, mounts))
     if out[0] == "tessera":
         out[:1] = [sys.executable, "-m", "service.tools.cli"]
     elif out[0] == "python":
@@ -499,10 +749,19 @@ def _localize(
     return out
 
 
-def _until_ok(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+def _until_ok(
+    cmd: list[str], timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     deadline = time.monotonic() + timeout
     while True:
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=30)
+        done = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=30,
+            env={**os.environ, **(env or {})},
+        )
         if done.returncode == 0 or time.monotonic() > deadline:
             return done
         time.sleep(0.3)
@@ -512,29 +771,39 @@ def _until_ok(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str
 @pytest.mark.slow  # a second 3+3 start (tests/tools has the default-run one): `make test-slow`
 def test_compose_commands_serve_on_loopback(tmp_path: Path) -> None:
     services = load_compose()["services"]
-    tessera = [n for n, s in services.items() if s["command"][0] == "tessera"]
+    servers = [n for n, s in services.items() if _kind(s) in CONFIG_CLASSES]
     ports: dict[str, tuple[int, int]] = {}
-    for name, local in zip(tessera, free_ports(len(tessera)), strict=True):
+    for name, local in zip(servers, free_ports(len(servers)), strict=True):
         bind = next(c for c in services[name]["command"] if c.startswith("rpc_bind="))
         ports[name] = (int(bind.rsplit(":", 1)[1]), local)
+    services, volumes = _provision(tmp_path, ports)  # the `pki` service, first
+
+    def here(name: str, cmd: list[str]) -> list[str]:
+        return _localize(cmd, name, ports, _host_paths(services[name], volumes))
+
     procs = []
     try:
-        for name in tessera:
-            cmd = _localize(services[name]["command"], name, ports, tmp_path)
+        for name in servers:
+            cmd = here(name, services[name]["command"])
             timing = FAST_RAFT if services[name]["command"][1] == "master" else FAST_TSERVER
             cmd += [x for k, v in timing.items() for x in ("--set", f"{k}={v}")]
             if HTTP_BIND:  # several servers share this machine: any free port for HTTP
                 cmd += ["--set", "http_bind=127.0.0.1:0"]
             with (tmp_path / f"{name}.log").open("wb") as log:
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
-        for name in tessera:
-            check = _localize(services[name]["healthcheck"]["test"][1:], name, ports, tmp_path)
+        for name in servers:
+            check = here(name, services[name]["healthcheck"]["test"][1:])
             done = _until_ok(check, 30)
             log = (tmp_path / f"{name}.log").read_text()[-2000:]
             assert done.returncode == 0, (name, done.stderr, log)
             assert f"ok: {services[name]['command'][1]} at 127.0.0.1:" in done.stdout
-        runner = _localize(services["job-runner"]["command"], "job-runner", ports, tmp_path)
-        done = _until_ok(runner, 30)
+        runner = here("job-runner", services["job-runner"]["command"])
+        mounts = _host_paths(services["job-runner"], volumes)
+        env = {
+            k: _in_container(str(v), mounts)
+            for k, v in services["job-runner"]["environment"].items()
+        }
+        done = _until_ok(runner, 30, {"TESSERA_CREDENTIALS": env["TESSERA_CREDENTIALS"]})
         assert done.returncode == 0, (done.stdout, done.stderr)
         assert "healthy: leader 127.0.0.1:" in done.stdout
         assert "3/3 tablet server(s) live" in done.stdout, done.stdout

@@ -50,7 +50,9 @@ class ChaosCluster:
         self.faults = base / "faults"
         self.faults.mkdir(parents=True, exist_ok=True)
         self.site = write_site(base / "site")
-        http = {"http_bind": "0.0.0.0:0"}
+        # Every interface of the lab's private namespaces; plain HTTP, which the campaign reads
+        # /tables with: the lab is cut off from everything else (docs/design/security.md#R13).
+        http = {"http_bind": "0.0.0.0:0", "http_auth": "none"}
         self.mini = MiniCluster(
             base,
             num_masters=masters,

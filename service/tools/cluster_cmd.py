@@ -68,7 +68,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     for s in record.servers:
         if s.http_address:
-            print(f"{s.name} status pages: http://{s.http_address}/")
+            scheme = local_cluster.http_scheme(record, s)
+            print(f"{s.name} status pages: {scheme}://{s.http_address}/")
     print(f"masters: {masters}")
     print(f"hint: other tessera commands take --masters {masters}")
     return 0

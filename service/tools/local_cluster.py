@@ -8,9 +8,21 @@ cluster lives under DIR:
 
     DIR/cluster.json        the record: each server's name, address, pid, uuid, data dir, log,
                             the conf files and --set overrides (tmp + rename: never half a file)
-    DIR/data/<name>/        the server's data_dir (WAL, consensus metadata, instance file)
+    DIR/data/<name>/        the server's data_dir (WAL, consensus metadata, instance file), and
+                            its working directory
     DIR/logs/<name>.log     its stdout and stderr, appended to across restarts
     DIR/run/<name>.ready    the ready file it writes once it serves ({"address","pid","uuid"})
+    DIR/pki/ca/             the cluster's CA (ca.pem, ca.key) and every identity it issued:
+                            read by this command only, named to no server
+    DIR/pki/<name>/         the server's own credentials (ca.pem, cert.pem, key.pem), plus the
+                            CA's key (ca.key) for a master only
+    DIR/credentials/        the admin's credentials, which every `--dir DIR` command uses
+
+Each server is given its own directories and files only, and a tablet server none that holds
+or contains the CA's key (docs/design/security.md#R14): `tessera security provision` lays
+out a deployment the same way. All of it is owner-only (directories 0700, files 0600). A
+directory made before this layout (the CA's files directly in DIR/pki) is moved into it on
+the next `up`.
 
 Fixed master ports. Masters bootstrap sys.catalog from `master_addresses` and a master's uuid is
 derived from its address (service/master/master.py), so every master must know every master's
@@ -64,7 +76,8 @@ from typing import Any
 from service.client.credentials import find_credentials
 from service.common.config import MasterConfig, TServerConfig, load_config, parse_override
 from service.common.errors import FailedPrecondition, InvalidArgument
-from service.common.pki import ClusterPki
+from service.common.http_status import requires_client_certificates
+from service.common.pki import ClusterPki, Identity, IdentityFiles, ca_key_file, identity_of
 from service.common.tls import Credentials
 from service.master.master import master_uuid
 from service.tools import launcher
@@ -73,7 +86,7 @@ from service.tools.launcher import CONF_DIR, Launched, LaunchError, free_ports
 
 __all__ = ["CLUSTER_FILE", "ClusterRecord", "LocalClusterError", "ServerRecord", "Stopped"]
 __all__ += ["down", "is_running", "load_record", "master_addresses", "status", "up"]
-__all__ += ["add_master", "remove_master"]
+__all__ += ["add_master", "http_scheme", "remove_master"]
 
 CLUSTER_FILE = "cluster.json"
 FORMAT = 1
@@ -221,9 +234,16 @@ def _settings(record: ClusterRecord, server: ServerRecord) -> tuple[str, list[st
     settings.append(f"master_addresses={launcher.toml_list(record.master_addresses)}")
     if _http_supported(server.kind):
         settings.append("http_bind=127.0.0.1:0")
-    if not any(s.startswith("security.") for s in settings):
-        settings += _security(record, server)
+    if _own_identity(record, server):
+        settings += launcher.security_overrides(IdentityFiles.in_dir(_identity_dir(record, server)))
     return conf, settings
+
+
+def _own_identity(record: ClusterRecord, server: ServerRecord) -> bool:
+    """Whether `server` runs with the identity `up` issues it: unless an override of its kind
+    sets `security.*` itself (`security.mode=insecure` for a comparison run, other files)."""
+    overrides = record.master_overrides if server.kind == "master" else record.tserver_overrides
+    return not any(s.startswith("security.") for s in overrides)
 
 
 def _secured(record: ClusterRecord) -> bool:
@@ -235,24 +255,77 @@ def _secured(record: ClusterRecord) -> bool:
 
 
 def _pki(record: ClusterRecord) -> ClusterPki:
-    """The cluster's CA in DIR/pki, created with the cluster (module docstring: security)."""
-    return ClusterPki(record.dir / "pki")
+    """The cluster's CA in DIR/pki/ca, created with the cluster (module docstring). A CA kept
+    directly in DIR/pki (the layout before each server had its own directory) moves there."""
+    root = record.dir / "pki"
+    store = root / "ca"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
+    if (root / "ca.key").is_file() and not (store / "ca.key").exists():
+        store.mkdir(mode=0o700, exist_ok=True)
+        for f in list(root.iterdir()):
+            if f.is_file():
+                f.rename(store / f.name)
+    return ClusterPki(store)
 
 
-def _security(record: ClusterRecord, server: ServerRecord) -> list[str]:
-    """`security.*` settings giving `server` its certificate from the cluster's CA: a master's
-    names its address-derived uuid; a tablet server's the uuid in its data dir, or a new one
-    it takes when it formats it."""
+def _identity_dir(record: ClusterRecord, server: ServerRecord) -> Path:
+    """Where `server`'s own credentials live: DIR/pki/<name>."""
+    return record.dir / "pki" / server.name
+
+
+def _held_identity(files: IdentityFiles) -> Identity | None:
+    """The identity of the certificate in a credentials directory, if it has a usable one."""
+    if not (files.cert_file.is_file() and files.key_file.is_file() and files.ca_file.is_file()):
+        return None
+    try:
+        return identity_of(files.cert_file.read_bytes())
+    except (OSError, InvalidArgument):
+        return None
+
+
+def _issue_identity(record: ClusterRecord, server: ServerRecord) -> None:
+    """Give `server` its certificate from the cluster's CA in its own directory: a master's
+    names its address-derived uuid (and the directory gets the CA's key), a tablet server's
+    the uuid in its data dir, or the one it was issued before it first started, or a new one
+    it takes when it formats its data dir. A directory that already holds the right identity
+    is kept as it is (a server may have renewed its certificate there)."""
+    files = IdentityFiles.in_dir(_identity_dir(record, server))
+    held = _held_identity(files)
     if server.kind == "master":
         name: str = master_uuid(server.address)
     else:
-        name = launcher.tserver_uuid(Path(server.data_dir), server.uuid)
-    return launcher.security_overrides(_pki(record).files(server.kind, name))
+        data_dir = Path(server.data_dir)
+        known = server.uuid
+        if not known and not (data_dir / "instance").exists() and held is not None:
+            known = held.name if held.role == "tserver" else ""
+        name = launcher.tserver_uuid(data_dir, known)
+    directory = files.ca_file.parent
+    ca_key = ca_key_file(files.ca_file)
+    if held != Identity(server.kind, name) or (server.kind == "master" and not ca_key.exists()):
+        _pki(record).export(server.kind, name, directory)
+    if server.kind != "master":
+        ca_key.unlink(missing_ok=True)  # never beside a tablet server's certificate
+    os.chmod(directory, 0o700)
 
 
 def credentials(dir: Path | str) -> Credentials | None:
     """The admin credentials of the cluster in DIR (DIR/credentials), None if it is insecure."""
     return find_credentials(None, Path(dir).resolve())
+
+
+def http_scheme(record: ClusterRecord, server: ServerRecord) -> str:
+    """The scheme of `server`'s status pages: https if they need a client certificate (its
+    `http_auth`, for the loopback address `up` binds them to), else http
+    (docs/design/security.md#R13)."""
+    cls = MasterConfig if server.kind == "master" else TServerConfig
+    conf, settings = _settings(record, server)
+    try:
+        config = load_config(cls, conf, dict(parse_override(s) for s in settings))
+    except InvalidArgument:
+        return "http"
+    auth = getattr(config, "http_auth", "none")
+    return "https" if requires_client_certificates("127.0.0.1:0", auth) else "http"
 
 
 def _check_config(record: ClusterRecord) -> None:
@@ -265,15 +338,19 @@ def _check_config(record: ClusterRecord) -> None:
 
 
 def _spawn(record: ClusterRecord, server: ServerRecord, *, join: bool = False) -> _Launch:
-    """Start `server` detached (it outlives this command), in DIR."""
+    """Start `server` detached (it outlives this command), in its data dir: its working
+    directory holds nothing of another server's, nor the CA (module docstring)."""
+    if _own_identity(record, server):
+        _issue_identity(record, server)
     conf, settings = _settings(record, server)
     if join:
         settings.append("join_existing=true")
     ready = record.dir / "run" / f"{server.name}.ready"
     args = launcher.server_args(_MODULES[server.kind], conf, settings, ready)
-    Path(server.data_dir).mkdir(parents=True, exist_ok=True)
+    data_dir = Path(server.data_dir)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     launched = launcher.spawn(
-        server.name, args, log=Path(server.log), ready=ready, cwd=record.dir, detach=True
+        server.name, args, log=Path(server.log), ready=ready, cwd=data_dir, detach=True
     )
     return _Launch(replace(server, pid=launched.proc.pid), launched)
 
@@ -557,6 +634,7 @@ def remove_master(
         outcome = "killed" if launcher.terminate_all([server.pid], grace) else "stopped"
         say(f"stopping {server.name} ... {outcome}")
     shutil.rmtree(server.data_dir, ignore_errors=True)
+    shutil.rmtree(_identity_dir(record, server), ignore_errors=True)  # it held the CA's key
     _save(replace(record, masters=tuple(m for m in record.masters if m.name != server.name)))
     return server
 

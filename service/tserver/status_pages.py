@@ -10,6 +10,10 @@ Pages:
   /tablet-copies  copies this server runs as the destination (running and finished) and the
                   copy sessions it serves as the source
   /scans          open scanners (tablet, rows returned, calls, idle time)
+  /healthz        "ok" while the process serves (`common.http_status`)
+
+Who may read them: as on a master, off loopback (or with `http_auth = "tls"`) every page but
+/healthz needs a client certificate of the cluster CA, any role (docs/design/security.md#R13).
 
 Metrics are read at scrape time from the objects that own the state (callback families,
 `metrics` module docstring): every replica's Raft term, commit and applied index and role

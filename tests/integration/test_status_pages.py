@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
+import pyarrow as pa
 import pytest
 
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
-from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
+from service.common.schema_codec import partition_from_pb, partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.pb import tserver_pb2 as tpb
@@ -219,6 +220,17 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         yield Setup(cluster, leader, table_id, locs, written_to, page.scanner_id.hex())
 
 
+def _rows_of(tablet: pb.TabletLocationsPB, n: int) -> pa.Table:
+    """`n` fixture rows whose keys lie in `tablet`'s partition (a tablet takes only its own,
+    docs/design/tablets.md#R2), from the lowest ids up."""
+    part = partition_from_pb(tablet.partition)
+    partitioning = PartitionSchema(hash=(HashBucketSchema(("id",), 3),), range=RangeSchema(()))
+    candidates = rows(0, 20 * n)
+    mine = candidates.filter(pa.array(~partitioning.rows_outside(SCHEMA, part, candidates)))
+    assert mine.num_rows >= n
+    return mine.slice(0, n)
+
+
 def _write(cluster: MiniCluster, tablet: pb.TabletLocationsPB) -> str | None:
     """Write 500 rows to the tablet's current leader; its uuid (None if none took them). A
     non-leader refuses before proposing, so trying every replica writes the rows once."""
@@ -226,7 +238,9 @@ def _write(cluster: MiniCluster, tablet: pb.TabletLocationsPB) -> str | None:
         with cluster.sync_channel(cluster.tserver_by_uuid(r.ts_uuid).address) as ch:
             data = tpb_grpc.TabletServerServiceStub(ch)
             try:
-                data.Write(write_request(r.ts_uuid, tablet.tablet_id, rows(0, 500)), timeout=10)
+                data.Write(
+                    write_request(r.ts_uuid, tablet.tablet_id, _rows_of(tablet, 500)), timeout=10
+                )
                 return r.ts_uuid
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE:  # NOT_THE_LEADER is UNAVAILABLE
