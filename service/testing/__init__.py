@@ -24,9 +24,14 @@ Modules
     ts_simulator_stats  the tablet-server simulator's statistics file
     ts_simulator_shards the simulator as several processes (`--shards K`): the bus between them
     tablet_fixtures     schemas, rows, requests and scans for tests and benchmarks
-    hostile_arrow       Arrow IPC streams that frame correctly but lie (poison writes)
+    hostile_arrow       Arrow IPC streams that frame correctly but lie (poison writes), and
+                        valid rows sent to a tablet that does not hold their keys (misrouted)
     poison_log          a committed entry no replica can apply, planted in a stopped WAL
     spark_standalone    a Spark standalone cluster on loopback
     chaos*              the fault campaign on real processes (`make chaos`): the campaign,
                         its cluster in network namespaces, nemeses, workloads, checks, report
+    fuzz*               the fuzzing campaign against a live secured cluster (`make fuzz`):
+                        the campaign, its cluster and identities (a member tablet server's
+                        own certificate among them), generator, templates and values, the
+                        guard, placeholders filled before sending, checks, report
 """

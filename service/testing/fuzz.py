@@ -6,11 +6,14 @@ One process starts a secured cluster (fuzz_cluster.py: 3 masters, 3 tablet serve
 fixture tables with rows, a scratch table) and sends it N cases, one at a time. A case is one
 call of one RPC (fuzz_gen.py: every method of MasterService, TabletServerAdminService,
 TabletServerService, TabletCopyService and ConsensusService, read from the descriptors, each
-in turn), made as an admin, a user, a tablet server or a master, to the master leader, another
+in turn), made as an admin, a user, a tablet server or a master that are no members, or a
+member (the first tablet server, with its own certificate), to the master leader, another
 master, a tablet server or the one leading the tablet the request names. Its requests are
 valid ones with hostile values in a few fields, hostile ones built field by field, byte-mutated
-ones or bytes that are no protobuf, with Arrow payloads for writes. Hypothesis draws each case
-from (seed, case number) alone, so any case can be run again by its number.
+ones or bytes that are no protobuf, with Arrow payloads for writes (misrouted rows among them:
+keys of other tablets of the table) and, in the member's heartbeats, claims about the fixture
+tablets that no other server confirms. Hypothesis draws each case from (seed, case number)
+alone, so any case can be run again by its number.
 
 Before it is sent, a case that an allowed caller could use to legitimately wreck the cluster
 is pointed at the scratch table instead (fuzz_guard.py); everything else goes as generated.
@@ -27,6 +30,16 @@ After each case (fuzz_checks.py):
   refused by; or any request changed the fixtures' part of the catalog; or the replicas of a
   fixture tablet disagree (checked every `CHECK_EVERY` cases and at the end). A tablet server
   found changed is restarted, back to a state its masters agree with;
+* outside partition (a state change): after a Write to a fixture tablet, the replica it went
+  to holds rows outside its partition (its Checksum's count); every `CHECK_EVERY` cases and
+  at the end, any replica of a fixture tablet does, by the fuzzer's own scan of its keys;
+* tombstoned (a state change): after any case whose RPC is not read-only (`READ_ONLY`), a
+  fixture tablet's replica on some server is gone or not READY;
+* config mismatch (a state change): after the same cases, the master's record of a fixture
+  tablet's config (voters, op index) is not what its running replicas committed, for longer
+  than `fuzz_checks.SETTLE_S` (a forged claim adopted). These three are reported once while
+  they last (`_standing`): the cluster cannot be put back, and every later case would see
+  the same;
 * stall: a server counted an event-loop stall longer than the Raft heartbeat interval (its
   `tessera_event_loop_stalls_total`, read every `SCRAPE_EVERY` cases; the case among them
   whose call and the Pings sent to every server after it took longest is the one reported).
@@ -51,9 +64,11 @@ goes to a file in `--out`; after `SHOWN` alike findings the rest are only counte
 Server bugs found and still open are listed in fuzz_guard.KNOWN_ISSUES; `--skip-known` keeps
 requests away from them, so a short run can stay green and a long one look for other bugs.
 
-The run ends with one line: `fuzz: N cases, C crashes, S state changes, L stalls`, preceded by
-the count of every RPC's outcomes and a line with the rest (unexpected statuses, tracebacks,
-the machine's stalls, errors of the fuzzer's own); the exit status is 1 if anything was found.
+The run ends with one line: `fuzz: N cases, C crashes, S state changes, L stalls` (state
+changes of every class: refused changes, outside partition, tombstoned, config mismatch),
+preceded by the count of every RPC's outcomes and a line with the rest (unexpected statuses,
+tracebacks, the machine's stalls, errors of the fuzzer's own, state changes by class); the
+exit status is 1 if anything was found.
 """
 
 from __future__ import annotations
@@ -76,11 +91,19 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from service.testing.fuzz_checks import (
+    SETTLE_S,
+    Checksum,
+    FixtureHealth,
     LogWatch,
     MachineWatch,
     StallProbe,
     catalog_view,
+    config_mismatches,
     describe_diff,
+    fixture_health,
+    keys_outside_partition,
+    lost_replicas,
+    outside_rows,
     replica_checksum,
     replicas_agree,
     restrict,
@@ -89,6 +112,8 @@ from service.testing.fuzz_checks import (
 from service.testing.fuzz_cluster import (
     FIXTURE_A,
     FIXTURE_B,
+    FIXTURES,
+    MEMBER_UUID,
     PRINCIPALS,
     SCRATCH,
     FuzzCluster,
@@ -161,6 +186,48 @@ TSERVER_RPCS = frozenset(
     )
 )
 """RPCs whose refused requests must leave the target tablet server's replicas as they were."""
+READ_ONLY = frozenset(
+    {
+        *(
+            f"MasterService/{m}"
+            for m in (
+                "IsCreateTableDone",
+                "IsAlterTableDone",
+                "ListTables",
+                "GetTableSchema",
+                "GetTableLocations",
+                "GetTabletLocations",
+                "ConnectToMaster",
+                "Ping",
+                "ListMasters",
+                "ListTabletServers",
+                "DumpCatalog",
+                "ListGrants",
+            )
+        ),
+        *(
+            f"TabletServerAdminService/{m}"
+            for m in ("GetConsensusState", "ListTablets", "ListTabletCopies")
+        ),
+        *(
+            f"TabletServerService/{m}"
+            for m in ("Scan", "ScanNext", "ScanClose", "Checksum", "SplitKeyRange", "Ping")
+        ),
+    }
+)
+"""RPCs that change no replica and no config: the fixtures' replicas and the master's record
+of them are not looked at after these (every other case is followed by `_check_fixtures`)."""
+FINDING_KINDS = {
+    "crash": "crashes",
+    "state change": "state_changes",
+    "outside partition": "state_changes",
+    "tombstoned": "state_changes",
+    "config mismatch": "state_changes",
+    "stall": "stalls",
+    "unexpected status": "unexpected",
+    "traceback": "tracebacks",
+}
+"""Each kind of finding, and the count of the final line it adds to."""
 
 
 @dataclass
@@ -180,6 +247,9 @@ class Campaign:
     """The cases since the servers' stall counters were last read, each with how long its
     call and the Pings after it took (the slowest is the first suspect of a stall)."""
     seen: collections.Counter[tuple[str, str, str]] = field(default_factory=collections.Counter)
+    standing: dict[str, set[str]] = field(default_factory=dict)
+    """The problems of each standing kind (outside partition, tombstoned, config mismatch)
+    found at the last look: one that lasts is reported once (`_standing`)."""
     _protected: Protected | None = None
 
     def __post_init__(self) -> None:
@@ -273,6 +343,7 @@ class Campaign:
             master_ports=frozenset(int(m.address.rpartition(":")[2]) for m in masters),
             user=PRINCIPALS["user"],
             master_term=self.fc.leader_term,
+            member_uuid=MEMBER_UUID,
         )
 
     def _drop_foreign_grants(self) -> None:
@@ -334,15 +405,10 @@ class Campaign:
                     f"refused, yet {ts_name} changed: " + describe_diff(ts_before, after),
                 )
                 fc.restart(ts_name)  # back to a state the masters agree with
-        if written and not outcome.ok and rows_before is not None:
-            rows_after = replica_checksum(fc, ts_name, written)
-            if rows_after is not None and rows_after != rows_before:
-                self._finding(
-                    "state change",
-                    repro,
-                    f"refused write changed tablet {written} on {ts_name}: "
-                    f"{rows_before[0]} -> {rows_after[0]} rows",
-                )
+        if written:
+            self._check_write(repro, written, ts_name, rows_before)
+        if rpc.name not in READ_ONLY:
+            self._check_fixtures(repro)
         if outcome.ok and rpc.name in DESTRUCTIVE:
             self.scratch_dirty = True
         note = undo_accepted(fc, case, payloads, outcome)
@@ -368,6 +434,66 @@ class Campaign:
         except (grpc.RpcError, OSError):
             self.stats.unchecked += 1
             return None
+
+    def _check_write(
+        self, repro: Repro, tablet: str, ts_name: str, before: Checksum | None
+    ) -> None:
+        """After a Write to a fixture tablet: a refused one changed nothing, and the replica
+        it went to holds no row outside its partition."""
+        after = replica_checksum(self.fc, ts_name, tablet)
+        if after is None:
+            return
+        if not repro.outcome.ok and before is not None and after.content != before.content:
+            self._finding(
+                "state change",
+                repro,
+                f"refused write changed tablet {tablet} on {ts_name}: "
+                f"{before.rows} -> {after.rows} rows",
+            )
+        fixture = self.fc.fixture_of(tablet)
+        schema = FIXTURES[fixture][0] if fixture else None
+        problem = outside_rows(tablet, ts_name, after, schema)
+        self._standing("outside partition", [problem] if problem else [], repro, keep=True)
+
+    def _check_fixtures(self, repro: Repro) -> None:
+        """Every fixture replica is READY on every server, and the master records the configs
+        the replicas committed (fuzz_checks.lost_replicas, config_mismatches); a mismatch may
+        settle for `SETTLE_S`."""
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            h = self._look(self._health)
+            if h is None:
+                return
+            lost, mismatched = lost_replicas(h), config_mismatches(h)
+            if (not lost and not mismatched) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        self._standing("tombstoned", lost, repro)
+        self._standing("config mismatch", mismatched, repro)
+
+    def _health(self) -> FixtureHealth:
+        try:
+            return fixture_health(self.fc)
+        except grpc.RpcError:  # the leader moved: find it and ask again
+            self.fc.refresh()
+            return fixture_health(self.fc)
+
+    def _standing(
+        self, kind: str, problems: list[str], repro: Repro | None, *, keep: bool = False
+    ) -> None:
+        """Report the problems of `kind` not already standing at the last look, then remember
+        these as standing (with `keep`, added to those: a look that saw one replica only)."""
+        before = self.standing.get(kind, set())
+        for p in problems:
+            if p in before:
+                continue
+            if repro is None:
+                self.stats.state_changes += 1
+                self.stats.kinds[kind] += 1
+                self._say_finding(kind, p, "")
+            else:
+                self._finding(kind, repro, p)
+        self.standing[kind] = (before | set(problems)) if keep else set(problems)
 
     def _catalog(self) -> dict[str, object]:
         try:
@@ -435,19 +561,18 @@ class Campaign:
             problems = replicas_agree(self.fc, self.fc.fixture_tablets())
             for p in problems:
                 self.stats.state_changes += 1
+                self.stats.kinds["state change"] += 1
                 self._say_finding("state change", p, "")
+            outside = self._look(keys_outside_partition, self.fc)
+            if outside is not None:
+                self._standing("outside partition", outside, None, keep=True)
 
     def _finding(self, kind: str, repro: Repro, what: str) -> None:
         """Count a finding; print it and write its reproducer the first `SHOWN` times a
         finding of its kind, RPC and text (numbers aside) turns up."""
-        attr = {
-            "crash": "crashes",
-            "state change": "state_changes",
-            "stall": "stalls",
-            "unexpected status": "unexpected",
-            "traceback": "tracebacks",
-        }[kind]
+        attr = FINDING_KINDS[kind]
         setattr(self.stats, attr, getattr(self.stats, attr) + 1)
+        self.stats.kinds[kind] += 1
         signature = (kind, repro.case.rpc.name, re.sub(r"\d+", "N", what)[:80])
         self.seen[signature] += 1
         if self.seen[signature] > SHOWN:

@@ -15,10 +15,23 @@ its public surface (RPCs as admin, /metrics, the status page, the log files):
 * A tablet server's replicas, around every refused tablet-admin case (`tserver_view`):
   ListTablets (which replicas, their data state, schema version and config) and the highest
   master term it has seen (its status page: it decides which fenced requests it obeys).
-* A tablet's rows on one replica, around every refused Write to a fixture (`replica_checksum`).
+* A tablet's rows on one replica, around every Write to a fixture (`replica_checksum`): a
+  refused one must change neither count nor digest, and no replica may hold a row outside
+  its partition (the Checksum's `out_of_partition_rows`, counted by the server in the same
+  pass, docs/design/tablets.md#R2).
+* The fixtures' replicas, after every case whose RPC could change them (all but the
+  read-only ones, `fixture_health`): ListTablets on every tablet server and GetTableLocations
+  of both fixtures, judged by pure functions of those views: every fixture tablet has a READY
+  replica on all three servers (`lost_replicas`: none was tombstoned, deleted or left out),
+  and the master's record of each tablet's config (voters, member types, op index) is the
+  committed config of every running replica (`config_mismatches`: no claim the replicas did
+  not commit reached the catalog, docs/design/catalog.md#R15). A mismatch gets a moment to
+  settle (`SETTLE_S`): a config the replicas did commit reaches the master within a heartbeat.
 * Replicas agree (`replicas_agree`), every few hundred cases and at the end: the Checksum of
   every replica of every fixture tablet, each asked to reach the highest applied index any
-  of them reported first; equal row counts and digests.
+  of them reported first; equal row counts and digests. At the same times every replica's
+  keys are scanned and held against its partition by the fuzzer itself
+  (`keys_outside_partition`, with `Partition.contains`: not the server's own count).
 * Event-loop stalls (`StallProbe`): every few cases the servers' own
   `tessera_event_loop_stalls_total` (service/common/loop_lag.py: wake-ups later than the Raft
   heartbeat interval, 500 ms in conf/), measured inside each server, so it sees every stall and
@@ -42,23 +55,36 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
+import pyarrow as pa
 
+from service.common.keys import decode_key
+from service.common.partition import Partition, PartitionSchema
+from service.common.schema import Schema
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc
-from service.testing.fuzz_cluster import FuzzCluster
+from service.testing.fuzz_cluster import FIXTURES, FuzzCluster
 from service.tools.launcher import terminate_all
 
 __all__ = [
+    "SETTLE_S",
     "CatalogView",
+    "Checksum",
+    "FixtureHealth",
     "LogWatch",
     "MachineWatch",
+    "ReplicaConfig",
     "StallProbe",
     "catalog_view",
+    "config_mismatches",
     "describe_diff",
+    "fixture_health",
+    "keys_outside_partition",
+    "lost_replicas",
+    "outside_rows",
     "replica_checksum",
     "replicas_agree",
     "tserver_view",
@@ -188,15 +214,273 @@ def tserver_view(fc: FuzzCluster, name: str, tablets: Iterable[str]) -> dict[str
     return {"replicas": replicas, "highest_master_term": int(m.group(1)) if m else None}
 
 
-def replica_checksum(fc: FuzzCluster, name: str, tablet_id: str) -> tuple[int, bytes] | None:
-    """(row count, digest) of one replica now, or None if it cannot say."""
+class Checksum(NamedTuple):
+    """One replica's Checksum answer."""
+
+    rows: int
+    digest: bytes
+    outside: int = 0
+    """Live rows outside the tablet's partition (docs/design/tablets.md#R2)."""
+    sample_keys: tuple[bytes, ...] = ()
+    """Encoded primary keys of a few of them."""
+
+    @property
+    def content(self) -> tuple[int, bytes]:
+        return self.rows, self.digest
+
+
+def replica_checksum(fc: FuzzCluster, name: str, tablet_id: str) -> Checksum | None:
+    """One replica's rows now, with its count of rows outside its partition, or None if it
+    cannot say."""
     ts = fc.mini.tservers[name]
     stub = tserver_pb2_grpc.TabletServerServiceStub(fc.channel("admin", ts.address))
+    req = tpb.ChecksumRequestPB(dest_uuid=ts.uuid, tablet_id=tablet_id)
+    if "check_partition" in req.DESCRIPTOR.fields_by_name:  # the count is computed on request
+        req.check_partition = True
     try:
-        r = stub.Checksum(tpb.ChecksumRequestPB(dest_uuid=ts.uuid, tablet_id=tablet_id), timeout=10)
+        r = stub.Checksum(req, timeout=10)
     except grpc.RpcError:
         return None
-    return r.row_count, r.digest
+    return Checksum(
+        r.row_count,
+        r.digest,
+        getattr(r, "out_of_partition_rows", 0),
+        tuple(getattr(r, "out_of_partition_sample_keys", ())),
+    )
+
+
+def outside_rows(
+    tablet_id: str, name: str, got: Checksum, schema: Schema | None = None, limit: int = 3
+) -> str:
+    """The problem a Checksum shows ("" if none): rows outside the replica's partition, with
+    a few of their keys (decoded under `schema` when given)."""
+    if not got.outside:
+        return ""
+    keys = []
+    for k in got.sample_keys[:limit]:
+        try:
+            keys.append(repr(decode_key(schema.key_columns, k)) if schema else k.hex())
+        except Exception:
+            keys.append(k.hex())
+    return f"tablet {tablet_id} on {name} holds {got.outside} rows outside its partition" + (
+        f" (keys {', '.join(keys)})" if keys else ""
+    )
+
+
+# --- the fixtures' replicas and the master's record of them -----------------------------------
+
+SETTLE_S = 2.0
+"""How long a config mismatch may last: a change the replicas committed reaches the master
+with their next heartbeat (200 ms apart in the fuzz cluster)."""
+_DATA_STATES = {int(v): k for k, v in tpb.TabletDataStatePB.items()}
+_MEMBER_TYPES = {int(v): k for k, v in mpb.MemberTypePB.items()}
+
+Members = frozenset[tuple[str, int]]
+"""A config's peers: (uuid, member type)."""
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """One replica as its tablet server lists it (ListTablets)."""
+
+    data_state: int
+    state: int
+    members: Members
+    """Its committed config's peers."""
+    opid_index: int
+    """Its committed config's op index."""
+
+
+@dataclass(frozen=True)
+class FixtureHealth:
+    """What `lost_replicas` and `config_mismatches` judge: every tablet server's replicas of
+    the fixture tablets (server name -> tablet -> replica; a server that did not answer is
+    absent) and the master's record of each fixture tablet's config."""
+
+    tablets: tuple[str, ...]
+    servers: tuple[str, ...]
+    replicas: Mapping[str, Mapping[str, ReplicaConfig]]
+    master: Mapping[str, tuple[Members, int]]
+
+
+def fixture_health(fc: FuzzCluster) -> FixtureHealth:
+    """The views of `FixtureHealth`, read at once (one ListTablets per tablet server, one
+    GetTableLocations per fixture, all in flight together). Raises grpc.RpcError if the master
+    did not answer; a tablet server that did not answer is left out."""
+    tablets = fc.fixture_tablets()
+    watched = set(tablets)
+    calls = []
+    for name, ts in fc.mini.tservers.items():
+        if not getattr(ts, "alive", True):
+            continue
+        stub = tserver_pb2_grpc.TabletServerAdminServiceStub(fc.channel("admin", ts.address))
+        calls.append(
+            (name, stub.ListTablets.future(tpb.ListTabletsRequestPB(dest_uuid=ts.uuid), timeout=10))
+        )
+    locations = [
+        fc.stub().GetTableLocations.future(
+            mpb.GetTableLocationsRequestPB(
+                table=mpb.TableIdentifierPB(table_id=fc.tables[t].table_id)
+            ),
+            timeout=10,
+        )
+        for t in FIXTURES
+    ]
+    replicas: dict[str, dict[str, ReplicaConfig]] = {}
+    for name, fut in calls:
+        try:
+            r = fut.result()
+        except grpc.RpcError:
+            continue
+        replicas[name] = {
+            x.tablet_id: ReplicaConfig(
+                x.data_state,
+                x.state,
+                frozenset(
+                    (p.permanent_uuid, p.member_type)
+                    for p in x.consensus_state.committed_config.peers
+                ),
+                x.consensus_state.committed_config.opid_index,
+            )
+            for x in r.replicas
+            if x.tablet_id in watched
+        }
+    master: dict[str, tuple[Members, int]] = {}
+    for located in locations:
+        for t in located.result().tablet_locations:
+            members = frozenset((p.ts_uuid, p.member_type) for p in t.replicas)
+            master[t.tablet_id] = (members, t.config_opid_index)
+    return FixtureHealth(tablets, tuple(fc.mini.tservers), replicas, master)
+
+
+def lost_replicas(h: FixtureHealth) -> list[str]:
+    """Fixture replicas that are gone or not READY on a server that answered: tombstoned,
+    deleted, being copied over, or missing (every fixture tablet has a replica on every
+    server, and nothing in the campaign may remove one)."""
+    problems = []
+    for name in h.servers:
+        listed = h.replicas.get(name)
+        if listed is None:
+            continue  # it did not answer (restarting): nothing to judge
+        for tablet in h.tablets:
+            r = listed.get(tablet)
+            if r is None:
+                problems.append(f"tablet {tablet} has no replica on {name}")
+            elif r.data_state != tpb.TABLET_DATA_READY:
+                state = _DATA_STATES.get(r.data_state, str(r.data_state))
+                problems.append(f"tablet {tablet}: the replica on {name} is {state}")
+    return problems
+
+
+def config_mismatches(h: FixtureHealth) -> list[str]:
+    """Fixture tablets whose config as the master records it is not the committed config of
+    each of their running replicas (voters, member types and op index; a replica still
+    starting has no say yet), or that the master has no record of."""
+    problems = []
+    for tablet in h.tablets:
+        recorded = h.master.get(tablet)
+        if recorded is None:
+            problems.append(f"tablet {tablet}: the master has no record of it")
+            continue
+        for name in h.servers:
+            r = h.replicas.get(name, {}).get(tablet)
+            if r is None or r.state != mpb.REPLICA_RUNNING:
+                continue
+            if (r.members, r.opid_index) != recorded:
+                problems.append(
+                    f"tablet {tablet}: the master records {_fmt_config(*recorded)}, the replica "
+                    f"on {name} committed {_fmt_config(r.members, r.opid_index)}"
+                )
+    return problems
+
+
+def _fmt_config(members: Members, index: int) -> str:
+    peers = ", ".join(
+        u if t == mpb.VOTER else f"{u} ({_MEMBER_TYPES.get(t, str(t))})" for u, t in sorted(members)
+    )
+    return f"[{peers}] at op index {index}"
+
+
+# --- rows against partitions, by the fuzzer's own reckoning -----------------------------------
+
+
+def keys_outside_partition(fc: FuzzCluster) -> list[str]:
+    """Every replica of every fixture tablet scanned (its key columns) and each key held
+    against the tablet's partition as the master reports it, with `Partition.contains` (the
+    module docstring); a replica that did not answer is skipped."""
+    problems = []
+    for table, (schema, ps) in FIXTURES.items():
+        t = fc.tables[table]
+        for tablet, partition in zip(t.tablets, t.partitions, strict=False):
+            for name in fc.mini.tservers:
+                try:
+                    keys = scan_keys(fc, name, tablet, schema)
+                except grpc.RpcError:
+                    continue
+                problem = rows_outside(tablet, name, keys, schema, ps, partition)
+                if problem:
+                    problems.append(problem)
+    return problems
+
+
+def rows_outside(
+    tablet_id: str,
+    name: str,
+    keys: pa.Table,
+    schema: Schema,
+    partition_schema: PartitionSchema,
+    partition: Partition,
+    limit: int = 3,
+) -> str:
+    """The problem ("" if none) of a replica whose rows (`keys`: at least the key columns)
+    include keys `partition` does not contain."""
+    if keys.num_rows == 0:
+        return ""
+    pkeys = partition_schema.partition_keys_for_arrow(schema, keys)
+    bad = [i for i, k in enumerate(pkeys) if not partition.contains(k)]
+    if not bad:
+        return ""
+    cols = list(schema.key)
+    shown = [repr(tuple(keys.column(c)[i].as_py() for c in cols)) for i in bad[:limit]]
+    return (
+        f"tablet {tablet_id} on {name} holds {len(bad)} rows outside its partition "
+        f"(keys {', '.join(shown)})"
+    )
+
+
+def scan_keys(fc: FuzzCluster, name: str, tablet_id: str, schema: Schema) -> pa.Table:
+    """The key columns of every row of one replica (READ_LATEST on that replica, as admin)."""
+    ts = fc.mini.tservers[name]
+    stub = tserver_pb2_grpc.TabletServerServiceStub(fc.channel("admin", ts.address))
+    cols = list(schema.key)
+    r = stub.Scan(
+        tpb.ScanRequestPB(
+            dest_uuid=ts.uuid,
+            new_scan=tpb.NewScanRequestPB(tablet_id=tablet_id, projected_columns=cols),
+            batch_size_bytes=1 << 20,
+        ),
+        timeout=10,
+    )
+    tables = []
+    seq = 0
+    while True:
+        if r.batch:
+            tables.append(pa.ipc.open_stream(r.batch).read_all())
+        if not r.has_more_results or not r.scanner_id:
+            break
+        seq += 1
+        r = stub.ScanNext(
+            tpb.ScanNextRequestPB(
+                dest_uuid=ts.uuid,
+                scanner_id=r.scanner_id,
+                call_seq_id=seq,
+                batch_size_bytes=1 << 20,
+            ),
+            timeout=10,
+        )
+    if not tables:
+        return schema.to_arrow().empty_table().select(cols)
+    return pa.concat_tables(tables).select(cols)
 
 
 def replicas_agree(fc: FuzzCluster, tablet_ids: Iterable[str], timeout: float = 30.0) -> list[str]:

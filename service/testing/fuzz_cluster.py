@@ -10,16 +10,21 @@ servers keep the tests' 200 ms heartbeats to the masters, so fixtures come up qu
 
 Identities (fuzz_gen.IDENTITIES), each a certificate from the cluster's CA: `admin`
 (fuzz-admin), `user` (fuzz-user, granted read and write on fixture A only), `tserver` (ts-fuzz)
-and `master` (fuzz-master), the last two valid certificates of uuids no member has. Channels
+and `master` (fuzz-master), the last two valid certificates of uuids no member has, and
+`member`: the first tablet server's own certificate (the very files its process runs with,
+role tserver, its uuid `MEMBER_UUID`), which hosts a replica of every fixture tablet. Channels
 are opened once per (identity, address) and reused.
 
 Fixtures: table A (five column types, 2 hash buckets x 2 ranges: 4 tablets) and table B (a
 (string, int64) key, 2 ranges), each loaded with rows, and a scratch table (1 tablet) that
 destructive requests are redirected to (fuzz_guard.py). Every tablet has 3 replicas, one on
 each server. The campaign keeps A and B intact and recreates the scratch table when it breaks.
+Their schemas and partitioning (`FIXTURES`) are what the checks hold rows against.
 
 `vocabulary()` hands the generator the names it may use (fuzz_gen.Vocabulary): always the same
-shape, so a case drawn for one cluster names the same fixture in another. The tablet servers'
+shape, so a case drawn for one cluster names the same fixture in another (`offline_vocabulary`
+is that shape without a cluster, for tests), with the tablets' partitions as the master
+reports them. The tablet servers'
 uuids are even the same names in every cluster (ts-1-fuzz-target ...: each data directory's
 instance file is written before its server first starts, and the server takes the uuid it
 finds there), so the exact bytes of a request to a tablet server replay in a new cluster.
@@ -51,25 +56,41 @@ from cryptography.x509.oid import NameOID
 from service.client.sync import SyncClient
 from service.common import channel_options
 from service.common.keys import encode_key
-from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
+from service.common.partition import HashBucketSchema, Partition, PartitionSchema, RangeSchema
 from service.common.schema import ColumnType, Schema
+from service.common.schema_codec import partition_from_pb
 from service.common.tls import Credentials, open_sync_channel
 from service.pb import master_pb2 as mpb
-from service.pb import master_pb2_grpc
+from service.pb import master_pb2_grpc, tserver_pb2_grpc
+from service.pb import tserver_pb2 as tpb
 from service.testing.fuzz_gen import IDENTITIES, Case, Rpc, Vocabulary
 from service.testing.mini_cluster import FAST_TSERVER, MiniCluster
 
-__all__ = ["FIXTURE_A", "FIXTURE_B", "SCRATCH", "FuzzCluster", "Outcome"]
+__all__ = [
+    "FIXTURES",
+    "FIXTURE_A",
+    "FIXTURE_B",
+    "MEMBER_UUID",
+    "SCRATCH",
+    "FuzzCluster",
+    "Outcome",
+    "offline_vocabulary",
+]
 
 FIXTURE_A = "fuzz_a"
 FIXTURE_B = "fuzz_b"
 SCRATCH = "fuzz_scratch"
+MEMBER_UUID = "ts-1-fuzz-target"
+"""The first tablet server's uuid: the `member` identity's (module docstring)."""
 PRINCIPALS = {
     "admin": "fuzz-admin",
     "user": "fuzz-user",
     "tserver": "ts-fuzz",
     "master": "fuzz-master",
+    "member": MEMBER_UUID,
 }
+CERT_ROLES = {"member": "tserver"}
+"""The role of an identity's certificate, where it is not the identity's name."""
 
 SCHEMA_A = Schema.build(
     [
@@ -91,6 +112,12 @@ SCHEMA_B = Schema.build(
 PARTITION_B = PartitionSchema(range=RangeSchema(("host", "ts")), split_rows=(("m", 0),))
 SCHEMA_SCRATCH = Schema.build([("k", ColumnType.INT64), ("v", ColumnType.STRING)], key="k")
 PARTITION_SCRATCH = PartitionSchema(range=RangeSchema(("k",)))
+FIXTURES: dict[str, tuple[Schema, PartitionSchema]] = {
+    FIXTURE_A: (SCHEMA_A, PARTITION_A),
+    FIXTURE_B: (SCHEMA_B, PARTITION_B),
+}
+"""Each fixture table's schema and partitioning (neither changes: requests that would alter a
+fixture are pointed at the scratch table)."""
 
 RPC_TIMEOUT_S = 3.0
 """Deadline of one fuzzed call. Refusals come in milliseconds; a request that waits (for an
@@ -158,6 +185,8 @@ class Table:
     partition_keys: tuple[bytes, ...] = ()
     leaders: tuple[str, ...] = ()
     """The uuid of each tablet's leader when last asked ("" if none)."""
+    partitions: tuple[Partition, ...] = ()
+    """Each tablet's partition, as the master reported it."""
 
 
 @dataclass
@@ -194,8 +223,10 @@ class FuzzCluster:
     def __enter__(self) -> FuzzCluster:
         self.mini.__enter__()
         try:
+            first = next(iter(self.mini.tservers.values()))
+            assert first.uuid == MEMBER_UUID, f"the member is {first.uuid}, not {MEMBER_UUID}"
             for role in IDENTITIES:
-                creds = self.mini.credentials(role, PRINCIPALS[role])
+                creds = self.mini.credentials(CERT_ROLES.get(role, role), PRINCIPALS[role])
                 assert creds is not None, "the fuzz cluster is secured"
                 self.creds[role] = creds
             self._admin = SyncClient(
@@ -281,6 +312,7 @@ class FuzzCluster:
             tuple(t.tablet_id for t in locs),
             tuple(t.partition.partition_key_start for t in locs),
             tuple(next((p.ts_uuid for p in t.replicas if p.role == mpb.LEADER), "") for t in locs),
+            tuple(partition_from_pb(t.partition) for t in locs),
         )
 
     def leader_of(self, tablet_id: str) -> int:
@@ -331,6 +363,46 @@ class FuzzCluster:
     def fixture_tablets(self) -> tuple[str, ...]:
         return self.tables[FIXTURE_A].tablets + self.tables[FIXTURE_B].tablets
 
+    def fixture_of(self, tablet_id: str) -> str:
+        """The fixture table holding `tablet_id` ("" if none)."""
+        for name in FIXTURES:
+            if tablet_id in self.tables[name].tablets:
+                return name
+        return ""
+
+    def member_incarnation(self) -> str:
+        """The member tablet server's incarnation: the id of its data directory, which its
+        Raft messages name ("" if not found)."""
+        ts = next(t for t in self.mini.tservers.values() if t.uuid == MEMBER_UUID)
+        try:
+            return str(json.loads((ts.data_dir / "incarnations.json").read_text())["own"])
+        except (OSError, ValueError, KeyError):
+            return ""
+
+    def instance_seqno(self, uuid: str) -> int | None:
+        """The instance seqno the master leader has registered for tablet server `uuid`."""
+        r = self.stub().ListTabletServers(mpb.ListTabletServersRequestPB(), timeout=10)
+        for s in r.servers:
+            if s.instance.permanent_uuid == uuid:
+                return int(s.instance.instance_seqno)
+        return None
+
+    def consensus_states(self, index: int, tablet_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """(current term, committed config op index) of tablet server `index`'s replicas of
+        `tablet_ids` (those it has), asked as the admin."""
+        address, uuid = self.address_of(f"tserver:{index}")
+        stub = tserver_pb2_grpc.TabletServerAdminServiceStub(self.channel("admin", address))
+        r = stub.GetConsensusState(
+            tpb.GetConsensusStateRequestPB(dest_uuid=uuid, tablet_ids=list(tablet_ids)), timeout=5
+        )
+        return {
+            e.tablet_id: (
+                e.consensus_state.current_term,
+                e.consensus_state.committed_config.opid_index,
+            )
+            for e in r.tablets
+        }
+
     def vocabulary(self) -> Vocabulary:
         a, b = self.tables[FIXTURE_A], self.tables[FIXTURE_B]
         scratch = self.tables.get(SCRATCH, Table(SCRATCH, "0" * 32, ("0" * 32,)))
@@ -352,6 +424,12 @@ class FuzzCluster:
             table_ids=(a.table_id, b.table_id, scratch.table_id, "f" * 32),
             tablet_ids=(*a.tablets[:4], *b.tablets[:2], scratch.tablets[0], "f" * 32),
             tablet_schemas=(0,) * len(a.tablets[:4]) + (1,) * len(b.tablets[:2]) + (2, 0),
+            tablet_partitions=(
+                *a.partitions[:4],
+                *b.partitions[:2],
+                *(scratch.partitions[:1] or (None,)),
+                None,
+            ),
             tserver_uuids=tuple(ts.uuid for ts in tservers),
             master_uuids=tuple(m.uuid for m in masters),
             principals=tuple(PRINCIPALS[r] for r in IDENTITIES),
@@ -360,7 +438,9 @@ class FuzzCluster:
             keys=keys,
             authz_tokens=(self.authz_token, self.authz_token[:-1] + b"\x00", b""),
             terms=(self.leader_term, self.leader_term + 1, max(0, self.leader_term - 1)),
-            row_schemas=(SCHEMA_A.to_arrow(), SCHEMA_B.to_arrow(), SCHEMA_SCRATCH.to_arrow()),
+            row_schemas=tuple(s.to_arrow() for s in _SCHEMAS),
+            table_schemas=_SCHEMAS,
+            partition_schemas=_PARTITIONINGS,
             csrs=(self.csr,),
         )
 
@@ -422,6 +502,33 @@ class FuzzCluster:
         out = {m.name: m.log for m in self.mini.masters.masters.values()}
         out.update({ts.name: ts.log for ts in self.mini.tservers.values()})
         return out
+
+
+_SCHEMAS = (SCHEMA_A, SCHEMA_B, SCHEMA_SCRATCH)
+_PARTITIONINGS = (PARTITION_A, PARTITION_B, PARTITION_SCRATCH)
+
+
+def offline_vocabulary() -> Vocabulary:
+    """A vocabulary of the shape `FuzzCluster.vocabulary` gives, without a cluster: made-up
+    ids, the fixtures' real schemas and partitions (in the master's order, by partition key).
+    For tests of the generator."""
+    a = PARTITION_A.create_partitions(SCHEMA_A)
+    b = PARTITION_B.create_partitions(SCHEMA_B)
+    scratch = PARTITION_SCRATCH.create_partitions(SCHEMA_SCRATCH)
+    tablets = (*(f"{i:032x}" for i in range(1, len(a) + len(b) + 2)), "f" * 32)
+    return Vocabulary(
+        table_names=(FIXTURE_A, FIXTURE_B, SCRATCH, "fuzz_absent"),
+        table_ids=("a" * 32, "b" * 32, "c" * 32, "f" * 32),
+        tablet_ids=tablets,
+        tablet_schemas=(0,) * len(a) + (1,) * len(b) + (2, 0),
+        tablet_partitions=(*a, *b, *scratch, None),
+        tserver_uuids=(MEMBER_UUID, "ts-2-fuzz-target", "ts-3-fuzz-target"),
+        principals=tuple(PRINCIPALS[r] for r in IDENTITIES),
+        column_names=(*SCHEMA_A.column_names, *SCHEMA_B.column_names),
+        row_schemas=tuple(s.to_arrow() for s in _SCHEMAS),
+        table_schemas=_SCHEMAS,
+        partition_schemas=_PARTITIONINGS,
+    )
 
 
 def call_raw(

@@ -24,6 +24,21 @@ A request starts one of three ways:
 
 A quarter of the requests are then mutated as bytes (fuzz_values.Mutation).
 
+Who calls (`IDENTITIES`) is drawn per case, weighted by what the RPC is for
+(`identity_weights`): mostly the admin, whose requests reach the handlers; the user, more often
+for a Write (its grant is on fixture A); and the `member`, the first tablet server's own
+certificate, more often for heartbeats and Raft messages, the requests a member sends. Where
+a case goes is drawn too (`_targets`): a user's requests to tablet servers mostly to the
+tablet's leader, as its client would; the member's Raft messages mostly to its peers, the
+other tablet servers. A member's heartbeats carry claims about the fixture tablets
+(fuzz_templates.py: itself LEADER in a huge or the next term, its own config shrunk to itself,
+grown by unknown servers, or one step off; some random), with its live instance seqno, so
+that they reach report processing; its Raft messages carry its real incarnation, so that they
+reach the Raft groups. Writes carry, besides rows of the tablet's schema, misrouted rows
+(`misrouted_rows`): valid rows whose keys belong to other tablets of the table
+(hostile_arrow.outside_partition, with the partitions the master reported,
+`Vocabulary.tablet_partitions`).
+
 Determinism. Case K of a campaign calls `rpc_order(seed)[K % len(RPCS)]` (every RPC gets its
 turn, however short the run); everything else is drawn by one Hypothesis run of its own,
 seeded with (seed, K), generate phase only, no example database (`draw_case`). So a case is a
@@ -50,6 +65,8 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.internal.conjecture import providers as _providers
 
+from service.common.partition import Partition, PartitionSchema, RangeSchema
+from service.common.schema import ColumnType, Schema
 from service.pb import consensus_pb2, master_pb2, tserver_pb2
 from service.testing.fuzz_values import (
     DEST,
@@ -71,7 +88,7 @@ from service.testing.fuzz_values import (
     kind,
     weighted,
 )
-from service.testing.hostile_arrow import POISONS, ipc
+from service.testing.hostile_arrow import POISONS, ipc, outside_partition, plain_rows
 
 __all__ = [
     "IDENTITIES",
@@ -82,6 +99,7 @@ __all__ = [
     "Vocabulary",
     "case_seed",
     "draw_case",
+    "identity_weights",
     "message_class",
     "rpc_by_name",
     "rpc_order",
@@ -94,12 +112,24 @@ MAX_MESSAGE_BYTES = 4 << 20
 counts, small enough not to test the fuzzer's memory."""
 LARGE_COUNTS = (8, 64, 300, 2_000)
 """Counts of the "deep repetition" of one element."""
+_SPREAD = (*range(-130, 130, 7), 2**62, -(2**62))
+"""Seeds of rows whose keys fall in every tablet of a fixture (misrouted rows' fallback)."""
 
-IDENTITIES = ("admin", "user", "tserver", "master")
+IDENTITIES = ("admin", "user", "tserver", "master", "member")
 """Who calls: an admin (allowed nearly everything, so requests reach the handlers), a user
-with read and write grants on one fixture table, and a tablet server and a master whose
-certificates are valid but name no member of the cluster."""
-_IDENTITY_WEIGHTS = ("admin", "admin", "admin", "user", "tserver", "master")
+with read and write grants on one fixture table, a tablet server and a master whose
+certificates are valid but name no member of the cluster, and a member: the first tablet
+server of the cluster, with its own real certificate (it hosts a replica of every fixture
+tablet), as a stolen certificate or a server gone bad would call."""
+_IDENTITY_WEIGHTS = ("admin", "admin", "admin", "user", "tserver", "master", "member")
+_MORE: dict[str, tuple[str, ...]] = {
+    "TabletServerService/Write": ("user", "user", "user"),
+    "MasterService/TSHeartbeat": ("member", "member", "member"),
+    "MasterService/TSHeartbeatStream": ("member", "member", "member"),
+    "ConsensusService/Step": ("member", "member"),
+    "ConsensusService/StepStream": ("member", "member"),
+}
+"""Extra weight for the identity whose requests an RPC is for (the module docstring)."""
 
 _SERVICES = (
     (master_pb2, "MasterService", "master"),
@@ -162,6 +192,11 @@ def rpc_by_name(name: str) -> Rpc:
     raise KeyError(f"no RPC {name!r}; known: {', '.join(r.name for r in RPCS)}")
 
 
+def identity_weights(rpc: Rpc) -> tuple[str, ...]:
+    """The identities a case of `rpc` is drawn from, repeated by weight (module docstring)."""
+    return _IDENTITY_WEIGHTS + _MORE.get(rpc.name, ())
+
+
 def message_class(desc: Any) -> type[Message]:
     """The generated class of a message descriptor."""
     return message_factory.GetMessageClass(desc)
@@ -180,8 +215,9 @@ class Vocabulary:
     """For each of `tablet_ids`, the index in `row_schemas` of its table's schema."""
     tserver_uuids: tuple[str, ...] = ("ts-1", "ts-2", "ts-3")
     master_uuids: tuple[str, ...] = ("m-1", "m-2", "m-3")
-    principals: tuple[str, ...] = ("fuzz-admin", "fuzz-user", "ts-fuzz", "fuzz-master")
-    """The names of the fuzzer's identities, in the order of IDENTITIES."""
+    principals: tuple[str, ...] = ("fuzz-admin", "fuzz-user", "ts-fuzz", "fuzz-master", "ts-1")
+    """The names of the fuzzer's identities, in the order of IDENTITIES (the member's is the
+    first tablet server's uuid)."""
     column_names: tuple[str, ...] = ("k", "v")
     hostports: tuple[tuple[str, int], ...] = tuple(
         ("127.0.0.1", p) for p in (7051, 7052, 7053, 7050, 7060, 7070)
@@ -195,6 +231,15 @@ class Vocabulary:
     """Terms and indexes the cluster is at now, so that some requests are current."""
     row_schemas: tuple[pa.Schema, ...] = (pa.schema([("k", pa.int64()), ("v", pa.string())]),)
     """The tables' Arrow schemas (Write rows are built for them)."""
+    table_schemas: tuple[Schema, ...] = (
+        Schema.build([("k", ColumnType.INT64), ("v", ColumnType.STRING)], key="k"),
+    )
+    """The same tables' schemas, parallel to `row_schemas`."""
+    partition_schemas: tuple[PartitionSchema, ...] = (PartitionSchema(range=RangeSchema(("k",))),)
+    """Their partitioning, parallel to `row_schemas`."""
+    tablet_partitions: tuple[Partition | None, ...] = ()
+    """For each of `tablet_ids` (as far as known), its partition as the master reported it:
+    misrouted rows are made for the tablets whose partition does not cover every key."""
     csrs: tuple[bytes, ...] = (b"",)
     """Valid PKCS#10 requests (DER), for IssueCertificate."""
 
@@ -203,6 +248,13 @@ class Vocabulary:
 
     def tserver_address(self, i: int) -> tuple[str, int]:
         return self.hostports[(len(self.master_uuids) + i) % len(self.hostports)]
+
+    def partition(self, tablet: int) -> Partition | None:
+        """The partition of `tablet_ids[tablet]`, if known and not all of its table."""
+        p = self.tablet_partitions[tablet] if tablet < len(self.tablet_partitions) else None
+        if p is None or (not p.partition_key_start and not p.partition_key_end):
+            return None
+        return p
 
 
 @dataclass(frozen=True)
@@ -259,8 +311,8 @@ class Generator:
         return st.composite(self._case)(rpc)
 
     def _case(self, draw: st.DrawFn, rpc: Rpc) -> Case:
-        identity = draw(st.sampled_from(_IDENTITY_WEIGHTS))
-        target = draw(st.sampled_from(self._targets(rpc)))
+        identity = draw(st.sampled_from(identity_weights(rpc)))
+        target = draw(st.sampled_from(self._targets(rpc, identity)))
         n = draw(st.integers(1, 3)) if rpc.client_streaming else 1
         mode = draw(st.integers(0, 19))
         if mode == 19:  # not protobuf at all
@@ -275,7 +327,7 @@ class Generator:
             msg = cls()
             if mode < 14:  # valid-looking, perhaps with hostile values
                 self.valid(draw, msg, 0, hints)
-                self._fill_template(self, draw, rpc, msg, hints)
+                self._fill_template(self, draw, rpc, msg, hints, identity)
                 if draw(st.booleans()):
                     hostile = cls()
                     self.hostile(draw, hostile, 0, hints, sparse=True)
@@ -287,13 +339,17 @@ class Generator:
         mutations = tuple(draw(self.mutations) if mutate else () for _ in messages)
         return Case(rpc, identity, target, tuple(messages), mutations)
 
-    def _targets(self, rpc: Rpc) -> tuple[str, ...]:
+    def _targets(self, rpc: Rpc, identity: str) -> tuple[str, ...]:
         masters = tuple(f"master:{i}" for i in range(len(self.vocab.master_uuids)))
         tservers = tuple(f"tserver:{i}" for i in range(len(self.vocab.tserver_uuids)))
         if rpc.served_by == "master":
             return ("leader",) * 6 + masters
         if rpc.served_by == "tserver":
+            if identity == "user":  # a user's client goes to the tablet's leader
+                return ("tablet-leader",) * 9 + tservers
             return ("tablet-leader",) * 3 + tservers
+        if identity == "member":  # its Raft messages go to its peers: the other tablet servers
+            return (*tservers[1:], *tservers[1:], "leader", *masters, *tservers)
         return ("leader", *masters, *tservers)
 
     # --- valid-looking messages --------------------------------------------------------------
@@ -520,6 +576,39 @@ class Generator:
             plain,
             st.tuples(plain, self.mutations).map(lambda p: apply_mutations(p[0], p[1])),
         )
+
+    def misrouted_rows(self, tablet: int) -> st.SearchStrategy[bytes]:
+        """Valid rows of the table of `tablet_ids[tablet]` whose keys lie outside that
+        tablet's partition (module docstring), now and then with a few rows that lie inside
+        (so the batch is split row by row); keys are often those of the fixture's own rows,
+        which the other tablets hold. Empty bytes if the partition is not known."""
+        return st.composite(self._misrouted)(tablet)
+
+    def _misrouted(self, draw: st.DrawFn, tablet: int) -> bytes:
+        v = self.vocab
+        partition = v.partition(tablet)
+        if partition is None:
+            return b""
+        s = v.tablet_schemas[tablet]
+        schema, ps, arrow = v.table_schemas[s], v.partition_schemas[s], v.row_schemas[s]
+        seeds = draw(
+            st.lists(
+                st.one_of(st.integers(-100, 99), st.integers(-(2**63), 2**63 - 1)),
+                min_size=8,
+                max_size=40,
+                unique=True,
+            )
+        )
+        rows = plain_rows(arrow, seeds)
+        outside = outside_partition(rows, schema, ps, partition)
+        if outside.num_rows == 0:  # the draw happened to hit this tablet only: spread keys
+            outside = outside_partition(plain_rows(arrow, _SPREAD), schema, ps, partition)
+        inside = draw(st.sampled_from((0, 0, 0, 1, 3)))
+        if inside:
+            keys = ps.partition_keys_for_arrow(schema, rows)
+            mask = pa.array([partition.contains(k) for k in keys], pa.bool_())
+            outside = pa.concat_tables([outside, rows.filter(mask).slice(0, inside)])
+        return ipc(outside)
 
     def _poison(self, name: str, schema: int | None) -> st.SearchStrategy[bytes]:
         schemas = self.vocab.row_schemas if schema is None else (self.vocab.row_schemas[schema],)

@@ -19,6 +19,22 @@ tables) and the request names a protected object, rewrites the name:
 * a CreateTable of more than `MAX_TABLETS` tablets is cut down to that (large tables are the
   benchmarks' subject; here they would only make every later case slower).
 
+The member tablet server (fuzz_gen.IDENTITIES: the first tablet server's own certificate,
+whose policy role is `tserver`, `POLICY_ROLE`) may legitimately do a few destructive things
+too, all of them about itself, and those are rewritten the same way:
+
+* a StartTabletCopy from itself of a fixture tablet becomes one of the scratch tablet (as for
+  the other identities the policy allows);
+* its heartbeat's registration is dropped: re-registering with a new address or a later
+  instance seqno is the server's own business (and would lock the real process out of its
+  master: its next heartbeat's seqno would be the older one);
+* a replica its heartbeat reports FAILED becomes the scratch tablet's: a server is believed
+  about its own replica, and a FAILED one is replaced (and tombstoned) at once.
+
+Its heartbeats' CLAIMS about the fixture tablets (a leader, a term, a config) are never
+rewritten, nor are its Raft messages: a claim is about other servers, and refusing or ignoring
+those is exactly what is being tested.
+
 Identities the policy refuses are never rewritten: their requests name the fixtures, and the
 campaign checks they change nothing. Requests that do not parse are sent as they are (the
 server cannot parse them either). What is not rewritten, on purpose: AddMaster (the leader
@@ -43,10 +59,19 @@ from google.protobuf.message import DecodeError
 from service.common.authz import Rule
 from service.consensus.transport import ConsensusServicer
 from service.master.master_service import POLICY as MASTER_POLICY
+from service.pb.master_pb2 import REPLICA_FAILED
 from service.testing.fuzz_gen import Rpc, message_class
 from service.tserver.tablet_service import ADMIN_POLICY, COPY_POLICY, DATA_POLICY
 
-__all__ = ["DESTRUCTIVE", "KNOWN_ISSUES", "MAX_TABLETS", "Protected", "allowed", "defang"]
+__all__ = [
+    "DESTRUCTIVE",
+    "KNOWN_ISSUES",
+    "MAX_TABLETS",
+    "POLICY_ROLE",
+    "Protected",
+    "allowed",
+    "defang",
+]
 
 MAX_TABLETS = 8
 """Most tablets a fuzzed CreateTable may ask for (module docstring)."""
@@ -82,6 +107,9 @@ _TABLET_RPCS = frozenset(
     }
 )
 _FENCED = frozenset({"CreateTablet", "DeleteTablet", "AlterSchema", "ChangeConfig"})
+_HEARTBEATS = frozenset({"MasterService/TSHeartbeat", "MasterService/TSHeartbeatStream"})
+POLICY_ROLE = {"member": "tserver"}
+"""The role the servers' policies see for an identity, where it is not its name."""
 
 _POLICIES: dict[str, dict[str, Rule]] = {
     "MasterService": dict(MASTER_POLICY),
@@ -106,11 +134,14 @@ class Protected:
     user: str
     master_term: int = 0
     """The master leader's term now (`KNOWN_ISSUES`, fence-term)."""
+    member_uuid: str = ""
+    """The member identity's tablet server (module docstring)."""
 
 
 def allowed(rpc: Rpc, role: str, served_by: str = "") -> bool:
     """Whether a caller of `role` passes the policy of `rpc` (its checks of the request
     aside). The consensus service admits the role of the server's peers."""
+    role = POLICY_ROLE.get(role, role)
     service = rpc.service.rsplit(".", 1)[-1]
     if service == "ConsensusService":
         peer = served_by or "master"
@@ -136,7 +167,7 @@ def defang(
         except (DecodeError, ValueError, RuntimeError):
             out.append(data)
             continue
-        reason = _rewrite(rpc.name, msg, p) if may else ""
+        reason = _rewrite(rpc.name, msg, p, role) if may else ""
         if skip_known:
             reason = "; ".join(r for r in (reason, _avoid_known(rpc.name, msg, p)) if r)
         if reason:
@@ -147,7 +178,9 @@ def defang(
     return tuple(out), "; ".join(why)
 
 
-def _rewrite(name: str, msg: Any, p: Protected) -> str:
+def _rewrite(name: str, msg: Any, p: Protected, role: str) -> str:
+    if name in _HEARTBEATS:
+        return _own_business(msg, p) if role == "member" else ""
     method = name.rsplit("/", 1)[-1]
     if method in ("DeleteTable", "AlterTable") and name.startswith("MasterService"):
         return _table(msg.table, p)
@@ -175,6 +208,27 @@ def _avoid_known(name: str, msg: Any, p: Protected) -> str:
     tablet-admin request that still raised the fencing term; a certificate request whose key
     could not be checked answered INTERNAL) are fixed, and their tests now expect nothing."""
     return ""
+
+
+def _own_business(msg: Any, p: Protected) -> str:
+    """A member's heartbeat with what it may legitimately do to itself taken out (module
+    docstring): its registration, and the FAILED replicas of fixture tablets."""
+    if not p.member_uuid or msg.instance.permanent_uuid != p.member_uuid:
+        return ""  # refused by the master: not its own heartbeat
+    why = []
+    if msg.HasField("registration"):
+        msg.ClearField("registration")
+        why.append("the member's registration stays its process's")
+    failed = [
+        t
+        for t in msg.tablet_report.updated_tablets
+        if t.state == REPLICA_FAILED and t.tablet_id in p.tablet_ids
+    ]
+    for t in failed:
+        t.tablet_id = p.scratch_tablet_id
+    if failed:
+        why.append("a fixture replica the member reports FAILED became the scratch tablet's")
+    return "; ".join(why)
 
 
 def _table(ident: Any, p: Protected) -> str:

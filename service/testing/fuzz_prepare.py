@@ -7,10 +7,19 @@ only the running cluster knows. Before it is sent:
 
 * `bind` makes its target concrete ("tablet-leader": the tablet server that led the tablet the
   request names when the campaign last looked) and puts that server's uuid where the generator
-  left the DEST placeholder;
+  left the DEST placeholder; in a heartbeat, the instance seqno the master has registered for
+  the server it names where the generator left LIVE_SEQNO (the master reads the report of a
+  heartbeat from the registered process only), and each reported tablet's current term and
+  config op index (the member server's replica's, GetConsensusState) where it left LIVE_TERM
+  or LIVE_INDEX plus an offset, so the member's claims are "the next term", "the same
+  config" of the tablet as it is now; in a Raft message, the member's incarnation (from its
+  data directory) where it left LIVE_INCARNATION, and the group's term plus an offset where
+  it left LIVE_TERM;
 * `with_live_handles` opens a scanner (ScanNext, ScanClose) or a tablet copy session
   (FetchData, EndTabletCopySession) on that server and puts its id where the generator left
-  the placeholder, so those calls get past the lookup to the code behind it.
+  the placeholder, so those calls get past the lookup to the code behind it. Copy sessions
+  are begun as the member (only a member of the tablet's config may begin one): the member's
+  cases continue them, everyone else's must be refused.
 
 The reproducer shows the request after both. After an accepted call, `undo_accepted` removes
 what would pile up over a long run: a table created through the master is deleted, a tablet
@@ -26,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import grpc
 from google.protobuf.message import DecodeError
 
 from service.common.errors import NotFound
@@ -34,13 +44,23 @@ from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc
 from service.testing.fuzz_cluster import (
     FIXTURE_A,
+    MEMBER_UUID,
     PRINCIPALS,
     SCRATCH,
     FuzzCluster,
     Outcome,
 )
 from service.testing.fuzz_gen import Case, Rpc, message_class
-from service.testing.fuzz_values import DEST, LIVE_SCANNER, LIVE_SESSION
+from service.testing.fuzz_values import (
+    DEST,
+    LIVE_INCARNATION,
+    LIVE_INDEX,
+    LIVE_SCANNER,
+    LIVE_SEQNO,
+    LIVE_SESSION,
+    LIVE_TERM,
+    live_offset,
+)
 
 __all__ = ["bind", "named_tablet", "undo_accepted", "with_live_handles", "written_tablet"]
 
@@ -59,7 +79,81 @@ def bind(fc: FuzzCluster, case: Case) -> Case:
         copy.CopyFrom(m)
         _substitute(copy, DEST, uuid)
         messages.append(copy)
+    if case.rpc.method in ("TSHeartbeat", "TSHeartbeatStream"):
+        _fill_live_numbers(fc, messages)
+    elif case.rpc.method in ("Step", "StepStream"):
+        _fill_live_raft(fc, messages)
     return replace(case, target=target, messages=tuple(messages))
+
+
+def _fill_live_raft(fc: FuzzCluster, messages: Sequence[Any]) -> None:
+    """Raft messages: LIVE_INCARNATION becomes the member's incarnation, LIVE_TERM + k its
+    replica's current term of the group plus k."""
+    incarnation = fc.member_incarnation()
+    for m in messages:
+        _substitute(m, LIVE_INCARNATION, incarnation)
+    live = {
+        b.group_id
+        for m in messages
+        for b in m.groups
+        if any(live_offset(x.term, LIVE_TERM) is not None for x in b.messages)
+    }
+    if not live:
+        return
+    bases = _member_states(fc, live)
+    for m in messages:
+        for b in m.groups:
+            term = bases.get(b.group_id, (0, 0))[0]
+            for x in b.messages:
+                k = live_offset(x.term, LIVE_TERM)
+                if k is not None:
+                    x.term = term + k
+
+
+def _member_states(fc: FuzzCluster, tablets: set[str]) -> dict[str, tuple[int, int]]:
+    """(term, config op index) of the member's replicas of `tablets` ({} if it did not say)."""
+    with contextlib.suppress(grpc.RpcError):
+        member = [ts.uuid for ts in fc.mini.tservers.values()].index(MEMBER_UUID)
+        return fc.consensus_states(member, sorted(tablets))
+    return {}
+
+
+def _fill_live_numbers(fc: FuzzCluster, messages: Sequence[Any]) -> None:
+    """Replace LIVE_SEQNO, LIVE_TERM + k and LIVE_INDEX + k in heartbeats (module docstring).
+    A placeholder the cluster cannot fill (it did not answer) is left: the heartbeat is then
+    told to re-register, and its report is not read."""
+    seqnos: dict[str, int | None] = {}
+    for m in messages:
+        if m.instance.instance_seqno == LIVE_SEQNO:
+            uuid = m.instance.permanent_uuid
+            if uuid not in seqnos:
+                with contextlib.suppress(grpc.RpcError):
+                    seqnos[uuid] = fc.instance_seqno(uuid)
+            if seqnos.get(uuid) is not None:
+                m.instance.instance_seqno = seqnos[uuid]
+    entries = [t for m in messages for t in m.tablet_report.updated_tablets]
+    live = [t for t in entries if _has_live_number(t.consensus_state)]
+    if not live:
+        return
+    bases = _member_states(fc, {t.tablet_id for t in live})
+    for t in live:
+        term, index = bases.get(t.tablet_id, (0, 0))
+        cs = t.consensus_state
+        k = live_offset(cs.current_term, LIVE_TERM)
+        if k is not None:
+            cs.current_term = term + k
+        for config in (cs.committed_config, cs.pending_config):
+            k = live_offset(config.opid_index, LIVE_INDEX)
+            if k is not None:
+                config.opid_index = index + k
+
+
+def _has_live_number(cs: Any) -> bool:
+    return (
+        live_offset(cs.current_term, LIVE_TERM) is not None
+        or live_offset(cs.committed_config.opid_index, LIVE_INDEX) is not None
+        or live_offset(cs.pending_config.opid_index, LIVE_INDEX) is not None
+    )
 
 
 def with_live_handles(fc: FuzzCluster, case: Case) -> Case:
@@ -108,10 +202,10 @@ def _open_handle(fc: FuzzCluster, case: Case) -> bytes | None:
                 timeout=5,
             )
             return r.scanner_id or None
-        copy = tserver_pb2_grpc.TabletCopyServiceStub(fc.channel("tserver", address))
+        copy = tserver_pb2_grpc.TabletCopyServiceStub(fc.channel("member", address))
         s = copy.BeginTabletCopySession(
             tpb.BeginTabletCopySessionRequestPB(
-                dest_uuid=uuid, tablet_id=tablet, requestor_uuid=PRINCIPALS["tserver"]
+                dest_uuid=uuid, tablet_id=tablet, requestor_uuid=PRINCIPALS["member"]
             ),
             timeout=5,
         )

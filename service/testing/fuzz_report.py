@@ -3,9 +3,10 @@
 Theory of operation
 -------------------
 `Stats` counts cases, findings by kind (the four of the final line, then unexpected statuses and
-server tracebacks) and what is not a finding but worth knowing (timeouts, requests the guard
-rewrote, accepted catalog changes, the machine's own stalls, checks the cluster did not answer,
-errors of the fuzzer itself), and every RPC's outcomes, for the table printed at the end.
+server tracebacks; state changes also by class) and what is not a finding but worth knowing
+(timeouts, requests the guard rewrote, accepted catalog changes, the machine's own stalls,
+checks the cluster did not answer, errors of the fuzzer itself), and every RPC's outcomes, for
+the table printed at the end.
 
 `Repro` is a finding's case as sent, with what it takes to see it again: the case's number
 (`--seed S --case K` regenerates it) and its exact bytes (`--replay HEX ...`), the request as
@@ -45,6 +46,9 @@ class Stats:
     """Exceptions of the fuzzer itself (printed; the run exits 1 but they are no finding)."""
     outcomes: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     """(RPC, status) -> cases."""
+    kinds: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Findings by kind (state changes by class: "state change", "outside partition",
+    "tombstoned", "config mismatch")."""
 
     @property
     def findings(self) -> int:
@@ -71,6 +75,12 @@ class Stats:
             f"{self.machine_stalls} stalls of the whole machine (not counted), "
             f"{self.unchecked} checks the cluster did not answer, "
             f"{self.harness_errors} harness errors"
+            + (
+                "; findings by kind: "
+                + ", ".join(f"{k} {n}" for k, n in sorted(self.kinds.items()))
+                if self.kinds
+                else ""
+            )
         )
 
 

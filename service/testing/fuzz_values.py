@@ -15,9 +15,13 @@ a length prefix running past the end, an unknown field, an overlong varint. Posi
 taken modulo the length, so a mutation applies to any message and the result depends on
 nothing but the bytes and the mutation.
 
-Placeholders (`DEST`, `LIVE_SCANNER`, `LIVE_SESSION`) stand for what only the running campaign
-knows when it sends a case: the uuid of the server the case goes to, a scanner or a tablet
-copy session it has just opened. The campaign replaces them before it encodes the case.
+Placeholders (`DEST`, `LIVE_SCANNER`, `LIVE_SESSION`, `LIVE_SEQNO`, `LIVE_INCARNATION`,
+`LIVE_TERM`, `LIVE_INDEX`) stand for what only the running campaign knows when it sends a case:
+the uuid of the server the case goes to, a scanner or a tablet copy session it has just opened,
+the member tablet server's registered instance seqno and its incarnation, and a fixture
+tablet's current term and config op index (plus a small offset: "the term after the current
+one"). The campaign replaces them before it encodes
+the case (fuzz_prepare.bind).
 """
 
 from __future__ import annotations
@@ -37,8 +41,12 @@ __all__ = [
     "HOSTILE_STRINGS",
     "HOSTS",
     "INT_RANGES",
+    "LIVE_INCARNATION",
+    "LIVE_INDEX",
     "LIVE_SCANNER",
+    "LIVE_SEQNO",
     "LIVE_SESSION",
+    "LIVE_TERM",
     "NUM_OPS",
     "ODD_TYPES",
     "PORTS",
@@ -48,6 +56,7 @@ __all__ = [
     "arrow_value",
     "keyish",
     "kind",
+    "live_offset",
     "weighted",
 ]
 
@@ -249,6 +258,25 @@ LIVE_SCANNER = b"\x00live-scanner"
 """A scanner id the campaign replaces by one it has just opened (ScanNext, ScanClose)."""
 LIVE_SESSION = "\x00live-session"
 """A tablet copy session id the campaign replaces by one it has just begun."""
+LIVE_INCARNATION = "\x00live-incarnation"
+"""The member tablet server's incarnation (its data directory's id, which every Raft message
+it sends names): the campaign reads it from that directory."""
+LIVE_SEQNO = 0x5E90_0000_0000_0000
+"""An instance seqno the campaign replaces by the member tablet server's registered one (a
+heartbeat with another seqno is only told to re-register: its report is never read)."""
+LIVE_TERM = 0x7E40_0000_0000_0000
+"""`LIVE_TERM + k`: the named tablet's current term plus k."""
+LIVE_INDEX = 0x1D40_0000_0000_0000
+"""`LIVE_INDEX + k`: the named tablet's committed config op index plus k."""
+LIVE_SPAN = 1 << 16
+"""Offsets a live placeholder may carry. Random 64-bit draws land in a span with odds of
+2**-48: a hostile value is never mistaken for one."""
+
+
+def live_offset(value: int, base: int) -> int | None:
+    """k if `value` is the placeholder `base + k`, else None."""
+    k = value - base
+    return k if 0 <= k < LIVE_SPAN else None
 
 
 # --- strategies of values ---------------------------------------------------------------

@@ -1,26 +1,37 @@
-"""Arrow IPC streams that frame correctly but lie about their data: the poison writes.
+"""Arrow IPC streams that frame correctly but lie: poison writes, and misrouted rows.
 
 `pa.ipc.open_stream(...).read_all()` checks a stream's framing and buffer sizes, not what the
-buffers say. Each stream here reads back without an error, and the first cast, slice or
-`to_pylist` of its bad column reads memory outside its buffers (or decodes invalid UTF-8). The
-servers must refuse all of them before a write is replicated (`validate(full=True)`); the
-tests and the fuzzing campaign send them.
+buffers say. Each poison stream here (`POISONS`) reads back without an error, and the first
+cast, slice or `to_pylist` of its bad column reads memory outside its buffers (or decodes
+invalid UTF-8). The servers must refuse all of them before a write is replicated
+(`validate(full=True)`); the tests and the fuzzing campaign send them.
+
+Misrouted rows lie about where they go: valid rows of a table (`plain_rows`) sent to a tablet
+whose partition does not hold their keys (`outside_partition` keeps those). Applied, such a
+row would sit beside the same key in its own tablet, a table with duplicate primary keys
+(docs/design/tablets.md#R2): every one must be refused, row by row.
 """
 
 from __future__ import annotations
 
+import datetime
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
+
+from service.common.partition import Partition, PartitionSchema
+from service.common.schema import Schema
 
 __all__ = [
     "POISONS",
     "TWO_STRING_OFFSETS",
     "WILD_OFFSETS",
     "ipc",
+    "outside_partition",
     "patch_last",
     "patched_offsets_stream",
+    "plain_rows",
 ]
 
 
@@ -100,3 +111,45 @@ POISONS: dict[str, Callable[..., bytes]] = {
     "dictionary_index_out_of_range": _dictionary_index_out_of_range,
 }
 """Each `f(key, value)` returns the IPC bytes of {key int64, value string}, a poison write."""
+
+
+# --- misrouted rows ---------------------------------------------------------------------------
+
+
+def _plain_value(t: pa.DataType, seed: int) -> object:
+    """A valid value of Arrow type `t` made from `seed` (distinct seeds, distinct keys)."""
+    if pa.types.is_integer(t):
+        bits = t.bit_width
+        if pa.types.is_unsigned_integer(t):
+            return seed % (1 << bits)
+        half = 1 << (bits - 1)
+        return (seed + half) % (1 << bits) - half
+    if pa.types.is_floating(t):
+        return seed / 3
+    if pa.types.is_boolean(t):
+        return seed % 2 == 0
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return f"{chr(ord('a') + seed % 26)}-{seed}"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return seed.to_bytes(9, "big", signed=True)
+    if pa.types.is_timestamp(t):
+        return seed % 1_000_000_000 * 1_000_000  # microseconds, up to 2001
+    if pa.types.is_date(t):
+        return datetime.date(1970, 1, 1) + datetime.timedelta(days=seed % 100_000)
+    return None
+
+
+def plain_rows(schema: pa.Schema, seeds: Sequence[int]) -> pa.Table:
+    """Valid rows of `schema`, one per seed, every column set (the keys distinct when the
+    seeds are): what a correct client would write."""
+    arrays = [pa.array([_plain_value(f.type, s) for s in seeds], f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def outside_partition(
+    rows: pa.Table, schema: Schema, partition_schema: PartitionSchema, partition: Partition
+) -> pa.Table:
+    """The rows of `rows` whose partition key `partition` does not contain (row by row, with
+    `Partition.contains`): rows a tablet of that partition must refuse."""
+    keys = partition_schema.partition_keys_for_arrow(schema, rows)
+    return rows.filter(pa.array([not partition.contains(k) for k in keys], pa.bool_()))

@@ -1,13 +1,17 @@
 """The fuzzing campaign (service/testing/fuzz.py): its generator is deterministic and covers
 every RPC, its guard keeps destructive requests off the fixtures, a short fixed-seed run
 against a live cluster finds nothing, and its checks do catch a crash and a refused request
-that changes state (a checker that cannot fail proves nothing)."""
+that changes state (a checker that cannot fail proves nothing). The attacks of the integrity
+review (misrouted writes, a member's forged claims, a server certificate writing rows) go
+through the campaign here against a live cluster; their generators and checks are tested
+without one in test_fuzz_attacks.py."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,8 +25,20 @@ from google.protobuf.message import Message
 from service.pb import consensus_pb2, master_pb2, tserver_pb2
 from service.pb import tserver_pb2 as tpb
 from service.testing.fuzz import Campaign
-from service.testing.fuzz_checks import describe_diff
-from service.testing.fuzz_cluster import FuzzCluster, Outcome
+from service.testing.fuzz_checks import (
+    config_mismatches,
+    describe_diff,
+    fixture_health,
+    lost_replicas,
+)
+from service.testing.fuzz_cluster import (
+    FIXTURE_A,
+    MEMBER_UUID,
+    PARTITION_A,
+    SCHEMA_A,
+    FuzzCluster,
+    Outcome,
+)
 from service.testing.fuzz_gen import (
     RPCS,
     Case,
@@ -33,7 +49,15 @@ from service.testing.fuzz_gen import (
     rpc_order,
 )
 from service.testing.fuzz_guard import KNOWN_ISSUES, Protected, defang
-from service.testing.fuzz_values import Mutation, apply_mutations
+from service.testing.fuzz_values import (
+    DEST,
+    LIVE_INDEX,
+    LIVE_SEQNO,
+    LIVE_TERM,
+    Mutation,
+    apply_mutations,
+)
+from service.testing.hostile_arrow import ipc, outside_partition, plain_rows
 
 # --- the generator, no cluster ---------------------------------------------------------------
 
@@ -46,7 +70,7 @@ def test_every_rpc_of_every_service_is_fuzzed() -> None:
         for m in s.methods
     }
     assert {r.name for r in RPCS} == declared
-    assert len(RPCS) == 47
+    assert len(RPCS) == len(declared) >= 47  # more as RPCs are added, none listed here
     # Every round of len(RPCS) cases calls each RPC once, in an order the seed decides.
     assert {r.name for r in rpc_order(1)} == declared
     assert rpc_order(1) != rpc_order(2)
@@ -119,7 +143,7 @@ def test_cases_mix_valid_hostile_mutated_and_raw_requests() -> None:
     assert 50 <= mutated <= 160, mutated
     writes = [c for c in cases if c.rpc.name == "TabletServerService/Write" and c.messages]
     assert writes and any(m.rows for c in writes for m in c.messages)
-    assert {c.identity for c in cases} == {"admin", "user", "tserver", "master"}
+    assert {c.identity for c in cases} == {"admin", "user", "tserver", "master", "member"}
 
 
 def test_mutations_are_deterministic() -> None:
@@ -293,6 +317,119 @@ def test_a_certificate_request_with_a_bad_key_is_invalid_argument(
     )
     assert outcome.code == "INVALID_ARGUMENT", outcome
     assert campaign.stats.unexpected == 0 and campaign.stats.tracebacks == 0
+
+
+def _as(
+    fc: FuzzCluster, out: Path, rpc: str, identity: str, target: str, *requests: Message
+) -> tuple[Campaign, Outcome]:
+    """Run one case (as `identity`, these messages, placeholders filled as the campaign
+    fills them) through the campaign's checks."""
+    campaign, _ = _campaign(fc, out)
+    try:
+        campaign.prepare()
+        case = Case(rpc_by_name(rpc), identity, target, requests, tuple(() for _ in requests))
+        return campaign, campaign.run_case(0, case)
+    finally:
+        campaign.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_members_forged_claims_are_not_adopted(fuzz_cluster: FuzzCluster, tmp_path: Path) -> None:
+    """The review's second attack, as the campaign sends it: the member, with its own
+    certificate and live instance, claims LEADER of a fixture tablet it follows, in term 1000
+    at op index 1000 with itself the sole voter, and in the next term with the same voters.
+    Not acknowledged, not adopted: no replica lost, the master's record is the replicas'."""
+    fc = fuzz_cluster
+    fc.refresh()
+    a = fc.tables[FIXTURE_A]
+    tablet = next(t for t, lead in zip(a.tablets, a.leaders, strict=True) if lead != MEMBER_UUID)
+    hb = master_pb2.TSHeartbeatRequestPB(
+        instance=master_pb2.NodeInstancePB(permanent_uuid=MEMBER_UUID, instance_seqno=LIVE_SEQNO)
+    )
+    hb.tablet_report.is_incremental = True
+    hb.tablet_report.sequence_number = 7_000
+    for term, index, voters in (
+        (1000, 1000, [MEMBER_UUID]),
+        (LIVE_TERM + 1, LIVE_INDEX, [ts.uuid for ts in fc.mini.tservers.values()]),
+    ):
+        t = hb.tablet_report.updated_tablets.add(
+            tablet_id=tablet, state=master_pb2.REPLICA_RUNNING, role=master_pb2.LEADER
+        )
+        t.consensus_state.current_term = term
+        t.consensus_state.leader_uuid = MEMBER_UUID
+        t.consensus_state.committed_config.opid_index = index
+        for uuid in voters:
+            t.consensus_state.committed_config.peers.add(
+                permanent_uuid=uuid, member_type=master_pb2.VOTER
+            )
+    campaign, outcome = _as(fc, tmp_path, "MasterService/TSHeartbeat", "member", "leader", hb)
+    assert outcome.code == "OK", outcome
+    assert (
+        master_pb2.TSHeartbeatResponsePB.FromString(outcome.response).acked_report_sequence_number
+        == 0
+    )
+    assert campaign.stats.findings == 0 and campaign.stats.unchecked == 0
+    health = fixture_health(fc)
+    assert lost_replicas(health) == [] and config_mismatches(health) == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_misrouted_write_is_refused_row_by_row(fuzz_cluster: FuzzCluster, tmp_path: Path) -> None:
+    """The review's first attack: the user, with its write grant, sends rows of fixture A to a
+    tablet whose partition does not hold them. Each is refused (OUTSIDE_PARTITION), and the
+    campaign's checks (the replica's out-of-partition count) find nothing."""
+    fc = fuzz_cluster
+    fc.refresh()
+    a = fc.tables[FIXTURE_A]
+    rows = outside_partition(
+        plain_rows(SCHEMA_A.to_arrow(), list(range(-100, 100, 9))),
+        SCHEMA_A,
+        PARTITION_A,
+        a.partitions[0],
+    )
+    write = tpb.WriteRequestPB(
+        dest_uuid=DEST,
+        tablet_id=a.tablets[0],
+        rows=ipc(rows),
+        default_op=tpb.ROW_OP_UPSERT,
+        authz_token=fc.authz_token,
+    )
+    for _ in range(10):  # the leader may move on a loaded machine: as a client, ask again
+        campaign, outcome = _as(
+            fc, tmp_path, "TabletServerService/Write", "user", "tablet-leader", write
+        )
+        if outcome.code != "UNAVAILABLE":
+            break
+        time.sleep(0.5)
+        fc.refresh()
+    assert outcome.code == "OK", outcome
+    resp = tpb.WriteResponsePB.FromString(outcome.response)
+    assert resp.rows_applied == 0
+    assert len(resp.per_row_errors) == rows.num_rows > 5
+    assert {e.error.code for e in resp.per_row_errors} == {"OUTSIDE_PARTITION"}
+    assert campaign.stats.findings == 0
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_members_certificate_writes_no_row(fuzz_cluster: FuzzCluster, tmp_path: Path) -> None:
+    """The review's third attack: a tablet server's own certificate, no authz token."""
+    fc = fuzz_cluster
+    fc.refresh()
+    a = fc.tables[FIXTURE_A]
+    write = tpb.WriteRequestPB(
+        dest_uuid=DEST,
+        tablet_id=a.tablets[0],
+        rows=ipc(plain_rows(SCHEMA_A.to_arrow(), [5_000_001])),
+        default_op=tpb.ROW_OP_UPSERT,
+    )
+    campaign, outcome = _as(
+        fc, tmp_path, "TabletServerService/Write", "member", "tablet-leader", write
+    )
+    assert outcome.code == "PERMISSION_DENIED", outcome
+    assert campaign.stats.findings == 0
 
 
 @pytest.mark.slow
