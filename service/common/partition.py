@@ -358,6 +358,43 @@ class PartitionSchema:
         b = m.tobytes()
         return [b[j * width : (j + 1) * width] + r for j, r in enumerate(ranges)]
 
+    def rows_outside(self, schema: Schema, partition: Partition, data: ArrowData) -> np.ndarray:
+        """A bool mask: True for each row of `data` whose partition key is not in `partition`.
+
+        The same answer as `partition.contains(partition_key_for_row(...))` row by row, but
+        computed per dimension: a row is inside exactly when its bucket of every hash dimension
+        is the partition's and its encoded range key lies in [range_lower, range_upper), since
+        a partition key is the buckets (fixed width) followed by the range key (module
+        docstring). A partition that covers every key (one tablet, no hash, no range bounds)
+        costs nothing."""
+        n = data.num_rows
+        outside = np.zeros(n, dtype=bool)
+        if n == 0 or (not partition.partition_key_start and not partition.partition_key_end):
+            return outside
+        for h, bucket in zip(self.hash, partition.hash_buckets, strict=True):
+            outside |= buckets_for_arrow(schema, h, data) != bucket
+        lo, hi = partition.range_lower, partition.range_upper
+        if lo or hi:
+            keys = encode_keys_arrow(_cols(schema, self.range_columns(schema)), data)
+            bad = [(lo and k < lo) or (hi and k >= hi) for k in keys]
+            outside |= np.fromiter(bad, dtype=bool, count=n)
+        return outside
+
+    def describe_partition(self, schema: Schema, partition: Partition) -> str:
+        """A partition for messages: each hash dimension's bucket and the range's bounds."""
+        parts = [
+            f"hash({', '.join(h.columns)}) bucket {b} of {h.num_buckets}"
+            for h, b in zip(self.hash, partition.hash_buckets, strict=False)
+        ]
+        cols = _cols(schema, self.range_columns(schema))
+        if cols and (partition.range_lower or partition.range_upper):
+            names = ", ".join(c.name for c in cols)
+            parts.append(
+                f"range({names}) [{_fmt(cols, partition.range_lower)}, "
+                f"{_fmt(cols, partition.range_upper)})"
+            )
+        return ", ".join(parts) or "every key"
+
     def rebind(self, old: Schema, new: Schema) -> PartitionSchema:
         """This partition schema of `old` re-expressed in `new`'s column names (after renames).
 

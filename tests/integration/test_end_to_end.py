@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
+import pyarrow as pa
 import pytest
 
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
-from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
+from service.common.schema_codec import partition_from_pb, partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.pb import tserver_pb2 as tpb
@@ -93,15 +94,25 @@ def test_create_table_runs_on_real_tablet_servers_write_scan_delete(tmp_path: Pa
             first = locs.tablet_locations[0]
             lead = next(r for r in first.replicas if r.role == pb.LEADER)
 
+            # The rows of 0..999 whose key hashes to this tablet: a tablet takes only its own
+            # (docs/design/tablets.md#R2).
+            part = partition_from_pb(first.partition)
+            mine = rows(0, 1000).filter(
+                pa.array(~partitioning.rows_outside(SCHEMA, part, rows(0, 1000)))
+            )
+            assert 0 < mine.num_rows < 1000
+
             async def write_and_scan() -> None:
                 client = ClusterStubs(cluster, first.tablet_id)
                 try:
                     data = client.data(lead.ts_uuid)
-                    await data.Write(
+                    resp = await data.Write(
                         write_request(lead.ts_uuid, first.tablet_id, rows(0, 1000)), timeout=10
                     )
+                    assert len(resp.per_row_errors) == 1000 - mine.num_rows
+                    assert {e.error.code for e in resp.per_row_errors} == {"OUTSIDE_PARTITION"}
                     got = await scan_all(data, lead.ts_uuid, first.tablet_id)
-                    assert got.to_pydict() == rows(0, 1000).to_pydict()
+                    assert got.to_pydict() == mine.to_pydict()
                 finally:
                     await client.close()
 
