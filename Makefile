@@ -14,7 +14,7 @@ FUZZ_ARGS  ?=
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: venv demo raft-demo test test-slow lint typecheck unit protos check-protos sim fuzz bench-raft bench-tserver bench-master bench-scale bench-spark-read bench-jobs chaos clean
+.PHONY: venv demo raft-demo test test-unit test-integration test-spark test-slow lint typecheck unit protos check-protos sim fuzz bench-raft bench-tserver bench-master bench-scale bench-spark-read bench-jobs chaos clean
 
 venv: $(STAMP)
 
@@ -33,9 +33,20 @@ demo: venv
 raft-demo: venv
 	$(BIN)/python -m service.tools.kv_demo
 
-## Lint, type checks, then the default (fast) test run. CI runs this.
-test: venv lint typecheck
-	$(BIN)/python -m pytest -q
+## Lint, type checks, then the three default test tiers. CI runs this.
+test: venv lint typecheck test-unit test-integration test-spark
+
+## Pure logic and in-process servers: no cluster of processes, no JVM (a few minutes).
+test-unit: venv
+	$(BIN)/python -m pytest -q -m "not integration and not spark and not slow"
+
+## Real processes on loopback: clusters, the fuzz and chaos smoke runs.
+test-integration: venv
+	$(BIN)/python -m pytest -q -m "integration and not spark and not slow"
+
+## The Spark suite: one local SparkSession for the whole run, real clusters beside it.
+test-spark: venv
+	$(BIN)/python -m pytest -q -m "spark and not slow"
 
 ## ruff, then the layer contract (docs/design/layers.md): a wrong-way import fails here.
 lint: venv
@@ -70,8 +81,8 @@ bench-raft: venv
 	$(BIN)/python -m bench.raft_failover
 
 bench-tserver: venv
-	$(BIN)/python -m bench.tserver_bench
 	$(BIN)/python -m bench.tserver_storage
+	$(BIN)/python -m bench.tserver_bench
 
 bench-master: venv
 	$(BIN)/python -m bench.master_bench
@@ -96,7 +107,7 @@ bench-jobs: venv
 CHAOS_SECONDS ?= 600
 CHAOS_SEED    ?= 1
 NEMESES       ?= kill,pause,partition,clock,disk
-WORKLOADS     ?= register,ddl,catalog_reads,rows
+WORKLOADS     ?= register,ddl,catalog_reads,rows,snapshot
 CHAOS_OUT     ?= chaos-out
 chaos: venv
 	$(BIN)/python -m service.testing.chaos --seconds $(CHAOS_SECONDS) --seed $(CHAOS_SEED) \

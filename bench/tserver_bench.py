@@ -12,6 +12,15 @@ replicated three ways (created with the admin RPCs, as the master's CreateTablet
   copy   MB/s of a tablet copy over loopback: a fourth server is added as a non-voter, the
          leader sends it StartTabletCopy, and the copy's own byte count and timing (from
          ListTabletCopies) give the rate
+  versions  a second 3-replica tablet of `--mvcc-rows` rows, each upserted 10 times (10
+         versions per row); a snapshot timestamp taken after the fifth round; once it is
+         `--mvcc-age-s` old (5 minutes), a full scan at it (every row's newest version is newer,
+         so every row comes from history) against a full scan of the newest rows, best of
+         three each; the history's disk cost per row (the tablet's files against the first
+         tablet's, per row) and the leader's RSS growth. The last line of the run:
+         `mvcc: snapshot/latest scan time R, write W rows/s (before B), history H bytes/row`,
+         W being the write figure above and B the same figure before versions existed
+         (`WRITE_BEFORE`, bench/README.md). Goals: R <= 2, W >= 0.8 B
   idle   CPU of each of the three first tablet servers, from /proc/<pid>/stat over 10 s, once
          they host `--idle-tablets` more 3-replica tablets that take no writes (and quiesce),
          against the same servers measured just before those were created and, the baseline,
@@ -33,8 +42,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
+from service.common.hybrid_time import physical_us
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.testing.mini_cluster import MiniCluster
@@ -47,6 +58,17 @@ from service.testing.tablet_fixtures import (
 )
 
 TABLET = "bench-tablet"
+MVCC_TABLET = "bench-mvcc"
+WRITE_BEFORE = 186_044
+"""rows/s of the write figure before row versions existed (bench/README.md, 2026-11-26)."""
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def status(msg: str) -> None:
@@ -134,6 +156,8 @@ async def run(args: argparse.Namespace, base: Path) -> None:
                 f"ratio scan/parquet time {scan_s / pq_s:.2f}x (goal <= 2x)"
             )
 
+            mvcc = await versions(args, stubs, peers, leader, cluster, write_s)
+
             # --- tablet copy ----------------------------------------------------------------
             status("adding a fourth server (tablet copy)")
             ts4 = cluster.add_tserver_slot("ts-4")
@@ -215,8 +239,85 @@ async def run(args: argparse.Namespace, base: Path) -> None:
                 f"{quiet_ms:.3f} ms of CPU per second quiesced, {awake_ms:.3f} without: "
                 f"ratio {quiet_ms / awake_ms if awake_ms else float('nan'):.2f}"
             )
+            print(mvcc)
         finally:
             await stubs.close()
+
+
+async def versions(
+    args: argparse.Namespace,
+    stubs: ClusterStubs,
+    peers: list[tuple[str, str]],
+    first_leader: str,
+    cluster: MiniCluster,
+    write_s: float,
+) -> str:
+    """The versions figure (module docstring); returns the `mvcc:` line."""
+    n = args.mvcc_rows
+    for uuid, _ in peers:
+        await stubs.admin(uuid).CreateTablet(create_request(uuid, MVCC_TABLET, peers))
+    mstubs = ClusterStubs(cluster, MVCC_TABLET)
+    try:
+        leader = await mstubs.leader([u for u, _ in peers])
+        pid = cluster.tserver_by_uuid(leader).proc.pid  # type: ignore[union-attr]
+        rss0 = rss_mb(pid)
+        at = 0
+        for version in range(1, 11):
+            status(f"versions: round {version}/10 of {n:,} upserts")
+            for lo in range(0, n, args.batch):
+                t = rows(lo, min(lo + args.batch, n))
+                t = t.set_column(2, "score", pa.array([float(version)] * t.num_rows))
+                resp = await mstubs.data(leader).Write(
+                    write_request(leader, MVCC_TABLET, t, tpb.ROW_OP_UPSERT), timeout=60
+                )
+                assert not resp.per_row_errors
+                if version == 5:
+                    at = max(at, resp.commit_timestamp)
+        wait = physical_us(at) / 1e6 + args.mvcc_age_s - time.time()
+        status(f"versions: waiting {max(0.0, wait):.0f}s until the snapshot is old enough")
+        await asyncio.sleep(max(0.0, wait))
+        latest, snap = [], []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            got = await scan_all(mstubs.data(leader), leader, MVCC_TABLET, batch_size_bytes=8 << 20)
+            latest.append(time.perf_counter() - t0)
+            assert got.num_rows == n and set(got.column("score").to_pylist()) == {10.0}
+            t0 = time.perf_counter()
+            old = await scan_all(
+                mstubs.data(leader),
+                leader,
+                MVCC_TABLET,
+                batch_size_bytes=8 << 20,
+                snapshot_timestamp=at,
+            )
+            snap.append(time.perf_counter() - t0)
+            assert old.num_rows == n and set(old.column("score").to_pylist()) == {5.0}
+        listed = await stubs.admin(first_leader).ListTablets(
+            tpb.ListTabletsRequestPB(dest_uuid=first_leader)
+        )
+        sizes = {r.tablet_id: r.on_disk_bytes for r in listed.replicas}
+        mlisted = await mstubs.admin(leader).ListTablets(tpb.ListTabletsRequestPB(dest_uuid=leader))
+        msize = next(r.on_disk_bytes for r in mlisted.replicas if r.tablet_id == MVCC_TABLET)
+        plain = sizes[TABLET] / args.rows
+        history = msize / n - plain
+        rss = rss_mb(pid) - rss0
+        nbytes = got.nbytes
+        r = min(snap) / min(latest)
+        print(
+            f"versions: {n:,} rows x 10 versions; scan of the newest "
+            f"{nbytes / min(latest) / 1e6:,.1f} MB/s, at a snapshot {args.mvcc_age_s:.0f}s old "
+            f"{nbytes / min(snap) / 1e6:,.1f} MB/s "
+            f"(first {snap[0]:.3f}s, best {min(snap):.3f}s against {min(latest):.3f}s); disk "
+            f"{msize / n:,.0f} bytes/row against {plain:,.0f} with one version; leader RSS "
+            f"+{rss:,.0f} MB"
+        )
+        w = args.rows / write_s
+        return (
+            f"mvcc: snapshot/latest scan time {r:.2f}, write {w:,.0f} rows/s (before "
+            f"{WRITE_BEFORE:,}), history {history:,.0f} bytes/row"
+        )
+    finally:
+        await mstubs.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=10_000)
     p.add_argument("--writers", type=int, default=4)
     p.add_argument("--idle-tablets", type=int, default=200)
+    p.add_argument("--mvcc-rows", type=int, default=200_000)
+    p.add_argument(
+        "--mvcc-age-s", type=float, default=300.0, help="age of the snapshot read (default 300)"
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tessera-bench-") as d:
         asyncio.run(run(args, Path(d)))

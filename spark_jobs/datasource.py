@@ -31,6 +31,17 @@ Reading (kudu-spark's design):
   after the last key returned. Batches are cast to exactly the declared Arrow schema, types and
   nullability (Spark does not cast Python-source batches itself).
 
+Snapshots (docs/design/tablets.md#R4): by default a read is a snapshot read at one hybrid
+timestamp, taken when the DataFrame is loaded (`spark.read...load()`, or when a temporary view
+is created). Every task, retried task and fault-tolerant resume of every action on that
+DataFrame reads the table exactly as of it: `df.count()` twice, and a write of `df` to another
+table, see the same rows while writers go on. A DataFrame, or view, therefore does not see
+writes made after it was loaded: load it again (CREATE OR REPLACE the view) to read newer
+data, and it must be used within `tablet_history_max_age` (15 minutes by default) of loading,
+after which its reads fail with SNAPSHOT_TOO_OLD naming the horizon. `snapshot_timestamp_ms`
+or `as_of` pin another time; `read_mode=latest` reads each tablet's newest rows when its task
+runs (the behaviour before snapshots: faster on a lagging replica, but no consistent table).
+
 Writing: an Arrow writer (`DataSourceArrowWriter`) per task feeds its batches to one
 `WriteSession` (routing per tablet leader, batching, retries) with the chosen `operation`.
 A row the tablet server refuses fails the task with a message naming the row's key and the
@@ -41,8 +52,10 @@ every row of the table once, when the write is planned, before any task writes.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -86,7 +99,8 @@ from service.client.scanner import REPLICA_SELECTIONS, ScanToken
 from service.client.sync import SyncClient
 from service.client.write_session import OPERATIONS, format_errors
 from service.common.errors import InvalidArgument
-from service.common.predicates import ColumnPredicate, ScanSpec, validate_spec
+from service.common.hybrid_time import from_micros, from_millis
+from service.common.predicates import IS_DELETED, ColumnPredicate, ScanSpec, validate_spec
 from service.common.schema import ColumnSchema, ColumnType, Schema
 from service.common.tls import Credentials
 
@@ -167,6 +181,18 @@ OPTIONS: dict[str, str] = {
     "Spark partition each; a tablet server picks the split keys from its sorted keys "
     "(SplitKeyRange), so planning reads no rows (default 0: one partition per tablet)",
     "scan_timeout_ms": "read: how long one tablet's scan may keep failing over (default 120000)",
+    "read_mode": "read: snapshot (default: every task, retry and action of one DataFrame reads "
+    "the table as of one hybrid timestamp, taken when the DataFrame is loaded) or latest (each "
+    "tablet's newest rows when its task reads it)",
+    "snapshot_timestamp_ms": "read: read the table as of this time, in milliseconds since the "
+    "epoch (kudu-spark's kudu.snapshotTimestampMs); within tablet_history_max_age",
+    "as_of": "read: read the table as of this time, ISO 8601 (2026-11-29T10:00:00Z; no zone "
+    "means UTC); within tablet_history_max_age",
+    "snapshot_hybrid_time": "read: the exact hybrid timestamp to read at (what a backup "
+    "records; service/common/hybrid_time.py)",
+    "diff_start_hybrid_time": "read: a diff scan, with snapshot_hybrid_time: only the rows whose "
+    "state at the snapshot was committed after this hybrid timestamp, deleted ones included, "
+    f"with a boolean column {IS_DELETED} (what an incremental backup merges)",
     "rpc_timeout_ms": "read and write: deadline of one RPC / write flush (default 30000)",
     "operation": "write: insert, upsert (default), update, delete or insert_ignore",
     "row_errors": "write: fail (default: a refused row fails the task) or report",
@@ -178,6 +204,67 @@ OPTIONS: dict[str, str] = {
     "checkpointlocation": "streaming write: Spark's own option (its checkpoint directory)",
 }
 """Every option the source accepts, with its meaning; anything else is refused by name."""
+
+
+def _read_mode(opts: Mapping[str, str]) -> tuple[str, int]:
+    """(read_mode, pinned snapshot timestamp or 0) from the read options (module docstring,
+    Snapshots); InvalidArgument naming the option."""
+    mode = opts.get("read_mode", "snapshot").strip().lower()
+    if mode not in ("snapshot", "latest"):
+        raise InvalidArgument(f"option 'read_mode': expected snapshot or latest, got {mode!r}")
+    pinned = [
+        k
+        for k in ("snapshot_timestamp_ms", "as_of", "snapshot_hybrid_time")
+        if opts.get(k, "").strip()
+    ]
+    if len(pinned) > 1:
+        raise InvalidArgument(
+            f"options {' and '.join(repr(k) for k in pinned)}: give one time to read the table at"
+        )
+    if pinned and mode == "latest":
+        raise InvalidArgument(
+            f"option {pinned[0]!r} pins a snapshot: it does not go with read_mode=latest"
+        )
+    if not pinned:
+        return mode, 0
+    if pinned[0] == "snapshot_hybrid_time":
+        ts = _int("snapshot_hybrid_time", opts["snapshot_hybrid_time"].strip())
+        if ts <= 0:
+            raise InvalidArgument("option 'snapshot_hybrid_time': must be > 0")
+        return mode, ts
+    if pinned[0] == "snapshot_timestamp_ms":
+        ms = _int("snapshot_timestamp_ms", opts["snapshot_timestamp_ms"].strip())
+    else:
+        text = opts["as_of"].strip()
+        try:
+            when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidArgument(
+                f"option 'as_of': {text!r} is not an ISO 8601 time (2026-11-29T10:00:00Z)"
+            ) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.UTC)
+        ms = int(when.timestamp() * 1000)
+    if ms <= 0:
+        raise InvalidArgument(f"option {pinned[0]!r}: must be a time after the epoch")
+    return mode, from_millis(ms)
+
+
+def _diff_start(opts: Mapping[str, str], snapshot: int) -> int:
+    text = opts.get("diff_start_hybrid_time", "").strip()
+    if not text:
+        return 0
+    start = _int("diff_start_hybrid_time", text)
+    if not snapshot:
+        raise InvalidArgument(
+            "option 'diff_start_hybrid_time': a diff reads up to a snapshot; give "
+            "snapshot_hybrid_time too"
+        )
+    if start >= snapshot:
+        raise InvalidArgument(
+            f"option 'diff_start_hybrid_time': {start} is not before the snapshot {snapshot}"
+        )
+    return start
 
 
 def _bool(name: str, value: str) -> bool:
@@ -219,6 +306,12 @@ class ReadOptions:
     operation: str = "upsert"
     row_errors: str = "fail"
     truncate: bool = False
+    read_mode: str = "snapshot"
+    diff_start: int = 0
+    """A diff scan from this hybrid timestamp (`diff_start_hybrid_time`); 0: a plain read."""
+    snapshot_timestamp: int = 0
+    """The hybrid timestamp the read is pinned to by `snapshot_timestamp_ms` or `as_of`; 0:
+    the source takes one when the DataFrame is loaded (`TesseraDataSource`)."""
     shipped: ShippedCredentials | None = field(default=None, repr=False, compare=False)
     """The driver's credentials, loaded once and carried to executors inside the pickled
     reader partitions and writer (`with_shipped_credentials`): executors on other machines need
@@ -266,6 +359,7 @@ class ReadOptions:
                 f"option 'row_errors': expected fail or report, got {row_errors!r}"
             )
         cols = opts.get("columns")
+        read_mode, snapshot = _read_mode(opts)
         given = [k for k in ("credentials", "token", "token_file") if opts.get(k, "").strip()]
         if len(given) > 1:
             raise InvalidArgument(
@@ -295,6 +389,9 @@ class ReadOptions:
             operation=op,
             row_errors=row_errors,
             truncate=_bool("truncate", opts.get("truncate", "false")),
+            read_mode=read_mode,
+            snapshot_timestamp=snapshot,
+            diff_start=_diff_start(opts, snapshot),
         )
 
     def credentials(self) -> Credentials | None:
@@ -361,16 +458,29 @@ class ShippedCredentials:
 class TesseraDataSource(DataSource):
     """`format("tessera")`: reads and writes Tessera tables (module docstring)."""
 
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        # Spark makes one instance per loaded DataFrame (or temporary view) and plans every
+        # action on it from that instance: a timestamp taken here is the DataFrame's snapshot
+        # (module docstring, Snapshots).
+        self.loaded_at = from_micros(time.time_ns() // 1000)
+
     @classmethod
     def name(cls) -> str:
         return FORMAT
 
     def schema(self) -> StructType:
         opts = ReadOptions.parse(self.options)
-        return spark_schema(opts.table_info().schema, opts.columns)
+        out = spark_schema(opts.table_info().schema, opts.columns)
+        if opts.diff_start:
+            out = out.add(StructField(IS_DELETED, BooleanType(), nullable=False))
+        return out
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return TesseraReader(ReadOptions.parse(self.options).with_shipped_credentials(), schema)
+        opts = ReadOptions.parse(self.options).with_shipped_credentials()
+        if opts.read_mode == "snapshot" and not opts.snapshot_timestamp:
+            opts = replace(opts, snapshot_timestamp=self.loaded_at)
+        return TesseraReader(opts, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """`writeStream.format("tessera")`: exactly once through idempotent writes
@@ -478,7 +588,7 @@ class TesseraReader(DataSourceReader):
 
     def __init__(self, opts: ReadOptions, schema: StructType) -> None:
         self.opts = opts
-        self.columns = tuple(f.name for f in schema.fields)
+        self.columns = tuple(f.name for f in schema.fields if f.name != IS_DELETED)
         self.nullable = {f.name: f.nullable for f in schema.fields}
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -494,6 +604,8 @@ class TesseraReader(DataSourceReader):
             batch_size_bytes=self.opts.batch_size_bytes,
             rpc_timeout_s=self.opts.rpc_timeout_s,
             scan_timeout_s=self.opts.scan_timeout_s,
+            snapshot=self.opts.snapshot_timestamp or None,
+            diff_start=self.opts.diff_start,
         )
         if self.opts.split_size_rows:
             client = self.opts.client()

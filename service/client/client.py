@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -42,8 +43,15 @@ from service.common.errors import (
     Timeout,
     WrongDestination,
 )
+from service.common.hybrid_time import from_micros
 from service.common.partition import PartitionSchema
-from service.common.predicates import ColumnPredicate, ScanSpec, predicate_to_pb, validate_spec
+from service.common.predicates import (
+    IS_DELETED,
+    ColumnPredicate,
+    ScanSpec,
+    predicate_to_pb,
+    validate_spec,
+)
 from service.common.schema import AddColumn, DropColumn, RenameColumn, Schema
 from service.common.schema_codec import column_to_pb, partition_schema_to_pb, schema_to_pb
 from service.common.tls import Credentials
@@ -191,6 +199,10 @@ class TesseraClient:
         self.master = MasterClient(self.masters, self.channels, client_id=client_id)
         self.meta = MetaCache(self.master)
         self._applied: dict[str, int] = {}
+        self.latest_timestamp = 0
+        """The newest hybrid timestamp this client has seen (a write's commit, a snapshot's
+        time): sent with its writes and scans, so what it does next is ordered after it
+        (read-your-writes for snapshot reads, docs/design/tablets.md#R4)."""
 
     async def aclose(self) -> None:
         await self.master.aclose()
@@ -428,6 +440,17 @@ class TesseraClient:
         if index > self._applied.get(tablet_id, 0):
             self._applied[tablet_id] = index
 
+    def observe_timestamp(self, ts: int) -> None:
+        """Remember a hybrid timestamp a server returned (`latest_timestamp`)."""
+        if ts > self.latest_timestamp:
+            self.latest_timestamp = ts
+
+    def snapshot_now(self) -> int:
+        """A snapshot time for a read that starts now: this machine's clock as hybrid time,
+        and never before what this client has seen (its own writes are in it). The servers
+        refuse it if this clock is ahead of theirs by more than their clock error bound."""
+        return max(from_micros(time.time_ns() // 1000), self.latest_timestamp + 1)
+
     async def new_session(
         self, table: str, *, timeout: float | None = None, **kw: int
     ) -> WriteSession:
@@ -462,9 +485,29 @@ class TesseraClient:
         rpc_timeout_s: float = 30.0,
         scan_timeout_s: float = 120.0,
         timeout: float | None = None,
+        snapshot: int | bool | None = None,
+        diff_start: int = 0,
     ) -> list[ScanToken]:
-        """One token per tablet that may hold matching rows (pruned by key predicates)."""
+        """One token per tablet that may hold matching rows (pruned by key predicates).
+
+        `snapshot`: None reads each replica's newest rows (READ_LATEST); True reads every
+        tablet at one hybrid timestamp taken now (`snapshot_now`); an int reads at that hybrid
+        timestamp (`service.common.hybrid_time`; `from_millis` turns a time in ms into one).
+        All tokens of one call read the same snapshot, and a scan resumed on another replica
+        reads it too (docs/design/tablets.md#R4). `diff_start` (with `snapshot`): a diff scan,
+        the rows changed after it, each with the `__is_deleted` flag."""
         info = await self.open_table(table, timeout=timeout)
+        if snapshot is None and diff_start:
+            raise InvalidArgument("diff_start: a diff scan reads at a snapshot; give snapshot")
+        at = 0
+        if snapshot is not None and snapshot is not False:
+            at = self.snapshot_now() if snapshot is True else int(snapshot)
+            if at <= 0:
+                raise InvalidArgument(f"snapshot: not a hybrid timestamp: {snapshot!r}")
+            if diff_start and diff_start >= at:
+                raise InvalidArgument(
+                    f"diff_start {diff_start} is not before the snapshot time {at}"
+                )
         spec = ScanSpec(
             projection=tuple(projection) if projection is not None else None,
             predicates=tuple(predicates),
@@ -496,6 +539,9 @@ class TesseraClient:
                 partition_key_start=t.start,
                 partition_key_end=t.end,
                 authz_token=self.meta.authz_token(info.table_id),
+                snapshot_timestamp=at,
+                diff_start_timestamp=diff_start,
+                propagated_timestamp=self.latest_timestamp,
             )
             for t in locs
             if t.partition in keep
@@ -584,7 +630,10 @@ class TesseraClient:
 
         parts = await asyncio.gather(*(one(t) for t in tokens))
         names = list(projection) if projection is not None else list(info.schema.column_names)
-        arrow_schema = pa.schema([info.schema.to_arrow().field(n) for n in names])
+        fields = [info.schema.to_arrow().field(n) for n in names]
+        if kw.get("diff_start"):
+            fields.append(pa.field(IS_DELETED, pa.bool_(), False))
+        arrow_schema = pa.schema(fields)
         batches = [b for p in parts for b in p]
         out = (
             pa.Table.from_batches(batches, schema=arrow_schema)

@@ -21,7 +21,9 @@ tokens): picklable, and `to_bytes()`/`from_bytes()` give a stable JSON form for 
    move to the next replica and open a new scan that starts *after the last primary key
    returned* (`start_after_primary_key`) with `min_applied_index` set to the index the first
    scan read, so the new replica has at least that state: no row is returned twice and no row
-   the first replica had is missed. When every replica has failed, ask the master for fresh
+   the first replica had is missed. A snapshot scan (`snapshot_timestamp`) resumes at the
+   same timestamp, so the result is exactly the table as of it, whichever replicas served it
+   (docs/design/tablets.md#R4). When every replica has failed, ask the master for fresh
    locations and start over, with backoff, until the scan deadline.
 
 Exactness relies on the tablet server returning rows in primary-key order (it does: the row
@@ -106,6 +108,12 @@ class ScanToken:
     authz_token: bytes = field(default=b"", repr=False)
     """For a user: the master-signed token naming the privileges on the table (it expires;
     the scanner fetches a fresh one when a tablet server refuses it). Never printed."""
+    snapshot_timestamp: int = 0
+    """READ_AT_SNAPSHOT at this hybrid timestamp (docs/design/tablets.md#R4); 0: READ_LATEST."""
+    diff_start_timestamp: int = 0
+    """A diff scan: the rows changed after this timestamp, as of `snapshot_timestamp`."""
+    propagated_timestamp: int = 0
+    """The newest hybrid timestamp the client had seen when it made the token."""
 
     def __post_init__(self) -> None:
         if self.replica_selection not in REPLICA_SELECTIONS:
@@ -266,6 +274,13 @@ class TabletScanner:
             start_after_primary_key=self.last_key,
             min_applied_index=max(self.read_index, tok.min_applied_index),
         )
+        if tok.snapshot_timestamp:
+            ns.read_mode = tpb.READ_AT_SNAPSHOT
+            ns.snapshot_timestamp = tok.snapshot_timestamp
+            ns.diff_start_timestamp = tok.diff_start_timestamp
+            # The snapshot fixes the state read: no applied-index wait on another replica.
+            ns.min_applied_index = tok.min_applied_index
+        ns.propagated_timestamp = max(tok.propagated_timestamp, self.client.latest_timestamp)
         if tok.limit:
             ns.limit = tok.limit - self.rows_returned
         return ns
@@ -287,6 +302,7 @@ class TabletScanner:
                 timeout=tok.rpc_timeout_s,
             )
             self.read_index = max(self.read_index, resp.applied_index)
+            self.client.observe_timestamp(resp.snapshot_timestamp)
             while True:
                 scanner_id = resp.scanner_id
                 for batch in pa.ipc.open_stream(resp.batch):

@@ -97,12 +97,16 @@ class WriteResult:
     errors: list[RowError] = field(default_factory=list)
     batches_sent: int = 0
     retries: int = 0
+    commit_timestamp: int = 0
+    """The newest hybrid time any of its batches committed at: a snapshot read at or after it
+    sees every row this write applied (docs/design/tablets.md#R3)."""
 
     def merge(self, other: WriteResult) -> None:
         self.rows_applied += other.rows_applied
         self.errors.extend(other.errors)
         self.batches_sent += other.batches_sent
         self.retries += other.retries
+        self.commit_timestamp = max(self.commit_timestamp, other.commit_timestamp)
 
 
 @dataclass
@@ -244,6 +248,8 @@ class WriteSession:
                         )
                     )
                 self.client.note_applied(loc.tablet_id, resp.applied_index)
+                self.client.observe_timestamp(resp.commit_timestamp)
+                result.commit_timestamp = max(result.commit_timestamp, resp.commit_timestamp)
         return result, None
 
     def _batches(self, data: pa.Table, rows: np.ndarray) -> Iterator[tuple[np.ndarray, bytes]]:
@@ -307,6 +313,7 @@ class WriteSession:
                 default_op=tpb.RowOperationTypePB.ValueType(p.op),
                 schema_version=self.table.schema.version,
                 authz_token=self.client.meta.authz_token(loc.table_id),
+                propagated_timestamp=self.client.latest_timestamp,
             )
             stub = self.client.channels.tserver(target.address)
             attempt_s = deadline.attempt_timeout(30.0)  # Timeout once the deadline passed

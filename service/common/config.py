@@ -46,6 +46,7 @@ from service.common.ids import NodeId, validate_node_id
 from service.common.pki import IdentityFiles
 
 __all__ = [
+    "HTTP_AUTH_MODES",
     "LOG_LEVELS",
     "ConfigError",
     "DemoNodeConfig",
@@ -319,6 +320,24 @@ def _validate_sections(raft: RaftSettings, wal: WalSettings, rpc: RpcSettings) -
 SECURE = "secure"
 INSECURE = "insecure"
 
+HTTP_AUTH_MODES = ("auto", "tls", "none")
+"""Values of `http_auth`: who may read the status pages (docs/design/security.md#R13)."""
+
+
+def _check_http_auth(c: _Check, http_auth: str, security: SecuritySettings) -> None:
+    """`http_auth` is one of HTTP_AUTH_MODES, and "tls" has a certificate to serve with."""
+    c.that(
+        http_auth in HTTP_AUTH_MODES,
+        "http_auth",
+        f"expected one of {', '.join(repr(m) for m in HTTP_AUTH_MODES)}, got {http_auth!r}",
+    )
+    c.that(
+        http_auth != "tls" or security.secure,
+        "http_auth",
+        f"'tls' needs security.mode = {SECURE!r}: the status pages serve TLS with this server's"
+        " certificate and admit clients by the cluster CA",
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class SecuritySettings:
@@ -448,6 +467,11 @@ class MasterConfig:
     """host:port of the status pages and /metrics (Kudu's master webserver port); port 0 picks
     a free port; "" serves no HTTP at all. Loopback by default: the pages show the cluster's
     layout to anyone who can reach them, so exposing them is a deliberate setting."""
+    http_auth: str = "auto"
+    """Who may read the status pages and /metrics: "tls" (HTTPS with this server's certificate;
+    every page but /healthz needs a client certificate from the cluster CA, of any role),
+    "none" (plain HTTP, anyone who can connect), or "auto" (the default): "tls" when http_bind
+    is not a loopback address, "none" on loopback (docs/design/security.md#R13)."""
     master_addresses: tuple[str, ...] = ()
     """Every master's host:port, this one included; empty for a single master. Read when the
     data dir is first formatted (the group's first config); afterwards the group's membership
@@ -563,6 +587,7 @@ class MasterConfig:
         c = _Check(self, "")
         c.address("rpc_bind", self.rpc_bind, port_zero_ok=True)
         c.http_bind("http_bind", self.rpc_bind)
+        _check_http_auth(c, self.http_auth, self.security)
         if self.advertised_address is not None:
             c.address("advertised_address", self.advertised_address, port_zero_ok=False)
             c.that(
@@ -661,6 +686,10 @@ class TServerConfig:
     http_bind: str = "127.0.0.1:8050"
     """host:port of the status pages and /metrics (Kudu's tablet server webserver port); port 0
     picks a free port; "" serves no HTTP at all. Loopback by default, as the master's."""
+    http_auth: str = "auto"
+    """Who may read the status pages and /metrics, as the master's `http_auth`: "auto" (TLS
+    with client certificates off loopback, plain on loopback), "tls" or "none"
+    (docs/design/security.md#R13)."""
     master_addresses: tuple[str, ...] = ("127.0.0.1:7051",)
     """Every master's host:port; the server heartbeats to all of them
     (docs/design/failover.md#R1)."""
@@ -687,6 +716,18 @@ class TServerConfig:
     """A tablet's Raft group idle this long stops ticking and heartbeating until it has work
     again (consensus/quiesce.py; CockroachDB's quiesced ranges). 0: never. At least two Raft
     heartbeat intervals, a multiple of raft.tick_interval_ms, and off with raft.lease_reads."""
+    tablet_history_max_age_ms: int = 900_000
+    """How long superseded row versions are kept for snapshot reads (Kudu's
+    tablet_history_max_age_sec, 15 minutes): compactions drop what only older snapshots could
+    read, and a snapshot read older than this is refused naming the horizon
+    (docs/design/tablets.md#R5). Longer costs memory and disk for history; keep it above the
+    longest read (a Spark job's snapshot) and the time between incremental backups."""
+    max_clock_error_ms: int = 500
+    """The most any two servers' wall clocks may differ (docs/design/tablets.md#R4): a
+    timestamp further ahead of this server's clock than this is refused, and a clock that
+    steps back by more stops assigning timestamps until it catches up
+    (service/common/hybrid_time.py). NTP keeps clocks within milliseconds; the bound only has
+    to hold."""
     raft: RaftSettings = field(default_factory=RaftSettings)
     wal: WalSettings = field(default_factory=WalSettings)
     rpc: RpcSettings = field(default_factory=RpcSettings)
@@ -697,6 +738,7 @@ class TServerConfig:
         c = _Check(self, "")
         c.address("rpc_bind", self.rpc_bind, port_zero_ok=True)
         c.http_bind("http_bind", self.rpc_bind)
+        _check_http_auth(c, self.http_auth, self.security)
         if self.advertised_address is not None:
             c.address("advertised_address", self.advertised_address, port_zero_ok=False)
         c.that(bool(self.master_addresses), "master_addresses", "must name at least one master")
@@ -709,6 +751,8 @@ class TServerConfig:
             "scanner_ttl_ms",
             "cert_renewal_check_ms",
             "num_tablets_to_copy_simultaneously",
+            "tablet_history_max_age_ms",
+            "max_clock_error_ms",
         )
         c.non_negative("flush_idle_ms", "quiesce_idle_ms")
         if self.quiesce_idle_ms:

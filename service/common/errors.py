@@ -81,6 +81,7 @@ __all__ = [
     "Aborted",
     "AlreadyExists",
     "CasMismatch",
+    "ClockError",
     "ConfigChangeRejected",
     "Corruption",
     "FailedPrecondition",
@@ -92,10 +93,12 @@ __all__ = [
     "NotReady",
     "NotSupported",
     "NotTheLeader",
+    "OutsidePartition",
     "PermissionDenied",
     "ResourceExhausted",
     "RpcObserver",
     "ServiceUnavailable",
+    "SnapshotTooOld",
     "StaleTerm",
     "TabletNotRunning",
     "TesseraError",
@@ -199,6 +202,21 @@ class InvalidArgument(TesseraError):
     grpc_status = grpc.StatusCode.INVALID_ARGUMENT
 
 
+class OutsidePartition(InvalidArgument):
+    """A written row's key belongs to another tablet: its hash buckets or range key fall
+    outside the partition of the tablet it was sent to (docs/design/tablets.md#R2). A
+    per-row error; the client routed the row wrongly, or someone wrote around the client."""
+
+    code = "OUTSIDE_PARTITION"
+
+
+class SnapshotTooOld(InvalidArgument):
+    """A snapshot read asked for a time older than the tablet keeps history for: the versions
+    it would need may be gone (docs/design/tablets.md#R5)."""
+
+    code = "SNAPSHOT_TOO_OLD"
+
+
 class NotFound(TesseraError):
     """The named table, tablet, replica or key does not exist (here)."""
 
@@ -218,6 +236,14 @@ class FailedPrecondition(TesseraError):
 
     code = "FAILED_PRECONDITION"
     grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ClockError(FailedPrecondition):
+    """Hybrid time cannot be kept in order: a timestamp arrived further ahead of this server's
+    wall clock than `max_clock_error_ms`, or the wall clock stepped back by more than that
+    (service/common/hybrid_time.py). Nothing was assigned or changed."""
+
+    code = "CLOCK_ERROR"
 
 
 class StaleTerm(FailedPrecondition):

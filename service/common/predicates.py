@@ -32,6 +32,7 @@ from service.common.schema_codec import decode_cell, encode_cell
 from service.pb import tserver_pb2
 
 __all__ = [
+    "IS_DELETED",
     "OPS",
     "ColumnPredicate",
     "ScanSpec",
@@ -58,6 +59,11 @@ class ColumnPredicate:
     values: tuple[object, ...] = ()
 
 
+IS_DELETED = "__is_deleted"
+"""The column a diff scan adds to its batches (`ScanSpec.diff_start`): whether the row was
+deleted as of the snapshot (then only its key columns hold values)."""
+
+
 @dataclass(frozen=True)
 class ScanSpec:
     """What a scan reads. Key bounds are encoded primary keys (b"" = unbounded)."""
@@ -73,6 +79,12 @@ class ScanSpec:
     """Return only rows with a key strictly greater (resuming after the last row seen)."""
     limit: int = 0
     """At most this many rows; 0 = no limit."""
+    read_at: int | None = None
+    """The snapshot's hybrid timestamp: the rows as of it (docs/design/tablets.md#R3); None =
+    the newest version of every row."""
+    diff_start: int | None = None
+    """A diff scan (with `read_at`): only rows whose version as of `read_at` was committed after
+    this timestamp, deleted ones included (flagged)."""
 
 
 def _where(i: int, column: str, op: str) -> str:

@@ -469,6 +469,24 @@ class RaftNode:
         await self.wait_applied(index, timeout)
         return index
 
+    async def wait_term_applied(self, timeout: float | None = None) -> None:
+        """As leader, wait until an entry of this leader's own term (its no-op) is applied here:
+        then every entry of earlier terms that will ever commit is applied too. A tablet's
+        leader waits for this before it assigns hybrid timestamps, so the entries it inherited
+        have moved its clock past theirs first (docs/design/tablets.md#R4)."""
+        raft = self.raw.raft
+        if raft.state is not Role.LEADER:
+            raise self._not_leader()
+        log = raft.log
+        if log.term_or_zero(self.applied) == raft.term:
+            return
+        first = log.last_index()
+        while first > self.applied and log.term_or_zero(first - 1) == raft.term:
+            first -= 1
+        await self.wait_applied(first, timeout)
+        if self.raw.raft.state is not Role.LEADER or self.raw.raft.term != raft.term:
+            raise self._not_leader()
+
     async def wait_applied(self, index: int, timeout: float | None = None) -> None:
         if self.applied >= index:
             return

@@ -110,6 +110,10 @@ class _ReadModePBEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReadModePB
     """whatever this replica has applied (Kudu's default)"""
     READ_AT_LEADER: _ReadModePB.ValueType  # 1
     """linearizable: the leader confirms its leadership (ReadIndex) first"""
+    READ_AT_SNAPSHOT: _ReadModePB.ValueType  # 2
+    """The table as of one hybrid timestamp (`snapshot_timestamp`, or one the replica picks and
+    returns): the same rows from any replica, leader or follower (docs/design/tablets.md#R4).
+    """
 
 class ReadModePB(_ReadModePB, metaclass=_ReadModePBEnumTypeWrapper): ...
 
@@ -117,6 +121,10 @@ READ_LATEST: ReadModePB.ValueType  # 0
 """whatever this replica has applied (Kudu's default)"""
 READ_AT_LEADER: ReadModePB.ValueType  # 1
 """linearizable: the leader confirms its leadership (ReadIndex) first"""
+READ_AT_SNAPSHOT: ReadModePB.ValueType  # 2
+"""The table as of one hybrid timestamp (`snapshot_timestamp`, or one the replica picks and
+returns): the same rows from any replica, leader or follower (docs/design/tablets.md#R4).
+"""
 Global___ReadModePB: _TypeAlias = ReadModePB  # noqa: Y015
 
 @_typing.final
@@ -419,20 +427,26 @@ class LeaderStepDownRequestPB(_message.Message):
     DEST_UUID_FIELD_NUMBER: _builtins.int
     TABLET_ID_FIELD_NUMBER: _builtins.int
     NEW_LEADER_UUID_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     new_leader_uuid: _builtins.str
     """"" lets the server pick the most caught-up voter"""
+    @_builtins.property
+    def fence(self) -> Global___MasterFencePB:
+        """required from a master, as on every master's admin call"""
+
     def __init__(
         self,
         *,
         dest_uuid: _builtins.str = ...,
         tablet_id: _builtins.str = ...,
         new_leader_uuid: _builtins.str = ...,
+        fence: Global___MasterFencePB | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "new_leader_uuid", b"new_leader_uuid", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "fence", b"fence", "new_leader_uuid", b"new_leader_uuid", "tablet_id", b"tablet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -641,6 +655,7 @@ class WriteRequestPB(_message.Message):
     OPS_FIELD_NUMBER: _builtins.int
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
     AUTHZ_TOKEN_FIELD_NUMBER: _builtins.int
+    PROPAGATED_TIMESTAMP_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     rows: _builtins.bytes
@@ -657,6 +672,10 @@ class WriteRequestPB(_message.Message):
     """Authorization for a caller with a user identity: a token the master signed (GetTableLocations)
     granting write on this tablet's table. Admin, master and tablet server callers need none.
     """
+    propagated_timestamp: _builtins.int
+    """The newest hybrid timestamp the client has seen (docs/design/tablets.md#R4): the write is
+    committed after it, so a client's writes are ordered after what it read and wrote before.
+    """
     @_builtins.property
     def ops(self) -> _containers.RepeatedScalarFieldContainer[Global___RowOperationTypePB.ValueType]:
         """One per row, overriding default_op; empty: every row is default_op."""
@@ -671,10 +690,11 @@ class WriteRequestPB(_message.Message):
         ops: _abc.Iterable[Global___RowOperationTypePB.ValueType] | None = ...,
         schema_version: _builtins.int = ...,
         authz_token: _builtins.bytes = ...,
+        propagated_timestamp: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "default_op", b"default_op", "dest_uuid", b"dest_uuid", "ops", b"ops", "rows", b"rows", "schema_version", b"schema_version", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "default_op", b"default_op", "dest_uuid", b"dest_uuid", "ops", b"ops", "propagated_timestamp", b"propagated_timestamp", "rows", b"rows", "schema_version", b"schema_version", "tablet_id", b"tablet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -710,9 +730,14 @@ class WriteResponsePB(_message.Message):
     PER_ROW_ERRORS_FIELD_NUMBER: _builtins.int
     APPLIED_INDEX_FIELD_NUMBER: _builtins.int
     ROWS_APPLIED_FIELD_NUMBER: _builtins.int
+    COMMIT_TIMESTAMP_FIELD_NUMBER: _builtins.int
     applied_index: _builtins.int
     """the Raft index of the write; a later scan at or past it sees it"""
     rows_applied: _builtins.int
+    commit_timestamp: _builtins.int
+    """The hybrid time the rows were committed at: a snapshot read at or after it sees them, one
+    before it does not (docs/design/tablets.md#R3).
+    """
     @_builtins.property
     def per_row_errors(self) -> _containers.RepeatedCompositeFieldContainer[Global___PerRowErrorPB]: ...
     def __init__(
@@ -721,10 +746,11 @@ class WriteResponsePB(_message.Message):
         per_row_errors: _abc.Iterable[Global___PerRowErrorPB] | None = ...,
         applied_index: _builtins.int = ...,
         rows_applied: _builtins.int = ...,
+        commit_timestamp: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_index", b"applied_index", "per_row_errors", b"per_row_errors", "rows_applied", b"rows_applied"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_index", b"applied_index", "commit_timestamp", b"commit_timestamp", "per_row_errors", b"per_row_errors", "rows_applied", b"rows_applied"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -804,6 +830,9 @@ class NewScanRequestPB(_message.Message):
     LIMIT_FIELD_NUMBER: _builtins.int
     READ_MODE_FIELD_NUMBER: _builtins.int
     MIN_APPLIED_INDEX_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    PROPAGATED_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    DIFF_START_TIMESTAMP_FIELD_NUMBER: _builtins.int
     tablet_id: _builtins.str
     lower_bound_primary_key: _builtins.bytes
     """Encoded primary keys (service/common/keys.py): rows with lower <= key < upper; empty: open."""
@@ -815,6 +844,17 @@ class NewScanRequestPB(_message.Message):
     read_mode: Global___ReadModePB.ValueType
     min_applied_index: _builtins.int
     """At least this Raft index must be applied before the scan starts (read-your-writes)."""
+    snapshot_timestamp: _builtins.int
+    """READ_AT_SNAPSHOT: the hybrid timestamp to read at; 0: the replica picks one no older than
+    its safe time and `propagated_timestamp`, and returns it in the response.
+    """
+    propagated_timestamp: _builtins.int
+    """The newest hybrid timestamp the client has seen (read-your-writes for a picked snapshot)."""
+    diff_start_timestamp: _builtins.int
+    """A diff scan (READ_AT_SNAPSHOT only): the rows whose newest version at or before the snapshot
+    was committed after this timestamp, each with its state at the snapshot; rows deleted by then
+    come with only their key and `__is_deleted` set (a last column every batch of a diff scan has).
+    """
     @_builtins.property
     def projected_columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """empty: every column, in schema order"""
@@ -833,10 +873,13 @@ class NewScanRequestPB(_message.Message):
         limit: _builtins.int = ...,
         read_mode: Global___ReadModePB.ValueType = ...,
         min_applied_index: _builtins.int = ...,
+        snapshot_timestamp: _builtins.int = ...,
+        propagated_timestamp: _builtins.int = ...,
+        diff_start_timestamp: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exclusive_upper_bound_primary_key", b"exclusive_upper_bound_primary_key", "limit", b"limit", "lower_bound_primary_key", b"lower_bound_primary_key", "min_applied_index", b"min_applied_index", "predicates", b"predicates", "projected_columns", b"projected_columns", "read_mode", b"read_mode", "start_after_primary_key", b"start_after_primary_key", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["diff_start_timestamp", b"diff_start_timestamp", "exclusive_upper_bound_primary_key", b"exclusive_upper_bound_primary_key", "limit", b"limit", "lower_bound_primary_key", b"lower_bound_primary_key", "min_applied_index", b"min_applied_index", "predicates", b"predicates", "projected_columns", b"projected_columns", "propagated_timestamp", b"propagated_timestamp", "read_mode", b"read_mode", "snapshot_timestamp", b"snapshot_timestamp", "start_after_primary_key", b"start_after_primary_key", "tablet_id", b"tablet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -914,6 +957,7 @@ class ScanResponsePB(_message.Message):
     LAST_PRIMARY_KEY_FIELD_NUMBER: _builtins.int
     APPLIED_INDEX_FIELD_NUMBER: _builtins.int
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_TIMESTAMP_FIELD_NUMBER: _builtins.int
     scanner_id: _builtins.bytes
     """empty when the scan finished in this response"""
     batch: _builtins.bytes
@@ -924,6 +968,8 @@ class ScanResponsePB(_message.Message):
     applied_index: _builtins.int
     """the state the scan reads"""
     schema_version: _builtins.int
+    snapshot_timestamp: _builtins.int
+    """READ_AT_SNAPSHOT: the hybrid timestamp the scan reads at"""
     def __init__(
         self,
         *,
@@ -933,10 +979,11 @@ class ScanResponsePB(_message.Message):
         last_primary_key: _builtins.bytes = ...,
         applied_index: _builtins.int = ...,
         schema_version: _builtins.int = ...,
+        snapshot_timestamp: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_index", b"applied_index", "batch", b"batch", "has_more_results", b"has_more_results", "last_primary_key", b"last_primary_key", "scanner_id", b"scanner_id", "schema_version", b"schema_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_index", b"applied_index", "batch", b"batch", "has_more_results", b"has_more_results", "last_primary_key", b"last_primary_key", "scanner_id", b"scanner_id", "schema_version", b"schema_version", "snapshot_timestamp", b"snapshot_timestamp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -987,6 +1034,7 @@ class ChecksumRequestPB(_message.Message):
     TABLET_ID_FIELD_NUMBER: _builtins.int
     MIN_APPLIED_INDEX_FIELD_NUMBER: _builtins.int
     AUTHZ_TOKEN_FIELD_NUMBER: _builtins.int
+    CHECK_PARTITION_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     min_applied_index: _builtins.int
@@ -995,6 +1043,10 @@ class ChecksumRequestPB(_message.Message):
     """Authorization for a caller with a user identity: a token the master signed (GetTableLocations)
     granting read on this tablet's table. Admin, master and tablet server callers need none.
     """
+    check_partition: _builtins.bool
+    """Also count the live rows whose key lies outside the tablet's partition (ksck --checksum,
+    docs/design/tablets.md#R2): it hashes every key, several times the cost of the checksum.
+    """
     def __init__(
         self,
         *,
@@ -1002,10 +1054,11 @@ class ChecksumRequestPB(_message.Message):
         tablet_id: _builtins.str = ...,
         min_applied_index: _builtins.int = ...,
         authz_token: _builtins.bytes = ...,
+        check_partition: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "dest_uuid", b"dest_uuid", "min_applied_index", b"min_applied_index", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "check_partition", b"check_partition", "dest_uuid", b"dest_uuid", "min_applied_index", b"min_applied_index", "tablet_id", b"tablet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1018,20 +1071,35 @@ class ChecksumResponsePB(_message.Message):
     ROW_COUNT_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
     APPLIED_INDEX_FIELD_NUMBER: _builtins.int
+    OUT_OF_PARTITION_ROWS_FIELD_NUMBER: _builtins.int
+    OUT_OF_PARTITION_SAMPLE_KEYS_FIELD_NUMBER: _builtins.int
     row_count: _builtins.int
     digest: _builtins.bytes
     """blake2b over every row in key order; equal state gives equal digest"""
     applied_index: _builtins.int
+    out_of_partition_rows: _builtins.int
+    """Live rows whose key lies outside the tablet's partition, counted in the same pass (rows a
+    server accepted before it checked writes against the partition, docs/design/tablets.md#R2;
+    always 0 for a tablet whose partition covers every key).
+    """
+    @_builtins.property
+    def out_of_partition_sample_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Up to 10 encoded primary keys (service/common/keys.py) of such rows, in key order, for the
+        operator.
+        """
+
     def __init__(
         self,
         *,
         row_count: _builtins.int = ...,
         digest: _builtins.bytes = ...,
         applied_index: _builtins.int = ...,
+        out_of_partition_rows: _builtins.int = ...,
+        out_of_partition_sample_keys: _abc.Iterable[_builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_index", b"applied_index", "digest", b"digest", "row_count", b"row_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_index", b"applied_index", "digest", b"digest", "out_of_partition_rows", b"out_of_partition_rows", "out_of_partition_sample_keys", b"out_of_partition_sample_keys", "row_count", b"row_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1519,3 +1587,54 @@ class EndTabletCopySessionResponsePB(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EndTabletCopySessionResponsePB: _TypeAlias = EndTabletCopySessionResponsePB  # noqa: Y015
+
+@_typing.final
+class AdvanceSafeTimeRequestPB(_message.Message):
+    """To a tablet's leader, from a follower that has a snapshot read to serve: replicate what makes
+    the safe time reach `timestamp` (a timestamp entry, unless writes already did), so the
+    follower reads exactly what the leader would (docs/design/tablets.md#R4). Only a tablet server
+    that the tablet's config names may ask.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    TABLET_ID_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    tablet_id: _builtins.str
+    timestamp: _builtins.int
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+        tablet_id: _builtins.str = ...,
+        timestamp: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dest_uuid", b"dest_uuid", "tablet_id", b"tablet_id", "timestamp", b"timestamp"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdvanceSafeTimeRequestPB: _TypeAlias = AdvanceSafeTimeRequestPB  # noqa: Y015
+
+@_typing.final
+class AdvanceSafeTimeResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """the follower's safe time reaches `timestamp` once it applied this index"""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdvanceSafeTimeResponsePB: _TypeAlias = AdvanceSafeTimeResponsePB  # noqa: Y015

@@ -505,6 +505,11 @@ class TabletServerServiceStub:
                 request_serializer=service_dot_pb_dot_tserver__pb2.WriteRequestPB.SerializeToString,
                 response_deserializer=service_dot_pb_dot_tserver__pb2.WriteResponsePB.FromString,
                 _registered_method=True)
+        self.AdvanceSafeTime = channel.unary_unary(
+                '/tessera.tserver.TabletServerService/AdvanceSafeTime',
+                request_serializer=service_dot_pb_dot_tserver__pb2.AdvanceSafeTimeRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_tserver__pb2.AdvanceSafeTimeResponsePB.FromString,
+                _registered_method=True)
         self.Scan = channel.unary_unary(
                 '/tessera.tserver.TabletServerService/Scan',
                 request_serializer=service_dot_pb_dot_tserver__pb2.ScanRequestPB.SerializeToString,
@@ -541,6 +546,12 @@ class TabletServerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Write(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdvanceSafeTime(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -589,6 +600,11 @@ def add_TabletServerServiceServicer_to_server(servicer, server):
                     servicer.Write,
                     request_deserializer=service_dot_pb_dot_tserver__pb2.WriteRequestPB.FromString,
                     response_serializer=service_dot_pb_dot_tserver__pb2.WriteResponsePB.SerializeToString,
+            ),
+            'AdvanceSafeTime': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdvanceSafeTime,
+                    request_deserializer=service_dot_pb_dot_tserver__pb2.AdvanceSafeTimeRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_tserver__pb2.AdvanceSafeTimeResponsePB.SerializeToString,
             ),
             'Scan': grpc.unary_unary_rpc_method_handler(
                     servicer.Scan,
@@ -648,6 +664,33 @@ class TabletServerService:
             '/tessera.tserver.TabletServerService/Write',
             service_dot_pb_dot_tserver__pb2.WriteRequestPB.SerializeToString,
             service_dot_pb_dot_tserver__pb2.WriteResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdvanceSafeTime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.tserver.TabletServerService/AdvanceSafeTime',
+            service_dot_pb_dot_tserver__pb2.AdvanceSafeTimeRequestPB.SerializeToString,
+            service_dot_pb_dot_tserver__pb2.AdvanceSafeTimeResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

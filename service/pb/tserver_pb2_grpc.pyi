@@ -155,6 +155,7 @@ class TabletServerServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> TabletServerServiceAsyncStub: ...
     Write: _grpc.UnaryUnaryMultiCallable[_tserver_pb2.WriteRequestPB, _tserver_pb2.WriteResponsePB]
+    AdvanceSafeTime: _grpc.UnaryUnaryMultiCallable[_tserver_pb2.AdvanceSafeTimeRequestPB, _tserver_pb2.AdvanceSafeTimeResponsePB]
     Scan: _grpc.UnaryUnaryMultiCallable[_tserver_pb2.ScanRequestPB, _tserver_pb2.ScanResponsePB]
     ScanNext: _grpc.UnaryUnaryMultiCallable[_tserver_pb2.ScanNextRequestPB, _tserver_pb2.ScanResponsePB]
     ScanClose: _grpc.UnaryUnaryMultiCallable[_tserver_pb2.ScanCloseRequestPB, _tserver_pb2.ScanCloseResponsePB]
@@ -166,6 +167,7 @@ class TabletServerServiceStub:
 class TabletServerServiceAsyncStub(TabletServerServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Write: _aio.UnaryUnaryMultiCallable[_tserver_pb2.WriteRequestPB, _tserver_pb2.WriteResponsePB]  # type: ignore[assignment]
+    AdvanceSafeTime: _aio.UnaryUnaryMultiCallable[_tserver_pb2.AdvanceSafeTimeRequestPB, _tserver_pb2.AdvanceSafeTimeResponsePB]  # type: ignore[assignment]
     Scan: _aio.UnaryUnaryMultiCallable[_tserver_pb2.ScanRequestPB, _tserver_pb2.ScanResponsePB]  # type: ignore[assignment]
     ScanNext: _aio.UnaryUnaryMultiCallable[_tserver_pb2.ScanNextRequestPB, _tserver_pb2.ScanResponsePB]  # type: ignore[assignment]
     ScanClose: _aio.UnaryUnaryMultiCallable[_tserver_pb2.ScanCloseRequestPB, _tserver_pb2.ScanCloseResponsePB]  # type: ignore[assignment]
@@ -180,6 +182,13 @@ class TabletServerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _tserver_pb2.WriteRequestPB,
         context: _ServicerContext,
     ) -> _typing.Union[_tserver_pb2.WriteResponsePB, _abc.Awaitable[_tserver_pb2.WriteResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def AdvanceSafeTime(
+        self,
+        request: _tserver_pb2.AdvanceSafeTimeRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_tserver_pb2.AdvanceSafeTimeResponsePB, _abc.Awaitable[_tserver_pb2.AdvanceSafeTimeResponsePB]]: ...
 
     @_abc_1.abstractmethod
     def Scan(

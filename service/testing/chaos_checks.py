@@ -344,3 +344,71 @@ def views_diverge(views: dict[str, dict[str, str] | None]) -> list[str]:
         return []
     ref_name, ref = next(iter(sorted(answered.items())))
     return [m for m, v in sorted(answered.items()) if v != ref and m != ref_name]
+
+
+# --- snapshots -------------------------------------------------------------------------------
+
+
+@dataclass
+class SnapshotVerdict:
+    reads: int = 0
+    """Snapshot reads checked."""
+    violations: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+
+
+def check_snapshots(ops: Sequence[Op]) -> SnapshotVerdict:
+    """Every snapshot read against the writes (docs/design/tablets.md#R3, #R4).
+
+    Writes ("write": `value` = (counter, keys), output = commit timestamp) set every key they
+    name to their counter; reads ("snapshot": `value` = the timestamp T, output = {key: value})
+    return the whole table at T. For each key, a read at T must show the newest acknowledged
+    write with a commit timestamp at or before T, or the value of a write whose outcome the
+    client never learned (it may have committed at any time), but never an older acknowledged
+    value (a stale snapshot), a newer one (a read from the future), or a value nobody wrote.
+    Two reads at the same T, from different replicas, must be equal. Acknowledged writes that
+    the final read (at a timestamp after all of them) misses are lost."""
+    acked: dict[int, list[tuple[int, int]]] = {}  # key -> [(commit ts, counter)]
+    unknown: dict[int, set[int]] = {}  # key -> counters of writes with no known outcome
+    by_counter: dict[int, Op] = {}
+    for op in ops:
+        if op.f != "write":
+            continue
+        counter, keys = op.value
+        by_counter[counter] = op
+        for k in keys:
+            if op.type == "ok":
+                acked.setdefault(k, []).append((int(op.output), counter))
+            elif op.type == "info":
+                unknown.setdefault(k, set()).add(counter)
+    for versions in acked.values():
+        versions.sort()
+    v = SnapshotVerdict()
+    seen_at: dict[int, dict[int, int]] = {}
+    for op in ops:
+        if op.f not in ("snapshot", "final_snapshot") or op.type != "ok":
+            continue
+        at, rows = int(op.value), {int(k): int(x) for k, x in op.output.items()}
+        v.reads += 1
+        same = seen_at.setdefault(at, rows)
+        if same != rows:
+            diff = sorted(k for k in set(same) | set(rows) if same.get(k) != rows.get(k))[:5]
+            v.violations.append(f"two reads at {at} differ at keys {diff}")
+        for k in sorted(set(acked) | set(rows) | set(unknown)):
+            got = rows.get(k)
+            versions = acked.get(k, [])
+            before = [c for ts, c in versions if ts <= at]
+            want = before[-1] if before else None
+            if got == want or (got is not None and got in unknown.get(k, ())):
+                continue
+            if got is not None and got not in by_counter:
+                v.violations.append(f"read at {at}: key {k} = {got}, a value never written")
+            elif got is not None and any(c == got and ts > at for ts, c in versions):
+                v.violations.append(f"read at {at}: key {k} = {got}, committed after the snapshot")
+            elif op.f == "final_snapshot" and want is not None and got is None:
+                v.lost.append(f"key {k}: write {want} acknowledged, missing from the final read")
+            else:
+                v.violations.append(
+                    f"read at {at}: key {k} = {got}, but the newest write at or before it is {want}"
+                )
+    return v

@@ -17,12 +17,16 @@ nothing) or `info` (anything else: a timeout or a lost connection may hide a suc
   `DdlModel`, and every master's own view of the catalog against the others.
 * `catalog_reads`: creates and deletes, and ListTables sent to a master picked at random (a
   follower refuses; the leader answers after a ReadIndex round), checked for linearizability.
+* `snapshot`: counters upserted across tablets with their commit timestamps, and whole-table
+  snapshot reads at chosen timestamps from random replicas, each against the writes
+  (`check_snapshots`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import random
@@ -48,6 +52,7 @@ from service.testing.chaos_checks import (
     Op,
     catalog_ops,
     check_rows,
+    check_snapshots,
     register_ops,
     views_diverge,
 )
@@ -161,6 +166,15 @@ class Workload:
 
     async def finish(self) -> None:
         """After the faults are healed: the final reads."""
+
+    async def _final(self, f: str, value: Any, read: Callable[[], Awaitable[Any]]) -> None:
+        """The final read `f` of a workload, tried every 5 s for a minute until one succeeds
+        (the cluster is healed, but a leader may still be being elected)."""
+        for _ in range(12):
+            op = await self._timed(-1, f, None, value, read)
+            if op.type == "ok":
+                return
+            await asyncio.sleep(5)
 
     def check(self) -> Verdict:
         raise NotImplementedError
@@ -285,11 +299,7 @@ class RowsWorkload(Workload):
 
     async def finish(self) -> None:
         c = self.clients[0]
-        for _ in range(12):
-            op = await self._timed(-1, "final_scan", None, None, lambda: self._scan(c))
-            if op.type == "ok":
-                return
-            await asyncio.sleep(5)
+        await self._final("final_scan", None, lambda: self._scan(c))
 
     def check(self) -> Verdict:
         v = check_rows(self.history.ops)
@@ -433,6 +443,83 @@ class CatalogReadsWorkload(DdlWorkload):
         await self._timed(process, "list", address, None, lambda: self._list(client, address))
 
 
+class SnapshotWorkload(Workload):
+    """Snapshot reads under faults (docs/design/tablets.md#R3, #R4): writers upsert per-key
+    counters across the tablets of one table, each write one counter for a few keys of
+    different tablets, recorded with its commit timestamp; readers read the whole table at a
+    snapshot timestamp (now, or the commit time of an earlier write) from replicas picked at
+    random, each tablet from another one, and a second time from other replicas.
+    `check_snapshots` compares every read with the writes."""
+
+    name = "snapshot"
+    focus = "tserver"
+    table = "chaos_snapshot"
+    keys = 24
+
+    async def setup(self) -> None:
+        schema = Schema.build([("k", ColumnType.INT64), ("v", ColumnType.INT64)], key="k")
+        ps = PartitionSchema(hash=(HashBucketSchema(("k",), 3),), range=RangeSchema(()))
+        await self._create(self.table, schema, ps, 3)
+
+    async def _write(self, client: TesseraClient, counter: int, keys: list[int]) -> int:
+        data = pa.table({"k": keys, "v": [counter] * len(keys)})
+        r = await client.write(self.table, data, "upsert")
+        if r.errors:
+            raise RuntimeError(str(r.errors[0]))
+        return r.commit_timestamp
+
+    async def _read(self, client: TesseraClient, at: int, rng: random.Random) -> dict[int, int]:
+        tokens = await client.scan_tokens(
+            self.table,
+            snapshot=at,
+            rpc_timeout_s=OP_TIMEOUT / 2,
+            scan_timeout_s=OP_TIMEOUT,
+            timeout=OP_TIMEOUT,
+        )
+        out: dict[int, int] = {}
+        for tok in tokens:
+            replicas = list(tok.replicas)
+            rng.shuffle(replicas)
+            scanner = TabletScanner(client, dataclasses.replace(tok, replicas=tuple(replicas)))
+            async for b in scanner.batches():
+                for k, v in zip(b.column("k").to_pylist(), b.column("v").to_pylist(), strict=True):
+                    if k in out:
+                        raise AssertionError(f"key {k} twice in one snapshot")
+                    out[k] = v
+        return out
+
+    async def step(self, process: int, client: TesseraClient, rng: random.Random) -> None:
+        if process == 0:
+            done = [op.output for op in self.history.ops if op.f == "write" and op.type == "ok"]
+            at = rng.choice(done) if done and rng.random() < 0.5 else client.snapshot_now()
+            await self._timed(process, "snapshot", None, at, lambda: self._read(client, at, rng))
+            await self._timed(process, "snapshot", None, at, lambda: self._read(client, at, rng))
+            return
+        counter = next(self.counter)
+        keys = sorted(rng.sample(range(self.keys), 3))
+        await self._timed(
+            process, "write", None, (counter, keys), lambda: self._write(client, counter, keys)
+        )
+
+    async def finish(self) -> None:
+        c = self.clients[0]
+        at = c.snapshot_now()  # after every acknowledged write: they must all be in it
+        await self._final("final_snapshot", at, lambda: self._read(c, at, random.Random(self.seed)))
+
+    def check(self) -> Verdict:
+        v = check_snapshots(self.history.ops)
+        final = any(op.f == "final_snapshot" and op.type == "ok" for op in self.history.ops)
+        notes = [f"{v.reads} snapshot reads checked"]
+        notes += v.violations[:10]
+        if v.lost:
+            notes.append(f"lost: {v.lost[:10]}")
+        if not final:
+            notes.append("no final snapshot read succeeded")
+        valid = None if not final else (not v.violations and not v.lost)
+        return Verdict(valid, violations=len(v.violations), lost=len(v.lost), notes=notes)
+
+
 WORKLOADS: dict[str, type[Workload]] = {
-    w.name: w for w in (RegisterWorkload, DdlWorkload, CatalogReadsWorkload, RowsWorkload)
+    w.name: w
+    for w in (RegisterWorkload, DdlWorkload, CatalogReadsWorkload, RowsWorkload, SnapshotWorkload)
 }

@@ -92,13 +92,17 @@ async def scan_all(
     batch_size_bytes: int = 0,
     read_mode: int = tpb.READ_LATEST,
     limit: int = 0,
+    snapshot_timestamp: int = 0,
 ) -> pa.Table:
     ns = tpb.NewScanRequestPB(
         tablet_id=tablet_id,
         projected_columns=projection or [],
         predicates=predicates or [],
-        read_mode=tpb.ReadModePB.ValueType(read_mode),
+        read_mode=tpb.ReadModePB.ValueType(
+            tpb.READ_AT_SNAPSHOT if snapshot_timestamp else read_mode
+        ),
         limit=limit,
+        snapshot_timestamp=snapshot_timestamp,
     )
     resp = await stub.Scan(  # type: ignore[misc]
         tpb.ScanRequestPB(dest_uuid=dest, new_scan=ns, batch_size_bytes=batch_size_bytes)

@@ -8,7 +8,7 @@
     tessera table alter NAME [--add-column NAME:TYPE[?][=DEFAULT]]... [--drop-column COL]...
                              [--rename-column OLD:NEW]... [--rename NEW]
     tessera table delete NAME --yes
-    tessera table scan NAME [--columns a,b] [--where "id >= 10"]... [--limit N]
+    tessera table scan NAME [--columns a,b] [--where "id >= 10"]... [--limit N] [--as-of TIME]
     tessera tablet locations TABLE
     tessera tserver list
     tessera master list                 (master add | remove: service.tools.master_cmd)
@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import sys
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ from service.client import TableHandle, TesseraClient
 from service.client.client import AlterStep
 from service.client.credentials import find_credentials
 from service.common.errors import InvalidArgument
+from service.common.hybrid_time import from_micros, from_millis
 from service.common.partition import PartitionSchema, RangeSchema
 from service.common.schema import AddColumn, DropColumn, RenameColumn
 from service.common.tls import Credentials
@@ -291,6 +294,26 @@ async def table_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_as_of(text: str) -> int:
+    """`--as-of`: a hybrid timestamp (the last of its millisecond) for an ISO 8601 time, a
+    number of milliseconds since the epoch, or "now"; InvalidArgument otherwise."""
+    t = text.strip()
+    if t.lower() == "now":
+        return from_micros(time.time_ns() // 1000)
+    if t.isdigit():
+        return from_millis(int(t))
+    try:
+        when = dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidArgument(
+            f"--as-of: {text!r} is not a time (ISO 8601 like 2026-11-29T10:00:00Z, "
+            "milliseconds since the epoch, or now)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return from_millis(int(when.timestamp() * 1000))
+
+
 async def table_scan(args: argparse.Namespace) -> int:
     async with client_of(args) as c:
         info = await c.open_table(args.name)
@@ -307,7 +330,10 @@ async def table_scan(args: argparse.Namespace) -> int:
         if projection is not None:
             fetch = projection + [p.column for p in local if p.column not in projection]
         limit = 0 if local else args.limit
-        table = await c.scan(args.name, projection=fetch, predicates=pushed, limit=limit)
+        snapshot = parse_as_of(args.as_of) if args.as_of else None
+        table = await c.scan(
+            args.name, projection=fetch, predicates=pushed, limit=limit, snapshot=snapshot
+        )
     for p in local:
         table = filter_local(table, schema, p)
     if projection is not None:
@@ -523,6 +549,13 @@ def _add_table(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "`col startswith 'x'`, `col like 'a%b_'` (repeatable: all must hold)",
     )
     p.add_argument("--limit", type=int, default=0, help="at most N rows (0: all)")
+    p.add_argument(
+        "--as-of",
+        metavar="TIME",
+        help="read the table as of TIME (a snapshot, docs/design/tablets.md#R3): ISO 8601 "
+        "(2026-11-29T10:00:00Z; no zone: UTC), milliseconds since the epoch, or 'now'; within "
+        "tablet_history_max_age (15 minutes by default)",
+    )
     add_connection_args(p)
     p.set_defaults(handler=run_command(table_scan))
 

@@ -95,10 +95,11 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -108,7 +109,8 @@ from service.common.errors import (
     InvalidArgument,
     TesseraError,
 )
-from service.common.predicates import ScanSpec, to_arrow_expression, validate_spec
+from service.common.keys import decode_key
+from service.common.predicates import IS_DELETED, ScanSpec, to_arrow_expression, validate_spec
 from service.common.schema import ColumnSchema, Schema
 from service.common.schema_codec import schema_from_pb, schema_to_pb
 from service.consensus.fs import RealFileSystem
@@ -116,12 +118,16 @@ from service.pb import common_pb2
 from service.tserver.key_splitting import KeyView, MemRows
 from service.tserver.row_ops import WriteBatch
 from service.tserver.rowstore_files import (
+    DEL_COL,
     KEY_COL,
+    TS_COL,
     Source,
     file_schema,
+    history_path,
     open_arrow_file,
     phys_name,
     write_arrow_file,
+    write_version_files,
 )
 from service.tserver.rowstore_memstore import (
     Frozen,
@@ -130,13 +136,22 @@ from service.tserver.rowstore_memstore import (
     OlderVersions,
     apply_batch,
 )
-from service.tserver.rowstore_merge import emit_batches, hash_array, merge_sources
+from service.tserver.rowstore_merge import (
+    emit_batches,
+    hash_array,
+    merge_sources,
+    merge_versions,
+)
 
 __all__ = [
+    "IS_DELETED",
     "MANIFEST",
+    "OUTSIDE_SAMPLE_KEYS",
     "AppliedWrite",
+    "Checksum",
     "Compaction",
     "Frozen",
+    "OutsidePredicate",
     "RowStore",
     "Snapshot",
     "is_store_file",
@@ -145,13 +160,35 @@ __all__ = [
 MANIFEST = "MANIFEST"
 """The manifest's file name inside the store's directory."""
 
-_FILE_RE = re.compile(r"^rs-\d{8}\.arrow(\.tmp)?$")
+_FILE_RE = re.compile(r"^rs-\d{8}\.(arrow|history)(\.tmp)?$")
 _MANIFEST_MAGIC = b"TESSERA-ROWSTORE-MANIFEST 1\n"
 
 
 def is_store_file(name: str) -> bool:
-    """Whether `name` is the manifest or a data file name (what a tablet copy may write)."""
+    """Whether `name` is the manifest, a data file or a history file name (what a tablet copy
+    may write)."""
     return name == MANIFEST or (_FILE_RE.match(name) is not None and not name.endswith(".tmp"))
+
+
+OutsidePredicate = Callable[[pa.Table], np.ndarray]
+"""Given live rows' primary-key columns (named as in the schema), a bool mask: True for each
+row whose key lies outside the tablet's partition (`PartitionSchema.rows_outside`, bound to
+the schema and the partition)."""
+
+OUTSIDE_SAMPLE_KEYS = 10
+"""How many encoded keys of rows outside the partition a checksum keeps, for the operator."""
+
+
+@dataclass(frozen=True)
+class Checksum:
+    """What `Snapshot.checksum` read: the live rows and their digest, and, when it was given a
+    partition to check against, how many of those rows lie outside it and the encoded keys of
+    the first few (in key order). Replicas at one applied index must agree on all of it."""
+
+    rows: int
+    digest: bytes
+    outside_rows: int = 0
+    outside_sample_keys: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -172,12 +209,19 @@ class Compaction:
     """A compaction under way: the files it merges and its output file."""
 
     def __init__(
-        self, inputs: tuple[str, ...], sources: tuple[Source, ...], file_name: str, schema: Schema
+        self,
+        inputs: tuple[str, ...],
+        sources: tuple[Source, ...],
+        file_name: str,
+        schema: Schema,
+        horizon: int = 0,
     ) -> None:
         self.inputs = inputs
         self.sources = sources
         self.file_name = file_name
         self.schema = schema
+        self.horizon = horizon
+        """Versions only snapshots older than this can see are dropped (`merge_versions`)."""
         self.written: Source | None = None
         self.empty = False
 
@@ -197,6 +241,8 @@ class RowStore:
         flushed_index: int,
         live_rows: int,
         next_seq: int,
+        max_ts: int = 0,
+        horizon: int = 0,
     ) -> None:
         self._dir = directory
         self._fs = RealFileSystem()
@@ -206,12 +252,24 @@ class RowStore:
         self._applied = flushed_index
         self._live = live_rows  # live rows of files + frozen + memstore
         self._next_seq = next_seq
-        self._staged = _Staged(tuple(name for name, _ in files), flushed_index, live_rows)
+        self._max_ts = max_ts
+        """The newest commit timestamp applied: the replica's safe time (`safe_time`)."""
+        self._horizon = horizon
+        """Versions older than this may have been dropped by a compaction (`history_horizon`)."""
+        self._staged = _Staged(
+            tuple(name for name, _ in files),
+            flushed_index,
+            live_rows,
+            frozenset(name for name, src in files if src.history is not None),
+            max_ts,
+            horizon,
+        )
         """What the manifest says, or is being rewritten to say (module docstring, Installs)."""
         self._pending: Frozen | Compaction | None = None
         """The install whose manifest is being written (between `stage_*` and `finish_*`)."""
         self._manifest_lock = threading.Lock()  # one manifest write at a time, from any thread
         self._mem = MemStore(schema, flushed_index)
+        self._mem.last_ts = max_ts
         self._frozen: list[Frozen] = []
         self._compacting: Compaction | None = None
         self._lock = threading.Lock()  # guards _next_seq only when called from workers
@@ -250,16 +308,20 @@ class RowStore:
             raise Corruption(f"row store manifest {path}: bad schema: {e}") from None
         names = m.files
         files = []
+        keep = set(names)
         for name in names:
-            if not _FILE_RE.match(name) or name.endswith(".tmp"):
+            if not _FILE_RE.match(name) or not name.endswith(".arrow"):
                 raise Corruption(f"row store manifest {path}: bad file name {name!r}")
             fpath = directory / name
             if not fpath.exists():
                 raise Corruption(f"row store data file {fpath}: missing")
-            files.append((name, open_arrow_file(fpath, schema)))
+            has_history = name in m.history
+            if has_history:
+                keep.add(history_path(fpath).name)
+            files.append((name, open_arrow_file(fpath, schema, history=has_history)))
         removed = False
         for entry in os.listdir(directory):
-            if (_FILE_RE.match(entry) and entry not in names) or entry == MANIFEST + ".tmp":
+            if (_FILE_RE.match(entry) and entry not in keep) or entry == MANIFEST + ".tmp":
                 os.remove(directory / entry)  # left by a crash mid-flush or mid-compaction
                 removed = True
         if removed:
@@ -271,6 +333,8 @@ class RowStore:
             m.flushed_index,
             m.live_rows,
             m.next_seq,
+            m.max_ts,
+            m.horizon,
         )
 
     def close(self) -> None:
@@ -311,6 +375,26 @@ class RowStore:
         """The highest index given to apply_write, alter_schema or note_index."""
         return self._applied
 
+    @property
+    def safe_time(self) -> int:
+        """The newest commit timestamp applied (writes and timestamp entries alike). Entries
+        are stamped in log order, so every entry at or before it is applied here and none
+        that commits later can be (docs/design/tablets.md#R4)."""
+        return self._max_ts
+
+    @property
+    def history_horizon(self) -> int:
+        """The oldest timestamp a snapshot may read at: a compaction may have dropped the
+        versions only older snapshots could see (docs/design/tablets.md#R5)."""
+        return self._horizon
+
+    def history_rows(self) -> int:
+        """Superseded versions kept for snapshots, in files and memstores (an estimate for
+        the memstores: their history entries)."""
+        files = sum(src.history_rows for _, src in self._files)
+        mems = sum(sum(len(v) for v in f.mem.history.values()) for f in self._frozen)
+        return files + mems + sum(len(v) for v in self._mem.history.values())
+
     def memstore_rows(self) -> int:
         """Row versions in the active memstore (tombstones included)."""
         return len(self._mem.rows)
@@ -331,8 +415,14 @@ class RowStore:
         return total
 
     def data_files(self) -> list[str]:
-        """The manifest and the live data files, relative to the directory (tablet copy)."""
-        return [MANIFEST, *(name for name, _ in self._files)]
+        """The manifest, the live data files and their history files, relative to the
+        directory (tablet copy)."""
+        out = [MANIFEST]
+        for name, src in self._files:
+            out.append(name)
+            if src.history is not None:
+                out.append(history_path(Path(name)).name)
+        return out
 
     # --- manifest ------------------------------------------------------------------------
 
@@ -352,6 +442,9 @@ class RowStore:
                     "flushed_index": staged.flushed_index,
                     "live_rows": staged.live_rows,
                     "next_seq": self._next_seq,
+                    "history": sorted(staged.history),
+                    "max_ts": staged.max_ts,
+                    "horizon": staged.horizon,
                 },
                 sort_keys=True,
             ).encode()
@@ -373,6 +466,19 @@ class RowStore:
         if index > self._applied:
             self._applied = index
             self._mem.last_index = index
+
+    def note_timestamp(self, index: int, ts: int) -> None:
+        """A timestamp entry (docs/design/tablets.md#R4) was applied: no later entry commits at
+        or before `ts`, so the safe time moves to it."""
+        if index <= self._applied:
+            return
+        self.note_index(index)
+        self._note_ts(ts)
+
+    def _note_ts(self, ts: int) -> None:
+        if ts > self._max_ts:
+            self._max_ts = ts
+            self._mem.last_ts = ts
 
     def alter_schema(self, index: int, schema: Schema) -> None:
         """Switch to `schema` (same key columns by id). A version at or below the current one
@@ -402,8 +508,9 @@ class RowStore:
         self._schema = schema
         self.write_manifest()
 
-    def apply_write(self, index: int, batch: WriteBatch) -> AppliedWrite:
-        """Apply one replicated write (deterministic: same state and batch, same outcome).
+    def apply_write(self, index: int, batch: WriteBatch, ts: int = 0) -> AppliedWrite:
+        """Apply one replicated write (deterministic: same state and batch, same outcome),
+        its rows becoming versions committed at `ts` (docs/design/tablets.md#R3).
 
         Rows apply in order; a refused row (INSERT of a live key: AlreadyExists; UPDATE or
         DELETE of a missing one: NotFound) is reported and the others still apply.
@@ -411,11 +518,12 @@ class RowStore:
         if index <= self._applied:
             return AppliedWrite(skipped=True)
         self.note_index(index)
+        self._note_ts(ts)
         n = batch.num_rows
         if n == 0:
             return AppliedWrite()
         older = OlderVersions(self._schema, self._mem, self._frozen, [f for _, f in self._files])
-        applied, errors, live_delta = apply_batch(self._mem, self._schema, batch, older)
+        applied, errors, live_delta = apply_batch(self._mem, self._schema, batch, older, ts)
         self._live += live_delta
         return AppliedWrite(applied, tuple(errors))
 
@@ -430,16 +538,21 @@ class RowStore:
         frozen = Frozen(mem, self._new_file_name(), self._live)
         self._frozen.append(frozen)
         self._mem = MemStore(self._schema, mem.last_index)
+        self._mem.last_ts = mem.last_ts
         return frozen
 
     def write_frozen(self, f: Frozen) -> None:
-        """Write `f`'s rows to its data file and fsync it. Safe in a worker thread."""
+        """Write `f`'s rows to its data file (and its history to the history file) and fsync
+        them. Safe in a worker thread."""
         src = f.mem.source()
         path = self._dir / f.file_name
-        write_arrow_file(path, iter([src.table]), f.mem.file_schema())
+        schema = f.mem.file_schema()
+        if src.history is not None:
+            write_arrow_file(history_path(path), iter([src.history]), schema)
+        write_arrow_file(path, iter([src.table]), schema)
         # The frozen memstore's own layout is the authority for the file it wrote: no check
         # against the (possibly newer) current schema.
-        f.written = open_arrow_file(path, None)
+        f.written = open_arrow_file(path, None, history=src.history is not None)
 
     def install(self, f: Frozen) -> None:
         """Add `f`'s written file to the manifest (flushed_index = f.last_index), fsync it and
@@ -458,8 +571,14 @@ class RowStore:
             raise InvalidArgument("install: write_frozen has not completed")
         self._stage(f)
         st = self._staged
+        history = st.history | ({f.file_name} if f.written.history is not None else set())
         self._staged = _Staged(
-            (*st.files, f.file_name), max(st.flushed_index, f.last_index), f.live_rows
+            (*st.files, f.file_name),
+            max(st.flushed_index, f.last_index),
+            f.live_rows,
+            history,
+            max(st.max_ts, f.last_ts),
+            st.horizon,
         )
 
     def finish_install(self, f: Frozen) -> None:
@@ -498,13 +617,17 @@ class RowStore:
             if self._pending is not None:
                 raise InvalidArgument("flush: an install is under way")
             st = self._staged
-            self._staged = _Staged(st.files, self._applied, st.live_rows)
+            self._staged = _Staged(
+                st.files, self._applied, st.live_rows, st.history, self._max_ts, st.horizon
+            )
             self.write_manifest()
             self._flushed = self._applied  # only once the manifest says so (the WAL's anchor)
 
     # --- compaction ----------------------------------------------------------------------
 
-    def prepare_compaction(self, *, overlapping: bool = False) -> Compaction | None:
+    def prepare_compaction(
+        self, *, overlapping: bool = False, horizon: int = 0
+    ) -> Compaction | None:
         """Start merging files into one; None if there is nothing to gain.
 
         By default every current file (this bounds the number of files, and drops tombstones).
@@ -523,13 +646,18 @@ class RowStore:
                 return None
             chosen = set(max(groups, key=lambda g: sum(files[i][1].num_rows for i in g)))
             files = [f for i, f in enumerate(files) if i in chosen]
-        elif len(files) == 1 and not files[0][1].has_tombstones:
+        elif (
+            len(files) == 1
+            and not files[0][1].has_tombstones
+            and (files[0][1].history is None or horizon <= self._horizon)
+        ):
             return None
         c = Compaction(
             tuple(name for name, _ in files),
             tuple(src for _, src in files),
             self._new_file_name(),
             self._schema,
+            max(horizon, self._horizon),
         )
         self._compacting = c
         return c
@@ -559,16 +687,20 @@ class RowStore:
         return groups
 
     def write_compaction(self, c: Compaction) -> None:
-        """Merge `c`'s inputs into its output file (fsynced). Safe in a worker thread."""
+        """Merge `c`'s inputs into its output file and history file (fsynced), keeping the
+        versions snapshots at or after its horizon may read (`merge_versions`). Safe in a
+        worker thread."""
         cols = c.schema.columns
-        pieces = merge_sources(list(c.sources), cols, b"", b"", None)
         path = self._dir / c.file_name
-        rows = write_arrow_file(path, pieces, file_schema(cols))
+        rows, hist_rows = write_version_files(
+            path, merge_versions(list(c.sources), cols, c.horizon), file_schema(cols)
+        )
         if rows == 0:
             c.empty = True
             path.unlink()
+            history_path(path).unlink(missing_ok=True)
             return
-        c.written = open_arrow_file(path, c.schema)
+        c.written = open_arrow_file(path, c.schema, history=hist_rows > 0)
 
     def install_compaction(self, c: Compaction) -> None:
         """Swap the merged file in for its inputs (manifest first), then delete the inputs, in
@@ -591,7 +723,17 @@ class RowStore:
         st = self._staged
         head = (c.file_name,) if c.written is not None else ()
         files = head + tuple(name for name in st.files if name not in inputs)
-        self._staged = _Staged(files, st.flushed_index, st.live_rows)
+        history = (st.history - inputs) | (
+            {c.file_name} if c.written is not None and c.written.history is not None else set()
+        )
+        self._staged = _Staged(
+            files,
+            st.flushed_index,
+            st.live_rows,
+            history,
+            st.max_ts,
+            max(st.horizon, c.horizon),
+        )
 
     def finish_compaction(self, c: Compaction) -> None:
         """Once the manifest staged by `stage_compaction(c)` is durable: reads take the merged
@@ -601,19 +743,21 @@ class RowStore:
         rest = [(name, src) for name, src in self._files if name not in inputs]
         head = [(c.file_name, c.written)] if c.written is not None else []
         self._files = head + rest
+        self._horizon = max(self._horizon, c.horizon)
         self._compacting = None
 
     def remove_compacted(self, c: Compaction) -> None:
         """Delete `c`'s inputs, after `finish_compaction`. Safe in a worker thread: readers
         that took them before keep reading them (memory-mapped; an unlinked file lives on)."""
         for name in c.inputs:
-            with contextlib.suppress(FileNotFoundError):
-                (self._dir / name).unlink()
+            for path in (self._dir / name, history_path(self._dir / name)):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
         self._fs.fsync_dir(str(self._dir))
 
-    def compact(self) -> None:
+    def compact(self, horizon: int = 0) -> None:
         """prepare + write + install compaction, in this thread."""
-        c = self.prepare_compaction()
+        c = self.prepare_compaction(horizon=horizon)
         if c is not None:
             self.write_compaction(c)
             self.install_compaction(c)
@@ -658,12 +802,21 @@ class RowStore:
             lo = max(lo, spec.start_after_key + b"\x00")  # the smallest key after it
         hi = spec.upper_key
         snap = self.snapshot()
-        out_schema = pa.schema([schema.to_arrow().field(name) for name in proj])
-        return emit_batches(snap.merged(cols, lo, hi, expr), out_cols, out_schema, spec.limit)
+        fields = [schema.to_arrow().field(name) for name in proj]
+        if spec.diff_start is not None:
+            if spec.read_at is None:
+                raise InvalidArgument("a diff scan reads at a snapshot: give read_at")
+            fields.append(pa.field(IS_DELETED, pa.bool_(), False))
+            changes = snap.changes(cols, lo, hi, expr, spec.diff_start, spec.read_at)
+            return emit_batches(
+                changes, out_cols, pa.schema(fields), spec.limit, deleted_column=True
+            )
+        merged = snap.merged(cols, lo, hi, expr, at=spec.read_at)
+        return emit_batches(merged, out_cols, pa.schema(fields), spec.limit)
 
-    def checksum(self) -> tuple[int, bytes]:
+    def checksum(self, outside: OutsidePredicate | None = None) -> Checksum:
         """`Snapshot.checksum` of the rows as of now, in this thread."""
-        return self.snapshot().checksum()
+        return self.snapshot().checksum(outside)
 
 
 @dataclass(frozen=True)
@@ -686,36 +839,108 @@ class Snapshot:
         return [*self.files, *(m.source() for m in self.mems)]
 
     def merged(
-        self, cols: Sequence[ColumnSchema], lo: bytes, hi: bytes, expr: pc.Expression | None
+        self,
+        cols: Sequence[ColumnSchema],
+        lo: bytes,
+        hi: bytes,
+        expr: pc.Expression | None,
+        *,
+        at: int | None = None,
     ) -> Iterator[pa.Table]:
         """`merge_sources` over this snapshot: a generator, so that nothing, not even the
-        memstores' Arrow form, is built before its first item is asked for."""
-        yield from merge_sources(self.sources(), cols, lo, hi, expr)
+        memstores' Arrow form, is built before its first item is asked for. `at`: the rows
+        as of that timestamp (each source as of it, `Source.as_of`); None: the newest."""
+        sources = self.sources()
+        if at is not None:
+            sources = [src.as_of(at) for src in sources]
+        yield from merge_sources(sources, cols, lo, hi, expr)
 
-    def checksum(self) -> tuple[int, bytes]:
-        """(live rows, blake2b digest) over every live row in key order, every column.
+    def changes(
+        self,
+        cols: Sequence[ColumnSchema],
+        lo: bytes,
+        hi: bytes,
+        expr: pc.Expression | None,
+        since: int,
+        at: int,
+    ) -> Iterator[pa.Table]:
+        """A diff (docs/design/tablets.md#R3): every key whose version as of `at` was
+        committed after `since`, as it is at `at`; a key deleted by then as its tombstone
+        (`d` set, values null). `expr` filters live rows only. Physical tables with `d`."""
+        sources = [src.as_of(at) for src in self.sources()]
+        key_cols = [c for c in self.schema.key_columns if any(k.id == c.id for k in cols)]
+        for t in merge_sources(sources, cols, lo, hi, expr, with_deleted=True):
+            newer = pc.greater(t.column(TS_COL), pa.scalar(since, pa.uint64()))
+            t = t.filter(newer)
+            if t.num_rows:
+                yield _with_deleted_keys(t, key_cols)
+
+    def checksum(self, outside: OutsidePredicate | None = None) -> Checksum:
+        """The live rows and a blake2b digest over every live row in key order, every column;
+        with `outside`, also the rows it marks (those outside the tablet's partition) and the
+        encoded keys of the first `OUTSIDE_SAMPLE_KEYS` of them.
 
         Columns are hashed as canonical value streams (validity, fixed-width values with nulls
         zeroed, lengths and bytes of variable-width values), so the digest does not depend on
         how rows are split among files, memstores or batches: replicas at the same index agree
         whatever they flushed or compacted. Costs time linear in the tablet; run it in a
         worker thread (hashing and Arrow release the GIL for most of it).
+
+        The partition check rides on the same pass because it is ksck's only way to find rows
+        a server accepted before writes were checked against the partition
+        (docs/design/tablets.md#R2), and reading every row twice would double the cost of a
+        check that already reads them all. The digest does not depend on it. The merged tables
+        name columns by id (`phys_name`); `outside` gets the key columns under their names, as
+        `PartitionSchema.rows_outside` reads them (`keys.arrow_key_column`). Its hashing runs
+        row by row in Python (holding the GIL), so a partitioned tablet's checksum costs more
+        than its digest alone.
         """
         schema = self.schema
         hashers = [[hashlib.blake2b(digest_size=32) for _ in range(3)] for _ in schema.columns]
+        key_cols = schema.key_columns
+        key_phys = [phys_name(c.id) for c in key_cols]
+        key_names = [c.name for c in key_cols]
         rows = 0
+        outside_rows = 0
+        samples: list[bytes] = []
         for t in self.merged(schema.columns, b"", b"", None):
             rows += t.num_rows
             for c, hs in zip(schema.columns, hashers, strict=True):
                 for chunk in t.column(phys_name(c.id)).chunks:
                     hash_array(chunk, c, hs)
+            if outside is not None and t.num_rows:
+                mask = outside(t.select(key_phys).rename_columns(key_names))
+                n = int(np.count_nonzero(mask))
+                outside_rows += n
+                if n and len(samples) < OUTSIDE_SAMPLE_KEYS:
+                    first = np.flatnonzero(mask)[: OUTSIDE_SAMPLE_KEYS - len(samples)]
+                    samples.extend(t.column(KEY_COL).take(pa.array(first)).to_pylist())
         top = hashlib.blake2b(digest_size=32)
         top.update(rows.to_bytes(8, "little"))
         for c, hs in zip(schema.columns, hashers, strict=True):
             top.update(f"{c.id}:{c.type_name}".encode())
             for h in hs:
                 top.update(h.digest())
-        return rows, top.digest()
+        return Checksum(rows, top.digest(), outside_rows, tuple(samples))
+
+
+def _with_deleted_keys(t: pa.Table, key_cols: Sequence[ColumnSchema]) -> pa.Table:
+    """`t` with the key columns of its tombstones filled in from their encoded keys (a
+    tombstone stores no values; a diff reports which key it deleted)."""
+    deleted = np.asarray(t.column(DEL_COL).to_numpy(zero_copy_only=False), dtype=bool)
+    if not deleted.any() or not key_cols:
+        return t
+    where = np.flatnonzero(deleted)
+    keys = t.column(KEY_COL).take(pa.array(where)).to_pylist()
+    decoded = [decode_key(key_cols, k) for k in keys]
+    mask = pa.array(deleted)
+    for j, c in enumerate(key_cols):
+        name = phys_name(c.id)
+        values = pa.array([row[j] for row in decoded], type=c.arrow_type())
+        col = t.column(name).combine_chunks()
+        i = t.schema.get_field_index(name)
+        t = t.set_column(i, name, pc.replace_with_mask(col, mask, values))
+    return t
 
 
 @dataclass(frozen=True)
@@ -726,6 +951,12 @@ class _Staged:
     flushed_index: int
     live_rows: int
     """Live rows of the state the manifest describes."""
+    history: frozenset[str] = frozenset()
+    """The data files that have a history file."""
+    max_ts: int = 0
+    """The newest commit timestamp among the entries up to `flushed_index`."""
+    horizon: int = 0
+    """The history horizon of the compactions behind `files`."""
 
 
 @dataclass(frozen=True)
@@ -736,6 +967,9 @@ class _Manifest:
     flushed_index: int
     live_rows: int
     next_seq: int
+    history: frozenset[str] = frozenset()
+    max_ts: int = 0
+    horizon: int = 0
 
 
 def _parse_manifest(path: Path, raw: bytes) -> _Manifest:
@@ -754,6 +988,16 @@ def _parse_manifest(path: Path, raw: bytes) -> _Manifest:
             raise ValueError("bad counters")
         if not isinstance(m["schema"], str):
             raise ValueError("schema must be a string")
-        return _Manifest(files, m["schema"], *ints)
+        # Versions (docs/design/tablets.md#R3): absent from manifests written before them.
+        history = m.get("history", [])
+        if not isinstance(history, list) or not set(history) <= set(files):
+            raise ValueError("history must list data files of the manifest")
+        stamps = [m.get(k, 0) for k in ("max_ts", "horizon")]
+        if not all(isinstance(v, int) and v >= 0 for v in stamps):
+            raise ValueError("bad timestamps")
+        flushed, live, seq = ints
+        return _Manifest(
+            files, m["schema"], flushed, live, seq, frozenset(history), stamps[0], stamps[1]
+        )
     except (ValueError, KeyError, TypeError) as e:
         raise Corruption(f"row store manifest {path}: {type(e).__name__}: {e}") from None

@@ -34,13 +34,16 @@ __all__ = [
     "BATCH_ROWS",
     "DEL_COL",
     "KEY_COL",
+    "TS_COL",
     "KeyIndex",
     "Source",
     "conform",
     "file_schema",
+    "history_path",
     "open_arrow_file",
     "phys_name",
     "write_arrow_file",
+    "write_version_files",
 ]
 
 BATCH_ROWS = 65536
@@ -50,6 +53,10 @@ KEY_COL = "k"
 """The encoded primary key column (binary) of the physical layout."""
 DEL_COL = "d"
 """The tombstone flag column (bool) of the physical layout."""
+TS_COL = "t"
+"""The commit timestamp (hybrid time, uint64) of each version (docs/design/tablets.md#R3).
+Files written before versions were kept have none: their rows read as committed at 0, visible
+to every snapshot."""
 
 
 def phys_name(column_id: int) -> str:
@@ -103,6 +110,17 @@ class KeyIndex:
             return int(np.searchsorted(self._np, np.array(key[:w], dtype=f"S{w}"), "right"))
         return int(np.searchsorted(self._np, np.array(key.ljust(w, b"\x00"), dtype=f"S{w}")))
 
+    def keys(self) -> list[bytes]:
+        """Every key, as a list (the slow path, for keys of mixed widths)."""
+        if self._list is not None:
+            return self._list
+        assert self._np is not None or self.n == 0
+        if self._np is None:
+            return []
+        w = self._width
+        raw = self._np.tobytes()
+        return [raw[i * w : (i + 1) * w] for i in range(self.n)]
+
     def sortable(self, a: int, b: int) -> np.ndarray | None:
         """Keys [a, b) as a numpy `S{W}` view (no copy) whose order is the key order, or None
         when the keys are not all of one width."""
@@ -136,11 +154,26 @@ class KeyIndex:
 
 
 class Source:
-    """A sorted physical table (k, d, c<id>...) with its key index: one file or memstore."""
+    """A sorted physical table (k, d, [t,] c<id>...) with its key index: one file or memstore.
 
-    __slots__ = ("deleted", "has_tombstones", "index", "table")
+    Versions (docs/design/tablets.md#R3): `table` holds the newest version of each key in this
+    source, with its commit timestamp in column `t`; `history`, if any, the versions it
+    superseded within this source, in the same layout, sorted by key and then newest first.
+    Older versions of a key that live in older sources stay there. `as_of(T)` is the source
+    as a snapshot at T sees it."""
 
-    def __init__(self, table: pa.Table) -> None:
+    __slots__ = (
+        "deleted",
+        "has_tombstones",
+        "history",
+        "history_index",
+        "index",
+        "max_time",
+        "table",
+        "times",
+    )
+
+    def __init__(self, table: pa.Table, history: pa.Table | None = None) -> None:
         self.table = table
         k = table.column(KEY_COL)
         self.index = KeyIndex(k.combine_chunks() if k.num_chunks != 1 else k.chunk(0))
@@ -151,10 +184,143 @@ class Source:
             if self.has_tombstones
             else None
         )
+        self.times: np.ndarray | None = None
+        """Each row's commit timestamp (uint64); None: a file from before versions (all 0)."""
+        self.max_time = 0
+        if TS_COL in table.schema.names and table.num_rows:
+            self.times = np.asarray(
+                table.column(TS_COL).to_numpy(zero_copy_only=False), dtype=np.uint64
+            )
+            self.max_time = int(self.times.max())
+        self.history = history if history is not None and history.num_rows else None
+        self.history_index: KeyIndex | None = None
+        if self.history is not None:
+            hmax = pc.max(self.history.column(TS_COL)).as_py()
+            self.max_time = max(self.max_time, int(hmax or 0))
+            hk = self.history.column(KEY_COL)
+            self.history_index = KeyIndex(
+                hk.combine_chunks() if hk.num_chunks != 1 else hk.chunk(0)
+            )
 
     @property
     def num_rows(self) -> int:
         return int(self.table.num_rows)
+
+    @property
+    def history_rows(self) -> int:
+        return 0 if self.history is None else int(self.history.num_rows)
+
+    def as_of(self, at: int) -> Source:
+        """This source as a snapshot at timestamp `at` sees it: for each key, its newest version
+        committed at or before `at` (a tombstone included), and no row for a key whose every
+        version here is newer (older sources then decide it, as they did at `at`). The source
+        itself when every version is old enough: a snapshot of data that stopped changing
+        before it costs nothing.
+
+        Cost: the view is one `take` of its rows, chosen with vectorized key comparisons (the
+        history is sorted by key, newest first, so a key's newest version at or before `at`
+        is its first such row); with keys of one width (integer keys) nothing loops in
+        Python, otherwise the keys go through a list."""
+        if self.max_time <= at:
+            return self
+        times = self.times
+        assert times is not None  # max_time > 0 needs timestamps
+        visible = times <= at
+        keep_base = np.flatnonzero(visible)
+        hist = self.history
+        hidx = self.history_index
+        take_hist = np.zeros(0, dtype=np.int64)
+        if hist is not None and hidx is not None and not visible.all():
+            ht = self._history_times()
+            old = np.flatnonzero(ht <= at)
+            if len(old):
+                take_hist = _newest_hidden(self.index, hidx, old, visible)
+        if not len(take_hist):
+            return Source(self.table.take(pa.array(keep_base)))
+        assert hist is not None and hidx is not None
+        chosen = conform_like(hist, self.table).take(pa.array(take_hist))
+        if not len(keep_base):
+            return Source(chosen)  # history rows chosen in history order: by key already
+        kept = self.table.take(pa.array(keep_base))
+        both = pa.concat_tables([kept, chosen])
+        keys = _keys_of(self.index, hidx, keep_base, take_hist)
+        if isinstance(keys, np.ndarray):
+            order = np.argsort(keys, kind="stable")
+        else:
+            order = np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+        return Source(both.take(pa.array(order)))
+
+    def _history_times(self) -> np.ndarray:
+        assert self.history is not None
+        return np.asarray(
+            self.history.column(TS_COL).to_numpy(zero_copy_only=False), dtype=np.uint64
+        )
+
+
+def _newest_hidden(
+    index: KeyIndex, hidx: KeyIndex, old: np.ndarray, visible: np.ndarray
+) -> np.ndarray:
+    """Of the history rows `old` (positions, committed at or before the snapshot, in history
+    order: by key, newest first), the first of each key, kept when the key's newest version in
+    the source is newer than the snapshot (`visible` false)."""
+    hk = _ordered(hidx.sortable(0, hidx.n))
+    bk = _ordered(index.sortable(0, index.n))
+    if hk is not None and bk is not None and hk.dtype == bk.dtype:
+        okeys = hk[old]
+        first = np.ones(len(old), dtype=bool)
+        first[1:] = okeys[1:] != okeys[:-1]
+        old, okeys = old[first], okeys[first]
+        hidden = bk[~visible]
+        pos = np.searchsorted(hidden, okeys)
+        inside = pos < len(hidden)
+        match = np.zeros(len(okeys), dtype=bool)
+        match[inside] = hidden[pos[inside]] == okeys[inside]
+        return old[match]
+    hlist = hidx.keys()
+    blist = index.keys()
+    hidden_keys = {blist[i] for i in np.flatnonzero(~visible).tolist()}
+    out: list[int] = []
+    last: bytes | None = None
+    for i in old.tolist():
+        k = hlist[i]
+        if k != last and k in hidden_keys:
+            out.append(i)
+        last = k
+    return np.asarray(out, dtype=np.int64)
+
+
+def _ordered(keys: np.ndarray | None) -> np.ndarray | None:
+    """Fixed-width keys in a form numpy compares fast and in key order: 8-byte keys (an int64
+    key's encoding) as big-endian unsigned integers, others as they are."""
+    if keys is not None and keys.dtype.itemsize == 8:
+        return keys.view(">u8")
+    return keys
+
+
+def _keys_of(
+    index: KeyIndex, hidx: KeyIndex, base_rows: np.ndarray, hist_rows: np.ndarray
+) -> np.ndarray | list[bytes]:
+    """The keys of the chosen base rows then history rows: a numpy array when every key has
+    one width, else a list."""
+    bk = _ordered(index.sortable(0, index.n))
+    hk = _ordered(hidx.sortable(0, hidx.n))
+    if bk is not None and hk is not None and bk.dtype == hk.dtype:
+        return np.concatenate([bk[base_rows], hk[hist_rows]])
+    blist, hlist = index.keys(), hidx.keys()
+    return [blist[i] for i in base_rows.tolist()] + [hlist[i] for i in hist_rows.tolist()]
+
+
+def conform_like(table: pa.Table, like: pa.Table) -> pa.Table:
+    """`table` with exactly `like`'s columns, in its order (a history written by the same
+    memstore or compaction as its data file has them all; columns it lacks are nulls)."""
+    names = table.schema.names
+    cols = [
+        table.column(f.name).cast(f.type)
+        if f.name in names
+        else pa.chunked_array([pa.nulls(table.num_rows, f.type)])
+        for f in like.schema
+    ]
+    return pa.Table.from_arrays(cols, schema=like.schema)
 
 
 # --- schema conformance and data files -------------------------------------------------------
@@ -169,12 +335,20 @@ def _constant(col: ColumnSchema, n: int) -> pa.Array:
     return pc.fill_null(nulls, pa.scalar(col.default, type=t))
 
 
-def conform(table: pa.Table, cols: Sequence[ColumnSchema]) -> pa.Table:
-    """`table` (physical) reduced to k, d and the columns `cols` (by id), missing ids filled."""
+def conform(table: pa.Table, cols: Sequence[ColumnSchema], *, with_ts: bool = False) -> pa.Table:
+    """`table` (physical) reduced to k, d (and t, `with_ts`: 0 for a file from before
+    versions) and the columns `cols` (by id), missing ids filled."""
     names = table.schema.names
     arrays = [table.column(KEY_COL), table.column(DEL_COL)]
     out_names = [KEY_COL, DEL_COL]
     n = table.num_rows
+    if with_ts:
+        arrays.append(
+            table.column(TS_COL)
+            if TS_COL in names
+            else pa.chunked_array([pa.array(np.zeros(n, dtype=np.uint64))], type=pa.uint64())
+        )
+        out_names.append(TS_COL)
     for c in cols:
         name = phys_name(c.id)
         if name in names:
@@ -205,8 +379,35 @@ def write_arrow_file(path: Path, tables: Iterator[pa.Table], schema: pa.Schema) 
     return rows
 
 
-def open_arrow_file(path: Path, schema: Schema | None) -> Source:
-    """Open a data file (memory-mapped) and check its layout against `schema`; Corruption."""
+def write_version_files(
+    path: Path, pieces: Iterator[tuple[pa.Table, pa.Table]], schema: pa.Schema
+) -> tuple[int, int]:
+    """Write the (base, history) tables of `pieces` as the data file at `path` and its history
+    file, fsync both, and return their row counts. A history file with no rows is removed."""
+    hpath = history_path(path)
+    rows = hist_rows = 0
+    with (
+        pa.OSFile(str(path), "wb") as sink,
+        pa.ipc.new_file(sink, schema) as writer,
+        pa.OSFile(str(hpath), "wb") as hsink,
+        pa.ipc.new_file(hsink, schema) as hwriter,
+    ):
+        for base, hist in pieces:
+            if base.num_rows:
+                writer.write_table(base.cast(schema), max_chunksize=BATCH_ROWS)
+                rows += base.num_rows
+            if hist.num_rows:
+                hwriter.write_table(hist.cast(schema), max_chunksize=BATCH_ROWS)
+                hist_rows += hist.num_rows
+    if hist_rows:
+        _fsync_path(hpath)
+    else:
+        hpath.unlink()
+    _fsync_path(path)
+    return rows, hist_rows
+
+
+def _read_checked(path: Path, schema: Schema | None) -> pa.Table:
     try:
         table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
     except (OSError, pa.ArrowException) as e:
@@ -214,6 +415,8 @@ def open_arrow_file(path: Path, schema: Schema | None) -> Source:
     fields = {f.name: f.type for f in table.schema}
     if fields.get(KEY_COL) != pa.binary() or fields.get(DEL_COL) != pa.bool_():
         raise Corruption(f"row store data file {path}: missing key or tombstone column")
+    if TS_COL in fields and fields[TS_COL] != pa.uint64():
+        raise Corruption(f"row store data file {path}: timestamp column is {fields[TS_COL]}")
     for c in schema.columns if schema is not None else ():
         t = fields.get(phys_name(c.id))
         if t is not None and t != c.arrow_type():
@@ -221,11 +424,36 @@ def open_arrow_file(path: Path, schema: Schema | None) -> Source:
                 f"row store data file {path}: column {c.name!r} (id {c.id}) is {t}, "
                 f"expected {c.arrow_type()}"
             )
-    return Source(table)
+    return table
+
+
+def open_arrow_file(path: Path, schema: Schema | None, *, history: bool = False) -> Source:
+    """Open a data file (memory-mapped), and its history file if it has one, and check their
+    layout against `schema`; Corruption naming the file."""
+    table = _read_checked(path, schema)
+    hist = None
+    if history:
+        hpath = history_path(path)
+        if not hpath.exists():
+            raise Corruption(f"row store history file {hpath}: missing")
+        hist = _read_checked(hpath, schema)
+        if TS_COL not in hist.schema.names:
+            raise Corruption(f"row store history file {hpath}: no timestamp column")
+    return Source(table, hist)
 
 
 def file_schema(cols: Sequence[ColumnSchema]) -> pa.Schema:
+    """The physical layout of a data file (and of its history file) for `cols`."""
     return pa.schema(
-        [pa.field(KEY_COL, pa.binary(), False), pa.field(DEL_COL, pa.bool_(), False)]
+        [
+            pa.field(KEY_COL, pa.binary(), False),
+            pa.field(DEL_COL, pa.bool_(), False),
+            pa.field(TS_COL, pa.uint64(), False),
+        ]
         + [pa.field(phys_name(c.id), c.arrow_type()) for c in cols]
     )
+
+
+def history_path(path: Path) -> Path:
+    """Where the history of the data file at `path` lives (docs/design/tablets.md#R3)."""
+    return path.with_suffix(".history")

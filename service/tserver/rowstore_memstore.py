@@ -4,9 +4,12 @@ Theory of operation
 -------------------
 A `MemStore` holds the newest version of every row written since the last flush: a dict from
 encoded primary key (`keys.encode_key`) to the row as a tuple of values laid out as the
-memstore's `col_ids`, or None for a tombstone. Raft-applied writes go to the active memstore
-only (`apply_batch`); `RowStore.freeze` turns it into a `Frozen` one, immutable from then on, so
-a worker thread can write it to a data file while the next memstore takes writes.
+memstore's `col_ids`, or None for a tombstone, with the commit timestamp of that version in
+`times`; a version superseded while in this memstore moves to `history`, where the snapshots
+that may still need it read it (docs/design/tablets.md#R3). Raft-applied writes go to the
+active memstore only (`apply_batch`); `RowStore.freeze` turns it into a `Frozen` one,
+immutable from then on, so a worker thread can write it to a data file while the next memstore
+takes writes.
 
 Why this is its own module: everything here is about one batch of row operations meeting the
 newest versions of its keys. A row's outcome (INSERT of a live key refused, UPDATE of a missing
@@ -37,7 +40,7 @@ from service.common.errors import AlreadyExists, InvalidArgument, NotFound, Tess
 from service.common.keys import decode_key, encode_keys_arrow
 from service.common.schema import ColumnSchema, ColumnType, Schema
 from service.tserver.row_ops import RowOp, WriteBatch
-from service.tserver.rowstore_files import DEL_COL, KEY_COL, Source, conform, phys_name
+from service.tserver.rowstore_files import DEL_COL, KEY_COL, TS_COL, Source, conform, phys_name
 
 __all__ = ["Frozen", "MemSnapshot", "MemStore", "OlderVersions", "apply_batch", "py_values"]
 
@@ -46,6 +49,9 @@ ROW_OVERHEAD = 96
 """Dict entry, tuple header, key bytes object: a rough per-row estimate of memory use."""
 
 Row = tuple[object, ...]
+Versions = tuple[tuple[int, "Row | None"], ...]
+"""Superseded versions of one key: (commit timestamp, row or None for a tombstone), oldest
+first."""
 
 
 class MemStore:
@@ -55,12 +61,34 @@ class MemStore:
     keys the cached Arrow form); once frozen, nothing mutates it.
     """
 
-    __slots__ = ("_cache", "col_ids", "last_index", "nbytes", "rows", "types", "version")
+    __slots__ = (
+        "_cache",
+        "col_ids",
+        "history",
+        "last_index",
+        "last_ts",
+        "max_time",
+        "nbytes",
+        "rows",
+        "times",
+        "types",
+        "version",
+    )
 
     def __init__(self, schema: Schema, last_index: int) -> None:
         self.col_ids: tuple[int, ...] = tuple(c.id for c in schema.columns)
         self.types: tuple[pa.DataType, ...] = tuple(c.arrow_type() for c in schema.columns)
         self.rows: dict[bytes, Row | None] = {}
+        self.times: dict[bytes, int] = {}
+        """The commit timestamp of each key's version in `rows` (same keys)."""
+        self.history: dict[bytes, Versions] = {}
+        """Versions superseded in this memstore, by key, oldest first; never mutated in place
+        (replaced), so a snapshot's shallow copy of the dict stays what it was."""
+        self.max_time = 0
+        """The newest commit timestamp of a version here."""
+        self.last_ts = 0
+        """The newest commit timestamp of the entries up to `last_index` (writes and
+        timestamp entries: the store's safe time once this memstore is flushed)."""
         self.last_index = last_index
         self.nbytes = 0
         self.version = 0
@@ -79,7 +107,11 @@ class MemStore:
     def file_schema(self) -> pa.Schema:
         """The physical schema of the data file this memstore flushes to (its own layout)."""
         return pa.schema(
-            [pa.field(KEY_COL, pa.binary(), False), pa.field(DEL_COL, pa.bool_(), False)]
+            [
+                pa.field(KEY_COL, pa.binary(), False),
+                pa.field(DEL_COL, pa.bool_(), False),
+                pa.field(TS_COL, pa.uint64(), False),
+            ]
             + [pa.field(phys_name(cid), t) for cid, t in zip(self.col_ids, self.types, strict=True)]
         )
 
@@ -89,10 +121,16 @@ class MemStore:
         mem = MemStore(schema, self.last_index)
         pos = {cid: j for j, cid in enumerate(self.col_ids)}
         plan = [(pos.get(c.id), c.default) for c in schema.columns]
+
+        def relay(r: Row | None) -> Row | None:
+            return None if r is None else tuple(r[j] if j is not None else d for j, d in plan)
+
         for k, r in self.rows.items():
-            mem.rows[k] = (
-                None if r is None else tuple(r[j] if j is not None else d for j, d in plan)
-            )
+            mem.rows[k] = relay(r)
+        mem.times = dict(self.times)
+        mem.history = {k: tuple((t, relay(r)) for t, r in v) for k, v in self.history.items()}
+        mem.max_time = self.max_time
+        mem.last_ts = self.last_ts
         mem.nbytes = self.nbytes
         return mem
 
@@ -109,14 +147,22 @@ class MemSnapshot:
     version is not copied either.
     """
 
-    __slots__ = ("_mem", "_rows", "_version")
+    __slots__ = ("_history", "_mem", "_rows", "_times", "_version")
 
     def __init__(self, mem: MemStore, *, frozen: bool = False) -> None:
         self._mem = mem
         self._version = mem.version
         self._rows: dict[bytes, Row | None] | None = None
+        self._times: dict[bytes, int] | None = None
+        self._history: dict[bytes, Versions] | None = None
         if mem.cached_source(self._version) is None:
             self._rows = mem.rows if frozen else dict(mem.rows)
+            self._times = mem.times if frozen else dict(mem.times)
+            self._history = mem.history if frozen or not mem.history else dict(mem.history)
+
+    @property
+    def max_time(self) -> int:
+        return self._mem.max_time
 
     def source(self) -> Source:
         """The snapshot as a sorted Arrow source; safe in any thread. Cached on the memstore
@@ -125,28 +171,59 @@ class MemSnapshot:
         cached = mem.cached_source(version)
         if cached is not None:
             return cached
-        assert self._rows is not None
-        src = _to_source(self._rows, mem.col_ids, mem.types)
+        assert self._rows is not None and self._times is not None and self._history is not None
+        src = _to_source(self._rows, self._times, self._history, mem.col_ids, mem.types)
         if mem.version == version:  # else a newer form may be cached: keep that one
             mem._cache = (version, src)
         return src
 
 
-def _to_source(
-    rows: dict[bytes, Row | None], col_ids: tuple[int, ...], types: Sequence[pa.DataType]
-) -> Source:
-    """`rows` (a memstore's dict) as a sorted Arrow source laid out as `col_ids`."""
-    keys = sorted(rows)
-    values = [rows[k] for k in keys]
+def _columns(
+    keys: list[bytes],
+    deleted: list[bool],
+    times: list[int],
+    values: list[Row | None],
+    col_ids: tuple[int, ...],
+    types: Sequence[pa.DataType],
+) -> pa.Table:
     arrays: list[pa.Array] = [
         pa.array(keys, type=pa.binary()),
-        pa.array([r is None for r in values], type=pa.bool_()),
+        pa.array(deleted, type=pa.bool_()),
+        pa.array(times, type=pa.uint64()),
     ]
-    names = [KEY_COL, DEL_COL]
+    names = [KEY_COL, DEL_COL, TS_COL]
     for j, (cid, t) in enumerate(zip(col_ids, types, strict=True)):
         arrays.append(pa.array([None if r is None else r[j] for r in values], type=t))
         names.append(phys_name(cid))
-    return Source(pa.Table.from_arrays(arrays, names=names))
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+def _to_source(
+    rows: dict[bytes, Row | None],
+    times: dict[bytes, int],
+    history: dict[bytes, Versions],
+    col_ids: tuple[int, ...],
+    types: Sequence[pa.DataType],
+) -> Source:
+    """A memstore's dicts as a sorted Arrow source laid out as `col_ids`, with its history
+    (sorted by key, newest first) when it has any."""
+    keys = sorted(rows)
+    values = [rows[k] for k in keys]
+    base = _columns(
+        keys, [r is None for r in values], [times[k] for k in keys], values, col_ids, types
+    )
+    if not history:
+        return Source(base)
+    hk: list[bytes] = []
+    ht: list[int] = []
+    hv: list[Row | None] = []
+    for k in sorted(history):
+        for t, r in reversed(history[k]):
+            hk.append(k)
+            ht.append(t)
+            hv.append(r)
+    hist = _columns(hk, [r is None for r in hv], ht, hv, col_ids, types)
+    return Source(base, hist)
 
 
 class Frozen:
@@ -160,6 +237,8 @@ class Frozen:
         self.mem = mem
         self.file_name = file_name
         self.last_index = mem.last_index
+        self.last_ts = mem.last_ts
+        """The newest commit timestamp among the entries up to `last_index`."""
         self.live_rows = live_rows
         self.written: Source | None = None
         """Set by `write_frozen`: the file, opened."""
@@ -274,12 +353,14 @@ class OlderVersions:
 
 
 def apply_batch(
-    mem: MemStore, schema: Schema, batch: WriteBatch, older: OlderVersions
+    mem: MemStore, schema: Schema, batch: WriteBatch, older: OlderVersions, ts: int = 0
 ) -> tuple[int, list[tuple[int, TesseraError]], int]:
     """Apply `batch`'s rows in order to the active memstore `mem` (deterministic: same state
-    and batch, same outcome). Returns (rows applied, per-row errors, change of the live row
-    count). A refused row (INSERT of a live key: AlreadyExists; UPDATE or DELETE of a missing
-    one: NotFound) is reported and the others still apply."""
+    and batch, same outcome), as versions committed at `ts`. Returns (rows applied, per-row
+    errors, change of the live row count). A refused row (INSERT of a live key:
+    AlreadyExists; UPDATE or DELETE of a missing one: NotFound) is reported and the others
+    still apply. A version this write supersedes in `mem` moves to its history, unless it was
+    committed at `ts` too (two rows of one write for one key: only the last ever shows)."""
     n = batch.num_rows
     table = batch.table
     keys = encode_keys_arrow(schema.key_columns, table)
@@ -296,6 +377,8 @@ def apply_batch(
     template = [c.default for c in schema.columns]
 
     rows = mem.rows
+    times = mem.times
+    history = mem.history
     found = older.lookup([k for k in dict.fromkeys(keys) if k not in rows])
     if not complete:
         older.materialize_all(found)  # a partial UPDATE/UPSERT merges over these
@@ -338,17 +421,23 @@ def apply_batch(
             if not live:
                 errors.append((i, NotFound(f"{key_text(schema, k)} not found")))
                 continue
-            rows[k] = None
+            new = None
             live_delta -= 1
-            applied += 1
             nbytes += len(k) + ROW_OVERHEAD
-            continue
         else:
             errors.append((i, InvalidArgument(f"row {i}: unknown row operation {op}")))
             continue
+        if cur is not _MISSING:
+            was = times[k]
+            if was != ts:
+                history[k] = (*history.get(k, ()), (was, cur))  # type: ignore[arg-type]
+                nbytes += len(k) + ROW_OVERHEAD
         rows[k] = new
+        times[k] = ts
         applied += 1
     if applied:
+        if ts > mem.max_time:
+            mem.max_time = ts
         mem.version += 1
         per_row = table.nbytes // max(n, 1) + ROW_OVERHEAD
         mem.nbytes += nbytes + applied * per_row

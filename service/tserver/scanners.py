@@ -151,6 +151,8 @@ class Scanner:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     owner: str = ""
     """Who opened it (their identity); only they may continue or close it."""
+    snapshot_timestamp: int = 0
+    """READ_AT_SNAPSHOT: the hybrid timestamp it reads at (every page says so)."""
 
 
 class ScannerManager:
@@ -200,6 +202,7 @@ class ScannerManager:
         limit: int,
         batch_bytes: int,
         owner: str = "",
+        snapshot_timestamp: int = 0,
     ) -> ScanPage:
         """Open a scanner and build its first page. `owner` (the caller's identity) is the
         only caller that may continue or close it."""
@@ -213,6 +216,7 @@ class ScannerManager:
             schema_version,
             limit,
             owner=owner,
+            snapshot_timestamp=snapshot_timestamp,
         )
         self.opened += 1
         self.opened_by_tablet[tablet_id] += 1
@@ -347,6 +351,7 @@ def _build(s: Scanner, limit: int) -> _Built:
         last_primary_key=last_key,
         applied_index=s.applied_index,
         schema_version=s.schema_version,
+        snapshot_timestamp=s.snapshot_timestamp,
     ).SerializeToString()
     wire = b"".join((head, _BATCH_TAG, _varint(ipc.size), ipc))
     return _Built(ScanPage(wire, ipc.size, not done, rows), out, size)

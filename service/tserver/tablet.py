@@ -5,10 +5,16 @@ Theory of operation
 A replica is a `RaftNode` (group id = tablet id) whose state machine is the tablet's `RowStore`.
 Every change to rows or schema is a Raft entry; the first byte says which:
 
-  b"W" + WriteBatch.encode()   a batch of row operations, validated by the leader BEFORE it is
-                               proposed (bad input never reaches the log); per-row outcomes
-                               (duplicate key, missing key) are decided at apply, identically on
-                               every replica
+  b"V" + ts + WriteBatch.encode()
+                               a batch of row operations, validated by the leader BEFORE it is
+                               proposed (bad input never reaches the log), with its commit
+                               timestamp `ts` (8 bytes, big-endian hybrid time) assigned by the
+                               leader as it proposes; per-row outcomes (duplicate key, missing
+                               key) are decided at apply, identically on every replica, and
+                               every replica keeps the rows as versions committed at `ts`
+  b"S" + ts                    a timestamp entry: nothing commits at or before `ts` after it
+                               (a quiet tablet's safe time moves on, docs/design/tablets.md#R4)
+  b"W" + WriteBatch.encode()   a write from before timestamps: applied as committed at 0
   b"A" + AlterSchemaRequestPB  a new schema (and table name), applied in log order, so a write
                                proposed under the old schema is applied under the schema that
                                precedes it in the log
@@ -59,12 +65,14 @@ import enum
 import logging
 import shutil
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
+import numpy as np
 import pyarrow as pa
+from google.protobuf.message import DecodeError
 
 from service.common.errors import (
     Corruption,
@@ -72,15 +80,26 @@ from service.common.errors import (
     InvalidArgument,
     IOFatal,
     NotTheLeader,
+    OutsidePartition,
+    SnapshotTooOld,
     TabletNotRunning,
     TesseraError,
+    Timeout,
 )
+from service.common.hybrid_time import HybridClock, describe, from_micros, physical_us
+from service.common.partition import Partition, PartitionSchema
 from service.common.predicates import ScanSpec
 from service.common.schema import Schema
-from service.common.schema_codec import schema_from_pb, schema_to_pb
+from service.common.schema_codec import (
+    partition_from_pb,
+    partition_schema_from_pb,
+    schema_from_pb,
+    schema_to_pb,
+)
 from service.consensus.fs import RealFileSystem
 from service.consensus.node import LeaderChange, NodeSettings, RaftNode, Sender
 from service.consensus.raft_store import RaftStore
+from service.pb import common_pb2 as cpb
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.raft import ConfigChangeType, NodeId, RaftConfig, Role
@@ -92,24 +111,90 @@ from service.tserver.superblock import DataState, Superblock
 log = logging.getLogger(__name__)
 
 _WRITE = b"W"
+_WRITE_AT = b"V"
+_TIMESTAMP = b"S"
 _ALTER = b"A"
 _SNAP_INDEX = struct.Struct("<Q")
+_TS = struct.Struct(">Q")
 
 
 def write_entry(batch: WriteBatch) -> bytes:
-    """The Raft entry of a validated write (module docstring)."""
+    """The body of a validated write's Raft entry; `stamped` adds the kind and timestamp."""
     return _WRITE + batch.encode()
 
 
-def _validated_entry(schema: Schema, rows: bytes, default_op: int, ops: list[int]) -> bytes | None:
-    """The Raft entry of a client write checked under `schema` (InvalidArgument if it is bad,
-    or larger than a Write may be); None if it has no rows. Pure: it may run in a thread."""
+def stamped(entry: bytes, ts: int) -> bytes:
+    """`write_entry`'s bytes as the entry that commits them at `ts` (module docstring)."""
+    return _WRITE_AT + _TS.pack(ts) + entry[1:]
+
+
+def timestamp_entry(ts: int) -> bytes:
+    return _TIMESTAMP + _TS.pack(ts)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a tablet lies in its table: its partition, and the table's partition schema
+    bound to one schema version's column names (renames follow column ids)."""
+
+    schema_version: int
+    partition_schema: PartitionSchema
+    partition: Partition
+
+
+@dataclass(frozen=True)
+class ValidatedWrite:
+    """A client write checked under the schema and the tablet's partition (`validate_write`).
+
+    `entry` is the Raft entry of the rows that may be applied (None: no such row); `kept` maps
+    each of its rows to the request's row index (None: every row, in order); `refused` holds
+    the per-row errors decided before replication (rows outside the partition)."""
+
+    entry: bytes | None
+    kept: np.ndarray | None = None
+    refused: tuple[tuple[int, TesseraError], ...] = ()
+
+    def request_row(self, entry_row: int) -> int:
+        return entry_row if self.kept is None else int(self.kept[entry_row])
+
+
+def validate_write(
+    schema: Schema, placement: Placement | None, rows: bytes, default_op: int, ops: list[int]
+) -> ValidatedWrite:
+    """A client write checked under `schema` (InvalidArgument if it is bad, or larger than a
+    Write may be) and then row by row against the tablet's partition: a row whose key belongs
+    to another tablet is refused with `OutsidePartition` naming its key and this tablet's
+    partition, and the other rows go on (docs/design/tablets.md#R2). Applied here, such
+    a row would sit beside the same key in its own tablet: a table with duplicate primary
+    keys, and answers that depend on which tablet a query reads. Pure: runs in a thread."""
     check_write_size(len(rows))
     batch = decode_write(schema, rows, default_op, ops)
     check_write_size(len(rows), batch.num_rows)
-    if batch.table.num_rows == 0:
-        return None
-    return write_entry(batch)
+    if placement is None or batch.num_rows == 0:
+        return ValidatedWrite(write_entry(batch) if batch.num_rows else None)
+    outside = placement.partition_schema.rows_outside(schema, placement.partition, batch.table)
+    if not outside.any():
+        return ValidatedWrite(write_entry(batch))
+    bad = np.flatnonzero(outside)
+    where = placement.partition_schema.describe_partition(schema, placement.partition)
+    keys = batch.table.select(list(schema.key)).take(pa.array(bad)).to_pylist()
+    refused = tuple(
+        (
+            int(i),
+            OutsidePartition(
+                f"row {int(i)} key ({', '.join(f'{k}={v!r}' for k, v in key.items())}) "
+                f"belongs to another tablet: it is outside this tablet's partition ({where})"
+            ),
+        )
+        for i, key in zip(bad, keys, strict=True)
+    )
+    kept = np.flatnonzero(~outside)
+    if kept.size == 0:
+        return ValidatedWrite(None, kept, refused)
+    inside = WriteBatch(
+        batch.table.take(pa.array(kept)), batch.ops[kept], batch.schema_version, batch.column_ids
+    )
+    return ValidatedWrite(write_entry(inside), kept, refused)
 
 
 class ReplicaState(enum.Enum):
@@ -153,6 +238,21 @@ class TabletSettings:
     """Observes every WAL fdatasync of every replica (the server's fsync histogram)."""
     on_rows_written: Callable[[int], None] | None = field(default=None, compare=False)
     """Told the rows each Write applied on this replica as leader (the server's counter)."""
+    history_max_age_s: float = 900.0
+    """How long superseded versions are kept for snapshot reads (`tablet_history_max_age_ms`,
+    Kudu's 15 minutes): a compaction drops what only older snapshots could read, and a read
+    older than this is refused (docs/design/tablets.md#R5)."""
+    clock: HybridClock = field(default_factory=HybridClock, compare=False)
+    """The server's hybrid clock: shared by every replica of the server (one settings object
+    per server), moved by every committed timestamp it applies."""
+    ask_leader: AskLeader | None = field(default=None, compare=False)
+    """How a follower gets its tablet's leader to move the safe time past a snapshot time
+    (`TabletReplica.wait_safe`); None: a follower waits for writes to move it."""
+
+
+AskLeader = Callable[[str, str, int, float], Awaitable[None]]
+"""(leader uuid, tablet id, timestamp, timeout): ask the tablet's leader to move the tablet's
+safe time to at least the timestamp (AdvanceSafeTime)."""
 
 
 class TabletStateMachine:
@@ -179,6 +279,18 @@ class TabletStateMachine:
         store = r.store
         assert store is not None
         kind, body = data[:1], data[1:]
+        if kind == _WRITE_AT:
+            (ts,) = _TS.unpack_from(body)
+            r.observe(ts)
+            result = store.apply_write(index, WriteBatch.decode(body[8:], store.schema), ts)
+            r.after_apply()
+            return result
+        if kind == _TIMESTAMP:
+            (ts,) = _TS.unpack(body)
+            r.observe(ts)
+            store.note_timestamp(index, ts)
+            r.safe_time_moved()
+            return ts
         if kind == _WRITE:
             result = store.apply_write(index, WriteBatch.decode(body, store.schema))
             r.after_apply()
@@ -259,6 +371,11 @@ class TabletReplica:
         self._watch_task: asyncio.Task[None] | None = None
         self._last_apply = 0.0
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._placement: Placement | None = None
+        self._safe_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        """Snapshot reads waiting for the safe time to reach their timestamp (`wait_safe`)."""
+        self._bump: tuple[int, asyncio.Future[None]] | None = None
+        """The timestamp entry this leader is replicating, if any, and its outcome."""
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -431,20 +548,64 @@ class TabletReplica:
         # row_ops.py), mostly in Arrow calls that release the GIL (full validation, casts, the
         # IPC writer): a worker thread keeps them off the loop that every Raft group of this
         # server shares (service/common/loop_lag.py).
-        entry = await asyncio.to_thread(
-            _validated_entry, store.schema, req.rows, int(req.default_op), list(req.ops)
+        checked = await asyncio.to_thread(
+            validate_write,
+            store.schema,
+            self.placement(store.schema),
+            req.rows,
+            int(req.default_op),
+            list(req.ops),
         )
-        if entry is None:
-            return tpb.WriteResponsePB(applied_index=node.applied)
-        result = cast(AppliedWrite, await node.propose(entry, timeout=timeout))
-        if self.settings.on_rows_written is not None:
-            self.settings.on_rows_written(result.rows_applied)
-        resp = tpb.WriteResponsePB(applied_index=node.applied, rows_applied=result.rows_applied)
-        for row, err in result.errors:
+        errors: list[tuple[int, TesseraError]] = list(checked.refused)
+        rows_applied = 0
+        ts = 0
+        if checked.entry is not None:
+            # Timestamps follow log order (docs/design/tablets.md#R4): a new leader stamps only
+            # once what it inherited is applied (its clock has seen those stamps), and the
+            # stamp is taken and the entry queued with no await in between.
+            await node.wait_term_applied(timeout)
+            if req.propagated_timestamp:
+                self.settings.clock.update(req.propagated_timestamp)
+            ts = self.settings.clock.now()
+            entry = stamped(checked.entry, ts)
+            result = cast(AppliedWrite, await node.propose(entry, timeout=timeout))
+            rows_applied = result.rows_applied
+            errors.extend((checked.request_row(row), err) for row, err in result.errors)
+            if self.settings.on_rows_written is not None:
+                self.settings.on_rows_written(result.rows_applied)
+        resp = tpb.WriteResponsePB(
+            applied_index=node.applied,
+            rows_applied=rows_applied,
+            commit_timestamp=ts or self.settings.clock.now(),
+        )
+        for row, err in sorted(errors, key=lambda e: e[0]):
             resp.per_row_errors.add(
                 row_index=row, error=mpb.ErrorPB(code=err.code, message=str(err))
             )
         return resp
+
+    def placement(self, schema: Schema) -> Placement | None:
+        """This tablet's partition under `schema` (cached per schema version); None when the
+        partition covers every key, so no row can be outside it. A superblock whose partition
+        does not decode stops writes rather than let them through unchecked."""
+        cached = self._placement
+        if cached is not None and cached.schema_version == schema.version:
+            return cached
+        sb = self.superblock
+        try:
+            partition = partition_from_pb(cpb.PartitionPB.FromString(sb.partition_pb))
+            if not partition.partition_key_start and not partition.partition_key_end:
+                return None
+            ps = partition_schema_from_pb(
+                cpb.PartitionSchemaPB.FromString(sb.partition_schema_pb), schema
+            )
+        except (InvalidArgument, DecodeError) as e:
+            raise FailedPrecondition(
+                f"tablet {self.tablet_id}: its recorded partition does not decode ({e}); "
+                "writes are refused rather than applied unchecked"
+            ) from None
+        self._placement = Placement(schema.version, ps, partition)
+        return self._placement
 
     async def alter_schema(self, req: tpb.AlterSchemaRequestPB, timeout: float) -> int:
         node = self.running_node()
@@ -460,7 +621,33 @@ class TabletReplica:
         )
         return cast(int, await node.propose(_ALTER + entry.SerializeToString(), timeout=timeout))
 
+    def observe(self, ts: int) -> None:
+        """An applied entry's commit timestamp: the server's clock moves past it."""
+        if self.settings.clock.observe(ts):
+            log.warning(
+                "tablet %s: applied an entry stamped %s, further ahead of this server's wall "
+                "clock than max_clock_error_ms: check the clocks' synchronization",
+                self.tablet_id,
+                describe(ts),
+            )
+
+    def safe_time_moved(self) -> None:
+        """Wake the snapshot reads whose timestamp the safe time reached."""
+        store = self.store
+        if store is None or not self._safe_waiters:
+            return
+        safe = store.safe_time
+        waiting = []
+        for ts, fut in self._safe_waiters:
+            if ts <= safe:
+                if not fut.done():
+                    fut.set_result(None)
+            elif not fut.done():
+                waiting.append((ts, fut))
+        self._safe_waiters = waiting
+
     def after_apply(self) -> None:
+        self.safe_time_moved()
         store = self.store
         if store is None:
             return
@@ -511,7 +698,9 @@ class TabletReplica:
             if overlapping and not idle:
                 return
             while store is self.store:
-                c = store.prepare_compaction(overlapping=overlapping)
+                c = store.prepare_compaction(
+                    overlapping=overlapping, horizon=self._compaction_horizon(store)
+                )
                 if c is None:
                     break
                 await asyncio.to_thread(store.write_compaction, c)
@@ -560,6 +749,119 @@ class TabletReplica:
             await node.read(timeout=timeout)
         if min_index:
             await node.wait_applied(min_index, timeout=timeout)
+
+    # --- snapshots (docs/design/tablets.md#R4, #R5) ------------------------------------------
+
+    @property
+    def safe_time(self) -> int:
+        """Every entry stamped at or before this is applied here, and none that commits later
+        can be (the newest stamp applied: stamps follow log order)."""
+        return self.store.safe_time if self.store is not None else 0
+
+    def history_horizon(self) -> int:
+        """The oldest time a snapshot read may ask for: `history_max_age_s` ago, and never
+        before what a compaction here already dropped."""
+        store = self.store
+        floor = store.history_horizon if store is not None else 0
+        return max(floor, self._gc_horizon())
+
+    def _gc_horizon(self) -> int:
+        """The horizon a compaction starting now keeps versions for: `history_max_age_s` ago
+        on this server's hybrid clock (docs/design/tablets.md#R5)."""
+        age_us = int(self.settings.history_max_age_s * 1_000_000)
+        return from_micros(max(0, physical_us(self.settings.clock.now()) - age_us))
+
+    def _compaction_horizon(self, store: RowStore) -> int:
+        """The horizon to give a compaction: the current one once it has moved a quarter of
+        `history_max_age_s` (at least a minute) past the store's, else the store's own. A
+        file with history is rewritten to drop old versions at most that often, not on every
+        idle flush (docs/design/tablets.md#R5)."""
+        horizon = self._gc_horizon()
+        gap_us = max(60.0, self.settings.history_max_age_s / 4) * 1_000_000
+        if physical_us(horizon) - physical_us(store.history_horizon) >= gap_us:
+            return horizon
+        return store.history_horizon
+
+    def check_snapshot_time(self, ts: int) -> None:
+        """Refuse a snapshot time this replica cannot answer exactly: older than the history
+        horizon (SnapshotTooOld, naming it), or further in the future than the clock bound
+        (ClockError)."""
+        horizon = self.history_horizon()
+        if ts < horizon:
+            raise SnapshotTooOld(
+                f"tablet {self.tablet_id}: snapshot time {describe(ts)} is older than the "
+                f"history horizon {describe(horizon)} (tablet_history_max_age_ms "
+                f"{self.settings.history_max_age_s * 1000:.0f}): the versions it needs may be "
+                "gone"
+            )
+        self.settings.clock.check(ts)
+
+    async def wait_safe(self, ts: int, timeout: float) -> None:
+        """Wait until this replica's safe time reaches `ts`, then a read at `ts` is exact and
+        the same on every replica (docs/design/tablets.md#R4). Writes move the safe time; on a
+        quiet tablet the leader replicates a timestamp entry, asked by a follower if need be."""
+        node = self.running_node()
+        if self.safe_time >= ts:
+            return
+        deadline = asyncio.get_running_loop().time() + timeout
+        self.settings.clock.update(ts)  # what this server stamps next comes after `ts`
+        if node.status().role is Role.LEADER:
+            await self._advance_safe_time(ts, timeout)
+        else:
+            ask = self.settings.ask_leader
+            leader = node.status().lead
+            if ask is not None and leader:
+                with contextlib.suppress(TesseraError):
+                    # Best effort: the leader's entry reaches this replica like any other;
+                    # whatever failed, the wait below says how it ended.
+                    await ask(leader, self.tablet_id, ts, timeout)
+        remaining = deadline - asyncio.get_running_loop().time()
+        if self.safe_time >= ts:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._safe_waiters.append((ts, fut))
+        try:
+            async with asyncio.timeout(max(0.0, remaining)):
+                await fut
+        except TimeoutError:
+            raise Timeout(
+                f"tablet {self.tablet_id}: the safe time here ({describe(self.safe_time)}) did "
+                f"not reach the snapshot time {describe(ts)} within {timeout:.1f}s (a lagging "
+                "replica, or no leader): retry, or read another replica"
+            ) from None
+
+    async def advance_safe_time(self, ts: int, timeout: float) -> int:
+        """As leader, make the safe time reach `ts` (AdvanceSafeTime from a follower): returns
+        the index a follower must apply for it."""
+        node = self.running_node()
+        if node.status().role is not Role.LEADER:
+            raise node.not_leader_error()
+        self.check_snapshot_time(ts)
+        self.settings.clock.update(ts)
+        if self.safe_time < ts:
+            await self._advance_safe_time(ts, timeout)
+        return node.applied
+
+    async def _advance_safe_time(self, ts: int, timeout: float) -> None:
+        """Replicate a timestamp entry stamped after `ts`, unless a write or another such entry
+        already under way will do: one entry serves every read waiting meanwhile."""
+        node = self.running_node()
+        while self.safe_time < ts:
+            bump = self._bump
+            if bump is not None and not bump[1].done():
+                await asyncio.shield(bump[1])
+                continue
+            await node.wait_term_applied(timeout)
+            stamp = self.settings.clock.now()
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._bump = (stamp, fut)
+            try:
+                await node.propose(timestamp_entry(stamp), timeout=timeout)
+                fut.set_result(None)
+            except BaseException as e:
+                fut.set_exception(e if isinstance(e, Exception) else Timeout("cancelled"))
+                raise
 
     def scan(self, spec: ScanSpec) -> Iterator[pa.RecordBatch]:
         """Batches of `spec` over a snapshot taken now (`RowStore.scan`); nothing costly runs

@@ -38,12 +38,14 @@ from pathlib import Path
 
 import grpc
 
+from service.common import error_mapping
 from service.common.authz import Authorizer
 from service.common.cert_renewal import CertRenewer
 from service.common.config import TServerConfig
 from service.common.enrollment import request_certificate
 from service.common.errors import FailedPrecondition, InvalidArgument, StaleTerm, observe_rpcs
-from service.common.http_status import StatusServer, public_address
+from service.common.http_status import StatusServer, public_address, status_server
+from service.common.hybrid_time import HybridClock
 from service.common.loop_lag import LoopLagMonitor
 from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
 from service.common.private_files import private_dir
@@ -53,6 +55,7 @@ from service.common.tls import (
     Credentials,
     ServerCertificates,
     add_port,
+    open_channel,
     server_credentials_for,
 )
 from service.common.tokens import TokenVerifier
@@ -239,6 +242,9 @@ class TabletServer:
             flush_idle_s=config.flush_idle_ms / 1000,
             on_wal_sync=self.wal_sync.observe,
             on_rows_written=self.rows_written.inc,
+            history_max_age_s=config.tablet_history_max_age_ms / 1000,
+            clock=HybridClock(config.max_clock_error_ms * 1000),
+            ask_leader=self._ask_leader_safe_time,
         )
         self.tablets = TabletManager(data_dir, self.uuid, transport, settings)
         await self.tablets.open()
@@ -270,7 +276,14 @@ class TabletServer:
         )
         await self.copy_trigger.start()
         if config.http_bind:
-            http = StatusServer(config.http_bind, self.metrics, title="Tessera tablet server")
+            # Off loopback the pages need a client certificate (docs/design/security.md#R13).
+            http = status_server(
+                config.http_bind,
+                config.http_auth,
+                self.metrics,
+                title="Tessera tablet server",
+                credentials=self._current_credentials if creds is not None else None,
+            )
             install_tserver_pages(self, http)
             self.http = http
             await http.start()
@@ -305,13 +318,33 @@ class TabletServer:
             self.address,
             data_dir,
             ", ".join(config.master_addresses),
-            f"http://{self.http_address}/" if self.http_address else "off",
+            f"{self.http.scheme}://{self.http_address}/" if self.http else "off",
         )
 
     def _master_addresses(self) -> list[str]:
         return (
             self.heartbeater.masters() if self.heartbeater else list(self.config.master_addresses)
         )
+
+    async def _ask_leader_safe_time(
+        self, leader: str, tablet_id: str, ts: int, timeout: float
+    ) -> None:
+        """Ask `leader` (this tablet's leader, a peer) to move the tablet's safe time to `ts`
+        (AdvanceSafeTime, docs/design/tablets.md#R4): a follower's snapshot read of a quiet
+        tablet waits for the timestamp entry that follows. Rare (a write moves the safe time
+        too), so one short-lived channel per call."""
+        address = self.transport.address_of(leader) if self.transport is not None else None
+        if not address:
+            return
+        async with open_channel(address, self.credentials, role="tserver") as ch:
+            await error_mapping.mapped(
+                tpb_grpc.TabletServerServiceStub(ch).AdvanceSafeTime(
+                    tpb.AdvanceSafeTimeRequestPB(
+                        dest_uuid=leader, tablet_id=tablet_id, timestamp=ts
+                    ),
+                    timeout=timeout,
+                )
+            )
 
     async def _obtain_certificate(self, creds: Credentials) -> Credentials:
         """A renewal (service/common/cert_renewal.py): the leader master signs a certificate

@@ -10,6 +10,7 @@ place (`rpc_errors`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import TYPE_CHECKING
 
@@ -27,9 +28,10 @@ from service.common.errors import (
 )
 from service.common.keys import decode_key
 from service.common.pki import Identity
-from service.common.predicates import ScanSpec, predicates_from_pb
+from service.common.predicates import IS_DELETED, ScanSpec, predicates_from_pb
 from service.common.tls import INSECURE_PEER
 from service.common.tokens import Privilege
+from service.consensus.node import RaftNode
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
@@ -48,43 +50,50 @@ _Fenced = (
     | tpb.DeleteTabletRequestPB
     | tpb.AlterSchemaRequestPB
     | tpb.ChangeConfigRequestPB
+    | tpb.LeaderStepDownRequestPB
 )
 
 
 _ADMINS_AND_MASTERS = allow("master", "admin")
 
+# Least privilege (docs/design/security.md#R12): each identity may call what its role needs and
+# no more. A master changes replicas (fenced, and only while this server heartbeats to it) and
+# reads their state; a tablet server takes part in the Raft groups and copies of the tablets
+# whose config names it; rows are for users (with an authz token) and admins.
 ADMIN_POLICY: dict[str, Rule] = {
     # Changes to replicas: the master (fenced by its term), or an admin's repair tool.
     **dict.fromkeys(
-        [
-            "CreateTablet",
-            "DeleteTablet",
-            "AlterSchema",
-            "ChangeConfig",
-            "LeaderStepDown",
-            "CancelTabletCopy",
-        ],
+        ["CreateTablet", "DeleteTablet", "AlterSchema", "ChangeConfig", "LeaderStepDown"],
         _ADMINS_AND_MASTERS,
     ),
-    # A tablet's leader also asks a lagging follower to copy from it (tablet_copy.CopyTrigger).
-    "StartTabletCopy": allow("master", "admin", "tserver"),
-    # Reading replica state: masters, admins (ksck) and other tablet servers.
-    **dict.fromkeys(
-        ["GetConsensusState", "ListTablets", "ListTabletCopies"],
-        allow("master", "admin", "tserver"),
-    ),
+    # A tablet's leader asks a lagging follower to copy from it (tablet_copy.CopyTrigger); an
+    # admin's repair tool may too. Masters never do (they add a peer; its leader copies).
+    "StartTabletCopy": allow("admin", "tserver"),
+    "CancelTabletCopy": allow("admin"),
+    # Reading replica state: masters (confirming a report's claims) and admins (ksck). A
+    # tablet server may read only the tablets whose config names it (`GetConsensusState`).
+    "GetConsensusState": allow("master", "admin", "tserver"),
+    **dict.fromkeys(["ListTablets", "ListTabletCopies"], _ADMINS_AND_MASTERS),
 }
 COPY_POLICY: dict[str, Rule] = dict.fromkeys(
     ["BeginTabletCopySession", "FetchData", "EndTabletCopySession"], TSERVERS
 )
 """A tablet copy's data goes only to another tablet server, and a session begins only for a
-member of the tablet's Raft config (`CopyServicer.BeginTabletCopySession`)."""
-DATA_POLICY: dict[str, Rule] = dict.fromkeys(
-    ["Write", "Scan", "ScanNext", "ScanClose", "Checksum", "SplitKeyRange", "Ping"], ANYONE
-)
-"""Rows: any authenticated party, and then a user (not an admin or a server) needs an authz
-token for the tablet's table naming the privilege the call needs (`DataServicer._authorize`);
-a scanner continues only for whoever opened it."""
+member of the tablet's Raft config, as itself, and continues only for the server that began it
+(`CopyServicer`)."""
+DATA_POLICY: dict[str, Rule] = {
+    **dict.fromkeys(
+        ["Write", "Scan", "ScanNext", "ScanClose", "Checksum", "SplitKeyRange"],
+        allow("admin", "user", "tserver"),
+    ),
+    # A follower with a snapshot read to serve asks its tablet's leader (a member only:
+    # `DataServicer.AdvanceSafeTime`); an admin's tool may too.
+    "AdvanceSafeTime": allow("tserver", "admin"),
+    "Ping": ANYONE,
+}
+"""Rows: admins, and users or tablet servers with an authz token for the tablet's table naming
+the caller and the privilege the call needs (`DataServicer._authorize`); a scanner continues
+only for whoever opened it. A master reads and writes no rows: its certificate is not enough."""
 
 
 _READ_MODES = frozenset(tpb.ReadModePB.values())
@@ -98,7 +107,18 @@ def check_scan_fields(ns: tpb.NewScanRequestPB, replica: TabletReplica) -> None:
     waits for such an index as before."""
     if ns.read_mode not in _READ_MODES:
         raise InvalidArgument(
-            f"read_mode: unknown read mode {ns.read_mode} (READ_LATEST = 0, READ_AT_LEADER = 1)"
+            f"read_mode: unknown read mode {ns.read_mode} (READ_LATEST = 0, READ_AT_LEADER = 1, "
+            "READ_AT_SNAPSHOT = 2)"
+        )
+    snapshot = ns.read_mode == tpb.READ_AT_SNAPSHOT
+    if not snapshot and (ns.snapshot_timestamp or ns.diff_start_timestamp):
+        raise InvalidArgument(
+            "snapshot_timestamp and diff_start_timestamp: only with read_mode READ_AT_SNAPSHOT"
+        )
+    if ns.diff_start_timestamp and ns.diff_start_timestamp >= (ns.snapshot_timestamp or 2**64):
+        raise InvalidArgument(
+            f"diff_start_timestamp {ns.diff_start_timestamp} is not before "
+            f"snapshot_timestamp {ns.snapshot_timestamp}: a diff covers (start, snapshot]"
         )
     store = replica.store
     if store is not None:
@@ -124,6 +144,13 @@ def check_scan_fields(ns: tpb.NewScanRequestPB, replica: TabletReplica) -> None:
                 f"min_applied_index: {ns.min_applied_index} is beyond the log of this tablet's "
                 f"leader (last index {st.last_index}): no write was acknowledged there"
             )
+
+
+def require_member(who: Identity, node: RaftNode | None, tablet_id: str, only: str) -> None:
+    """PermissionDenied unless `who` is a member (committed or pending config) of the tablet's
+    Raft group here (docs/design/security.md#R12); `only` says who may, for the message."""
+    if node is None or who.name not in node.config_members():
+        raise PermissionDenied(f"{who} is not a member of tablet {tablet_id}'s Raft config: {only}")
 
 
 class _Base:
@@ -175,6 +202,21 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
                 )
         self.server.check_fence(fence)
 
+    def _check_master(self, context: Ctx) -> None:
+        """A master's unfenced admin call (reads of replica state) must come from one of the
+        masters this server heartbeats to: a master certificate alone is not a cluster's
+        master (docs/design/security.md#R12)."""
+        who = self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
+        if (
+            who is not INSECURE_PEER
+            and who.role == "master"
+            and not self.server.is_cluster_master(who.name)
+        ):
+            raise PermissionDenied(
+                f"{who}: not one of the masters this tablet server heartbeats to; a "
+                "master certificate alone does not make a cluster's master"
+            )
+
     def _note_fence(self, request: _Fenced) -> None:
         """The request succeeded: its fence's term may now count as seen (note_fence)."""
         self.server.note_fence(request.fence if request.HasField("fence") else None)
@@ -195,6 +237,17 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
     ) -> tpb.DeleteTabletResponsePB:
         self._dest(request.dest_uuid)
         self._check_fence(request, context)
+        who = self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
+        if (
+            who is not INSECURE_PEER
+            and who.role == "master"
+            and request.delete_type == tpb.TABLET_DATA_TOMBSTONED
+            and not request.HasField("cas_config_opid_index")
+        ):
+            raise InvalidArgument(
+                "cas_config_opid_index: a master's tombstone names the op index of the "
+                "committed config it was decided from (docs/design/tablet_copy.md#R8)"
+            )
         await self.server.tablets.delete_tablet(request)
         self._note_fence(request)
         return tpb.DeleteTabletResponsePB()
@@ -225,8 +278,10 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         self, request: tpb.LeaderStepDownRequestPB, context: Ctx
     ) -> tpb.LeaderStepDownResponsePB:
         self._dest(request.dest_uuid)
+        self._check_fence(request, context)
         replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
         await replica.step_down(request.new_leader_uuid, self._timeout(context))
+        self._note_fence(request)
         return tpb.LeaderStepDownResponsePB()
 
     @rpc_errors
@@ -234,11 +289,26 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         self, request: tpb.GetConsensusStateRequestPB, context: Ctx
     ) -> tpb.GetConsensusStateResponsePB:
         self._dest(request.dest_uuid)
+        self._check_master(context)
+        who = self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
+        peer = who is not INSECURE_PEER and who.role == "tserver"
+        if peer and not request.tablet_ids:
+            raise PermissionDenied(
+                f"{who}: a tablet server asks about the tablets it is a peer of, by id; the "
+                "state of every replica here is for masters and admins"
+            )
         tablets = self.server.tablets
         ids = list(request.tablet_ids) or sorted(tablets.replicas)
         resp = tpb.GetConsensusStateResponsePB()
         for tid in ids:
             r = tablets.get(check_tablet_id(tid))
+            if peer:
+                require_member(
+                    who,
+                    r.node,
+                    tid,
+                    "only its peers, the masters and admins read its consensus state",
+                )
             resp.tablets.add(tablet_id=tid, consensus_state=r.consensus_state(), role=r.role_pb())
         return resp
 
@@ -247,6 +317,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         self, request: tpb.ListTabletsRequestPB, context: Ctx
     ) -> tpb.ListTabletsResponsePB:
         self._dest(request.dest_uuid)
+        self._check_master(context)
         tablets = self.server.tablets
         return tpb.ListTabletsResponsePB(
             replicas=[tablets.replica_status(r) for _, r in sorted(tablets.replicas.items())]
@@ -264,12 +335,18 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
             # member of its config must ask (nobody else may have it overwritten). A new peer
             # hosts nothing yet and knows no config; what it copies is known to no config and
             # the source must still admit it (BeginTabletCopySession: members only).
+            if request.copy_peer_uuid != who.name:
+                raise PermissionDenied(
+                    f"{who} may start a copy only from itself, not from {request.copy_peer_uuid!r}"
+                )
             replica = self.server.tablets.replicas.get(tablet_id)
             node = replica.node if replica is not None else None
-            if node is not None and who.name not in node.config_members():
-                raise PermissionDenied(
-                    f"{who} is not a member of tablet {tablet_id}'s Raft config here: only the "
-                    "master, an admin or the tablet's own leader starts a copy of it"
+            if node is not None:
+                require_member(
+                    who,
+                    node,
+                    tablet_id,
+                    "only the master, an admin or the tablet's own leader starts a copy of it",
                 )
         self.server.copies.start(request)
         return tpb.StartTabletCopyResponsePB()
@@ -279,6 +356,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         self, request: tpb.ListTabletCopiesRequestPB, context: Ctx
     ) -> tpb.ListTabletCopiesResponsePB:
         self._dest(request.dest_uuid)
+        self._check_master(context)
         copies = self.server.copies.copies
         return tpb.ListTabletCopiesResponsePB(copies=[c.to_pb() for _, c in sorted(copies.items())])
 
@@ -294,21 +372,34 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
 class CopyServicer(_Base, tpb_grpc.TabletCopyServiceServicer):
     """The source side of tablet copy (tablet_copy.CopySource)."""
 
+    def _caller(self, context: Ctx) -> Identity:
+        return self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
+
+    def _owner(self, context: Ctx) -> str | None:
+        """Whose sessions the caller may read or end: its own (None in insecure mode)."""
+        who = self._caller(context)
+        return None if who is INSECURE_PEER else who.name
+
     @rpc_errors
     async def BeginTabletCopySession(
         self, request: tpb.BeginTabletCopySessionRequestPB, context: Ctx
     ) -> tpb.BeginTabletCopySessionResponsePB:
         self._dest(request.dest_uuid)
-        who = self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
+        who = self._caller(context)
         if who is not INSECURE_PEER:
+            if request.requestor_uuid != who.name:
+                raise PermissionDenied(
+                    f"{who} begins a copy session as itself, not as {request.requestor_uuid!r}"
+                )
             # Only a peer the tablet's config names copies it: the master (or the repair tool)
             # adds the new replica as a non-voter first, then it is told to copy.
             members = self.server.tablets.get(check_tablet_id(request.tablet_id))
-            if who.name not in members.running_node().config_members():
-                raise PermissionDenied(
-                    f"{who} is not a member of tablet {request.tablet_id}'s Raft config: only "
-                    "a replica the config names copies it"
-                )
+            require_member(
+                who,
+                members.running_node(),
+                request.tablet_id,
+                "only a replica the config names copies it",
+            )
         return await self.server.copy_source.begin(request)
 
     @rpc_errors
@@ -316,14 +407,14 @@ class CopyServicer(_Base, tpb_grpc.TabletCopyServiceServicer):
         self, request: tpb.FetchDataRequestPB, context: Ctx
     ) -> tpb.FetchDataResponsePB:
         self._dest(request.dest_uuid)
-        return await self.server.copy_source.fetch(request)
+        return await self.server.copy_source.fetch(request, self._owner(context))
 
     @rpc_errors
     async def EndTabletCopySession(
         self, request: tpb.EndTabletCopySessionRequestPB, context: Ctx
     ) -> tpb.EndTabletCopySessionResponsePB:
         self._dest(request.dest_uuid)
-        self.server.copy_source.end(request)
+        self.server.copy_source.end(request, self._owner(context))
         return tpb.EndTabletCopySessionResponsePB()
 
 
@@ -334,11 +425,13 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
     def _authorize(
         self, context: Ctx, replica: TabletReplica, token: bytes, needed: Privilege
     ) -> None:
-        """A user's call needs an authz token (service/common/tokens.py) that verifies with a
-        signing key the leader master sent, names this user, this tablet's table and `needed`.
-        Admins and servers pass on their role (DATA_POLICY); insecure mode passes everyone."""
+        """A user's or a tablet server's call needs an authz token (service/common/tokens.py)
+        that verifies with a signing key the leader master sent, names the caller, this
+        tablet's table and `needed` (docs/design/security.md#R12: a server's certificate is no
+        key to every table). Admins pass on their role (DATA_POLICY); insecure mode passes
+        everyone."""
         who = self._caller(context)
-        if who is INSECURE_PEER or who.role != "user":
+        if who is INSECURE_PEER or who.role == "admin":
             return
         claim = self.server.tokens.authz(token, int(time.time() * 1_000_000))
         if claim.user != who.name:
@@ -374,9 +467,13 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         replica = self.server.tablets.get(check_tablet_id(ns.tablet_id))
         self._authorize(context, replica, request.authz_token, Privilege.READ)
         check_scan_fields(ns, replica)
+        timeout = self._timeout(context)
         await replica.wait_readable(
-            ns.read_mode == tpb.READ_AT_LEADER, ns.min_applied_index, self._timeout(context)
+            ns.read_mode == tpb.READ_AT_LEADER, ns.min_applied_index, timeout
         )
+        read_at: int | None = None
+        if ns.read_mode == tpb.READ_AT_SNAPSHOT:
+            read_at = await self._snapshot_time(replica, ns, timeout)
         store = replica.store
         node = replica.running_node()
         assert store is not None
@@ -400,9 +497,14 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
             upper_key=ns.exclusive_upper_bound_primary_key,
             start_after_key=ns.start_after_primary_key or None,
             limit=ns.limit,
+            read_at=read_at,
+            diff_start=ns.diff_start_timestamp or None,
         )
         full = schema.to_arrow()
-        projected = pa.schema([full.field(n) for n in names])
+        fields = [full.field(n) for n in names]
+        if spec.diff_start is not None:
+            fields.append(pa.field(IS_DELETED, pa.bool_(), False))
+        projected = pa.schema(fields)
         applied = node.applied
         it = replica.scan(spec)
         return await self.server.scanners.open(
@@ -415,7 +517,52 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
             ns.limit,
             request.batch_size_bytes,
             owner=str(self._caller(context)),
+            snapshot_timestamp=read_at or 0,
         )
+
+    async def _snapshot_time(
+        self, replica: TabletReplica, ns: tpb.NewScanRequestPB, timeout: float
+    ) -> int:
+        """The timestamp a READ_AT_SNAPSHOT scan reads at, once this replica can read it
+        exactly (docs/design/tablets.md#R4): the one asked for, or this replica's safe time
+        (not older than what the client saw, nor than the history horizon)."""
+        clock = replica.settings.clock
+        if ns.propagated_timestamp:
+            clock.update(ns.propagated_timestamp)
+        ts = ns.snapshot_timestamp
+        if not ts:
+            ts = max(replica.safe_time, ns.propagated_timestamp)
+            if ts < replica.history_horizon():
+                ts = clock.now()  # quiet for longer than history is kept: read now
+        replica.check_snapshot_time(ts)
+        if ns.diff_start_timestamp:
+            if ns.diff_start_timestamp >= ts:
+                raise InvalidArgument(
+                    f"diff_start_timestamp {ns.diff_start_timestamp} is not before the snapshot "
+                    f"time {ts}"
+                )
+            replica.check_snapshot_time(ns.diff_start_timestamp)
+        await replica.wait_safe(ts, timeout)
+        return ts
+
+    @rpc_errors
+    async def AdvanceSafeTime(
+        self, request: tpb.AdvanceSafeTimeRequestPB, context: Ctx
+    ) -> tpb.AdvanceSafeTimeResponsePB:
+        self._dest(request.dest_uuid)
+        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        who = self._caller(context)
+        if who is not INSECURE_PEER and who.role == "tserver":
+            require_member(
+                who,
+                replica.running_node(),
+                request.tablet_id,
+                "only its followers ask its leader to move the safe time",
+            )
+        if not request.timestamp:
+            raise InvalidArgument("timestamp: required")
+        index = await replica.advance_safe_time(request.timestamp, self._timeout(context))
+        return tpb.AdvanceSafeTimeResponsePB(index=index)
 
     @rpc_errors
     async def ScanNext(  # type: ignore[override]
@@ -452,9 +599,25 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         applied = node.applied
         # The snapshot is taken here, between two applies, at `applied`; hashing the whole
         # tablet costs time linear in its size, so it runs in a worker thread while the loop
-        # goes on applying (service/common/loop_lag.py).
-        count, digest = await asyncio.to_thread(store.snapshot().checksum)
-        return tpb.ChecksumResponsePB(row_count=count, digest=digest, applied_index=applied)
+        # goes on applying (service/common/loop_lag.py). The same pass counts the rows outside
+        # the tablet's partition when asked, as ksck --checksum does (docs/design/tablets.md#R2).
+        snap = store.snapshot()
+        placement = replica.placement(snap.schema) if request.check_partition else None
+        outside = (
+            None
+            if placement is None
+            else functools.partial(
+                placement.partition_schema.rows_outside, snap.schema, placement.partition
+            )
+        )
+        result = await asyncio.to_thread(snap.checksum, outside)
+        return tpb.ChecksumResponsePB(
+            row_count=result.rows,
+            digest=result.digest,
+            applied_index=applied,
+            out_of_partition_rows=result.outside_rows,
+            out_of_partition_sample_keys=result.outside_sample_keys,
+        )
 
     @rpc_errors
     async def SplitKeyRange(

@@ -17,6 +17,7 @@ from service.testing.chaos_checks import (
     Op,
     catalog_ops,
     check_rows,
+    check_snapshots,
     register_ops,
     views_diverge,
 )
@@ -99,6 +100,31 @@ def test_rows_checker_finds_lost_duplicate_phantom_and_stale_rows() -> None:
     _op(h2, "final_scan", "ok", 4.0, 5.0, output=[5])
     assert check_rows(h2.ops).stale == [(1, 5)]
     assert not check_rows(History().ops).ok  # no final scan: no verdict
+
+
+def test_snapshot_checker_accepts_exact_snapshots_and_names_every_kind_of_wrong_one() -> None:
+    h = History()
+    _op(h, "write", "ok", 0.0, 1.0, value=(1, [1, 2]), output=100)
+    _op(h, "write", "ok", 1.0, 2.0, value=(2, [2, 3]), output=200)
+    _op(h, "write", "info", 1.0, None, value=(3, [1]))  # may have committed at any time
+    _op(h, "snapshot", "ok", 3.0, 4.0, value=150, output={1: 1, 2: 1})
+    _op(h, "snapshot", "ok", 3.0, 4.0, value=150, output={1: 1, 2: 1})  # another replica
+    _op(h, "snapshot", "ok", 3.0, 4.0, value=250, output={1: 3, 2: 2, 3: 2})
+    _op(h, "final_snapshot", "ok", 5.0, 6.0, value=300, output={1: 1, 2: 2, 3: 2})
+    v = check_snapshots(h.ops)
+    assert (v.reads, v.violations, v.lost) == (4, [], [])
+
+    bad = History()
+    bad.ops = list(h.ops)
+    _op(bad, "snapshot", "ok", 3.0, 4.0, value=150, output={1: 1, 2: 2})  # 2 committed at 200
+    _op(bad, "snapshot", "ok", 3.0, 4.0, value=250, output={1: 1, 2: 1, 3: 2})  # stale key 2
+    _op(bad, "snapshot", "ok", 3.0, 4.0, value=250, output={1: 1, 2: 2, 3: 99})  # never written
+    _op(bad, "final_snapshot", "ok", 5.0, 6.0, value=300, output={1: 1, 2: 2})  # 3 lost
+    v = check_snapshots(bad.ops)
+    text = " | ".join(v.violations)
+    assert "two reads at 150 differ" in text and "committed after the snapshot" in text
+    assert "newest write at or before it is 2" in text and "never written" in text
+    assert v.lost == ["key 3: write 2 acknowledged, missing from the final read"]
 
 
 def test_ddl_model_allows_both_outcomes_of_indeterminate_operations() -> None:

@@ -108,7 +108,7 @@ async def _apply_raises_half_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     real = rowstore.apply_batch
 
     def half_then_raise(
-        mem: MemStore, schema: Schema, batch: WriteBatch, older: OlderVersions
+        mem: MemStore, schema: Schema, batch: WriteBatch, older: OlderVersions, ts: int = 0
     ) -> object:
         half = batch.num_rows // 2
         real(
@@ -118,6 +118,7 @@ async def _apply_raises_half_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                 batch.table.slice(0, half), batch.ops[:half], batch.schema_version, batch.column_ids
             ),
             older,
+            ts,
         )
         raise RuntimeError("a bug after half the rows went in")
 

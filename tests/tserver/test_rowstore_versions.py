@@ -1,0 +1,218 @@
+"""Versioned rows (docs/design/tablets.md#R3, #R5): a read at timestamp T sees exactly the
+versions committed at or before T, across memstores, flushes, restarts and compactions, and a
+compaction keeps what snapshots at or after its horizon can read.
+
+The last test is a model check: random writes of every kind at increasing timestamps, with
+random flushes, compactions (with and without a horizon) and reopens, then reads at every
+timestamp of interest compared with a plain dict model of each key's history.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from service.common.predicates import ScanSpec
+from service.common.schema import ColumnType, Schema
+from service.tserver.row_ops import RowOp, WriteBatch, decode_write
+from service.tserver.rowstore import RowStore
+
+SCHEMA = Schema.build([("id", ColumnType.INT64), ("v", ColumnType.STRING)], "id")
+
+
+def _batch(rows: list[dict[str, Any]], op: RowOp) -> WriteBatch:
+    names = list(rows[0])
+    arrow = SCHEMA.to_arrow()
+    t = pa.Table.from_pylist(rows, schema=pa.schema([arrow.field(n) for n in names]))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    batch = decode_write(SCHEMA, sink.getvalue().to_pybytes(), int(op), [])
+    return WriteBatch.decode(batch.encode(), SCHEMA)
+
+
+class Tablet:
+    """A row store written the way a tablet writes it: increasing indexes and timestamps."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.store = RowStore.create(path, SCHEMA)
+
+    def write(self, ts: int, rows: list[dict[str, Any]], op: RowOp = RowOp.UPSERT) -> None:
+        self.store.apply_write(self.store.applied_index + 1, _batch(rows, op), ts)
+
+    def at(self, ts: int | None) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for b in self.store.scan(ScanSpec(read_at=ts)):
+            for row in b.to_pylist():
+                out[row["id"]] = row["v"]
+        return out
+
+    def reopen(self) -> None:
+        self.store.flush()
+        self.store.close()
+        self.store = RowStore.open(self.path)
+
+
+def _history_of_one_key(t: Tablet) -> None:
+    t.write(10, [{"id": 1, "v": "a"}], RowOp.INSERT)
+    t.write(20, [{"id": 1, "v": "b"}], RowOp.UPDATE)
+    t.write(30, [{"id": 1}], RowOp.DELETE)
+    t.write(40, [{"id": 1, "v": "d"}], RowOp.INSERT)
+
+
+EXPECTED = {5: {}, 10: {1: "a"}, 19: {1: "a"}, 20: {1: "b"}, 29: {1: "b"}, 30: {}, 39: {}}
+EXPECTED |= {40: {1: "d"}, 99: {1: "d"}, None: {1: "d"}}
+
+
+def test_a_read_at_t_sees_the_version_committed_at_or_before_t(tmp_path: Path) -> None:
+    t = Tablet(tmp_path / "t")
+    _history_of_one_key(t)
+    for ts, want in EXPECTED.items():
+        assert t.at(ts) == want, ts
+    assert t.store.safe_time == 40
+
+
+@pytest.mark.parametrize("where", ["flushed", "reopened", "compacted", "split"])
+def test_versions_survive_flush_restart_and_compaction(tmp_path: Path, where: str) -> None:
+    t = Tablet(tmp_path / "t")
+    if where == "split":  # each version in its own file, merged by compaction
+        for ts, rows, op in [
+            (10, [{"id": 1, "v": "a"}], RowOp.INSERT),
+            (20, [{"id": 1, "v": "b"}], RowOp.UPDATE),
+            (30, [{"id": 1}], RowOp.DELETE),
+            (40, [{"id": 1, "v": "d"}], RowOp.INSERT),
+        ]:
+            t.write(ts, rows, op)
+            t.store.flush()
+        assert len(t.store.data_files()) >= 5
+        for ts, want in EXPECTED.items():
+            assert t.at(ts) == want, ts
+        t.store.compact()
+    else:
+        _history_of_one_key(t)
+        t.store.flush()
+        if where in ("reopened", "compacted"):
+            t.reopen()
+        if where == "compacted":
+            t.write(50, [{"id": 2, "v": "x"}], RowOp.INSERT)
+            t.store.flush()
+            t.store.compact()
+            t.reopen()
+    for ts, want in EXPECTED.items():
+        got = t.at(ts)
+        got.pop(2, None)
+        assert got == want, (where, ts)
+    assert t.store.safe_time >= 40
+
+
+def test_a_compaction_keeps_what_snapshots_after_its_horizon_read(tmp_path: Path) -> None:
+    t = Tablet(tmp_path / "t")
+    _history_of_one_key(t)
+    t.write(12, [{"id": 7, "v": "gone"}], RowOp.INSERT)  # deleted before the horizon
+    t.write(13, [{"id": 7}], RowOp.DELETE)
+    t.store.flush()
+    t.store.compact(horizon=25)
+    assert t.store.history_horizon == 25
+    for ts, want in EXPECTED.items():
+        if ts is not None and ts < 25:
+            continue
+        assert t.at(ts) == want, ts
+    # Of the versions at or before 25 only the newest ("b" at 20) is kept; key 7 is gone.
+    hist = [src for src in t.store.snapshot().files if src.history is not None]
+    kept = sum(src.history_rows + src.num_rows for src in t.store.snapshot().files)
+    assert kept == 3 and hist  # d (base), the tombstone at 30, b at 20
+    t.reopen()
+    assert t.store.history_horizon == 25 and t.at(26) == {1: "b"}
+
+
+def test_an_old_file_without_timestamps_reads_as_committed_at_zero(tmp_path: Path) -> None:
+    t = Tablet(tmp_path / "t")
+    t.write(0, [{"id": 1, "v": "old"}], RowOp.INSERT)  # what an entry without a stamp applies
+    t.store.flush()
+    t.write(10, [{"id": 1, "v": "new"}], RowOp.UPDATE)
+    assert t.at(0) == {1: "old"} and t.at(5) == {1: "old"} and t.at(10) == {1: "new"}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_histories_match_a_model(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    t = Tablet(tmp_path / "t")
+    model: dict[int, list[tuple[int, str | None]]] = {}  # key -> [(ts, value or None)]
+    ts = 0
+    horizon = 0
+    stamps = [0]
+    for step in range(120):
+        ts += rng.choice([1, 1, 2, 5])
+        keys = rng.sample(range(40), rng.randint(1, 6))
+        op = rng.choice([RowOp.UPSERT, RowOp.UPSERT, RowOp.INSERT, RowOp.UPDATE, RowOp.DELETE])
+        live = {k for k in keys if model.get(k) and model[k][-1][1] is not None}
+        if op is RowOp.INSERT:
+            keys = [k for k in keys if k not in live]
+        elif op in (RowOp.UPDATE, RowOp.DELETE):
+            keys = [k for k in keys if k in live]
+        if not keys:
+            continue
+        if op is RowOp.DELETE:
+            t.write(ts, [{"id": k} for k in keys], op)
+        else:
+            t.write(ts, [{"id": k, "v": f"{k}@{ts}"} for k in keys], op)
+        for k in keys:
+            model.setdefault(k, []).append((ts, None if op is RowOp.DELETE else f"{k}@{ts}"))
+        stamps.append(ts)
+        roll = rng.random()
+        if roll < 0.15:
+            t.store.flush()
+        elif roll < 0.22:
+            t.store.flush()
+            if rng.random() < 0.5:
+                horizon = max(horizon, rng.choice(stamps))
+            t.store.compact(horizon=horizon)
+        elif roll < 0.25:
+            t.reopen()
+        if step % 20 == 19 or step == 119:
+            assert t.store.history_horizon == horizon
+            for at in sorted({*rng.sample(stamps, min(8, len(stamps))), ts, ts + 1}):
+                if at < horizon:
+                    continue
+                want = {}
+                for k, versions in model.items():
+                    seen = [v for when, v in versions if when <= at]
+                    if seen and seen[-1] is not None:
+                        want[k] = seen[-1]
+                assert t.at(at) == want, (seed, step, at, horizon)
+            latest = {k: v[-1][1] for k, v in model.items() if v[-1][1] is not None}
+            assert t.at(None) == latest
+
+
+def _diff(t: Tablet, since: int, at: int) -> dict[int, tuple[str | None, bool]]:
+    out: dict[int, tuple[str | None, bool]] = {}
+    for b in t.store.scan(ScanSpec(read_at=at, diff_start=since)):
+        for row in b.to_pylist():
+            out[row["id"]] = (row["v"], row["__is_deleted"])
+    return out
+
+
+@pytest.mark.parametrize("flush", [False, True])
+def test_a_diff_scan_returns_what_changed_in_the_window_deletes_flagged(
+    tmp_path: Path, flush: bool
+) -> None:
+    t = Tablet(tmp_path / "t")
+    t.write(10, [{"id": i, "v": f"{i}@10"} for i in range(5)], RowOp.INSERT)
+    if flush:
+        t.store.flush()
+    t.write(20, [{"id": 1, "v": "1@20"}], RowOp.UPDATE)
+    t.write(21, [{"id": 2}], RowOp.DELETE)
+    t.write(22, [{"id": 9, "v": "9@22"}], RowOp.INSERT)
+    t.write(23, [{"id": 9}], RowOp.DELETE)  # born and gone inside the window
+    t.write(30, [{"id": 3, "v": "3@30"}], RowOp.UPDATE)  # after the window
+    if flush:
+        t.store.flush()
+    assert _diff(t, 15, 25) == {1: ("1@20", False), 2: (None, True), 9: (None, True)}
+    assert _diff(t, 0, 10) == {i: (f"{i}@10", False) for i in range(5)}
+    assert _diff(t, 25, 35) == {3: ("3@30", False)}
+    assert _diff(t, 30, 40) == {}
