@@ -19,8 +19,9 @@ Orphan sweep (docs/design/failover.md#R6; Kudu's ksck and HBase's HBCK2):
 * `replica_not_in_config`: the tablet is live but this server is not in its committed config
   (evicted by 3-4-3, moved by the rebalancer) and still holds data. Fix: DeleteTablet
   (TOMBSTONED: its consensus metadata stays, so it can still vote in an old term:
-  docs/design/tablet_copy.md#R3), with compare-and-set. Skipped when the replica's own config is
-  *newer* than the catalog's (the catalog dump predates a config change that added it).
+  docs/design/tablet_copy.md#R3), with compare-and-set on the catalog's config op index (the
+  config the decision rests on). Skipped when the replica's own config is *newer* than the
+  catalog's (the catalog dump predates a config change that added it).
 * `tablet_without_live_replica`: a RUNNING tablet none of whose configured replicas is running
   on a live, reachable server. Reported: only an operator can decide to recreate it.
 * `tablet_stuck_creating`: PREPARING or CREATING for longer than the assignment timeout (the
@@ -139,7 +140,10 @@ def orphan_findings(
                     f"not in the committed config (op index {tablet.config_opid_index}); "
                     f"replica's own config is at {h.config_opid_index}",
                     "tombstone",
-                    h.config_opid_index,
+                    # The decision's basis: the catalog's config, which excludes the replica
+                    # (docs/design/catalog.md#R15): refused if the replica is a voter of a newer
+                    # config of its own, or of this one.
+                    tablet.config_opid_index,
                 )
             )
     out.extend(_unavailable_tablets(inv, job))

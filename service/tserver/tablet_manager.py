@@ -267,7 +267,11 @@ class TabletManager:
                         f"{own.index}, newer than the {cas} the request expects: it was "
                         "re-added since, not deleted"
                     )
-                if own.index == cas and self.uuid in own.voters | own.learners:
+                if (
+                    kind == tpb.TABLET_DATA_TOMBSTONED
+                    and own.index == cas
+                    and self.uuid in own.voters | own.learners
+                ):
                     raise CasMismatch(
                         f"tablet {tablet_id}: the replica's own committed config at op id {cas} "
                         f"names it ({'voter' if self.uuid in own.voters else 'non-voter'}): "
