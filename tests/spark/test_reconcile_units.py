@@ -245,7 +245,9 @@ ORPHAN_CASES = [
             ("replica_of_deleted_tablet", "tab", "ts-c", "delete", 7),
         ),
     ),
-    Case("evicted", _evicted, (("replica_not_in_config", "tab", "ts-d", "tombstone", 4),)),
+    # The tombstone's compare-and-set is on the catalog's config (5), the one that excludes
+    # the replica (docs/design/catalog.md#R15), not on the replica's own (4).
+    Case("evicted", _evicted, (("replica_not_in_config", "tab", "ts-d", "tombstone", 5),)),
     Case(
         "evicted, knows it",
         _evicted_knows_it,
