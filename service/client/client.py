@@ -21,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
+from typing import Any
 
 import pyarrow as pa
 
@@ -33,6 +35,7 @@ from service.client.meta_cache import MetaCache, TableHandle, TabletLocation
 from service.client.pruning import prune
 from service.client.retry import Backoff, Deadline
 from service.client.scanner import ScanToken, TabletScanner, TokenReplica, order_replicas
+from service.client.transactions import Transaction, TransactionState
 from service.client.write_session import WriteResult, WriteSession
 from service.common.errors import (
     Internal,
@@ -203,8 +206,12 @@ class TesseraClient:
         """The newest hybrid timestamp this client has seen (a write's commit, a snapshot's
         time): sent with its writes and scans, so what it does next is ordered after it
         (read-your-writes for snapshot reads, docs/design/tablets.md#R4)."""
+        self._transactions: weakref.WeakSet[Transaction] = weakref.WeakSet()
+        """Open transactions: their keep-alives stop when the client closes."""
 
     async def aclose(self) -> None:
+        for txn in list(self._transactions):
+            txn.stop_keepalive()
         await self.master.aclose()
         await self.channels.aclose()
 
@@ -452,10 +459,44 @@ class TesseraClient:
         return max(from_micros(time.time_ns() // 1000), self.latest_timestamp + 1)
 
     async def new_session(
-        self, table: str, *, timeout: float | None = None, **kw: int
+        self, table: str, *, timeout: float | None = None, **kw: Any
     ) -> WriteSession:
         info = await self.open_table(table, timeout=timeout)
         return WriteSession(self, info, timeout=self._t(timeout) * 2, **kw)
+
+    # --- transactions (service/client/transactions.py) ---------------------------------------
+
+    async def begin_transaction(
+        self, *, stream_query: str = "", stream_batch: int = 0, timeout: float | None = None
+    ) -> Transaction:
+        """A new transaction, kept alive until it commits or aborts. With (`stream_query`,
+        `stream_batch`): a streaming micro-batch; ALREADY_EXISTS if that batch committed."""
+        req = pb.BeginTransactionRequestPB(
+            stream_query=stream_query,
+            stream_batch=stream_batch,
+            propagated_timestamp=self.latest_timestamp,
+        )
+        resp = await self.master.ddl("BeginTransaction", req, self._t(timeout))
+        txn = Transaction(
+            self, int(resp.txn_id), resp.keepalive_ms / 1000.0, int(resp.start_timestamp)
+        )
+        self._transactions.add(txn)
+        return txn
+
+    async def transaction_state(
+        self,
+        txn_id: int = 0,
+        *,
+        stream_query: str = "",
+        stream_batch: int = 0,
+        timeout: float | None = None,
+    ) -> TransactionState:
+        """A transaction's state, by id or by the stream batch it committed."""
+        req = pb.GetTransactionStateRequestPB(
+            txn_id=txn_id, stream_query=stream_query, stream_batch=stream_batch
+        )
+        resp = await self.master.call("GetTransactionState", req, self._t(timeout))
+        return TransactionState.from_pb(resp)
 
     async def write(
         self,

@@ -21,6 +21,14 @@ Per-row failures (an INSERT of a key that exists, an UPDATE of a missing key) do
 batch: the tablet server applies the other rows and reports the failed ones, which the session
 maps back to the row's index in the data given to `apply()` and its key values.
 
+Transactions. A session with a `txn_id` stages its rows in that transaction (invisible until
+it commits, service/client/transactions.py); the tablet server refuses them with
+FAILED_PRECONDITION once the transaction is not open, which is not retried. A write that meets
+a row another transaction holds is ABORTED after the server's lock wait: a plain write retries
+it like a leader change until the session's deadline (it waits for the transaction to end), a
+transactional one raises it (its writer aborts and runs the transaction again: two
+transactions that wait on each other would otherwise only wait out their deadlines).
+
 Retries and duplicates. The tablet server has no per-client request ids yet, so a batch whose
 reply was lost (a timeout, a leader killed after it committed) is at-least-once: a retried
 INSERT may then report ALREADY_EXISTS for rows that the first attempt wrote, a retried DELETE
@@ -128,8 +136,14 @@ class WriteSession:
         max_buffered_rows: int = 200_000,
         max_tablets_in_flight: int = 8,
         batch_rows: int = MAX_BATCH_ROWS,
+        txn_id: int = 0,
+        txn_attempt: str = "",
     ) -> None:
         self.client = client
+        self.txn_id = txn_id
+        """Stage every write in this transaction (docs/design/transactions.md#R2); 0: plain."""
+        self.txn_attempt = txn_attempt
+        """The writer's attempt id within the transaction (a Spark task attempt)."""
         self.table = table
         self.timeout = timeout
         self.max_buffered_rows = max_buffered_rows
@@ -314,17 +328,35 @@ class WriteSession:
                 schema_version=self.table.schema.version,
                 authz_token=self.client.meta.authz_token(loc.table_id),
                 propagated_timestamp=self.client.latest_timestamp,
+                txn_id=self.txn_id,
+                txn_attempt=self.txn_attempt,
             )
             stub = self.client.channels.tserver(target.address)
-            attempt_s = deadline.attempt_timeout(30.0)  # Timeout once the deadline passed
+            try:
+                attempt_s = deadline.attempt_timeout(30.0)  # Timeout once the deadline passed
+            except Timeout:
+                if last is None:
+                    raise
+                raise Timeout(
+                    f"write to tablet {loc.tablet_id} of {self.table.name!r} timed out; "
+                    f"last error: {last}"
+                ) from last
             try:
                 resp: tpb.WriteResponsePB = await stub.Write(req, timeout=attempt_s)  # type: ignore[misc]
                 return resp, loc
             except TesseraError as e:  # the call failed (service/common/error_mapping.py)
                 err = e
-            last = err
+            # An attempt cut short by the deadline says less than the one before it (a row
+            # locked by a transaction, say).
+            last = last if isinstance(err, Timeout) and last is not None else err
             result.retries += 1
             tried.add(target.ts_uuid)
+            if isinstance(err, Aborted) and self.txn_id:
+                # A row another transaction holds (after the server's lock wait), or a staged
+                # entry a new leader overwrote: either way the transaction's writer decides
+                # (abort and run it again), as two transactions that wait on each other would
+                # only wait out their deadlines.
+                raise err
             if isinstance(err, InvalidAuthzToken) and not refreshed:
                 refreshed = True  # expired or outdated: one fresh token, then the same target
                 await self.client.meta.refresh_authz_token(loc.table_id, deadline.attempt_timeout())

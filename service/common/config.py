@@ -523,6 +523,13 @@ class MasterConfig:
     """How long an authz token the master hands a user with a table's locations lives (Kudu's
     default, 5 minutes). Tablet servers check a user's writes and scans against it without
     asking a master, so a revoked grant keeps working for at most this long."""
+    txn_keepalive_ms: int = 30_000
+    """A transaction whose client sends no KeepTransactionAlive for this long is aborted
+    (Kudu's txn_keepalive_interval_ms); clients send one every third of it.
+    docs/design/transactions.md#R1."""
+    txn_retention_ms: int = 86_400_000
+    """How long an ended transaction's record is kept (a retried commit is answered from it);
+    a streaming query's newest committed batch is kept regardless."""
     assignment_timeout_ms: int = 30_000
     """A tablet not reported RUNNING this long after its replicas were chosen is REPLACED by a
     new tablet for the same partition (Kudu's tablet_creation_timeout_ms)."""
@@ -627,6 +634,8 @@ class MasterConfig:
             "tablet_report_budget_ms",
             "authz_token_ttl_ms",
             "cert_renewal_check_ms",
+            "txn_keepalive_ms",
+            "txn_retention_ms",
         )
         c.that(
             self.authz_token_ttl_ms <= 86_400_000,
@@ -716,6 +725,9 @@ class TServerConfig:
     """A tablet's Raft group idle this long stops ticking and heartbeating until it has work
     again (consensus/quiesce.py; CockroachDB's quiesced ranges). 0: never. At least two Raft
     heartbeat intervals, a multiple of raft.tick_interval_ms, and off with raft.lease_reads."""
+    txn_lock_wait_ms: int = 5_000
+    """How long a write waits for a row another transaction holds before it fails ABORTED
+    naming the row and the transaction (docs/design/transactions.md#R2)."""
     tablet_history_max_age_ms: int = 900_000
     """How long superseded row versions are kept for snapshot reads (Kudu's
     tablet_history_max_age_sec, 15 minutes): compactions drop what only older snapshots could
@@ -754,7 +766,7 @@ class TServerConfig:
             "tablet_history_max_age_ms",
             "max_clock_error_ms",
         )
-        c.non_negative("flush_idle_ms", "quiesce_idle_ms")
+        c.non_negative("flush_idle_ms", "quiesce_idle_ms", "txn_lock_wait_ms")
         if self.quiesce_idle_ms:
             r = self.raft
             c.that(

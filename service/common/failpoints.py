@@ -46,6 +46,18 @@ Master, the steps of its DDL (catalog_manager, background_tasks), in the order t
 
 `tests/integration/test_master_ddl_crash.py` kills the leader at each of them.
 
+Transactions (docs/design/transactions.md#R3), master then tablet server:
+
+    `txn_commit:after_committing`     COMMITTING recorded; no participant prepared yet
+    `txn_commit:after_prepare`        every participant prepared; COMMITTED not recorded
+    `txn_commit:after_committed`      COMMITTED recorded (the decision); nothing finalized
+    `txn_participant:after_prepare`   a participant's prepare entry applied on its leader;
+                                      the coordinator not answered
+    `txn_participant:after_commit`    a participant's commit entry applied on its leader;
+                                      the coordinator not answered
+
+`tests/integration/test_transactions.py` kills the process at each of them.
+
 A master started with
 
     TESSERA_FAILPOINT_SKIP=<Kind>[,<Kind>...]     e.g. AlterReplicas,DeleteReplicas,DeleteReplica

@@ -83,6 +83,11 @@ class Identity:
     def __str__(self) -> str:
         return f"{self.role} {self.name!r}"
 
+    @property
+    def principal(self) -> str:
+        """ "role:name": what owns a transaction (an admin and a user of one name differ)."""
+        return f"{self.role}:{self.name}"
+
 
 def identity_of(cert_pem: bytes) -> Identity:
     """The identity a certificate binds (its subject's OU and CN); InvalidArgument otherwise."""

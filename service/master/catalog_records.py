@@ -71,6 +71,8 @@ __all__ = [
     "TabletRecord",
     "TabletState",
     "TokenSigningKeyRecord",
+    "TxnRecord",
+    "TxnState",
     "Update",
     "Upsert",
     "consensus_state_from_pb",
@@ -87,6 +89,9 @@ __all__ = [
     "tablet_from_pb",
     "tablet_to_pb",
     "tsk_entry_id",
+    "txn_entry_id",
+    "txn_from_pb",
+    "txn_to_pb",
 ]
 
 CA_ENTRY_ID = "root-ca"
@@ -105,6 +110,7 @@ class RecordType(enum.Enum):
     TOKEN_SIGNING_KEY = pb.ENTRY_TYPE_TOKEN_SIGNING_KEY
     GRANT = pb.ENTRY_TYPE_GRANT
     JOIN_CREDENTIAL_USE = pb.ENTRY_TYPE_JOIN_CREDENTIAL_USE
+    TXN = pb.ENTRY_TYPE_TXN
 
     @property
     def noun(self) -> str:
@@ -324,6 +330,44 @@ class JoinCredentialUseRecord:
     """The join certificate's end; the row may be purged after it."""
 
 
+class TxnState(enum.Enum):
+    """A transaction's state (master.proto's TxnStatePB; docs/design/transactions.md#R3)."""
+
+    OPEN = pb.TXN_OPEN
+    COMMITTING = pb.TXN_COMMITTING
+    COMMITTED = pb.TXN_COMMITTED
+    ABORTED = pb.TXN_ABORTED
+
+    @property
+    def ended(self) -> bool:
+        return self in (TxnState.COMMITTED, TxnState.ABORTED)
+
+
+def txn_entry_id(txn_id: int) -> str:
+    """A transaction row's id: its number, 20 digits, so rows sort in number order."""
+    return f"{txn_id:020d}"
+
+
+@dataclass(frozen=True)
+class TxnRecord:
+    """One transaction (docs/design/transactions.md#R1); kept after it ends."""
+
+    txn_id: int
+    owner: str
+    state: TxnState
+    participants: tuple[TabletId, ...] = ()
+    commit_timestamp: int = 0
+    kept_attempts: tuple[str, ...] = ()
+    resolved: bool = False
+    """Every participant has finalized (COMMITTED) or dropped (ABORTED) its staged rows."""
+    stream_query: str = ""
+    stream_batch: int = 0
+    started_time_us: int = 0
+    state_msg: str = ""
+    start_timestamp: int = 0
+    """Its snapshot (hybrid time): writes conflict with rows committed after it."""
+
+
 Record: TypeAlias = (
     TableRecord
     | TabletRecord
@@ -331,6 +375,7 @@ Record: TypeAlias = (
     | TokenSigningKeyRecord
     | GrantRecord
     | JoinCredentialUseRecord
+    | TxnRecord
 )
 
 
@@ -346,6 +391,8 @@ def record_key(record: Record) -> RowKey:
         return RowKey(RecordType.GRANT, grant_entry_id(record.table_id, record.user))
     if isinstance(record, JoinCredentialUseRecord):
         return RowKey(RecordType.JOIN_CREDENTIAL_USE, record.credential_sha256)
+    if isinstance(record, TxnRecord):
+        return RowKey(RecordType.TXN, txn_entry_id(record.txn_id))
     return RowKey(RecordType.TOKEN_SIGNING_KEY, tsk_entry_id(record.key_seq))
 
 
@@ -658,6 +705,52 @@ def join_use_from_pb(p: pb.JoinCredentialUseRecordPB) -> JoinCredentialUseRecord
     return JoinCredentialUseRecord(credential, p.tserver_uuid, key, p.expire_time_us)
 
 
+def txn_to_pb(t: TxnRecord) -> pb.TxnRecordPB:
+    return pb.TxnRecordPB(
+        txn_id=t.txn_id,
+        owner=t.owner,
+        state=t.state.value,
+        participants=list(t.participants),
+        commit_timestamp=t.commit_timestamp,
+        kept_attempts=list(t.kept_attempts),
+        resolved=t.resolved,
+        stream_query=t.stream_query,
+        stream_batch=t.stream_batch,
+        started_time_us=t.started_time_us,
+        state_msg=t.state_msg,
+        start_timestamp=t.start_timestamp,
+    )
+
+
+def txn_from_pb(p: pb.TxnRecordPB) -> TxnRecord:
+    where = f"txn {p.txn_id}"
+    if p.txn_id <= 0:
+        raise InvalidArgument(f"{where}: txn_id must be > 0")
+    state = _enum(TxnState, p.state, f"{where}.state")
+    assert isinstance(state, TxnState)
+    participants = []
+    for i, t in enumerate(p.participants):
+        participants.append(TabletId(_canonical_uuid(t, f"{where}.participants[{i}]")))
+    if len(set(participants)) != len(participants):
+        raise InvalidArgument(f"{where}.participants: a tablet is listed twice")
+    if state is TxnState.COMMITTED and not p.commit_timestamp:
+        raise InvalidArgument(f"{where}: COMMITTED without a commit_timestamp")
+    return TxnRecord(
+        p.txn_id,
+        p.owner,
+        state,
+        tuple(participants),
+        p.commit_timestamp,
+        tuple(p.kept_attempts),
+        p.resolved,
+        p.stream_query,
+        p.stream_batch,
+        p.started_time_us,
+        p.state_msg,
+        p.start_timestamp,
+    )
+
+
 RecordPB: TypeAlias = (
     pb.TableRecordPB
     | pb.TabletRecordPB
@@ -665,6 +758,7 @@ RecordPB: TypeAlias = (
     | pb.TokenSigningKeyRecordPB
     | pb.GrantRecordPB
     | pb.JoinCredentialUseRecordPB
+    | pb.TxnRecordPB
 )
 
 # The oneof field that carries each record type in CatalogRowOpPB and CatalogRowPB.
@@ -675,6 +769,7 @@ _FIELD = {
     RecordType.TOKEN_SIGNING_KEY: "token_signing_key",
     RecordType.GRANT: "grant",
     RecordType.JOIN_CREDENTIAL_USE: "join_credential_use",
+    RecordType.TXN: "txn",
 }
 _ENTRY_OF_FIELD = {v: k for k, v in _FIELD.items()}
 _MESSAGE = {
@@ -684,6 +779,7 @@ _MESSAGE = {
     RecordType.TOKEN_SIGNING_KEY: pb.TokenSigningKeyRecordPB,
     RecordType.GRANT: pb.GrantRecordPB,
     RecordType.JOIN_CREDENTIAL_USE: pb.JoinCredentialUseRecordPB,
+    RecordType.TXN: pb.TxnRecordPB,
 }
 
 
@@ -698,6 +794,8 @@ def record_to_pb(record: Record) -> RecordPB:
         return grant_to_pb(record)
     if isinstance(record, JoinCredentialUseRecord):
         return join_use_to_pb(record)
+    if isinstance(record, TxnRecord):
+        return txn_to_pb(record)
     return tsk_to_pb(record)
 
 
@@ -718,6 +816,9 @@ def record_from_pb(entry_type: RecordType, message: RecordPB) -> Record:
     if entry_type is RecordType.JOIN_CREDENTIAL_USE:
         assert isinstance(message, pb.JoinCredentialUseRecordPB)
         return join_use_from_pb(message)
+    if entry_type is RecordType.TXN:
+        assert isinstance(message, pb.TxnRecordPB)
+        return txn_from_pb(message)
     assert isinstance(message, pb.TokenSigningKeyRecordPB)
     return tsk_from_pb(message)
 

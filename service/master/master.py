@@ -155,6 +155,7 @@ from service.master.sys_catalog import ApplyResult, CatalogChange, Restored, Sys
 from service.master.table_access import TableAccess
 from service.master.ts_manager import TSManager
 from service.master.tserver_proxy import Fence, TServerProxy
+from service.master.txn_coordinator import TxnCoordinator, TxnSettings
 from service.pb import master_pb2 as pb
 from service.raft import RaftConfig, Role
 
@@ -257,6 +258,7 @@ class MasterServer:
         of the unresponsive timeout at most keeps its registry warm (docs/design/failover.md#R1)."""
         # Background tasks (module docstring): the proxy lives as long as the process.
         self.proxy: TServerProxy | None = None
+        self.txns: TxnCoordinator | None = None
         self.credentials: Credentials | None = None
         """This master's certificate and key (security.mode = "secure"), for every channel."""
         self.certificates: ServerCertificates | None = None
@@ -384,6 +386,18 @@ class MasterServer:
             rpc_timeout_s=config.tserver_rpc_timeout_ms / 1000.0,
             grpc_options=config.rpc.grpc_options(),
             credentials=creds,
+        )
+        self.txns = TxnCoordinator(
+            sys_catalog,
+            replicate,
+            self._locate_tablet,
+            self.proxy,
+            now_us=lambda: int(time.time() * 1_000_000),
+            monotonic=clock.monotonic,
+            settings=TxnSettings(
+                keepalive_s=config.txn_keepalive_ms / 1000.0,
+                retention_s=config.txn_retention_ms / 1000.0,
+            ),
         )
         node.listeners.append(self._on_leader_change)
         transport.register(
@@ -602,11 +616,36 @@ class MasterServer:
             BackgroundSettings.from_config(self.config),
         )
         self.background.start()
+        if self.txns is not None:
+            self.txns.start(Fence(self.uuid, term))
 
     def _stop_background(self) -> None:
         if self.background is not None:
             self.background.stop()
         self.background = None
+        if self.txns is not None:
+            self.txns.stop()
+
+    def _locate_tablet(self, tablet: TabletId) -> tuple[list[tuple[NodeId, str]], bool]:
+        """A transaction participant's replicas to call (its reported leader first, then the
+        other voters), and whether the tablet is gone (txn_coordinator.py)."""
+        catalog, ts = self.catalog, self.ts_manager
+        if catalog is None or ts is None or not catalog.loaded:
+            return [], False
+        info = catalog.maps.tablets_by_id.get(tablet)
+        if info is None or info.record.state.is_terminal:
+            return [], True
+        cs = info.record.consensus
+        if cs is None:
+            return [], False
+        order = [cs.leader_uuid] if cs.leader_uuid else []
+        order += [p.uuid for p in cs.peers if p.uuid != cs.leader_uuid]
+        out = []
+        for uuid in order:
+            address = ts.rpc_address(uuid)
+            if address is not None:
+                out.append((NodeId(uuid), address))
+        return out, False
 
     def submit_actions(self, actions: Iterable[ReportAction]) -> None:
         """Hand report-driven RPCs to this term's background tasks (dropped when not leading)."""

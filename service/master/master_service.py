@@ -53,7 +53,7 @@ from service.common.schema_codec import (
     schema_from_pb,
     schema_to_pb,
 )
-from service.common.tls import peer_certificate
+from service.common.tls import INSECURE_PEER, peer_certificate
 from service.common.tokens import Privilege
 from service.master.catalog_info import (
     ReplicaRole,
@@ -79,6 +79,7 @@ from service.master.master_membership import MasterMembership
 from service.master.replica_changes import ReplicaChanges
 from service.master.table_access import TableAccess
 from service.master.ts_descriptor import TSDescriptor
+from service.master.txn_coordinator import TxnCoordinator
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.raft import Role, Status
@@ -165,6 +166,14 @@ POLICY: dict[str, Rule] = {
         ],
         ANYONE,
     ),
+    # Transactions (txn_coordinator.py): users and admins run their own; a tablet server
+    # registers its tablets for a writer and reads a transaction's state.
+    **dict.fromkeys(
+        ["BeginTransaction", "KeepTransactionAlive", "CommitTransaction", "AbortTransaction"],
+        allow("admin", "user"),
+    ),
+    "RegisterParticipants": allow("admin", "tserver"),
+    "GetTransactionState": allow("admin", "user", "tserver"),
     # Certificates on request (cert_issuer.py decides what each may get).
     "IssueCertificate": allow("admin", "tserver", "join"),
     # Heartbeats: a tablet server, as itself.
@@ -431,6 +440,74 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             raise InvalidArgument(f"table_name, user: longer than {_MAX_NAME_FILTER} characters")
         catalog = await self._read_catalog(context)
         return pb.ListGrantsResponsePB(grants=catalog.list_grants(request.table_name, request.user))
+
+    # --- transactions (txn_coordinator.py) ---------------------------------------------------
+
+    def _coordinator(self, context: Ctx) -> tuple[TxnCoordinator, Identity]:
+        """The leader's transaction coordinator and the caller (INSECURE_PEER if insecure)."""
+        self._leader_catalog()
+        txns = self.master.txns
+        assert txns is not None
+        who = self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
+        return txns, who
+
+    @rpc_errors
+    async def BeginTransaction(
+        self, request: pb.BeginTransactionRequestPB, context: Ctx
+    ) -> pb.BeginTransactionResponsePB:
+        txns, who = self._coordinator(context)
+        if not request.HasField("request_id"):
+            raise InvalidArgument("request_id: missing (a retried begin must find its answer)")
+        return await txns.begin(
+            who,
+            request_id_from_pb(request.request_id),
+            request.stream_query,
+            request.stream_batch,
+            request.propagated_timestamp,
+        )
+
+    @rpc_errors
+    async def RegisterParticipants(
+        self, request: pb.RegisterParticipantsRequestPB, context: Ctx
+    ) -> pb.RegisterParticipantsResponsePB:
+        txns, who = self._coordinator(context)
+        start = await txns.register(
+            who, request.txn_id, list(request.tablet_ids), request.on_behalf_of
+        )
+        return pb.RegisterParticipantsResponsePB(start_timestamp=start)
+
+    @rpc_errors
+    async def KeepTransactionAlive(
+        self, request: pb.KeepTransactionAliveRequestPB, context: Ctx
+    ) -> pb.KeepTransactionAliveResponsePB:
+        txns, who = self._coordinator(context)
+        state = txns.keepalive(who, request.txn_id)
+        return pb.KeepTransactionAliveResponsePB(state=state.value)
+
+    @rpc_errors
+    async def CommitTransaction(
+        self, request: pb.CommitTransactionRequestPB, context: Ctx
+    ) -> pb.CommitTransactionResponsePB:
+        txns, who = self._coordinator(context)
+        remaining = context.time_remaining()
+        timeout = 30.0 if remaining is None else max(0.05, remaining - 0.05)
+        ts = await txns.commit(who, request.txn_id, list(request.kept_attempts), timeout)
+        return pb.CommitTransactionResponsePB(commit_timestamp=ts)
+
+    @rpc_errors
+    async def AbortTransaction(
+        self, request: pb.AbortTransactionRequestPB, context: Ctx
+    ) -> pb.AbortTransactionResponsePB:
+        txns, who = self._coordinator(context)
+        await txns.abort(who, request.txn_id, request.reason[:1024])
+        return pb.AbortTransactionResponsePB()
+
+    @rpc_errors
+    async def GetTransactionState(
+        self, request: pb.GetTransactionStateRequestPB, context: Ctx
+    ) -> pb.GetTransactionStateResponsePB:
+        txns, who = self._coordinator(context)
+        return txns.state(who, request.txn_id, request.stream_query, request.stream_batch)
 
     # --- certificates (cert_issuer.py) -------------------------------------------------------
 

@@ -114,6 +114,7 @@ from service.master.catalog_records import (
     TabletRecord,
     TabletState,
     TokenSigningKeyRecord,
+    TxnRecord,
     entry_type_of_field,
     grant_entry_id,
     key_from_pb,
@@ -121,6 +122,7 @@ from service.master.catalog_records import (
     record_key,
     record_message,
     request_id_from_pb,
+    txn_entry_id,
 )
 from service.master.request_table import RememberedResult, RequestTable
 from service.pb import master_pb2 as pb
@@ -448,6 +450,14 @@ class SysCatalogState:
         """Every used join credential not purged yet, by fingerprint."""
         rows = self._of_type(RecordType.JOIN_CREDENTIAL_USE)
         return cast(list[Row[JoinCredentialUseRecord]], rows)
+
+    def txn(self, txn_id: int) -> Row[TxnRecord] | None:
+        """Transaction `txn_id`'s row, if it was ever begun (docs/design/transactions.md#R1)."""
+        return cast(Row[TxnRecord] | None, self._rows[RecordType.TXN].get(txn_entry_id(txn_id)))
+
+    def txns(self) -> list[Row[TxnRecord]]:
+        """Every transaction, by id."""
+        return cast(list[Row[TxnRecord]], self._of_type(RecordType.TXN))
 
     def remembered(self, client_id: str, seq_no: int) -> RememberedResult | None:
         """The remembered result of a request id, if any: the catalog manager answers a retry

@@ -254,6 +254,33 @@ class TServerProxy:
         )
         await self._call(address, lambda s: s.LeaderStepDown(req, timeout=self.rpc_timeout_s))
 
+    async def txn_op(
+        self,
+        address: str,
+        dest_uuid: str,
+        fence: Fence,
+        tablet_id: str,
+        txn_id: int,
+        op: tpb.TxnParticipantOpRequestPB.Op.ValueType,
+        commit_timestamp: int = 0,
+        kept_attempts: tuple[str, ...] = (),
+    ) -> int:
+        """A transaction's prepare, commit or abort on a participant tablet's leader
+        (docs/design/transactions.md#R3); a prepare answers with its prepare timestamp."""
+        req = tpb.TxnParticipantOpRequestPB(
+            dest_uuid=dest_uuid,
+            fence=fence.to_pb(),
+            tablet_id=tablet_id,
+            txn_id=txn_id,
+            op=op,
+            commit_timestamp=commit_timestamp,
+            kept_attempts=list(kept_attempts),
+        )
+        resp = await self._call(
+            address, lambda s: s.TxnParticipantOp(req, timeout=self.rpc_timeout_s)
+        )
+        return int(resp.prepare_timestamp)
+
     # --- channels ----------------------------------------------------------------------------
 
     async def _call(self, address: str, fn: Callable[[Any], Awaitable[Any]]) -> Any:

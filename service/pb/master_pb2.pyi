@@ -94,6 +94,8 @@ class _EntryTypePBEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryType
     """id: "<table_id>/<user>" """
     ENTRY_TYPE_JOIN_CREDENTIAL_USE: _EntryTypePB.ValueType  # 6
     """id: the join certificate's SHA-256 (64 hex digits)"""
+    ENTRY_TYPE_TXN: _EntryTypePB.ValueType  # 7
+    """id: the transaction id as 20 zero-padded decimal digits"""
 
 class EntryTypePB(_EntryTypePB, metaclass=_EntryTypePBEnumTypeWrapper):
     """=============================================================================================
@@ -114,6 +116,8 @@ ENTRY_TYPE_GRANT: EntryTypePB.ValueType  # 5
 """id: "<table_id>/<user>" """
 ENTRY_TYPE_JOIN_CREDENTIAL_USE: EntryTypePB.ValueType  # 6
 """id: the join certificate's SHA-256 (64 hex digits)"""
+ENTRY_TYPE_TXN: EntryTypePB.ValueType  # 7
+"""id: the transaction id as 20 zero-padded decimal digits"""
 Global___EntryTypePB: _TypeAlias = EntryTypePB  # noqa: Y015
 
 class _PrivilegePB:
@@ -141,6 +145,34 @@ PRIVILEGE_WRITE: PrivilegePB.ValueType  # 2
 PRIVILEGE_ALTER: PrivilegePB.ValueType  # 3
 """AlterTable"""
 Global___PrivilegePB: _TypeAlias = PrivilegePB  # noqa: Y015
+
+class _TxnStatePB:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TxnStatePBEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TxnStatePB.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TXN_STATE_UNKNOWN: _TxnStatePB.ValueType  # 0
+    TXN_OPEN: _TxnStatePB.ValueType  # 1
+    """taking writes"""
+    TXN_COMMITTING: _TxnStatePB.ValueType  # 2
+    """its participants are being prepared"""
+    TXN_COMMITTED: _TxnStatePB.ValueType  # 3
+    TXN_ABORTED: _TxnStatePB.ValueType  # 4
+
+class TxnStatePB(_TxnStatePB, metaclass=_TxnStatePBEnumTypeWrapper):
+    """A transaction's state (docs/design/transactions.md#R3): COMMITTED (with its timestamp) is the
+    decision; anything before it may still abort.
+    """
+
+TXN_STATE_UNKNOWN: TxnStatePB.ValueType  # 0
+TXN_OPEN: TxnStatePB.ValueType  # 1
+"""taking writes"""
+TXN_COMMITTING: TxnStatePB.ValueType  # 2
+"""its participants are being prepared"""
+TXN_COMMITTED: TxnStatePB.ValueType  # 3
+TXN_ABORTED: TxnStatePB.ValueType  # 4
+Global___TxnStatePB: _TypeAlias = TxnStatePB  # noqa: Y015
 
 class _ReplicaStatePB:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -678,6 +710,77 @@ class JoinCredentialUseRecordPB(_message.Message):
 Global___JoinCredentialUseRecordPB: _TypeAlias = JoinCredentialUseRecordPB  # noqa: Y015
 
 @_typing.final
+class TxnRecordPB(_message.Message):
+    """One transaction (docs/design/transactions.md#R1), kept after it ends: a retried commit or
+    abort is answered from it, and a streaming batch it committed is recognized.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TXN_ID_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    PARTICIPANTS_FIELD_NUMBER: _builtins.int
+    COMMIT_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    KEPT_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    RESOLVED_FIELD_NUMBER: _builtins.int
+    STREAM_QUERY_FIELD_NUMBER: _builtins.int
+    STREAM_BATCH_FIELD_NUMBER: _builtins.int
+    STARTED_TIME_US_FIELD_NUMBER: _builtins.int
+    STATE_MSG_FIELD_NUMBER: _builtins.int
+    START_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    txn_id: _builtins.int
+    owner: _builtins.str
+    """the identity that began it; only it (or an admin) acts on it"""
+    state: Global___TxnStatePB.ValueType
+    commit_timestamp: _builtins.int
+    """COMMITTED: the hybrid time its rows are committed at"""
+    resolved: _builtins.bool
+    """every participant finalized (COMMITTED) or aborted"""
+    stream_query: _builtins.str
+    """a streaming micro-batch's query ..."""
+    stream_batch: _builtins.int
+    """... and batch id, committed with it"""
+    started_time_us: _builtins.int
+    state_msg: _builtins.str
+    """why it aborted"""
+    start_timestamp: _builtins.int
+    """Its snapshot: a write to a row some other writer committed after it is refused (a write
+    conflict; docs/design/transactions.md#R2).
+    """
+    @_builtins.property
+    def participants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """tablet ids, in the order registered"""
+
+    @_builtins.property
+    def kept_attempts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """COMMITTING/COMMITTED: the attempts committed (empty: all)"""
+
+    def __init__(
+        self,
+        *,
+        txn_id: _builtins.int = ...,
+        owner: _builtins.str = ...,
+        state: Global___TxnStatePB.ValueType = ...,
+        participants: _abc.Iterable[_builtins.str] | None = ...,
+        commit_timestamp: _builtins.int = ...,
+        kept_attempts: _abc.Iterable[_builtins.str] | None = ...,
+        resolved: _builtins.bool = ...,
+        stream_query: _builtins.str = ...,
+        stream_batch: _builtins.int = ...,
+        started_time_us: _builtins.int = ...,
+        state_msg: _builtins.str = ...,
+        start_timestamp: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_timestamp", b"commit_timestamp", "kept_attempts", b"kept_attempts", "owner", b"owner", "participants", b"participants", "resolved", b"resolved", "start_timestamp", b"start_timestamp", "started_time_us", b"started_time_us", "state", b"state", "state_msg", b"state_msg", "stream_batch", b"stream_batch", "stream_query", b"stream_query", "txn_id", b"txn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TxnRecordPB: _TypeAlias = TxnRecordPB  # noqa: Y015
+
+@_typing.final
 class CatalogKeyPB(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -740,6 +843,7 @@ class CatalogRowOpPB(_message.Message):
     KEY_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
     JOIN_CREDENTIAL_USE_FIELD_NUMBER: _builtins.int
+    TXN_FIELD_NUMBER: _builtins.int
     kind: Global___CatalogRowOpPB.Kind.ValueType
     @_builtins.property
     def table(self) -> Global___TableRecordPB: ...
@@ -757,6 +861,8 @@ class CatalogRowOpPB(_message.Message):
     def grant(self) -> Global___GrantRecordPB: ...
     @_builtins.property
     def join_credential_use(self) -> Global___JoinCredentialUseRecordPB: ...
+    @_builtins.property
+    def txn(self) -> Global___TxnRecordPB: ...
     def __init__(
         self,
         *,
@@ -768,12 +874,13 @@ class CatalogRowOpPB(_message.Message):
         key: Global___CatalogKeyPB | None = ...,
         grant: Global___GrantRecordPB | None = ...,
         join_credential_use: Global___JoinCredentialUseRecordPB | None = ...,
+        txn: Global___TxnRecordPB | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cert_authority", b"cert_authority", "grant", b"grant", "join_credential_use", b"join_credential_use", "key", b"key", "record", b"record", "table", b"table", "tablet", b"tablet", "token_signing_key", b"token_signing_key"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cert_authority", b"cert_authority", "grant", b"grant", "join_credential_use", b"join_credential_use", "key", b"key", "record", b"record", "table", b"table", "tablet", b"tablet", "token_signing_key", b"token_signing_key", "txn", b"txn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_authority", b"cert_authority", "grant", b"grant", "join_credential_use", b"join_credential_use", "key", b"key", "kind", b"kind", "record", b"record", "table", b"table", "tablet", b"tablet", "token_signing_key", b"token_signing_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_authority", b"cert_authority", "grant", b"grant", "join_credential_use", b"join_credential_use", "key", b"key", "kind", b"kind", "record", b"record", "table", b"table", "tablet", b"tablet", "token_signing_key", b"token_signing_key", "txn", b"txn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_record: _TypeAlias = _typing.Literal["table", "tablet", "cert_authority", "token_signing_key", "key", "grant", "join_credential_use"]  # noqa: Y015
+    _WhichOneofReturnType_record: _TypeAlias = _typing.Literal["table", "tablet", "cert_authority", "token_signing_key", "key", "grant", "join_credential_use", "txn"]  # noqa: Y015
     _WhichOneofArgType_record: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_record) -> _WhichOneofReturnType_record | None: ...
 
@@ -2674,3 +2781,302 @@ class DumpCatalogChunkPB(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DumpCatalogChunkPB: _TypeAlias = DumpCatalogChunkPB  # noqa: Y015
+
+@_typing.final
+class BeginTransactionRequestPB(_message.Message):
+    """--- transactions (docs/design/transactions.md) ----------------------------------------------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    STREAM_QUERY_FIELD_NUMBER: _builtins.int
+    STREAM_BATCH_FIELD_NUMBER: _builtins.int
+    PROPAGATED_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    stream_query: _builtins.str
+    """A streaming micro-batch (query id, batch id), committed atomically with the rows: a batch
+    already committed is refused with ALREADY_EXISTS (docs/design/transactions.md#R4).
+    """
+    stream_batch: _builtins.int
+    propagated_timestamp: _builtins.int
+    """The newest hybrid time the client has seen: the transaction's snapshot is not before it."""
+    @_builtins.property
+    def request_id(self) -> Global___RequestIdPB:
+        """a retried begin is answered with the same transaction"""
+
+    def __init__(
+        self,
+        *,
+        request_id: Global___RequestIdPB | None = ...,
+        stream_query: _builtins.str = ...,
+        stream_batch: _builtins.int = ...,
+        propagated_timestamp: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["propagated_timestamp", b"propagated_timestamp", "request_id", b"request_id", "stream_batch", b"stream_batch", "stream_query", b"stream_query"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BeginTransactionRequestPB: _TypeAlias = BeginTransactionRequestPB  # noqa: Y015
+
+@_typing.final
+class BeginTransactionResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TXN_ID_FIELD_NUMBER: _builtins.int
+    KEEPALIVE_MS_FIELD_NUMBER: _builtins.int
+    START_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    txn_id: _builtins.int
+    keepalive_ms: _builtins.int
+    """send KeepTransactionAlive at least this often, or it aborts"""
+    start_timestamp: _builtins.int
+    """The transaction's snapshot: read at it; a row changed after it cannot be written in it."""
+    def __init__(
+        self,
+        *,
+        txn_id: _builtins.int = ...,
+        keepalive_ms: _builtins.int = ...,
+        start_timestamp: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keepalive_ms", b"keepalive_ms", "start_timestamp", b"start_timestamp", "txn_id", b"txn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BeginTransactionResponsePB: _TypeAlias = BeginTransactionResponsePB  # noqa: Y015
+
+@_typing.final
+class RegisterParticipantsRequestPB(_message.Message):
+    """From a tablet server whose tablet takes a transaction's first write there, on the writer's
+    behalf: the coordinator checks the writer owns the open transaction and the caller hosts the
+    tablets (docs/design/transactions.md#R2).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TXN_ID_FIELD_NUMBER: _builtins.int
+    TABLET_IDS_FIELD_NUMBER: _builtins.int
+    ON_BEHALF_OF_FIELD_NUMBER: _builtins.int
+    txn_id: _builtins.int
+    on_behalf_of: _builtins.str
+    """the writer ("role:name"), who must own the transaction"""
+    @_builtins.property
+    def tablet_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """tablets the transaction is about to write"""
+
+    def __init__(
+        self,
+        *,
+        txn_id: _builtins.int = ...,
+        tablet_ids: _abc.Iterable[_builtins.str] | None = ...,
+        on_behalf_of: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["on_behalf_of", b"on_behalf_of", "tablet_ids", b"tablet_ids", "txn_id", b"txn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterParticipantsRequestPB: _TypeAlias = RegisterParticipantsRequestPB  # noqa: Y015
+
+@_typing.final
+class RegisterParticipantsResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    start_timestamp: _builtins.int
+    """the transaction's snapshot (write conflicts are checked at it)"""
+    def __init__(
+        self,
+        *,
+        start_timestamp: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["start_timestamp", b"start_timestamp"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterParticipantsResponsePB: _TypeAlias = RegisterParticipantsResponsePB  # noqa: Y015
+
+@_typing.final
+class KeepTransactionAliveRequestPB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TXN_ID_FIELD_NUMBER: _builtins.int
+    txn_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        txn_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["txn_id", b"txn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeepTransactionAliveRequestPB: _TypeAlias = KeepTransactionAliveRequestPB  # noqa: Y015
+
+@_typing.final
+class KeepTransactionAliveResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    state: Global___TxnStatePB.ValueType
+    def __init__(
+        self,
+        *,
+        state: Global___TxnStatePB.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeepTransactionAliveResponsePB: _TypeAlias = KeepTransactionAliveResponsePB  # noqa: Y015
+
+@_typing.final
+class CommitTransactionRequestPB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TXN_ID_FIELD_NUMBER: _builtins.int
+    KEPT_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    txn_id: _builtins.int
+    @_builtins.property
+    def kept_attempts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The staged attempts to commit (a Spark write's successful task attempts); empty: all."""
+
+    def __init__(
+        self,
+        *,
+        txn_id: _builtins.int = ...,
+        kept_attempts: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kept_attempts", b"kept_attempts", "txn_id", b"txn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitTransactionRequestPB: _TypeAlias = CommitTransactionRequestPB  # noqa: Y015
+
+@_typing.final
+class CommitTransactionResponsePB(_message.Message):
+    """Answered once the transaction is COMMITTED (or refused ABORTED naming why)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMIT_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    commit_timestamp: _builtins.int
+    def __init__(
+        self,
+        *,
+        commit_timestamp: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_timestamp", b"commit_timestamp"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitTransactionResponsePB: _TypeAlias = CommitTransactionResponsePB  # noqa: Y015
+
+@_typing.final
+class AbortTransactionRequestPB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TXN_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    txn_id: _builtins.int
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        txn_id: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "txn_id", b"txn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbortTransactionRequestPB: _TypeAlias = AbortTransactionRequestPB  # noqa: Y015
+
+@_typing.final
+class AbortTransactionResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbortTransactionResponsePB: _TypeAlias = AbortTransactionResponsePB  # noqa: Y015
+
+@_typing.final
+class GetTransactionStateRequestPB(_message.Message):
+    """By id, or the transaction that committed a streaming batch (stream_query, stream_batch)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TXN_ID_FIELD_NUMBER: _builtins.int
+    STREAM_QUERY_FIELD_NUMBER: _builtins.int
+    STREAM_BATCH_FIELD_NUMBER: _builtins.int
+    txn_id: _builtins.int
+    stream_query: _builtins.str
+    stream_batch: _builtins.int
+    def __init__(
+        self,
+        *,
+        txn_id: _builtins.int = ...,
+        stream_query: _builtins.str = ...,
+        stream_batch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stream_batch", b"stream_batch", "stream_query", b"stream_query", "txn_id", b"txn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTransactionStateRequestPB: _TypeAlias = GetTransactionStateRequestPB  # noqa: Y015
+
+@_typing.final
+class GetTransactionStateResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TXN_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    COMMIT_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    STATE_MSG_FIELD_NUMBER: _builtins.int
+    LAST_COMMITTED_BATCH_FIELD_NUMBER: _builtins.int
+    txn_id: _builtins.int
+    """0: no such transaction (for a stream batch: none committed it)"""
+    state: Global___TxnStatePB.ValueType
+    commit_timestamp: _builtins.int
+    state_msg: _builtins.str
+    last_committed_batch: _builtins.int
+    """For a stream query: the highest batch id a committed transaction of it recorded."""
+    def __init__(
+        self,
+        *,
+        txn_id: _builtins.int = ...,
+        state: Global___TxnStatePB.ValueType = ...,
+        commit_timestamp: _builtins.int = ...,
+        state_msg: _builtins.str = ...,
+        last_committed_batch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_timestamp", b"commit_timestamp", "last_committed_batch", b"last_committed_batch", "state", b"state", "state_msg", b"state_msg", "txn_id", b"txn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTransactionStateResponsePB: _TypeAlias = GetTransactionStateResponsePB  # noqa: Y015

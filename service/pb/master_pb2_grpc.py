@@ -159,6 +159,36 @@ class MasterServiceStub:
                 request_serializer=service_dot_pb_dot_master__pb2.DumpCatalogRequestPB.SerializeToString,
                 response_deserializer=service_dot_pb_dot_master__pb2.DumpCatalogChunkPB.FromString,
                 _registered_method=True)
+        self.BeginTransaction = channel.unary_unary(
+                '/tessera.master.MasterService/BeginTransaction',
+                request_serializer=service_dot_pb_dot_master__pb2.BeginTransactionRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_master__pb2.BeginTransactionResponsePB.FromString,
+                _registered_method=True)
+        self.RegisterParticipants = channel.unary_unary(
+                '/tessera.master.MasterService/RegisterParticipants',
+                request_serializer=service_dot_pb_dot_master__pb2.RegisterParticipantsRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_master__pb2.RegisterParticipantsResponsePB.FromString,
+                _registered_method=True)
+        self.KeepTransactionAlive = channel.unary_unary(
+                '/tessera.master.MasterService/KeepTransactionAlive',
+                request_serializer=service_dot_pb_dot_master__pb2.KeepTransactionAliveRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_master__pb2.KeepTransactionAliveResponsePB.FromString,
+                _registered_method=True)
+        self.CommitTransaction = channel.unary_unary(
+                '/tessera.master.MasterService/CommitTransaction',
+                request_serializer=service_dot_pb_dot_master__pb2.CommitTransactionRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_master__pb2.CommitTransactionResponsePB.FromString,
+                _registered_method=True)
+        self.AbortTransaction = channel.unary_unary(
+                '/tessera.master.MasterService/AbortTransaction',
+                request_serializer=service_dot_pb_dot_master__pb2.AbortTransactionRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_master__pb2.AbortTransactionResponsePB.FromString,
+                _registered_method=True)
+        self.GetTransactionState = channel.unary_unary(
+                '/tessera.master.MasterService/GetTransactionState',
+                request_serializer=service_dot_pb_dot_master__pb2.GetTransactionStateRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_master__pb2.GetTransactionStateResponsePB.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -320,6 +350,43 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeginTransaction(self, request, context):
+        """Transactions (docs/design/transactions.md): the leader master coordinates them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterParticipants(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KeepTransactionAlive(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitTransaction(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortTransaction(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTransactionState(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -447,6 +514,36 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.DumpCatalog,
                     request_deserializer=service_dot_pb_dot_master__pb2.DumpCatalogRequestPB.FromString,
                     response_serializer=service_dot_pb_dot_master__pb2.DumpCatalogChunkPB.SerializeToString,
+            ),
+            'BeginTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginTransaction,
+                    request_deserializer=service_dot_pb_dot_master__pb2.BeginTransactionRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_master__pb2.BeginTransactionResponsePB.SerializeToString,
+            ),
+            'RegisterParticipants': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterParticipants,
+                    request_deserializer=service_dot_pb_dot_master__pb2.RegisterParticipantsRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_master__pb2.RegisterParticipantsResponsePB.SerializeToString,
+            ),
+            'KeepTransactionAlive': grpc.unary_unary_rpc_method_handler(
+                    servicer.KeepTransactionAlive,
+                    request_deserializer=service_dot_pb_dot_master__pb2.KeepTransactionAliveRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_master__pb2.KeepTransactionAliveResponsePB.SerializeToString,
+            ),
+            'CommitTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitTransaction,
+                    request_deserializer=service_dot_pb_dot_master__pb2.CommitTransactionRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_master__pb2.CommitTransactionResponsePB.SerializeToString,
+            ),
+            'AbortTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortTransaction,
+                    request_deserializer=service_dot_pb_dot_master__pb2.AbortTransactionRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_master__pb2.AbortTransactionResponsePB.SerializeToString,
+            ),
+            'GetTransactionState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTransactionState,
+                    request_deserializer=service_dot_pb_dot_master__pb2.GetTransactionStateRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_master__pb2.GetTransactionStateResponsePB.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1124,6 +1221,168 @@ class MasterService:
             '/tessera.master.MasterService/DumpCatalog',
             service_dot_pb_dot_master__pb2.DumpCatalogRequestPB.SerializeToString,
             service_dot_pb_dot_master__pb2.DumpCatalogChunkPB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.master.MasterService/BeginTransaction',
+            service_dot_pb_dot_master__pb2.BeginTransactionRequestPB.SerializeToString,
+            service_dot_pb_dot_master__pb2.BeginTransactionResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterParticipants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.master.MasterService/RegisterParticipants',
+            service_dot_pb_dot_master__pb2.RegisterParticipantsRequestPB.SerializeToString,
+            service_dot_pb_dot_master__pb2.RegisterParticipantsResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeepTransactionAlive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.master.MasterService/KeepTransactionAlive',
+            service_dot_pb_dot_master__pb2.KeepTransactionAliveRequestPB.SerializeToString,
+            service_dot_pb_dot_master__pb2.KeepTransactionAliveResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.master.MasterService/CommitTransaction',
+            service_dot_pb_dot_master__pb2.CommitTransactionRequestPB.SerializeToString,
+            service_dot_pb_dot_master__pb2.CommitTransactionResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.master.MasterService/AbortTransaction',
+            service_dot_pb_dot_master__pb2.AbortTransactionRequestPB.SerializeToString,
+            service_dot_pb_dot_master__pb2.AbortTransactionResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTransactionState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.master.MasterService/GetTransactionState',
+            service_dot_pb_dot_master__pb2.GetTransactionStateRequestPB.SerializeToString,
+            service_dot_pb_dot_master__pb2.GetTransactionStateResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

@@ -77,6 +77,13 @@ class MasterServiceStub:
     IssueCertificate: _grpc.UnaryUnaryMultiCallable[_master_pb2.IssueCertificateRequestPB, _master_pb2.IssueCertificateResponsePB]
     DumpCatalog: _grpc.UnaryStreamMultiCallable[_master_pb2.DumpCatalogRequestPB, _master_pb2.DumpCatalogChunkPB]
     """The catalog as of one committed index, in chunks (for the Spark jobs)."""
+    BeginTransaction: _grpc.UnaryUnaryMultiCallable[_master_pb2.BeginTransactionRequestPB, _master_pb2.BeginTransactionResponsePB]
+    """Transactions (docs/design/transactions.md): the leader master coordinates them."""
+    RegisterParticipants: _grpc.UnaryUnaryMultiCallable[_master_pb2.RegisterParticipantsRequestPB, _master_pb2.RegisterParticipantsResponsePB]
+    KeepTransactionAlive: _grpc.UnaryUnaryMultiCallable[_master_pb2.KeepTransactionAliveRequestPB, _master_pb2.KeepTransactionAliveResponsePB]
+    CommitTransaction: _grpc.UnaryUnaryMultiCallable[_master_pb2.CommitTransactionRequestPB, _master_pb2.CommitTransactionResponsePB]
+    AbortTransaction: _grpc.UnaryUnaryMultiCallable[_master_pb2.AbortTransactionRequestPB, _master_pb2.AbortTransactionResponsePB]
+    GetTransactionState: _grpc.UnaryUnaryMultiCallable[_master_pb2.GetTransactionStateRequestPB, _master_pb2.GetTransactionStateResponsePB]
 
 @_typing.type_check_only
 class MasterServiceAsyncStub(MasterServiceStub):
@@ -113,6 +120,13 @@ class MasterServiceAsyncStub(MasterServiceStub):
     IssueCertificate: _aio.UnaryUnaryMultiCallable[_master_pb2.IssueCertificateRequestPB, _master_pb2.IssueCertificateResponsePB]  # type: ignore[assignment]
     DumpCatalog: _aio.UnaryStreamMultiCallable[_master_pb2.DumpCatalogRequestPB, _master_pb2.DumpCatalogChunkPB]  # type: ignore[assignment]
     """The catalog as of one committed index, in chunks (for the Spark jobs)."""
+    BeginTransaction: _aio.UnaryUnaryMultiCallable[_master_pb2.BeginTransactionRequestPB, _master_pb2.BeginTransactionResponsePB]  # type: ignore[assignment]
+    """Transactions (docs/design/transactions.md): the leader master coordinates them."""
+    RegisterParticipants: _aio.UnaryUnaryMultiCallable[_master_pb2.RegisterParticipantsRequestPB, _master_pb2.RegisterParticipantsResponsePB]  # type: ignore[assignment]
+    KeepTransactionAlive: _aio.UnaryUnaryMultiCallable[_master_pb2.KeepTransactionAliveRequestPB, _master_pb2.KeepTransactionAliveResponsePB]  # type: ignore[assignment]
+    CommitTransaction: _aio.UnaryUnaryMultiCallable[_master_pb2.CommitTransactionRequestPB, _master_pb2.CommitTransactionResponsePB]  # type: ignore[assignment]
+    AbortTransaction: _aio.UnaryUnaryMultiCallable[_master_pb2.AbortTransactionRequestPB, _master_pb2.AbortTransactionResponsePB]  # type: ignore[assignment]
+    GetTransactionState: _aio.UnaryUnaryMultiCallable[_master_pb2.GetTransactionStateRequestPB, _master_pb2.GetTransactionStateResponsePB]  # type: ignore[assignment]
 
 class MasterServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -296,5 +310,48 @@ class MasterServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_master_pb2.DumpCatalogChunkPB], _abc.AsyncIterator[_master_pb2.DumpCatalogChunkPB]]:
         """The catalog as of one committed index, in chunks (for the Spark jobs)."""
+
+    @_abc_1.abstractmethod
+    def BeginTransaction(
+        self,
+        request: _master_pb2.BeginTransactionRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.BeginTransactionResponsePB, _abc.Awaitable[_master_pb2.BeginTransactionResponsePB]]:
+        """Transactions (docs/design/transactions.md): the leader master coordinates them."""
+
+    @_abc_1.abstractmethod
+    def RegisterParticipants(
+        self,
+        request: _master_pb2.RegisterParticipantsRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.RegisterParticipantsResponsePB, _abc.Awaitable[_master_pb2.RegisterParticipantsResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def KeepTransactionAlive(
+        self,
+        request: _master_pb2.KeepTransactionAliveRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.KeepTransactionAliveResponsePB, _abc.Awaitable[_master_pb2.KeepTransactionAliveResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def CommitTransaction(
+        self,
+        request: _master_pb2.CommitTransactionRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.CommitTransactionResponsePB, _abc.Awaitable[_master_pb2.CommitTransactionResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def AbortTransaction(
+        self,
+        request: _master_pb2.AbortTransactionRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.AbortTransactionResponsePB, _abc.Awaitable[_master_pb2.AbortTransactionResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def GetTransactionState(
+        self,
+        request: _master_pb2.GetTransactionStateRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.GetTransactionStateResponsePB, _abc.Awaitable[_master_pb2.GetTransactionStateResponsePB]]: ...
 
 def add_MasterServiceServicer_to_server(servicer: MasterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

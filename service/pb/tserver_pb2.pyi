@@ -656,6 +656,8 @@ class WriteRequestPB(_message.Message):
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
     AUTHZ_TOKEN_FIELD_NUMBER: _builtins.int
     PROPAGATED_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    TXN_ID_FIELD_NUMBER: _builtins.int
+    TXN_ATTEMPT_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     rows: _builtins.bytes
@@ -676,6 +678,12 @@ class WriteRequestPB(_message.Message):
     """The newest hybrid timestamp the client has seen (docs/design/tablets.md#R4): the write is
     committed after it, so a client's writes are ordered after what it read and wrote before.
     """
+    txn_id: _builtins.int
+    """A transactional write (docs/design/transactions.md#R2): staged under this transaction,
+    invisible until it commits; 0: a plain write. `txn_attempt` names the writer's attempt (a
+    Spark task attempt), so a commit can keep only some attempts' rows.
+    """
+    txn_attempt: _builtins.str
     @_builtins.property
     def ops(self) -> _containers.RepeatedScalarFieldContainer[Global___RowOperationTypePB.ValueType]:
         """One per row, overriding default_op; empty: every row is default_op."""
@@ -691,10 +699,12 @@ class WriteRequestPB(_message.Message):
         schema_version: _builtins.int = ...,
         authz_token: _builtins.bytes = ...,
         propagated_timestamp: _builtins.int = ...,
+        txn_id: _builtins.int = ...,
+        txn_attempt: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "default_op", b"default_op", "dest_uuid", b"dest_uuid", "ops", b"ops", "propagated_timestamp", b"propagated_timestamp", "rows", b"rows", "schema_version", b"schema_version", "tablet_id", b"tablet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "default_op", b"default_op", "dest_uuid", b"dest_uuid", "ops", b"ops", "propagated_timestamp", b"propagated_timestamp", "rows", b"rows", "schema_version", b"schema_version", "tablet_id", b"tablet_id", "txn_attempt", b"txn_attempt", "txn_id", b"txn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1587,6 +1597,97 @@ class EndTabletCopySessionResponsePB(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EndTabletCopySessionResponsePB: _TypeAlias = EndTabletCopySessionResponsePB  # noqa: Y015
+
+@_typing.final
+class TxnParticipantOpRequestPB(_message.Message):
+    """--- services --------------------------------------------------------------------------------
+
+    From the coordinator (the leader master, fenced) to a participant tablet's leader
+    (docs/design/transactions.md#R3).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Op:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _OpEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[TxnParticipantOpRequestPB._Op.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        OP_UNKNOWN: TxnParticipantOpRequestPB._Op.ValueType  # 0
+        PREPARE: TxnParticipantOpRequestPB._Op.ValueType  # 1
+        """replicate a prepare entry; answered with the prepare timestamp"""
+        COMMIT: TxnParticipantOpRequestPB._Op.ValueType  # 2
+        """replicate the commit: the staged rows become versions at commit_timestamp"""
+        ABORT: TxnParticipantOpRequestPB._Op.ValueType  # 3
+        """drop the staged rows"""
+
+    class Op(_Op, metaclass=_OpEnumTypeWrapper): ...
+    OP_UNKNOWN: TxnParticipantOpRequestPB.Op.ValueType  # 0
+    PREPARE: TxnParticipantOpRequestPB.Op.ValueType  # 1
+    """replicate a prepare entry; answered with the prepare timestamp"""
+    COMMIT: TxnParticipantOpRequestPB.Op.ValueType  # 2
+    """replicate the commit: the staged rows become versions at commit_timestamp"""
+    ABORT: TxnParticipantOpRequestPB.Op.ValueType  # 3
+    """drop the staged rows"""
+
+    DEST_UUID_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
+    TABLET_ID_FIELD_NUMBER: _builtins.int
+    TXN_ID_FIELD_NUMBER: _builtins.int
+    OP_FIELD_NUMBER: _builtins.int
+    COMMIT_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    KEPT_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    dest_uuid: _builtins.str
+    tablet_id: _builtins.str
+    txn_id: _builtins.int
+    op: Global___TxnParticipantOpRequestPB.Op.ValueType
+    commit_timestamp: _builtins.int
+    """COMMIT"""
+    @_builtins.property
+    def fence(self) -> Global___MasterFencePB: ...
+    @_builtins.property
+    def kept_attempts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """COMMIT: the attempts whose rows commit (empty: all)"""
+
+    def __init__(
+        self,
+        *,
+        dest_uuid: _builtins.str = ...,
+        fence: Global___MasterFencePB | None = ...,
+        tablet_id: _builtins.str = ...,
+        txn_id: _builtins.int = ...,
+        op: Global___TxnParticipantOpRequestPB.Op.ValueType = ...,
+        commit_timestamp: _builtins.int = ...,
+        kept_attempts: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_timestamp", b"commit_timestamp", "dest_uuid", b"dest_uuid", "fence", b"fence", "kept_attempts", b"kept_attempts", "op", b"op", "tablet_id", b"tablet_id", "txn_id", b"txn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TxnParticipantOpRequestPB: _TypeAlias = TxnParticipantOpRequestPB  # noqa: Y015
+
+@_typing.final
+class TxnParticipantOpResponsePB(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREPARE_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    prepare_timestamp: _builtins.int
+    """PREPARE: 0 when the transaction staged nothing here"""
+    def __init__(
+        self,
+        *,
+        prepare_timestamp: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prepare_timestamp", b"prepare_timestamp"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TxnParticipantOpResponsePB: _TypeAlias = TxnParticipantOpResponsePB  # noqa: Y015
 
 @_typing.final
 class AdvanceSafeTimeRequestPB(_message.Message):

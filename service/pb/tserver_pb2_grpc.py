@@ -27,9 +27,7 @@ if _version_not_supported:
 
 
 class TabletServerAdminServiceStub:
-    """--- services --------------------------------------------------------------------------------
-
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
         """Constructor.
@@ -87,12 +85,15 @@ class TabletServerAdminServiceStub:
                 request_serializer=service_dot_pb_dot_tserver__pb2.CancelTabletCopyRequestPB.SerializeToString,
                 response_deserializer=service_dot_pb_dot_tserver__pb2.CancelTabletCopyResponsePB.FromString,
                 _registered_method=True)
+        self.TxnParticipantOp = channel.unary_unary(
+                '/tessera.tserver.TabletServerAdminService/TxnParticipantOp',
+                request_serializer=service_dot_pb_dot_tserver__pb2.TxnParticipantOpRequestPB.SerializeToString,
+                response_deserializer=service_dot_pb_dot_tserver__pb2.TxnParticipantOpResponsePB.FromString,
+                _registered_method=True)
 
 
 class TabletServerAdminServiceServicer:
-    """--- services --------------------------------------------------------------------------------
-
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def CreateTablet(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -154,6 +155,12 @@ class TabletServerAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TxnParticipantOp(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TabletServerAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -207,6 +214,11 @@ def add_TabletServerAdminServiceServicer_to_server(servicer, server):
                     request_deserializer=service_dot_pb_dot_tserver__pb2.CancelTabletCopyRequestPB.FromString,
                     response_serializer=service_dot_pb_dot_tserver__pb2.CancelTabletCopyResponsePB.SerializeToString,
             ),
+            'TxnParticipantOp': grpc.unary_unary_rpc_method_handler(
+                    servicer.TxnParticipantOp,
+                    request_deserializer=service_dot_pb_dot_tserver__pb2.TxnParticipantOpRequestPB.FromString,
+                    response_serializer=service_dot_pb_dot_tserver__pb2.TxnParticipantOpResponsePB.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'tessera.tserver.TabletServerAdminService', rpc_method_handlers)
@@ -216,9 +228,7 @@ def add_TabletServerAdminServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TabletServerAdminService:
-    """--- services --------------------------------------------------------------------------------
-
-    """
+    """Missing associated documentation comment in .proto file."""
 
     @staticmethod
     def CreateTablet(request,
@@ -480,6 +490,33 @@ class TabletServerAdminService:
             '/tessera.tserver.TabletServerAdminService/CancelTabletCopy',
             service_dot_pb_dot_tserver__pb2.CancelTabletCopyRequestPB.SerializeToString,
             service_dot_pb_dot_tserver__pb2.CancelTabletCopyResponsePB.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TxnParticipantOp(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.tserver.TabletServerAdminService/TxnParticipantOp',
+            service_dot_pb_dot_tserver__pb2.TxnParticipantOpRequestPB.SerializeToString,
+            service_dot_pb_dot_tserver__pb2.TxnParticipantOpResponsePB.FromString,
             options,
             channel_credentials,
             insecure,

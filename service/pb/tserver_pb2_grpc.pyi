@@ -41,8 +41,6 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class TabletServerAdminServiceStub:
-    """--- services --------------------------------------------------------------------------------"""
-
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
@@ -57,11 +55,10 @@ class TabletServerAdminServiceStub:
     StartTabletCopy: _grpc.UnaryUnaryMultiCallable[_tserver_pb2.StartTabletCopyRequestPB, _tserver_pb2.StartTabletCopyResponsePB]
     ListTabletCopies: _grpc.UnaryUnaryMultiCallable[_tserver_pb2.ListTabletCopiesRequestPB, _tserver_pb2.ListTabletCopiesResponsePB]
     CancelTabletCopy: _grpc.UnaryUnaryMultiCallable[_tserver_pb2.CancelTabletCopyRequestPB, _tserver_pb2.CancelTabletCopyResponsePB]
+    TxnParticipantOp: _grpc.UnaryUnaryMultiCallable[_tserver_pb2.TxnParticipantOpRequestPB, _tserver_pb2.TxnParticipantOpResponsePB]
 
 @_typing.type_check_only
 class TabletServerAdminServiceAsyncStub(TabletServerAdminServiceStub):
-    """--- services --------------------------------------------------------------------------------"""
-
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateTablet: _aio.UnaryUnaryMultiCallable[_tserver_pb2.CreateTabletRequestPB, _tserver_pb2.CreateTabletResponsePB]  # type: ignore[assignment]
     DeleteTablet: _aio.UnaryUnaryMultiCallable[_tserver_pb2.DeleteTabletRequestPB, _tserver_pb2.DeleteTabletResponsePB]  # type: ignore[assignment]
@@ -73,10 +70,9 @@ class TabletServerAdminServiceAsyncStub(TabletServerAdminServiceStub):
     StartTabletCopy: _aio.UnaryUnaryMultiCallable[_tserver_pb2.StartTabletCopyRequestPB, _tserver_pb2.StartTabletCopyResponsePB]  # type: ignore[assignment]
     ListTabletCopies: _aio.UnaryUnaryMultiCallable[_tserver_pb2.ListTabletCopiesRequestPB, _tserver_pb2.ListTabletCopiesResponsePB]  # type: ignore[assignment]
     CancelTabletCopy: _aio.UnaryUnaryMultiCallable[_tserver_pb2.CancelTabletCopyRequestPB, _tserver_pb2.CancelTabletCopyResponsePB]  # type: ignore[assignment]
+    TxnParticipantOp: _aio.UnaryUnaryMultiCallable[_tserver_pb2.TxnParticipantOpRequestPB, _tserver_pb2.TxnParticipantOpResponsePB]  # type: ignore[assignment]
 
 class TabletServerAdminServiceServicer(metaclass=_abc_1.ABCMeta):
-    """--- services --------------------------------------------------------------------------------"""
-
     @_abc_1.abstractmethod
     def CreateTablet(
         self,
@@ -146,6 +142,13 @@ class TabletServerAdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _tserver_pb2.CancelTabletCopyRequestPB,
         context: _ServicerContext,
     ) -> _typing.Union[_tserver_pb2.CancelTabletCopyResponsePB, _abc.Awaitable[_tserver_pb2.CancelTabletCopyResponsePB]]: ...
+
+    @_abc_1.abstractmethod
+    def TxnParticipantOp(
+        self,
+        request: _tserver_pb2.TxnParticipantOpRequestPB,
+        context: _ServicerContext,
+    ) -> _typing.Union[_tserver_pb2.TxnParticipantOpResponsePB, _abc.Awaitable[_tserver_pb2.TxnParticipantOpResponsePB]]: ...
 
 def add_TabletServerAdminServiceServicer_to_server(servicer: TabletServerAdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -96,6 +96,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,7 +110,8 @@ from service.common.errors import (
     InvalidArgument,
     TesseraError,
 )
-from service.common.keys import decode_key
+from service.common.hybrid_time import describe
+from service.common.keys import decode_key, encode_keys_arrow
 from service.common.predicates import IS_DELETED, ScanSpec, to_arrow_expression, validate_spec
 from service.common.schema import ColumnSchema, Schema
 from service.common.schema_codec import schema_from_pb, schema_to_pb
@@ -135,6 +137,7 @@ from service.tserver.rowstore_memstore import (
     MemStore,
     OlderVersions,
     apply_batch,
+    key_text,
 )
 from service.tserver.rowstore_merge import (
     emit_batches,
@@ -527,6 +530,47 @@ class RowStore:
         self._live += live_delta
         return AppliedWrite(applied, tuple(errors))
 
+    def write_conflict(
+        self, batch: WriteBatch, start_ts: int, own: AbstractSet[bytes]
+    ) -> str | None:
+        """The first row of `batch` whose key has a version (a row or a deletion) committed
+        after `start_ts`, described, or None: a transaction whose snapshot is `start_ts`
+        must not write it (docs/design/transactions.md#R2; snapshot isolation's first
+        committer wins). Keys in `own` (staged by the transaction itself) are skipped."""
+        if not start_ts or batch.num_rows == 0:
+            return None
+        keys = [k for k in encode_keys_arrow(self._schema.key_columns, batch.table) if k not in own]
+        if not keys:
+            return None
+        active = _AsFrozen(self._mem)
+        older = OlderVersions(
+            self._schema, self._mem, [*self._frozen, active], [f for _, f in self._files]
+        )
+        times = older.newest_times(list(dict.fromkeys(keys)))
+        for k in keys:
+            ts = times.get(k, 0)
+            if ts > start_ts:
+                return (
+                    f"{key_text(self._schema, k)} was changed at {describe(ts)}, after the "
+                    f"transaction's snapshot {describe(start_ts)}"
+                )
+        return None
+
+    def stage_write(self, batch: WriteBatch, scratch: MemStore) -> AppliedWrite:
+        """Apply a transaction's write to its scratch memstore instead of the tablet's
+        (docs/design/transactions.md#R2): each row's outcome is decided against the committed
+        rows and what `scratch` already holds, exactly as `apply_write` would decide it, and
+        nothing of the tablet changes. The caller keeps the scratch memstore until the
+        transaction commits (`txn_staging.commit_batch`) or aborts."""
+        if batch.num_rows == 0:
+            return AppliedWrite()
+        active = _AsFrozen(self._mem)
+        older = OlderVersions(
+            self._schema, scratch, [*self._frozen, active], [f for _, f in self._files]
+        )
+        applied, errors, _ = apply_batch(scratch, self._schema, batch, older, 0)
+        return AppliedWrite(applied, tuple(errors))
+
     # --- flush ---------------------------------------------------------------------------
 
     def freeze(self) -> Frozen | None:
@@ -817,6 +861,14 @@ class RowStore:
     def checksum(self, outside: OutsidePredicate | None = None) -> Checksum:
         """`Snapshot.checksum` of the rows as of now, in this thread."""
         return self.snapshot().checksum(outside)
+
+
+class _AsFrozen:
+    """The active memstore seen as the newest frozen one (`OlderVersions` reads `.mem`): a
+    staged write looks committed rows up in it like in the others."""
+
+    def __init__(self, mem: MemStore) -> None:
+        self.mem = mem
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ never mutated, so its `source()` may be built in a worker thread, as may a `MemS
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -260,12 +261,24 @@ def py_values(arr: pa.Array | pa.ChunkedArray, col: ColumnSchema) -> list[object
 # --- versions older than the active memstore -------------------------------------------------
 
 
+class HoldsMem(Protocol):
+    """A memstore older than the one being written (a `Frozen`, or the active memstore under
+    a transaction's scratch memstore)."""
+
+    @property
+    def mem(self) -> MemStore: ...
+
+
 class OlderVersions:
     """Live versions of keys in the frozen memstores and data files under the active memstore,
     laid out for `schema` (the current one). Sources are given oldest first."""
 
     def __init__(
-        self, schema: Schema, current: MemStore, frozen: Sequence[Frozen], files: Sequence[Source]
+        self,
+        schema: Schema,
+        current: MemStore,
+        frozen: Sequence[HoldsMem],
+        files: Sequence[Source],
     ) -> None:
         self.schema = schema
         self.current = current
@@ -317,6 +330,39 @@ class OlderVersions:
             if not pending:
                 break
         return found
+
+    def newest_times(self, keys: list[bytes]) -> dict[bytes, int]:
+        """The commit timestamp of the newest version (a row or a deletion) of each of `keys`
+        in the frozen memstores and files; keys with no version there are not in the result
+        (a transaction's write-conflict check, rowstore.py `write_conflict`)."""
+        out: dict[bytes, int] = {}
+        pending = keys
+        for fz in reversed(self.frozen):
+            times = fz.mem.times
+            rest = []
+            for k in pending:
+                t = times.get(k)
+                if t is None:
+                    rest.append(k)
+                else:
+                    out[k] = t
+            pending = rest
+            if not pending:
+                return out
+        for src in reversed(self.files):
+            pos_arr = src.index.find(pending)
+            hits = np.flatnonzero(pos_arr >= 0)
+            if len(hits) == 0:
+                continue
+            stamps = src.table.column(TS_COL) if TS_COL in src.table.column_names else None
+            hit_set = set(hits.tolist())
+            for h in hits.tolist():
+                p = int(pos_arr[h])
+                out[pending[h]] = int(stamps[p].as_py()) if stamps is not None else 0
+            pending = [k for i, k in enumerate(pending) if i not in hit_set]
+            if not pending:
+                break
+        return out
 
     def materialize(self, ref: object) -> Row:
         """The row a `lookup` value stands for, laid out for the current schema."""

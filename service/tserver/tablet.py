@@ -18,6 +18,9 @@ Every change to rows or schema is a Raft entry; the first byte says which:
   b"A" + AlterSchemaRequestPB  a new schema (and table name), applied in log order, so a write
                                proposed under the old schema is applied under the schema that
                                precedes it in the log
+  b"B", b"T", b"P", b"C", b"X" a transaction's begin here, staged write, prepare (stamped
+                               like a timestamp entry), commit (at its commit timestamp) and
+                               abort (txn_staging.py, docs/design/transactions.md#R2, #R3)
 
 Durability and replay: the WAL makes an acknowledged write durable (the write is acknowledged
 only once applied on the leader, i.e. committed on a majority). The RowStore flushes its
@@ -74,19 +77,23 @@ import numpy as np
 import pyarrow as pa
 from google.protobuf.message import DecodeError
 
+from service.common import failpoints
 from service.common.errors import (
+    Aborted,
     Corruption,
     FailedPrecondition,
     InvalidArgument,
     IOFatal,
     NotTheLeader,
     OutsidePartition,
+    PermissionDenied,
     SnapshotTooOld,
     TabletNotRunning,
     TesseraError,
     Timeout,
 )
 from service.common.hybrid_time import HybridClock, describe, from_micros, physical_us
+from service.common.keys import encode_keys_arrow
 from service.common.partition import Partition, PartitionSchema
 from service.common.predicates import ScanSpec
 from service.common.schema import Schema
@@ -104,9 +111,12 @@ from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.raft import ConfigChangeType, NodeId, RaftConfig, Role
 from service.tserver import superblock as sbmod
+from service.tserver import txn_staging as txns
 from service.tserver.row_ops import WriteBatch, check_write_size, decode_write
 from service.tserver.rowstore import AppliedWrite, RowStore
+from service.tserver.rowstore_memstore import key_text
 from service.tserver.superblock import DataState, Superblock
+from service.tserver.txn_staging import RowLocks, TabletTxns, TxnRefusal
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +163,8 @@ class ValidatedWrite:
     entry: bytes | None
     kept: np.ndarray | None = None
     refused: tuple[tuple[int, TesseraError], ...] = ()
+    batch: WriteBatch | None = None
+    """The rows of `entry` (their keys are what a transaction locks)."""
 
     def request_row(self, entry_row: int) -> int:
         return entry_row if self.kept is None else int(self.kept[entry_row])
@@ -171,10 +183,12 @@ def validate_write(
     batch = decode_write(schema, rows, default_op, ops)
     check_write_size(len(rows), batch.num_rows)
     if placement is None or batch.num_rows == 0:
-        return ValidatedWrite(write_entry(batch) if batch.num_rows else None)
+        if not batch.num_rows:
+            return ValidatedWrite(None)
+        return ValidatedWrite(write_entry(batch), batch=batch)
     outside = placement.partition_schema.rows_outside(schema, placement.partition, batch.table)
     if not outside.any():
-        return ValidatedWrite(write_entry(batch))
+        return ValidatedWrite(write_entry(batch), batch=batch)
     bad = np.flatnonzero(outside)
     where = placement.partition_schema.describe_partition(schema, placement.partition)
     keys = batch.table.select(list(schema.key)).take(pa.array(bad)).to_pylist()
@@ -194,7 +208,7 @@ def validate_write(
     inside = WriteBatch(
         batch.table.take(pa.array(kept)), batch.ops[kept], batch.schema_version, batch.column_ids
     )
-    return ValidatedWrite(write_entry(inside), kept, refused)
+    return ValidatedWrite(write_entry(inside), kept, refused, inside)
 
 
 class ReplicaState(enum.Enum):
@@ -245,10 +259,22 @@ class TabletSettings:
     clock: HybridClock = field(default_factory=HybridClock, compare=False)
     """The server's hybrid clock: shared by every replica of the server (one settings object
     per server), moved by every committed timestamp it applies."""
+    txn_lock_wait_s: float = 5.0
+    """How long a write waits for a row another transaction holds before it fails ABORTED
+    (docs/design/transactions.md#R2)."""
+    register_txn: RegisterTxn | None = field(default=None, compare=False)
+    """How a tablet's leader has the coordinator register it as a participant of a
+    transaction, for a writer, before the transaction's first write here; None: transactional
+    writes are refused (a server with no masters)."""
     ask_leader: AskLeader | None = field(default=None, compare=False)
     """How a follower gets its tablet's leader to move the safe time past a snapshot time
     (`TabletReplica.wait_safe`); None: a follower waits for writes to move it."""
 
+
+RegisterTxn = Callable[[int, str, str, float], Awaitable[int]]
+"""(txn id, tablet id, writer, timeout): register the tablet as a participant of the
+transaction on the writer's behalf (the coordinator checks the writer owns it and it is open);
+returns the transaction's start timestamp."""
 
 AskLeader = Callable[[str, str, int, float], Awaitable[None]]
 """(leader uuid, tablet id, timestamp, timeout): ask the tablet's leader to move the tablet's
@@ -295,6 +321,8 @@ class TabletStateMachine:
             result = store.apply_write(index, WriteBatch.decode(body, store.schema))
             r.after_apply()
             return result
+        if kind in txns.KINDS:
+            return r.apply_txn(index, txns.decode_entry(data))
         if kind == _ALTER:
             req = tpb.AlterSchemaRequestPB.FromString(body)
             schema = schema_from_pb(req.schema)
@@ -309,9 +337,10 @@ class TabletStateMachine:
         raise InvalidArgument(f"tablet {r.tablet_id}: unknown entry kind {kind!r} at {index}")
 
     def durable_index(self) -> int:
-        """The row store's flushed index: the Raft log is kept from there on (its anchor)."""
-        store = self.replica.store
-        return store.flushed_index if store is not None else 0
+        """The row store's flushed index: the Raft log is kept from there on (its anchor),
+        and from the first entry of any unresolved transaction (whose staged rows live only
+        in memory: a restart replays them)."""
+        return self.replica.log_anchor_index()
 
     def anchor(self, index: int) -> bytes:
         return anchor_payload(index)
@@ -376,6 +405,13 @@ class TabletReplica:
         """Snapshot reads waiting for the safe time to reach their timestamp (`wait_safe`)."""
         self._bump: tuple[int, asyncio.Future[None]] | None = None
         """The timestamp entry this leader is replicating, if any, and its outcome."""
+        self.txns = TabletTxns()
+        """Unresolved transactions (txn_staging.py): applied from the log on every replica."""
+        self.locks = RowLocks()
+        """The leader's row locks, rebuilt from `txns` at the start of each term it leads."""
+        self._locks_term = -1
+        self._beginning: dict[int, asyncio.Future[None]] = {}
+        """Transactions whose BEGIN this leader is registering and replicating."""
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -533,7 +569,11 @@ class TabletReplica:
             )
         return self.node
 
-    async def write(self, req: tpb.WriteRequestPB, timeout: float) -> tpb.WriteResponsePB:
+    async def write(
+        self, req: tpb.WriteRequestPB, timeout: float, writer: str = ""
+    ) -> tpb.WriteResponsePB:
+        """A client's write (plain, or staged in a transaction: `req.txn_id`), from `writer`
+        (the caller's identity: a transaction takes writes only from its owner)."""
         node = self.running_node()
         if node.status().role is not Role.LEADER:
             raise node.not_leader_error()
@@ -544,6 +584,11 @@ class TabletReplica:
                 f"tablet {self.tablet_id}: the write uses schema version {req.schema_version}, "
                 f"newer than this replica's {store.schema.version}; retry shortly"
             )
+        txn_id = int(req.txn_id)
+        if txn_id:
+            if len(req.txn_attempt.encode()) > txns.MAX_ATTEMPT_BYTES:
+                raise InvalidArgument(f"txn_attempt: longer than {txns.MAX_ATTEMPT_BYTES} bytes")
+            await self._begin_txn(node, txn_id, writer, timeout)
         # Validating and encoding cost time linear in the request (up to MAX_WRITE_BYTES of
         # row_ops.py), mostly in Arrow calls that release the GIL (full validation, casts, the
         # IPC writer): a worker thread keeps them off the loop that every Raft group of this
@@ -564,15 +609,23 @@ class TabletReplica:
             # once what it inherited is applied (its clock has seen those stamps), and the
             # stamp is taken and the entry queued with no await in between.
             await node.wait_term_applied(timeout)
-            if req.propagated_timestamp:
-                self.settings.clock.update(req.propagated_timestamp)
-            ts = self.settings.clock.now()
-            entry = stamped(checked.entry, ts)
-            result = cast(AppliedWrite, await node.propose(entry, timeout=timeout))
-            rows_applied = result.rows_applied
-            errors.extend((checked.request_row(row), err) for row, err in result.errors)
-            if self.settings.on_rows_written is not None:
-                self.settings.on_rows_written(result.rows_applied)
+            await self._lock_rows(node, checked, txn_id, timeout)
+            if txn_id:
+                entry = txns.stage_entry(txn_id, req.txn_attempt, checked.entry)
+                result = await node.propose(entry, timeout=timeout)
+                if isinstance(result, TxnRefusal):
+                    refused = Aborted if result.conflict else FailedPrecondition
+                    raise refused(f"tablet {self.tablet_id}: {result.reason}")
+            else:
+                if req.propagated_timestamp:
+                    self.settings.clock.update(req.propagated_timestamp)
+                ts = self.settings.clock.now()
+                result = await node.propose(stamped(checked.entry, ts), timeout=timeout)
+            applied = cast(AppliedWrite, result)
+            rows_applied = applied.rows_applied
+            errors.extend((checked.request_row(row), err) for row, err in applied.errors)
+            if self.settings.on_rows_written is not None and not txn_id:
+                self.settings.on_rows_written(applied.rows_applied)
         resp = tpb.WriteResponsePB(
             applied_index=node.applied,
             rows_applied=rows_applied,
@@ -583,6 +636,178 @@ class TabletReplica:
                 row_index=row, error=mpb.ErrorPB(code=err.code, message=str(err))
             )
         return resp
+
+    # --- transactions (docs/design/transactions.md, txn_staging.py) -------------------------
+
+    async def _begin_txn(self, node: RaftNode, txn_id: int, writer: str, timeout: float) -> None:
+        """Make sure transaction `txn_id` has begun here for `writer`: its first write here
+        has the coordinator register this tablet as a participant (refused unless the
+        transaction is open and the writer owns it), then replicates a BEGIN entry. One
+        registration per transaction at a time; later writes find the state and check the
+        owner here."""
+        while True:
+            t = self.txns.txns.get(txn_id)
+            if t is not None:
+                if t.owner != writer:
+                    raise PermissionDenied(
+                        f"transaction {txn_id} belongs to {t.owner or 'nobody'!r}, not "
+                        f"{writer!r}: only its owner writes in it"
+                    )
+                if t.prepare_ts:
+                    raise FailedPrecondition(
+                        f"transaction {txn_id} is committing: its writes ended when its commit "
+                        "began"
+                    )
+                return
+            if txn_id in self.txns.recently_ended:
+                raise FailedPrecondition(
+                    f"transaction {txn_id} has ended on tablet {self.tablet_id}"
+                )
+            pending = self._beginning.get(txn_id)
+            if pending is not None:
+                with contextlib.suppress(TesseraError):
+                    await asyncio.shield(pending)
+                continue
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._beginning[txn_id] = fut
+            try:
+                register = self.settings.register_txn
+                if register is None:
+                    raise FailedPrecondition(
+                        f"tablet {self.tablet_id}: this server has no coordinator to register "
+                        "transactions with"
+                    )
+                start_ts = await register(txn_id, self.tablet_id, writer, timeout)
+                await node.propose(txns.begin_entry(txn_id, start_ts, writer), timeout=timeout)
+                fut.set_result(None)
+            except BaseException as e:
+                fut.set_exception(e if isinstance(e, Exception) else Timeout("cancelled"))
+                raise
+            finally:
+                self._beginning.pop(txn_id, None)
+
+    async def _lock_rows(
+        self, node: RaftNode, checked: ValidatedWrite, txn_id: int, timeout: float
+    ) -> None:
+        """Wait until no other transaction holds a row of this write, and take them for
+        `txn_id` (docs/design/transactions.md#R2). A plain write costs nothing while no
+        transaction holds a row of this tablet."""
+        term = node.status().term
+        if self._locks_term != term:
+            self.locks.rebuild(self.txns.locked_keys())
+            self._locks_term = term
+        if not txn_id and not self.locks.held:
+            return
+        batch = checked.batch
+        if batch is None:
+            return
+        store = self.store
+        assert store is not None
+        schema = store.schema
+        keys = encode_keys_arrow(schema.key_columns, batch.table)
+        await self.locks.acquire(
+            keys,
+            txn_id or None,
+            min(self.settings.txn_lock_wait_s, timeout),
+            lambda k: f"tablet {self.tablet_id}: {key_text(schema, k)}",
+        )
+
+    def apply_txn(self, index: int, e: txns.TxnEntry) -> object:
+        """Apply a transaction entry (TabletStateMachine); deterministic in the log."""
+        store = self.store
+        assert store is not None
+        if e.kind == txns.BEGIN:
+            self.txns.begin(index, e.txn_id, e.owner, e.ts)
+            store.note_index(index)
+            return None
+        if e.kind == txns.STAGE:
+            staging = self.txns.stage(e.txn_id)
+            if isinstance(staging, TxnRefusal):
+                store.note_index(index)
+                return staging
+            batch = WriteBatch.decode(e.write, store.schema)
+            store.note_index(index)
+            conflict = store.write_conflict(batch, staging.start_ts, staging.staged_keys())
+            if conflict is not None:
+                return TxnRefusal(
+                    f"write conflict in transaction {e.txn_id}: {conflict} (the transaction's "
+                    "snapshot is older): abort and run it again",
+                    conflict=True,
+                )
+            mem = self.txns.scratch(staging, e.attempt, store.schema, index)
+            return store.stage_write(batch, mem)
+        if e.kind == txns.PREPARE:
+            self.observe(e.ts)
+            prepared = self.txns.prepare(index, e.txn_id, e.ts)
+            store.note_timestamp(index, e.ts)  # the replica's safe time is capped below it
+            return prepared
+        t = self.txns.resolve(e.txn_id)
+        self.locks.release(e.txn_id)
+        if e.kind == txns.COMMIT:
+            self.observe(e.ts)
+            rows = (
+                txns.commit_batch(t, e.kept, store.schema)
+                if t is not None and t.prepare_ts and index > store.applied_index
+                else None
+            )
+            if rows is not None:
+                assert t is not None
+                store.apply_write(index, rows, e.ts)
+                self.txns.pin(t, index)
+            else:
+                store.note_index(index)
+            self.after_apply()
+            return e.ts
+        store.note_index(index)  # ABORT: the staged rows are dropped with the state
+        self.safe_time_moved()
+        return None
+
+    def log_anchor_index(self) -> int:
+        """Where the WAL may be dropped up to (the state machine's durable index)."""
+        store = self.store
+        if store is None:
+            return 0
+        flushed = store.flushed_index
+        self.txns.unpin(flushed)
+        first = self.txns.first_index()
+        return flushed if first is None else min(flushed, first - 1)
+
+    async def txn_op(self, req: tpb.TxnParticipantOpRequestPB, timeout: float) -> int:
+        """The coordinator's prepare, commit or abort of a transaction here (the leader
+        replicates it); a prepare answers with its prepare timestamp (repeated: the same)."""
+        node = self.running_node()
+        if node.status().role is not Role.LEADER:
+            raise node.not_leader_error()
+        txn_id = int(req.txn_id)
+        if txn_id <= 0:
+            raise InvalidArgument("txn_id: required")
+        await node.wait_term_applied(timeout)
+        clock = self.settings.clock
+        if req.op == tpb.TxnParticipantOpRequestPB.PREPARE:
+            done = self.txns.prepare_timestamp(txn_id)
+            if done:
+                return done
+            prepared = cast(
+                int, await node.propose(txns.prepare_entry(txn_id, clock.now()), timeout)
+            )
+            failpoints.hit("txn_participant:after_prepare")
+            return prepared
+        if req.op == tpb.TxnParticipantOpRequestPB.COMMIT:
+            ts = int(req.commit_timestamp)
+            if not ts:
+                raise InvalidArgument("commit_timestamp: required for COMMIT")
+            clock.check(ts)
+            # What this leader stamps next comes after the commit (tablets.md#R4).
+            clock.update(ts)
+            kept = list(req.kept_attempts) if req.kept_attempts else None
+            await node.propose(txns.commit_entry(txn_id, ts, kept), timeout=timeout)
+            failpoints.hit("txn_participant:after_commit")
+            return ts
+        if req.op == tpb.TxnParticipantOpRequestPB.ABORT:
+            await node.propose(txns.abort_entry(txn_id), timeout=timeout)
+            return 0
+        raise InvalidArgument(f"op: unknown transaction operation {req.op}")
 
     def placement(self, schema: Schema) -> Placement | None:
         """This tablet's partition under `schema` (cached per schema version); None when the
@@ -636,7 +861,7 @@ class TabletReplica:
         store = self.store
         if store is None or not self._safe_waiters:
             return
-        safe = store.safe_time
+        safe = self.safe_time
         waiting = []
         for ts, fut in self._safe_waiters:
             if ts <= safe:
@@ -756,7 +981,11 @@ class TabletReplica:
     def safe_time(self) -> int:
         """Every entry stamped at or before this is applied here, and none that commits later
         can be (the newest stamp applied: stamps follow log order)."""
-        return self.store.safe_time if self.store is not None else 0
+        if self.store is None:
+            return 0
+        cap = self.txns.safe_time_cap()
+        safe = self.store.safe_time
+        return safe if cap is None else min(safe, cap)
 
     def history_horizon(self) -> int:
         """The oldest time a snapshot read may ask for: `history_max_age_s` ago, and never
@@ -824,10 +1053,16 @@ class TabletReplica:
             async with asyncio.timeout(max(0.0, remaining)):
                 await fut
         except TimeoutError:
+            held = self.txns.safe_time_cap()
+            why = (
+                "a transaction prepared here is not resolved yet"
+                if held is not None and held < ts
+                else "a lagging replica, or no leader"
+            )
             raise Timeout(
                 f"tablet {self.tablet_id}: the safe time here ({describe(self.safe_time)}) did "
-                f"not reach the snapshot time {describe(ts)} within {timeout:.1f}s (a lagging "
-                "replica, or no leader): retry, or read another replica"
+                f"not reach the snapshot time {describe(ts)} within {timeout:.1f}s ({why}): "
+                "retry, or read another replica"
             ) from None
 
     async def advance_safe_time(self, ts: int, timeout: float) -> int:
@@ -846,7 +1081,12 @@ class TabletReplica:
         """Replicate a timestamp entry stamped after `ts`, unless a write or another such entry
         already under way will do: one entry serves every read waiting meanwhile."""
         node = self.running_node()
-        while self.safe_time < ts:
+        store = self.store
+        assert store is not None
+        # The store's safe time, not the replica's: a prepared transaction holds the latter
+        # back until it is resolved, and no timestamp entry moves it (docs/design/
+        # transactions.md#R3).
+        while store.safe_time < ts:
             bump = self._bump
             if bump is not None and not bump[1].done():
                 await asyncio.shield(bump[1])

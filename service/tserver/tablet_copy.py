@@ -156,7 +156,10 @@ class CopySource:
         sid = os.urandom(12).hex()
         directory = self.root / sid
         directory.mkdir(parents=True)
-        index = store.flushed_index
+        # The image's index: the flushed one, or just before the first entry of a
+        # transaction still unresolved here (its staged rows are in memory only: the copy
+        # replays them from the leader's log, which keeps them; tablet.py).
+        index = replica.log_anchor_index()
         names = store.data_files()
         for name in names:
             os.link(store.directory / name, directory / name)

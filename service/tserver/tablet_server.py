@@ -43,7 +43,14 @@ from service.common.authz import Authorizer
 from service.common.cert_renewal import CertRenewer
 from service.common.config import TServerConfig
 from service.common.enrollment import request_certificate
-from service.common.errors import FailedPrecondition, InvalidArgument, StaleTerm, observe_rpcs
+from service.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    StaleTerm,
+    TesseraError,
+    Timeout,
+    observe_rpcs,
+)
 from service.common.http_status import StatusServer, public_address, status_server
 from service.common.hybrid_time import HybridClock
 from service.common.loop_lag import LoopLagMonitor
@@ -64,6 +71,7 @@ from service.consensus.node import NodeSettings
 from service.consensus.quiesce import Quiescence
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
 from service.pb import master_pb2 as mpb
+from service.pb import master_pb2_grpc as mpb_grpc
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
 from service.raft import NodeId
@@ -245,6 +253,8 @@ class TabletServer:
             history_max_age_s=config.tablet_history_max_age_ms / 1000,
             clock=HybridClock(config.max_clock_error_ms * 1000),
             ask_leader=self._ask_leader_safe_time,
+            txn_lock_wait_s=config.txn_lock_wait_ms / 1000,
+            register_txn=self._register_txn,
         )
         self.tablets = TabletManager(data_dir, self.uuid, transport, settings)
         await self.tablets.open()
@@ -345,6 +355,39 @@ class TabletServer:
                     timeout=timeout,
                 )
             )
+
+    async def _register_txn(self, txn_id: int, tablet_id: str, writer: str, timeout: float) -> int:
+        """Have the coordinator (the leader master) register `tablet_id` as a participant of
+        transaction `txn_id` for `writer` (docs/design/transactions.md#R2): the master checks
+        that the writer owns the open transaction and that this server hosts the tablet. The
+        known leader is asked first, then every master; once per transaction and tablet, so
+        one short-lived channel per call. Returns the transaction's start timestamp."""
+        leader = self.heartbeater.leader_address() if self.heartbeater is not None else None
+        addresses = list(dict.fromkeys([a for a in [leader] if a] + self._master_addresses()))
+        req = mpb.RegisterParticipantsRequestPB(
+            txn_id=txn_id, tablet_ids=[tablet_id], on_behalf_of=writer
+        )
+        deadline = time.monotonic() + timeout
+        last: Exception = FailedPrecondition("no master to register the transaction with")
+        while time.monotonic() < deadline:
+            for address in addresses:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    async with open_channel(address, self.credentials, role="master") as ch:
+                        resp = await error_mapping.mapped(
+                            mpb_grpc.MasterServiceStub(ch).RegisterParticipants(
+                                req, timeout=remaining
+                            )
+                        )
+                    return int(resp.start_timestamp)
+                except TesseraError as e:
+                    if not (e.retryable or isinstance(e, Timeout)):
+                        raise
+                    last = e
+            await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        raise last
 
     async def _obtain_certificate(self, creds: Credentials) -> Credentials:
         """A renewal (service/common/cert_renewal.py): the leader master signs a certificate

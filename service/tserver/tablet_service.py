@@ -51,6 +51,7 @@ _Fenced = (
     | tpb.AlterSchemaRequestPB
     | tpb.ChangeConfigRequestPB
     | tpb.LeaderStepDownRequestPB
+    | tpb.TxnParticipantOpRequestPB
 )
 
 
@@ -63,7 +64,15 @@ _ADMINS_AND_MASTERS = allow("master", "admin")
 ADMIN_POLICY: dict[str, Rule] = {
     # Changes to replicas: the master (fenced by its term), or an admin's repair tool.
     **dict.fromkeys(
-        ["CreateTablet", "DeleteTablet", "AlterSchema", "ChangeConfig", "LeaderStepDown"],
+        [
+            "CreateTablet",
+            "DeleteTablet",
+            "AlterSchema",
+            "ChangeConfig",
+            "LeaderStepDown",
+            # A transaction's prepare, commit or abort: its coordinator, the leader master.
+            "TxnParticipantOp",
+        ],
         _ADMINS_AND_MASTERS,
     ),
     # A tablet's leader asks a lagging follower to copy from it (tablet_copy.CopyTrigger); an
@@ -285,6 +294,19 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         return tpb.LeaderStepDownResponsePB()
 
     @rpc_errors
+    async def TxnParticipantOp(
+        self, request: tpb.TxnParticipantOpRequestPB, context: Ctx
+    ) -> tpb.TxnParticipantOpResponsePB:
+        self._dest(request.dest_uuid)
+        self._check_fence(request, context)
+        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        ts = await replica.txn_op(request, self._timeout(context))
+        self._note_fence(request)
+        if request.op == tpb.TxnParticipantOpRequestPB.PREPARE:
+            return tpb.TxnParticipantOpResponsePB(prepare_timestamp=ts)
+        return tpb.TxnParticipantOpResponsePB()
+
+    @rpc_errors
     async def GetConsensusState(
         self, request: tpb.GetConsensusStateRequestPB, context: Ctx
     ) -> tpb.GetConsensusStateResponsePB:
@@ -452,7 +474,8 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         self._dest(request.dest_uuid)
         replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
         self._authorize(context, replica, request.authz_token, Privilege.WRITE)
-        return await replica.write(request, self._timeout(context))
+        who = self._caller(context)
+        return await replica.write(request, self._timeout(context), who.principal)
 
     # Scan and ScanNext answer with a pre-serialized ScanResponsePB (`ScanPage`), which the
     # serializer that `add_data_servicer` registers sends as it is.
