@@ -14,7 +14,7 @@ FUZZ_ARGS  ?=
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: venv demo raft-demo test test-unit test-integration test-spark test-slow lint typecheck unit protos check-protos sim fuzz bench-raft bench-tserver bench-master bench-scale bench-spark-read bench-jobs chaos clean
+.PHONY: venv demo raft-demo test test-unit test-integration test-spark test-slow lint typecheck unit protos check-protos sim fuzz bench-raft bench-tserver bench-master bench-scale bench-spark-read bench-jobs bench-txn chaos clean
 
 venv: $(STAMP)
 
@@ -102,12 +102,15 @@ bench-spark-read: venv
 bench-jobs: venv
 	$(BIN)/python -m bench.jobs_bench
 
+bench-txn: venv
+	$(BIN)/python -m bench.txn_bench
+
 ## Fault campaign on real processes (root: network namespaces), every nemesis x workload:
 ## make chaos CHAOS_SECONDS=1800 CHAOS_SEED=1 [NEMESES=kill,pause] [WORKLOADS=register,rows]
 CHAOS_SECONDS ?= 600
 CHAOS_SEED    ?= 1
 NEMESES       ?= kill,pause,partition,clock,disk
-WORKLOADS     ?= register,ddl,catalog_reads,rows,snapshot
+WORKLOADS     ?= register,ddl,catalog_reads,rows,snapshot,bank
 CHAOS_OUT     ?= chaos-out
 chaos: venv
 	$(BIN)/python -m service.testing.chaos --seconds $(CHAOS_SECONDS) --seed $(CHAOS_SEED) \

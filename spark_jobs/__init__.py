@@ -7,7 +7,7 @@ Modules
     session         the one way Tessera builds a SparkSession (Delta, quiet, small machines)
     catalog         table names: an in-memory catalog per session rebuilt from the warehouse
     datasource      the "tessera" PySpark DataSource: one partition per tablet, reads and writes
-    stream_sink     `writeStream.format("tessera")`: exactly once through idempotent writes
+    stream_sink     `writeStream.format("tessera")`: exactly once, one transaction per micro-batch
     connect         Spark Connect: a server with Delta and the source, and a client helper
     inventory       the jobs' inputs: the catalog and every tablet server's replicas
     reconcile       what the jobs find, as PURE functions of an inventory

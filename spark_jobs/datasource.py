@@ -48,6 +48,16 @@ A row the tablet server refuses fails the task with a message naming the row's k
 reason, unless `row_errors=report`, which counts the failures in the commit message and logs
 them on the driver. `overwrite` mode is refused unless `truncate=true` is given, which deletes
 every row of the table once, when the write is planned, before any task writes.
+
+Atomic writes (docs/design/transactions.md#R4). By default a write is one transaction: the
+driver begins it when the write is planned (with a keep-alive period of `WRITE_KEEPALIVE_MS`:
+nothing sends keep-alives while tasks wait to be scheduled; each task sends them while it
+writes), every task attempt stages its rows under its own attempt id (`task-<attempt id>`),
+and Spark's `commit` on the driver commits the transaction with exactly the attempts whose
+commit messages it got: a failed, retried or speculative attempt's rows are dropped. A job that
+fails calls `abort`, which aborts it: the table is left as it was. `truncate=true` stages its
+deletes in the same transaction, so an overwrite is atomic too. `transactional=false` writes each
+task's rows as they come (a bulk load; what a failure leaves is what was written).
 """
 
 from __future__ import annotations
@@ -98,7 +108,7 @@ from service.client.meta_cache import TableHandle
 from service.client.scanner import REPLICA_SELECTIONS, ScanToken
 from service.client.sync import SyncClient
 from service.client.write_session import OPERATIONS, format_errors
-from service.common.errors import InvalidArgument
+from service.common.errors import InvalidArgument, TesseraError
 from service.common.hybrid_time import from_micros, from_millis
 from service.common.predicates import IS_DELETED, ColumnPredicate, ScanSpec, validate_spec
 from service.common.schema import ColumnSchema, ColumnType, Schema
@@ -197,6 +207,9 @@ OPTIONS: dict[str, str] = {
     "operation": "write: insert, upsert (default), update, delete or insert_ignore",
     "row_errors": "write: fail (default: a refused row fails the task) or report",
     "truncate": "write: with mode overwrite, true deletes every row first (default false)",
+    "transactional": "write: true (default) makes the whole write one transaction: its rows appear "
+    "together when the job commits, or not at all if it fails; false writes each task's rows "
+    "as they come (a bulk load that a failure may leave half done)",
     "query_name": "streaming write: the name under which committed batch ids are kept "
     "(default: the table name)",
     "commit_table": "streaming write: the Tessera table that keeps them (default "
@@ -306,6 +319,7 @@ class ReadOptions:
     operation: str = "upsert"
     row_errors: str = "fail"
     truncate: bool = False
+    transactional: bool = True
     read_mode: str = "snapshot"
     diff_start: int = 0
     """A diff scan from this hybrid timestamp (`diff_start_hybrid_time`); 0: a plain read."""
@@ -389,6 +403,7 @@ class ReadOptions:
             operation=op,
             row_errors=row_errors,
             truncate=_bool("truncate", opts.get("truncate", "false")),
+            transactional=_bool("transactional", opts.get("transactional", "true")),
             read_mode=read_mode,
             snapshot_timestamp=snapshot,
             diff_start=_diff_start(opts, snapshot),
@@ -483,7 +498,7 @@ class TesseraDataSource(DataSource):
         return TesseraReader(opts, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        """`writeStream.format("tessera")`: exactly once through idempotent writes
+        """`writeStream.format("tessera")`: exactly once, one transaction per micro-batch
         (spark_jobs/stream_sink.py)."""
         from spark_jobs.stream_sink import TesseraStreamWriter
 
@@ -496,15 +511,26 @@ class TesseraDataSource(DataSource):
         opts = ReadOptions.parse(self.options).with_shipped_credentials()
         info = opts.table_info()
         check_write_schema(info, schema, opts.operation)
-        if overwrite:
-            if not opts.truncate:
-                raise InvalidArgument(
-                    f"mode 'overwrite' would delete every row of table {opts.table!r}: "
-                    "refused; use mode 'append', or add option truncate=true to delete the "
-                    "table's rows before writing"
-                )
-            truncate(opts, info)
-        return TesseraWriter(opts, info.schema.version)
+        if overwrite and not opts.truncate:
+            raise InvalidArgument(
+                f"mode 'overwrite' would delete every row of table {opts.table!r}: "
+                "refused; use mode 'append', or add option truncate=true to delete the "
+                "table's rows before writing"
+            )
+        txn_id = snapshot = 0
+        if opts.transactional:
+            client = opts.client()
+            txn = client.call("begin_transaction", keepalive_ms=WRITE_KEEPALIVE_MS)
+            txn.stop_keepalive()  # this process may be gone by the time the tasks run
+            txn_id, snapshot = txn.txn_id, txn.start_timestamp
+        try:
+            if overwrite:
+                truncate(opts, info, txn_id, snapshot)
+        except BaseException:
+            if txn_id:
+                _abort(opts, txn_id, "the write's truncate failed")
+            raise
+        return TesseraWriter(opts, info.schema.version, txn_id)
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -692,18 +718,40 @@ def check_write_schema(info: TableHandle, schema: StructType, operation: str) ->
                 f"the DataFrame has no column {k.name!r}, part of table {info.name!r}'s "
                 f"primary key; every {operation} needs the key"
             )
+    if operation in ("insert", "upsert", "insert_ignore"):
+        for c in info.schema.columns:
+            if c.name not in names and not c.nullable and c.default is None:
+                raise InvalidArgument(
+                    f"the DataFrame has no column {c.name!r}: table {info.name!r} declares it "
+                    f"NOT NULL with no default, and an {operation} may create rows"
+                )
 
 
-def truncate(opts: ReadOptions, info: TableHandle) -> int:
-    """Delete every row of the table (overwrite with truncate=true); the rows deleted."""
+def truncate(opts: ReadOptions, info: TableHandle, txn_id: int = 0, snapshot: int = 0) -> int:
+    """Delete every row of the table (overwrite with truncate=true); the rows deleted. In a
+    transaction (`txn_id`), the deletes are staged in it (attempt "truncate"), read at its
+    snapshot, so they land with the write's rows or not at all."""
     client = opts.client()
     keys = [c.name for c in info.schema.key_columns]
     deleted = 0
-    for tok in client.scan_tokens(opts.table, projection=keys):
+    session = client.call(
+        "new_session", opts.table, timeout=opts.rpc_timeout_s, txn_id=txn_id, txn_attempt="truncate"
+    )
+    for tok in client.scan_tokens(opts.table, projection=keys, snapshot=snapshot or None):
         for batch in client.scan_batches(tok):
-            r = client.write(opts.table, batch, "delete")
-            deleted += r.rows_applied
+            client.run(session.apply(batch, "delete"))
+            deleted += batch.num_rows
+    client.run(session.flush())
     return deleted
+
+
+def _abort(opts: ReadOptions, txn_id: int, reason: str) -> None:
+    client = opts.client()
+    txn = client.run(client.client.attach_transaction(txn_id))
+    try:
+        client.run(txn.abort(reason))
+    except TesseraError as e:
+        log.warning("tessera write to %r: abort of transaction %d: %s", opts.table, txn_id, e)
 
 
 @dataclass
@@ -711,24 +759,59 @@ class TesseraCommit(WriterCommitMessage):
     rows_applied: int = 0
     rows_failed: int = 0
     error_samples: list[str] = field(default_factory=list)
+    attempt: str = ""
+    """The task attempt whose staged rows this message vouches for (atomic writes)."""
+
+
+WRITE_KEEPALIVE_MS = 600_000
+"""An atomic write's keep-alive period: 10 minutes without a running task or a commit (a
+driver that died) and the master aborts it."""
+
+
+def _attempt_id() -> str:
+    """This task attempt's id, unique in the application (Spark's task attempt id)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return f"local-{os.getpid()}-{time.monotonic_ns()}"
+    return f"task-{ctx.taskAttemptId()}"
 
 
 class TesseraWriter(DataSourceArrowWriter):
-    def __init__(self, opts: ReadOptions, schema_version: int) -> None:
+    def __init__(self, opts: ReadOptions, schema_version: int, txn_id: int = 0) -> None:
         self.opts = opts
         self.schema_version = schema_version
+        self.txn_id = txn_id
+        """The write's transaction (atomic writes); 0: rows are written as they come."""
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TesseraCommit:
         opts = self.opts
         client = opts.client()
         info: TableHandle = client.call("open_table", opts.table)
         target = info.schema.to_arrow()
-        session = client.call("new_session", opts.table, timeout=opts.rpc_timeout_s)
-
-        for b in iterator:
-            if b.num_rows:
-                client.run(session.apply(_conform(b, target, opts.table), opts.operation))
-        client.run(session.flush())
+        attempt = _attempt_id() if self.txn_id else ""
+        session = client.call(
+            "new_session",
+            opts.table,
+            timeout=opts.rpc_timeout_s,
+            txn_id=self.txn_id,
+            txn_attempt=attempt,
+        )
+        # Keep-alives while this task runs (the driver's process may be gone).
+        alive = (
+            client.run(client.client.attach_transaction(self.txn_id, WRITE_KEEPALIVE_MS / 1000))
+            if self.txn_id
+            else None
+        )
+        try:
+            for b in iterator:
+                if b.num_rows:
+                    client.run(session.apply(_conform(b, target, opts.table), opts.operation))
+            client.run(session.flush())
+        finally:
+            if alive is not None:
+                alive.stop_keepalive()
         total = session.result
         if total.errors and opts.row_errors == "fail":
             raise InvalidArgument(
@@ -739,9 +822,30 @@ class TesseraWriter(DataSourceArrowWriter):
             rows_applied=total.rows_applied,
             rows_failed=len(total.errors),
             error_samples=[str(e) for e in total.errors[:5]],
+            attempt=attempt,
         )
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.txn_id:
+            self.commit_transaction(messages)
+        self.report(messages)
+
+    def commit_transaction(self, messages: list[WriterCommitMessage | None]) -> int:
+        """Commit the write's transaction with exactly the attempts of `messages` (and the
+        truncate's deletes); the commit timestamp. Raises (failing the job) if it aborted."""
+        kept = ["truncate"] + [m.attempt for m in messages if isinstance(m, TesseraCommit)]
+        client = self.opts.client()
+        txn = client.run(client.client.attach_transaction(self.txn_id))
+        ts: int = client.run(txn.commit(kept))
+        log.info("tessera write to %r: transaction %d committed", self.opts.table, self.txn_id)
+        return ts
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """The job failed: abort its transaction, so none of its rows ever shows."""
+        if self.txn_id:
+            _abort(self.opts, self.txn_id, "the Spark write failed")
+
+    def report(self, messages: list[WriterCommitMessage | None]) -> None:
         applied = sum(m.rows_applied for m in messages if isinstance(m, TesseraCommit))
         failed = sum(m.rows_failed for m in messages if isinstance(m, TesseraCommit))
         samples = [s for m in messages if isinstance(m, TesseraCommit) for s in m.error_samples]

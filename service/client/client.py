@@ -35,7 +35,7 @@ from service.client.meta_cache import MetaCache, TableHandle, TabletLocation
 from service.client.pruning import prune
 from service.client.retry import Backoff, Deadline
 from service.client.scanner import ScanToken, TabletScanner, TokenReplica, order_replicas
-from service.client.transactions import Transaction, TransactionState
+from service.client.transactions import Transaction, TransactionScope, TransactionState
 from service.client.write_session import WriteResult, WriteSession
 from service.common.errors import (
     Internal,
@@ -467,14 +467,21 @@ class TesseraClient:
     # --- transactions (service/client/transactions.py) ---------------------------------------
 
     async def begin_transaction(
-        self, *, stream_query: str = "", stream_batch: int = 0, timeout: float | None = None
+        self,
+        *,
+        stream_query: str = "",
+        stream_batch: int = 0,
+        keepalive_ms: int = 0,
+        timeout: float | None = None,
     ) -> Transaction:
         """A new transaction, kept alive until it commits or aborts. With (`stream_query`,
-        `stream_batch`): a streaming micro-batch; ALREADY_EXISTS if that batch committed."""
+        `stream_batch`): a streaming micro-batch; ALREADY_EXISTS if that batch committed.
+        `keepalive_ms`: how long it may go without a keep-alive (0: the master's default)."""
         req = pb.BeginTransactionRequestPB(
             stream_query=stream_query,
             stream_batch=stream_batch,
             propagated_timestamp=self.latest_timestamp,
+            keepalive_ms=keepalive_ms,
         )
         resp = await self.master.ddl("BeginTransaction", req, self._t(timeout))
         txn = Transaction(
@@ -482,6 +489,13 @@ class TesseraClient:
         )
         self._transactions.add(txn)
         return txn
+
+    def transaction(
+        self, *, keepalive_ms: int = 0, timeout: float | None = None
+    ) -> TransactionScope:
+        """`async with client.transaction() as txn:` a transaction committed when the block
+        ends normally, aborted when it raises (service/client/transactions.py)."""
+        return TransactionScope(self, keepalive_ms=keepalive_ms, timeout=timeout)
 
     async def transaction_state(
         self,
@@ -497,6 +511,14 @@ class TesseraClient:
         )
         resp = await self.master.call("GetTransactionState", req, self._t(timeout))
         return TransactionState.from_pb(resp)
+
+    async def attach_transaction(self, txn_id: int, keepalive_s: float = 0.0) -> Transaction:
+        """A transaction begun elsewhere (a Spark write's driver), to write in, keep alive
+        (with `keepalive_s` > 0, every third of it) and commit or abort from here; only its
+        owner's identity can."""
+        txn = Transaction(self, txn_id, keepalive_s, keepalive=keepalive_s > 0)
+        self._transactions.add(txn)
+        return txn
 
     async def write(
         self,

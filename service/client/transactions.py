@@ -1,9 +1,9 @@
 """Client transactions: writes to any rows of any tables that commit together or not at all.
 
-    async with await client.begin_transaction() as txn:
+    async with client.transaction() as txn:
         await txn.write("orders", rows)
         await txn.write("order_lines", lines)
-        ts = await txn.commit()     # leaving the block without committing aborts
+    # committed here (txn.commit_timestamp); an exception in the block aborts instead
 
 Theory of operation (docs/design/transactions.md)
 -------------------------------------------------
@@ -47,7 +47,7 @@ from service.pb import master_pb2 as pb
 if TYPE_CHECKING:
     from service.client.client import TesseraClient
 
-__all__ = ["Transaction", "TransactionState"]
+__all__ = ["Transaction", "TransactionScope", "TransactionState"]
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,13 @@ class Transaction:
     """One open transaction of this client (module docstring)."""
 
     def __init__(
-        self, client: TesseraClient, txn_id: int, keepalive_s: float, start_timestamp: int = 0
+        self,
+        client: TesseraClient,
+        txn_id: int,
+        keepalive_s: float,
+        start_timestamp: int = 0,
+        *,
+        keepalive: bool = True,
     ) -> None:
         self.client = client
         self.txn_id = txn_id
@@ -94,7 +100,11 @@ class Transaction:
         (a write conflict: run the transaction again)."""
         self.commit_timestamp = 0
         self._ended = False
-        self._keepalive = asyncio.create_task(self._keep_alive(), name=f"txn-keepalive-{txn_id}")
+        self._keepalive: asyncio.Task[None] | None = (
+            asyncio.create_task(self._keep_alive(), name=f"txn-keepalive-{txn_id}")
+            if keepalive
+            else None
+        )
 
     def __repr__(self) -> str:
         return f"Transaction({self.txn_id})"
@@ -108,10 +118,13 @@ class Transaction:
         ev: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if not self._ended:
-            reason = f"{et.__name__}: {ev}" if et is not None else "not committed by its client"
-            with contextlib.suppress(TesseraError):
-                await self.abort(reason[:500])
+        if self._ended:
+            return
+        if et is None:
+            await self.commit()  # the block ended normally: commit (and raise if it aborted)
+            return
+        with contextlib.suppress(TesseraError):
+            await self.abort(f"{et.__name__}: {ev}"[:500])
 
     # --- writes ------------------------------------------------------------------------------
 
@@ -174,12 +187,13 @@ class Transaction:
 
     def _stop(self) -> None:
         self._ended = True
-        self._keepalive.cancel()
+        self.stop_keepalive()
 
     def stop_keepalive(self) -> None:
         """Stop sending keep-alives (the client is closing): the transaction expires unless
         it ends first."""
-        self._keepalive.cancel()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
 
     async def _keep_alive(self) -> None:
         period = max(0.05, self.keepalive_s / 3)
@@ -193,3 +207,26 @@ class Transaction:
                 continue
             if resp.state != pb.TXN_OPEN:
                 return
+
+
+class TransactionScope:
+    """`async with client.transaction(...) as txn:` begins a transaction on entry, commits it
+    when the block ends normally and aborts it when the block raises."""
+
+    def __init__(self, client: TesseraClient, **begin: object) -> None:
+        self._client = client
+        self._begin = begin
+        self._txn: Transaction | None = None
+
+    async def __aenter__(self) -> Transaction:
+        self._txn = await self._client.begin_transaction(**self._begin)  # type: ignore[arg-type]
+        return self._txn
+
+    async def __aexit__(
+        self,
+        et: type[BaseException] | None,
+        ev: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._txn is not None
+        await self._txn.__aexit__(et, ev, tb)

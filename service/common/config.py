@@ -527,6 +527,9 @@ class MasterConfig:
     """A transaction whose client sends no KeepTransactionAlive for this long is aborted
     (Kudu's txn_keepalive_interval_ms); clients send one every third of it.
     docs/design/transactions.md#R1."""
+    txn_max_keepalive_ms: int = 3_600_000
+    """The longest keep-alive period a client may ask for a transaction (a Spark write asks
+    for minutes: nothing sends keep-alives while its tasks wait to be scheduled)."""
     txn_retention_ms: int = 86_400_000
     """How long an ended transaction's record is kept (a retried commit is answered from it);
     a streaming query's newest committed batch is kept regardless."""
@@ -635,6 +638,7 @@ class MasterConfig:
             "authz_token_ttl_ms",
             "cert_renewal_check_ms",
             "txn_keepalive_ms",
+            "txn_max_keepalive_ms",
             "txn_retention_ms",
         )
         c.that(

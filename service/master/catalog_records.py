@@ -366,6 +366,8 @@ class TxnRecord:
     state_msg: str = ""
     start_timestamp: int = 0
     """Its snapshot (hybrid time): writes conflict with rows committed after it."""
+    keepalive_ms: int = 0
+    """Its keep-alive period (0: the master's default)."""
 
 
 Record: TypeAlias = (
@@ -719,6 +721,7 @@ def txn_to_pb(t: TxnRecord) -> pb.TxnRecordPB:
         started_time_us=t.started_time_us,
         state_msg=t.state_msg,
         start_timestamp=t.start_timestamp,
+        keepalive_ms=t.keepalive_ms,
     )
 
 
@@ -748,6 +751,7 @@ def txn_from_pb(p: pb.TxnRecordPB) -> TxnRecord:
         p.started_time_us,
         p.state_msg,
         p.start_timestamp,
+        p.keepalive_ms,
     )
 
 

@@ -396,6 +396,7 @@ class MasterServer:
             monotonic=clock.monotonic,
             settings=TxnSettings(
                 keepalive_s=config.txn_keepalive_ms / 1000.0,
+                max_keepalive_s=config.txn_max_keepalive_ms / 1000.0,
                 retention_s=config.txn_retention_ms / 1000.0,
             ),
         )

@@ -464,6 +464,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             request.stream_query,
             request.stream_batch,
             request.propagated_timestamp,
+            request.keepalive_ms,
         )
 
     @rpc_errors

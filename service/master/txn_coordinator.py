@@ -32,8 +32,10 @@ purged (`retention_s`), as long as the clock does not step back by more than the
 
 Streaming batches (R4). A transaction may carry (stream query, batch id). BeginTransaction for a
 batch a COMMITTED transaction of the same query already carries is ALREADY_EXISTS (the batch is
-done: a replay skips it); an OPEN one of the same batch (a driver that died mid-batch) is
-aborted first. The newest committed batch of each query is never purged.
+done: a replay skips it); for a batch an unfinished transaction of the same owner carries, it
+answers that transaction (every task of the batch begins it, and a re-run of the batch after its
+driver died joins it: the commit keeps only the attempts it names). The newest committed batch
+of each query is never purged.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ MAX_STREAM_QUERY = 256
 @dataclass(frozen=True)
 class TxnSettings:
     keepalive_s: float = 30.0
+    max_keepalive_s: float = 3600.0
     retention_s: float = 86_400.0
     poll_s: float = 1.0
     """How often the per-term loop looks for expired and unresolved transactions."""
@@ -137,9 +140,11 @@ class TxnCoordinator:
     def start(self, fence: Fence) -> None:
         self.stop()
         self._fence = fence
-        deadline = self._monotonic() + self.settings.keepalive_s
+        now = self._monotonic()
         self._deadlines = {
-            r.record.txn_id: deadline for r in self._sys.txns() if r.record.state is TxnState.OPEN
+            r.record.txn_id: now + self._keepalive_s(r.record)
+            for r in self._sys.txns()
+            if r.record.state is TxnState.OPEN
         }
         self._loop = asyncio.create_task(self._run(), name=f"txn-coordinator-{fence.master_term}")
 
@@ -170,6 +175,7 @@ class TxnCoordinator:
         stream_query: str,
         stream_batch: int,
         propagated_timestamp: int = 0,
+        keepalive_ms: int = 0,
     ) -> pb.BeginTransactionResponsePB:
         self._leading()
         req = check_request_id(request_id)
@@ -177,6 +183,11 @@ class TxnCoordinator:
             raise InvalidArgument(f"stream_query: longer than {MAX_STREAM_QUERY} characters")
         if stream_batch and not stream_query:
             raise InvalidArgument("stream_batch: given without stream_query")
+        if keepalive_ms > self.settings.max_keepalive_s * 1000:
+            raise InvalidArgument(
+                f"keepalive_ms: {keepalive_ms} is more than this master allows "
+                f"(txn_max_keepalive_ms {self.settings.max_keepalive_s * 1000:.0f})"
+            )
         async with self._begin_lock:
             done = self._sys.remembered(req.client_id, req.seq_no)
             if done is not None:
@@ -186,7 +197,14 @@ class TxnCoordinator:
                     )
                 return pb.BeginTransactionResponsePB.FromString(done.response)
             if stream_query:
-                await self._check_batch(who, stream_query, stream_batch)
+                joined = self._stream_txn(who, stream_query, stream_batch)
+                if joined is not None:
+                    self._deadlines[joined.txn_id] = self._monotonic() + self._keepalive_s(joined)
+                    return pb.BeginTransactionResponsePB(
+                        txn_id=joined.txn_id,
+                        keepalive_ms=int(self._keepalive_s(joined) * 1000),
+                        start_timestamp=joined.start_timestamp,
+                    )
             newest = max((r.record.txn_id for r in self._sys.txns()), default=0)
             txn_id = max(self._now_us(), newest + 1)
             # Its snapshot: now, and never before what the client has seen (its own writes).
@@ -199,10 +217,11 @@ class TxnCoordinator:
                 stream_batch=stream_batch,
                 started_time_us=self._now_us(),
                 start_timestamp=start,
+                keepalive_ms=keepalive_ms,
             )
             resp = pb.BeginTransactionResponsePB(
                 txn_id=txn_id,
-                keepalive_ms=int(self.settings.keepalive_s * 1000),
+                keepalive_ms=int(self._keepalive_s(record) * 1000),
                 start_timestamp=start,
             )
             await self._replicate(
@@ -214,11 +233,16 @@ class TxnCoordinator:
                     response=resp.SerializeToString(),
                 )
             )
-            self._deadlines[txn_id] = self._monotonic() + self.settings.keepalive_s
+            self._deadlines[txn_id] = self._monotonic() + self._keepalive_s(record)
             log.info("transaction %d begun by %s", txn_id, who)
             return resp
 
-    async def _check_batch(self, who: Identity, query: str, batch: int) -> None:
+    def _stream_txn(self, who: Identity, query: str, batch: int) -> TxnRecord | None:
+        """A streaming batch's transaction to join: the unfinished one of (query, batch) its
+        owner began (every task of the batch begins it; a batch re-run after its driver died
+        joins the one the dead run began, and its commit keeps only the new run's attempts).
+        ALREADY_EXISTS if a transaction committed the batch; an aborted one is not joined."""
+        found = None
         for row in self._sys.txns():
             t = row.record
             if t.stream_query != query or t.stream_batch != batch:
@@ -228,9 +252,8 @@ class TxnCoordinator:
                     f"stream query {query!r} batch {batch} was committed by transaction {t.txn_id}"
                 )
             if t.state in (TxnState.OPEN, TxnState.COMMITTING) and t.owner == who.principal:
-                # A replay of the batch by a new driver: the old attempt ends here.
-                with contextlib.suppress(TesseraError):
-                    await self._abort(t.txn_id, f"batch {batch} of {query!r} was begun again")
+                found = t
+        return found
 
     async def register(
         self, who: Identity, txn_id: int, tablet_ids: list[str], on_behalf_of: str
@@ -276,7 +299,7 @@ class TxnCoordinator:
         self._leading()
         t = self._owned(who, txn_id).record
         if t.state is TxnState.OPEN:
-            self._deadlines[txn_id] = self._monotonic() + self.settings.keepalive_s
+            self._deadlines[txn_id] = self._monotonic() + self._keepalive_s(t)
         return t.state
 
     async def commit(self, who: Identity, txn_id: int, kept: list[str], timeout: float) -> int:
@@ -349,10 +372,15 @@ class TxnCoordinator:
                 continue
             if t.state is TxnState.COMMITTED:
                 last = max(last, t.stream_batch)
-                if t.stream_batch == stream_batch:
-                    resp.txn_id = t.txn_id
-                    resp.state = t.state.value
-                    resp.commit_timestamp = t.commit_timestamp
+            # The batch's transaction: the one that committed it, else an unfinished one.
+            if (
+                t.stream_batch == stream_batch
+                and t.state is not TxnState.ABORTED
+                and resp.state != TxnState.COMMITTED.value
+            ):
+                resp.txn_id = t.txn_id
+                resp.state = t.state.value
+                resp.commit_timestamp = t.commit_timestamp
         resp.last_committed_batch = last
         return resp
 
@@ -519,13 +547,14 @@ class TxnCoordinator:
         for row in rows:
             t = row.record
             if t.state is TxnState.OPEN:
-                due = self._deadlines.setdefault(t.txn_id, now + self.settings.keepalive_s)
+                period = self._keepalive_s(t)
+                due = self._deadlines.setdefault(t.txn_id, now + period)
                 if now >= due:
                     with contextlib.suppress(TesseraError):
                         await self._abort(
                             t.txn_id,
-                            f"no keep-alive for {self.settings.keepalive_s:.0f}s "
-                            "(txn_keepalive_ms): its client is gone",
+                            f"no keep-alive for {period:.0f}s (its keep-alive period): its "
+                            "client is gone",
                         )
             elif t.state is TxnState.COMMITTING or not t.resolved:
                 self._ensure_drive(t.txn_id)
@@ -544,6 +573,9 @@ class TxnCoordinator:
             )
 
     # --- helpers -----------------------------------------------------------------------------
+
+    def _keepalive_s(self, t: TxnRecord) -> float:
+        return t.keepalive_ms / 1000.0 if t.keepalive_ms else self.settings.keepalive_s
 
     def _lock(self, txn_id: int) -> asyncio.Lock:
         lock = self._txn_locks.get(txn_id)

@@ -728,6 +728,7 @@ class TxnRecordPB(_message.Message):
     STREAM_BATCH_FIELD_NUMBER: _builtins.int
     STARTED_TIME_US_FIELD_NUMBER: _builtins.int
     STATE_MSG_FIELD_NUMBER: _builtins.int
+    KEEPALIVE_MS_FIELD_NUMBER: _builtins.int
     START_TIMESTAMP_FIELD_NUMBER: _builtins.int
     txn_id: _builtins.int
     owner: _builtins.str
@@ -744,6 +745,8 @@ class TxnRecordPB(_message.Message):
     started_time_us: _builtins.int
     state_msg: _builtins.str
     """why it aborted"""
+    keepalive_ms: _builtins.int
+    """its keep-alive period (0: the master's default)"""
     start_timestamp: _builtins.int
     """Its snapshot: a write to a row some other writer committed after it is refused (a write
     conflict; docs/design/transactions.md#R2).
@@ -770,11 +773,12 @@ class TxnRecordPB(_message.Message):
         stream_batch: _builtins.int = ...,
         started_time_us: _builtins.int = ...,
         state_msg: _builtins.str = ...,
+        keepalive_ms: _builtins.int = ...,
         start_timestamp: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_timestamp", b"commit_timestamp", "kept_attempts", b"kept_attempts", "owner", b"owner", "participants", b"participants", "resolved", b"resolved", "start_timestamp", b"start_timestamp", "started_time_us", b"started_time_us", "state", b"state", "state_msg", b"state_msg", "stream_batch", b"stream_batch", "stream_query", b"stream_query", "txn_id", b"txn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_timestamp", b"commit_timestamp", "keepalive_ms", b"keepalive_ms", "kept_attempts", b"kept_attempts", "owner", b"owner", "participants", b"participants", "resolved", b"resolved", "start_timestamp", b"start_timestamp", "started_time_us", b"started_time_us", "state", b"state", "state_msg", b"state_msg", "stream_batch", b"stream_batch", "stream_query", b"stream_query", "txn_id", b"txn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2792,6 +2796,7 @@ class BeginTransactionRequestPB(_message.Message):
     STREAM_QUERY_FIELD_NUMBER: _builtins.int
     STREAM_BATCH_FIELD_NUMBER: _builtins.int
     PROPAGATED_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    KEEPALIVE_MS_FIELD_NUMBER: _builtins.int
     stream_query: _builtins.str
     """A streaming micro-batch (query id, batch id), committed atomically with the rows: a batch
     already committed is refused with ALREADY_EXISTS (docs/design/transactions.md#R4).
@@ -2799,6 +2804,11 @@ class BeginTransactionRequestPB(_message.Message):
     stream_batch: _builtins.int
     propagated_timestamp: _builtins.int
     """The newest hybrid time the client has seen: the transaction's snapshot is not before it."""
+    keepalive_ms: _builtins.int
+    """How long the transaction may go without a keep-alive before it aborts (0: the master's
+    txn_keepalive_ms; at most its txn_max_keepalive_ms). A Spark write asks for minutes: its
+    tasks send keep-alives while they run, and nothing does while they wait to be scheduled.
+    """
     @_builtins.property
     def request_id(self) -> Global___RequestIdPB:
         """a retried begin is answered with the same transaction"""
@@ -2810,10 +2820,11 @@ class BeginTransactionRequestPB(_message.Message):
         stream_query: _builtins.str = ...,
         stream_batch: _builtins.int = ...,
         propagated_timestamp: _builtins.int = ...,
+        keepalive_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["propagated_timestamp", b"propagated_timestamp", "request_id", b"request_id", "stream_batch", b"stream_batch", "stream_query", b"stream_query"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keepalive_ms", b"keepalive_ms", "propagated_timestamp", b"propagated_timestamp", "request_id", b"request_id", "stream_batch", b"stream_batch", "stream_query", b"stream_query"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

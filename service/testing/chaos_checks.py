@@ -412,3 +412,33 @@ def check_snapshots(ops: Sequence[Op]) -> SnapshotVerdict:
                     f"read at {at}: key {k} = {got}, but the newest write at or before it is {want}"
                 )
     return v
+
+
+@dataclass
+class BankVerdict:
+    reads: int = 0
+    transfers: int = 0
+    violations: list[str] = field(default_factory=list)
+
+
+def check_bank(ops: Sequence[Op], total: int) -> BankVerdict:
+    """Jepsen's bank test for transactions (docs/design/transactions.md): every snapshot read
+    ("balances": output = {account: balance} of every account of both tables) must sum to
+    `total` and see every account, whatever transfers committed, aborted or were cut off; a
+    transfer applied in part (one account moved, not the other) breaks the sum."""
+    v = BankVerdict()
+    for op in ops:
+        if op.type != "ok":
+            continue
+        if op.f == "transfer":
+            v.transfers += 1
+        if op.f not in ("balances", "final_balances"):
+            continue
+        v.reads += 1
+        balances = op.output
+        got = sum(balances.values())
+        if got != total:
+            v.violations.append(
+                f"{op.f} at {op.value}: the balances sum to {got}, not {total}: {balances}"
+            )
+    return v

@@ -20,6 +20,8 @@ nothing) or `info` (anything else: a timeout or a lost connection may hide a suc
 * `snapshot`: counters upserted across tablets with their commit timestamps, and whole-table
   snapshot reads at chosen timestamps from random replicas, each against the writes
   (`check_snapshots`).
+* `bank`: transfers between accounts of two tables as transactions, and snapshot reads of
+  every balance, which must always sum to the starting total (`check_bank`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from service.testing.chaos_checks import (
     History,
     Op,
     catalog_ops,
+    check_bank,
     check_rows,
     check_snapshots,
     register_ops,
@@ -519,7 +522,139 @@ class SnapshotWorkload(Workload):
         return Verdict(valid, violations=len(v.violations), lost=len(v.lost), notes=notes)
 
 
+class BankWorkload(Workload):
+    """Jepsen's bank test over transactions (docs/design/transactions.md): accounts spread
+    over the tablets of two tables; transfers move an amount between two accounts (often of
+    different tables) as one transaction that reads both at its snapshot and writes both; a
+    reader reads every balance of both tables at one snapshot timestamp (now, or an earlier
+    transfer's commit), each tablet from a replica picked at random. `check_bank`: every read
+    sums to the starting total."""
+
+    name = "bank"
+    focus = "tserver"
+    tables = ("chaos_bank_a", "chaos_bank_b")
+    table = "chaos_bank_a"
+    accounts = 12
+    """Per table."""
+    balance = 100
+
+    @property
+    def total(self) -> int:
+        return len(self.tables) * self.accounts * self.balance
+
+    async def setup(self) -> None:
+        schema = Schema.build([("k", ColumnType.INT64), ("v", ColumnType.INT64)], key="k")
+        ps = PartitionSchema(hash=(HashBucketSchema(("k",), 3),), range=RangeSchema(()))
+        for t in self.tables:
+            await self._create(t, schema, ps, 3)
+        c = self.client()
+        start = pa.table({"k": list(range(self.accounts)), "v": [self.balance] * self.accounts})
+        deadline = asyncio.get_running_loop().time() + SETUP_TIMEOUT
+        for t in self.tables:
+            while True:
+                try:
+                    r = await c.write(t, start, "upsert", timeout=30)
+                    if not r.errors:
+                        break
+                except TesseraError:
+                    pass
+                if asyncio.get_running_loop().time() > deadline:
+                    raise RuntimeError(f"could not open the accounts of {t}")
+                await asyncio.sleep(1)
+
+    async def _balances(self, client: TesseraClient, at: int, rng: random.Random) -> dict[str, int]:
+        """Every balance ("table/account": balance) at snapshot `at`."""
+        out: dict[str, int] = {}
+        for table in self.tables:
+            tokens = await client.scan_tokens(
+                table,
+                snapshot=at,
+                rpc_timeout_s=OP_TIMEOUT / 2,
+                scan_timeout_s=OP_TIMEOUT,
+                timeout=OP_TIMEOUT,
+            )
+            for tok in tokens:
+                replicas = list(tok.replicas)
+                rng.shuffle(replicas)
+                scanner = TabletScanner(client, dataclasses.replace(tok, replicas=tuple(replicas)))
+                async for b in scanner.batches():
+                    for k, v in zip(
+                        b.column("k").to_pylist(), b.column("v").to_pylist(), strict=True
+                    ):
+                        if f"{table}/{k}" in out:
+                            raise AssertionError(f"account {table}/{k} twice in one snapshot")
+                        out[f"{table}/{k}"] = v
+        if len(out) != len(self.tables) * self.accounts:
+            raise AssertionError(f"{len(out)} accounts in a snapshot, not {self.total}")
+        return out
+
+    async def _transfer(
+        self,
+        client: TesseraClient,
+        src: tuple[str, int],
+        dst: tuple[str, int],
+        amount: int,
+        rng: random.Random,
+    ) -> int:
+        async with client.transaction() as txn:
+            now = await self._balances(client, txn.start_timestamp, rng)
+            moved = {
+                src: now[f"{src[0]}/{src[1]}"] - amount,
+                dst: now[f"{dst[0]}/{dst[1]}"] + amount,
+            }
+            for table in self.tables:
+                mine = {k: v for (t, k), v in moved.items() if t == table}
+                if mine:
+                    await txn.write(
+                        table, pa.table({"k": list(mine), "v": list(mine.values())}), "upsert"
+                    )
+        return txn.commit_timestamp
+
+    async def step(self, process: int, client: TesseraClient, rng: random.Random) -> None:
+        if process == 0:
+            done = [op.output for op in self.history.ops if op.f == "transfer" and op.type == "ok"]
+            at = rng.choice(done) if done and rng.random() < 0.5 else client.snapshot_now()
+            await self._timed(
+                process, "balances", None, at, lambda: self._balances(client, at, rng)
+            )
+            return
+        accounts = [(t, k) for t in self.tables for k in range(self.accounts)]
+        src, dst = rng.sample(accounts, 2)
+        amount = rng.randint(1, 10)
+        await self._timed(
+            process,
+            "transfer",
+            None,
+            (src, dst, amount),
+            lambda: self._transfer(client, src, dst, amount, rng),
+            definite=DEFINITE | {"ABORTED"},
+        )
+
+    async def finish(self) -> None:
+        c = self.clients[0]
+        at = c.snapshot_now()
+        rng = random.Random(self.seed)
+        await self._final("final_balances", at, lambda: self._balances(c, at, rng))
+
+    def check(self) -> Verdict:
+        v = check_bank(self.history.ops, self.total)
+        final = any(op.f == "final_balances" and op.type == "ok" for op in self.history.ops)
+        notes = [f"{v.reads} snapshot reads of every balance, {v.transfers} transfers committed"]
+        notes += v.violations[:10]
+        if not final:
+            notes.append("no final read succeeded")
+        valid = None if not final else not v.violations
+        return Verdict(valid, violations=len(v.violations), notes=notes)
+
+
 WORKLOADS: dict[str, type[Workload]] = {
     w.name: w
-    for w in (RegisterWorkload, DdlWorkload, CatalogReadsWorkload, RowsWorkload, SnapshotWorkload)
+    for w in (
+        RegisterWorkload,
+        DdlWorkload,
+        CatalogReadsWorkload,
+        RowsWorkload,
+        SnapshotWorkload,
+        BankWorkload,
+    )
 }

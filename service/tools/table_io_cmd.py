@@ -26,7 +26,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from service.client.client import TesseraClient
-from service.client.write_session import WriteResult, format_errors
+from service.client.write_session import WriteResult, WriteSession, format_errors
 from service.common.errors import InvalidArgument, NotFound
 from service.common.schema import Schema
 from service.tools.admin_cmd import add_connection_args, client_of, group_actions, run_command
@@ -126,15 +126,25 @@ async def _write_all(
     args: argparse.Namespace,
     progress: Progress,
 ) -> WriteResult:
-    session = await c.new_session(table)
-    async for b in batches:
-        if b.num_rows:
-            await session.apply(_conform(b, schema, table), args.operation)
-            progress.add(b)
-    result = await session.flush()
-    if result.errors and args.row_errors == "fail":
-        raise InvalidArgument(f"{table}: {format_errors(result.errors)}")
-    return result
+    """Write every batch; with `--transactional` (the default) as one transaction, committed
+    only once every row was staged with no refused row (or `--row-errors report`), so a load
+    that fails part way leaves the table as it was (docs/design/transactions.md)."""
+
+    async def write(session: WriteSession, what: str) -> WriteResult:
+        async for b in batches:
+            if b.num_rows:
+                await session.apply(_conform(b, schema, table), args.operation)
+                progress.add(b)
+        result = await session.flush()
+        if result.errors and args.row_errors == "fail":
+            raise InvalidArgument(f"{table}: {format_errors(result.errors)}{what}")
+        return result
+
+    if not args.transactional:
+        return await write(await c.new_session(table), "")
+    async with c.transaction() as txn:
+        msg = "; nothing was written (the load is one transaction)"
+        return await write(await txn.new_session(table), msg)
 
 
 async def table_load(args: argparse.Namespace) -> int:
@@ -195,6 +205,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             choices=("fail", "report"),
             default="fail",
             help="rows refused (an insert of an existing key): fail the command, or count them",
+        )
+        p.add_argument(
+            "--transactional",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="one transaction: every row or none (default); --no-transactional writes "
+            "rows as they come (a huge load: staged rows are held in the servers' memory)",
         )
         add_connection_args(p, fmt=False)
 

@@ -327,8 +327,10 @@ def decode_write(
                 # DELETE needs only the key: whatever else a DELETE row carries is ignored.
                 bad = nulls & not_delete
                 if bad.any():
+                    row = int(np.argmax(bad))
+                    key = ", ".join(f"{k}={table.column(k)[row].as_py()!r}" for k in schema.key)
                     raise InvalidArgument(
-                        f"rows: NOT NULL column {col.name!r} is null in row {int(np.argmax(bad))}"
+                        f"rows: NOT NULL column {col.name!r} is null in row {row} (key {key})"
                     )
         arrays.append(arr)
         out_names.append(col.name)

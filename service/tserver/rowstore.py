@@ -138,6 +138,7 @@ from service.tserver.rowstore_memstore import (
     OlderVersions,
     apply_batch,
     key_text,
+    merge_staged,
 )
 from service.tserver.rowstore_merge import (
     emit_batches,
@@ -530,6 +531,25 @@ class RowStore:
         self._live += live_delta
         return AppliedWrite(applied, tuple(errors))
 
+    def apply_staged(
+        self,
+        index: int,
+        items: Sequence[tuple[bytes, tuple[object, ...] | None]],
+        col_ids: tuple[int, ...],
+        ts: int,
+    ) -> AppliedWrite:
+        """Apply part of a transaction's commit (entry `index`): its staged row images become
+        versions committed at `ts` (`rowstore_memstore.merge_staged`). Skipped at or below
+        the applied index, like any write (the files hold it already after a restart)."""
+        if index <= self._applied:
+            return AppliedWrite(skipped=True)
+        self.note_index(index)
+        self._note_ts(ts)
+        older = OlderVersions(self._schema, self._mem, self._frozen, [f for _, f in self._files])
+        applied, live_delta = merge_staged(self._mem, items, col_ids, older, ts)
+        self._live += live_delta
+        return AppliedWrite(applied)
+
     def write_conflict(
         self, batch: WriteBatch, start_ts: int, own: AbstractSet[bytes]
     ) -> str | None:
@@ -561,7 +581,7 @@ class RowStore:
         (docs/design/transactions.md#R2): each row's outcome is decided against the committed
         rows and what `scratch` already holds, exactly as `apply_write` would decide it, and
         nothing of the tablet changes. The caller keeps the scratch memstore until the
-        transaction commits (`txn_staging.commit_batch`) or aborts."""
+        transaction commits (`apply_staged`) or aborts."""
         if batch.num_rows == 0:
             return AppliedWrite()
         active = _AsFrozen(self._mem)

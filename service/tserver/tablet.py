@@ -328,6 +328,8 @@ class TabletStateMachine:
             schema = schema_from_pb(req.schema)
             if schema.version > store.schema.version:
                 store.alter_schema(index, schema)
+                for t in r.txns.txns.values():
+                    t.relayout(store.schema)
             else:
                 store.note_index(index)
             if req.new_table_name and req.new_table_name != r.superblock.table_name:
@@ -742,26 +744,61 @@ class TabletReplica:
             prepared = self.txns.prepare(index, e.txn_id, e.ts)
             store.note_timestamp(index, e.ts)  # the replica's safe time is capped below it
             return prepared
-        t = self.txns.resolve(e.txn_id)
-        self.locks.release(e.txn_id)
         if e.kind == txns.COMMIT:
             self.observe(e.ts)
-            rows = (
-                txns.commit_batch(t, e.kept, store.schema)
-                if t is not None and t.prepare_ts and index > store.applied_index
-                else None
-            )
-            if rows is not None:
-                assert t is not None
-                store.apply_write(index, rows, e.ts)
-                self.txns.pin(t, index)
+            t = self.txns.txns.get(e.txn_id)
+            if t is None or not t.prepare_ts:
+                # Resolved here already (a repeated commit), or never prepared here: nothing
+                # of it is staged (an unprepared state is a write that came after the commit
+                # began, which the commit does not take).
+                if e.final:
+                    self.txns.resolve(e.txn_id)
+                    self.locks.release(e.txn_id)
+                store.note_index(index)
+                return e.ts
+            items, layout = t.commit_write(e.kept)
+            if e.start == t.committed_upto and e.end > e.start:
+                # Skipped at or below the flushed index (a replay: the files hold it).
+                store.apply_staged(index, items[e.start : e.end], layout, e.ts)
+                t.committed_upto = e.end
             else:
                 store.note_index(index)
+            if e.final and t.committed_upto >= len(items):
+                self.txns.resolve(e.txn_id)
+                self.locks.release(e.txn_id)
+                self.txns.pin(t, index)
             self.after_apply()
             return e.ts
+        self.txns.resolve(e.txn_id)
+        self.locks.release(e.txn_id)
         store.note_index(index)  # ABORT: the staged rows are dropped with the state
         self.safe_time_moved()
         return None
+
+    async def _commit_parts(
+        self, node: RaftNode, txn_id: int, ts: int, kept: list[str] | None, timeout: float
+    ) -> None:
+        """Replicate the transaction's commit here, in parts of at most COMMIT_PART_ROWS rows
+        (one entry's apply is short), from where an earlier leader's parts left off; the last
+        part resolves it. A transaction resolved here already takes one entry that changes
+        nothing (the coordinator's repeat)."""
+        store = self.store
+        assert store is not None
+        while True:
+            t = self.txns.txns.get(txn_id)
+            if t is None or not t.prepare_ts:
+                await node.propose(txns.commit_entry(txn_id, ts, kept), timeout=timeout)
+                return
+            items, _ = t.commit_write(kept)
+            total = len(items)
+            start = t.committed_upto
+            end = min(total, start + txns.COMMIT_PART_ROWS)
+            final = end >= total
+            await node.propose(
+                txns.commit_entry(txn_id, ts, kept, start, end, final), timeout=timeout
+            )
+            if final:
+                return
 
     def log_anchor_index(self) -> int:
         """Where the WAL may be dropped up to (the state machine's durable index)."""
@@ -801,7 +838,7 @@ class TabletReplica:
             # What this leader stamps next comes after the commit (tablets.md#R4).
             clock.update(ts)
             kept = list(req.kept_attempts) if req.kept_attempts else None
-            await node.propose(txns.commit_entry(txn_id, ts, kept), timeout=timeout)
+            await self._commit_parts(node, txn_id, ts, kept, timeout)
             failpoints.hit("txn_participant:after_commit")
             return ts
         if req.op == tpb.TxnParticipantOpRequestPB.ABORT:

@@ -14,10 +14,13 @@ sees it. `RowStore.stage_write` does the evaluation; this module keeps the scrat
 
 A prepare entry records the prepare timestamp; while any transaction is prepared, the replica's
 safe time stays below the lowest prepare timestamp (`safe_time_cap`), so a snapshot at or after
-it waits for the transaction to be resolved. A commit entry turns the kept attempts' staged rows
-into one write of full row images (UPSERT) and deletions (DELETE), applied at the commit
-timestamp like any write (`commit_batch`); an abort entry drops them. Everything here is decided
-by the log alone, identically on every replica.
+it waits for the transaction to be resolved. Commit entries install the kept attempts' staged
+row images (full rows, or deletions) as versions committed at the commit timestamp
+(`TxnState.commit_write`, `RowStore.apply_staged`): each image was decided when it was staged,
+and its key has been locked since, so committing only installs it. A big transaction commits in
+parts of at most COMMIT_PART_ROWS images, one entry each, so no entry holds the apply loop for
+long; the last part resolves it. An abort entry drops the staged rows. Everything here is
+decided by the log alone, identically on every replica.
 
 The WAL must keep every staged entry of an unresolved transaction (its rows live only in
 memory): `first_index` is where the log is kept from (tablet.py's anchor).
@@ -36,16 +39,9 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from service.common.errors import Aborted
-from service.common.keys import decode_key
 from service.common.schema import Schema
-from service.tserver.row_ops import RowOp, WriteBatch
-from service.tserver.rowstore_files import DEL_COL, KEY_COL, conform, phys_name
-from service.tserver.rowstore_memstore import MemSnapshot, MemStore
+from service.tserver.rowstore_memstore import MemStore, Row
 
 __all__ = [
     "RowLocks",
@@ -55,7 +51,6 @@ __all__ = [
     "TxnState",
     "abort_entry",
     "begin_entry",
-    "commit_batch",
     "commit_entry",
     "decode_entry",
     "prepare_entry",
@@ -72,6 +67,8 @@ ABORT = b"X"
 KINDS = frozenset([BEGIN, STAGE, PREPARE, COMMIT, ABORT])
 _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
+COMMIT_PART_ROWS = 20_000
+"""Rows one commit entry applies at most (about 40 ms of the apply loop)."""
 MAX_ATTEMPT_BYTES = 256
 """An attempt id names one writer (a Spark task attempt): short."""
 
@@ -92,8 +89,20 @@ def prepare_entry(txn_id: int, ts: int) -> bytes:
     return PREPARE + _U64.pack(txn_id) + _U64.pack(ts)
 
 
-def commit_entry(txn_id: int, ts: int, kept: Sequence[str] | None) -> bytes:
-    return COMMIT + _U64.pack(txn_id) + _U64.pack(ts) + json.dumps(kept).encode()
+def commit_entry(
+    txn_id: int,
+    ts: int,
+    kept: Sequence[str] | None,
+    start: int = 0,
+    end: int = 0,
+    final: bool = True,
+) -> bytes:
+    """Commit items [start, end) of the transaction's staged row images
+    (`TxnState.commit_write`) at `ts`;
+    `final`: the last part (the transaction is resolved here once it applies). A big
+    transaction commits in parts, so no one entry holds the apply loop for long."""
+    head = _U64.pack(txn_id) + _U64.pack(ts) + _U64.pack(start) + _U64.pack(end)
+    return COMMIT + head + bytes([1 if final else 0]) + json.dumps(kept).encode()
 
 
 def abort_entry(txn_id: int) -> bytes:
@@ -112,6 +121,9 @@ class TxnEntry:
     write: bytes = b""
     """STAGE: the WriteBatch's encoding."""
     kept: tuple[str, ...] | None = None
+    start: int = 0
+    end: int = 0
+    final: bool = True
 
 
 def decode_entry(data: bytes) -> TxnEntry:
@@ -136,16 +148,23 @@ def _decode(data: bytes) -> TxnEntry:
             raise ValueError("a staged entry is shorter than its attempt id")
         attempt = rest[2 : 2 + n].decode()
         return TxnEntry(kind, txn_id, attempt=attempt, write=rest[2 + n :])
-    if kind in (PREPARE, COMMIT):
+    if kind == PREPARE:
         (ts,) = _U64.unpack_from(rest)
+        return TxnEntry(kind, txn_id, ts=ts)
+    if kind == COMMIT:
+        if len(rest) < 25:
+            raise ValueError("a commit entry is truncated")
+        ts, start, end = struct.unpack_from(">QQQ", rest)
+        if start > end:
+            raise ValueError("a commit entry's row range is reversed")
+        final = rest[24] == 1
+        listed = json.loads(rest[25:].decode())
         kept = None
-        if kind == COMMIT:
-            listed = json.loads(rest[8:].decode())
-            if listed is not None:
-                if not isinstance(listed, list) or not all(isinstance(a, str) for a in listed):
-                    raise ValueError("a commit entry's kept attempts are not a list of strings")
-                kept = tuple(listed)
-        return TxnEntry(kind, txn_id, ts=ts, kept=kept)
+        if listed is not None:
+            if not isinstance(listed, list) or not all(isinstance(a, str) for a in listed):
+                raise ValueError("a commit entry's kept attempts are not a list of strings")
+            kept = tuple(listed)
+        return TxnEntry(kind, txn_id, ts=ts, kept=kept, start=start, end=end, final=final)
     if kind == ABORT:
         return TxnEntry(kind, txn_id)
     raise ValueError(f"not a transaction entry kind: {kind!r}")
@@ -177,12 +196,40 @@ class TxnState:
     """Staged rows by attempt id, in the order the attempts first wrote."""
     prepare_ts: int = 0
     """Its prepare timestamp once prepared (0: not prepared)."""
+    commit_items: list[tuple[bytes, Row | None]] | None = None
+    """Its commit: the kept attempts' staged row images in the order they apply, fixed by
+    the first commit part that applies (`commit_write`)."""
+    commit_layout: tuple[int, ...] = ()
+    """The column ids the images of `commit_items` are laid out as."""
+    committed_upto: int = 0
+    """Items of `commit_items` applied so far (the next part starts here)."""
 
     def staged_keys(self) -> set[bytes]:
         return {k for mem in self.attempts.values() for k in mem.rows}
 
     def rows(self) -> int:
         return sum(len(mem.rows) for mem in self.attempts.values())
+
+    def commit_write(
+        self, kept: Sequence[str] | None
+    ) -> tuple[list[tuple[bytes, Row | None]], tuple[int, ...]]:
+        """The commit's row images (kept attempts, each in the order it staged its keys; of two
+        kept attempts that wrote one key, the later one's image applies last) and their
+        layout. Built once: a later part, or a repeat of the commit, goes on through it."""
+        if self.commit_items is None:
+            wanted = None if kept is None else set(kept)
+            names = [a for a in self.attempts if wanted is None or a in wanted]
+            self.commit_items = [item for a in names for item in self.attempts[a].rows.items()]
+            # Every scratch memstore is laid out as the schema of the last alter
+            # (`relayout`), so the attempts share one layout.
+            first = self.attempts[names[0]] if names else None
+            self.commit_layout = first.col_ids if first is not None else ()
+        return self.commit_items, self.commit_layout
+
+    def relayout(self, schema: Schema) -> None:
+        """An alter applied: lay the staged rows out as the new schema (as the active
+        memstore is), so a later write of this transaction merges over them."""
+        self.attempts = {a: m.relaid_out(schema) for a, m in self.attempts.items()}
 
 
 class TabletTxns:
@@ -273,43 +320,6 @@ class TabletTxns:
     def locked_keys(self) -> dict[bytes, int]:
         """Every staged key and the transaction that holds it."""
         return {k: t.txn_id for t in self.txns.values() for k in t.staged_keys()}
-
-
-def commit_batch(t: TxnState, kept: Sequence[str] | None, schema: Schema) -> WriteBatch | None:
-    """The write that makes `t`'s staged rows committed (None: nothing to write): the kept
-    attempts' rows (all when `kept` is None), in the order the attempts first wrote, as full
-    row images (UPSERT) and deletions (DELETE); of two kept attempts that wrote one key, the
-    later one's row stands. An attempt not kept (a failed or speculative Spark task) is
-    dropped."""
-    names = list(t.attempts) if kept is None else [a for a in t.attempts if a in set(kept)]
-    out = []
-    for a in names:
-        mem = t.attempts[a]
-        if not mem.rows:
-            continue
-        src = MemSnapshot(mem, frozen=True).source().table
-        table = conform(src, schema.columns)
-        deleted = np.asarray(table.column(DEL_COL).to_numpy(zero_copy_only=False), dtype=bool)
-        cols = []
-        for c in schema.columns:
-            arr = table.column(phys_name(c.id)).combine_chunks()
-            if c.name in schema.key and deleted.any():
-                where = np.flatnonzero(deleted)
-                keys = table.column(KEY_COL).take(pa.array(where)).to_pylist()
-                j = schema.key.index(c.name)
-                values = pa.array(
-                    [decode_key(schema.key_columns, k)[j] for k in keys], type=c.arrow_type()
-                )
-                arr = pc.replace_with_mask(arr, pa.array(deleted), values)
-            cols.append(arr)
-        ops = np.where(deleted, int(RowOp.DELETE), int(RowOp.UPSERT)).astype(np.uint8)
-        batch = pa.Table.from_arrays(cols, names=[c.name for c in schema.columns])
-        out.append((batch, ops))
-    if not out:
-        return None
-    table = pa.concat_tables([b for b, _ in out]) if len(out) > 1 else out[0][0]
-    all_ops = np.concatenate([o for _, o in out])
-    return WriteBatch(table, all_ops, schema.version, tuple(c.id for c in schema.columns))
 
 
 class RowLocks:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -85,11 +86,20 @@ def restore(
         .option("masters", ",".join(masters))
         .option("table", name)
         .option("operation", "insert")
+        # The table is new: a bulk load (no transaction staging millions of rows in memory),
+        # and a restore that fails deletes it rather than leave part of the rows.
+        .option("transactional", "false")
         .mode("append")
     )
     if credentials_dir:
         writer = writer.option("credentials", credentials_dir)
-    writer.save()
+    try:
+        writer.save()
+    except BaseException:
+        _say(f"the restore failed: deleting the partly written {name!r}")
+        with contextlib.suppress(Exception):
+            client.call("delete_table", name)
+        raise
     rows = df.count()
     return name, v, info, rows
 

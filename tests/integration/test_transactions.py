@@ -298,6 +298,18 @@ def test_staged_rows_survive_a_restart_of_every_tablet_server(tmp_path: Path) ->
         assert _every_replica(c, "t", ts) == dict.fromkeys(range(200), 1)
 
 
+def test_a_big_transaction_commits_in_parts_on_every_replica(cluster: MiniCluster) -> None:
+    """50,000 rows on one tablet: the commit is replicated as three parts (20,000 rows at
+    most each), all at one timestamp; a snapshot just before it sees none of them."""
+    with cluster.client() as c:
+        c.call("create_table", "big", SCHEMA, PartitionSchema(), num_replicas=3)
+        txn = _begin(c)
+        _write(c, txn, "big", _rows(range(50_000), 1))
+        ts = c.run(txn.commit())
+        assert _every_replica(c, "big", ts) == dict.fromkeys(range(50_000), 1)
+        assert _every_replica(c, "big", ts - 1) == {}
+
+
 def _commit_retrying(c: SyncClient, txn: Transaction, timeout: float = 120) -> int:
     deadline = time.monotonic() + timeout
     while True:
@@ -410,15 +422,27 @@ def test_streaming_batches_commit_once(cluster: MiniCluster) -> None:
         st = c.call("transaction_state", stream_query="q1", stream_batch=7)
         assert st.state == "COMMITTED" and st.txn_id == txn.txn_id
         assert st.last_committed_batch == 7
-        # A batch begun again by a new driver replaces the old, unfinished attempt.
-        old = _begin(c, stream_query="q1", stream_batch=8)
-        _write(c, old, "b", _rows([7001], 8))
-        new = _begin(c, stream_query="q1", stream_batch=8)
-        assert c.call("transaction_state", old.txn_id).state == "ABORTED"
-        _write(c, new, "b", _rows([7002], 8))
-        c.run(new.commit())
+        # Every task of a batch begins it: they all get the one unfinished transaction, and
+        # a commit that names attempts keeps only theirs (a re-run after a driver died).
+        first = _begin(c, stream_query="q1", stream_batch=8)
+        again = _begin(c, stream_query="q1", stream_batch=8)
+        assert again.txn_id == first.txn_id
+        s1 = c.run(first.new_session("b", attempt="run1-task0"))
+        c.run(s1.apply(_rows([7001], 8)))
+        c.run(s1.flush())
+        s2 = c.run(again.new_session("b", attempt="run2-task0"))
+        c.run(s2.apply(_rows([7002], 8)))
+        c.run(s2.flush())
+        c.run(again.commit(["run2-task0"]))
+        first.stop_keepalive()
         got = _table(c, "b")
         assert 7001 not in got and got[7002] == 8
+        # An aborted batch is begun afresh.
+        doomed = _begin(c, stream_query="q1", stream_batch=9)
+        c.run(doomed.abort())
+        fresh = _begin(c, stream_query="q1", stream_batch=9)
+        assert fresh.txn_id != doomed.txn_id
+        c.run(fresh.abort())
 
 
 def test_many_transactions_at_once_each_all_or_nothing(cluster: MiniCluster) -> None:

@@ -317,3 +317,101 @@ def test_tablet_server_dies_in_the_middle_of_a_read(
         assert by_id(got.rename_columns(["id", "pad"])).equals(
             by_id(rows.rename_columns(["id", "pad"]))
         )
+
+
+def test_a_failed_write_leaves_none_of_its_rows(
+    spark: SparkSession, cluster: MiniCluster, client: SyncClient
+) -> None:
+    """A write is one transaction (transactional=true, the default): a job whose last task
+    fails after the others staged their rows shows none of them, and neither does a failed
+    overwrite with truncate (its deletes are in the same transaction); transactional=false
+    leaves what it wrote."""
+    from pyspark.sql.functions import udf
+
+    schema = Schema.build([("k", ColumnType.INT64), ("v", ColumnType.STRING)], key="k")
+    client.call(
+        "create_table", "atomic_t", schema, PartitionSchema(hash=(HashBucketSchema(("k",), 3),))
+    )
+    before = pa.table({"k": pa.array(range(10), pa.int64()), "v": ["old"] * 10})
+    client.write("atomic_t", before)
+
+    @udf("long")
+    def fail_on_last(k: int) -> int:
+        if k == 2999:
+            raise ValueError("this task fails")
+        return k
+
+    src = spark.range(0, 3000, numPartitions=6).selectExpr("id AS k", "'new' AS v")
+    bad = src.withColumn("k", fail_on_last("k"))
+
+    def write(df: object, mode: str = "append", **opts: str) -> None:
+        w = (
+            df.write.format("tessera")  # type: ignore[attr-defined]
+            .option("masters", masters(cluster))
+            .option("credentials", cluster.credentials_dir())
+            .option("table", "atomic_t")
+            .mode(mode)
+        )
+        for k, v in opts.items():
+            w = w.option(k, v)
+        w.save()
+
+    def table() -> dict[int, str]:
+        return {
+            r["k"]: r["v"]
+            for t in client.scan_tokens("atomic_t")
+            for b in client.scan_batches(t)
+            for r in b.to_pylist()
+        }
+
+    old = {i: "old" for i in range(10)}
+    with pytest.raises(Exception, match="this task fails"):
+        write(bad)
+    assert table() == old
+    with pytest.raises(Exception, match="this task fails"):
+        write(bad, "overwrite", truncate="true")
+    assert table() == old
+    # A write that succeeds shows all of it; an atomic overwrite replaces the table at once.
+    write(src.where("k < 100"), "overwrite", truncate="true")
+    assert table() == {i: "new" for i in range(100)}
+    # transactional=false: the tasks that ran wrote their rows.
+    with pytest.raises(Exception, match="this task fails"):
+        write(bad, transactional="false")
+    assert len(table()) > 100
+
+
+def test_a_null_in_a_not_null_column_fails_the_write_naming_the_key_and_leaves_nothing(
+    spark: SparkSession, cluster: MiniCluster, client: SyncClient
+) -> None:
+    schema = Schema.build(
+        [("id", ColumnType.INT64), AddColumn("name", ColumnType.STRING, nullable=False)],
+        key="id",
+    )
+    client.call(
+        "create_table", "nn_t", schema, PartitionSchema(hash=(HashBucketSchema(("id",), 3),))
+    )
+    src = spark.range(0, 4000, numPartitions=8).selectExpr(
+        "id", "CASE WHEN id = 229 THEN NULL ELSE concat('n', id) END AS name"
+    )
+
+    def write(df: object) -> None:
+        (
+            df.write.format("tessera")  # type: ignore[attr-defined]
+            .option("masters", masters(cluster))
+            .option("credentials", cluster.credentials_dir())
+            .option("table", "nn_t")
+            .mode("append")
+            .save()
+        )
+
+    with pytest.raises(
+        Exception, match=r"NOT NULL column 'name' is null in row \d+ \(key id=229\)"
+    ):
+        write(src)
+    assert [
+        t for t in client.scan_tokens("nn_t") for b in client.scan_batches(t) if b.num_rows
+    ] == []
+    # A DataFrame without the NOT NULL column is refused when the write is planned.
+    with pytest.raises(Exception, match="has no column 'name'") as e:
+        write(src.select("id"))
+    assert "Traceback" not in str(e.value).split("has no column")[0][-200:]

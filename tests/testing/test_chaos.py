@@ -16,6 +16,7 @@ from service.testing.chaos_checks import (
     History,
     Op,
     catalog_ops,
+    check_bank,
     check_rows,
     check_snapshots,
     register_ops,
@@ -125,6 +126,19 @@ def test_snapshot_checker_accepts_exact_snapshots_and_names_every_kind_of_wrong_
     assert "two reads at 150 differ" in text and "committed after the snapshot" in text
     assert "newest write at or before it is 2" in text and "never written" in text
     assert v.lost == ["key 3: write 2 acknowledged, missing from the final read"]
+
+
+def test_bank_checker_finds_a_half_applied_transfer() -> None:
+    h = History()
+    _op(h, "transfer", "ok", 0.0, 1.0, value=(("a", 1), ("b", 2), 5), output=100)
+    _op(h, "transfer", "fail", 0.0, 1.0, value=(("a", 1), ("b", 2), 5), error="ABORTED")
+    _op(h, "balances", "ok", 1.0, 2.0, value=150, output={"a/1": 95, "b/2": 105})
+    _op(h, "final_balances", "ok", 3.0, 4.0, value=300, output={"a/1": 95, "b/2": 105})
+    v = check_bank(h.ops, 200)
+    assert (v.reads, v.transfers, v.violations) == (2, 1, [])
+    _op(h, "balances", "ok", 1.0, 2.0, value=160, output={"a/1": 90, "b/2": 105})
+    v = check_bank(h.ops, 200)
+    assert len(v.violations) == 1 and "sum to 195, not 200" in v.violations[0]
 
 
 def test_ddl_model_allows_both_outcomes_of_indeterminate_operations() -> None:

@@ -425,6 +425,15 @@ def test_load_parquet_and_csv_then_copy(run: Run, tmp_path: Path) -> None:
         main=cli.main,
     )  # fmt: skip
     assert code == 2 and "already exists" in err, err
+    # A load is one transaction: a file with one refused row writes none of its rows.
+    (tmp_path / "mixed.csv").write_text("id,score\n300000,1\n300001,1\n1,9\n")
+    code, _, err = run(
+        "table", "load", "loaded", str(tmp_path / "mixed.csv"), "--operation", "insert",
+        main=cli.main,
+    )  # fmt: skip
+    assert code == 2 and "nothing was written" in err, err
+    code, out, _ = run("table", "scan", "loaded", "--where", "id >= 300000", "--format", "json")
+    assert _rows(out) == []
 
     code, out, err = run("table", "copy", "loaded", "loaded_copy", main=cli.main)
     assert code == 2 and "--create" in err

@@ -21,7 +21,7 @@ from service.common.schema import ColumnType, Schema
 from service.tserver import txn_staging as txns
 from service.tserver.row_ops import RowOp, WriteBatch, decode_write
 from service.tserver.rowstore import RowStore
-from service.tserver.txn_staging import RowLocks, TabletTxns, commit_batch
+from service.tserver.txn_staging import RowLocks, TabletTxns
 
 SCHEMA = Schema.build(
     [("id", ColumnType.INT64), ("v", ColumnType.STRING), ("n", ColumnType.INT64)], "id"
@@ -84,9 +84,9 @@ def test_staged_rows_are_decided_like_a_write_and_invisible(store: RowStore) -> 
     assert t.locked_keys() == {encode_key(SCHEMA.key_columns, (k,)): 7 for k in (1, 2, 9)}
     state = t.txns[7]
     state.prepare_ts = 20
-    batch = commit_batch(state, None, SCHEMA)
-    assert batch is not None
-    store.apply_write(store.applied_index + 1, batch, 25)
+    items, layout = state.commit_write(None)
+    assert len(items) == 3  # 9, 1 and 2 (its deletion): one image per key staged
+    store.apply_staged(store.applied_index + 1, items, layout, 25)
     after = _rows(store)
     assert after[1] == ("c1", 100) and after[9] == ("x", 99) and 2 not in after
     assert _rows(store, 24) == {i: (f"c{i}", i) for i in range(5)}
@@ -99,12 +99,13 @@ def test_a_commit_keeps_only_the_named_attempts_later_ones_winning(store: RowSto
     _stage(store, t, 7, [{"id": 20, "v": "first", "n": 1}], RowOp.UPSERT, "task-1")
     _stage(store, t, 7, [{"id": 21, "v": "failed", "n": 1}], RowOp.UPSERT, "task-2")
     _stage(store, t, 7, [{"id": 20, "v": "retry", "n": 2}], RowOp.UPSERT, "task-3")
-    batch = commit_batch(t.txns[7], ["task-1", "task-3"], SCHEMA)
-    assert batch is not None
-    store.apply_write(store.applied_index + 1, batch, 30)
+    items, layout = t.txns[7].commit_write(["task-1", "task-3"])
+    store.apply_staged(store.applied_index + 1, items, layout, 30)
     got = _rows(store)
     assert got[20] == ("retry", 2) and 21 not in got
-    assert commit_batch(t.txns[7], [], SCHEMA) is None  # kept nothing: nothing to write
+    t.begin(9, 8, "user:u", 10)
+    _stage(store, t, 8, [{"id": 22, "v": "x", "n": 1}], RowOp.UPSERT, "task-1")
+    assert t.txns[8].commit_write([]) == ([], ())  # kept nothing: nothing to write
 
 
 def test_write_conflicts_against_the_snapshot(store: RowStore) -> None:
@@ -150,7 +151,7 @@ def test_the_prepared_transaction_caps_the_safe_time_and_pins_the_log() -> None:
         txns.stage_entry(5, "attempt-é", b"W" + b"rows"),
         txns.prepare_entry(5, 123),
         txns.commit_entry(5, 456, ["a", "b"]),
-        txns.commit_entry(5, 456, None),
+        txns.commit_entry(5, 456, None, 20_000, 40_000, False),
         txns.abort_entry(5),
     ],
 )
@@ -163,6 +164,7 @@ def test_entries_round_trip(entry: bytes) -> None:
         assert (e.attempt, e.write) == ("attempt-é", b"rows")
     if e.kind == txns.COMMIT:
         assert e.ts == 456 and e.kept in (("a", "b"), None)
+        assert (e.start, e.end, e.final) in ((0, 0, True), (20_000, 40_000, False))
 
 
 @pytest.mark.parametrize(
@@ -172,7 +174,8 @@ def test_entries_round_trip(entry: bytes) -> None:
         b"T\x00\x00",
         b"P" + b"\x00" * 9,
         b"C" + b"\x00" * 16 + b"{",
-        b"C" + b"\x00" * 16 + b"[1, 2]",
+        b"C" + b"\x00" * 33 + b"[1, 2]",
+        b"C" + b"\x00" * 23 + b"\x09" + b"\x00" * 8 + b"\x01null",
         b"Q" + b"\x00" * 8,
         b"T" + b"\x00" * 8 + b"\xff\xff",
     ],
