@@ -95,8 +95,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -537,35 +536,42 @@ class RowStore:
         items: Sequence[tuple[bytes, tuple[object, ...] | None]],
         col_ids: tuple[int, ...],
         ts: int,
+        live_delta: int,
     ) -> AppliedWrite:
         """Apply part of a transaction's commit (entry `index`): its staged row images become
-        versions committed at `ts` (`rowstore_memstore.merge_staged`). Skipped at or below
-        the applied index, like any write (the files hold it already after a restart)."""
+        versions committed at `ts` (`rowstore_memstore.merge_staged`), changing the live row
+        count by `live_delta` (what staging them computed). Skipped at or below the applied
+        index, like any write (the files hold it already after a restart)."""
         if index <= self._applied:
             return AppliedWrite(skipped=True)
         self.note_index(index)
         self._note_ts(ts)
-        older = OlderVersions(self._schema, self._mem, self._frozen, [f for _, f in self._files])
-        applied, live_delta = merge_staged(self._mem, items, col_ids, older, ts)
+        applied = merge_staged(self._mem, items, col_ids, self._schema, ts)
         self._live += live_delta
         return AppliedWrite(applied)
 
     def write_conflict(
-        self, batch: WriteBatch, start_ts: int, own: AbstractSet[bytes]
+        self, batch: WriteBatch, start_ts: int, own: Sequence[Mapping[bytes, object]] = ()
     ) -> str | None:
         """The first row of `batch` whose key has a version (a row or a deletion) committed
         after `start_ts`, described, or None: a transaction whose snapshot is `start_ts`
         must not write it (docs/design/transactions.md#R2; snapshot isolation's first
-        committer wins). Keys in `own` (staged by the transaction itself) are skipped."""
+        committer wins). Keys staged by the transaction itself (in `own`, its scratch
+        memstores' rows) are skipped. Only the memstores and files holding a version newer
+        than `start_ts` are looked at: usually the active memstore alone, and nothing at all
+        when the tablet took no write since the snapshot (a load into a quiet table)."""
         if not start_ts or batch.num_rows == 0:
             return None
-        keys = [k for k in encode_keys_arrow(self._schema.key_columns, batch.table) if k not in own]
+        mems = [m for m in [*(f.mem for f in self._frozen), self._mem] if m.max_time > start_ts]
+        files = [f for _, f in self._files if f.max_time > start_ts]
+        if not mems and not files:
+            return None
+        keys = encode_keys_arrow(self._schema.key_columns, batch.table)
+        if own:
+            keys = [k for k in keys if not any(k in rows for rows in own)]
         if not keys:
             return None
-        active = _AsFrozen(self._mem)
-        older = OlderVersions(
-            self._schema, self._mem, [*self._frozen, active], [f for _, f in self._files]
-        )
+        older = OlderVersions(self._schema, self._mem, [_AsFrozen(m) for m in mems], files)
         times = older.newest_times(list(dict.fromkeys(keys)))
         for k in keys:
             ts = times.get(k, 0)
@@ -576,20 +582,21 @@ class RowStore:
                 )
         return None
 
-    def stage_write(self, batch: WriteBatch, scratch: MemStore) -> AppliedWrite:
+    def stage_write(self, batch: WriteBatch, scratch: MemStore) -> tuple[AppliedWrite, int]:
         """Apply a transaction's write to its scratch memstore instead of the tablet's
         (docs/design/transactions.md#R2): each row's outcome is decided against the committed
         rows and what `scratch` already holds, exactly as `apply_write` would decide it, and
         nothing of the tablet changes. The caller keeps the scratch memstore until the
-        transaction commits (`apply_staged`) or aborts."""
+        transaction commits (`apply_staged`) or aborts. Also returns the change of the live
+        row count the write makes once committed (its keys stay locked until then)."""
         if batch.num_rows == 0:
-            return AppliedWrite()
+            return AppliedWrite(), 0
         active = _AsFrozen(self._mem)
         older = OlderVersions(
             self._schema, scratch, [*self._frozen, active], [f for _, f in self._files]
         )
-        applied, errors, _ = apply_batch(scratch, self._schema, batch, older, 0)
-        return AppliedWrite(applied, tuple(errors))
+        applied, errors, live_delta = apply_batch(scratch, self._schema, batch, older, 0)
+        return AppliedWrite(applied, tuple(errors)), live_delta
 
     # --- flush ---------------------------------------------------------------------------
 

@@ -502,36 +502,30 @@ def merge_staged(
     mem: MemStore,
     items: Sequence[tuple[bytes, Row | None]],
     col_ids: tuple[int, ...],
-    older: OlderVersions,
+    schema: Schema,
     ts: int,
-) -> tuple[int, int]:
+) -> int:
     """Make a transaction's staged row images (`items`: key and full row, None for a deletion,
     laid out as `col_ids`, in the order they are to apply) versions of the active memstore
-    `mem` committed at `ts` (docs/design/transactions.md#R3). Each image was decided when it
-    was staged, against the same committed rows (its keys have been locked since), so this
-    only installs it: no lookup of a row to merge over, no per-row outcome. Returns (rows
-    applied, change of the live row count); a deletion of a key with no live row changes
-    nothing."""
+    `mem` committed at `ts` (docs/design/transactions.md#R3); the rows applied. Each image was
+    decided when it was staged, against the same committed rows (its key has been locked
+    since), so this only installs it: no row to look up or merge over, no per-row outcome."""
     if not items:
-        return 0, 0
+        return 0
     relay = None
     if col_ids != mem.col_ids:  # the schema changed since the rows were staged
         pos = {cid: j for j, cid in enumerate(col_ids)}
-        defaults = {c.id: c.default for c in older.schema.columns}
+        defaults = {c.id: c.default for c in schema.columns}
         relay = [(pos.get(cid), defaults.get(cid)) for cid in mem.col_ids]
     rows = mem.rows
     times = mem.times
     history = mem.history
-    found = older.lookup([k for k, _ in items if k not in rows])
-    applied = live_delta = nbytes = 0
+    nbytes = 0
+    width = 8 * len(mem.col_ids)
     for k, new in items:
-        cur = rows.get(k, _MISSING)
-        live = (k in found) if cur is _MISSING else cur is not None
-        if new is None and not live:
-            continue
         if new is not None and relay is not None:
             new = tuple(new[j] if j is not None else d for j, d in relay)
-        live_delta += (new is not None) - live
+        cur = rows.get(k, _MISSING)
         if cur is not _MISSING:
             was = times[k]
             if was != ts:
@@ -539,14 +533,12 @@ def merge_staged(
                 nbytes += len(k) + ROW_OVERHEAD
         rows[k] = new
         times[k] = ts
-        applied += 1
-        nbytes += len(k) + ROW_OVERHEAD + (0 if new is None else 8 * len(new))
-    if applied:
-        if ts > mem.max_time:
-            mem.max_time = ts
-        mem.version += 1
-        mem.nbytes += nbytes
-    return applied, live_delta
+        nbytes += len(k) + ROW_OVERHEAD + width
+    if ts > mem.max_time:
+        mem.max_time = ts
+    mem.version += 1
+    mem.nbytes += nbytes
+    return len(items)
 
 
 def _assemble(base: list[object], present: list[tuple[int, list[object]]], i: int) -> Row:

@@ -730,7 +730,9 @@ class TabletReplica:
                 return staging
             batch = WriteBatch.decode(e.write, store.schema)
             store.note_index(index)
-            conflict = store.write_conflict(batch, staging.start_ts, staging.staged_keys())
+            conflict = store.write_conflict(
+                batch, staging.start_ts, [m.rows for m in staging.attempts.values()]
+            )
             if conflict is not None:
                 return TxnRefusal(
                     f"write conflict in transaction {e.txn_id}: {conflict} (the transaction's "
@@ -738,7 +740,9 @@ class TabletReplica:
                     conflict=True,
                 )
             mem = self.txns.scratch(staging, e.attempt, store.schema, index)
-            return store.stage_write(batch, mem)
+            result, live = store.stage_write(batch, mem)
+            staging.live_delta[e.attempt] = staging.live_delta.get(e.attempt, 0) + live
+            return result
         if e.kind == txns.PREPARE:
             self.observe(e.ts)
             prepared = self.txns.prepare(index, e.txn_id, e.ts)
@@ -759,7 +763,8 @@ class TabletReplica:
             items, layout = t.commit_write(e.kept)
             if e.start == t.committed_upto and e.end > e.start:
                 # Skipped at or below the flushed index (a replay: the files hold it).
-                store.apply_staged(index, items[e.start : e.end], layout, e.ts)
+                live = t.kept_live_delta(e.kept) if e.start == 0 else 0
+                store.apply_staged(index, items[e.start : e.end], layout, e.ts, live)
                 t.committed_upto = e.end
             else:
                 store.note_index(index)

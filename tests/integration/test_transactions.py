@@ -299,14 +299,18 @@ def test_staged_rows_survive_a_restart_of_every_tablet_server(tmp_path: Path) ->
 
 
 def test_a_big_transaction_commits_in_parts_on_every_replica(cluster: MiniCluster) -> None:
-    """50,000 rows on one tablet: the commit is replicated as three parts (20,000 rows at
-    most each), all at one timestamp; a snapshot just before it sees none of them."""
+    """120,000 rows on one tablet: the commit is replicated as three parts (COMMIT_PART_ROWS
+    at most each), all at one timestamp; a snapshot just before it sees none of them."""
+    from service.tserver.txn_staging import COMMIT_PART_ROWS
+
+    n = 2 * COMMIT_PART_ROWS + 20_000
     with cluster.client() as c:
         c.call("create_table", "big", SCHEMA, PartitionSchema(), num_replicas=3)
         txn = _begin(c)
-        _write(c, txn, "big", _rows(range(50_000), 1))
+        for lo in range(0, n, 40_000):
+            _write(c, txn, "big", _rows(range(lo, min(n, lo + 40_000)), 1))
         ts = c.run(txn.commit())
-        assert _every_replica(c, "big", ts) == dict.fromkeys(range(50_000), 1)
+        assert _every_replica(c, "big", ts) == dict.fromkeys(range(n), 1)
         assert _every_replica(c, "big", ts - 1) == {}
 
 

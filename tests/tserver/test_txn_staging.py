@@ -64,7 +64,9 @@ def _stage(
     assert not isinstance(state, txns.TxnRefusal)
     mem = t.scratch(state, attempt, SCHEMA, index)
     store.note_index(index)
-    return store.stage_write(_batch(rows, op), mem)
+    result, live = store.stage_write(_batch(rows, op), mem)
+    state.live_delta[attempt] = state.live_delta.get(attempt, 0) + live
+    return result
 
 
 def test_staged_rows_are_decided_like_a_write_and_invisible(store: RowStore) -> None:
@@ -86,7 +88,7 @@ def test_staged_rows_are_decided_like_a_write_and_invisible(store: RowStore) -> 
     state.prepare_ts = 20
     items, layout = state.commit_write(None)
     assert len(items) == 3  # 9, 1 and 2 (its deletion): one image per key staged
-    store.apply_staged(store.applied_index + 1, items, layout, 25)
+    store.apply_staged(store.applied_index + 1, items, layout, 25, state.kept_live_delta(None))
     after = _rows(store)
     assert after[1] == ("c1", 100) and after[9] == ("x", 99) and 2 not in after
     assert _rows(store, 24) == {i: (f"c{i}", i) for i in range(5)}
@@ -100,7 +102,7 @@ def test_a_commit_keeps_only_the_named_attempts_later_ones_winning(store: RowSto
     _stage(store, t, 7, [{"id": 21, "v": "failed", "n": 1}], RowOp.UPSERT, "task-2")
     _stage(store, t, 7, [{"id": 20, "v": "retry", "n": 2}], RowOp.UPSERT, "task-3")
     items, layout = t.txns[7].commit_write(["task-1", "task-3"])
-    store.apply_staged(store.applied_index + 1, items, layout, 30)
+    store.apply_staged(store.applied_index + 1, items, layout, 30, 1)
     got = _rows(store)
     assert got[20] == ("retry", 2) and 21 not in got
     t.begin(9, 8, "user:u", 10)
@@ -111,15 +113,17 @@ def test_a_commit_keeps_only_the_named_attempts_later_ones_winning(store: RowSto
 def test_write_conflicts_against_the_snapshot(store: RowStore) -> None:
     store.apply_write(2, _batch([{"id": 3, "v": "later", "n": 3}], RowOp.UPSERT), 50)
     store.apply_write(3, _batch([{"id": 4}], RowOp.DELETE), 60)
-    own = {encode_key(SCHEMA.key_columns, (4,))}
+    own = [{encode_key(SCHEMA.key_columns, (4,)): None}]
     for start, key, conflict in [(40, 3, True), (50, 3, False), (55, 4, True), (10, 1, False)]:
-        found = store.write_conflict(_batch([{"id": key}], RowOp.DELETE), start, set())
+        found = store.write_conflict(_batch([{"id": key}], RowOp.DELETE), start)
         assert (found is not None) == conflict, (start, key)
     # The transaction's own staged keys never conflict with themselves.
     assert store.write_conflict(_batch([{"id": 4}], RowOp.DELETE), 55, own) is None
     # Versions in flushed files count as well.
     store.flush()
-    assert store.write_conflict(_batch([{"id": 3}], RowOp.DELETE), 40, set()) is not None
+    assert store.write_conflict(_batch([{"id": 3}], RowOp.DELETE), 40) is not None
+    # Sources older than the snapshot are not even looked at: nothing newer, no conflict.
+    assert store.write_conflict(_batch([{"id": 3}], RowOp.DELETE), 60) is None
 
 
 def test_the_prepared_transaction_caps_the_safe_time_and_pins_the_log() -> None:
