@@ -729,6 +729,10 @@ class TServerConfig:
     """A tablet's Raft group idle this long stops ticking and heartbeating until it has work
     again (consensus/quiesce.py; CockroachDB's quiesced ranges). 0: never. At least two Raft
     heartbeat intervals, a multiple of raft.tick_interval_ms, and off with raft.lease_reads."""
+    txn_sweep_ms: int = 30_000
+    """How often each tablet leader looks for staged transactions nobody will resolve (their
+    coordinator has no record of them, or says they aborted) and drops them; a transaction is
+    looked up once a leader has seen it unresolved for twice this long."""
     txn_lock_wait_ms: int = 5_000
     """How long a write waits for a row another transaction holds before it fails ABORTED
     naming the row and the transaction (docs/design/transactions.md#R2)."""
@@ -771,6 +775,7 @@ class TServerConfig:
             "max_clock_error_ms",
         )
         c.non_negative("flush_idle_ms", "quiesce_idle_ms", "txn_lock_wait_ms")
+        c.positive("txn_sweep_ms")
         if self.quiesce_idle_ms:
             r = self.raft
             c.that(

@@ -64,7 +64,9 @@ A master started with
 
 never performs those side effects (`skipped(kind)`: background tasks count them as failed and
 retry, report actions are dropped): the state a master that crashed before its side effects
-leaves behind, which the reconciliation jobs must find and repair.
+leaves behind, which the reconciliation jobs must find and repair. `TxnFinalize` keeps the
+transaction coordinator from ever reaching a participant with a commit or an abort (the
+participants' own sweep must then drop what an abort left).
 
 Unset variables cost one dictionary lookup per hit.
 """

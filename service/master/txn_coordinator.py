@@ -56,6 +56,7 @@ from service.common.errors import (
     NotFound,
     NotTheLeader,
     PermissionDenied,
+    ServiceUnavailable,
     TesseraError,
     Timeout,
 )
@@ -361,6 +362,7 @@ class TxnCoordinator:
                 state=t.state.value,
                 commit_timestamp=t.commit_timestamp,
                 state_msg=t.state_msg,
+                resolved=t.resolved,
             )
         if not stream_query:
             raise InvalidArgument("name a txn_id, or a stream_query (and stream_batch)")
@@ -486,6 +488,8 @@ class TxnCoordinator:
         replicas, gone = self._locate(tablet)
         if gone:
             return _Gone()
+        if op != tpb.TxnParticipantOpRequestPB.PREPARE and failpoints.skipped("TxnFinalize"):
+            raise ServiceUnavailable("failpoint TESSERA_FAILPOINT_SKIP=TxnFinalize")
         last: Exception = NotFound(f"tablet {tablet}: no replica with a known address")
         for uuid, address in replicas:
             try:

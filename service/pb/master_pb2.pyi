@@ -3068,6 +3068,7 @@ class GetTransactionStateResponsePB(_message.Message):
     COMMIT_TIMESTAMP_FIELD_NUMBER: _builtins.int
     STATE_MSG_FIELD_NUMBER: _builtins.int
     LAST_COMMITTED_BATCH_FIELD_NUMBER: _builtins.int
+    RESOLVED_FIELD_NUMBER: _builtins.int
     txn_id: _builtins.int
     """0: no such transaction (for a stream batch: none committed it)"""
     state: Global___TxnStatePB.ValueType
@@ -3075,6 +3076,8 @@ class GetTransactionStateResponsePB(_message.Message):
     state_msg: _builtins.str
     last_committed_batch: _builtins.int
     """For a stream query: the highest batch id a committed transaction of it recorded."""
+    resolved: _builtins.bool
+    """every participant finalized (COMMITTED) or dropped (ABORTED) it"""
     def __init__(
         self,
         *,
@@ -3083,10 +3086,11 @@ class GetTransactionStateResponsePB(_message.Message):
         commit_timestamp: _builtins.int = ...,
         state_msg: _builtins.str = ...,
         last_committed_batch: _builtins.int = ...,
+        resolved: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_timestamp", b"commit_timestamp", "last_committed_batch", b"last_committed_batch", "state", b"state", "state_msg", b"state_msg", "txn_id", b"txn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_timestamp", b"commit_timestamp", "last_committed_batch", b"last_committed_batch", "resolved", b"resolved", "state", b"state", "state_msg", b"state_msg", "txn_id", b"txn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -931,7 +931,8 @@ class Snapshot:
         as of that timestamp (each source as of it, `Source.as_of`); None: the newest."""
         sources = self.sources()
         if at is not None:
-            sources = [src.as_of(at) for src in sources]
+            needed = [phys_name(c.id) for c in cols]
+            sources = [src.as_of(at, needed) for src in sources]
         yield from merge_sources(sources, cols, lo, hi, expr)
 
     def changes(
@@ -946,7 +947,8 @@ class Snapshot:
         """A diff (docs/design/tablets.md#R3): every key whose version as of `at` was
         committed after `since`, as it is at `at`; a key deleted by then as its tombstone
         (`d` set, values null). `expr` filters live rows only. Physical tables with `d`."""
-        sources = [src.as_of(at) for src in self.sources()]
+        needed = [TS_COL, *(phys_name(c.id) for c in cols)]
+        sources = [src.as_of(at, needed) for src in self.sources()]
         key_cols = [c for c in self.schema.key_columns if any(k.id == c.id for k in cols)]
         for t in merge_sources(sources, cols, lo, hi, expr, with_deleted=True):
             newer = pc.greater(t.column(TS_COL), pa.scalar(since, pa.uint64()))

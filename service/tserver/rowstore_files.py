@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -175,6 +175,7 @@ class Source:
     as a snapshot at T sees it."""
 
     __slots__ = (
+        "_history_shape",
         "_history_ts",
         "deleted",
         "has_tombstones",
@@ -207,6 +208,7 @@ class Source:
             self.max_time = int(self.times.max())
         self.history = history if history is not None and history.num_rows else None
         self._history_ts: np.ndarray | None = None
+        self._history_shape: tuple[np.ndarray, np.ndarray] | None = None
         self.history_index: KeyIndex | None = None
         if self.history is not None:
             hmax = pc.max(self.history.column(TS_COL)).as_py()
@@ -224,7 +226,7 @@ class Source:
     def history_rows(self) -> int:
         return 0 if self.history is None else int(self.history.num_rows)
 
-    def as_of(self, at: int) -> Source:
+    def as_of(self, at: int, columns: Collection[str] | None = None) -> Source:
         """This source as a snapshot at timestamp `at` sees it: for each key, its newest version
         committed at or before `at` (a tombstone included), and no row for a key whose every
         version here is newer (older sources then decide it, as they did at `at`). The source
@@ -234,7 +236,9 @@ class Source:
         Cost: the view is one `take` of its rows, chosen with vectorized key comparisons (the
         history is sorted by key, newest first, so a key's newest version at or before `at`
         is its first such row); with keys of one width (integer keys) nothing loops in
-        Python, otherwise the keys go through a list."""
+        Python, otherwise the keys go through a list. `columns` (physical names; the key and
+        deletion flag always come along): only these are copied, what a scan's projection
+        needs."""
         if self.max_time <= at:
             return self
         times = self.times
@@ -245,17 +249,29 @@ class Source:
         hidx = self.history_index
         take_hist = np.zeros(0, dtype=np.int64)
         if hist is not None and hidx is not None and not visible.all():
-            ht = self._history_times()
-            old = np.flatnonzero(ht <= at)
-            if len(old):
-                take_hist = _newest_hidden(self.index, hidx, old, visible)
+            starts, base_row = self._shape()
+            # Within a key's versions (newest first) those at or before `at` are a suffix:
+            # its first row is the version the snapshot sees, kept if the key's base row is
+            # newer than the snapshot.
+            mask = self._history_times() <= at
+            prev = np.empty_like(mask)
+            prev[0] = False
+            prev[1:] = mask[:-1]
+            prev[starts] = False
+            first = np.flatnonzero(mask & ~prev)
+            take_hist = first[~visible[base_row[first]]]
+        base = self.table
+        if columns is not None:
+            wanted = {KEY_COL, DEL_COL, *columns}
+            base = base.select([n for n in base.column_names if n in wanted])
         if not len(take_hist):
-            return Source(take_sorted(self.table, keep_base))
+            return Source(take_sorted(base, keep_base))
         assert hist is not None and hidx is not None
-        chosen = conform_like(take_sorted(hist, take_hist), self.table)
+        hist = hist.select([n for n in hist.column_names if n in base.column_names])
+        chosen = conform_like(take_sorted(hist, take_hist), base)
         if not len(keep_base):
             return Source(chosen)  # history rows chosen in history order: by key already
-        kept = take_sorted(self.table, keep_base)
+        kept = take_sorted(base, keep_base)
         both = pa.concat_tables([kept, chosen])
         keys = _keys_of(self.index, hidx, keep_base, take_hist)
         if isinstance(keys, np.ndarray):
@@ -263,6 +279,31 @@ class Source:
         else:
             order = np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
         return Source(both.take(pa.array(order)))
+
+    def _shape(self) -> tuple[np.ndarray, np.ndarray]:
+        """The history's shape, built once: where each key's versions start, and the base
+        row of each history row's key (every key of the history has one: its newest version
+        in this source)."""
+        if self._history_shape is None:
+            hidx = self.history_index
+            assert hidx is not None
+            hk = hidx.ordered()
+            bk = self.index.ordered()
+            if hk is not None and bk is not None and hk.dtype == bk.dtype:
+                starts = np.ones(hidx.n, dtype=bool)
+                starts[1:] = hk[1:] != hk[:-1]
+                base_row = np.searchsorted(bk, hk).astype(np.int64)
+            else:
+                hlist, blist = hidx.keys(), self.index.keys()
+                starts = np.fromiter(
+                    (i == 0 or hlist[i] != hlist[i - 1] for i in range(hidx.n)),
+                    dtype=bool,
+                    count=hidx.n,
+                )
+                at_base = {k: i for i, k in enumerate(blist)}
+                base_row = np.fromiter((at_base[k] for k in hlist), dtype=np.int64, count=hidx.n)
+            self._history_shape = (starts, base_row)
+        return self._history_shape
 
     def _history_times(self) -> np.ndarray:
         """The history rows' commit timestamps, built once (a source never changes)."""
@@ -272,38 +313,6 @@ class Source:
                 self.history.column(TS_COL).to_numpy(zero_copy_only=False), dtype=np.uint64
             )
         return self._history_ts
-
-
-def _newest_hidden(
-    index: KeyIndex, hidx: KeyIndex, old: np.ndarray, visible: np.ndarray
-) -> np.ndarray:
-    """Of the history rows `old` (positions, committed at or before the snapshot, in history
-    order: by key, newest first), the first of each key, kept when the key's newest version in
-    the source is newer than the snapshot (`visible` false)."""
-    hk = hidx.ordered()
-    bk = index.ordered()
-    if hk is not None and bk is not None and hk.dtype == bk.dtype:
-        okeys = hk[old]
-        first = np.ones(len(old), dtype=bool)
-        first[1:] = okeys[1:] != okeys[:-1]
-        old, okeys = old[first], okeys[first]
-        hidden = bk[~visible]
-        pos = np.searchsorted(hidden, okeys)
-        inside = pos < len(hidden)
-        match = np.zeros(len(okeys), dtype=bool)
-        match[inside] = hidden[pos[inside]] == okeys[inside]
-        return old[match]
-    hlist = hidx.keys()
-    blist = index.keys()
-    hidden_keys = {blist[i] for i in np.flatnonzero(~visible).tolist()}
-    out: list[int] = []
-    last: bytes | None = None
-    for i in old.tolist():
-        k = hlist[i]
-        if k != last and k in hidden_keys:
-            out.append(i)
-        last = k
-    return np.asarray(out, dtype=np.int64)
 
 
 def _keys_of(

@@ -276,6 +276,10 @@ RegisterTxn = Callable[[int, str, str, float], Awaitable[int]]
 transaction on the writer's behalf (the coordinator checks the writer owns it and it is open);
 returns the transaction's start timestamp."""
 
+TxnStateOf = Callable[[int, float], Awaitable[str]]
+"""(txn id, timeout): the transaction's state at its coordinator (OPEN, COMMITTING, COMMITTED,
+ABORTED, or NOT_FOUND when it has no record of it)."""
+
 AskLeader = Callable[[str, str, int, float], Awaitable[None]]
 """(leader uuid, tablet id, timestamp, timeout): ask the tablet's leader to move the tablet's
 safe time to at least the timestamp (AdvanceSafeTime)."""
@@ -414,6 +418,8 @@ class TabletReplica:
         self._locks_term = -1
         self._beginning: dict[int, asyncio.Future[None]] = {}
         """Transactions whose BEGIN this leader is registering and replicating."""
+        self._txn_seen: dict[int, float] = {}
+        """When this leader's sweep first saw each unresolved transaction (`sweep_txns`)."""
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -804,6 +810,39 @@ class TabletReplica:
             )
             if final:
                 return
+
+    async def sweep_txns(self, state_of: TxnStateOf, min_age_s: float, timeout: float) -> int:
+        """As leader, drop the staged state of transactions nobody will resolve here: an
+        unresolved transaction older than `min_age_s` (on this leader's watch) whose record
+        the coordinator does not have (never begun, or purged), says ABORTED, or says
+        COMMITTED while nothing of it was prepared here (a write that began here after the
+        transaction's commit did: not part of it). Its rows and locks go, the safe time and
+        the WAL move on. Anything the coordinator may still act on is left to it. Returns how
+        many were dropped."""
+        node = self.running_node()
+        if node.status().role is not Role.LEADER:
+            self._txn_seen.clear()
+            return 0
+        now = asyncio.get_running_loop().time()
+        self._txn_seen = {k: v for k, v in self._txn_seen.items() if k in self.txns.txns}
+        dropped = 0
+        for txn_id, t in list(self.txns.txns.items()):
+            if now - self._txn_seen.setdefault(txn_id, now) < min_age_s:
+                continue
+            state = await state_of(txn_id, timeout)
+            orphan = state in ("NOT_FOUND", "ABORTED") or (
+                state == "COMMITTED" and not t.prepare_ts
+            )
+            if orphan and txn_id in self.txns.txns:
+                log.info(
+                    "tablet %s: dropping the staged rows of transaction %d (%s at its coordinator)",
+                    self.tablet_id,
+                    txn_id,
+                    state,
+                )
+                await node.propose(txns.abort_entry(txn_id), timeout=timeout)
+                dropped += 1
+        return dropped
 
     def log_anchor_index(self) -> int:
         """Where the WAL may be dropped up to (the state machine's durable index)."""

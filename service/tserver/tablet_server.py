@@ -28,6 +28,7 @@ fails its waiters and closes its WAL), the transport closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -35,8 +36,10 @@ import os
 import time
 import uuid as uuidlib
 from pathlib import Path
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from service.common import error_mapping
 from service.common.authz import Authorizer
@@ -46,6 +49,7 @@ from service.common.enrollment import request_certificate
 from service.common.errors import (
     FailedPrecondition,
     InvalidArgument,
+    NotFound,
     StaleTerm,
     TesseraError,
     Timeout,
@@ -154,6 +158,7 @@ class TabletServer:
         self.tokens = TokenVerifier()
         """Verifies users' authz tokens with the signing keys the leader master sends."""
         self.heartbeater: Heartbeater | None = None
+        self._txn_sweeper: asyncio.Task[None] | None = None
         self.certificates: ServerCertificates | None = None
         self.renewer: CertRenewer | None = None
         self.copies: CopyClient = None  # type: ignore[assignment]  # set by start()
@@ -313,6 +318,7 @@ class TabletServer:
             on_token_keys=self.tokens.update,
         )
         await self.heartbeater.start()
+        self._txn_sweeper = asyncio.create_task(self._sweep_txns(), name="txn-sweep")
         self.loop_lag.start()
         if creds is not None:
             self.renewer = CertRenewer(
@@ -356,17 +362,50 @@ class TabletServer:
                 )
             )
 
+    async def _sweep_txns(self) -> None:
+        """Every `txn_sweep_ms`, each leader replica drops the staged state of transactions
+        nobody will resolve (`TabletReplica.sweep_txns`)."""
+        period = self.config.txn_sweep_ms / 1000
+        while True:
+            await asyncio.sleep(period)
+            tablets = self.tablets
+            if tablets is None:
+                continue
+            for replica in list(tablets.replicas.values()):
+                if not replica.txns.txns or not replica.is_leader():
+                    continue
+                try:
+                    await replica.sweep_txns(self._txn_state, 2 * period, 10.0)
+                except TesseraError as e:
+                    log.info("tablet %s: transaction sweep: %s", replica.tablet_id, e)
+
+    async def _txn_state(self, txn_id: int, timeout: float) -> str:
+        """A transaction's state at the coordinator, by name (NOT_FOUND: no record)."""
+        try:
+            resp = await self._call_master(
+                "GetTransactionState", mpb.GetTransactionStateRequestPB(txn_id=txn_id), timeout
+            )
+        except NotFound:
+            return "NOT_FOUND"
+        return str(mpb.TxnStatePB.Name(resp.state)).removeprefix("TXN_")
+
     async def _register_txn(self, txn_id: int, tablet_id: str, writer: str, timeout: float) -> int:
         """Have the coordinator (the leader master) register `tablet_id` as a participant of
         transaction `txn_id` for `writer` (docs/design/transactions.md#R2): the master checks
         that the writer owns the open transaction and that this server hosts the tablet. The
         known leader is asked first, then every master; once per transaction and tablet, so
         one short-lived channel per call. Returns the transaction's start timestamp."""
-        leader = self.heartbeater.leader_address() if self.heartbeater is not None else None
-        addresses = list(dict.fromkeys([a for a in [leader] if a] + self._master_addresses()))
         req = mpb.RegisterParticipantsRequestPB(
             txn_id=txn_id, tablet_ids=[tablet_id], on_behalf_of=writer
         )
+        resp = await self._call_master("RegisterParticipants", req, timeout)
+        return int(resp.start_timestamp)
+
+    async def _call_master(self, method: str, req: Message, timeout: float) -> Any:
+        """`MasterService.<method>(req)` on the leader master: the known leader first, then
+        every master, until `timeout`. Rare calls (transactions), so short-lived channels."""
+        leader = self.heartbeater.leader_address() if self.heartbeater is not None else None
+        addresses = list(dict.fromkeys([a for a in [leader] if a] + self._master_addresses()))
         deadline = time.monotonic() + timeout
         last: Exception = FailedPrecondition("no master to register the transaction with")
         while time.monotonic() < deadline:
@@ -376,12 +415,10 @@ class TabletServer:
                     break
                 try:
                     async with open_channel(address, self.credentials, role="master") as ch:
-                        resp = await error_mapping.mapped(
-                            mpb_grpc.MasterServiceStub(ch).RegisterParticipants(
-                                req, timeout=remaining
-                            )
+                        stub = mpb_grpc.MasterServiceStub(ch)
+                        return await error_mapping.mapped(
+                            getattr(stub, method)(req, timeout=remaining)
                         )
-                    return int(resp.start_timestamp)
                 except TesseraError as e:
                     if not (e.retryable or isinstance(e, Timeout)):
                         raise
@@ -422,6 +459,10 @@ class TabletServer:
         self._closed = True
         if self.renewer is not None:
             await self.renewer.aclose()
+        if self._txn_sweeper is not None:
+            self._txn_sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._txn_sweeper
         if self.heartbeater is not None:
             await self.heartbeater.aclose()
         if self.http is not None:

@@ -70,11 +70,13 @@ ADMIN_POLICY: dict[str, Rule] = {
             "AlterSchema",
             "ChangeConfig",
             "LeaderStepDown",
-            # A transaction's prepare, commit or abort: its coordinator, the leader master.
-            "TxnParticipantOp",
         ],
         _ADMINS_AND_MASTERS,
     ),
+    # A transaction's prepare, commit or abort: its coordinator, the leader master (fenced),
+    # only. Nothing else knows what it decided; a staged state nobody will resolve is dropped
+    # by the tablet's own sweep (`TabletReplica.sweep_txns`).
+    "TxnParticipantOp": allow("master"),
     # A tablet's leader asks a lagging follower to copy from it (tablet_copy.CopyTrigger); an
     # admin's repair tool may too. Masters never do (they add a peer; its leader copies).
     "StartTabletCopy": allow("admin", "tserver"),
