@@ -18,6 +18,7 @@ Modules
     meta_cache      opened tables (`TableHandle`) and tablet locations by partition key
     pruning         which tablets a scan can skip (PURE)
     write_session   rows routed to their tablets' leaders, per-row errors
+    transactions    `Transaction`: writes to many tables that commit together or not at all
     scanner         scan tokens and the fault-tolerant tablet scanner
     replica_ops     add, remove and move one replica, compare-and-set
     retry           deadlines and retry pacing
@@ -29,6 +30,8 @@ Modules
 from service.client.client import MasterInfo, TableSummary, TabletServerInfo, TesseraClient
 from service.client.meta_cache import Replica, TableHandle, TabletLocation
 from service.client.scanner import ScanToken, TabletScanner
+from service.client.sync import SyncClient
+from service.client.transactions import Transaction, TransactionState
 from service.client.write_session import RowError, WriteResult, WriteSession
 from service.common.predicates import ColumnPredicate
 
@@ -38,12 +41,15 @@ __all__ = [
     "Replica",
     "RowError",
     "ScanToken",
+    "SyncClient",
     "TableHandle",
     "TableSummary",
     "TabletLocation",
     "TabletScanner",
     "TabletServerInfo",
     "TesseraClient",
+    "Transaction",
+    "TransactionState",
     "WriteResult",
     "WriteSession",
 ]

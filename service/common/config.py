@@ -729,6 +729,10 @@ class TServerConfig:
     """A tablet's Raft group idle this long stops ticking and heartbeating until it has work
     again (consensus/quiesce.py; CockroachDB's quiesced ranges). 0: never. At least two Raft
     heartbeat intervals, a multiple of raft.tick_interval_ms, and off with raft.lease_reads."""
+    txn_max_staged_rows: int = 5_000_000
+    """Rows all unresolved transactions may stage on one tablet: they are held in memory (on
+    every replica) until their transaction ends, so a write past it is refused with
+    RESOURCE_EXHAUSTED; loads that big go outside a transaction."""
     txn_sweep_ms: int = 30_000
     """How often each tablet leader looks for staged transactions nobody will resolve (their
     coordinator has no record of them, or says they aborted) and drops them; a transaction is
@@ -775,7 +779,7 @@ class TServerConfig:
             "max_clock_error_ms",
         )
         c.non_negative("flush_idle_ms", "quiesce_idle_ms", "txn_lock_wait_ms")
-        c.positive("txn_sweep_ms")
+        c.positive("txn_sweep_ms", "txn_max_staged_rows")
         if self.quiesce_idle_ms:
             r = self.raft
             c.that(

@@ -100,6 +100,9 @@ class TxnSettings:
     replicate_timeout_s: float = 10.0
     retry_s: float = 0.5
     """Pause between rounds of participant calls that did not all succeed."""
+    prepare_timeout_s: float = 60.0
+    """A COMMITTING transaction whose participants cannot all be prepared for this long
+    aborts."""
 
 
 class TxnCoordinator:
@@ -410,14 +413,26 @@ class TxnCoordinator:
     async def _drive(self, txn_id: int) -> None:
         """COMMITTING -> prepared everywhere -> COMMITTED; then finalize; ABORTED -> dropped
         everywhere; each ended transaction -> resolved (module docstring)."""
+        started: float | None = None
         while self._fence is not None:
             row = self._sys.txn(txn_id)
             if row is None:
                 return
             t = row.record
             if t.state is TxnState.COMMITTING:
+                started = self._monotonic() if started is None else started
                 prepared = await self._on_participants(t, tpb.TxnParticipantOpRequestPB.PREPARE)
                 if prepared is None:
+                    if self._monotonic() - started > self.settings.prepare_timeout_s:
+                        # Nothing is decided before COMMITTED: a participant that cannot be
+                        # prepared (all its replicas down, or one refusing) aborts it rather
+                        # than hold every other participant's locks and safe time.
+                        await self._abort(
+                            txn_id,
+                            f"its participants could not all be prepared within "
+                            f"{self.settings.prepare_timeout_s:.0f}s",
+                        )
+                        continue
                     await asyncio.sleep(self.settings.retry_s)
                     continue
                 if isinstance(prepared, str):

@@ -87,6 +87,7 @@ from service.common.errors import (
     NotTheLeader,
     OutsidePartition,
     PermissionDenied,
+    ResourceExhausted,
     SnapshotTooOld,
     TabletNotRunning,
     TesseraError,
@@ -259,6 +260,9 @@ class TabletSettings:
     clock: HybridClock = field(default_factory=HybridClock, compare=False)
     """The server's hybrid clock: shared by every replica of the server (one settings object
     per server), moved by every committed timestamp it applies."""
+    txn_max_staged_rows: int = 5_000_000
+    """Rows all unresolved transactions may stage on one tablet (held in memory until they
+    end)."""
     txn_lock_wait_s: float = 5.0
     """How long a write waits for a row another transaction holds before it fails ABORTED
     (docs/design/transactions.md#R2)."""
@@ -617,6 +621,8 @@ class TabletReplica:
             # once what it inherited is applied (its clock has seen those stamps), and the
             # stamp is taken and the entry queued with no await in between.
             await node.wait_term_applied(timeout)
+            if txn_id and checked.batch is not None:
+                self._check_staging_room(txn_id, checked.batch.num_rows)
             await self._lock_rows(node, checked, txn_id, timeout)
             if txn_id:
                 entry = txns.stage_entry(txn_id, req.txn_attempt, checked.entry)
@@ -694,6 +700,20 @@ class TabletReplica:
                 raise
             finally:
                 self._beginning.pop(txn_id, None)
+
+    def _check_staging_room(self, txn_id: int, rows: int) -> None:
+        """Staged rows live in memory until their transaction ends: refuse a write that
+        would take this tablet's staged rows past `txn_max_staged_rows` (a load that big
+        belongs outside a transaction)."""
+        staged = sum(t.rows() for t in self.txns.txns.values())
+        limit = self.settings.txn_max_staged_rows
+        if staged + rows > limit:
+            raise ResourceExhausted(
+                f"tablet {self.tablet_id}: transaction {txn_id} would take the rows staged here "
+                f"to {staged + rows:,}, past txn_max_staged_rows ({limit:,}): staged rows are "
+                "held in memory until their transaction ends; write a load this big outside a "
+                "transaction (transactional=false, --no-transactional)"
+            )
 
     async def _lock_rows(
         self, node: RaftNode, checked: ValidatedWrite, txn_id: int, timeout: float

@@ -259,6 +259,7 @@ class TabletServer:
             clock=HybridClock(config.max_clock_error_ms * 1000),
             ask_leader=self._ask_leader_safe_time,
             txn_lock_wait_s=config.txn_lock_wait_ms / 1000,
+            txn_max_staged_rows=config.txn_max_staged_rows,
             register_txn=self._register_txn,
         )
         self.tablets = TabletManager(data_dir, self.uuid, transport, settings)

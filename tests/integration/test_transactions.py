@@ -30,6 +30,7 @@ from service.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     PermissionDenied,
+    ResourceExhausted,
     TesseraError,
 )
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
@@ -590,3 +591,16 @@ def test_a_participant_drops_an_aborted_transaction_the_coordinator_cannot_reach
                 except TesseraError:
                     assert time.monotonic() < deadline, "the aborted rows stayed locked"
             assert _every_replica(c, "t", c.client.snapshot_now()) == dict.fromkeys(range(30), 2)
+
+
+def test_staging_past_the_tablet_limit_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    tservers = {**TSERVERS, "txn_max_staged_rows": "1000"}
+    cluster = MiniCluster(tmp_path, master_overrides=MASTERS, tserver_overrides=tservers)
+    with cluster, cluster.client() as c:
+        c.call("create_table", "t", SCHEMA, PartitionSchema(), num_replicas=3)
+        txn = _begin(c)
+        assert not _write(c, txn, "t", _rows(range(900), 1)).errors
+        with pytest.raises(ResourceExhausted, match="txn_max_staged_rows"):
+            _write(c, txn, "t", _rows(range(900, 1200), 1))
+        ts = c.run(txn.commit())  # what was staged within the limit commits
+        assert _every_replica(c, "t", ts) == dict.fromkeys(range(900), 1)
