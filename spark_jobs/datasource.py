@@ -715,8 +715,8 @@ def check_write_schema(info: TableHandle, schema: StructType, operation: str) ->
     for k in info.schema.key_columns:
         if k.name not in names:
             raise InvalidArgument(
-                f"the DataFrame has no column {k.name!r}, part of table {info.name!r}'s "
-                f"primary key; every {operation} needs the key"
+                f"the DataFrame has no column {k.name!r}, part of the primary key of table "
+                f"{info.name!r}; every {operation} needs the key"
             )
     if operation in ("insert", "upsert", "insert_ignore"):
         for c in info.schema.columns:

@@ -37,14 +37,16 @@ OPERATIONS = ("upsert", "insert", "insert_ignore")
 
 
 class Progress:
-    """A line to stderr at most once a second, and the summary."""
+    """A line to stderr at most once a second (none for a command that ends within one, so a
+    small load that fails prints its error alone, not a count of rows it then did not write),
+    and the summary."""
 
     def __init__(self, what: str) -> None:
         self.what = what
         self.rows = 0
         self.bytes = 0
         self.started = time.monotonic()
-        self._last = 0.0
+        self._last = self.started
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> None:
         self.rows += batch.num_rows
@@ -52,7 +54,7 @@ class Progress:
         now = time.monotonic()
         if now - self._last >= 1.0:
             self._last = now
-            print(f"{self.what}: {self.line()}", file=sys.stderr, flush=True)
+            print(f"{self.what}: {self.line()} sent so far", file=sys.stderr, flush=True)
 
     def line(self) -> str:
         secs = max(time.monotonic() - self.started, 1e-6)
@@ -73,7 +75,7 @@ def _conform(batch: pa.RecordBatch, schema: Schema, table: str) -> pa.RecordBatc
             cols.append(batch.column(name).cast(want))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
             raise InvalidArgument(
-                f"column {name!r}: its values do not fit {table!r}'s type {want}: {e}"
+                f"column {name!r}: its values do not fit the type {want} of table {table!r}: {e}"
             ) from None
     fields = [pa.field(n, target.field(n).type) for n in batch.schema.names]
     return pa.RecordBatch.from_arrays(cols, schema=pa.schema(fields))

@@ -226,6 +226,12 @@ def parse_where(schema: Schema, text: str) -> ColumnPredicate:
     """One --where condition as a predicate; op "NE" is evaluated client side (docstring)."""
     m = _CMP.fullmatch(text)
     op = _OPS[m.group("op")] if m else ""
+    if m is not None and m.group("val")[:1] in ("<", ">", "=", "!"):
+        # `qty >>= 5`: an operator that is none of ours, not the value ">= 5".
+        given = m.group("op") + re.match(r"[<>=!]*", m.group("val")).group(0)  # type: ignore[union-attr]
+        raise InvalidArgument(
+            f"--where {text!r}: unknown operator {given!r}; OP is one of = != < <= > >="
+        )
     if m is None:
         for rx, kw in _KEYWORDS:
             m = rx.fullmatch(text)

@@ -62,6 +62,8 @@ def test_where_option_parses_to_exact_predicates() -> None:
         ColumnPredicate("n", "IN", (1, 2)),
     )
     assert parse_where_option(SCHEMA, "s is null") == (ColumnPredicate("s", "IS_NULL"),)
+    assert parse_where_option(SCHEMA, "s like 'ab%'") == (ColumnPredicate("s", "PREFIX", ("ab",)),)
+    assert parse_where_option(SCHEMA, "s = '>5'") == (ColumnPredicate("s", "EQ", (">5",)),)
     assert _split_and("a = 'x AND y' AND band = 1") == ["a = 'x AND y'", "band = 1"]
     for bad, match in [
         ("id = ", "a value is missing|expected COL OP VALUE"),
@@ -70,6 +72,8 @@ def test_where_option_parses_to_exact_predicates() -> None:
         ("s like 'a_b%'", "not a plain prefix"),
         ("n = 99999999999", "option 'where'|out of range|INT32"),
         ("  ", "no condition"),
+        ("n >>= 5", "unknown operator '>>='"),
+        ("n =< 5", "unknown operator '=<'"),
     ]:
         with pytest.raises(InvalidArgument, match=match):
             parse_where_option(SCHEMA, bad)
