@@ -8,6 +8,7 @@ Modules
     catalog         table names: an in-memory catalog per session rebuilt from the warehouse
     datasource      the "tessera" PySpark DataSource: one partition per tablet, reads and writes
     stream_sink     `writeStream.format("tessera")`: exactly once, one transaction per micro-batch
+    tables          Tessera tables created from a Spark schema or DataFrame (`create_table`)
     connect         Spark Connect: a server with Delta and the source, and a client helper
     inventory       the jobs' inputs: the catalog and every tablet server's replicas
     reconcile       what the jobs find, as PURE functions of an inventory

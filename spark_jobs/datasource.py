@@ -108,7 +108,7 @@ from service.client.meta_cache import TableHandle
 from service.client.scanner import REPLICA_SELECTIONS, ScanToken
 from service.client.sync import SyncClient
 from service.client.write_session import OPERATIONS, format_errors
-from service.common.errors import InvalidArgument, TesseraError
+from service.common.errors import InvalidArgument, NotFound, TesseraError
 from service.common.hybrid_time import from_micros, from_millis
 from service.common.predicates import IS_DELETED, ColumnPredicate, ScanSpec, validate_spec
 from service.common.schema import ColumnSchema, ColumnType, Schema
@@ -207,6 +207,13 @@ OPTIONS: dict[str, str] = {
     "operation": "write: insert, upsert (default), update, delete or insert_ignore",
     "row_errors": "write: fail (default: a refused row fails the task) or report",
     "truncate": "write: with mode overwrite, true deletes every row first (default false)",
+    "create_if_missing": "write: true creates the table from the DataFrame's schema when it "
+    "does not exist (with key, and hash and range if wanted; spark_jobs/tables.py)",
+    "key": "write, with create_if_missing: the primary key column(s), comma separated",
+    "hash": "write, with create_if_missing: hash partitioning COL[,COL]:BUCKETS[:SEED], "
+    "several separated by ';'",
+    "range": "write, with create_if_missing: range partitioning columns, comma separated",
+    "replicas": "write, with create_if_missing: the replica count (default 3)",
     "transactional": "write: true (default) makes the whole write one transaction: its rows appear "
     "together when the job commits, or not at all if it fails; false writes each task's rows "
     "as they come (a bulk load that a failure may leave half done)",
@@ -320,6 +327,11 @@ class ReadOptions:
     row_errors: str = "fail"
     truncate: bool = False
     transactional: bool = True
+    create_if_missing: bool = False
+    create_key: str = ""
+    create_hash: str = ""
+    create_range: str = ""
+    create_replicas: int = 3
     read_mode: str = "snapshot"
     diff_start: int = 0
     """A diff scan from this hybrid timestamp (`diff_start_hybrid_time`); 0: a plain read."""
@@ -342,7 +354,9 @@ class ReadOptions:
                 f"CREATE TABLE ... USING {FORMAT} (a catalog table) is not supported: Spark "
                 "cannot read a Python data source through its catalog. Use CREATE TEMPORARY "
                 f"VIEW name USING {FORMAT} OPTIONS (masters '...', table '...'), or "
-                "spark_jobs.datasource.register_views(spark, masters) for every table"
+                "spark_jobs.datasource.register_views(spark, masters) for every table; to "
+                "create a Tessera table from Spark: spark_jobs.tables.create_table(...), or "
+                "df.write with option create_if_missing=true and key=..."
             )
         unknown = sorted(set(opts) - set(OPTIONS))
         if unknown:
@@ -404,6 +418,11 @@ class ReadOptions:
             row_errors=row_errors,
             truncate=_bool("truncate", opts.get("truncate", "false")),
             transactional=_bool("transactional", opts.get("transactional", "true")),
+            create_if_missing=_bool("create_if_missing", opts.get("create_if_missing", "false")),
+            create_key=opts.get("key", "").strip(),
+            create_hash=opts.get("hash", "").strip(),
+            create_range=opts.get("range", "").strip(),
+            create_replicas=_int("replicas", opts.get("replicas", "3")),
             read_mode=read_mode,
             snapshot_timestamp=snapshot,
             diff_start=_diff_start(opts, snapshot),
@@ -509,7 +528,7 @@ class TesseraDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         opts = ReadOptions.parse(self.options).with_shipped_credentials()
-        info = opts.table_info()
+        info = _table_to_write(opts, schema)
         check_write_schema(info, schema, opts.operation)
         if overwrite and not opts.truncate:
             raise InvalidArgument(
@@ -725,6 +744,44 @@ def check_write_schema(info: TableHandle, schema: StructType, operation: str) ->
                     f"the DataFrame has no column {c.name!r}: table {info.name!r} declares it "
                     f"NOT NULL with no default, and an {operation} may create rows"
                 )
+
+
+def _table_to_write(opts: ReadOptions, schema: StructType) -> TableHandle:
+    """The table a write goes to; with `create_if_missing`, created from the DataFrame's
+    schema when it does not exist (spark_jobs/tables.py), before any task runs."""
+    if not opts.create_if_missing:
+        if opts.create_key or opts.create_hash or opts.create_range:
+            raise InvalidArgument(
+                "options 'key', 'hash' and 'range' describe a table to create: they need "
+                "create_if_missing=true"
+            )
+        return opts.table_info()
+    try:
+        return opts.table_info()
+    except NotFound:
+        pass
+    from spark_jobs.tables import create_table
+
+    if not opts.create_key:
+        raise InvalidArgument(
+            f"table {opts.table!r} does not exist: create_if_missing needs option 'key' (its "
+            "primary key columns)"
+        )
+    if opts.operation not in ("insert", "upsert", "insert_ignore"):
+        raise InvalidArgument(
+            f"table {opts.table!r} does not exist: a {opts.operation} has no rows to act on"
+        )
+    create_table(
+        opts.table,
+        schema,
+        masters=opts.masters,
+        key=opts.create_key,
+        hash=opts.create_hash,
+        range=opts.create_range,
+        replicas=opts.create_replicas,
+        client=opts.client(),
+    )
+    return opts.table_info()
 
 
 def truncate(opts: ReadOptions, info: TableHandle, txn_id: int = 0, snapshot: int = 0) -> int:

@@ -415,3 +415,67 @@ def test_a_null_in_a_not_null_column_fails_the_write_naming_the_key_and_leaves_n
     with pytest.raises(Exception, match="has no column 'name'") as e:
         write(src.select("id"))
     assert "Traceback" not in str(e.value).split("has no column")[0][-200:]
+
+
+def test_tables_are_created_from_spark(
+    spark: SparkSession, cluster: MiniCluster, client: SyncClient
+) -> None:
+    """`create_if_missing` makes the table from the DataFrame's schema (key first, NOT NULL;
+    the others keep Spark's nullability), and `spark_jobs.tables.create_table` from a
+    StructType; unmapped types and bad partitioning are refused before anything is created."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from spark_jobs.tables import create_table
+
+    src = spark.range(0, 500, numPartitions=2).selectExpr(
+        "CAST(id AS STRING) AS name", "id", "CASE WHEN id % 7 = 0 THEN NULL ELSE id * 0.5 END AS x"
+    )
+
+    def write(df: object, table: str, **opts: str) -> None:
+        w = (
+            df.write.format("tessera")  # type: ignore[attr-defined]
+            .option("masters", masters(cluster))
+            .option("credentials", cluster.credentials_dir())
+            .option("table", table)
+            .mode("append")
+        )
+        for k, v in opts.items():
+            w = w.option(k, v)
+        w.save()
+
+    write(src, "made_by_spark", create_if_missing="true", key="id", hash="id:3")
+    info = client.call("open_table", "made_by_spark")
+    assert info.schema.key == ("id",) and info.schema.column_names == ("id", "name", "x")
+    assert not info.schema.column("id").nullable and info.schema.column("x").nullable
+    assert not info.schema.column("name").nullable  # Spark's own: CAST of a non-null long
+    assert len(info.partition_schema.hash) == 1 and info.partition_schema.hash[0].num_buckets == 3
+    assert read(spark, cluster, "made_by_spark").count() == 500
+    write(src, "made_by_spark", create_if_missing="true", key="id")  # exists: just written to
+    assert read(spark, cluster, "made_by_spark").count() == 500
+
+    # Refused before anything exists: a type Tessera lacks, a partition column that is not
+    # there, no key.
+    tables_before = {t.name for t in client.call("list_tables")}
+    with pytest.raises(Exception, match=r"column 'tags'.*no Tessera type"):
+        write(
+            src.selectExpr("id", "array(name) AS tags"), "bad1", create_if_missing="true", key="id"
+        )
+    with pytest.raises(Exception, match="no column 'nope'"):
+        write(src, "bad2", create_if_missing="true", key="id", hash="nope:2")
+    with pytest.raises(Exception, match="needs option 'key'"):
+        write(src, "bad3", create_if_missing="true")
+    with pytest.raises(Exception, match="need create_if_missing"):
+        write(src, "bad4", key="id")
+    assert {t.name for t in client.call("list_tables")} == tables_before
+
+    struct = StructType([StructField("k", LongType(), False), StructField("v", StringType(), True)])
+    handle = create_table(
+        "made_from_struct",
+        struct,
+        masters=masters(cluster),
+        key="k",
+        range="k",
+        replicas=1,
+        credentials=str(cluster.credentials_dir()),
+    )
+    assert handle.schema.column_names == ("k", "v") and handle.num_replicas == 1
