@@ -43,7 +43,12 @@ def _run(args: argparse.Namespace) -> int:
 def _connect_server(args: argparse.Namespace) -> int:
     from spark_jobs import connect
 
-    return connect.main(args.connect_args)
+    argv = ["--port", str(args.port)]
+    if args.warehouse:
+        argv += ["--warehouse", args.warehouse]
+    if args.metastore:
+        argv += ["--metastore", args.metastore]
+    return connect.main(argv)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,7 +69,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     connect = ssub.add_parser(
         "connect-server",
         help="run a Spark Connect server (foreground); clients: spark_jobs.connect",
-        description="Arguments go to spark_jobs.connect (--port 15002, --warehouse, --metastore).",
+        description="A Spark Connect server with Delta and the tessera source (spark_jobs/"
+        "connect.py); clients connect to sc://HOST:PORT.",
     )
-    connect.add_argument("connect_args", nargs=argparse.REMAINDER)
+    # Declared here, not passed through as a remainder: argparse gives a remainder nothing that
+    # starts with '-' when it comes first ("unrecognized arguments: --port").
+    connect.add_argument("--port", type=int, default=15002, help="default 15002")
+    connect.add_argument("--warehouse", help="the Spark SQL warehouse directory")
+    connect.add_argument(
+        "--metastore",
+        help="a Hive metastore (embedded Derby) in this directory instead of the in-memory "
+        "catalog",
+    )
     connect.set_defaults(handler=_connect_server)

@@ -150,3 +150,19 @@ def test_credentials_travel_inside_tasks_and_are_never_printed(tmp_path: Path) -
         "user",
         "alice",
     )
+
+
+def test_the_connect_server_command_takes_its_options() -> None:
+    """`tessera spark connect-server --port N` parses (it used to be refused as "unrecognized
+    arguments: --port"), and hands spark_jobs.connect what it was given."""
+    import argparse
+
+    from spark_jobs import cli
+
+    p = argparse.ArgumentParser()
+    cli.register(p.add_subparsers(dest="command"))
+    args = p.parse_args(["spark", "connect-server", "--port", "15992", "--metastore", "/tmp/ms"])
+    assert (args.port, args.warehouse, args.metastore) == (15992, None, "/tmp/ms")
+    assert p.parse_args(["spark", "connect-server"]).port == 15002
+    args = p.parse_args(["jobs", "run", "orphan_sweep", "--masters", "h:1", "--apply"])
+    assert (args.job, args.job_args) == ("orphan_sweep", ["--masters", "h:1", "--apply"])
