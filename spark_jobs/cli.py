@@ -78,7 +78,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     connect.add_argument("--warehouse", help="the Spark SQL warehouse directory")
     connect.add_argument(
         "--metastore",
-        help="a Hive metastore (embedded Derby) in this directory instead of the in-memory "
-        "catalog",
+        help="a Hive metastore (embedded Derby) in this directory instead of the in-memory catalog",
     )
     connect.set_defaults(handler=_connect_server)
