@@ -94,6 +94,10 @@ def message_to_pb(m: Message) -> pb.MessagePB:
     return out
 
 
+MAX_TERM_OR_INDEX = 1 << 62
+"""Terms and log indexes a message may carry are below this."""
+
+
 def message_from_pb(p: pb.MessagePB, *, to: str, frm: str) -> Message:
     """Decode one message of a batch addressed `to` and sent by `frm` (from the envelope)."""
     mtype = _FROM_PB.get(p.type)
@@ -105,6 +109,13 @@ def message_from_pb(p: pb.MessagePB, *, to: str, frm: str) -> Message:
         )
     if p.term == 0:
         raise CodecError(f"{mtype.value} message without a term")
+    for name, value in (("term", p.term), ("log_term", p.log_term), ("index", p.index),
+                        ("commit", p.commit), ("reject_hint", p.reject_hint)):  # fmt: skip
+        if value >= MAX_TERM_OR_INDEX:
+            # A term (or index) no real group reaches (2^62 elections): a member that sends
+            # one would push the group's term past what every later message can carry, and no
+            # leader could be elected again.
+            raise CodecError(f"{mtype.value} message with {name} {value}: out of range")
     entries: tuple[Entry, ...] = ()
     if p.entries:
         if mtype is not MessageType.APP:
