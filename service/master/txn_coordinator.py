@@ -60,7 +60,7 @@ from service.common.errors import (
     TesseraError,
     Timeout,
 )
-from service.common.hybrid_time import from_micros
+from service.common.hybrid_time import describe, from_micros, physical_us
 from service.common.ids import NodeId, TabletId, validate_uuid
 from service.common.pki import Identity
 from service.master.catalog_records import (
@@ -88,6 +88,9 @@ Replicate = Callable[[bytes, float], Awaitable[ApplyResult]]
 MAX_PARTICIPANTS = 100_000
 MAX_KEPT_ATTEMPTS = 100_000
 MAX_STREAM_QUERY = 256
+MAX_PROPAGATED_AHEAD_S = 60.0
+"""How far ahead of this master's wall clock a client's propagated timestamp may be (the
+servers' clocks agree to within their max_clock_error_ms, half a second by default)."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,13 @@ class TxnCoordinator:
             raise InvalidArgument(f"stream_query: longer than {MAX_STREAM_QUERY} characters")
         if stream_batch and not stream_query:
             raise InvalidArgument("stream_batch: given without stream_query")
+        ahead_us = physical_us(propagated_timestamp) - self._now_us()
+        if ahead_us > MAX_PROPAGATED_AHEAD_S * 1_000_000:
+            raise InvalidArgument(
+                f"propagated_timestamp {describe(propagated_timestamp)} is {ahead_us / 1e6:.0f}s "
+                f"ahead of this master's clock (at most {MAX_PROPAGATED_AHEAD_S:.0f}s): not a "
+                "timestamp any server gave out"
+            )
         if keepalive_ms > self.settings.max_keepalive_s * 1000:
             raise InvalidArgument(
                 f"keepalive_ms: {keepalive_ms} is more than this master allows "

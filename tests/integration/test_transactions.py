@@ -604,3 +604,12 @@ def test_staging_past_the_tablet_limit_is_refused_and_changes_nothing(tmp_path: 
             _write(c, txn, "t", _rows(range(900, 1200), 1))
         ts = c.run(txn.commit())  # what was staged within the limit commits
         assert _every_replica(c, "t", ts) == dict.fromkeys(range(900), 1)
+
+
+def test_a_propagated_timestamp_from_the_far_future_is_refused(cluster: MiniCluster) -> None:
+    """Found by the fuzzer: 2^64 - 1 overflowed the start timestamp (INTERNAL)."""
+    with cluster.client() as c:
+        for ts in ((1 << 64) - 1, (1 << 63)):
+            req = pb.BeginTransactionRequestPB(propagated_timestamp=ts, keepalive_ms=2)
+            with pytest.raises(InvalidArgument, match="propagated_timestamp"):
+                c.run(c.client.master.ddl("BeginTransaction", req, 10))
