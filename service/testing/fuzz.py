@@ -35,6 +35,9 @@ After each case (fuzz_checks.py):
   at the end, any replica of a fixture tablet does, by the fuzzer's own scan of its keys;
 * tombstoned (a state change): after any case whose RPC is not read-only (`READ_ONLY`), a
   fixture tablet's replica on some server is gone or not READY;
+* no leader (a state change): at two periodic looks in a row (every `CHECK_EVERY` cases), a
+  fixture tablet that no replica knows a leader of, or whose term a replica holds past 2^62 (a
+  group that can never elect again);
 * config mismatch (a state change): after the same cases, the master's record of a fixture
   tablet's config (voters, op index) is not what its running replicas committed, for longer
   than `fuzz_checks.SETTLE_S` (a forged claim adopted). These three are reported once while
@@ -102,6 +105,7 @@ from service.testing.fuzz_checks import (
     describe_diff,
     fixture_health,
     keys_outside_partition,
+    leaderless,
     lost_replicas,
     outside_rows,
     replica_checksum,
@@ -223,6 +227,7 @@ FINDING_KINDS = {
     "outside partition": "state_changes",
     "tombstoned": "state_changes",
     "config mismatch": "state_changes",
+    "no leader": "state_changes",
     "stall": "stalls",
     "unexpected status": "unexpected",
     "traceback": "tracebacks",
@@ -250,6 +255,8 @@ class Campaign:
     standing: dict[str, set[str]] = field(default_factory=dict)
     """The problems of each standing kind (outside partition, tombstoned, config mismatch)
     found at the last look: one that lasts is reported once (`_standing`)."""
+    leaderless_before: set[str] = field(default_factory=set)
+    """Fixture tablets without a known leader at the last periodic look (`leaderless`)."""
     _protected: Protected | None = None
 
     def __post_init__(self) -> None:
@@ -566,6 +573,12 @@ class Campaign:
             outside = self._look(keys_outside_partition, self.fc)
             if outside is not None:
                 self._standing("outside partition", outside, None, keep=True)
+            health = self._look(fixture_health, self.fc)
+            if health is not None:
+                now_leaderless = leaderless(health)
+                # Two looks in a row: an election between cases is no finding.
+                self._standing("no leader", sorted(now_leaderless & self.leaderless_before), None)
+                self.leaderless_before = now_leaderless
 
     def _finding(self, kind: str, repro: Repro, what: str) -> None:
         """Count a finding; print it and write its reproducer the first `SHOWN` times a

@@ -289,6 +289,9 @@ class ReplicaConfig:
     """Its committed config's peers."""
     opid_index: int
     """Its committed config's op index."""
+    leader: str = ""
+    """The leader it knows of ("" none)."""
+    term: int = 0
 
 
 @dataclass(frozen=True)
@@ -341,6 +344,8 @@ def fixture_health(fc: FuzzCluster) -> FixtureHealth:
                     for p in x.consensus_state.committed_config.peers
                 ),
                 x.consensus_state.committed_config.opid_index,
+                x.consensus_state.leader_uuid,
+                x.consensus_state.current_term,
             )
             for x in r.replicas
             if x.tablet_id in watched
@@ -351,6 +356,28 @@ def fixture_health(fc: FuzzCluster) -> FixtureHealth:
             members = frozenset((p.ts_uuid, p.member_type) for p in t.replicas)
             master[t.tablet_id] = (members, t.config_opid_index)
     return FixtureHealth(tablets, tuple(fc.mini.tservers), replicas, master)
+
+
+TERM_BOUND = 1 << 62
+"""No group's term reaches this in a real cluster (the consensus codec refuses messages at or
+past it)."""
+
+
+def leaderless(h: FixtureHealth) -> set[str]:
+    """Fixture tablets no answering replica knows a leader of, or whose term a replica holds
+    past TERM_BOUND (a group that can never elect again): "no leader" problems, by tablet.
+    One look may catch an election; the campaign reports a tablet only when two looks,
+    `CHECK_EVERY` cases apart, both do."""
+    out = set()
+    for t in h.tablets:
+        seen = [r[t] for r in h.replicas.values() if t in r]
+        if not seen:
+            continue
+        if any(x.term >= TERM_BOUND for x in seen):
+            out.add(f"tablet {t}: a replica's term is {max(x.term for x in seen)}, past 2^62")
+        elif not any(x.leader for x in seen):
+            out.add(f"tablet {t}: no replica knows a leader")
+    return out
 
 
 def lost_replicas(h: FixtureHealth) -> list[str]:

@@ -26,10 +26,12 @@ from service.pb import consensus_pb2
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.testing.fuzz_checks import (
+    TERM_BOUND,
     Checksum,
     FixtureHealth,
     ReplicaConfig,
     config_mismatches,
+    leaderless,
     lost_replicas,
     outside_rows,
     rows_outside,
@@ -473,6 +475,24 @@ def test_config_mismatches_waits_for_a_replica_to_run() -> None:
         tpb.TABLET_DATA_READY, mpb.REPLICA_BOOTSTRAPPING, frozenset(), 0
     )
     assert config_mismatches(_health(replicas)) == []
+
+
+def test_leaderless_finds_a_group_without_a_leader_or_with_a_runaway_term() -> None:
+    led = ReplicaConfig(tpb.TABLET_DATA_READY, mpb.REPLICA_RUNNING, _VOTERS, 0, "ts-1", 3)
+    replicas = {s: dict.fromkeys(_TABLETS, led) for s in _SERVERS}
+    assert leaderless(_health(replicas)) == set()
+    # One replica that has not heard of the leader yet is no finding; all of them is.
+    replicas["ts-2"][_TABLETS[0]] = _health().replicas["ts-2"][_TABLETS[0]]
+    assert leaderless(_health(replicas)) == set()
+    for s in _SERVERS:
+        replicas[s][_TABLETS[0]] = _health().replicas[s][_TABLETS[0]]
+    assert leaderless(_health(replicas)) == {f"tablet {_TABLETS[0]}: no replica knows a leader"}
+    # A term pushed past the bound wedges the group even while a leader is still known.
+    replicas["ts-3"][_TABLETS[1]] = ReplicaConfig(
+        tpb.TABLET_DATA_READY, mpb.REPLICA_RUNNING, _VOTERS, 0, "ts-1", TERM_BOUND + 2
+    )
+    problems = leaderless(_health(replicas))
+    assert len(problems) == 2 and any("past 2^62" in p for p in problems), problems
 
 
 def test_rows_outside_finds_keys_of_another_tablet() -> None:
