@@ -536,6 +536,12 @@ class MasterConfig:
     assignment_timeout_ms: int = 30_000
     """A tablet not reported RUNNING this long after its replicas were chosen is REPLACED by a
     new tablet for the same partition (Kudu's tablet_creation_timeout_ms)."""
+    max_replacements_in_flight: int = 100
+    """Replacement tablets (made for a CREATING tablet that timed out) not yet RUNNING, at
+    most, cluster-wide; a tablet timing out beyond them waits. A replacement is new work for
+    servers that are likely the busy ones (docs/design/catalog.md#R16)."""
+    max_replacements_per_ts: int = 20
+    """The same, for the tablets of any one tablet server."""
     max_tablets_per_assignment_round: int = 200
     """Tablets one assignment round places (PREPARING -> CREATING) or replaces, in ONE
     replicated write; the rest wait for the next round, which follows at once. Bounds the
@@ -629,6 +635,8 @@ class MasterConfig:
             "replica_eviction_timeout_ms",
             "max_tablets_per_assignment_round",
             "max_creating_tablets",
+            "max_replacements_in_flight",
+            "max_replacements_per_ts",
             "assignment_retry_initial_ms",
             "assignment_retry_max_ms",
             "loop_stall_threshold_ms",
@@ -721,6 +729,12 @@ class TServerConfig:
     num_tablets_to_copy_simultaneously: int = 10
     """Concurrent tablet copies this server runs as the destination
     (docs/design/tablet_copy.md#R4)."""
+    max_concurrent_creates: int = 8
+    """CreateTablet calls this server works on at once (service/tserver/tablet_manager.py)."""
+    max_queued_creates: int = 64
+    """CreateTablet calls waiting for one of those turns; one beyond them is refused at once
+    with RESOURCE_EXHAUSTED, which the master takes as "later" and answers by sending fewer
+    at a time (docs/design/catalog.md#R16), instead of timing out like a dead server."""
     flush_idle_ms: int = 10_000
     """A tablet whose in-memory rows took no write for this long flushes them to a file, then
     compacts files whose key ranges overlap, so a cold tablet is scanned without merging.
@@ -775,10 +789,11 @@ class TServerConfig:
             "scanner_ttl_ms",
             "cert_renewal_check_ms",
             "num_tablets_to_copy_simultaneously",
+            "max_concurrent_creates",
             "tablet_history_max_age_ms",
             "max_clock_error_ms",
         )
-        c.non_negative("flush_idle_ms", "quiesce_idle_ms", "txn_lock_wait_ms")
+        c.non_negative("flush_idle_ms", "quiesce_idle_ms", "txn_lock_wait_ms", "max_queued_creates")
         c.positive("txn_sweep_ms", "txn_max_staged_rows")
         if self.quiesce_idle_ms:
             r = self.raft

@@ -68,22 +68,32 @@ leaves behind, which the reconciliation jobs must find and repair. `TxnFinalize`
 transaction coordinator from ever reaching a participant with a commit or an abort (the
 participants' own sweep must then drop what an abort left).
 
+A server started with
+
+    TESSERA_FAILPOINT_DELAY=<point>:<ms>           e.g. create_tablet:3000
+
+waits that long each time it reaches `await delay("<point>")` (the event loop goes on): a slow
+disk or an overloaded host, at one step. Tablet server: `create_tablet` (a CreateTablet call,
+inside the server's creation gate, before the replica is formatted).
+
 Unset variables cost one dictionary lookup per hit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections import Counter
 
-__all__ = ["CRASH_AT", "ONCE_FILE", "SKIP", "hit", "skipped"]
+__all__ = ["CRASH_AT", "DELAY", "ONCE_FILE", "SKIP", "delay", "hit", "skipped"]
 
 log = logging.getLogger(__name__)
 
 CRASH_AT = "TESSERA_FAILPOINT_CRASH_AT"
 ONCE_FILE = "TESSERA_FAILPOINT_ONCE_FILE"
 SKIP = "TESSERA_FAILPOINT_SKIP"
+DELAY = "TESSERA_FAILPOINT_DELAY"
 _counts: Counter[str] = Counter()
 
 
@@ -119,3 +129,14 @@ def skipped(kind: str) -> bool:
     if not spec:
         return False
     return kind in {k.strip() for k in spec.split(",")}
+
+
+async def delay(point: str) -> None:
+    """Wait at `point` as long as TESSERA_FAILPOINT_DELAY says (`<point>:<ms>`), if it names
+    this point; otherwise return at once."""
+    spec = os.environ.get(DELAY)
+    if not spec:
+        return
+    name, _, ms = spec.rpartition(":")
+    if name == point and ms.isdigit():
+        await asyncio.sleep(int(ms) / 1000.0)

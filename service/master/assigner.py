@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from collections.abc import Set as AbstractSet
 from random import Random
 
 from service.common import failpoints
 from service.common.clock import Clock
-from service.common.ids import TableId, TabletId
+from service.common.ids import NodeId, TableId, TabletId
 from service.master.catalog_assignment import (
     AssignmentBackoff,
     AssignmentPlan,
@@ -31,6 +32,7 @@ from service.master.catalog_assignment import (
 from service.master.catalog_info import CatalogMaps, TabletInfo
 from service.master.catalog_records import CatalogWrite, HostPort, TabletRecord, TabletState
 from service.master.catalog_settings import CatalogSettings
+from service.master.create_pacing import ReplacementRules
 from service.master.sys_catalog import ApplyResult
 from service.master.ts_manager import TSManager
 
@@ -46,8 +48,14 @@ class Assigner:
     Invariants: `_maps` is the manager's current `CatalogMaps` (it hands over every rebuilt
     one through `reset`); `_creating` holds exactly the CREATING tablets of `_maps` (`reset`
     recomputes it, `note_committed` follows each applied entry); `_creating_since[t]`, when
-    this leader first sent tablet t's CreateTablet calls (`create_started`), exists only for
-    t in `_creating`; `_backoff` names only tables with PREPARING tablets."""
+    tablet t last showed progress in this leader's view (its CreateTablet calls first sent,
+    `create_started`; a replica answered, refused as busy, or reported it,
+    `creation_progress`), and `_deadline[t]`, when it is due for replacement
+    (create_pacing.ReplacementRules), exist only for t in `_creating`, with the same keys;
+    `_answered[t]` (servers that answered or reported t), `_calls[t]` (CreateTablet calls
+    in flight) and `_paused` (tablets whose remaining calls wait to go out again, with no
+    `_creating_since` or `_deadline`) only for t in `_creating`; `_backoff` names only
+    tables with PREPARING tablets."""
 
     def __init__(
         self,
@@ -70,6 +78,21 @@ class Assigner:
         self._address_of = address_of
         self._creating: set[TabletId] = set()
         self._creating_since: dict[TabletId, float] = {}
+        self._deadline: dict[TabletId, float] = {}
+        self._answered: dict[TabletId, set[NodeId]] = {}
+        self._calls: dict[TabletId, int] = {}
+        self._paused: set[TabletId] = set()
+        """CREATING tablets whose remaining calls wait to go out again (`creation_paused`)."""
+        """CreateTablet calls in flight per CREATING tablet (`creation_call`)."""
+        self.rules = ReplacementRules(
+            settings.assignment_timeout_s,
+            max_in_flight=settings.max_replacements_in_flight,
+            max_in_flight_per_ts=settings.max_replacements_per_ts,
+        )
+        self.replaced: Counter[str] = Counter()
+        """Tablets replaced by this leader, by reason (/metrics)."""
+        self.postponed = 0
+        """Timed-out tablets whose replacement waited for the budgets (`ReplacementRules`)."""
         self._backoff = AssignmentBackoff(
             settings.assignment_retry_initial_s, settings.assignment_retry_max_s
         )
@@ -87,6 +110,10 @@ class Assigner:
         self._creating_since = {
             t: since for t, since in self._creating_since.items() if t in self._creating
         }
+        self._deadline = {t: d for t, d in self._deadline.items() if t in self._creating}
+        self._answered = {t: a for t, a in self._answered.items() if t in self._creating}
+        self._calls = {t: n for t, n in self._calls.items() if t in self._creating}
+        self._paused &= self._creating
         self._backoff.retain(set(maps.preparing))
 
     def note_committed(self, tablets: Iterable[tuple[TabletRecord | None, TabletRecord]]) -> None:
@@ -97,6 +124,10 @@ class Assigner:
             else:
                 self._creating.discard(new.tablet_id)
                 self._creating_since.pop(new.tablet_id, None)
+                self._deadline.pop(new.tablet_id, None)
+                self._answered.pop(new.tablet_id, None)
+                self._calls.pop(new.tablet_id, None)
+                self._paused.discard(new.tablet_id)
 
     @property
     def creating(self) -> AbstractSet[TabletId]:
@@ -113,8 +144,81 @@ class Assigner:
         `tablet_id` for the first time: its assignment timeout starts now (Kudu's
         last_create_tablet_time), not when it entered CREATING, so a tablet whose calls
         waited behind thousands of others is not replaced for the wait."""
-        if tablet_id in self._creating:
-            self._creating_since.setdefault(tablet_id, self._clock.monotonic())
+        if tablet_id in self._creating and (
+            tablet_id not in self._creating_since or tablet_id in self._paused
+        ):
+            self._paused.discard(tablet_id)
+            self._progress(tablet_id, self._clock.monotonic())
+
+    def creation_progress(self, tablet_id: TabletId, server: NodeId, answered: bool) -> None:
+        """A sign that CREATING tablet `tablet_id` is being created: `server` answered its
+        CreateTablet or reported the tablet (`answered`), or refused it as busy
+        (RESOURCE_EXHAUSTED). Its replacement timer starts again (create_pacing)."""
+        if tablet_id not in self._creating:
+            return
+        if answered:
+            self._answered.setdefault(tablet_id, set()).add(server)
+        self._progress(tablet_id, self._clock.monotonic())
+
+    def creation_call(self, tablet_id: TabletId, started: bool, deadline: float = 0.0) -> None:
+        """A CreateTablet call of CREATING `tablet_id` went out (`started`, answered by
+        monotonic `deadline` at the latest) or ended. A tablet is never replaced while a call
+        to one of its replicas is in flight: the server took it and has not said no, and the
+        call's own deadline bounds the wait (create_pacing)."""
+        if tablet_id not in self._creating:
+            return
+        n = self._calls.get(tablet_id, 0) + (1 if started else -1)
+        if n > 0:
+            self._calls[tablet_id] = n
+            if started and tablet_id in self._deadline:
+                self._deadline[tablet_id] = max(self._deadline[tablet_id], deadline)
+        else:
+            self._calls.pop(tablet_id, None)
+
+    def creation_paused(self, tablet_id: TabletId) -> None:
+        """The calls of CREATING `tablet_id` that are left were refused as busy: they go out
+        again through the servers' windows, and its timer stops until they do (as before its
+        first calls: `create_started` starts it again). Waiting for our own pacing is not a
+        tablet being stuck."""
+        if tablet_id in self._calls or tablet_id not in self._creating:
+            return
+        self._paused.add(tablet_id)
+        self._creating_since.pop(tablet_id, None)
+        self._deadline.pop(tablet_id, None)
+
+    def _progress(self, tablet_id: TabletId, now: float) -> None:
+        if tablet_id in self._paused:
+            return  # a replica's report while the rest wait for our own pacing: no timer
+        self._creating_since[tablet_id] = now
+        answered = len(self._answered.get(tablet_id, ()))
+        self._deadline[tablet_id] = now + self.rules.timeout_for(self._maps, tablet_id, answered)
+
+    def _expired(self, now: float) -> list[TabletId]:
+        """CREATING tablets past their deadline, the ones the budgets admit (the others are
+        postponed by `ReplacementRules.postpone_s`)."""
+        late = [t for t, d in self._deadline.items() if d <= now]
+        if not late:
+            return []
+        for t in [t for t in late if t in self._calls]:  # a call still out: not yet
+            self._deadline[t] = now + self.rules.postpone_s
+            late.remove(t)
+        infos = [self._maps.tablets_by_id[t] for t in late if t in self._maps.tablets_by_id]
+        infos.sort(key=lambda i: (i.table_id, i.partition.partition_key_start, i.tablet_id))
+        admitted, wait = self.rules.admit(self._maps, infos)
+        for info in wait:
+            self._deadline[info.tablet_id] = now + self.rules.postpone_s
+            self.postponed += 1
+        return [i.tablet_id for i in admitted]
+
+    def replace_reason(self, tablet_id: TabletId) -> str:
+        """Why a tablet is being replaced, for /metrics: no replica answered, or enough did
+        and no leader was reported."""
+        info = self._maps.tablets_by_id.get(tablet_id)
+        cs = info.record.consensus if info is not None else None
+        answered = len(self._answered.get(tablet_id, ()))
+        if cs is not None and answered >= len(cs.peers) // 2 + 1:
+            return "no leader"
+        return "some answered" if answered else "no answer"
 
     # --- rounds ------------------------------------------------------------------------------
 
@@ -131,7 +235,7 @@ class Assigner:
             self._address_of,
             self._rng,
             now=now,
-            creating_since=self._creating_since,
+            expired=[t for t, d in self._deadline.items() if d <= now],
             assignment_timeout_s=self._settings.assignment_timeout_s,
             now_us=self._now_us(),
             new_id=lambda: new_catalog_id(self._rng),
@@ -141,7 +245,7 @@ class Assigner:
     def assignment_due(self, now: float | None = None) -> bool:
         """An assignment round has something to do: PREPARING tablets of tables not waiting
         out a placement backoff and room to make them CREATING (for all of them, or at least
-        `_round_quantum`), or a CREATING one older than the assignment timeout."""
+        `_round_quantum`), or a CREATING one past its replacement deadline."""
         if not self._maps.pending:
             return False
         now = self._clock.monotonic() if now is None else now
@@ -156,16 +260,14 @@ class Assigner:
             # Room for all of them, or for a quantum of them (`_round_quantum`).
             if ready and room >= min(ready, self._round_quantum()):
                 return True
-        oldest = min(self._creating_since.values(), default=now)
-        return now - oldest >= self._settings.assignment_timeout_s
+        return min(self._deadline.values(), default=now + 1.0) <= now
 
     def next_assignment_at(self) -> float | None:
         """When, on the monotonic clock, the earliest backoff or creation timeout runs out
         (None: nothing is waiting); the background loop sleeps no longer than that."""
         times = [self._backoff.earliest()]
-        if self._creating_since:
-            oldest = min(self._creating_since.values())
-            times.append(oldest + self._settings.assignment_timeout_s)
+        if self._deadline:
+            times.append(min(self._deadline.values()))
         return min((t for t in times if t is not None), default=None)
 
     async def assign_tablets(
@@ -202,16 +304,16 @@ class Assigner:
                 planner.add(due[i : i + _PLAN_CHUNK])
             plan = planner.finish()
             if plan.write is not None:
+                reasons = [self.replace_reason(r.old) for r in plan.replaced]
                 await self._replicate(plan.write)
+                self.replaced.update(reasons)
                 failpoints.hit("assign_tablets:after_replicate")
         return self._backoff.after_round(plan, self._maps, now)
 
     def _due(self, now: float, limit: int) -> list[TabletInfo]:
         return due_tablets(
             self._maps,
-            now=now,
-            creating_since=self._creating_since,
-            assignment_timeout_s=self._settings.assignment_timeout_s,
+            expired=self._expired(now),
             ready=lambda table_id: self._backoff.ready(table_id, now),
             limit=limit,
             preparing_limit=self._creating_room(),

@@ -13,10 +13,10 @@ continues in a new leader after failover).
 Each round (every `interval_s`, or sooner when the catalog commits something that calls for
 work, `CatalogManager.add_work_listener`), in this order:
 
-  1. Assignment: if a tablet is PREPARING, or a CREATING one has outlived the assignment
-     timeout, one `CatalogManager.assign_tablets()` round: ONE replicated write that places
-     PREPARING tablets (-> CREATING with their committed config) and REPLACES timed-out ones
-     (docs/design/catalog.md#R12, #R13). A round is bounded
+  1. Assignment: if a tablet is PREPARING, or a CREATING one is past its replacement
+     deadline (create_pacing), one `CatalogManager.assign_tablets()` round: ONE replicated
+     write that places PREPARING tablets (-> CREATING with their committed config) and
+     REPLACES timed-out ones (docs/design/catalog.md#R12, #R13, #R16). A round is bounded
      (`max_tablets_per_assignment_round`); while more is due the next round follows at once.
      A table that cannot be placed waits out a doubling backoff, one warning per attempt
      (`catalog_assignment`, "Bounded rounds" and "Backoff"); the loop sleeps no longer than
@@ -43,6 +43,14 @@ next report from that server triggers them again if needed.
 At most `max_concurrent_rpcs` RPCs are in flight at once (a semaphore); a server known to be
 dead is not called (its tasks wait for it, or for the assignment timeout to replace the tablet).
 
+Paced creates (create_pacing, docs/design/catalog.md#R16). CreateTablet calls to each server
+go through that server's window (`CreatePacer`): a CreateReplicas task starts only when every
+server it still has to call has room (the others stay queued, in order), and each call's
+deadline follows the server's latency. A server's RESOURCE_EXHAUSTED ("busy, later") halves
+its window and retries the task soon without counting a failure; an answer, and a busy
+refusal, tell the assigner the tablet is progressing, so a slow server's tablets are not
+replaced while it works through them.
+
 Bounded tasks. At most `max_concurrent_rpcs` tasks run at once; the others due wait in a queue,
 started as running ones finish. A round never spawns one task per pending tablet: a
 10,000-tablet CreateTable would put tens of thousands of coroutines on the event loop at once,
@@ -66,7 +74,13 @@ from typing import Any
 from service.common import failpoints
 from service.common.clock import Clock
 from service.common.config import MasterConfig
-from service.common.errors import AlreadyExists, NotFound, TesseraError
+from service.common.errors import (
+    AlreadyExists,
+    NotFound,
+    ResourceExhausted,
+    TesseraError,
+    Timeout,
+)
 from service.common.ids import NodeId
 from service.master.catalog_assignment import (
     AlterReplicas,
@@ -78,6 +92,7 @@ from service.master.catalog_assignment import (
 )
 from service.master.catalog_manager import CatalogManager
 from service.master.catalog_records import ConsensusState, HostPort, MemberType, TabletState
+from service.master.create_pacing import CreatePacer, Outcome
 from service.master.report_processing import (
     AlterReplica,
     ChangeReplicaConfig,
@@ -155,6 +170,17 @@ class _Retry:
     next_at: float = 0.0
     succeeded: set[str] = field(default_factory=set)
     """Servers that already answered this task successfully."""
+    reserved: dict[str, float] = field(default_factory=dict)
+    """CreateReplicas: the servers whose window this attempt holds a call of, and each
+    call's deadline (`CreatePacer.start`, taken when the task is started)."""
+
+
+_LATER = "later"
+"""`_execute`'s answer for a task every server of which answered or said "busy, later"."""
+
+_CREATE_SKIPS = 64
+"""CreateReplicas tasks `_drain` looks past (their servers' windows full) before it stops
+looking at that kind until the next drain."""
 
 
 class BackgroundTasks:
@@ -178,6 +204,7 @@ class BackgroundTasks:
         self.rng = rng
         self.settings = settings or BackgroundSettings()
         self._wake = asyncio.Event()
+        self.pacer = CreatePacer(min_deadline_s=getattr(proxy, "rpc_timeout_s", 10.0))
         self._sem = asyncio.Semaphore(self.settings.max_concurrent_rpcs)
         self._running: dict[Any, asyncio.Task[None]] = {}
         self._queues: dict[str, deque[TaskKey]] = {}
@@ -197,6 +224,8 @@ class BackgroundTasks:
         self.rpcs_sent = 0
         self.rpcs_failed = 0
         self.rpcs_skipped = 0
+        self.rpcs_shed = 0
+        """RPCs a tablet server refused with RESOURCE_EXHAUSTED (busy: retried later)."""
         self.tombstones_unconfirmed = 0
         """Tombstones not sent because a majority of the config's voters did not confirm it."""
         """Task RPCs not sent because the task was no longer called for (see `_rpc`)."""
@@ -347,19 +376,34 @@ class BackgroundTasks:
         "Bounded tasks"), one of each kind in turn (`_queues`); a task no longer called for,
         or retried meanwhile, is dropped."""
         limit = self.settings.max_concurrent_rpcs
+        waiting: list[TaskKey] = []  # creates whose servers' windows are full, in order
+        exclude: set[str] = set()
         while len(self._running) < limit and not self._stopped:
-            key = self._next_queued()
+            key = self._next_queued(exclude)
             if key is None:
-                return
-            self._queued.pop(key, None)
+                break
             retry = self._retries.get(key)
             if retry is None or not self.catalog.task_pending(retry.task):
+                self._queued.pop(key, None)
                 continue
+            task = retry.task
+            if isinstance(task, CreateReplicas):
+                todo = [u for u in task.replicas if u not in retry.succeeded]
+                if not self.pacer.has_room(todo):
+                    waiting.append(key)  # stays queued, in its place
+                    if len(waiting) >= _CREATE_SKIPS:
+                        exclude.add(key[0])
+                    continue
+                retry.reserved = {u: self.pacer.start(NodeId(u)) for u in todo}
+            self._queued.pop(key, None)
             self._spawn(key, self._run_task(key, retry))
+        for key in reversed(waiting):
+            self._queues[key[0]].appendleft(key)
 
-    def _next_queued(self) -> TaskKey | None:
-        """The head of the next non-empty kind's queue, round robin; None if all are empty."""
-        kinds = sorted(k for k, q in self._queues.items() if q)
+    def _next_queued(self, exclude: set[str] | None = None) -> TaskKey | None:
+        """The head of the next non-empty kind's queue (but `exclude`), round robin; None if
+        all are empty."""
+        kinds = sorted(k for k, q in self._queues.items() if q and not (exclude and k in exclude))
         if not kinds:
             return None
         kind = kinds[self._next_kind % len(kinds)]
@@ -395,7 +439,17 @@ class BackgroundTasks:
         except Exception:
             log.exception("task %s failed unexpectedly", task)
             ok = False
-        if ok:
+        finally:
+            for u in retry.reserved:  # calls never made (superseded, or an error before)
+                self.pacer.release(NodeId(u))
+            retry.reserved = {}
+        if ok == _LATER:
+            # Busy servers, not a failure: soon again, through their (halved) windows, and
+            # the tablet's replacement timer waits for the calls to go out again.
+            self.catalog.creation_paused(task.tablet_id)
+            retry.next_at = self.clock.monotonic() + self.settings.retry_initial_s
+            self.wake()
+        elif ok:
             self.catalog.task_done(task)
             self._retries.pop(key, None)
         else:
@@ -409,7 +463,7 @@ class BackgroundTasks:
 
     # --- executing tasks ---------------------------------------------------------------------
 
-    async def _execute(self, task: Task, retry: _Retry) -> bool:
+    async def _execute(self, task: Task, retry: _Retry) -> bool | str:
         if failpoints.skipped(type(task).__name__):
             return False  # fault injection: this kind of side effect "keeps failing"
         maps = self.catalog.maps
@@ -423,23 +477,18 @@ class BackgroundTasks:
                 return True  # superseded: committed state moved on
             self.catalog.create_started(task.tablet_id)  # its assignment timeout runs from now
             todo = [u for u in task.replicas if u not in retry.succeeded]
-            results = await asyncio.gather(
-                *(
-                    self._rpc(
-                        u,
-                        lambda a, u=u: self.proxy.create_tablet(
-                            a, u, self.fence, record, table.record
-                        ),
-                        ok_errors=(AlreadyExists,),
-                        fallback=_last_known(record.consensus, u),
-                        task=task,
-                    )
-                    for u in todo
-                )
+            outcomes = await asyncio.gather(
+                *(self._create_call(task, retry, u, record, table.record) for u in todo)
             )
             failpoints.hit("create_tablet:after_rpc")
-            retry.succeeded.update(u for u, ok in zip(todo, results, strict=True) if ok)
-            return all(results)
+            retry.succeeded.update(
+                u for u, o in zip(todo, outcomes, strict=True) if o == Outcome.OK
+            )
+            if all(o == Outcome.OK for o in outcomes):
+                return True
+            if all(o in (Outcome.OK, Outcome.SHED) for o in outcomes):
+                return _LATER
+            return False
         if isinstance(task, DeleteReplicas):
             todo = [u for u in task.servers if u not in retry.succeeded]
             results = await asyncio.gather(
@@ -477,6 +526,38 @@ class BackgroundTasks:
             return False
         return True
 
+    async def _create_call(
+        self, task: CreateReplicas, retry: _Retry, u: str, record: Any, table: Any
+    ) -> str:
+        """One CreateTablet of `task` to server `u`, through its window (`CreatePacer`): the
+        call's slot was reserved when the task started; the outcome adapts the window and
+        tells the assigner of progress."""
+        deadline = retry.reserved.pop(u, None)
+        if deadline is None:  # not reserved (a server added since): take a slot now
+            deadline = self.pacer.start(NodeId(u))
+        started = self.clock.monotonic()
+        self.catalog.creation_call(task.tablet_id, True, started + deadline)
+        try:
+            outcome, sent = await self._rpc_outcome(
+                u,
+                lambda a: self.proxy.create_tablet(
+                    a, u, self.fence, record, table, timeout_s=deadline
+                ),
+                ok_errors=(AlreadyExists,),
+                fallback=_last_known(record.consensus, u),
+                task=task,
+            )
+        finally:
+            self.catalog.creation_call(task.tablet_id, False)
+        now = self.clock.monotonic()
+        if sent:
+            self.pacer.finish(NodeId(u), outcome, now - started, now)
+        else:
+            self.pacer.release(NodeId(u))
+        if outcome in (Outcome.OK, Outcome.SHED) and sent:
+            self.catalog.creation_progress(task.tablet_id, NodeId(u), outcome == Outcome.OK)
+        return outcome
+
     async def _rpc(
         self,
         server: str,
@@ -491,25 +572,45 @@ class BackgroundTasks:
         committed state no longer calls for it once the RPC gets one of the
         `max_concurrent_rpcs` slots (a table deleted while its CreateTablets queued), the RPC
         is not sent and counts as done."""
+        outcome, _ = await self._rpc_outcome(server, call, ok_errors, fallback, task)
+        return outcome == Outcome.OK
+
+    async def _rpc_outcome(
+        self,
+        server: str,
+        call: Any,
+        ok_errors: tuple[type[TesseraError], ...] = (),
+        fallback: HostPort | None = None,
+        task: Task | None = None,
+    ) -> tuple[str, bool]:
+        """`_rpc`, answering how it ended (`create_pacing.Outcome`) and whether it was sent."""
         address = self.ts.rpc_address(server)
         if address is None and fallback is not None:
             address = f"{fallback.host}:{fallback.port}"
         if address is None or (server in self.ts and not self.ts.is_live(server)):
-            return False
+            return Outcome.FAILED, False
         async with self._sem:
             if task is not None and not self.catalog.task_pending(task):
                 self.rpcs_skipped += 1
-                return True
+                return Outcome.OK, False
             self.rpcs_sent += 1
             try:
                 await call(address)
-                return True
+                return Outcome.OK, True
             except ok_errors:
-                return True
+                return Outcome.OK, True
+            except ResourceExhausted as e:
+                self.rpcs_shed += 1
+                log.debug("tablet server %s (%s) is busy: %s", server, address, e)
+                return Outcome.SHED, True
+            except Timeout as e:
+                self.rpcs_failed += 1
+                log.info("RPC to tablet server %s (%s) timed out: %s", server, address, e)
+                return Outcome.TIMEOUT, True
             except TesseraError as e:
                 self.rpcs_failed += 1
                 log.info("RPC to tablet server %s (%s) failed: %s", server, address, e)
-                return False
+                return Outcome.FAILED, True
 
     # --- report-driven RPCs ------------------------------------------------------------------
 

@@ -26,9 +26,10 @@ Two things live here.
      * moves the PREPARING tablets it can place to CREATING with their chosen committed
        configs (placement_policy: fewest replicas of the table, then fewest in total, among
        live servers; one `TablePlacer` per table so a round spreads a table evenly);
-     * marks every CREATING tablet whose creation has not been reported within the assignment
-       timeout REPLACED, and inserts in the same write a new PREPARING tablet for the same
-       partition (`replaces` / `replaced_by` link them). The new tablet is not visible to
+     * marks every CREATING tablet past its replacement deadline (no progress for its timeout,
+       within the budgets: create_pacing, docs/design/catalog.md#R16) REPLACED, and inserts
+       in the same write a new PREPARING tablet for the same partition (`replaces` /
+       `replaced_by` link them). The new tablet is not visible to
        anyone, locations included, until that write commits (docs/design/catalog.md#R3); it is
        assigned by the next round.
    Each updated row carries a precondition on the version it was read at, so a plan made from
@@ -68,7 +69,7 @@ early, only possibly late after a failover, as in Kudu.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from random import Random
 from types import MappingProxyType
@@ -300,16 +301,15 @@ def _key(tablet_id: str) -> RowKey:
 def due_tablets(
     maps: CatalogMaps,
     *,
-    now: float,
-    creating_since: Mapping[TabletId, float],
-    assignment_timeout_s: float,
+    expired: Collection[TabletId],
     ready: Callable[[TableId], bool] = lambda _: True,
     tables: Collection[TableId] | None = None,
     limit: int | None = None,
     preparing_limit: int | None = None,
 ) -> list[TabletInfo]:
     """The pending tablets an assignment round handles, at most `limit`: first the CREATING
-    ones older than the assignment timeout (by table, then partition), then at most
+    ones of `expired` (past their replacement deadline and admitted by the budgets,
+    create_pacing.ReplacementRules; by table, then partition), then at most
     `preparing_limit` PREPARING tablets of tables that are `ready` (not waiting out a
     placement backoff), by table, then partition. Tablets of removed tables are left to
     DeleteTable; `tables`: only these (None: all). Reads the maps' PREPARING index
@@ -324,9 +324,7 @@ def due_tablets(
 
     out: list[TabletInfo] = []
     timed_out = []
-    for tablet_id, since in creating_since.items():
-        if now - since < assignment_timeout_s:
-            continue
+    for tablet_id in expired:
         info = maps.tablets_by_id.get(tablet_id)
         if info is not None and info.state is TabletState.CREATING and wanted(info.table_id):
             timed_out.append(info)
@@ -419,7 +417,10 @@ class AssignmentPlanner:
         record = info.record
         new = TabletId(self._new_id())
         timeout = self._timeout_s
-        msg = f"not reported created within {timeout:g}s; replaced by tablet {new}"
+        msg = (
+            f"no progress in its creation for {timeout:g}s or longer (no replica answered, "
+            f"or no leader was reported); replaced by tablet {new}"
+        )
         self._ops.append(
             Update(replace(record, state=TabletState.REPLACED, replaced_by=new, state_msg=msg))
         )
@@ -488,7 +489,7 @@ def plan_assignments(
     rng: Random,
     *,
     now: float,
-    creating_since: Mapping[TabletId, float],
+    expired: Collection[TabletId],
     assignment_timeout_s: float,
     now_us: int,
     new_id: Callable[[], str],
@@ -500,15 +501,14 @@ def plan_assignments(
 
     `servers`: every tablet server as placement sees it (`TSManager.server_loads()`);
     `address_of`: a server's rpc address, recorded as each peer's last known address;
-    `now`: monotonic, compared with `creating_since` (when each CREATING tablet was seen to
-    enter CREATING); `now_us`: wall time for new records; `tables`: only tablets of these
+    `now`: monotonic; `expired`: the CREATING tablets to replace (past their deadline);
+    `now_us`: wall time for new records; `tables`: only tablets of these
     tables (the ones whose locks the caller holds); None: all; `limit`: at most this many.
     """
+    del now  # the caller judged the deadlines (`expired`)
     due = due_tablets(
         maps,
-        now=now,
-        creating_since=creating_since,
-        assignment_timeout_s=assignment_timeout_s,
+        expired=expired,
         tables=tables,
         limit=limit,
     )

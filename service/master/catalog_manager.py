@@ -149,7 +149,13 @@ from service.master.grants import GrantChange, grant_change_write, grant_deletes
 from service.master.group_commit import GroupCommit
 from service.master.locations_cache import LocationsCache
 from service.master.report_handler import ReportHandler
-from service.master.report_processing import Answers, Claim, ReportedTablet, ReportPlan
+from service.master.report_processing import (
+    Answers,
+    Claim,
+    ReportedState,
+    ReportedTablet,
+    ReportPlan,
+)
 from service.master.rereplication import FailedReplicas
 from service.master.sys_catalog import (
     ApplyResult,
@@ -170,6 +176,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_ALIVE = frozenset((ReportedState.BOOTSTRAPPING, ReportedState.RUNNING, ReportedState.NOT_STARTED))
+"""Reported states of a replica that is being created or serves (progress of a CREATING
+tablet); FAILED, TOMBSTONED and the rest are not."""
 _MAX_CACHED_KEY_BYTES = 1024
 """GetTableLocations answers for longer partition keys (start and end together) are not kept:
 the cache is bounded in entries, and keys come from clients (real ones are a few bytes of hash
@@ -714,6 +724,25 @@ class CatalogManager:
         assignment timeout runs from now (`Assigner.create_started`)."""
         self._assigner.create_started(tablet_id)
 
+    def creation_progress(self, tablet_id: TabletId, server: NodeId, answered: bool) -> None:
+        """`server` answered CreateTablet of CREATING `tablet_id` (`answered`) or refused it as
+        busy: its replacement timer starts again (`Assigner.creation_progress`)."""
+        self._assigner.creation_progress(tablet_id, server, answered)
+
+    def creation_call(self, tablet_id: TabletId, started: bool, deadline: float = 0.0) -> None:
+        """A CreateTablet call of CREATING `tablet_id` went out or ended
+        (`Assigner.creation_call`)."""
+        self._assigner.creation_call(tablet_id, started, deadline)
+
+    def creation_paused(self, tablet_id: TabletId) -> None:
+        """`Assigner.creation_paused`."""
+        self._assigner.creation_paused(tablet_id)
+
+    @property
+    def assigner(self) -> Assigner:
+        """The assignment state (replacement counters for /metrics)."""
+        return self._assigner
+
     # --- tasks -------------------------------------------------------------------------------
 
     def pending_tasks(self) -> list[Task]:
@@ -752,7 +781,17 @@ class CatalogManager:
         """Learn which of `reporter`'s replicas are FAILED from one of its reports (leader
         only; not replicated: `rereplication.FailedReplicas`). A newly FAILED replica wakes
         the background tasks, which replace it."""
-        if self._loaded and self._reports.note_replica_states(reporter, reported, full=full):
+        if not self._loaded:
+            return
+        creating = self._assigner.creating
+        if creating:
+            # A replica of a CREATING tablet reporting it is progress (create_pacing).
+            for r in reported:
+                if r.tablet_id in creating and r.state in _ALIVE:
+                    cs = self._maps.tablets_by_id[r.tablet_id].record.consensus
+                    if cs is not None and cs.peer(reporter) is not None:
+                        self._assigner.creation_progress(r.tablet_id, reporter, True)
+        if self._reports.note_replica_states(reporter, reported, full=full):
             self._wake()
 
     def creating_tablets(self) -> AbstractSet[TabletId]:

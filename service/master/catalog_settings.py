@@ -53,6 +53,10 @@ class CatalogSettings:
     assignment_timeout_s: float = _knob("assignment_timeout_ms", ms_to_s=True)
     """A CREATING tablet not reported within this is replaced (Kudu's
     tablet_creation_timeout_ms)."""
+    max_replacements_in_flight: int = _knob("max_replacements_in_flight")
+    """Replacement tablets not yet RUNNING, at most, cluster-wide (create_pacing)."""
+    max_replacements_per_ts: int = _knob("max_replacements_per_ts")
+    """The same, for the tablets of one server."""
     max_tablets_per_assignment_round: int = _knob("max_tablets_per_assignment_round")
     """Tablets one `assign_tablets` round places or replaces (ONE write)."""
     max_creating_tablets: int = _knob("max_creating_tablets")

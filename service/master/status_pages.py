@@ -284,6 +284,51 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
         lambda: queue(1),
         ("kind",),
     )
+
+    def replaced() -> list[tuple[tuple[str], float]]:
+        if master.catalog is None:
+            return []
+        counts = master.catalog.assigner.replaced
+        return [((r,), float(counts[r])) for r in ("no answer", "some answered", "no leader")]
+
+    def windows(field: str) -> list[tuple[tuple[str], float]]:
+        bg = master.background
+        if bg is None:
+            return []
+        return [((s,), float(getattr(w, field))) for s, w in bg.pacer.views()]
+
+    registry.counter_callback(
+        "tessera_master_tablets_replaced_total",
+        "CREATING tablets this master replaced for want of progress, by reason: no replica "
+        "answered CreateTablet, some did, or a majority did and no leader was reported.",
+        replaced,
+        ("reason",),
+    )
+    registry.counter_callback(
+        "tessera_master_replacements_postponed_total",
+        "Timed-out CREATING tablets whose replacement waited because max_replacements_in_flight "
+        "or max_replacements_per_ts replacements were not yet RUNNING.",
+        lambda: float(master.catalog.assigner.postponed) if master.catalog is not None else 0.0,
+    )
+    registry.counter_callback(
+        "tessera_master_tserver_rpcs_shed_total",
+        "Admin RPCs tablet servers refused with RESOURCE_EXHAUSTED (busy), this term: retried "
+        "later through a halved window, not counted as failures.",
+        lambda: float(master.background.rpcs_shed) if master.background is not None else 0.0,
+    )
+    registry.gauge_callback(
+        "tessera_master_create_tablet_in_flight",
+        "CreateTablet calls in flight to each tablet server.",
+        lambda: windows("in_flight"),
+        ("server",),
+    )
+    registry.gauge_callback(
+        "tessera_master_create_tablet_window",
+        "How many CreateTablet calls each tablet server may have in flight now (grows on prompt "
+        "answers, halves on busy refusals, timeouts and slow answers).",
+        lambda: windows("window"),
+        ("server",),
+    )
     registry.gauge_callback(
         "tessera_master_failed_replicas",
         "Tablet replicas their tablet servers report FAILED, as the leader last heard (0 on "

@@ -114,9 +114,19 @@ class TServerProxy:
     # --- the RPCs ----------------------------------------------------------------------------
 
     async def create_tablet(
-        self, address: str, dest_uuid: str, fence: Fence, tablet: TabletRecord, table: TableRecord
+        self,
+        address: str,
+        dest_uuid: str,
+        fence: Fence,
+        tablet: TabletRecord,
+        table: TableRecord,
+        *,
+        timeout_s: float | None = None,
     ) -> None:
-        """CreateTablet of `tablet` (which must have its committed config) on `dest_uuid`."""
+        """CreateTablet of `tablet` (which must have its committed config) on `dest_uuid`;
+        `timeout_s`: its deadline (default `rpc_timeout_s`; the background tasks give one that
+        grows with the server's latency, create_pacing)."""
+        timeout = self.rpc_timeout_s if timeout_s is None else timeout_s
         if tablet.consensus is None:
             raise ValueError(f"tablet {tablet.tablet_id} has no config to create it with")
         schema_pb, partition_schema_pb = self._table_pbs(table)
@@ -131,7 +141,7 @@ class TServerProxy:
             partition_schema=partition_schema_pb,
             config=raft_config_pb(tablet.consensus),
         )
-        await self._call(address, lambda s: s.CreateTablet(req, timeout=self.rpc_timeout_s))
+        await self._call(address, lambda s: s.CreateTablet(req, timeout=timeout))
 
     def _table_pbs(self, table: TableRecord) -> tuple[cpb.SchemaPB, cpb.PartitionSchemaPB]:
         """The table's schema and partition schema as protobuf, encoded (and the partition

@@ -152,6 +152,17 @@ def install_tserver_metrics(server: TabletServer, registry: MetricsRegistry) -> 
         ("master", "result"),
     )
     registry.counter_callback(
+        "tessera_tserver_create_tablet_shed_total",
+        "CreateTablet calls refused with RESOURCE_EXHAUSTED: the server already had"
+        " max_concurrent_creates running and max_queued_creates waiting.",
+        lambda: float(server.tablets.create_gate.shed) if server.tablets is not None else 0.0,
+    )
+    registry.gauge_callback(
+        "tessera_tserver_create_tablet_in_progress",
+        "CreateTablet calls running or waiting for a turn.",
+        lambda: float(server.tablets.create_gate.inside) if server.tablets is not None else 0.0,
+    )
+    registry.counter_callback(
         "tessera_tserver_scan_bytes_total",
         "Arrow IPC bytes of scan pages sent.",
         lambda: float(server.scanners.bytes_sent),

@@ -19,6 +19,11 @@ each life-cycle step writes its superblock where it does). `open()` runs the sta
 All groups share the server's one `GrpcTransport` (messages are keyed by tablet id) and each
 group's ticks are a timer wait in its own task: an idle tablet costs a sleeping task.
 
+CreateTablet work is bounded (`CreateGate`): at most `max_concurrent_creates` run at once and
+`max_queued_creates` wait; a call beyond them is refused at once with RESOURCE_EXHAUSTED, which
+the master takes as "later", not "failed" (docs/design/catalog.md#R16). Timing out instead
+would look like a dead server and get the tablet replaced: more work for the same busy server.
+
 Admin operations (create, delete, alter, config changes) are serialized per tablet by a lock so
 that a delete cannot race a create of the same tablet. `version` rises on every change of any
 replica (role, term, config, schema, state): the heartbeater wakes on it to send an incremental
@@ -28,21 +33,25 @@ report promptly (reports themselves are diffs, see heartbeater.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+from service.common import failpoints
 from service.common.errors import (
     AlreadyExists,
     CasMismatch,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     TabletNotRunning,
 )
+from service.common.schema import Schema
 from service.common.schema_codec import partition_from_pb, schema_from_pb
 from service.consensus.transport import GrpcTransport
 from service.pb import common_pb2 as cpb
@@ -66,6 +75,36 @@ def check_tablet_id(tablet_id: str) -> str:
     return tablet_id
 
 
+class CreateGate:
+    """At most `running` CreateTablet calls at work and `waiting` more queued; one beyond them
+    is refused with RESOURCE_EXHAUSTED (module docstring). `shed` counts the refusals."""
+
+    def __init__(self, running: int, waiting: int) -> None:
+        if running < 1 or waiting < 0:
+            raise ValueError(f"CreateGate needs running >= 1, waiting >= 0: {running}, {waiting}")
+        self.running = running
+        self.waiting = waiting
+        self._sem = asyncio.Semaphore(running)
+        self.inside = 0
+        """Calls running or waiting now."""
+        self.shed = 0
+
+    @contextlib.asynccontextmanager
+    async def enter(self, tablet_id: str) -> AsyncIterator[None]:
+        if self.inside >= self.running + self.waiting:
+            self.shed += 1
+            raise ResourceExhausted(
+                f"CreateTablet of {tablet_id}: this server is busy with {self.inside} tablet "
+                f"creations ({self.running} at a time, {self.waiting} queued); retry later"
+            )
+        self.inside += 1
+        try:
+            async with self._sem:
+                yield
+        finally:
+            self.inside -= 1
+
+
 class TabletManager:
     def __init__(
         self,
@@ -73,6 +112,9 @@ class TabletManager:
         uuid: NodeId,
         transport: GrpcTransport,
         settings: TabletSettings,
+        *,
+        max_concurrent_creates: int = 8,
+        max_queued_creates: int = 64,
     ) -> None:
         self.root = data_dir / "tablets"
         self.quarantine = data_dir / "quarantine"
@@ -84,6 +126,7 @@ class TabletManager:
         self.changed_event = asyncio.Event()
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.listeners: list[Callable[[str], None]] = []
+        self.create_gate = CreateGate(max_concurrent_creates, max_queued_creates)
 
     # --- startup -----------------------------------------------------------------------------
 
@@ -199,6 +242,25 @@ class TabletManager:
         missing = sorted(p for p in config.voters if p not in addresses and p != self.uuid)
         if missing:
             raise InvalidArgument(f"config: peers without an address: {missing}")
+        existing = self.replicas.get(tablet_id)
+        if (
+            existing is not None
+            and existing.superblock.data_state is DataState.READY
+            and existing.superblock.table_id == req.table_id
+        ):
+            return  # idempotent: a retried CreateTablet is answered without a turn
+        async with self.create_gate.enter(tablet_id):
+            await failpoints.delay("create_tablet")
+            await self._create_locked(req, tablet_id, schema, config, addresses)
+
+    async def _create_locked(
+        self,
+        req: tpb.CreateTabletRequestPB,
+        tablet_id: str,
+        schema: Schema,
+        config: RaftConfig,
+        addresses: dict[str, str],
+    ) -> None:
         async with self._locks[tablet_id]:
             existing = self.replicas.get(tablet_id)
             if existing is not None:

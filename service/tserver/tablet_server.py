@@ -262,7 +262,14 @@ class TabletServer:
             txn_max_staged_rows=config.txn_max_staged_rows,
             register_txn=self._register_txn,
         )
-        self.tablets = TabletManager(data_dir, self.uuid, transport, settings)
+        self.tablets = TabletManager(
+            data_dir,
+            self.uuid,
+            transport,
+            settings,
+            max_concurrent_creates=config.max_concurrent_creates,
+            max_queued_creates=config.max_queued_creates,
+        )
         await self.tablets.open()
         self.copies = CopyClient(
             self.tablets, config.num_tablets_to_copy_simultaneously, credentials=creds

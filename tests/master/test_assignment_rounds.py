@@ -197,7 +197,7 @@ class RecordingProxy:
         self.calls = 0
 
     async def create_tablet(
-        self, address: str, dest: str, fence: Fence, tablet: Any, table: Any
+        self, address: str, dest: str, fence: Fence, tablet: Any, table: Any, **_: Any
     ) -> None:
         self.calls += 1
         await self.gate.wait()
