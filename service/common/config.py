@@ -486,6 +486,11 @@ class MasterConfig:
     unresponsive_timeout_ms: int = 60_000
     """A tablet server that has not heartbeated for this long is considered dead and its
     replicas are re-replicated (Kudu's tserver_unresponsive_timeout_ms)."""
+    tserver_heartbeat_interval_ms: int = 1000
+    """The tablet servers' own heartbeat interval (their `heartbeat_interval_ms`): what the
+    leader stretches when its event loop lags or its CPU saturates, up to a quarter of
+    unresponsive_timeout_ms, and shrinks back when it recovers
+    (service/master/heartbeat_pace.py)."""
     follower_heartbeat_interval_ms: int = 3000
     """How often a follower master asks tablet servers to heartbeat it (the leader gets the
     servers' own interval). A follower only records liveness, so fewer heartbeats keep its
@@ -622,6 +627,7 @@ class MasterConfig:
         c.log_level("log_level")
         c.positive(
             "unresponsive_timeout_ms",
+            "tserver_heartbeat_interval_ms",
             "default_num_replicas",
             "max_num_replicas",
             "max_create_tablets_per_ts",

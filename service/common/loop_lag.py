@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 
 from service.common.metrics import MetricsRegistry
 from service.common.periodic import Periodic
@@ -97,6 +98,8 @@ class LoopLagMonitor:
         """The loop thread's CPU time at the last wake-up (`time.thread_time`)."""
         self.max_lag_s = 0.0
         """The largest lag seen since start (tests and the fuzzer read it)."""
+        self.listeners: list[Callable[[float, float, float], None]] = []
+        """Told every wake-up: (lag_s, cpu_s, now) (the master's heartbeat pacing)."""
 
     def observe(self, lag_s: float, now: float, cpu_s: float = 0.0) -> None:
         """Record one wake-up `lag_s` late at monotonic time `now`, the process having used
@@ -108,6 +111,8 @@ class LoopLagMonitor:
             if cpu_s > self.stall_s:
                 self._busy_stalls.inc()
         self.max_lag_s = max(self.max_lag_s, lag_s)
+        for fn in self.listeners:
+            fn(lag_s, cpu_s, now)
         self._recent.append((now, lag_s))
         while self._recent and self._recent[0][0] < now - self.window_s:
             self._recent.popleft()

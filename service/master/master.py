@@ -144,6 +144,7 @@ from service.master.catalog_records import CertAuthorityRecord
 from service.master.catalog_settings import CatalogSettings
 from service.master.cert_issuer import CertIssuer
 from service.master.heartbeat import HeartbeatContext, ReportGate
+from service.master.heartbeat_pace import HeartbeatPace
 from service.master.master_membership import master_uuid
 from service.master.master_service import POLICY as MASTER_POLICY
 from service.master.master_service import MasterServicer
@@ -271,6 +272,12 @@ class MasterServer:
         self.loop_lag = LoopLagMonitor(
             self.metrics, stall_s=config.raft.heartbeat_interval_ms / 1000.0
         )
+        self.heartbeat_pace = HeartbeatPace(
+            config.tserver_heartbeat_interval_ms, config.unresponsive_timeout_ms // 4
+        )
+        """The heartbeat interval a leader asks of tablet servers, stretched while its loop
+        lags or its CPU saturates (heartbeat_pace.py)."""
+        self.loop_lag.listeners.append(self.heartbeat_pace.observe)
         self.rpc_metrics = RpcMetrics(self.metrics)
         self.wal_sync = wal_sync_histogram(self.metrics)
         install_master_metrics(self, self.metrics)
@@ -673,7 +680,11 @@ class MasterServer:
             reports=self.report_gate,
             token_keys=self._token_keys_pb(),
             confirm_claims=self._confirm_claims,
-            heartbeat_interval_ms=0 if st.role is Role.LEADER else self._follower_heartbeat_ms,
+            heartbeat_interval_ms=(
+                self.heartbeat_pace.asked_ms()
+                if st.role is Role.LEADER
+                else max(self._follower_heartbeat_ms, self.heartbeat_pace.asked_ms())
+            ),
         )
 
     async def _confirm_claims(self, claims: Sequence[Claim]) -> dict[TabletId, Answers]:

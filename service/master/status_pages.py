@@ -297,6 +297,17 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
             return []
         return [((s,), float(getattr(w, field))) for s, w in bg.pacer.views()]
 
+    registry.gauge_callback(
+        "tessera_master_heartbeat_interval_asked_ms",
+        "The heartbeat interval this master asks of tablet servers now (the servers' own unless "
+        "its event loop lags or its CPU saturates: heartbeat_pace.py).",
+        lambda: float(master.heartbeat_pace.interval),
+    )
+    registry.counter_callback(
+        "tessera_master_heartbeat_pace_stretches_total",
+        "Times this master stretched the heartbeat interval it asks for (overloaded).",
+        lambda: float(master.heartbeat_pace.stretches),
+    )
     registry.counter_callback(
         "tessera_master_tablets_replaced_total",
         "CREATING tablets this master replaced for want of progress, by reason: no replica "

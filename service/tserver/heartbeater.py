@@ -41,8 +41,11 @@ not a full interval, and likewise when a master turned leader or gave us our tur
 report. A follower may ask for a slower pace in its answers
 (`heartbeat_interval_ms`, docs/design/failover.md#R1): it only records liveness, and most of a
 large fleet's heartbeats would otherwise go to followers. The slower pace holds only while
-another master is the known leader. After `max_failures_before_backoff` consecutive failures
-the loop backs off exponentially up to 10 intervals. A higher master term in any answer, or
+another master is the known leader. The leader asks for one too while it is overloaded (its
+loop lags or its CPU saturates: service/master/heartbeat_pace.py), at most a quarter of its
+unresponsive timeout, so the fleet slows down instead of timing out. After
+`max_failures_before_backoff` consecutive failures the loop backs off exponentially up to 10
+intervals. A higher master term in any answer, or
 losing the leader (a failed heartbeat, or an answer as follower), wakes every other loop at
 once: leadership moved, maybe to a master heartbeated slowly or one that just came back. A
 server that loses every master keeps serving data: nothing here gates the data path.
@@ -269,10 +272,11 @@ class Heartbeater:
                 lp.wake.set()
 
     def _delay(self, v: MasterView) -> float:
-        """Seconds until the next heartbeat to `v`'s master: our interval; a follower's slower
-        pace when it asked for one and another master is the known leader (without a known
-        leader every master is heartbeated at our interval, to find one); backed off after
-        repeated failures."""
+        """Seconds until the next heartbeat to `v`'s master: our interval; a slower pace when
+        the master asked for one: a follower while another master is the known leader
+        (without a known leader every master is heartbeated at our interval, to find one), or
+        the leader while it is overloaded (service/master/heartbeat_pace.py); backed off
+        after repeated failures."""
         delay = self.interval_s
         if v.prompt:
             v.prompt = False
@@ -281,8 +285,8 @@ class Heartbeater:
             return min(
                 self.interval_s * 2 ** (v.failures - self.max_failures), 10 * self.interval_s
             )
-        if not v.is_leader and v.asked_interval_s > delay and self.leader_address() is not None:
-            delay = v.asked_interval_s
+        if v.asked_interval_s > delay and (v.is_leader or self.leader_address() is not None):
+            delay = v.asked_interval_s  # a follower's pace, or a busy leader's
         return delay
 
     def leader_address(self) -> str | None:

@@ -159,3 +159,19 @@ def test_an_unacknowledged_report_is_sent_again_and_a_follower_gets_none() -> No
         assert not (await beat(hb, vb, b)).HasField("tablet_report")
 
     asyncio.run(main())
+
+
+def test_a_busy_leaders_slower_pace_is_kept_and_its_end_too() -> None:
+    async def main() -> None:
+        hb, _, va, _ = make()
+        a = Master()
+        a.answer = leader(1, heartbeat_interval_ms=4000)  # overloaded (heartbeat_pace.py)
+        await beat(hb, va, a)
+        assert hb._delay(va) < 0.1  # a new leader: the full report goes at once
+        await beat(hb, va, a)
+        assert va.is_leader and hb._delay(va) == 4.0
+        a.answer = leader(1)  # recovered: 0 is the server's own interval again
+        await beat(hb, va, a)
+        assert hb._delay(va) == 1.0
+
+    asyncio.run(main())
