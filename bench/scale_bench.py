@@ -23,15 +23,21 @@ assignment pace is raised, as bench-master does (`OVERRIDES`).
             CreateTable to be RUNNING (goal <= 10 s), each measured from the kill (the
             signal; the line also says when the process was gone); and when the new leader
             had read every server's full report, with its full-report turns (not a goal)
-  scale: T tablets, E unprovoked elections, create max C s, failover lookup p100 L s
+  scale: T tablets, E unprovoked elections, create max C s, replaced R (P%), failover lookup
+            p100 L s
             the last line; E counts the term changes seen while the catalog grew (nothing was
-            killed then: goal 0), watched on every master by ConnectToMaster twice a second
+            killed then: goal 0), watched on every master by ConnectToMaster twice a second;
+            R the tablets REPLACED in the catalog after the growth (goal: under 1%)
+
+`--burners N` runs N CPU-bound busy loops beside everything, to stand in for a slower machine
+(docs/design/catalog.md#R16: the master must slow down, not replace or elect).
 
 A create that is not RUNNING within --create-timeout seconds ends the growth early with a clear
 message (the failover figures are still measured on the catalog reached).
 
 Usage: python -m bench.scale_bench [--target 200000] [--servers 1000] [--table-tablets 10000]
-       [--shards 2] [--create-timeout 600] [--quick] [--set KEY=VALUE ...] [--keep-logs DIR]
+       [--shards 2] [--create-timeout 600] [--quick] [--burners N] [--set KEY=VALUE ...]
+       [--keep-logs DIR]
        (--quick: --target 20000 --servers 100, a small run)
 """
 
@@ -61,6 +67,7 @@ import grpc.aio
 from bench.fleet_census import take_census
 from bench.master_bench import SCHEMA, cpu_seconds, partitioning, wait_for_port_file
 from bench.master_failover_scale import metric, metrics
+from bench.overload_bench import burners
 from service.client.channels import ChannelPool
 from service.client.master_client import MasterClient
 from service.common.errors import from_grpc
@@ -613,7 +620,9 @@ async def main_async(args: argparse.Namespace) -> None:
     )
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:
         workdir = Path(tmp)
-        procs: list[subprocess.Popen[bytes]] = []
+        procs: list[subprocess.Popen[bytes]] = burners(args.burners)
+        if args.burners:
+            progress(f"{args.burners} busy loops beside the benchmark (a slower machine)")
         overrides = {**OVERRIDES, **dict(kv.split("=", 1) for kv in args.set)}
         with MasterCluster(workdir / "masters", 3, overrides=overrides) as cluster:
             m = Masters(cluster)
@@ -630,6 +639,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 watcher = asyncio.create_task(m.watch())
                 catalog, slowest = await grow(args, m, sim_pids)
                 unprovoked = m.elections
+                replaced = await count_replaced(await m.leader_stub())
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
@@ -658,10 +668,24 @@ async def main_async(args: argparse.Namespace) -> None:
                 if args.keep_logs is not None:  # a failed run's logs matter most
                     keep_logs(workdir, args.keep_logs)
     worst = max((r[1] for r in results), default=float("nan"))
+    busy = f", {args.burners} busy loops" if args.burners else ""
     print(
         f"scale: {catalog} tablets, {unprovoked} unprovoked elections, create max"
-        f" {slowest:.1f} s, failover lookup p100 {worst:.2f} s"
+        f" {slowest:.1f} s, replaced {replaced} ({100 * replaced / max(1, catalog):.2f}%),"
+        f" failover lookup p100 {worst:.2f} s{busy}"
     )
+
+
+async def count_replaced(stub: Any) -> int:
+    """Tablets REPLACED in the catalog (a creation the master gave up on: goal under 1%)."""
+    n = 0
+    async for chunk in stub.DumpCatalog(pb.DumpCatalogRequestPB(), timeout=300):
+        n += sum(
+            1
+            for row in chunk.rows
+            if row.HasField("tablet") and row.tablet.state == pb.TabletRecordPB.REPLACED
+        )
+    return n
 
 
 def keep_logs(workdir: Path, dest: Path) -> None:
@@ -684,6 +708,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=2, help="simulator processes")
     p.add_argument("--create-timeout", type=float, default=600.0, help="seconds per create")
     p.add_argument("--quick", action="store_true", help="20,000 tablets on 100 servers")
+    p.add_argument(
+        "--burners",
+        type=int,
+        default=0,
+        help="CPU-bound busy loops beside the benchmark, to stand in for a slower machine",
+    )
     p.add_argument(
         "--keep-logs",
         type=Path,
