@@ -808,7 +808,7 @@ class FleetSimulator:
             for s in self.servers.values()
             if s.up
             for link in s.links.values()
-            if link.leader or now >= link.next_due
+            if now >= link.next_due or (link.leader and s.dirty)
         ]
         if not self.stagger:
             await asyncio.gather(*(self._beat(s, link) for s, link in pairs))
@@ -892,11 +892,11 @@ class FleetSimulator:
         if resp.leader_master and resp.master_term > s.highest_term:
             s.highest_term = resp.master_term
         link.next_due = 0.0
-        if (
-            not link.leader
-            and link.asked_interval_s > self.heartbeat_interval_s
-            and any(other.leader for other in s.links.values())
+        if link.asked_interval_s > self.heartbeat_interval_s and (
+            link.leader or any(other.leader for other in s.links.values())
         ):
+            # A follower's slower pace, or a busy leader's (service/master/heartbeat_pace.py);
+            # changes to report still go to the leader at once, as the real heartbeater's.
             link.next_due = now + link.asked_interval_s - self.heartbeat_interval_s / 2
         if resp.needs_reregister:
             link.registered = False
