@@ -10,11 +10,12 @@ Modules
     stream_sink     `writeStream.format("tessera")`: exactly once, one transaction per micro-batch
     tables          Tessera tables created from a Spark schema or DataFrame (`create_table`)
     connect         Spark Connect: a server with Delta and the source, and a client helper
+    submit          `tessera spark submit`: spark-submit with Delta, its excludes, quiet logs
     inventory       the jobs' inputs: the catalog and every tablet server's replicas
     reconcile       what the jobs find, as PURE functions of an inventory
     audit           Delta audit tables of the catalog and of job findings
     demo            `make demo`: the whole product in a few minutes
-    cli             `tessera jobs ...` and `tessera spark connect-server`, plugged into the
+    cli             `tessera jobs ...` and `tessera spark connect-server | submit`, plugged into the
                     `tessera` command (an entry point: the tools do not import spark_jobs)
     jobs/           the spark-submit jobs, one module each (jobs/__init__.py)
 """

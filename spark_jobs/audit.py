@@ -209,6 +209,9 @@ def write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None = None) -> S
     half-way appends nothing twice (history appends carry Delta's txnAppId) and the MERGE
     converges, so a write that loses a race with another writer (another job writing the same
     tables) is retried whole. `run_by` (who took it) goes in the `snapshots` row."""
+    from spark_jobs.session import require_delta
+
+    require_delta(spark, "an audit snapshot")
     return retry_on_conflict(lambda: _write_snapshot(spark, inv, run_by))
 
 
@@ -362,6 +365,9 @@ def write_findings(
     A run that found nothing writes nothing (no empty Delta commit per run)."""
     if not findings:
         return
+    from spark_jobs.session import require_delta
+
+    require_delta(spark, "recording findings in tessera_audit.findings")
     table = findings_table(run_id, at, findings, outcomes, run_by)
     writer = (
         _frame(spark, table)

@@ -1,4 +1,5 @@
-"""`tessera jobs list | run NAME [job arguments]` and `tessera spark connect-server`: the Spark
+"""`tessera jobs list | run NAME [job arguments]`, `tessera spark connect-server` and `tessera spark
+submit [spark-submit arguments] SCRIPT [arguments]` (spark_jobs/submit.py): the Spark
 side's commands, which spark_jobs plugs into the `tessera` command through the
 `tessera.commands` entry point (pyproject.toml): the tools sit below spark_jobs in the layers
 (docs/design/layers.md#R1), so they find these commands without importing them.
@@ -51,6 +52,19 @@ def _connect_server(args: argparse.Namespace) -> int:
     return connect.main(argv)
 
 
+def _submit(args: argparse.Namespace) -> int:
+    from spark_jobs import submit
+
+    rest = list(args.submit_args)
+    # Our flags count only before the script (whose own arguments are its business).
+    script = next((i for i, a in enumerate(rest) if a.endswith((".py", ".jar"))), len(rest))
+    delta = "--no-delta" not in rest[:script]
+    if not delta:
+        rest.remove("--no-delta")
+    # spark-submit's own --verbose also turns Spark's logging back on.
+    return submit.main(rest, verbose="--verbose" in rest[:script], delta=delta)
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     jobs = subparsers.add_parser("jobs", help="reconciliation jobs and the Delta audit (Spark)")
     sub = jobs.add_subparsers(dest="action", required=True)
@@ -81,3 +95,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a Hive metastore (embedded Derby) in this directory instead of the in-memory catalog",
     )
     connect.set_defaults(handler=_connect_server)
+    submit = ssub.add_parser(
+        "submit",
+        # '+', so that every '-' argument is spark-submit's, passed through unparsed.
+        prefix_chars="+",
+        add_help=False,
+        help="spark-submit with the Delta package, excludes, settings and quiet logs from conf/",
+        description="Runs this environment's spark-submit with the Delta package and its "
+        "excludes, Delta's SQL settings and conf/log4j2.properties (spark_jobs/submit.py), "
+        "then every argument given (--master, --deploy-mode, --conf, the script and its "
+        "arguments). --verbose: Spark's logs too; --no-delta: without Delta.",
+    )
+    submit.add_argument("submit_args", nargs=argparse.REMAINDER)
+    submit.set_defaults(handler=_submit)

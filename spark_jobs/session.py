@@ -54,12 +54,14 @@ from spark_jobs.catalog import CATALOG_IMPLEMENTATION, hive_requested, register_
 
 __all__ = [
     "DEFAULTS_FILE",
+    "DELTA_SETTINGS",
     "LOG4J2_FILE",
     "REPO_ROOT",
     "SparkSessionError",
     "build_session",
     "delta_package",
     "read_spark_defaults",
+    "require_delta",
     "spark_data_dir",
 ]
 
@@ -220,6 +222,12 @@ def build_session(
     launched = launcher_settings()
     for key in launched:
         settings.pop(key, None)
+    if launched and not _launched_with_delta(launched):
+        # spark-submit without Delta's jars: a session that never touches Delta must still
+        # start and run ("Cannot find catalog plugin class ... DeltaCatalog" on the first
+        # query otherwise); one that needs it fails in `require_delta` naming the flags.
+        for key in DELTA_SETTINGS:
+            settings.pop(key, None)
     settings.update(conf or {})
     chosen = {**launched, **(conf or {})}
     if CATALOG_IMPLEMENTATION not in chosen and hive_requested(chosen):
@@ -257,8 +265,47 @@ def build_session(
     from spark_jobs.datasource import register
 
     register(spark)  # format("tessera") and USING tessera
-    register_tables(spark)  # the warehouse's Delta tables by name (in-memory catalog only)
+    if not launched or _launched_with_delta(launched):
+        register_tables(spark)  # the warehouse's Delta tables by name (in-memory catalog only)
     return spark
+
+
+DELTA_SETTINGS = ("spark.sql.extensions", "spark.sql.catalog.spark_catalog")
+"""The two settings Delta's SQL support needs besides its jars."""
+_DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+
+
+def _launched_with_delta(launched: Mapping[str, str]) -> bool:
+    """spark-submit put Delta's jars on the classpath (--packages or --jars)."""
+    return any("delta-spark" in launched.get(key, "") for key in (_PACKAGES, _JARS, "spark.jars"))
+
+
+def require_delta(spark: SparkSession, what: str) -> None:
+    """Raise SparkSessionError, naming the spark-submit flags, if `spark` cannot read or write
+    Delta tables (started by spark-submit without Delta's package). `what`: the job or step
+    that needs it."""
+    conf = spark.conf.get("spark.sql.catalog.spark_catalog", "") or ""
+    jvm = getattr(getattr(spark, "sparkContext", None), "_jvm", None)
+    loadable = True
+    if jvm is not None:
+        try:
+            jvm.java.lang.Thread.currentThread().getContextClassLoader().loadClass(_DELTA_CATALOG)
+        except Exception:
+            loadable = False
+    if conf == _DELTA_CATALOG and loadable:
+        return
+    defaults = {**_BUILTIN_DEFAULTS, **read_spark_defaults()}
+    flags = " ".join(
+        [
+            f"--packages {defaults.get(_PACKAGES) or delta_package()}",
+            *(f"--conf {k}={defaults[k]}" for k in DELTA_SETTINGS),
+        ]
+    )
+    raise SparkSessionError(
+        f"{what} reads and writes Delta tables, and this Spark session was started without "
+        f"Delta: run it with `tessera spark submit` (which adds it), or give spark-submit "
+        f"{flags}"
+    )
 
 
 def _configure_metastore(settings: dict[str, str], directory: Path) -> None:

@@ -255,9 +255,10 @@ def run_cluster_job(
         return 1 if e.code else 0
     try:
         from service.client.credentials import find_credentials
-        from spark_jobs.session import build_session
+        from spark_jobs.session import build_session, require_delta
 
         spark = build_session(f"tessera-{job}", warehouse_dir=args.warehouse)
+        require_delta(spark, f"tessera jobs run {job}")
         masters, creds_dir = cluster_args(args)
         t0 = time.monotonic()
         with SyncClient(
@@ -268,6 +269,13 @@ def run_cluster_job(
         return 0
     except TesseraError as e:
         print(f"{job}: {e.message}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:
+        from spark_jobs.session import SparkSessionError
+
+        if not isinstance(e, SparkSessionError):
+            raise
+        print(f"{job}: {e}", file=sys.stderr)
         return 1
 
 

@@ -179,3 +179,10 @@ def run_job(
     except TesseraError as e:
         print(f"{job}: {e.message}", file=sys.stderr)
         return EXIT_ERROR
+    except RuntimeError as e:
+        from spark_jobs.session import SparkSessionError
+
+        if not isinstance(e, SparkSessionError):
+            raise
+        print(f"{job}: {e}", file=sys.stderr)
+        return EXIT_ERROR

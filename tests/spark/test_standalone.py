@@ -102,6 +102,40 @@ def test_spark_submit_to_a_standalone_cluster_reads_and_writes_in_its_executor(
     assert logs and any("Running task" in v for v in logs.values()), list(logs)
 
 
+def test_tessera_spark_submit_runs_a_script_on_the_standalone_cluster(
+    standalone: StandaloneSpark, cluster: MiniCluster, client: SyncClient, tmp_path: Path
+) -> None:
+    """The launcher (spark_jobs/submit.py) against a standalone master, from a shell with no
+    virtualenv on PATH and nothing about Spark set but the loopback address."""
+    ps = PartitionSchema(hash=(HashBucketSchema(("id",), 2),))
+    for name in ("src_l", "dst_l"):
+        client.call("create_table", name, SCHEMA, ps)
+    client.write("src_l", pa.table({"id": pa.array(range(100), pa.int64()), "v": ["x"] * 100}))
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT.replace('"src"', '"src_l"').replace('"dst"', '"dst_l"'))
+    creds = cluster.credentials_dir()
+    assert creds is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
+    env.update(PYTHONPATH=str(REPO_ROOT), PATH="/usr/bin:/bin", SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "tessera"), "spark", "submit",
+         "--master", standalone.url, "--conf", "spark.executor.memory=512m",
+         # A later --conf wins: the executors log at INFO again, so their "Running task"
+         # lines show where the tasks ran (the driver stays quiet).
+         "--conf", "spark.executor.extraJavaOptions=-Dtessera.test=1",
+         str(script), masters(cluster), creds],
+        capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    got = json.loads(line.removeprefix("RESULT "))
+    assert got["master"] == standalone.url and got["count"] == 100
+    logs = {k: v for k, v in standalone.executor_logs().items() if k.startswith(got["app"])}
+    assert logs and any("Running task" in v for v in logs.values()), list(logs)
+    noisy = [x for x in (proc.stdout + proc.stderr).splitlines() if " INFO " in x]
+    assert not noisy, noisy[:5]
+
+
 @pytest.mark.slow
 def test_the_jobs_run_on_a_standalone_cluster(
     standalone: StandaloneSpark, cluster: MiniCluster, client: SyncClient, tmp_path: Path
