@@ -23,9 +23,9 @@ idea):
 
 The error bound. The physical part may run ahead of this machine's wall clock only by what
 messages pushed into it, and wall clocks are assumed to differ by at most
-`max_clock_error_us` (a setting, `[clock] max_clock_error_ms`, 500 ms by default: NTP keeps
-machines within milliseconds, and the bound only has to hold, not be tight). Two violations are
-refused with `ClockError` rather than allowed to break the order:
+`max_clock_error_us` (a setting, the tablet server's `max_clock_error_ms`, 500 ms by default:
+NTP keeps machines within milliseconds, and the bound only has to hold, not be tight). Two
+violations are refused with `ClockError` rather than allowed to break the order:
 
 * a timestamp that arrives more than the bound ahead of the local wall clock: accepting it
   would carry this clock, and everything it stamps, that far into the future;
@@ -42,8 +42,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import NewType
 
+from service.common.config import TServerConfig
 from service.common.errors import ClockError
 
 __all__ = [
@@ -66,7 +68,8 @@ LOGICAL_BITS = 12
 _LOGICAL_MASK = (1 << LOGICAL_BITS) - 1
 MAX_TIMESTAMP = Timestamp((1 << 64) - 1)
 """Larger than every timestamp a clock hands out: "the latest", as a snapshot bound."""
-DEFAULT_MAX_CLOCK_ERROR_US = 500_000
+DEFAULT_MAX_CLOCK_ERROR_US = TServerConfig(data_dir=Path("hybrid-clock")).max_clock_error_ms * 1000
+"""The bound of a clock given none: a default TServerConfig's (its data_dir is never opened)."""
 
 
 def physical_us(ts: int) -> int:

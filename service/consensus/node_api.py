@@ -60,20 +60,34 @@ class Sender(Protocol):
     def address_of(self, node: str) -> str | None: ...
 
 
+_RAFT = RaftSettings()
+"""`[raft]` with its defaults: the one home of the mirrored defaults below."""
+
+
 @dataclass(frozen=True)
 class NodeSettings:
-    tick_interval_s: float = 0.1
-    heartbeat_ticks: int = 5
-    election_ticks: int = 15
-    election_jitter_ticks: int | None = None
-    pre_vote: bool = True
-    check_quorum: bool = True
-    lease_reads: bool = False
-    max_size_per_msg: int = 1 << 20
-    max_inflight_msgs: int = 256
-    max_inflight_bytes: int = 16 << 20
-    snapshot_interval_entries: int = 10_000
-    snapshot_catchup_entries: int = 5_000
+    """The shell's settings: the `[raft]` knobs in the shell's units (`from_raft_settings`),
+    then its own. A mirrored field's default is a default `[raft]`'s, never written here again,
+    so a node built with no settings times elections as a configured one does."""
+
+    tick_interval_s: float = _RAFT.tick_interval_ms / 1000
+    heartbeat_ticks: int = _RAFT.heartbeat_ticks
+    election_ticks: int = _RAFT.election_ticks
+    election_jitter_ticks: int = _RAFT.election_jitter_ticks
+    """Up to this many ticks are added at random to a follower's election timeout (`[raft]`'s
+    election_jitter_ms: a heartbeat interval, as Kudu, not a whole election timeout, as etcd,
+    which is what the Raft core falls back to when given none)."""
+    pre_vote: bool = _RAFT.pre_vote
+    check_quorum: bool = _RAFT.check_quorum
+    lease_reads: bool = _RAFT.lease_reads
+    max_size_per_msg: int = _RAFT.max_entries_per_msg_bytes
+    max_inflight_msgs: int = _RAFT.max_inflight_msgs
+    max_inflight_bytes: int = _RAFT.max_inflight_bytes
+    snapshot_interval_entries: int = _RAFT.snapshot_interval_entries
+    snapshot_catchup_entries: int = _RAFT.snapshot_catchup_entries
+
+    # --- the shell's own: defined here only ----------------------------------------------------
+
     max_batch: int = 4096
     auto_promote: bool = True
     batch_linger_s: float = 0.004

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import google_crc32c
 
+from service.common.config import WalSettings
 from service.consensus.cmeta import CmetaStore, ConsensusMetadata
 from service.consensus.codec import snapshot_from_pb, snapshot_to_pb
 from service.consensus.fs import FileSystem
@@ -52,6 +53,9 @@ from service.raft.types import (
 
 _SNAP_HEADER = struct.Struct("<4sII")  # magic, crc32c(body), body length
 _SNAP_MAGIC = b"TSNP"
+
+_WAL = WalSettings()
+"""`[wal]` with its defaults, those of `RaftStore.open` (servers pass their configured ones)."""
 
 
 class StoreCorruption(Exception):
@@ -84,7 +88,7 @@ class RaftStore:
         wal: Wal,
         cmeta: ConsensusMetadata,
         *,
-        fsync: bool = True,
+        fsync: bool = _WAL.fsync,
     ) -> None:
         self.fs = fs
         self.directory = directory
@@ -108,9 +112,9 @@ class RaftStore:
         *,
         bootstrap_config: RaftConfig | None = None,
         addresses: Mapping[str, str] | None = None,
-        segment_bytes: int = 64 << 20,
-        preallocate: bool = True,
-        fsync: bool = True,
+        segment_bytes: int = _WAL.segment_size_bytes,
+        preallocate: bool = _WAL.preallocate,
+        fsync: bool = _WAL.fsync,
         on_wal_sync: Callable[[float], None] | None = None,
     ) -> tuple[RaftStore, Recovered]:
         """Open (or format) the node directory and rebuild its stable log.

@@ -68,13 +68,16 @@ from dataclasses import dataclass
 
 import google_crc32c
 
+from service.common.config import WalSettings
 from service.common.errors import Corruption, IOFatal
 from service.consensus.fs import AppendFile, FileSystem
 from service.raft.types import EMPTY_HARD_STATE, Entry, EntryType, HardState, NodeId
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+_WAL = WalSettings()
+"""`[wal]` with its defaults, those of `Wal.open` (servers pass their configured ones)."""
+DEFAULT_SEGMENT_BYTES = _WAL.segment_size_bytes
 FORMAT_VERSION = 1
 SEGMENT_MAGIC = b"TSWL"
 
@@ -462,7 +465,7 @@ class Wal:
         directory: str,
         *,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-        preallocate: bool = True,
+        preallocate: bool = _WAL.preallocate,
         clock: Callable[[], float] = time.perf_counter,
         on_sync: Callable[[float], None] | None = None,
     ) -> tuple[Wal, WalContents]:

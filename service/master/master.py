@@ -401,11 +401,7 @@ class MasterServer:
             self.proxy,
             now_us=lambda: int(time.time() * 1_000_000),
             monotonic=clock.monotonic,
-            settings=TxnSettings(
-                keepalive_s=config.txn_keepalive_ms / 1000.0,
-                max_keepalive_s=config.txn_max_keepalive_ms / 1000.0,
-                retention_s=config.txn_retention_ms / 1000.0,
-            ),
+            settings=TxnSettings.from_config(config),
         )
         node.listeners.append(self._on_leader_change)
         transport.register(

@@ -92,7 +92,7 @@ class TServerProxy:
     def __init__(
         self,
         *,
-        rpc_timeout_s: float = 10.0,
+        rpc_timeout_s: float,
         grpc_options: list[tuple[str, Any]] | None = None,
         max_channels: int = 4096,
         credentials: Credentials | None = None,

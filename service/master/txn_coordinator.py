@@ -46,8 +46,10 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from service.common import failpoints
+from service.common.config import MasterConfig
 from service.common.errors import (
     Aborted,
     AlreadyExists,
@@ -93,11 +95,22 @@ MAX_PROPAGATED_AHEAD_S = 60.0
 servers' clocks agree to within their max_clock_error_ms, half a second by default)."""
 
 
+_MASTER = MasterConfig(data_dir=Path("txn-settings"))
+"""MasterConfig with its defaults: the one home of the mirrored defaults below (its data_dir is
+never opened)."""
+
+
 @dataclass(frozen=True)
 class TxnSettings:
-    keepalive_s: float = 30.0
-    max_keepalive_s: float = 3600.0
-    retention_s: float = 86_400.0
+    """The coordinator's knobs: MasterConfig's `txn_*` in seconds (`from_config`; their
+    defaults are a default MasterConfig's, never written here again), then its own."""
+
+    keepalive_s: float = _MASTER.txn_keepalive_ms / 1000.0
+    max_keepalive_s: float = _MASTER.txn_max_keepalive_ms / 1000.0
+    retention_s: float = _MASTER.txn_retention_ms / 1000.0
+
+    # --- the coordinator's own: defined here only --------------------------------------------
+
     poll_s: float = 1.0
     """How often the per-term loop looks for expired and unresolved transactions."""
     replicate_timeout_s: float = 10.0
@@ -106,6 +119,14 @@ class TxnSettings:
     prepare_timeout_s: float = 60.0
     """A COMMITTING transaction whose participants cannot all be prepared for this long
     aborts."""
+
+    @classmethod
+    def from_config(cls, config: MasterConfig) -> TxnSettings:
+        return cls(
+            keepalive_s=config.txn_keepalive_ms / 1000.0,
+            max_keepalive_s=config.txn_max_keepalive_ms / 1000.0,
+            retention_s=config.txn_retention_ms / 1000.0,
+        )
 
 
 class TxnCoordinator:

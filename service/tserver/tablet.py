@@ -71,13 +71,14 @@ import struct
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 from google.protobuf.message import DecodeError
 
 from service.common import failpoints
+from service.common.config import TServerConfig
 from service.common.errors import (
     Aborted,
     Corruption,
@@ -234,18 +235,27 @@ _ROLE_PB = {
 }
 
 
+_TSERVER = TServerConfig(data_dir=Path("tablet-settings"))
+"""TServerConfig with its defaults: the one home of the mirrored defaults below (its data_dir
+is never opened)."""
+
+
 @dataclass(frozen=True)
 class TabletSettings:
+    """The settings every replica of a server shares. A field mirroring a TServerConfig knob
+    (`from_config` copies them) takes its default from a default TServerConfig, never written
+    here again; `flush_rows`, `flush_bytes` and `compact_files` are this class's own."""
+
     node: NodeSettings
-    wal_segment_bytes: int = 8 << 20
-    wal_preallocate: bool = True
-    fsync: bool = True
+    wal_segment_bytes: int = _TSERVER.wal.segment_size_bytes
+    wal_preallocate: bool = _TSERVER.wal.preallocate
+    fsync: bool = _TSERVER.wal.fsync
     flush_rows: int = 100_000
     """Converting the in-memory store to Arrow holds the GIL (about 0.2 s per 100k rows):
     small flushes keep every other tablet's Raft loop responsive."""
     flush_bytes: int = 64 << 20
     compact_files: int = 4
-    flush_idle_s: float = 10.0
+    flush_idle_s: float = _TSERVER.flush_idle_ms / 1000
     """A memstore that has taken no write for this long is flushed, and files whose key ranges
     overlap are then compacted, so a tablet that went cold is read from sorted files without
     merging (and its WAL replay is short). 0: never."""
@@ -253,17 +263,17 @@ class TabletSettings:
     """Observes every WAL fdatasync of every replica (the server's fsync histogram)."""
     on_rows_written: Callable[[int], None] | None = field(default=None, compare=False)
     """Told the rows each Write applied on this replica as leader (the server's counter)."""
-    history_max_age_s: float = 900.0
+    history_max_age_s: float = _TSERVER.tablet_history_max_age_ms / 1000
     """How long superseded versions are kept for snapshot reads (`tablet_history_max_age_ms`,
     Kudu's 15 minutes): a compaction drops what only older snapshots could read, and a read
     older than this is refused (docs/design/tablets.md#R5)."""
     clock: HybridClock = field(default_factory=HybridClock, compare=False)
     """The server's hybrid clock: shared by every replica of the server (one settings object
     per server), moved by every committed timestamp it applies."""
-    txn_max_staged_rows: int = 5_000_000
+    txn_max_staged_rows: int = _TSERVER.txn_max_staged_rows
     """Rows all unresolved transactions may stage on one tablet (held in memory until they
     end)."""
-    txn_lock_wait_s: float = 5.0
+    txn_lock_wait_s: float = _TSERVER.txn_lock_wait_ms / 1000
     """How long a write waits for a row another transaction holds before it fails ABORTED
     (docs/design/transactions.md#R2)."""
     register_txn: RegisterTxn | None = field(default=None, compare=False)
@@ -273,6 +283,22 @@ class TabletSettings:
     ask_leader: AskLeader | None = field(default=None, compare=False)
     """How a follower gets its tablet's leader to move the safe time past a snapshot time
     (`TabletReplica.wait_safe`); None: a follower waits for writes to move it."""
+
+    @classmethod
+    def from_config(cls, config: TServerConfig, node: NodeSettings, **extra: Any) -> TabletSettings:
+        """The settings of a server started with `config`, its replicas' Raft settings
+        `node`, then `extra` by field name (the server's hooks)."""
+        knobs: dict[str, Any] = {
+            "wal_segment_bytes": config.wal.segment_size_bytes,
+            "wal_preallocate": config.wal.preallocate,
+            "fsync": config.wal.fsync,
+            "flush_idle_s": config.flush_idle_ms / 1000,
+            "history_max_age_s": config.tablet_history_max_age_ms / 1000,
+            "clock": HybridClock(config.max_clock_error_ms * 1000),
+            "txn_max_staged_rows": config.txn_max_staged_rows,
+            "txn_lock_wait_s": config.txn_lock_wait_ms / 1000,
+        }
+        return cls(node=node, **{**knobs, **extra})
 
 
 RegisterTxn = Callable[[int, str, str, float], Awaitable[int]]

@@ -113,8 +113,8 @@ class TabletManager:
         transport: GrpcTransport,
         settings: TabletSettings,
         *,
-        max_concurrent_creates: int = 8,
-        max_queued_creates: int = 64,
+        max_concurrent_creates: int,
+        max_queued_creates: int,
     ) -> None:
         self.root = data_dir / "tablets"
         self.quarantine = data_dir / "quarantine"

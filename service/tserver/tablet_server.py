@@ -56,7 +56,6 @@ from service.common.errors import (
     observe_rpcs,
 )
 from service.common.http_status import StatusServer, public_address, status_server
-from service.common.hybrid_time import HybridClock
 from service.common.loop_lag import LoopLagMonitor
 from service.common.metrics import MetricsRegistry, RpcMetrics, wal_sync_histogram
 from service.common.private_files import private_dir
@@ -247,19 +246,12 @@ class TabletServer:
                 election_timeout_s=raft.election_timeout_ms / 1000,
             )
             await self.quiescence.start()
-        settings = TabletSettings(
-            node=node_settings,
-            wal_segment_bytes=config.wal.segment_size_bytes,
-            wal_preallocate=config.wal.preallocate,
-            fsync=config.wal.fsync,
-            flush_idle_s=config.flush_idle_ms / 1000,
+        settings = TabletSettings.from_config(
+            config,
+            node_settings,
             on_wal_sync=self.wal_sync.observe,
             on_rows_written=self.rows_written.inc,
-            history_max_age_s=config.tablet_history_max_age_ms / 1000,
-            clock=HybridClock(config.max_clock_error_ms * 1000),
             ask_leader=self._ask_leader_safe_time,
-            txn_lock_wait_s=config.txn_lock_wait_ms / 1000,
-            txn_max_staged_rows=config.txn_max_staged_rows,
             register_txn=self._register_txn,
         )
         self.tablets = TabletManager(

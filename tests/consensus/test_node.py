@@ -41,7 +41,11 @@ from service.testing.simdisk import SimFileSystem
 
 GROUP = "kv"
 UUIDS = ["a", "b", "c"]
-FAST = NodeSettings(tick_interval_s=0.01, heartbeat_ticks=2, election_ticks=10)
+FAST = NodeSettings(
+    tick_interval_s=0.01, heartbeat_ticks=2, election_ticks=10, election_jitter_ticks=10
+)
+"""Fast ticks. The election jitter is a whole election timeout (etcd's spread), the one these
+tests were written against, not `[raft]`'s default of half of it."""
 WAIT_S = 15.0
 
 
@@ -468,6 +472,7 @@ SNAPPY = NodeSettings(
     tick_interval_s=0.01,
     heartbeat_ticks=2,
     election_ticks=10,
+    election_jitter_ticks=10,
     snapshot_interval_entries=50,
     snapshot_catchup_entries=10,
 )

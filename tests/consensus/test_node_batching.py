@@ -253,7 +253,11 @@ def test_heartbeats_are_answered_while_a_persist_is_stuck_on_the_disk(tmp_path: 
 
 
 LINGER = NodeSettings(
-    tick_interval_s=0.01, heartbeat_ticks=2, election_ticks=10, batch_linger_s=0.3
+    tick_interval_s=0.01,
+    heartbeat_ticks=2,
+    election_ticks=10,
+    election_jitter_ticks=10,
+    batch_linger_s=0.3,
 )
 
 

@@ -156,7 +156,13 @@ def test_an_unregistered_group_leaves_the_digest_and_the_followers() -> None:
 
 # --- three RaftNodes ----------------------------------------------------------------------------
 
-QUIET = NodeSettings(tick_interval_s=0.01, heartbeat_ticks=2, election_ticks=10, quiesce_ticks=6)
+QUIET = NodeSettings(
+    tick_interval_s=0.01,
+    heartbeat_ticks=2,
+    election_ticks=10,
+    election_jitter_ticks=10,
+    quiesce_ticks=6,
+)
 
 
 class DigestSender(MemSender):
