@@ -281,14 +281,3 @@ class Ready:
     send_before_persist: bool = False
     """True when `messages` may be sent before step 1 completes (a leader whose term and vote
     did not change: its appends overlap its own fsync, thesis §10.2.1)."""
-
-    def contains_updates(self) -> bool:
-        return bool(
-            self.soft_state is not None
-            or self.hard_state is not None
-            or self.read_states
-            or self.entries
-            or self.snapshot is not None
-            or self.committed_entries
-            or self.messages
-        )
