@@ -79,8 +79,9 @@ One CreateTable through the master
    its next heartbeat; `heartbeat.handle_heartbeat` records liveness (`ts_manager`), passes the
    `ReportGate`, and calls `CatalogManager.process_report` (its `report_handler.ReportHandler`).
 7. `report_processing.plan_report` sees the leader of the committed config report the tablet
-   and writes it RUNNING (one write for the whole report; writes of reports processed
-   together share one sys.catalog entry, `group_commit`).
+   and, once other voters confirm that claim (their own reports, or GetConsensusState:
+   `claims`; docs/design/catalog.md#R15), writes it RUNNING (one write for the whole report;
+   writes of reports processed together share one sys.catalog entry, `group_commit`).
 8. When every tablet is RUNNING, `CatalogManager.is_create_table_done` (IsCreateTableDone) says
    so, and the client's `create_table` returns.
 """
