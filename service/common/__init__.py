@@ -8,6 +8,7 @@ Modules
     config          frozen-dataclass configuration loaded strictly from `conf/*.toml`
     ids             `NewType` ids (`NodeId`, `TableId`, `TabletId`) and uuid helpers
     clock           the `Clock` protocol, `RealClock` and the deterministic `ManualClock`
+    hybrid_time     the hybrid logical clock and its timestamps (rows' commit timestamps)
     logging         one log format for every process, with the node in each line
     schema          table schemas: typed columns, column ids, the key, alter steps (PURE)
     schema_codec    schemas and partitions to and from protobuf (common.proto)

@@ -693,9 +693,11 @@ class RaftNode:
     async def _start_ready(self, rd: Ready) -> None:
         """etcd-io/raft's order: persist, send, apply, advance. A leader (send_before_persist)
         sends its appends first, so followers write while it writes, and applies what is
-        already committed before waiting for its own fsync: a leader's committed entries are
-        durable here already (it acknowledges itself only after persisting). The fdatasync
-        runs in a worker thread; `_finish_ready` completes the Ready once it is done."""
+        already committed before waiting for its own fsync: those entries came in earlier
+        Readies, durable here already (an entry cannot commit before the Ready that sends its
+        appends, and this one was taken only after the previous one's fsync); the leader
+        counts itself toward a commit only in `advance` (docs/design/consensus.md#R1). The
+        fdatasync runs in a worker thread; `_finish_ready` completes the Ready once it is done."""
         self._learn_addresses(rd.entries)
         if rd.send_before_persist:
             self._send(rd.messages, hold_commit_only=True)

@@ -28,15 +28,19 @@ Modules
                         bounded round under locks
     background_tasks    the leader's loop: assignment rounds, side-effect RPCs with retries,
                         re-replication
+    create_pacing       CreateTablet calls paced per tablet server (AIMD window), and which
+                        slow tablets to replace
     placement_policy    which servers host a new or replacement replica (PURE)
     rereplication       3-4-3 decisions for under-replicated tablets (PURE)
     (rebalancing moves: service.rebalance, shared with the client and the Spark job)
     replica_changes     AddReplica/RemoveReplica/MoveReplica for operators
     report_processing   what the leader does about one reported replica (PURE)
+    claims              what servers said of their replicas, to confirm another's claim
     report_handler      the catalog manager's collaborator for tablet reports: judged, locked,
                         written as ONE write; the replicas reported FAILED
     group_commit        report writes proposed together share one sys.catalog entry
     heartbeat           TSHeartbeat: liveness on every master, reports on the leader, ReportGate
+    heartbeat_pace      a busy leader asks tablet servers for a longer heartbeat interval
     report_turns        which servers the leader asks for their full report now (PURE)
     ts_descriptor       what a master knows of one tablet server (wire values, records)
     ts_manager          the tablet server registry, on every master
@@ -47,6 +51,8 @@ Modules
     cert_issuer         certificates the leader signs on request
     table_access        per-table authorization and authz tokens
     grants              the grant rows of sys.catalog and their writes
+    txn_coordinator     transactions: their records in sys.catalog, the leader's two-phase
+                        commit, keep-alives
     status_pages        HTML status pages and /metrics
 
 One CreateTable through the master
@@ -73,8 +79,9 @@ One CreateTable through the master
    its next heartbeat; `heartbeat.handle_heartbeat` records liveness (`ts_manager`), passes the
    `ReportGate`, and calls `CatalogManager.process_report` (its `report_handler.ReportHandler`).
 7. `report_processing.plan_report` sees the leader of the committed config report the tablet
-   and writes it RUNNING (one write for the whole report; writes of reports processed
-   together share one sys.catalog entry, `group_commit`).
+   and, once other voters confirm that claim (their own reports, or GetConsensusState:
+   `claims`; docs/design/catalog.md#R15), writes it RUNNING (one write for the whole report;
+   writes of reports processed together share one sys.catalog entry, `group_commit`).
 8. When every tablet is RUNNING, `CatalogManager.is_create_table_done` (IsCreateTableDone) says
    so, and the client's `create_table` returns.
 """

@@ -573,12 +573,6 @@ class CatalogMaps:
             if info.tablet_id in ids:
                 yield info
 
-    def pending_tablets(self) -> list[TabletInfo]:
-        """PREPARING and CREATING tablets, by (table id, partition key start, tablet id)."""
-        infos = [self.tablets_by_id[t] for t in self.pending]
-        infos.sort(key=lambda t: (t.table_id, t.partition.partition_key_start, t.tablet_id))
-        return infos
-
     def replica_counts(self) -> dict[str, dict[str, int]]:
         """Server uuid -> table id -> replicas hosted (a copy), from committed configs."""
         return {u: dict(c) for u, c in self._replicas.items()}

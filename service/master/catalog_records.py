@@ -119,14 +119,11 @@ class RecordType(enum.Enum):
 
 @dataclass(frozen=True)
 class RowKey:
-    """A row's key, (entry type, id). Rows are ordered by `sort_key`: entry type number, id."""
+    """A row's key, (entry type, id). Snapshots and dumps order rows by entry type number, then
+    id (`SysCatalogState._sorted_rows`)."""
 
     entry_type: RecordType
     entry_id: str
-
-    @property
-    def sort_key(self) -> tuple[int, str]:
-        return (self.entry_type.value, self.entry_id)
 
     def __str__(self) -> str:
         return f"{self.entry_type.noun} {self.entry_id!r}"
@@ -830,11 +827,6 @@ def record_from_pb(entry_type: RecordType, message: RecordPB) -> Record:
 def record_message(entry_type: RecordType) -> type[RecordPB]:
     """The protobuf message class of an entry type's records."""
     return _MESSAGE[entry_type]
-
-
-def record_field(entry_type: RecordType) -> str:
-    """The oneof field name carrying an entry type's records."""
-    return _FIELD[entry_type]
 
 
 def entry_type_of_field(name: str) -> RecordType:

@@ -42,7 +42,6 @@ from service.common.schema_codec import partition_schema_to_pb, partition_to_pb,
 from service.common.tls import Credentials, open_channel
 from service.master.catalog_records import (
     ConsensusState,
-    HostPort,
     RaftPeer,
     TableRecord,
     TabletRecord,
@@ -348,7 +347,3 @@ class TServerProxy:
         self._stubs.clear()
         # All at once: a master with 300 servers' channels closed them one after another.
         await asyncio.gather(*(channel.close(None) for channel in channels), return_exceptions=True)
-
-
-def address_str(hp: HostPort) -> str:
-    return f"{hp.host}:{hp.port}"

@@ -6,7 +6,9 @@ Theory of operation
 and the injected `random.Random` (for election timeouts). It never does I/O: outgoing messages
 accumulate in `self.msgs`, new log entries in the unstable part of `self.log`, and `RawNode`
 packages them into a `Ready` for the caller (see `types.Ready` for the processing order that
-makes this safe: persist, then send, then apply).
+makes this safe: persist, then send, then apply; a leader may send and apply before its own
+write is durable, and counts itself toward a commit only after it, `on_persisted`:
+docs/design/consensus.md#R1).
 
 Elections (Raft §5.2, thesis §9.6): followers that miss the leader for a randomized timeout
 in [election_tick, 2*election_tick) first run a *pre-vote* (a trial election at term+1 that

@@ -266,8 +266,12 @@ class Ready:
        `must_sync` is true;
     2. send `messages` (only after step 1: votes and acknowledgements depend on durable
        state), unless `send_before_persist` allows sending them before or during step 1;
-    3. apply `snapshot` to the state machine, then `committed_entries` in order;
-    4. call `RawNode.advance(ready)`.
+    3. apply `snapshot` to the state machine, then `committed_entries` in order (with
+       `send_before_persist`, also before step 1 completes: those entries came in earlier
+       Readies, durable already);
+    4. call `RawNode.advance(ready)`, once step 1 is durable.
+
+    docs/design/consensus.md#R1 says why the leader's early sends and applies are safe.
     """
 
     soft_state: SoftState | None = None
@@ -279,16 +283,6 @@ class Ready:
     messages: list[Message] = field(default_factory=list)
     must_sync: bool = False
     send_before_persist: bool = False
-    """True when `messages` may be sent before step 1 completes (a leader whose term and vote
-    did not change: its appends overlap its own fsync, thesis §10.2.1)."""
-
-    def contains_updates(self) -> bool:
-        return bool(
-            self.soft_state is not None
-            or self.hard_state is not None
-            or self.read_states
-            or self.entries
-            or self.snapshot is not None
-            or self.committed_entries
-            or self.messages
-        )
+    """True when `messages` may be sent, and `committed_entries` applied, before step 1
+    completes (a leader whose term and vote did not change: its appends overlap its own fsync,
+    thesis §10.2.1; it counts itself toward a commit only in `advance`)."""

@@ -28,10 +28,28 @@ Modules
                         valid rows sent to a tablet that does not hold their keys (misrouted)
     poison_log          a committed entry no replica can apply, planted in a stopped WAL
     spark_standalone    a Spark standalone cluster on loopback
-    chaos*              the fault campaign on real processes (`make chaos`): the campaign,
-                        its cluster in network namespaces, nemeses, workloads, checks, report
-    fuzz*               the fuzzing campaign against a live secured cluster (`make fuzz`):
-                        the campaign, its cluster and identities (a member tablet server's
-                        own certificate among them), generator, templates and values, the
-                        guard, placeholders filled before sending, checks, report
+
+    (the fault campaign on real processes, `make chaos`, after Jepsen)
+    chaos               the campaign: every workload x nemesis run, replay commands
+    chaos_cluster       a mini cluster whose every process lives in its own network namespace
+    chaos_net           the namespaces, and the hooks that cut links, skew clocks, break disks
+    chaos_nemesis       the nemeses: kill, pause, partition, clock, disk; each heals its faults
+    chaos_workloads     the clients, recording every operation as invoked, then ok/fail/info
+    chaos_checks        the histories and their checkers: linearizability per key, lost or
+                        phantom rows, the catalog against a model
+    chaos_report        the workload x nemesis table, the closing line, latency plots
+
+    (the fuzzing campaign against a live secured cluster, `make fuzz`)
+    fuzz                the campaign: one case at a time, checked after each; reproducers
+    fuzz_cluster        its cluster, identities (a member tablet server's own certificate
+                        among them) and fixture tables
+    fuzz_gen            the generator: every RPC of every service, as Hypothesis strategies
+    fuzz_templates      requests valid as a whole, for RPCs whose fields must agree
+    fuzz_values         hostile constants, what each field names, byte mutations
+    fuzz_guard          destructive valid requests pointed at a scratch table; KNOWN_ISSUES
+    fuzz_prepare        placeholders filled in before sending; what an accepted case created,
+                        removed after it
+    fuzz_checks         the checks after the cases: liveness, catalog and replica state,
+                        rows inside their partition, event-loop stalls
+    fuzz_report         the counts, and how a finding and its reproducers read
 """

@@ -14,11 +14,10 @@ tests speak plaintext; the benchmarks run both (bench/README.md).
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,13 +137,3 @@ class DemoCluster(StopOnExit):
 
     def exit_codes(self) -> dict[str, int | None]:
         return {u: (n.proc.poll() if n.proc else None) for u, n in self.nodes.items()}
-
-
-@contextlib.contextmanager
-def running_cluster(base: Path, size: int = 3, **overrides: str) -> Iterator[DemoCluster]:
-    cluster = DemoCluster(base, size, overrides)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()

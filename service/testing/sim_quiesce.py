@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from service.consensus.node_quiesce import late_answer
 from service.consensus.quiesce import Quiescence
 from service.pb import consensus_pb2 as pb
-from service.raft import Message, NodeId, Role
+from service.raft import Message, NodeId
 
 if TYPE_CHECKING:
     from service.testing.simulator import SimNode, Simulator
@@ -129,9 +129,6 @@ class SimQuiescence:
             self.quiesced = True
             self.registry.lead(GROUP, raft.term, raft.log.committed, self.members())
             self.sim.log(f"{self.node.id} quiesces leading at {raft.term}/{raft.log.committed}")
-
-    def is_quiet_leader(self) -> bool:
-        return self.quiesced and self.node.node.raft.state is Role.LEADER
 
 
 def _settled(sim: Simulator, target: int, asleep: bool) -> str | None:

@@ -10,8 +10,10 @@ step counter; every live node ticks once per step. Replaying a seed replays the 
 Each node is the production stack minus sockets and threads: `RawNode` over `MemoryStorage`,
 made durable by `RaftStore` (WAL + cmeta + snapshot file) on a `SimFileSystem`, whose `crash`
 keeps only what was synced (plus a random prefix of the rest: a torn tail). A node follows the
-Ready contract exactly: persist, then send, then apply, then advance. A crash may strike in the
-middle of persisting, after the WAL write but before its fsync. Most nodes are *pipelined* like
+Ready contract as the asyncio shell does: persist, then send, then apply, then advance, but a
+leader sends and applies before its own write is durable (`send_before_persist`,
+docs/design/consensus.md#R1). A crash may strike in the middle of persisting, after the WAL
+write but before its fsync. Most nodes are *pipelined* like
 the asyncio shell: a Ready's fsync completes steps later while the node goes on stepping,
 ticking and proposing (`SimNode.process`). Messages between nodes travel through the network
 the simulator holds (`Simulator.net`, sim_network.py): delays, drops, duplicates, reordering

@@ -20,6 +20,7 @@ Modules
     rowstore_files      the row store's files, key index and helpers
     rowstore_merge      merging row store sources in key order; checksums
     row_ops             client writes: validation, and their form in the Raft log
+    txn_staging         a replica's unresolved transactions: staged rows, prepares, row locks
     scanners            paged scans, named by scanner id, expired when idle
     key_splitting       cutting a tablet's key range into chunks (split tokens)
     heartbeater         one loop per master: registration, full and incremental reports
