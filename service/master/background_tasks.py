@@ -535,8 +535,14 @@ class BackgroundTasks:
         deadline = retry.reserved.pop(u, None)
         if deadline is None:  # not reserved (a server added since): take a slot now
             deadline = self.pacer.start(NodeId(u))
-        started = self.clock.monotonic()
-        self.catalog.creation_call(task.tablet_id, True, started + deadline)
+        started = [self.clock.monotonic()]
+        self.catalog.creation_call(task.tablet_id, True, started[0] + deadline)
+
+        def on_send() -> None:
+            # The latency the window judges is the server's: from when the call left, not
+            # from when it began to wait for one of our `max_concurrent_rpcs` slots.
+            started[0] = self.clock.monotonic()
+
         try:
             outcome, sent = await self._rpc_outcome(
                 u,
@@ -546,12 +552,13 @@ class BackgroundTasks:
                 ok_errors=(AlreadyExists,),
                 fallback=_last_known(record.consensus, u),
                 task=task,
+                on_send=on_send,
             )
         finally:
             self.catalog.creation_call(task.tablet_id, False)
         now = self.clock.monotonic()
         if sent:
-            self.pacer.finish(NodeId(u), outcome, now - started, now)
+            self.pacer.finish(NodeId(u), outcome, now - started[0], now)
         else:
             self.pacer.release(NodeId(u))
         if outcome in (Outcome.OK, Outcome.SHED) and sent:
@@ -582,8 +589,10 @@ class BackgroundTasks:
         ok_errors: tuple[type[TesseraError], ...] = (),
         fallback: HostPort | None = None,
         task: Task | None = None,
+        on_send: Any = None,
     ) -> tuple[str, bool]:
-        """`_rpc`, answering how it ended (`create_pacing.Outcome`) and whether it was sent."""
+        """`_rpc`, answering how it ended (`create_pacing.Outcome`) and whether it was sent;
+        `on_send` is called as the call leaves (after the wait for a slot)."""
         address = self.ts.rpc_address(server)
         if address is None and fallback is not None:
             address = f"{fallback.host}:{fallback.port}"
@@ -594,6 +603,8 @@ class BackgroundTasks:
                 self.rpcs_skipped += 1
                 return Outcome.OK, False
             self.rpcs_sent += 1
+            if on_send is not None:
+                on_send()
             try:
                 await call(address)
                 return Outcome.OK, True
