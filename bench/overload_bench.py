@@ -38,6 +38,7 @@ from typing import Any
 
 import grpc
 
+from bench.master_failover_scale import metrics
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
 from service.common.schema import ColumnType, Schema
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
@@ -117,20 +118,22 @@ def create(leader: Leader, name: str, tablets: int, seq: int) -> str:
     return str(leader.call("CreateTable", req, timeout=60).table_id)
 
 
-def wait_running(leader: Leader, table_id: str, t0: float, timeout: float) -> float:
-    """Seconds from `t0` until every tablet of the table is RUNNING (progress every 5 s)."""
+def wait_running(leader: Leader, table_id: str, t0: float, timeout: float) -> tuple[float, str]:
+    """Seconds from `t0` until every tablet of the table is RUNNING, and that figure as text;
+    past `timeout`, (inf, ">T s (R/N RUNNING)"): a run that did not converge still reports."""
     shown = 0.0
     req = pb.IsCreateTableDoneRequestPB(table=pb.TableIdentifierPB(table_id=table_id))
     while True:
         r = leader.call("IsCreateTableDone", req, timeout=10)
         now = time.monotonic()
         if r.done:
-            return now - t0
+            return now - t0, f"{now - t0:.0f} s"
         if now - shown >= 5:
             shown = now
             progress(f"{r.tablets_running}/{r.tablets_total} RUNNING after {now - t0:.0f} s")
         if now - t0 > timeout:
-            raise TimeoutError(f"{r.tablets_running}/{r.tablets_total} RUNNING after {timeout} s")
+            progress(f"not RUNNING within {timeout:.0f} s; going on")
+            return float("inf"), f">{timeout:.0f} s ({r.tablets_running}/{r.tablets_total})"
         time.sleep(0.2)
 
 
@@ -145,15 +148,20 @@ def replaced(leader: Leader) -> int:
     return n
 
 
-def wait_replicas_gone(cluster: MiniCluster, leader: Leader, timeout: float) -> None:
-    """Until the servers report no replica of any table (the deleted table's are gone)."""
+def wait_replicas_gone(cluster: MiniCluster, timeout: float) -> None:
+    """Until no tablet server hosts a replica (the deleted table's are gone), by the servers'
+    own /metrics."""
     t0 = time.monotonic()
+    names = [f'tessera_tserver_replicas{{state="{s}"}}' for s in ("RUNNING", "BOOTSTRAPPING")]
     while time.monotonic() - t0 < timeout:
-        r = leader.call("ListTabletServers", pb.ListTabletServersRequestPB(), timeout=10)
-        left = sum(s.num_replicas for s in r.servers)
+        left = 0.0
+        for ts in cluster.tservers.values():
+            got = metrics(ts.http_address, *names)
+            left += sum(v if v is not None else 1.0 for v in got.values())
         if left == 0:
+            progress(f"the deleted table's replicas are gone after {time.monotonic() - t0:.0f} s")
             return
-        progress(f"{left} replicas of the deleted table left")
+        progress(f"{left:.0f} replicas of the deleted table left")
         time.sleep(2)
     progress("replicas of the deleted table still there; going on")
 
@@ -173,8 +181,8 @@ def run(args: argparse.Namespace, base: Path) -> None:
             progress(f"create: {args.tablets} tablets x 3 replicas")
             t0 = time.monotonic()
             first = create(leader, "overload_1", args.tablets, 1)
-            c = wait_running(leader, first, t0, args.timeout)
-            progress(f"create: every tablet RUNNING in {c:.1f} s; deleting the table")
+            c, c_text = wait_running(leader, first, t0, args.timeout)
+            progress(f"create: {c_text}; deleting the table")
             leader.call(
                 "DeleteTable",
                 pb.DeleteTableRequestPB(
@@ -182,7 +190,7 @@ def run(args: argparse.Namespace, base: Path) -> None:
                     table=pb.TableIdentifierPB(table_id=first),
                 ),
             )
-            wait_replicas_gone(cluster, leader, 300)
+            wait_replicas_gone(cluster, 300)
             progress(f"create after kill-all: {args.tablets} tablets; every master killed at 0.6 s")
             got: dict[str, str] = {}
             t0 = time.monotonic()
@@ -200,7 +208,7 @@ def run(args: argparse.Namespace, base: Path) -> None:
             thread.join(timeout=args.timeout)
             if "id" not in got:
                 raise RuntimeError("CreateTable was not answered after the restart")
-            k = wait_running(leader, got["id"], t0, args.timeout)
+            k, k_text = wait_running(leader, got["id"], t0, args.timeout)
             r = replaced(leader)
             load = os.getloadavg()[0]
     finally:
@@ -213,8 +221,7 @@ def run(args: argparse.Namespace, base: Path) -> None:
         f"{r} of {total} tablets replaced ({100 * r / total:.1f}%), {args.burners} busy loops"
     )
     print(
-        f"overload: create {c:.0f} s, create after kill-all {k:.0f} s, replaced {r}, "
-        f"load {load:.1f}"
+        f"overload: create {c_text}, create after kill-all {k_text}, replaced {r}, load {load:.1f}"
     )
     print("  (goal: both creates within 180 s, replaced at most 5% of the tablets)")
 
