@@ -129,11 +129,12 @@ def outside_partition_remedy(table: str) -> str:
             "too (OUTSIDE_PARTITION). Rewrite the table instead, with its writers stopped (each "
             "command with your --masters or --dir and --credentials):",
             f"  tessera grant list --table {t}      (note them: grants go with their table)",
-            f"  tessera table copy {t} {new} --create --operation insert",
+            f"  tessera table copy {t} {new} --create --operation insert --no-transactional",
             f"  tessera table delete {t} --yes",
             f"  tessera table alter {new} --rename {t}",
             f"  tessera grant {t} USER PRIVILEGE...  (each grant noted above)",
-            "The copy writes each row into the tablet that owns its key. A key held twice (in "
+            "The copy writes each row into the tablet that owns its key, row by row (not as one "
+            "transaction, which a refused row would abort whole). A key held twice (in "
             "its own tablet and outside another's) goes in once: its other copy is refused "
             "(ALREADY_EXISTS), and the copy, having written every other row, fails naming the "
             "first five such keys. "

@@ -18,8 +18,8 @@ First on one follower: ksck names it, with the count and the keys, and its diges
 from its peers'. Then on the other two replicas as well, which is what a server that accepted
 such a write through Raft left: the replicas agree, each holds the three rows, the tablet's
 leader refuses a DELETE of them (OUTSIDE_PARTITION), and `tessera table copy --create
---operation insert`, the rewrite the report prescribes, makes a table that holds every key
-once and checks clean.
+--operation insert --no-transactional`, the rewrite the report prescribes, makes a table that
+holds every key once and checks clean.
 """
 
 from __future__ import annotations
@@ -236,7 +236,10 @@ def test_ksck_checksum_finds_rows_outside_a_tablets_partition(
     assert f"{address[victim]}: {own + 3} rows" in mismatch, mismatch
     assert all(f"{address[u]}: {own} rows" in mismatch for u in others), mismatch
     (remedy,) = report["remedies"]
-    assert f"tessera table copy {TABLE} {TABLE}_rewritten --create --operation insert" in remedy
+    assert (
+        f"tessera table copy {TABLE} {TABLE}_rewritten --create --operation insert "
+        "--no-transactional" in remedy
+    )
 
     code, text = _ksck(cluster, capsys, "plain")
     assert code == 1 and "NOT HEALTHY" in text
@@ -290,7 +293,7 @@ def test_ksck_checksum_finds_rows_outside_a_tablets_partition(
     # The remedy: a rewrite puts every key once into the tablet that owns it. The key held
     # twice goes in once; its other copy is refused and the copy fails naming it.
     new = f"{TABLE}_rewritten"
-    argv = ["table", "copy", TABLE, new, "--create", "--operation", "insert"]
+    argv = ["table", "copy", TABLE, new, "--create", "--operation", "insert", "--no-transactional"]
     argv += ["--masters", ",".join(cluster.master_addresses)]
     argv += ["--credentials", cluster.credentials_dir() or ""]
     capsys.readouterr()

@@ -166,6 +166,12 @@ def test_bad_requests_get_clear_statuses_and_change_nothing(tmp_path: Path) -> N
             kv = KvClient(cluster.addresses)
             leader_addr = await kv.find_leader(timeout=20)
             stub = kv.stub(leader_addr)
+            # A new leader commits a no-op of its term before it serves (Raft's Figure 8); on a
+            # busy machine that can land after find_leader, so wait for it before the baseline.
+            for _ in range(200):
+                if (await kv.status(leader_addr)).commit_index >= 1:
+                    break
+                await asyncio.sleep(0.05)
             before = (await kv.status(leader_addr)).commit_index
             for req, needle in [
                 (pb.PutRequest(key="", value=b"x"), "key must not be empty"),

@@ -732,7 +732,10 @@ def test_check_reports_rows_outside_the_partition_with_the_remedy_once() -> None
     assert not report.healthy and report.checksummed
     assert [x.tablet_id for x in report.outside_partition_tablets] == ["tablet-2"]
     assert report.remedies == (outside_partition_remedy("t"),)
-    assert "tessera table copy t t_rewritten --create --operation insert" in report.remedies[0]
+    assert (
+        "tessera table copy t t_rewritten --create --operation insert --no-transactional"
+        in report.remedies[0]
+    )
     assert "tessera table copy 'my t' 'my t_rewritten'" in outside_partition_remedy("my t")
     assert report.tables[0].count(Health.ROWS_OUTSIDE_PARTITION) == 1
     clean = check(
@@ -762,7 +765,10 @@ def test_the_report_prints_the_checksum_findings_and_the_remedy() -> None:
     assert "ROWS_OUTSIDE_PARTITION  tablet tablet-1 of events (hash 0)" in text
     assert "replicas on a:7050, b:7050, c:7050 each hold 2 live row(s)" in text
     assert "Checksums: 1 tablet(s), 3 replica(s) agree" in text
-    assert "\n  tessera table copy events events_rewritten --create --operation insert\n" in text
+    assert (
+        "\n  tessera table copy events events_rewritten --create --operation insert "
+        "--no-transactional\n" in text
+    )
     assert text.endswith("1 table(s) and 1 tablet(s) not healthy")
     js = ksck_cmd.report_json(report)
     assert js["checksum"] == {
