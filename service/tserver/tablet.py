@@ -1155,30 +1155,45 @@ class TabletReplica:
     async def wait_safe(self, ts: int, timeout: float) -> None:
         """Wait until this replica's safe time reaches `ts`, then a read at `ts` is exact and
         the same on every replica (docs/design/tablets.md#R4). Writes move the safe time; on a
-        quiet tablet the leader replicates a timestamp entry, asked by a follower if need be."""
+        quiet tablet the leader replicates a timestamp entry, asked by a follower if need be.
+
+        A follower asks again every few hundred milliseconds (backing off to 2 s) until the
+        deadline: right after a restart or an election it may know no leader, or not yet its
+        address, and one lost ask would otherwise leave a read of a quiet tablet waiting for a
+        write that never comes."""
         node = self.running_node()
         if self.safe_time >= ts:
             return
-        deadline = asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         self.settings.clock.update(ts)  # what this server stamps next comes after `ts`
-        if node.status().role is Role.LEADER:
-            await self._advance_safe_time(ts, timeout)
-        else:
-            ask = self.settings.ask_leader
-            leader = node.status().lead
-            if ask is not None and leader:
-                with contextlib.suppress(TesseraError):
-                    # Best effort: the leader's entry reaches this replica like any other;
-                    # whatever failed, the wait below says how it ended.
-                    await ask(leader, self.tablet_id, ts, timeout)
-        remaining = deadline - asyncio.get_running_loop().time()
-        if self.safe_time >= ts:
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = loop.create_future()
         self._safe_waiters.append((ts, fut))
+        pause = 0.25
         try:
-            async with asyncio.timeout(max(0.0, remaining)):
-                await fut
+            while self.safe_time < ts:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError
+                ask = self.settings.ask_leader
+                leader = node.status().lead
+                if node.status().role is Role.LEADER:
+                    # Past this, only a prepared transaction holds the safe time back: its
+                    # resolution wakes the wait below.
+                    await self._advance_safe_time(ts, remaining)
+                elif ask is not None and leader:
+                    with contextlib.suppress(TesseraError, TimeoutError):
+                        # Best effort: the leader's entry reaches this replica like any other;
+                        # whatever failed, the wait below says how it ended.
+                        async with asyncio.timeout(min(remaining, max(1.0, remaining / 4))):
+                            await ask(leader, self.tablet_id, ts, remaining)
+                if self.safe_time >= ts:
+                    break
+                wait = min(pause, max(0.0, deadline - loop.time()))
+                pause = min(2.0, pause * 2)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await asyncio.shield(fut)
         except TimeoutError:
             held = self.txns.safe_time_cap()
             why = (
@@ -1191,6 +1206,10 @@ class TabletReplica:
                 f"not reach the snapshot time {describe(ts)} within {timeout:.1f}s ({why}): "
                 "retry, or read another replica"
             ) from None
+        finally:
+            if not fut.done():
+                fut.cancel()
+            self._safe_waiters = [(t, f) for t, f in self._safe_waiters if f is not fut]
 
     async def advance_safe_time(self, ts: int, timeout: float) -> int:
         """As leader, make the safe time reach `ts` (AdvanceSafeTime from a follower): returns
