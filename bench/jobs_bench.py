@@ -13,6 +13,25 @@ Then, on local[2]:
 Each line prints the wall time; the goal is under 60 s each. The planted problems must be found
 exactly, so the figures are for correct runs.
 
+Then audit snapshots as a job that runs every few minutes would write them (`--audit-only` runs
+just this step), in an audit database of their own (the one above is dropped first):
+
+  S  the `--tablets` inventory (its own tables, servers and masters too) written over a previous
+     snapshot of it in which about 1% of the rows changed: leaders moved (the tablet row, two
+     catalog replicas, the tablet's hosted replicas), tablets dropped and added, one table
+     altered, 1% of the servers' heartbeats, every master's index. The timed write is the
+     incremental one: the first write of that inventory into the empty database comes before
+     it and is reported apart (`first writes into an empty database: F s / f s`).
+  s  the same for a small catalog: 20 tables of 15 tablets on 12 servers, 2% of the tablets
+     changed (six), the database emptied again first (its first write is f).
+  U  a snapshot of that small catalog unchanged (same master term and committed index, a new
+     snapshot id): nothing is written.
+
+The line: `audit-snapshot: N tablets S s, 20 tables s s, unchanged U s`, then the goals (S under
+30 s, s under 10 s, U under 5 s) and the first writes. A benchmark prints; it does not assert.
+All of it runs in the bench's one Spark session, in this order, so s and U come from a JVM that
+the large catalog has warmed up (a job's JVM is a fresh one: its first snapshot pays more).
+
 Then backups (spark_jobs/jobs/backup.py, restore.py) on a real local cluster (1 master, 3
 tablet servers): a table of `--backup-rows` rows (3 million) in 6 tablets is loaded through the
 client, backed up in full into a Delta table, 1% of its rows are updated (spread over every
@@ -21,19 +40,23 @@ tablet), an incremental backup merges them, and the newest backup is restored un
 the goal is I under a fifth of F.
 
 Usage: python -m bench.jobs_bench [--tablets 100000] [--tservers 1000] [--tables 100]
-       [--backup-rows 3000000]
+       [--backup-rows 3000000] [--audit-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import importlib
 import random
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 
 from spark_jobs.inventory import (
     HostedRow,
@@ -147,12 +170,147 @@ def generate(n_tablets: int, n_servers: int, n_tables: int, seed: int = 7) -> In
     return inv
 
 
+def mutate(inv: Inventory, snapshot_id: str, fraction: float = 0.01, seed: int = 11) -> Inventory:
+    """A later snapshot of `inv` in which about `fraction` of the rows changed (module
+    docstring): of that many tablets, nine in ten get a new leader and one in ten is dropped;
+    as many new tablets as dropped ones appear in the last table; `fraction` of the servers
+    report a new heartbeat age; every master is at the new committed index; one table altered.
+    """
+    rng = random.Random(seed)
+    index = inv.stamp.committed_index + 1 + len(inv.tablets)
+    stamp = SnapshotStamp(
+        snapshot_id, inv.stamp.taken_at + dt.timedelta(minutes=5), inv.stamp.master_term, index
+    )
+    picked = rng.sample(range(len(inv.tablets)), max(1, round(fraction * len(inv.tablets))))
+    dropped = {inv.tablets[i].tablet_id for i in picked[::10]}
+    new_leader = {}
+    peers: dict[str, list[str]] = {}
+    for r in inv.replicas:
+        peers.setdefault(r.tablet_id, []).append(r.ts_uuid)
+    for i in picked:
+        t = inv.tablets[i]
+        if t.tablet_id not in dropped:
+            others = [u for u in peers.get(t.tablet_id, []) if u != t.leader_uuid]
+            if others:
+                new_leader[t.tablet_id] = rng.choice(others)
+    out = Inventory(stamp)
+    out.tables = list(inv.tables)
+    if out.tables:
+        last = out.tables[-1]
+        out.tables[-1] = dataclasses.replace(
+            last, schema_version=last.schema_version + 1, altered_time_us=index
+        )
+    for t in inv.tablets:
+        if t.tablet_id in dropped:
+            continue
+        leader = new_leader.get(t.tablet_id)
+        out.tablets.append(dataclasses.replace(t, leader_uuid=leader) if leader else t)
+    for r in inv.replicas:
+        if r.tablet_id in dropped:
+            continue
+        leader = new_leader.get(r.tablet_id)
+        out.replicas.append(dataclasses.replace(r, is_leader=r.ts_uuid == leader) if leader else r)
+    for h in inv.hosted:
+        if h.tablet_id in dropped:
+            continue
+        leader = new_leader.get(h.tablet_id)
+        if leader:
+            role = "LEADER" if h.ts_uuid == leader else "FOLLOWER"
+            h = dataclasses.replace(h, role=role, leader_uuid=leader, term=h.term + 1)
+        out.hosted.append(h)
+    # New tablets in the last table, as many as were dropped, on servers picked at random.
+    table_id = inv.tables[-1].table_id if inv.tables else "table-new"
+    servers = [s.ts_uuid for s in inv.tservers]
+    for k in range(len(dropped)):
+        tablet_id = f"new-{snapshot_id}-{k:06d}"
+        members = rng.sample(servers, min(3, len(servers)))
+        out.tablets.append(
+            TabletRow(tablet_id, table_id, "RUNNING", b"", b"", members[0], 1, 2, "", index)
+        )
+        for j, u in enumerate(members):
+            out.replicas.append(ReplicaRow(tablet_id, table_id, u, "VOTER", j == 0, ""))
+            out.hosted.append(
+                HostedRow(
+                    u, tablet_id, table_id, "new", "READY", "RUNNING",
+                    "LEADER" if j == 0 else "FOLLOWER", 1, members[0], 2, 1, True, 0, 0, "",
+                )
+            )  # fmt: skip
+    beat = set(rng.sample(range(len(inv.tservers)), max(1, round(fraction * len(inv.tservers)))))
+    out.tservers = [
+        dataclasses.replace(s, millis_since_heartbeat=s.millis_since_heartbeat + 1)
+        if i in beat
+        else s
+        for i, s in enumerate(inv.tservers)
+    ]
+    out.masters = [dataclasses.replace(m, commit_index=index) for m in inv.masters]
+    return out
+
+
+def renamed(inv: Inventory, snapshot_id: str) -> Inventory:
+    """`inv` under another snapshot id: the same catalog, at the same term and index."""
+    return dataclasses.replace(inv, stamp=dataclasses.replace(inv.stamp, snapshot_id=snapshot_id))
+
+
+def drop_audit(spark: Any) -> None:
+    """Drop the audit database and delete its directory, so the next snapshot is a first one."""
+    from spark_jobs.audit import DATABASE
+    from spark_jobs.catalog import table_path
+
+    where = urlparse(table_path(spark, DATABASE, "x")).path.rsplit("/", 1)[0]
+    spark.sql(f"DROP DATABASE IF EXISTS {DATABASE} CASCADE")
+    shutil.rmtree(where, ignore_errors=True)
+    # Delta caches each table's log by path: a table made again at that path starts afresh.
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    spark.catalog.clearCache()
+
+
+def audit_snapshots(spark: Any, n_tablets: int, n_servers: int, n_tables: int) -> str:
+    """Incremental audit snapshots of a large and a small catalog and an unchanged one (module
+    docstring); the `audit-snapshot:` line."""
+    from spark_jobs.audit import write_snapshot
+
+    def timed(inv: Inventory, expect: str) -> float:
+        t0 = time.perf_counter()
+        done = write_snapshot(spark, inv)
+        secs = time.perf_counter() - t0
+        if done.status != expect:  # a benchmark reports, it does not assert
+            status(f"  {inv.stamp.snapshot_id}: {done.status}, expected {expect}")
+        return secs
+
+    drop_audit(spark)
+    t0 = time.perf_counter()
+    big = renamed(generate(n_tablets, n_servers, n_tables), "big-1")
+    big2 = mutate(big, "big-2")
+    status(f"audit: generated in {time.perf_counter() - t0:.1f}s: {big2.summary()}")
+    big_first = timed(big, "written")
+    status(f"audit: first snapshot of {n_tablets} tablets in {big_first:.1f}s")
+    big_inc = timed(big2, "written")
+    status(f"audit: a snapshot with ~1% of the rows changed in {big_inc:.1f}s")
+    drop_audit(spark)
+    small = renamed(generate(300, 12, 20), "small-1")
+    small2 = mutate(small, "small-2", fraction=0.02)
+    small_first = timed(small, "written")
+    status(f"audit: first snapshot of 20 tables in {small_first:.1f}s")
+    small_inc = timed(small2, "written")
+    status(f"audit: 20 tables, a few changes, in {small_inc:.1f}s")
+    unchanged = timed(renamed(small2, "small-3"), "unchanged")
+    status(f"audit: unchanged in {unchanged:.1f}s")
+    drop_audit(spark)
+    met = big_inc < 30 and small_inc < 10 and unchanged < 5
+    return (
+        f"audit-snapshot: {n_tablets} tablets {big_inc:.1f} s, 20 tables {small_inc:.1f} s, "
+        f"unchanged {unchanged:.1f} s (goals < 30 / 10 / 5 s: {'met' if met else 'MISSED'}; "
+        f"first writes into an empty database: {big_first:.1f} s / {small_first:.1f} s)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--tablets", type=int, default=100_000)
     p.add_argument("--tservers", type=int, default=1_000)
     p.add_argument("--tables", type=int, default=100)
     p.add_argument("--backup-rows", type=int, default=3_000_000)
+    p.add_argument("--audit-only", action="store_true", help="only the audit-snapshot step")
     args = p.parse_args(argv)
 
     from spark_jobs.audit import write_snapshot
@@ -163,6 +321,11 @@ def main(argv: list[str] | None = None) -> int:
         spark = build_session(
             "bench-jobs", warehouse_dir=str(Path(tmp) / "wh"), metastore_dir=str(Path(tmp) / "ms")
         )
+        if args.audit_only:
+            line = audit_snapshots(spark, args.tablets, args.tservers, args.tables)
+            spark.stop()
+            print(line)
+            return 0
         t0 = time.perf_counter()
         inv = generate(args.tablets, args.tservers, args.tables)
         status(f"generated in {time.perf_counter() - t0:.1f}s: {inv.summary()}")
@@ -191,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             ok = "ok" if kinds == expected or job not in JOB_OF.values() else "MISMATCH"
             timings.append((job, secs, f"exit {rc}, findings {kinds} {ok}"))
             status(f"{job}: {secs:.1f}s")
+        audit_line = audit_snapshots(spark, args.tablets, args.tservers, args.tables)
         backup_line = backups(spark, Path(tmp), args.backup_rows)
         spark.stop()
     print(
@@ -200,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     for job, secs, detail in timings:
         goal = "(goal < 60 s)" if secs < 60 else "(GOAL MISSED: 60 s)"
         print(f"  {job:<16} {secs:>7.1f} s  {goal}  {detail}")
+    print(audit_line)
     print(backup_line)
     return 0
 

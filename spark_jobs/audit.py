@@ -6,13 +6,15 @@ One `Inventory` (the catalog and every server's listing at one moment) is one sn
 each kind of row (`tables`, `tablets`, `replicas` (catalog configs), `hosted_replicas`
 (tablet-server listings), `tservers`, `masters`) `write_snapshot` keeps two Delta tables:
 
-* `<kind>`: the catalog as of the latest snapshot, made so by one MERGE by key (`KEYS`) per
-  snapshot that changed it (changed rows updated, new ones inserted, vanished ones deleted;
-  no commit at all when nothing changed). So each Delta version is exactly one snapshot,
-  `VERSION AS OF` / `TIMESTAMP AS OF` give one snapshot's rows, and with the change data feed
-  on, `table_changes('tessera_audit.tables', v1, v2)` is the catalog's diff between two
-  snapshots. A row's stamp columns name the snapshot that last changed it.
-* `<kind>_history`: every snapshot's rows, appended, for questions "over time".
+* `<kind>`: the catalog as of the latest snapshot, made so by at most one Delta commit per
+  snapshot: none when nothing of that kind changed, else one MERGE by key (`KEYS`) whose
+  source is only the rows that changed (updated), the new ones (inserted) and a marker per key
+  that vanished (deleted: the key, every other column null). So each Delta version is exactly
+  one snapshot, `VERSION AS OF` / `TIMESTAMP AS OF` give one snapshot's rows, and with the
+  change data feed on, `table_changes('tessera_audit.tables', v1, v2)` is the catalog's diff
+  between two snapshots. A row's stamp columns name the snapshot that last changed it.
+* `<kind>_history`: every snapshot's rows, appended (one commit; none for a kind with no
+  rows once the table exists), for questions "over time".
 
 Every row is stamped with the snapshot id, the time it was taken, the master leader's term and
 the catalog's committed index. Then one row goes into `snapshots`: the commit point (a
@@ -28,7 +30,22 @@ findings record the same):
 latest snapshot's master term and committed index, writes nothing. A retry after a failure
 half-way through appends nothing twice (history appends carry Delta's `txnAppId`, the table
 and snapshot id, with `txnVersion` 1, and Delta skips a version it has committed for that app
-id) and the MERGE converges on the same rows.
+id) and the current tables converge (the retry finds what is left to change, if anything).
+
+Why the diff is taken here, in Python: a snapshot is a few hundred thousand rows at most, and
+nearly all of them are as they were last time. Letting Spark find the changes (a MERGE of the
+whole snapshot, with two EXCEPT queries first to see whether there were any) cost a dozen
+Spark jobs per table and a rewrite of all of it: minutes for a small catalog on a busy
+two-core machine, and the driver out of memory at 100,000 tablets. Instead each current table
+is read once into Arrow at a version pinned first (a large one straight from its Parquet files
+when that is safe, `_plain_files`) and compared with the snapshot's rows by key with pyarrow
+(a join of the keys, then column by column), which takes well under a second; only a table
+that changed gets its MERGE, whose source is just the changed rows. A commit by another writer
+between the read and the MERGE (the version after the MERGE is not the pinned one plus one)
+makes the comparison stale, so it is made again. The kinds are written at the same time, one
+thread each, large frames taking turns (`_WRITERS`, `_BULK`). Whether to write at all is one
+query over `snapshots` (is this id there, and what is the latest row), so an unchanged catalog
+costs about a second. `make bench-jobs` (`--audit-only`) measures the three cases.
 
 The tables are Delta tables under the warehouse (`<warehouse>/tessera_audit.db/<table>`) that
 every session registers by name itself (spark_jobs/catalog.py: no metastore shared between
@@ -43,11 +60,16 @@ from __future__ import annotations
 
 import datetime as dt
 import getpass
+import operator
 import os
+import threading
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 
@@ -92,40 +114,88 @@ def _arrow_schema(row_type: type) -> pa.Schema:
 
 def _arrow_rows(row_type: type, stamp: SnapshotStamp, rows: Sequence[Any]) -> pa.Table:
     schema = _arrow_schema(row_type)
-    cols: dict[str, list[Any]] = {f.name: [] for f in fields(row_type)}
-    for r in rows:
-        for k, v in asdict(r).items():
-            cols[k].append(v)
     n = len(rows)
-    stamped = {
-        "snapshot_id": [stamp.snapshot_id] * n,
-        "taken_at": [stamp.taken_at] * n,
-        "master_term": [stamp.master_term] * n,
-        "committed_index": [stamp.committed_index] * n,
-        **cols,
-    }
-    return pa.Table.from_pydict(stamped, schema=schema)
+    stamped = [
+        pa.repeat(pa.scalar(stamp.snapshot_id, pa.string()), n),
+        pa.repeat(pa.scalar(stamp.taken_at, _STAMP[1].type), n),
+        pa.repeat(pa.scalar(stamp.master_term, pa.int64()), n),
+        pa.repeat(pa.scalar(stamp.committed_index, pa.int64()), n),
+    ]
+    # Column by column: dataclasses.asdict copies every value of every row, which took half a
+    # minute for a few hundred thousand rows.
+    data = [
+        pa.array(list(map(operator.attrgetter(f.name), rows)), schema.field(f.name).type)
+        for f in fields(row_type)
+    ]
+    return pa.Table.from_arrays(stamped + data, schema=schema)
 
 
 def _frame(spark: Any, table: pa.Table) -> Any:
     """`table` as a DataFrame, its schema given explicitly: Spark Connect cannot infer one
-    from an empty table (an inventory with no hosted replicas, say)."""
+    from an empty table (an inventory with no hosted replicas, say). Without its empty record
+    batches: a classic session takes a table whose first batch is empty for an empty one."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    batches = [b for b in table.to_batches() if b.num_rows]
+    table = pa.Table.from_batches(batches, schema=table.schema)
     return spark.createDataFrame(table, schema=from_arrow_schema(table.schema))
+
+
+_BULK = threading.Lock()
+"""Held while a large frame (`_bulk_frame`) is made and written: rows from Python stay in the
+driver's heap until written, and three kinds of a large catalog at once exhausted it."""
+
+_BULK_ROWS = 20_000
+"""From how many rows a frame is a large one (`_bulk_frame`)."""
+
+_BULK_CONF = {
+    "spark.sql.execution.arrow.localRelationThreshold": "0",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "100000",
+}
+"""How a classic session takes a large Arrow table (`_bulk_frame`): as an RDD of Arrow
+batches of 100,000 rows, one partition each. Below the threshold (48 MB by default) Spark makes
+a local relation of rows instead, and each of its tasks carries half of them, serialized: with
+the driver's 1g (conf/spark-defaults.conf) that ran out of memory for a 300,000-row kind, and
+took three times as long to write."""
+
+
+@contextmanager
+def _bulk_frame(spark: Any, table: pa.Table) -> Iterator[Any]:
+    """`_frame(spark, table)`, to be written inside the block. A large one (`_BULK_ROWS`) is
+    made the lighter way (`_BULK_CONF`, a classic session's settings, restored at once) and
+    is alone in the driver (`_BULK`) until written."""
+    if table.num_rows < _BULK_ROWS:
+        yield _frame(spark, table)
+        return
+    with _BULK:
+        if getattr(spark, "_jvm", None) is None:  # Spark Connect: sent to the server as is
+            yield _frame(spark, table)
+            return
+        before = {key: spark.conf.get(key, None) for key in _BULK_CONF}
+        try:
+            for key, value in _BULK_CONF.items():
+                spark.conf.set(key, value)
+            frame = _frame(spark, table)
+        finally:
+            for key, value in before.items():
+                if value is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, value)
+        yield frame
 
 
 def _append(spark: Any, table: pa.Table, name: str, snapshot_id: str) -> None:
     """Append once per (table, snapshot id): Delta skips a txnAppId's version it has seen."""
-    df = _frame(spark, table)
-    writer = (
-        df.write.format("delta")
-        .mode("append")
-        .option("txnAppId", f"{DATABASE}.{name}.{snapshot_id}")
-        .option("txnVersion", "1")
-        .option("mergeSchema", "true")  # tables written before a column was added
-    )
-    append(spark, writer, DATABASE, name)
+    with _bulk_frame(spark, table) as df:
+        writer = (
+            df.write.format("delta")
+            .mode("append")
+            .option("txnAppId", f"{DATABASE}.{name}.{snapshot_id}")
+            .option("txnVersion", "1")
+            .option("mergeSchema", "true")  # tables written before a column was added
+        )
+        append(spark, writer, DATABASE, name)
 
 
 KEYS: dict[str, tuple[str, ...]] = {
@@ -156,59 +226,188 @@ def _latest_version(spark: Any, name: str) -> int:
     return int(spark.sql(f"DESCRIBE HISTORY {name} LIMIT 1").collect()[0].version)
 
 
-def _count(spark: Any, query: str) -> int:
-    return int(spark.sql(f"SELECT count(*) AS n FROM ({query})").collect()[0].n)
+_WRITERS = len(Inventory.KINDS)
+"""How many kinds are written at the same time. A snapshot's Spark work is mostly the driver's
+(planning, the Delta log, compiling), so on two busy cores all six at once took only some 10%
+less than one after the other; large frames take turns anyway (`_BULK`)."""
 
 
-def _merge_current(spark: Any, table: pa.Table, kind: str) -> int:
-    """Make `tessera_audit.<kind>` hold exactly `table`'s rows: one Delta commit (a MERGE by
-    key that updates changed rows, inserts new ones and deletes vanished ones), or none when
-    nothing changed, so its versions are snapshots and its change data feed is the catalog's
-    diff. The stamp columns of a row are the snapshot that last changed it. Returns the
-    table's Delta version afterwards."""
+def _stamp_names() -> set[str]:
+    return {f.name for f in _STAMP}
+
+
+@dataclass(frozen=True)
+class _Diff:
+    """How a snapshot's rows of a kind differ from the current table's, by key."""
+
+    changed: pa.Table
+    """Rows of the snapshot whose key is in the table with other data."""
+    added: pa.Table
+    """Rows of the snapshot whose key is not in the table."""
+    vanished: pa.Table
+    """Keys of the table that the snapshot lacks (key columns only)."""
+
+    def __bool__(self) -> bool:
+        return bool(self.changed.num_rows or self.added.num_rows or self.vanished.num_rows)
+
+
+def _diff(new: pa.Table, old: pa.Table, keys: Sequence[str]) -> _Diff:
+    """Compare the rows of a snapshot (`new`) with the current table's (`old`) by key, on the
+    data columns (not the stamp): a join of the keys, then column by column (nulls equal)."""
+    import pyarrow.compute as pc
+
+    data = [c for c in new.column_names if c not in _stamp_names()]
+    old = pa.table({c: old.column(c).cast(new.schema.field(c).type) for c in data})
+    left = new.select(list(keys)).append_column("_new", pa.array(range(new.num_rows), pa.int64()))
+    right = old.select(list(keys)).append_column("_old", pa.array(range(old.num_rows), pa.int64()))
+    joined = left.join(right, keys=list(keys), join_type="full outer")
+    mine, theirs = joined.column("_new"), joined.column("_old")
+    vanished = joined.filter(pc.is_null(mine)).select(list(keys))
+    if vanished.num_rows:
+        vanished = vanished.group_by(list(keys)).aggregate([])  # once each
+    both = joined.filter(pc.and_(pc.is_valid(mine), pc.is_valid(theirs)))
+    at_new, at_old = both.column("_new"), both.column("_old")
+    differ = pa.chunked_array([pa.repeat(pa.scalar(False), both.num_rows)])
+    for c in data:
+        if c in keys:
+            continue
+        a, b = new.column(c).take(at_new), old.column(c).take(at_old)
+        same = pc.or_kleene(pc.equal(a, b), pc.and_(pc.is_null(a), pc.is_null(b)))
+        differ = pc.or_(differ, pc.invert(pc.fill_null(same, False)))
+
+    def rows(at: Any) -> pa.Table:
+        at = pc.unique(at)  # once each, even if the current table had a key twice
+        return new.take(pc.take(at, pc.sort_indices(at)))
+
+    added = joined.filter(pc.is_null(theirs)).column("_new")
+    return _Diff(rows(at_new.filter(differ)), rows(added), vanished)
+
+
+def _read(spark: Any, name: str, version: int, columns: list[str], large: bool) -> pa.Table:
+    """`columns` of Delta table `name` at `version`, into Arrow: if `large`, its Parquet files
+    read here when that is all a reader needs (`_plain_files`), else collected by Spark (one
+    small job: cheaper than finding the files for a small table)."""
+    import pyarrow.parquet as pq
+
+    frame = spark.sql(f"SELECT {', '.join(columns)} FROM {name} VERSION AS OF {version}")
+    files = _plain_files(spark, name, frame) if large else None
+    if files:
+        try:
+            return pq.read_table(files, columns=columns)
+        except (OSError, KeyError, ValueError, pa.ArrowException):
+            pass  # not on this machine after all, or not these columns (partitioned, say)
+    return frame.toArrow()
+
+
+def _plain_files(spark: Any, name: str, frame: Any) -> list[str] | None:
+    """The local files of `frame` (one version of Delta table `name`) when its rows are just
+    what those Parquet files hold, else None. That takes a protocol of reader version 1 (no
+    deletion vectors, no column mapping), read from the latest version: protocols only go up
+    short of a DROP FEATURE, which waits a day. And files on this machine's file system, seen
+    from a classic session (a Spark Connect client has no view of the server's files).
+
+    Collecting a few hundred thousand rows through Spark took seconds (a cold JVM's Arrow path
+    more); pyarrow reads the same files in a fraction of one."""
+    if getattr(spark, "_jvm", None) is None:
+        return None
+    reader = spark.sql(f"SHOW TBLPROPERTIES {name} ('delta.minReaderVersion')").collect()
+    if not reader or reader[0].value != "1":
+        return None
+    files = [str(f) for f in frame.inputFiles()]
+    if not all(f.startswith("file:") for f in files):
+        return None
+    return [unquote(urlparse(f).path) for f in files]
+
+
+def _merge_current(spark: Any, table: pa.Table, kind: str, exists: bool) -> int:
+    """Make `tessera_audit.<kind>` hold exactly `table`'s rows (module docstring), in one
+    Delta commit, or none when nothing changed; its Delta version afterwards.
+
+    The current rows are read into Arrow at a pinned version and compared with `table` by key
+    here, so an unchanged table costs one read; a changed one then gets one MERGE whose source
+    is only the changed and new rows plus a delete marker (the key, every other column null,
+    so `snapshot_id IS NULL`) per vanished key. Its change data feed then shows exactly the
+    catalog's diff. A commit by another writer between the read and the MERGE makes the diff
+    stale: the table is compared again and a MERGE makes up the difference."""
     name = f"{DATABASE}.{kind}"
     view = f"tessera_audit_src_{kind}"
-    _frame(spark, table).createOrReplaceTempView(view)
-    if kind not in _tables(spark):
+    if not exists:
         # Created at its path, then named: in the in-memory catalog a CREATE TABLE of a managed
         # table is refused once another process has created its directory, while a path is
         # Delta's to arbitrate (it fails DELTA_PATH_EXISTS, and write_snapshot tries again).
         path = table_path(spark, DATABASE, kind)
-        spark.sql(
-            f"CREATE TABLE delta.`{path}` USING delta "
-            "TBLPROPERTIES (delta.enableChangeDataFeed = true) "
-            f"AS SELECT * FROM {view}"
-        )
+        with _bulk_frame(spark, table) as df:
+            df.createOrReplaceTempView(view)
+            spark.sql(
+                f"CREATE TABLE delta.`{path}` USING delta "
+                "TBLPROPERTIES (delta.enableChangeDataFeed = true) "
+                f"AS SELECT * FROM {view}"
+            )
         register(spark, DATABASE, kind, path)
-        return _latest_version(spark, name)
-    stamp = {f.name for f in _STAMP}
-    data = [c for c in table.column_names if c not in stamp]
+        return 0  # a new Delta table's first commit
     keys = KEYS[kind]
-    cols = ", ".join(data)
-    key_cols = ", ".join(keys)
-    changed = _count(spark, f"SELECT {cols} FROM {view} EXCEPT SELECT {cols} FROM {name}") + _count(
-        spark, f"SELECT {key_cols} FROM {name} EXCEPT SELECT {key_cols} FROM {view}"
-    )
-    if changed:
-        on = " AND ".join(f"t.{k} = s.{k}" for k in keys)
-        same = " AND ".join(f"t.{c} <=> s.{c}" for c in data)
-        spark.sql(
-            f"MERGE INTO {name} t USING {view} s ON {on} "
-            f"WHEN MATCHED AND NOT ({same}) THEN UPDATE SET * "
-            "WHEN NOT MATCHED THEN INSERT * "
-            "WHEN NOT MATCHED BY SOURCE THEN DELETE"
+    data = [c for c in table.column_names if c not in _stamp_names()]
+    on = " AND ".join(f"t.{k} = s.{k}" for k in keys)
+    same = " AND ".join(f"t.{c} <=> s.{c}" for c in data)
+    version = _latest_version(spark, name)
+    for _ in range(3):
+        current = _read(spark, name, version, data, table.num_rows >= _BULK_ROWS)
+        diff = _diff(table, current, keys)
+        if not diff:
+            return version
+        vanished = diff.vanished
+        markers = pa.table(
+            {
+                f.name: vanished.column(f.name).cast(f.type)
+                if f.name in keys
+                else pa.nulls(vanished.num_rows, f.type)
+                for f in table.schema
+            },
+            schema=table.schema,
         )
-    return _latest_version(spark, name)
+        source = pa.concat_tables([diff.changed, diff.added, markers])
+        _frame(spark, source).createOrReplaceTempView(view)
+        # Only the clauses this diff needs: Delta runs a MERGE with no WHEN MATCHED clause as
+        # one insert, and one with no WHEN NOT MATCHED clause with an inner join.
+        clauses = []
+        if vanished.num_rows:
+            clauses.append("WHEN MATCHED AND s.snapshot_id IS NULL THEN DELETE")
+        if diff.changed.num_rows:
+            clauses.append(f"WHEN MATCHED AND NOT ({same}) THEN UPDATE SET *")
+        if diff.added.num_rows:
+            clauses.append("WHEN NOT MATCHED AND s.snapshot_id IS NOT NULL THEN INSERT *")
+        spark.sql(f"MERGE INTO {name} t USING {view} s ON {on} {' '.join(clauses)}")
+        after = _latest_version(spark, name)
+        if after == version + 1:  # ours, on the version we compared with
+            return after
+        version = after  # another writer committed too: compare again
+    return version
+
+
+def _snapshots_state(spark: Any, sid: str) -> tuple[bool, Any]:
+    """Whether `snapshots` has `sid`, and its latest row (snapshot id, master term, committed
+    index; None when empty), in one query."""
+    from pyspark.sql import functions as F
+
+    snaps = spark.table(f"{DATABASE}.snapshots")
+    row = snaps.agg(
+        F.max(F.col("snapshot_id") == F.lit(sid)).alias("seen"),
+        F.max_by(
+            F.struct("snapshot_id", "master_term", "committed_index"), F.col("taken_at")
+        ).alias("latest"),
+    ).collect()[0]
+    return bool(row.seen), row.latest
 
 
 def write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None = None) -> SnapshotWrite:
-    """Write `inv` (module docstring): append it to the `*_history` tables, MERGE it into the
-    current tables, then record it in `snapshots` (the commit point: a snapshot id in
-    `snapshots` was written whole). A snapshot id already there, or a catalog at the latest
-    snapshot's master term and committed index, writes nothing. Retrying after a failure
-    half-way appends nothing twice (history appends carry Delta's txnAppId) and the MERGE
-    converges, so a write that loses a race with another writer (another job writing the same
-    tables) is retried whole. `run_by` (who took it) goes in the `snapshots` row."""
+    """Write `inv` (module docstring): append it to the `*_history` tables, bring the current
+    tables to it (one MERGE of the changed rows each, none for an unchanged table), then
+    record it in `snapshots` (the commit point: a snapshot id in `snapshots` was written
+    whole). A snapshot id already there, or a catalog at the latest snapshot's master term and
+    committed index, writes nothing. Retrying after a failure half-way appends nothing twice
+    (history appends carry Delta's txnAppId) and the current tables converge, so a write that
+    loses a race with another writer (another job writing the same tables) is retried whole.
+    `run_by` (who took it) goes in the `snapshots` row."""
     from spark_jobs.session import require_delta
 
     require_delta(spark, "an audit snapshot")
@@ -220,21 +419,32 @@ def _write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None) -> Snapsho
     ensure_database(spark, DATABASE)
     sid = inv.stamp.snapshot_id
     counts = {kind: len(inv.rows(kind)) for kind in Inventory.KINDS}
-    if "snapshots" in _tables(spark):
-        snaps = spark.table(f"{DATABASE}.snapshots")
-        if snaps.filter(snaps.snapshot_id == sid).limit(1).count():
+    existing = _tables(spark)
+    if "snapshots" in existing:
+        seen, latest = _snapshots_state(spark, sid)
+        if seen:
             return SnapshotWrite("exists", counts, {}, sid)
-        latest = snaps.orderBy(snaps.taken_at.desc()).limit(1).collect()
-        if latest and (latest[0].master_term, latest[0].committed_index) == (
+        if latest and (latest.master_term, latest.committed_index) == (
             inv.stamp.master_term,
             inv.stamp.committed_index,
         ):
-            return SnapshotWrite("unchanged", counts, {}, latest[0].snapshot_id)
-    versions: dict[str, int] = {}
-    for kind, row_type in Inventory.KINDS.items():
+            return SnapshotWrite("unchanged", counts, {}, latest.snapshot_id)
+
+    def write(kind: str, row_type: type) -> int:
         rows = _arrow_rows(row_type, inv.stamp, inv.rows(kind))
-        _append(spark, rows, f"{kind}_history", sid)
-        versions[kind] = _merge_current(spark, rows, kind)
+        if rows.num_rows or f"{kind}_history" not in existing:  # no empty commits
+            _append(spark, rows, f"{kind}_history", sid)
+        return _merge_current(spark, rows, kind, kind in existing)
+
+    if getattr(spark, "_jvm", None) is not None:
+        from pyspark.util import inheritable_thread_target
+
+        # The caller's job group, description and tags hold in the writing threads too.
+        write = inheritable_thread_target(spark)(write)
+    # The kinds' tables are independent: written at the same time (`_WRITERS`).
+    with ThreadPoolExecutor(_WRITERS, thread_name_prefix="audit") as pool:
+        done = {kind: pool.submit(write, kind, t) for kind, t in Inventory.KINDS.items()}
+    versions = {kind: future.result() for kind, future in done.items()}
     summary = pa.Table.from_pylist(
         [
             {
