@@ -362,27 +362,32 @@ def check_snapshots(ops: Sequence[Op]) -> SnapshotVerdict:
 
     Writes ("write": `value` = (counter, keys), output = commit timestamp) set every key they
     name to their counter; reads ("snapshot": `value` = the timestamp T, output = {key: value})
-    return the whole table at T. For each key, a read at T must show the newest acknowledged
-    write with a commit timestamp at or before T, or the value of a write whose outcome the
-    client never learned (it may have committed at any time), but never an older acknowledged
-    value (a stale snapshot), a newer one (a read from the future), or a value nobody wrote.
-    Two reads at the same T, from different replicas, must be equal. Acknowledged writes that
-    the final read (at a timestamp after all of them) misses are lost."""
-    acked: dict[int, list[tuple[int, int]]] = {}  # key -> [(commit ts, counter)]
-    unknown: dict[int, set[int]] = {}  # key -> counters of writes with no known outcome
+    return the whole table at T.
+
+    What a write's output says is an upper bound, not the time each key changed: a write
+    spanning tablets commits on each at its own hybrid time and reports the newest, and a
+    batch retried after a lost reply may have committed the first time, earlier. So a key
+    written by a write acknowledged at R changed at some time at or before R. What is certain:
+    a write acknowledged at R <= T is in a read at T (it, or a write after it); a write that
+    began after a read at T ended committed after T (that read moved the servers' clocks past
+    T, docs/design/tablets.md#R4); and of two writes of a key, one acknowledged before the
+    other began committed first. So for each key a read at T must not show
+    * a write that began after the read ended (a read from the future),
+    * a write that an acknowledged write at or before T followed (a stale snapshot),
+    * nothing, while an acknowledged write at or before T wrote the key (lost, for the final
+      read, which is taken after every acknowledged write),
+    * a value nobody wrote.
+    Writes whose outcome the client never learned may have committed at any time. Two reads at
+    the same T, from different replicas, must be equal."""
+    writes: dict[int, list[Op]] = {}  # key -> writes of it (acknowledged or outcome unknown)
     by_counter: dict[int, Op] = {}
     for op in ops:
-        if op.f != "write":
+        if op.f != "write" or op.type not in ("ok", "info"):
             continue
         counter, keys = op.value
         by_counter[counter] = op
         for k in keys:
-            if op.type == "ok":
-                acked.setdefault(k, []).append((int(op.output), counter))
-            elif op.type == "info":
-                unknown.setdefault(k, set()).add(counter)
-    for versions in acked.values():
-        versions.sort()
+            writes.setdefault(k, []).append(op)
     v = SnapshotVerdict()
     seen_at: dict[int, dict[int, int]] = {}
     for op in ops:
@@ -394,22 +399,45 @@ def check_snapshots(ops: Sequence[Op]) -> SnapshotVerdict:
         if same != rows:
             diff = sorted(k for k in set(same) | set(rows) if same.get(k) != rows.get(k))[:5]
             v.violations.append(f"two reads at {at} differ at keys {diff}")
-        for k in sorted(set(acked) | set(rows) | set(unknown)):
+        ended = op.complete if op.complete is not None else float("inf")
+        for k in sorted(set(writes) | set(rows)):
             got = rows.get(k)
-            versions = acked.get(k, [])
-            before = [c for ts, c in versions if ts <= at]
-            want = before[-1] if before else None
-            if got == want or (got is not None and got in unknown.get(k, ())):
+            before = [
+                w for w in writes.get(k, []) if w.type == "ok" and int(w.output) <= at
+            ]  # certainly at or before `at`
+            if got is None:
+                if before:
+                    newest = max(before, key=lambda w: int(w.output))
+                    if op.f == "final_snapshot":
+                        v.lost.append(
+                            f"key {k}: write {newest.value[0]} acknowledged, missing from the "
+                            "final read"
+                        )
+                    else:
+                        v.violations.append(
+                            f"read at {at}: key {k} missing, but write {newest.value[0]} "
+                            f"committed at or before it ({newest.output})"
+                        )
                 continue
-            if got is not None and got not in by_counter:
+            w = by_counter.get(got)
+            if w is None or k not in w.value[1]:
                 v.violations.append(f"read at {at}: key {k} = {got}, a value never written")
-            elif got is not None and any(c == got and ts > at for ts, c in versions):
-                v.violations.append(f"read at {at}: key {k} = {got}, committed after the snapshot")
-            elif op.f == "final_snapshot" and want is not None and got is None:
-                v.lost.append(f"key {k}: write {want} acknowledged, missing from the final read")
-            else:
+                continue
+            if w.invoke > ended:
                 v.violations.append(
-                    f"read at {at}: key {k} = {got}, but the newest write at or before it is {want}"
+                    f"read at {at}: key {k} = {got}, committed after the snapshot (the write "
+                    "began after the read ended)"
+                )
+                continue
+            if w.type != "ok" or w.complete is None:
+                continue  # its ack never came: it may have been applied again at any time
+            later = [x for x in before if x is not w and x.invoke > w.complete]
+            if later:
+                newer = max(later, key=lambda x: int(x.output))
+                v.violations.append(
+                    f"read at {at}: key {k} = {got}, but the newest write at or before it is "
+                    f"{newer.value[0]} (committed by {newer.output}, begun after {got} was "
+                    "acknowledged)"
                 )
     return v
 

@@ -106,7 +106,7 @@ def test_rows_checker_finds_lost_duplicate_phantom_and_stale_rows() -> None:
 def test_snapshot_checker_accepts_exact_snapshots_and_names_every_kind_of_wrong_one() -> None:
     h = History()
     _op(h, "write", "ok", 0.0, 1.0, value=(1, [1, 2]), output=100)
-    _op(h, "write", "ok", 1.0, 2.0, value=(2, [2, 3]), output=200)
+    _op(h, "write", "ok", 1.5, 2.0, value=(2, [2, 3]), output=200)
     _op(h, "write", "info", 1.0, None, value=(3, [1]))  # may have committed at any time
     _op(h, "snapshot", "ok", 3.0, 4.0, value=150, output={1: 1, 2: 1})
     _op(h, "snapshot", "ok", 3.0, 4.0, value=150, output={1: 1, 2: 1})  # another replica
@@ -117,15 +117,38 @@ def test_snapshot_checker_accepts_exact_snapshots_and_names_every_kind_of_wrong_
 
     bad = History()
     bad.ops = list(h.ops)
-    _op(bad, "snapshot", "ok", 3.0, 4.0, value=150, output={1: 1, 2: 2})  # 2 committed at 200
+    _op(bad, "write", "ok", 4.5, 5.0, value=(4, [1]), output=400)  # began after the reads
+    _op(bad, "snapshot", "ok", 3.0, 4.0, value=150, output={1: 4, 2: 1})  # 4 from the future
     _op(bad, "snapshot", "ok", 3.0, 4.0, value=250, output={1: 1, 2: 1, 3: 2})  # stale key 2
-    _op(bad, "snapshot", "ok", 3.0, 4.0, value=250, output={1: 1, 2: 2, 3: 99})  # never written
+    _op(bad, "snapshot", "ok", 3.0, 4.0, value=250, output={1: 1, 2: 2})  # key 3 missing
+    _op(bad, "snapshot", "ok", 3.0, 4.0, value=260, output={1: 1, 2: 2, 3: 99})  # never written
+    _op(bad, "snapshot", "ok", 3.0, 4.0, value=270, output={1: 2, 2: 2, 3: 2})  # 2 not on key 1
     _op(bad, "final_snapshot", "ok", 5.0, 6.0, value=300, output={1: 1, 2: 2})  # 3 lost
     v = check_snapshots(bad.ops)
     text = " | ".join(v.violations)
     assert "two reads at 150 differ" in text and "committed after the snapshot" in text
-    assert "newest write at or before it is 2" in text and "never written" in text
+    assert "newest write at or before it is 2" in text and "key 3 missing" in text
+    assert "key 3 = 99, a value never written" in text
+    assert "key 1 = 2, a value never written" in text
     assert v.lost == ["key 3: write 2 acknowledged, missing from the final read"]
+
+
+def test_snapshot_checker_takes_a_writes_commit_timestamp_as_a_bound_not_each_keys_time() -> None:
+    """A write over three tablets reports the newest of their commit times: a read at an
+    earlier time may already show it on a tablet where it committed earlier (what chaos runs
+    showed under kill -9), but not once the read ended before the write began."""
+    h = History()
+    _op(h, "write", "ok", 0.0, 1.0, value=(1, [0, 6, 11]), output=100)
+    _op(h, "write", "ok", 2.0, 3.0, value=(2, [0, 6, 11]), output=300)
+    _op(h, "snapshot", "ok", 2.5, 3.5, value=200, output={0: 1, 6: 2, 11: 2})
+    _op(h, "final_snapshot", "ok", 4.0, 5.0, value=400, output={0: 2, 6: 2, 11: 2})
+    assert check_snapshots(h.ops).violations == []
+    late = History()
+    late.ops = [op for op in h.ops if op.f == "write" and op.value[0] == 1]
+    _op(late, "snapshot", "ok", 1.5, 1.8, value=200, output={0: 1, 6: 2, 11: 1})
+    _op(late, "write", "ok", 2.0, 3.0, value=(2, [0, 6, 11]), output=300)
+    v = check_snapshots(late.ops)
+    assert len(v.violations) == 1 and "key 6 = 2, committed after the snapshot" in v.violations[0]
 
 
 def test_bank_checker_finds_a_half_applied_transfer() -> None:
