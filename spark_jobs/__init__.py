@@ -14,6 +14,7 @@ Modules
     inventory       the jobs' inputs: the catalog and every tablet server's replicas
     reconcile       what the jobs find, as PURE functions of an inventory
     audit           Delta audit tables of the catalog and of job findings
+    delta_log       a plain local Delta table's versions and files, read from its log (no Spark)
     demo            `make demo`: the whole product in a few minutes
     cli             `tessera jobs ...` and `tessera spark connect-server | submit`, plugged into the
                     `tessera` command (an entry point: the tools do not import spark_jobs)

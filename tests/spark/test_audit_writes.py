@@ -14,11 +14,13 @@ import dataclasses
 import datetime as dt
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import pytest
 
+from spark_jobs import delta_log
 from spark_jobs.audit import DATABASE, KEYS, read_snapshot, write_snapshot
 from spark_jobs.catalog import table_path
 from spark_jobs.inventory import (
@@ -178,3 +180,32 @@ def test_a_snapshot_commits_only_what_changed(audit: SparkSession) -> None:
     deleted = changes(spark, "hosted_replicas", v5["hosted_replicas"], "tablet_id")
     assert {c for c, _ in deleted} == {"delete"} and len(deleted) == 3 * len(third.tablets)
     assert read_snapshot(spark, "s5").hosted == []
+
+
+def test_the_log_reader_sees_what_spark_sees(spark: SparkSession, tmp_path: Path) -> None:
+    """spark_jobs/delta_log.py against tables Spark wrote: past a checkpoint (every 10th
+    commit), every version's files and rows are Spark's; a table with deletion vectors it
+    leaves to Spark."""
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t"
+    for i in range(12):
+        mode = "overwrite" if i in (0, 6) else "append"  # an overwrite removes files too
+        spark.range(i * 10, i * 10 + 5).write.format("delta").mode(mode).save(str(path))
+    assert any(p.name.endswith(".checkpoint.parquet") for p in (path / "_delta_log").iterdir())
+    assert delta_log.latest_version(path) == 11
+    for version in (3, 9, 11):
+        snap = delta_log.snapshot(path, version)
+        assert snap is not None and snap.version == version
+        frame = spark.read.format("delta").option("versionAsOf", version).load(str(path))
+        theirs = {urlparse(f).path for f in frame.inputFiles()}
+        assert set(snap.files) == theirs
+        mine = sorted(pq.read_table(list(snap.files)).column("id").to_pylist())
+        assert mine == sorted(r.id for r in frame.collect())
+    dv = tmp_path / "dv"
+    spark.range(100).write.format("delta").option("delta.enableDeletionVectors", "true").save(
+        str(dv)
+    )
+    spark.sql(f"DELETE FROM delta.`{dv}` WHERE id < 10")
+    assert delta_log.latest_version(dv) == 1
+    assert delta_log.snapshot(dv) is None
