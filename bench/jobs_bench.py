@@ -40,7 +40,7 @@ tablet), an incremental backup merges them, and the newest backup is restored un
 the goal is I under a fifth of F.
 
 Usage: python -m bench.jobs_bench [--tablets 100000] [--tservers 1000] [--tables 100]
-       [--backup-rows 3000000] [--audit-only]
+       [--backup-rows 3000000] [--audit-only | --backup-only]
 """
 
 from __future__ import annotations
@@ -311,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tables", type=int, default=100)
     p.add_argument("--backup-rows", type=int, default=3_000_000)
     p.add_argument("--audit-only", action="store_true", help="only the audit-snapshot step")
+    p.add_argument("--backup-only", action="store_true", help="only the backup step")
     args = p.parse_args(argv)
 
     from spark_jobs.audit import write_snapshot
@@ -321,8 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         spark = build_session(
             "bench-jobs", warehouse_dir=str(Path(tmp) / "wh"), metastore_dir=str(Path(tmp) / "ms")
         )
-        if args.audit_only:
-            line = audit_snapshots(spark, args.tablets, args.tservers, args.tables)
+        if args.audit_only or args.backup_only:
+            line = (
+                audit_snapshots(spark, args.tablets, args.tservers, args.tables)
+                if args.audit_only
+                else backups(spark, Path(tmp), args.backup_rows)
+            )
             spark.stop()
             print(line)
             return 0

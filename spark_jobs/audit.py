@@ -37,9 +37,10 @@ nearly all of them are as they were last time. Letting Spark find the changes (a
 whole snapshot, with two EXCEPT queries first to see whether there were any) cost a dozen
 Spark jobs per table and a rewrite of all of it: minutes for a small catalog on a busy
 two-core machine, and the driver out of memory at 100,000 tablets. Instead each current table
-is read once into Arrow at a version pinned first (a large one straight from its Parquet files
-when that is safe, `_plain_files`) and compared with the snapshot's rows by key with pyarrow
-(a join of the keys, then column by column), which takes well under a second; only a table
+is read once into Arrow at a version pinned first (straight from its Parquet files when that
+is safe: spark_jobs/delta_log.py, which also answers "which version is the newest?" without a
+Spark job) and compared with the snapshot's rows by key with pyarrow (a join of the keys, then
+column by column), which takes well under a second; only a table
 that changed gets its MERGE, whose source is just the changed rows. A commit by another writer
 between the read and the MERGE (the version after the MERGE is not the pinned one plus one)
 makes the comparison stale, so it is made again. The kinds are written at the same time, one
@@ -68,13 +69,15 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 
 from service.common.errors import NotFound
 from service.common.tls import Credentials
+from spark_jobs import delta_log
 from spark_jobs.catalog import (
     append,
     ensure_database,
@@ -222,7 +225,22 @@ class SnapshotWrite:
     """The snapshot found unchanged or already there."""
 
 
-def _latest_version(spark: Any, name: str) -> int:
+def _local(spark: Any, table: str) -> Path | None:
+    """The directory of audit table `table` when a classic session reads it from this
+    machine's file system (it was created at `table_path`), so its log can be read here
+    (spark_jobs/delta_log.py); None for a Spark Connect client (the files are the server's)
+    or a table elsewhere."""
+    if getattr(spark, "_jvm", None) is None:
+        return None
+    d = delta_log.local_dir(table_path(spark, DATABASE, table))
+    return d if d is not None and (d / "_delta_log").is_dir() else None
+
+
+def _latest_version(spark: Any, name: str, local: Path | None = None) -> int:
+    """The newest version of Delta table `name`: from its log when it is `local`, which costs
+    a directory listing instead of a Spark job."""
+    if local is not None and (v := delta_log.latest_version(local)) is not None:
+        return v
     return int(spark.sql(f"DESCRIBE HISTORY {name} LIMIT 1").collect()[0].version)
 
 
@@ -283,40 +301,22 @@ def _diff(new: pa.Table, old: pa.Table, keys: Sequence[str]) -> _Diff:
     return _Diff(rows(at_new.filter(differ)), rows(added), vanished)
 
 
-def _read(spark: Any, name: str, version: int, columns: list[str], large: bool) -> pa.Table:
-    """`columns` of Delta table `name` at `version`, into Arrow: if `large`, its Parquet files
-    read here when that is all a reader needs (`_plain_files`), else collected by Spark (one
-    small job: cheaper than finding the files for a small table)."""
+def _read(spark: Any, name: str, version: int, columns: list[str], local: Path | None) -> pa.Table:
+    """`columns` of Delta table `name` at `version`, into Arrow: its Parquet files read here
+    when the table is `local` and plain enough (spark_jobs/delta_log.py), else collected by
+    Spark. Collecting through Spark cost a job of seconds on a busy machine, a few hundred
+    thousand rows more; pyarrow reads the same files in a fraction of one."""
     import pyarrow.parquet as pq
 
-    frame = spark.sql(f"SELECT {', '.join(columns)} FROM {name} VERSION AS OF {version}")
-    files = _plain_files(spark, name, frame) if large else None
-    if files:
+    snap = delta_log.snapshot(local, version) if local is not None else None
+    if snap is not None and snap.files:
         try:
-            return pq.read_table(files, columns=columns)
+            got = pq.read_table(list(snap.files), columns=columns)
+            if got.column_names == columns:
+                return got
         except (OSError, KeyError, ValueError, pa.ArrowException):
-            pass  # not on this machine after all, or not these columns (partitioned, say)
-    return frame.toArrow()
-
-
-def _plain_files(spark: Any, name: str, frame: Any) -> list[str] | None:
-    """The local files of `frame` (one version of Delta table `name`) when its rows are just
-    what those Parquet files hold, else None. That takes a protocol of reader version 1 (no
-    deletion vectors, no column mapping), read from the latest version: protocols only go up
-    short of a DROP FEATURE, which waits a day. And files on this machine's file system, seen
-    from a classic session (a Spark Connect client has no view of the server's files).
-
-    Collecting a few hundred thousand rows through Spark took seconds (a cold JVM's Arrow path
-    more); pyarrow reads the same files in a fraction of one."""
-    if getattr(spark, "_jvm", None) is None:
-        return None
-    reader = spark.sql(f"SHOW TBLPROPERTIES {name} ('delta.minReaderVersion')").collect()
-    if not reader or reader[0].value != "1":
-        return None
-    files = [str(f) for f in frame.inputFiles()]
-    if not all(f.startswith("file:") for f in files):
-        return None
-    return [unquote(urlparse(f).path) for f in files]
+            pass  # vacuumed meanwhile, or files of another schema: Spark knows
+    return spark.sql(f"SELECT {', '.join(columns)} FROM {name} VERSION AS OF {version}").toArrow()
 
 
 def _merge_current(spark: Any, table: pa.Table, kind: str, exists: bool) -> int:
@@ -349,9 +349,10 @@ def _merge_current(spark: Any, table: pa.Table, kind: str, exists: bool) -> int:
     data = [c for c in table.column_names if c not in _stamp_names()]
     on = " AND ".join(f"t.{k} = s.{k}" for k in keys)
     same = " AND ".join(f"t.{c} <=> s.{c}" for c in data)
-    version = _latest_version(spark, name)
+    local = _local(spark, kind)
+    version = _latest_version(spark, name, local)
     for _ in range(3):
-        current = _read(spark, name, version, data, table.num_rows >= _BULK_ROWS)
+        current = _read(spark, name, version, data, local)
         diff = _diff(table, current, keys)
         if not diff:
             return version
@@ -377,7 +378,7 @@ def _merge_current(spark: Any, table: pa.Table, kind: str, exists: bool) -> int:
         if diff.added.num_rows:
             clauses.append("WHEN NOT MATCHED AND s.snapshot_id IS NOT NULL THEN INSERT *")
         spark.sql(f"MERGE INTO {name} t USING {view} s ON {on} {' '.join(clauses)}")
-        after = _latest_version(spark, name)
+        after = _latest_version(spark, name, local)
         if after == version + 1:  # ours, on the version we compared with
             return after
         version = after  # another writer committed too: compare again
@@ -386,9 +387,18 @@ def _merge_current(spark: Any, table: pa.Table, kind: str, exists: bool) -> int:
 
 def _snapshots_state(spark: Any, sid: str) -> tuple[bool, Any]:
     """Whether `snapshots` has `sid`, and its latest row (snapshot id, master term, committed
-    index; None when empty), in one query."""
+    index; None when empty), in one query, or from its files when it is local (`_read`)."""
     from pyspark.sql import functions as F
 
+    local = _local(spark, "snapshots")
+    if local is not None:
+        cols = ["snapshot_id", "master_term", "committed_index", "taken_at"]
+        version = delta_log.latest_version(local)
+        if version is not None:
+            t = _read(spark, f"{DATABASE}.snapshots", version, cols, local).to_pylist()
+            latest = max(t, key=lambda r: r["taken_at"], default=None)
+            seen = any(r["snapshot_id"] == sid for r in t)
+            return seen, SimpleNamespace(**latest) if latest is not None else None
     snaps = spark.table(f"{DATABASE}.snapshots")
     row = snaps.agg(
         F.max(F.col("snapshot_id") == F.lit(sid)).alias("seen"),
