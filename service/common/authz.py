@@ -23,6 +23,7 @@ only for comparison runs.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,12 @@ ADMIN = allow("admin")
 TSERVERS = allow("tserver")
 
 
+_CALLER: contextvars.ContextVar[tuple[object, Identity] | None] = contextvars.ContextVar(
+    "tessera_caller", default=None
+)
+"""The current call's (context, identity) (`Authorizer.identity`)."""
+
+
 class Authorizer:
     """Checks calls against one servicer's policy (module docstring)."""
 
@@ -68,7 +75,18 @@ class Authorizer:
         self.secure = secure
 
     def identity(self, context: grpc.aio.ServicerContext[Any, Any]) -> Identity:
-        return peer_identity(context, self.secure)
+        """The caller of the call `context` belongs to, read once per call: the admission
+        check and the handler (twice, for a user's GetTableLocations) ask for it, and each
+        read of the peer certificate copies the connection's whole auth context, which cost
+        a measurable share of a secured master's lookup rate. gRPC runs each call in its own
+        asyncio task, so the memo (a context variable) is the call's alone; it is keyed by
+        the context object too, in case a task ever serves more than one call."""
+        memo = _CALLER.get()
+        if memo is not None and memo[0] is context:
+            return memo[1]
+        who = peer_identity(context, self.secure)
+        _CALLER.set((context, who))
+        return who
 
     def check(
         self,

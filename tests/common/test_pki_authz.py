@@ -126,3 +126,36 @@ def test_an_expired_certificate_is_still_parsed_but_not_valid(ca: CertificateAut
     parsed = x509.load_pem_x509_certificate(old)
     assert parsed.not_valid_after_utc < dt.datetime.now(dt.UTC)
     assert identity_of(old) == Identity("user", "old")
+
+
+def test_a_calls_identity_is_read_from_its_certificate_once(ca: CertificateAuthority) -> None:
+    """Each read of the peer certificate copies the connection's auth context: the admission
+    check and the handler share one read per call (each call runs in its own asyncio task)."""
+    import asyncio
+
+    class Counting(FakeContext):
+        reads = 0
+
+        def auth_context(self) -> dict[str, list[bytes]]:
+            Counting.reads += 1
+            return super().auth_context()
+
+    authz = Authorizer({"M": ANYONE}, secure=True)
+    alice, bob = ca.issue("user", "alice")[0], ca.issue("user", "bob")[0]
+
+    async def call(pem: bytes) -> list[Identity]:
+        ctx = Counting(pem)
+        authz.check("M", object(), ctx)  # type: ignore[arg-type]
+        return [authz.identity(ctx), authz.identity(ctx)]  # type: ignore[arg-type]
+
+    async def main() -> list[list[Identity]]:
+        return list(await asyncio.gather(call(alice), call(bob), call(alice)))
+
+    got = asyncio.run(main())
+    assert [who[0].name for who in got] == ["alice", "bob", "alice"]
+    assert all(a == b for a, b in got) and Counting.reads == 3
+
+    async def two_calls_one_task() -> tuple[Identity, Identity]:
+        return authz.identity(Counting(alice)), authz.identity(Counting(bob))  # type: ignore[arg-type]
+
+    assert [w.name for w in asyncio.run(two_calls_one_task())] == ["alice", "bob"]
