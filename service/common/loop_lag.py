@@ -32,25 +32,58 @@ overloaded, so it shows what a step on the loop costs at any load, well below th
 too (a request whose on-loop part grows with the data it reads shows there long before it
 stalls a server).
 
-The monitor costs one wake per interval (100 ms by default): nothing next to a server's
-heartbeats. It starts with the server and stops with it (`start` / `aclose`).
+Stall reports
+-------------
+The metrics say that the loop was held, not by what. So a watchdog thread looks every interval
+at how long ago the loop last woke; once that passes the stall bound it takes the loop thread's
+Python stack (`sys._current_frames`) and logs it once per stall, with the CPU time the loop's
+thread used meanwhile (its own CPU clock, read from the watchdog), and keeps the last few
+(`recent_reports`, `tessera_event_loop_stall_reports_total`). A loop found waiting in its
+selector is idle: its wake is late because the machine did not run it, and nothing is
+reported. Python switches threads every few milliseconds, so the watchdog runs while the loop
+runs Python code; while native code holds the GIL it waits, and the stack it then takes is
+where the loop went next, which still names the caller.
+
+The monitor costs one wake per interval (100 ms by default) on the loop and one in the
+watchdog: nothing next to a server's heartbeats. It starts with the server and stops with it
+(`start` / `aclose`).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from service.common.metrics import MetricsRegistry
 from service.common.periodic import Periodic
 
-__all__ = ["LAG_BUCKETS", "LoopLagMonitor"]
+__all__ = ["LAG_BUCKETS", "LoopLagMonitor", "StallReport"]
 
 log = logging.getLogger(__name__)
 
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(frozen=True)
+class StallReport:
+    """What the loop was running once it had been held past the stall bound."""
+
+    held_s: float
+    """How long since the loop last woke, when the stack was taken."""
+    cpu_s: float | None
+    """CPU time the loop's thread used meanwhile (None where the platform cannot tell)."""
+    stack: str
+    """The loop thread's Python stack, innermost call last."""
+
+
+_IDLE_FILE = "selectors.py"
+"""Where a loop waiting for events sits: a late wake from there is a busy machine."""
 
 
 class LoopLagMonitor:
@@ -61,8 +94,10 @@ class LoopLagMonitor:
         stall_s: float,
         interval_s: float = 0.1,
         window_s: float = 60.0,
+        report_stalls: bool = True,
     ) -> None:
         self.interval_s = interval_s
+        self.report_stalls = report_stalls
         self.stall_s = stall_s
         self.window_s = window_s
         self._hist = registry.histogram(
@@ -100,6 +135,16 @@ class LoopLagMonitor:
         """The largest lag seen since start (tests and the fuzzer read it)."""
         self.listeners: list[Callable[[float, float, float], None]] = []
         """Told every wake-up: (lag_s, cpu_s, now) (the master's heartbeat pacing)."""
+        self.recent_reports: deque[StallReport] = deque(maxlen=5)
+        """The last stall reports (module docstring)."""
+        self._reports = registry.counter(
+            "tessera_event_loop_stall_reports_total",
+            "Stalls for which the watchdog logged what the loop was running",
+        )
+        self._last_wake = 0.0
+        self._loop_thread = 0
+        self._stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
 
     def observe(self, lag_s: float, now: float, cpu_s: float = 0.0) -> None:
         """Record one wake-up `lag_s` late at monotonic time `now`, the process having used
@@ -126,11 +171,64 @@ class LoopLagMonitor:
         self.observe(max(0.0, now - self._asked), now, cpu - self._cpu)
         self._cpu = cpu
         self._asked = time.monotonic() + self.interval_s  # Periodic sleeps this long next
+        self._last_wake = now
 
     def start(self) -> None:
         self._asked = time.monotonic() + self.interval_s
+        self._last_wake = time.monotonic()
         self._cpu = time.thread_time()
         self._periodic.start()
+        if self.report_stalls:
+            self._loop_thread = threading.get_ident()
+            self._stop.clear()
+            self._watchdog = threading.Thread(
+                target=self._watch, name="loop-stall-watchdog", daemon=True
+            )
+            self._watchdog.start()
 
     async def aclose(self) -> None:
+        self._stop.set()
         await self._periodic.aclose()
+        if self._watchdog is not None:
+            self._watchdog.join(timeout=5)
+            self._watchdog = None
+
+    def _loop_cpu(self) -> float | None:
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(self._loop_thread))
+        except (AttributeError, OSError):
+            return None
+
+    def _watch(self) -> None:
+        """The watchdog thread (module docstring): one report per stall."""
+        reported = -1.0
+        wake, cpu_at_wake = self._last_wake, self._loop_cpu()
+        while not self._stop.wait(self.interval_s):
+            last = self._last_wake
+            if last != wake:
+                wake, cpu_at_wake = last, self._loop_cpu()
+            held = time.monotonic() - last - self.interval_s
+            if held <= self.stall_s or reported == last:
+                continue
+            frame = sys._current_frames().get(self._loop_thread)
+            if frame is None:
+                return  # the loop's thread is gone
+            stack = "".join(traceback.format_stack(frame, limit=40))
+            lines = stack.rstrip().splitlines()
+            top = next((ln for ln in reversed(lines) if ln.lstrip().startswith("File ")), "")
+            if _IDLE_FILE in top:
+                continue  # waiting for events: the machine was slow to run it
+            reported = last
+            now_cpu = self._loop_cpu()
+            cpu = None if now_cpu is None or cpu_at_wake is None else now_cpu - cpu_at_wake
+            report = StallReport(held, cpu, stack)
+            self.recent_reports.append(report)
+            self._reports.inc()
+            log.warning(
+                "event loop held for %.2f s so far (stall bound %.2f s; its thread used %s of "
+                "CPU meanwhile); it is running:\n%s",
+                held,
+                self.stall_s,
+                "?" if cpu is None else f"{cpu:.2f} s",
+                stack,
+            )
