@@ -36,7 +36,7 @@ from service.client.pruning import prune
 from service.client.retry import Backoff, Deadline
 from service.client.scanner import ScanToken, TabletScanner, TokenReplica, order_replicas
 from service.client.transactions import Transaction, TransactionScope, TransactionState
-from service.client.write_session import WriteResult, WriteSession
+from service.client.write_session import RequestIds, WriteResult, WriteSession
 from service.common.errors import (
     Internal,
     InvalidArgument,
@@ -208,6 +208,8 @@ class TesseraClient:
         (read-your-writes for snapshot reads, docs/design/tablets.md#R4)."""
         self._transactions: weakref.WeakSet[Transaction] = weakref.WeakSet()
         """Open transactions: their keep-alives stop when the client closes."""
+        self.request_ids = RequestIds()
+        """Names of this client's write requests: a retried batch is applied once."""
 
     async def aclose(self) -> None:
         for txn in list(self._transactions):

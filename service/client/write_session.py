@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -67,7 +69,7 @@ from service.pb import tserver_pb2 as tpb
 if TYPE_CHECKING:
     from service.client.client import TesseraClient
 
-__all__ = ["OPERATIONS", "RowError", "WriteResult", "WriteSession"]
+__all__ = ["OPERATIONS", "RequestIds", "RowError", "WriteResult", "WriteSession"]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,48 @@ class WriteResult:
         self.batches_sent += other.batches_sent
         self.retries += other.retries
         self.commit_timestamp = max(self.commit_timestamp, other.commit_timestamp)
+
+
+CLIENT_ID_BYTES = 16
+"""The length of a client id (the tablet server refuses others)."""
+
+
+class RequestIds:
+    """Names for one client's write requests (docs/design/tablets.md#R6): a random client id
+    and sequence numbers from 1. A batch keeps its name across retries, so the tablet applies
+    it once and answers a retry with the first attempt's outcome; the lowest number still
+    awaited tells servers which outcomes they may forget."""
+
+    def __init__(self) -> None:
+        self.client_id = os.urandom(CLIENT_ID_BYTES)
+        self._next = 1
+        self._open: set[int] = set()
+
+    def start(self) -> int:
+        seq = self._next
+        self._next += 1
+        self._open.add(seq)
+        return seq
+
+    def finish(self, seq: int) -> None:
+        self._open.discard(seq)
+
+    @contextmanager
+    def request(self, *, named: bool) -> Iterator[int]:
+        """A new request's number while it is awaited (0 when `named` is false)."""
+        seq = self.start() if named else 0
+        try:
+            yield seq
+        finally:
+            if seq:
+                self.finish(seq)
+
+    def pb(self, seq: int) -> tpb.RequestIdPB:
+        return tpb.RequestIdPB(
+            client_id=self.client_id,
+            seq_no=seq,
+            first_incomplete_seq_no=min(self._open, default=seq),
+        )
 
 
 @dataclass
@@ -297,80 +341,86 @@ class WriteSession:
     ) -> tuple[tpb.WriteResponsePB, TabletLocation]:
         """One batch (rows as Arrow IPC) to the tablet's leader, following leadership changes
         until the deadline."""
-        backoff = Backoff()
-        tried: set[str] = set()
-        refreshed = False
-        last: TesseraError | None = None
-        while True:
-            target = loc.leader()
-            if target is None or target.ts_uuid in tried:
-                target = next((r for r in loc.replicas if r.ts_uuid not in tried), None)
-            if target is None:
-                # Every replica failed this round: ask the master again, after a pause.
-                tried.clear()
+        # One name for every attempt of this batch (docs/design/tablets.md#R6); none for a
+        # transaction's writes: its commit decides what is written.
+        with self.client.request_ids.request(named=not self.txn_id) as seq:
+            backoff = Backoff()
+            tried: set[str] = set()
+            refreshed = False
+            last: TesseraError | None = None
+            while True:
+                target = loc.leader()
+                if target is None or target.ts_uuid in tried:
+                    target = next((r for r in loc.replicas if r.ts_uuid not in tried), None)
+                if target is None:
+                    # Every replica failed this round: ask the master again, after a pause.
+                    tried.clear()
+                    try:
+                        await backoff.sleep(deadline)
+                    except Timeout:
+                        raise Timeout(
+                            f"write to tablet {loc.tablet_id} of {self.table.name!r} timed out; "
+                            f"last error: {last}"
+                        ) from last
+                    self.client.meta.invalidate(loc.table_id, loc.tablet_id)
+                    loc = await self.client.meta.lookup(
+                        loc.table_id, loc.start, deadline.attempt_timeout()
+                    )
+                    continue
+                req = tpb.WriteRequestPB(
+                    dest_uuid=target.ts_uuid,
+                    tablet_id=loc.tablet_id,
+                    rows=payload,
+                    default_op=tpb.RowOperationTypePB.ValueType(p.op),
+                    schema_version=self.table.schema.version,
+                    authz_token=self.client.meta.authz_token(loc.table_id),
+                    propagated_timestamp=self.client.latest_timestamp,
+                    txn_id=self.txn_id,
+                    txn_attempt=self.txn_attempt,
+                    request_id=self.client.request_ids.pb(seq) if seq else None,
+                )
+                stub = self.client.channels.tserver(target.address)
                 try:
-                    await backoff.sleep(deadline)
+                    attempt_s = deadline.attempt_timeout(30.0)  # Timeout once the deadline passed
                 except Timeout:
+                    if last is None:
+                        raise
                     raise Timeout(
                         f"write to tablet {loc.tablet_id} of {self.table.name!r} timed out; "
                         f"last error: {last}"
                     ) from last
-                self.client.meta.invalidate(loc.table_id, loc.tablet_id)
-                loc = await self.client.meta.lookup(
-                    loc.table_id, loc.start, deadline.attempt_timeout()
-                )
-                continue
-            req = tpb.WriteRequestPB(
-                dest_uuid=target.ts_uuid,
-                tablet_id=loc.tablet_id,
-                rows=payload,
-                default_op=tpb.RowOperationTypePB.ValueType(p.op),
-                schema_version=self.table.schema.version,
-                authz_token=self.client.meta.authz_token(loc.table_id),
-                propagated_timestamp=self.client.latest_timestamp,
-                txn_id=self.txn_id,
-                txn_attempt=self.txn_attempt,
-            )
-            stub = self.client.channels.tserver(target.address)
-            try:
-                attempt_s = deadline.attempt_timeout(30.0)  # Timeout once the deadline passed
-            except Timeout:
-                if last is None:
-                    raise
-                raise Timeout(
-                    f"write to tablet {loc.tablet_id} of {self.table.name!r} timed out; "
-                    f"last error: {last}"
-                ) from last
-            try:
-                resp: tpb.WriteResponsePB = await stub.Write(req, timeout=attempt_s)  # type: ignore[misc]
-                return resp, loc
-            except TesseraError as e:  # the call failed (service/common/error_mapping.py)
-                err = e
-            # An attempt cut short by the deadline says less than the one before it (a row
-            # locked by a transaction, say).
-            last = last if isinstance(err, Timeout) and last is not None else err
-            result.retries += 1
-            tried.add(target.ts_uuid)
-            if isinstance(err, Aborted) and self.txn_id:
-                # A row another transaction holds (after the server's lock wait), or a staged
-                # entry a new leader overwrote: either way the transaction's writer decides
-                # (abort and run it again), as two transactions that wait on each other would
-                # only wait out their deadlines.
-                raise err
-            if isinstance(err, InvalidAuthzToken) and not refreshed:
-                refreshed = True  # expired or outdated: one fresh token, then the same target
-                await self.client.meta.refresh_authz_token(loc.table_id, deadline.attempt_timeout())
-                tried.discard(target.ts_uuid)
-                continue
-            if isinstance(err, NotTheLeader):
-                if err.leader_uuid and loc.replica(err.leader_uuid) is not None:
-                    loc = self.client.meta.note_leader(loc, err.leader_uuid)
-                    tried.discard(err.leader_uuid)
-                    if err.leader_uuid != target.ts_uuid:
-                        continue
-            elif not isinstance(err, ServiceUnavailable | Timeout | WrongDestination | Aborted):
-                raise err
-            log.debug("write to %s on %s: %s; retrying", loc.tablet_id, target.ts_uuid, err)
+                try:
+                    resp: tpb.WriteResponsePB = await stub.Write(req, timeout=attempt_s)  # type: ignore[misc]
+                    return resp, loc
+                except TesseraError as e:  # the call failed (service/common/error_mapping.py)
+                    err = e
+                # An attempt cut short by the deadline says less than the one before it (a row
+                # locked by a transaction, say).
+                last = last if isinstance(err, Timeout) and last is not None else err
+                result.retries += 1
+                tried.add(target.ts_uuid)
+                if isinstance(err, Aborted) and self.txn_id:
+                    # A row another transaction holds (after the server's lock wait), or a staged
+                    # entry a new leader overwrote: either way the transaction's writer decides
+                    # (abort and run it again), as two transactions that wait on each other would
+                    # only wait out their deadlines.
+                    raise err
+                if isinstance(err, InvalidAuthzToken) and not refreshed:
+                    refreshed = True  # expired or outdated: one fresh token, then the same target
+                    await self.client.meta.refresh_authz_token(
+                        loc.table_id, deadline.attempt_timeout()
+                    )
+                    tried.discard(target.ts_uuid)
+                    continue
+                if isinstance(err, NotTheLeader):
+                    if err.leader_uuid and loc.replica(err.leader_uuid) is not None:
+                        loc = self.client.meta.note_leader(loc, err.leader_uuid)
+                        tried.discard(err.leader_uuid)
+                        if err.leader_uuid != target.ts_uuid:
+                            continue
+                elif not isinstance(err, ServiceUnavailable | Timeout | WrongDestination | Aborted):
+                    raise err
+                log.debug("write to %s on %s: %s; retrying", loc.tablet_id, target.ts_uuid, err)
 
 
 def _ipc(table: pa.Table) -> bytes:

@@ -15,7 +15,9 @@ lets only the first one that reaches the point die: it creates `path` exclusivel
 server that finds the file already there carries on. The file also tells the test that the
 crash happened.
 
-Points. Tablet server: `scan_next` (TabletServerService.ScanNext, before the page is read).
+Points. Tablet server: `scan_next` (TabletServerService.ScanNext, before the page is read),
+`write:after_apply` (a plain write committed and applied on its leader; the client not
+answered: tests/integration/test_write_retries_once.py).
 Master, the steps of its DDL (catalog_manager, background_tasks), in the order they happen:
 
   CreateTable

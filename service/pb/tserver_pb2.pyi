@@ -658,6 +658,7 @@ class WriteRequestPB(_message.Message):
     PROPAGATED_TIMESTAMP_FIELD_NUMBER: _builtins.int
     TXN_ID_FIELD_NUMBER: _builtins.int
     TXN_ATTEMPT_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     dest_uuid: _builtins.str
     tablet_id: _builtins.str
     rows: _builtins.bytes
@@ -688,6 +689,12 @@ class WriteRequestPB(_message.Message):
     def ops(self) -> _containers.RepeatedScalarFieldContainer[Global___RowOperationTypePB.ValueType]:
         """One per row, overriding default_op; empty: every row is default_op."""
 
+    @_builtins.property
+    def request_id(self) -> Global___RequestIdPB:
+        """Names a plain write so that a retry of it is applied once (docs/design/tablets.md#R6): a
+        retry after a lost reply gets the first attempt's outcome. Unset: no such guarantee.
+        """
+
     def __init__(
         self,
         *,
@@ -701,14 +708,45 @@ class WriteRequestPB(_message.Message):
         propagated_timestamp: _builtins.int = ...,
         txn_id: _builtins.int = ...,
         txn_attempt: _builtins.str = ...,
+        request_id: Global___RequestIdPB | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "default_op", b"default_op", "dest_uuid", b"dest_uuid", "ops", b"ops", "propagated_timestamp", b"propagated_timestamp", "rows", b"rows", "schema_version", b"schema_version", "tablet_id", b"tablet_id", "txn_attempt", b"txn_attempt", "txn_id", b"txn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authz_token", b"authz_token", "default_op", b"default_op", "dest_uuid", b"dest_uuid", "ops", b"ops", "propagated_timestamp", b"propagated_timestamp", "request_id", b"request_id", "rows", b"rows", "schema_version", b"schema_version", "tablet_id", b"tablet_id", "txn_attempt", b"txn_attempt", "txn_id", b"txn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WriteRequestPB: _TypeAlias = WriteRequestPB  # noqa: Y015
+
+@_typing.final
+class RequestIdPB(_message.Message):
+    """One client's write request, across its retries. `client_id`: 16 random bytes a client picks
+    once; `seq_no`: its requests numbered from 1; `first_incomplete_seq_no`: the lowest seq_no the
+    client still waits on, so servers forget the outcomes of those below it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    SEQ_NO_FIELD_NUMBER: _builtins.int
+    FIRST_INCOMPLETE_SEQ_NO_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.bytes
+    seq_no: _builtins.int
+    first_incomplete_seq_no: _builtins.int
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.bytes = ...,
+        seq_no: _builtins.int = ...,
+        first_incomplete_seq_no: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "first_incomplete_seq_no", b"first_incomplete_seq_no", "seq_no", b"seq_no"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequestIdPB: _TypeAlias = RequestIdPB  # noqa: Y015
 
 @_typing.final
 class PerRowErrorPB(_message.Message):

@@ -20,6 +20,7 @@ Modules
     rowstore_files      the row store's files, key index and helpers
     rowstore_merge      merging row store sources in key order; checksums
     row_ops             client writes: validation, and their form in the Raft log
+    request_tracker     exactly-once plain writes: the outcome of each named request
     txn_staging         a replica's unresolved transactions: staged rows, prepares, row locks
     scanners            paged scans, named by scanner id, expired when idle
     key_splitting       cutting a tablet's key range into chunks (split tokens)

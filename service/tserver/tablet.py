@@ -114,6 +114,7 @@ from service.pb import tserver_pb2 as tpb
 from service.raft import ConfigChangeType, NodeId, RaftConfig, Role
 from service.tserver import superblock as sbmod
 from service.tserver import txn_staging as txns
+from service.tserver.request_tracker import Outcome, RequestId, RequestTracker
 from service.tserver.row_ops import WriteBatch, check_write_size, decode_write
 from service.tserver.rowstore import AppliedWrite, RowStore
 from service.tserver.rowstore_memstore import key_text
@@ -124,6 +125,7 @@ log = logging.getLogger(__name__)
 
 _WRITE = b"W"
 _WRITE_AT = b"V"
+_WRITE_REQ = b"R"
 _TIMESTAMP = b"S"
 _ALTER = b"A"
 _SNAP_INDEX = struct.Struct("<Q")
@@ -138,6 +140,12 @@ def write_entry(batch: WriteBatch) -> bytes:
 def stamped(entry: bytes, ts: int) -> bytes:
     """`write_entry`'s bytes as the entry that commits them at `ts` (module docstring)."""
     return _WRITE_AT + _TS.pack(ts) + entry[1:]
+
+
+def named(entry: bytes, ts: int, rid: RequestId) -> bytes:
+    """`stamped`, carrying the client's name for the request (request_tracker.py): every
+    replica records the outcome under it when it applies the entry."""
+    return _WRITE_REQ + _TS.pack(ts) + rid.encode() + entry[1:]
 
 
 def timestamp_entry(ts: int) -> bytes:
@@ -345,6 +353,17 @@ class TabletStateMachine:
             result = store.apply_write(index, WriteBatch.decode(body[8:], store.schema), ts)
             r.after_apply()
             return result
+        if kind == _WRITE_REQ:
+            (ts,) = _TS.unpack_from(body)
+            rid = RequestId.decode(body[8 : 8 + RequestId.ENCODED_BYTES])
+            r.observe(ts)
+            batch = WriteBatch.decode(body[8 + RequestId.ENCODED_BYTES :], store.schema)
+            result = store.apply_write(index, batch, ts)
+            if not result.skipped:  # replayed past a flush: its outcome is not known here
+                errors = tuple((row, e.code, str(e)) for row, e in result.errors)
+                r.requests.record(rid, Outcome(result.rows_applied, errors, ts))
+            r.after_apply()
+            return result
         if kind == _TIMESTAMP:
             (ts,) = _TS.unpack(body)
             r.observe(ts)
@@ -450,6 +469,8 @@ class TabletReplica:
         """Transactions whose BEGIN this leader is registering and replicating."""
         self._txn_seen: dict[int, float] = {}
         """When this leader's sweep first saw each unresolved transaction (`sweep_txns`)."""
+        self.requests = RequestTracker()
+        """Outcomes of the named plain writes applied here (request_tracker.py)."""
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -623,6 +644,12 @@ class TabletReplica:
                 f"newer than this replica's {store.schema.version}; retry shortly"
             )
         txn_id = int(req.txn_id)
+        rid = RequestId.from_request(req)
+        if rid is not None and txn_id:
+            raise InvalidArgument(
+                "request_id names a plain write: a transaction's writes are made once by its "
+                "commit (docs/design/transactions.md#R2)"
+            )
         if txn_id:
             if len(req.txn_attempt.encode()) > txns.MAX_ATTEMPT_BYTES:
                 raise InvalidArgument(f"txn_attempt: longer than {txns.MAX_ATTEMPT_BYTES} bytes")
@@ -647,9 +674,20 @@ class TabletReplica:
             # once what it inherited is applied (its clock has seen those stamps), and the
             # stamp is taken and the entry queued with no await in between.
             await node.wait_term_applied(timeout)
+            if rid is not None:
+                # Every entry of earlier terms is applied now: a request any of them carried
+                # has its outcome recorded here.
+                self.requests.forget_below(rid)
+                done = await self._request_outcome(node, rid, timeout)
+                if done is not None:
+                    return self._repeated(node, checked, done)
             if txn_id and checked.batch is not None:
                 self._check_staging_room(txn_id, checked.batch.num_rows)
             await self._lock_rows(node, checked, txn_id, timeout)
+            if rid is not None:  # another attempt may have got in while the locks were taken
+                done = await self._request_outcome(node, rid, timeout)
+                if done is not None:
+                    return self._repeated(node, checked, done)
             if txn_id:
                 entry = txns.stage_entry(txn_id, req.txn_attempt, checked.entry)
                 result = await node.propose(entry, timeout=timeout)
@@ -660,8 +698,17 @@ class TabletReplica:
                 if req.propagated_timestamp:
                     self.settings.clock.update(req.propagated_timestamp)
                 ts = self.settings.clock.now()
-                result = await node.propose(stamped(checked.entry, ts), timeout=timeout)
+                if rid is None:
+                    entry = stamped(checked.entry, ts)
+                else:
+                    # No await since the last look at the tracker: a retry arriving from now
+                    # on waits for this entry instead of proposing its own.
+                    self.requests.mark(rid, node.status().term)
+                    entry = named(checked.entry, ts, rid)
+                result = await node.propose(entry, timeout=timeout)
             applied = cast(AppliedWrite, result)
+            if not txn_id:
+                failpoints.hit("write:after_apply")
             rows_applied = applied.rows_applied
             errors.extend((checked.request_row(row), err) for row, err in applied.errors)
             if self.settings.on_rows_written is not None and not txn_id:
@@ -675,6 +722,43 @@ class TabletReplica:
             resp.per_row_errors.add(
                 row_index=row, error=mpb.ErrorPB(code=err.code, message=str(err))
             )
+        return resp
+
+    async def _request_outcome(
+        self, node: RaftNode, rid: RequestId, timeout: float
+    ) -> Outcome | None:
+        """The recorded outcome of request `rid`, after waiting for its entry if an attempt
+        of it is in flight on this leader; None: it was never applied, write it."""
+        while True:
+            done = self.requests.outcome(rid)
+            if done is not None:
+                return done
+            pending = self.requests.in_flight(rid, node.status().term)
+            if pending is None:
+                return None
+            try:
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(pending)
+            except TimeoutError:
+                raise Timeout(
+                    f"tablet {self.tablet_id}: an earlier attempt of this write request is "
+                    "still being replicated; retry"
+                ) from None
+
+    def _repeated(
+        self, node: RaftNode, checked: ValidatedWrite, done: Outcome
+    ) -> tpb.WriteResponsePB:
+        """The reply to a retry of an applied request: its first attempt's outcome (the rows
+        refused before replication are refused again: the same request, validated again)."""
+        resp = tpb.WriteResponsePB(
+            applied_index=node.applied,
+            rows_applied=done.rows_applied,
+            commit_timestamp=done.commit_timestamp,
+        )
+        errors = [(row, err.code, str(err)) for row, err in checked.refused]
+        errors += [(checked.request_row(row), code, msg) for row, code, msg in done.errors]
+        for row, code, msg in sorted(errors, key=lambda e: e[0]):
+            resp.per_row_errors.add(row_index=row, error=mpb.ErrorPB(code=code, message=msg))
         return resp
 
     # --- transactions (docs/design/transactions.md, txn_staging.py) -------------------------

@@ -712,3 +712,71 @@ async def test_a_flush_waits_for_its_manifest_fsyncs_off_the_event_loop(server: 
     assert on_loop == [] and started.is_set()
     assert store.flushed_index > before
     assert (await scan_all(server.data, server.uuid, "tablet-1")).num_rows == 200
+
+
+def _named(req: tpb.WriteRequestPB, client: bytes, seq: int, first: int = 0) -> tpb.WriteRequestPB:
+    req.request_id.CopyFrom(
+        tpb.RequestIdPB(client_id=client, seq_no=seq, first_incomplete_seq_no=first)
+    )
+    return req
+
+
+@run
+async def test_a_retried_named_write_is_applied_once_even_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A named INSERT sent twice (its reply lost, say) answers the second time with the first
+    attempt's outcome and changes nothing; another number is another request. The record is
+    rebuilt from the log when the server restarts (docs/design/tablets.md#R6)."""
+    me = b"c" * 16
+    s = Server(tmp_path / "ts")
+    await s.start()
+    await s.create()
+    first = await s.data.Write(_named(write_request(s.uuid, "tablet-1", rows(0, 10)), me, 1))
+    assert (first.rows_applied, list(first.per_row_errors)) == (10, [])
+    again = await s.data.Write(_named(write_request(s.uuid, "tablet-1", rows(0, 10)), me, 1))
+    assert (again.rows_applied, list(again.per_row_errors)) == (10, [])
+    assert again.commit_timestamp == first.commit_timestamp
+    other = await s.data.Write(_named(write_request(s.uuid, "tablet-1", rows(5, 10)), me, 2))
+    assert other.rows_applied == 0 and len(other.per_row_errors) == 5  # already present
+    again2 = await s.data.Write(_named(write_request(s.uuid, "tablet-1", rows(5, 10)), me, 2))
+    assert [e.row_index for e in again2.per_row_errors] == [0, 1, 2, 3, 4]  # the same outcome
+    assert (await scan_all(s.data, s.uuid, "tablet-1")).num_rows == 10
+    await s.stop()
+    s2 = Server(tmp_path / "ts")
+    await s2.start()
+    try:
+        await s2.wait_leader("tablet-1")
+        after = await s2.data.Write(_named(write_request(s2.uuid, "tablet-1", rows(0, 10)), me, 1))
+        assert (after.rows_applied, after.commit_timestamp) == (10, first.commit_timestamp)
+        # The client says it waits on nothing below 3: request 1 is forgotten, and a third
+        # send of it is a new write (refused row by row: the rows exist).
+        await s2.data.Write(_named(write_request(s2.uuid, "tablet-1", rows(20, 21)), me, 3, 3))
+        late = await s2.data.Write(_named(write_request(s2.uuid, "tablet-1", rows(0, 10)), me, 1))
+        assert late.rows_applied == 0 and len(late.per_row_errors) == 10
+        assert (await scan_all(s2.data, s2.uuid, "tablet-1")).num_rows == 11
+    finally:
+        await s2.stop()
+
+
+@with_server
+async def test_a_malformed_request_id_is_refused_and_changes_nothing(server: Server) -> None:
+    await server.create()
+    bad = [
+        (b"short", 1, 0, "client_id: 5 bytes"),
+        (b"c" * 16, 0, 0, "seq_no: 0"),
+        (b"c" * 16, 2, 3, "first_incomplete_seq_no 3 is past seq_no 2"),
+    ]
+    for client, seq, first, message in bad:
+        req = _named(write_request(server.uuid, "tablet-1", rows(0, 3)), client, seq, first)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await server.data.Write(req)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in (e.value.details() or "")
+    txn = _named(write_request(server.uuid, "tablet-1", rows(0, 3)), b"c" * 16, 1)
+    txn.txn_id = 7
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await server.data.Write(txn)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "plain write" in (e.value.details() or "")
+    assert (await scan_all(server.data, server.uuid, "tablet-1")).num_rows == 0
