@@ -25,6 +25,10 @@ TESTDATA = Path(__file__).resolve().parent / "testdata"
 FILES = sorted(TESTDATA.glob("*.txt"))
 
 
+def test_there_are_scenario_files() -> None:
+    assert len(FILES) >= 8
+
+
 @pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
 def test_scenario(path: Path) -> None:
     check_file(
