@@ -5,7 +5,7 @@ the event loop free in between; a table that cannot be placed waits out a doubli
 being tried (and logged) every round; and a queued CreateTablet whose task committed state no
 longer calls for is never sent.
 
-Runs in-process on `FakeRaft` (tests/master/test_catalog_manager.py) and a manual clock.
+Runs in-process on `FakeRaft` (tests/helpers/catalog_env.py) and a manual clock.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from service.master.catalog_settings import CatalogSettings
 from service.master.placement_policy import ServerLoad, TablePlacer, place_table
 from service.master.ts_descriptor import NodeInstance
 from service.master.tserver_proxy import Fence
-from tests.master.test_catalog_manager import (
+from tests.helpers.catalog_env import (
     UNRESPONSIVE_S,
     Env,
     Ids,

@@ -2,7 +2,7 @@
 CreateTablet calls that adapt to the server's answers, and replacement only of tablets that
 are truly stuck, within budgets.
 
-Runs in-process on `FakeRaft` (tests/master/test_catalog_manager.py) and a manual clock; the
+Runs in-process on `FakeRaft` (tests/helpers/catalog_env.py) and a manual clock; the
 same on real processes with a slow CreateTablet is tests/integration/test_create_overload.py.
 """
 
@@ -16,8 +16,8 @@ from service.common.ids import NodeId
 from service.master.catalog_records import TabletState
 from service.master.create_pacing import CreatePacer, Outcome, ReplacementRules
 from service.master.tserver_proxy import Fence
+from tests.helpers.catalog_env import Env, create, run, wait_for
 from tests.master.test_assignment_rounds import background, bounded_env, hashed, heartbeat_all
-from tests.master.test_catalog_manager import Env, create, run, wait_for
 
 # --- the window -------------------------------------------------------------------------------
 

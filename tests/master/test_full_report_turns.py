@@ -20,7 +20,7 @@ from service.master.catalog_records import TabletState
 from service.master.heartbeat import HeartbeatContext, ReportGate, handle_heartbeat
 from service.master.report_turns import FullReportTurns
 from service.pb import master_pb2 as pb
-from tests.master.test_catalog_manager import Env, create, create_running, make_env
+from tests.helpers.catalog_env import Env, create, create_running, make_env
 from tests.master.test_heartbeat_partial_reports import _context, _entry
 from tests.master.test_report_processing import _leader_reports
 

@@ -25,7 +25,7 @@ from service.master.heartbeat import (
 )
 from service.master.report_processing import ReportedTablet
 from service.pb import master_pb2 as pb
-from tests.master.test_catalog_manager import Env, create, create_running, make_env
+from tests.helpers.catalog_env import Env, create, create_running, make_env
 from tests.master.test_report_processing import _leader_reports
 
 REPORTER = "ts-0"

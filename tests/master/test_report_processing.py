@@ -36,7 +36,7 @@ from service.master.report_processing import (
     decide,
     one_step,
 )
-from tests.master.test_catalog_manager import (
+from tests.helpers.catalog_env import (
     PARTITIONING,
     SCHEMA,
     Ids,

@@ -1,0 +1,12 @@
+"""Helpers that several test modules share.
+
+A test module never imports another test module (tests/test_test_imports.py checks it): what two
+test files need alike lives here, grouped by subject, or in a `conftest.py` when a fixture is its
+natural form. pytest rewrites the asserts of these modules too (tests/conftest.py registers the
+package), so a helper's failing assert explains itself as a test's would.
+
+Modules
+-------
+    catalog_env         a catalog manager in-process over `FakeRaft`, a manual clock and a
+                        TSManager (`make_env`), and the standard table it creates
+"""
