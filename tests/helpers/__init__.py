@@ -9,4 +9,6 @@ Modules
 -------
     catalog_env         a catalog manager in-process over `FakeRaft`, a manual clock and a
                         TSManager (`make_env`), and the standard table it creates
+    sys_catalog         sys.catalog records and writes built by hand (`make_table`,
+                        `make_tablets`, `create_table_write`) and `apply_ok` / `refusal_of`
 """
