@@ -11,4 +11,6 @@ Modules
                         TSManager (`make_env`), and the standard table it creates
     sys_catalog         sys.catalog records and writes built by hand (`make_table`,
                         `make_tablets`, `create_table_write`) and `apply_ok` / `refusal_of`
+    tablet_reports      one tablet's records to judge reports against (`TABLE`, `RUNNING`), what
+                        every server of a catalog env reports, and heartbeats carrying it
 """
