@@ -7,6 +7,8 @@ package), so a helper's failing assert explains itself as a test's would.
 
 Modules
 -------
+    assignment          bounded assignment rounds over a catalog env (`bounded_env`, `hashed`) and
+                        the leader's background loop over a fake proxy (`background`)
     catalog_env         a catalog manager in-process over `FakeRaft`, a manual clock and a
                         TSManager (`make_env`), and the standard table it creates
     sys_catalog         sys.catalog records and writes built by hand (`make_table`,
