@@ -12,7 +12,8 @@ Modules
     catalog_env         a catalog manager in-process over `FakeRaft`, a manual clock and a
                         TSManager (`make_env`), and the standard table it creates
     sys_catalog         sys.catalog records and writes built by hand (`make_table`,
-                        `make_tablets`, `create_table_write`) and `apply_ok` / `refusal_of`
+                        `make_tablets`, `create_table_write`), `apply_ok` / `refusal_of`, and a
+                        `FakeRaft` that applies proposals straight to the state
     tablet_reports      one tablet's records to judge reports against (`TABLE`, `RUNNING`), what
                         every server of a catalog env reports, and heartbeats carrying it
 """

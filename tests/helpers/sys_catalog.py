@@ -3,6 +3,7 @@
 `make_table` and `make_tablets` build a table of the two-column `SCHEMA` and its tablets (with
 replicas, `make_consensus`, when servers are given); `create_table_write` is the CreateTable entry
 of both; `apply_ok` and `refusal_of` apply a write to a `SysCatalogState` and check its outcome.
+`FakeRaft` replicates by applying proposals straight to a `SysCatalogState`.
 """
 
 from __future__ import annotations
@@ -133,3 +134,29 @@ def refusal_of(state: SysCatalogState, index: int, write: CatalogWrite | bytes) 
     assert result.refusal is not None, "expected a refusal"
     assert result.written == () and result.deleted == ()
     return result.refusal.code, result.refusal.message
+
+
+class FakeRaft:
+    """Stands in for `RaftNode.propose`: applies straight to `state` at increasing indexes
+    (`index`, which a test may set), another leader's entries first if any are queued.
+
+    The security tests' replicate; the catalog manager's tests use the fuller fake of
+    tests/helpers/catalog_env.py (failures, a gate, the log).
+    """
+
+    def __init__(self, state: SysCatalogState) -> None:
+        self.state = state
+        self.index = 0
+        self.proposals = 0
+        self.other_leader_first: list[bytes] = []
+
+    def apply(self, data: bytes) -> ApplyResult:
+        self.index += 1
+        return self.state.apply(self.index, data)
+
+    async def __call__(self, data: bytes, timeout: float) -> ApplyResult:
+        assert timeout > 0
+        self.proposals += 1
+        while self.other_leader_first:
+            self.apply(self.other_leader_first.pop(0))
+        return self.apply(data)
