@@ -11,6 +11,8 @@ Modules
                         the leader's background loop over a fake proxy (`background`)
     catalog_env         a catalog manager in-process over `FakeRaft`, a manual clock and a
                         TSManager (`make_env`), and the standard table it creates
+    rowstore            `Writer`: writes applied to a RowStore at increasing indexes, through the
+                        replicated form
     sys_catalog         sys.catalog records and writes built by hand (`make_table`,
                         `make_tablets`, `create_table_write`), `apply_ok` / `refusal_of`, and a
                         `FakeRaft` that applies proposals straight to the state
