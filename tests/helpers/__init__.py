@@ -18,4 +18,6 @@ Modules
                         `FakeRaft` that applies proposals straight to the state
     tablet_reports      one tablet's records to judge reports against (`TABLE`, `RUNNING`), what
                         every server of a catalog env reports, and heartbeats carrying it
+    tserver_inproc      one real tablet server in-process with gRPC stubs (`Server`), and `run`
+                        for async test bodies
 """
