@@ -15,6 +15,8 @@ Modules
                         (`Cluster`, `run`, `eventually`)
     rowstore            `Writer`: writes applied to a RowStore at increasing indexes, through the
                         replicated form
+    status_pages        status pages and /metrics of real processes over HTTP (`fetch`,
+                        `parse_metrics`, `metrics_of`), and `create_table` through a MiniCluster
     sys_catalog         sys.catalog records and writes built by hand (`make_table`,
                         `make_tablets`, `create_table_write`), `apply_ok` / `refusal_of`, and a
                         `FakeRaft` that applies proposals straight to the state
