@@ -11,6 +11,8 @@ Modules
                         the leader's background loop over a fake proxy (`background`)
     catalog_env         a catalog manager in-process over `FakeRaft`, a manual clock and a
                         TSManager (`make_env`), and the standard table it creates
+    master_cluster      real master processes: stubs (`Masters`), `serving_leader`, `wait`, and the
+                        table and fast settings of the tests with simulated tablet servers
     raft_node           RaftNode clusters in one event loop over an in-memory network, real WALs
                         (`Cluster`, `run`, `eventually`)
     rowstore            `Writer`: writes applied to a RowStore at increasing indexes, through the
