@@ -23,6 +23,10 @@ import pytest
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+# The shared helpers (tests/helpers/) check with plain asserts, as tests do: rewrite theirs too,
+# so that a failing one explains itself. Registered before any test module imports them.
+pytest.register_assert_rewrite("tests.helpers")
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that use ``spark`` (directly or through another fixture) first, in their order."""

@@ -2,8 +2,9 @@
 what a batch costs (fdatasyncs, messages), when the next batch may start, what happens to
 proposals that were never appended, and stepping while a Ready's fdatasync is running.
 
-Same in-memory cluster as test_node.py (real WAL in tmp_path, ticks of 10 ms). Counts are
-exact where the protocol makes them so; timing enters only through "eventually" polling.
+Same in-memory cluster as test_node.py (tests/helpers/raft_node.py: real WAL in tmp_path, ticks
+of 10 ms). Counts are exact where the protocol makes them so; timing enters only through
+"eventually" polling.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from service.consensus.fs import RealFileSystem
 from service.consensus.node import NodeSettings, RaftNode
 from service.consensus.raft_store import RaftStore
 from service.raft import Entry, Message, MessageType, NodeId
-from tests.consensus.test_node import (
+from tests.helpers.raft_node import (
     WAIT_S,
     Cluster,
     GatedFileSystem,

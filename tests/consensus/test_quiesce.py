@@ -2,7 +2,8 @@
 
 The registry's rules are tested with fake nodes, a fake transport and a manual clock. The
 RaftNode side runs three real nodes (real WALs in tmp_path) over test_node.py's in-memory
-network, each with its own `Quiescence`, whose digests travel over the same network.
+network (tests/helpers/raft_node.py), each with its own `Quiescence`, whose digests travel over
+the same network.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from service.consensus.node import NodeSettings
 from service.consensus.quiesce import Quiescence
 from service.pb import consensus_pb2 as pb
 from service.raft import Message, MessageType, Role
-from tests.consensus.test_node import (
+from tests.helpers.raft_node import (
     Cluster,
     MemSender,
     eventually,

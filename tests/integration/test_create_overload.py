@@ -18,7 +18,7 @@ import pytest
 from service.common import failpoints
 from service.testing.master_cluster import FAST_RAFT
 from service.testing.mini_cluster import FAST_TSERVER, MiniCluster
-from tests.integration.test_status_pages import create_table, metrics_of, wait_for
+from tests.helpers.status_pages import create_table, metrics_of, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -38,7 +38,7 @@ from service.testing.mini_cluster import MiniCluster, TServerProcess
 from service.testing.poison_log import plant_committed_entry, poison_write_entry
 from service.testing.tablet_fixtures import ClusterStubs, ipc
 from service.tools import ksck_cmd
-from tests.integration.test_status_pages import fetch, metrics_of, wait_for
+from tests.helpers.status_pages import fetch, metrics_of, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

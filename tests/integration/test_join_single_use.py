@@ -18,7 +18,7 @@ from service.common.tls import Credentials, open_sync_channel
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.testing.master_cluster import MasterCluster
-from tests.integration.test_status_pages import metrics_of
+from tests.helpers.status_pages import metrics_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -26,9 +26,14 @@ from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
 from service.testing.master_cluster import MasterCluster
 from service.testing.ts_simulator import FleetSimulator, SimulatorThread
-from tests.integration.test_master_cluster import Masters, _serving_leader, _wait
-from tests.integration.test_master_failover_tasks import OVERRIDES
-from tests.integration.test_master_tasks import PARTITIONING, SCHEMA
+from tests.helpers.master_cluster import (
+    OVERRIDES,
+    PARTITIONING,
+    SCHEMA,
+    Masters,
+    serving_leader,
+    wait,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -58,14 +63,14 @@ class Scenario:
             )
             return True if d.done else None
 
-        _wait(f"{name} created", done, 30)
+        wait(f"{name} created", done, 30)
         return str(r.table_id)
 
     def fail_over(self, leader: str) -> str:
         """Kill -9 `leader`; the address of the new serving leader."""
         self.cluster.kill(self.cluster.by_address(leader).name, signal.SIGKILL)
         survivors = [a for a in self.cluster.addresses if a != leader]
-        return _wait("a new leader", lambda: _serving_leader(self.masters, survivors), 30)
+        return wait("a new leader", lambda: serving_leader(self.masters, survivors), 30)
 
 
 @pytest.fixture(name="s")
@@ -76,7 +81,7 @@ def scenario(tmp_path: Path) -> Iterator[Scenario]:
     with MasterCluster(tmp_path, 3, overrides=OVERRIDES, secure=False) as cluster:
         masters = Masters(cluster)
         try:
-            leader = _wait("a leader", lambda: _serving_leader(masters, cluster.addresses))
+            leader = wait("a leader", lambda: serving_leader(masters, cluster.addresses))
             with SimulatorThread(cluster.addresses, SERVERS, heartbeat_interval_s=0.1) as sims:
 
                 def live() -> bool | None:
@@ -85,14 +90,14 @@ def scenario(tmp_path: Path) -> Iterator[Scenario]:
                     )
                     return True if sum(s.live for s in r.servers) == 3 else None
 
-                _wait("3 live servers", live)
+                wait("3 live servers", live)
                 yield Scenario(cluster, masters, sims)
         finally:
             masters.close()
 
 
 def _leader(s: Scenario) -> str:
-    return _wait("a leader", lambda: _serving_leader(s.masters, s.cluster.addresses))
+    return wait("a leader", lambda: serving_leader(s.masters, s.cluster.addresses))
 
 
 def test_kudu_1353_a_new_leader_without_any_report_knows_every_replica(s: Scenario) -> None:
@@ -134,7 +139,7 @@ def test_kudu_1353_a_new_leader_without_any_report_knows_every_replica(s: Scenar
     def schema_versions(sim: FleetSimulator) -> set[int]:
         return {g.view.schema_version for g in sim.groups.values() if g.table_id == table_id}
 
-    _wait(
+    wait(
         "the alter applied on every tablet",
         lambda: True if s.sims.call(schema_versions) == {altered.schema_version} else None,
         30,
@@ -157,7 +162,7 @@ def test_kudu_1353_a_new_leader_without_any_report_knows_every_replica(s: Scenar
             if r.group.table_id == table_id and not r.tombstoned
         )
 
-    _wait("every replica deleted", lambda: True if s.sims.call(live_replicas) == 0 else None, 30)
+    wait("every replica deleted", lambda: True if s.sims.call(live_replicas) == 0 else None, 30)
 
 
 def test_kudu_1374_a_re_elected_leader_asks_every_server_for_a_full_report(s: Scenario) -> None:
@@ -176,7 +181,7 @@ def test_kudu_1374_a_re_elected_leader_asks_every_server_for_a_full_report(s: Sc
     _pause(s, first)
     for _ in range(20):
         others = [a for a in s.cluster.addresses if a != paused]
-        leader = _wait("a leader", lambda others=others: _serving_leader(s.masters, others), 30)
+        leader = wait("a leader", lambda others=others: serving_leader(s.masters, others), 30)
         assert paused is not None
         _resume(s, paused)
         _caught_up(s, paused, leader)
@@ -194,7 +199,7 @@ def test_kudu_1374_a_re_elected_leader_asks_every_server_for_a_full_report(s: Sc
         grew = all(got.get((ts, first), 0) > before.get((ts, first), 0) for ts in SERVERS)
         return True if grew else None
 
-    _wait("a full report from every server to the re-elected leader", all_reported, 30)
+    wait("a full report from every server to the re-elected leader", all_reported, 30)
 
 
 def _own_entry(s: Scenario, address: str) -> pb.ListMastersResponsePB.Entry:
@@ -218,7 +223,7 @@ def _caught_up(s: Scenario, resumed: str, leader: str) -> None:
             return None
         return True if _own_entry(s, resumed).applied_index >= target else None
 
-    _wait(f"{resumed} back as a follower", heard, 30)
+    wait(f"{resumed} back as a follower", heard, 30)
 
 
 def _pause(s: Scenario, address: str) -> None:

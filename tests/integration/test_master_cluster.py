@@ -9,25 +9,24 @@ when a test fails.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
 
-from service.common.errors import LEADER_ADDRESS_KEY, LEADER_UUID_KEY, NotReady, from_grpc
+from service.common.errors import LEADER_ADDRESS_KEY, LEADER_UUID_KEY
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
 from service.common.schema import ColumnType, Schema
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import common_pb2, master_pb2_grpc
 from service.pb import master_pb2 as pb
 from service.testing.master_cluster import MasterCluster
+from tests.helpers.master_cluster import Masters, serving_leader, wait
 
 pytestmark = pytest.mark.integration
 
-T = TypeVar("T")
 RPC_TIMEOUT = 5.0
 CLIENT = "test-client-1"
 SCHEMA = Schema.build(
@@ -38,50 +37,6 @@ SCHEMA = Schema.build(
 PARTITIONING = PartitionSchema(
     hash=(HashBucketSchema(("host",), 3),), range=RangeSchema(("ts",)), split_rows=((1000,),)
 )
-
-
-class Masters:
-    """Sync stubs by address."""
-
-    def __init__(self, cluster: MasterCluster) -> None:
-        self.channels = {a: cluster.sync_channel(a) for a in cluster.addresses}
-        self.stubs = {a: master_pb2_grpc.MasterServiceStub(c) for a, c in self.channels.items()}
-
-    def __getitem__(self, address: str) -> master_pb2_grpc.MasterServiceStub:
-        return self.stubs[address]
-
-    def close(self) -> None:
-        for c in self.channels.values():
-            c.close()
-
-
-def _wait(what: str, fn: Callable[[], T | None], timeout: float = 20.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value is not None:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout}s")
-
-
-def _serving_leader(masters: Masters, candidates: list[str]) -> str | None:
-    """The address of a leader that answers catalog calls (its catalog loaded), or None."""
-    for address in candidates:
-        try:
-            r = masters[address].ConnectToMaster(pb.ConnectToMasterRequestPB(), timeout=1)
-        except grpc.RpcError:
-            continue
-        if r.role != pb.LEADER:
-            continue
-        try:
-            masters[address].ListTables(pb.ListTablesRequestPB(), timeout=1)
-        except grpc.RpcError as e:
-            if isinstance(from_grpc(e), NotReady):
-                return None
-            continue
-        return address
-    return None
 
 
 class FakeTabletServers:
@@ -166,7 +121,7 @@ def cluster(tmp_path: Path) -> Iterator[MasterCluster]:
 def test_ddl_failover_exactly_once_and_bad_input(cluster: MasterCluster) -> None:
     masters = Masters(cluster)
     try:
-        leader = _wait("a serving leader", lambda: _serving_leader(masters, cluster.addresses))
+        leader = wait("a serving leader", lambda: serving_leader(masters, cluster.addresses))
         with FakeTabletServers(masters, 3) as servers:
             assert all(servers.registered.get((u, a)) for u in servers.uuids for a in masters.stubs)
 
@@ -227,7 +182,7 @@ def test_ddl_failover_exactly_once_and_bad_input(cluster: MasterCluster) -> None
             # Kill -9 the leader; a new one takes over with the same catalog.
             cluster.kill(cluster.by_address(leader).name)
             survivors = [a for a in cluster.addresses if a != leader]
-            new_leader = _wait("a new serving leader", lambda: _serving_leader(masters, survivors))
+            new_leader = wait("a new serving leader", lambda: serving_leader(masters, survivors))
             assert _table_names(masters[new_leader]) == [("metrics", table_id)]
             schema2 = masters[new_leader].GetTableSchema(
                 pb.GetTableSchemaRequestPB(table=pb.TableIdentifierPB(table_id=table_id)),
@@ -284,7 +239,7 @@ def test_ddl_failover_exactly_once_and_bad_input(cluster: MasterCluster) -> None
                 hint = f"{r.leader_address.host}:{r.leader_address.port}"
                 return True if r.role == pb.FOLLOWER and hint == new_leader else None
 
-            _wait("the restarted master follows the new leader", follows_new_leader)
+            wait("the restarted master follows the new leader", follows_new_leader)
             err = _error(
                 lambda: masters[leader].ListTables(pb.ListTablesRequestPB(), timeout=RPC_TIMEOUT)
             )

@@ -12,21 +12,18 @@ import pytest
 
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
-from service.testing.master_cluster import FAST_RAFT, MasterCluster
+from service.testing.master_cluster import MasterCluster
 from service.testing.ts_simulator import FleetSimulator, SimulatorThread
-from tests.integration.test_master_cluster import Masters, _serving_leader, _wait
-from tests.integration.test_master_tasks import PARTITIONING, SCHEMA
+from tests.helpers.master_cluster import (
+    OVERRIDES,
+    PARTITIONING,
+    SCHEMA,
+    Masters,
+    serving_leader,
+    wait,
+)
 
 pytestmark = pytest.mark.integration
-
-OVERRIDES = {
-    **FAST_RAFT,
-    "bg_task_interval_ms": "100",
-    "task_retry_initial_ms": "100",
-    "task_retry_max_ms": "300",
-    "tserver_rpc_timeout_ms": "2000",
-    "unresponsive_timeout_ms": "3000",
-}
 
 
 def _done(masters: Masters, leader: str, table_id: str) -> bool | None:
@@ -47,7 +44,7 @@ def test_pending_creates_finish_under_the_new_leader_after_kill_9(tmp_path: Path
     with MasterCluster(tmp_path, 3, overrides=OVERRIDES, secure=False) as cluster:
         masters = Masters(cluster)
         try:
-            leader = _wait("a leader", lambda: _serving_leader(masters, cluster.addresses))
+            leader = wait("a leader", lambda: serving_leader(masters, cluster.addresses))
             with SimulatorThread(
                 cluster.addresses, ["ts-1", "ts-2", "ts-3"], heartbeat_interval_s=0.1
             ) as sims:
@@ -58,7 +55,7 @@ def test_pending_creates_finish_under_the_new_leader_after_kill_9(tmp_path: Path
                     )
                     return True if sum(s.live for s in r.servers) == 3 else None
 
-                _wait("3 live servers", live)
+                wait("3 live servers", live)
                 sims.call(lambda s: setattr(s, "hold_creates", True))
                 created = masters[leader].CreateTable(
                     pb.CreateTableRequestPB(
@@ -81,13 +78,13 @@ def test_pending_creates_finish_under_the_new_leader_after_kill_9(tmp_path: Path
                     assert not r.done
                     return True if r.tablets_total == 4 else None
 
-                _wait("tablets assigned", assigned)
+                wait("tablets assigned", assigned)
                 old_term = sims.call(lambda s: s.servers["ts-1"].highest_term)
                 cluster.kill(cluster.by_address(leader).name, signal.SIGKILL)
                 sims.call(lambda s: setattr(s, "hold_creates", False))
                 survivors = [a for a in cluster.addresses if a != leader]
-                new_leader = _wait("a new leader", lambda: _serving_leader(masters, survivors))
-                _wait(
+                new_leader = wait("a new leader", lambda: serving_leader(masters, survivors))
+                wait(
                     "create done under the new leader",
                     lambda: _done(masters, new_leader, created.table_id),
                     30,

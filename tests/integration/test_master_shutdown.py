@@ -33,7 +33,7 @@ from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.testing.master_cluster import FAST_RAFT, ROOT, MasterCluster, MasterProcess
 from service.tools.launcher import terminate_all
-from tests.integration.test_master_tasks import SCHEMA
+from tests.helpers.master_cluster import SCHEMA
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

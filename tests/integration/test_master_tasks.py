@@ -22,7 +22,6 @@ import pytest
 
 from service.common.config import MasterConfig, RaftSettings, WalSettings
 from service.common.errors import StaleTerm, from_grpc
-from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
 from service.common.schema import ColumnType, Schema
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.common.tls import SecuritySettings
@@ -32,11 +31,10 @@ from service.pb import master_pb2_grpc, tserver_pb2_grpc
 from service.pb import tserver_pb2 as tpb
 from service.raft import Role
 from service.testing.ts_simulator import FleetSimulator
+from tests.helpers.master_cluster import PARTITIONING, SCHEMA
 
 pytestmark = pytest.mark.integration
 
-SCHEMA = Schema.build([("k", ColumnType.STRING), ("v", ColumnType.INT64)], ("k",))
-PARTITIONING = PartitionSchema(hash=(HashBucketSchema(("k",), 4),), range=RangeSchema(()))
 FAST = RaftSettings(
     tick_interval_ms=20, heartbeat_interval_ms=40, election_timeout_ms=200, election_jitter_ms=40
 )

@@ -39,7 +39,7 @@ from service.common.pki import ClusterPki, IdentityFiles, identity_of
 from service.common.tls import Credentials
 from service.testing.master_cluster import FAST_RAFT
 from service.testing.mini_cluster import FAST_TSERVER, MiniCluster
-from tests.integration.test_status_pages import create_table, parse_metrics
+from tests.helpers.status_pages import create_table, parse_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -6,182 +6,42 @@ page of the leader master, a follower master and a tablet server is fetched with
 must name the table, its tablets, the servers; /metrics must parse as the Prometheus text
 format and carry the families the issue lists, with sensible values.
 
-The helpers here (`fetch`, `parse_metrics`, `create_table`) are shared with the headless
-browser test (test_status_pages_browser.py).
+The helpers (`fetch`, `parse_metrics`, `create_table`) are tests/helpers/status_pages.py's, shared
+with the headless browser test (test_status_pages_browser.py) and other integration tests.
 """
 
 from __future__ import annotations
 
 import re
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import grpc
 import pyarrow as pa
 import pytest
 
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
-from service.common.schema_codec import partition_from_pb, partition_schema_to_pb, schema_to_pb
+from service.common.schema_codec import partition_from_pb
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
 from service.testing.mini_cluster import MiniCluster
 from service.testing.tablet_fixtures import SCHEMA, rows, write_request
+from tests.helpers.status_pages import (
+    create_table,
+    fetch,
+    metrics_of,
+    parse_metrics,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-T = TypeVar("T")
 
 TABLE = "status_events"
 MASTER_PAGES = ("/", "/tables", "/tablets", "/tservers", "/tasks")
 TSERVER_PAGES = ("/", "/tablets", "/tablet-copies", "/scans")
-
-
-# --- helpers (also used by the browser test) -------------------------------------------------
-
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def fetch(address: str, path: str) -> tuple[int, str, str]:
-    """(status, content type, body) of GET http://address/path."""
-    try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as r:
-            return r.status, r.headers["Content-Type"], r.read().decode("utf-8")
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers["Content-Type"], e.read().decode("utf-8")
-
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(?:,|$)')
-
-
-@dataclass
-class Family:
-    kind: str
-    samples: list[tuple[str, dict[str, str], float]]
-
-    def value(self, name: str | None = None, **labels: str) -> float:
-        """The one sample named `name` (default: the family) with these labels."""
-        found = [
-            v
-            for n, ls, v in self.samples
-            if (name is None or n == name) and all(ls.get(k) == x for k, x in labels.items())
-        ]
-        assert len(found) == 1, (name, labels, self.samples)
-        return found[0]
-
-    def total(self, name: str | None = None, **labels: str) -> float:
-        return sum(
-            v
-            for n, ls, v in self.samples
-            if (name is None or n == name) and all(ls.get(k) == x for k, x in labels.items())
-        )
-
-
-def parse_metrics(text: str) -> dict[str, Family]:
-    """The Prometheus text format 0.0.4, strictly: every line is a comment or a sample of the
-    family its TYPE line declared (histograms' _bucket/_sum/_count included)."""
-    families: dict[str, Family] = {}
-    current = ""
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            name, kind = line[7:].split(" ")
-            assert name not in families, f"family {name} declared twice"
-            families[name] = Family(kind, [])
-            current = name
-            continue
-        if line.startswith("#") or not line:
-            continue
-        m = _SAMPLE.match(line)
-        assert m, f"not a sample line: {line!r}"
-        name, label_text, value = m.groups()
-        base = re.sub(r"_(bucket|sum|count)$", "", name)
-        family = families.get(name) or families.get(base)
-        assert family is not None and name.startswith(current), f"{name} outside its family"
-        labels = {}
-        if label_text:
-            pairs = _LABEL.findall(label_text)
-            assert ",".join(f'{k}="{v}"' for k, v in pairs) == label_text, label_text
-            labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in pairs}
-        family.samples.append((name, labels, float(value)))
-    return families
-
-
-def metrics_of(address: str) -> dict[str, Family]:
-    status, content_type, body = fetch(address, "/metrics")
-    assert status == 200
-    assert content_type.startswith("text/plain; version=0.0.4")
-    return parse_metrics(body)
-
-
-def _leader(stubs: dict[str, master_pb2_grpc.MasterServiceStub]) -> str | None:
-    for address, stub in stubs.items():
-        try:
-            if stub.ConnectToMaster(pb.ConnectToMasterRequestPB(), timeout=1).role != pb.LEADER:
-                continue
-            stub.ListTables(pb.ListTablesRequestPB(), timeout=1)
-            return address
-        except grpc.RpcError:
-            continue
-    return None
-
-
-def create_table(
-    cluster: MiniCluster, name: str, buckets: int, replicas: int
-) -> tuple[str, str, pb.GetTableLocationsResponsePB]:
-    """Create `name` through the master leader and wait until RUNNING: (leader address,
-    table id, locations)."""
-    channels = [cluster.sync_channel(a) for a in cluster.master_addresses]
-    try:
-        stubs = {
-            a: master_pb2_grpc.MasterServiceStub(c)
-            for a, c in zip(cluster.master_addresses, channels, strict=True)
-        }
-        leader = wait_for("a serving master leader", lambda: _leader(stubs))
-        m = stubs[leader]
-        partitioning = PartitionSchema(
-            hash=(HashBucketSchema(("id",), buckets),), range=RangeSchema(())
-        )
-        created = m.CreateTable(
-            pb.CreateTableRequestPB(
-                request_id=pb.RequestIdPB(client_id="status-pages", seq_no=1),
-                name=name,
-                schema=schema_to_pb(SCHEMA),
-                partition_schema=partition_schema_to_pb(partitioning, SCHEMA),
-                num_replicas=replicas,
-            ),
-            timeout=10,
-        )
-        table = pb.TableIdentifierPB(table_id=created.table_id)
-        wait_for(
-            "every tablet RUNNING",
-            lambda: m.IsCreateTableDone(pb.IsCreateTableDoneRequestPB(table=table), timeout=5).done,
-        )
-
-        def located() -> pb.GetTableLocationsResponsePB | None:
-            locs = m.GetTableLocations(pb.GetTableLocationsRequestPB(table=table), timeout=5)
-            ok = all(
-                sum(r.role == pb.LEADER for r in t.replicas) == 1 for t in locs.tablet_locations
-            )
-            return locs if ok and len(locs.tablet_locations) == buckets else None
-
-        return leader, created.table_id, wait_for("a leader for every tablet", located)
-    finally:
-        for c in channels:
-            c.close()
 
 
 # --- the cluster -----------------------------------------------------------------------------

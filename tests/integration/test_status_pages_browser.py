@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from service.testing.mini_cluster import MiniCluster
-from tests.integration.test_status_pages import create_table
+from tests.helpers.status_pages import create_table
 
 CHROMIUM = shutil.which("chromium")
 

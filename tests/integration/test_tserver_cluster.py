@@ -403,7 +403,7 @@ def test_a_quiesced_tablet_stops_heartbeating_and_fails_over_when_its_leader_die
     ticking, and after kill -9 of the leader's server the other two hear no more digests from
     it, wake, elect a leader and take writes; nothing acknowledged is lost. Restarted, the
     victim catches up and the group quiesces again."""
-    from tests.integration.test_status_pages import metrics_of
+    from tests.helpers.status_pages import metrics_of
 
     def quiesced(ts: Any) -> bool:
         fam = metrics_of(ts.http_address).get("tessera_raft_quiesced")

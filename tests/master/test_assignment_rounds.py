@@ -5,7 +5,7 @@ the event loop free in between; a table that cannot be placed waits out a doubli
 being tried (and logged) every round; and a queued CreateTablet whose task committed state no
 longer calls for is never sent.
 
-Runs in-process on `FakeRaft` (tests/master/test_catalog_manager.py) and a manual clock.
+Runs in-process on `FakeRaft` (tests/helpers/catalog_env.py) and a manual clock.
 """
 
 from __future__ import annotations
@@ -17,46 +17,25 @@ from collections import Counter
 from typing import Any
 
 from service.common.ids import NodeId
-from service.common.partition import HashBucketSchema, PartitionSchema
-from service.master.background_tasks import BackgroundSettings, BackgroundTasks
 from service.master.catalog_assignment import CreateReplicas
 from service.master.catalog_records import CatalogWrite, TabletState, Update
-from service.master.catalog_settings import CatalogSettings
 from service.master.placement_policy import ServerLoad, TablePlacer, place_table
 from service.master.ts_descriptor import NodeInstance
 from service.master.tserver_proxy import Fence
-from tests.master.test_catalog_manager import (
+from tests.helpers.assignment import ROUND, background, bounded_env, hashed, heartbeat_all
+from tests.helpers.catalog_env import (
     UNRESPONSIVE_S,
     Env,
     Ids,
     by_id,
     create,
-    make_env,
     run,
     wait_for,
 )
 
-ROUND = 100
-
-
-def hashed(buckets: int) -> PartitionSchema:
-    return PartitionSchema(hash=(HashBucketSchema(("host",), buckets),), split_rows=())
-
-
-def bounded_env(servers: int, **kw: Any) -> Env:
-    settings = CatalogSettings(
-        max_tablets_per_assignment_round=ROUND, max_create_tablets_per_ts=10_000, **kw
-    )
-    return make_env(servers=servers, settings=settings)
-
 
 def replicas_per_server(env: Env, table_id: str) -> dict[str, int]:
     return {u: env.ts.replica_counts(u).get(table_id, 0) for u in sorted(env.ts.uuids())}
-
-
-def heartbeat_all(env: Env) -> None:
-    for u in env.ts.uuids():
-        env.ts.heartbeat(NodeInstance(NodeId(u), 1))
 
 
 def test_a_huge_create_is_placed_in_bounded_rounds_of_one_write_each() -> None:
@@ -202,18 +181,6 @@ class RecordingProxy:
         self.calls += 1
         await self.gate.wait()
         self.created.append((tablet.tablet_id, dest))
-
-
-def background(env: Env, proxy: RecordingProxy, max_rpcs: int = 64) -> BackgroundTasks:
-    return BackgroundTasks(
-        env.cm,
-        env.ts,
-        proxy,  # type: ignore[arg-type]
-        Fence("master-1", 1),
-        env.clock,
-        random.Random(1),
-        BackgroundSettings(max_concurrent_rpcs=max_rpcs),
-    )
 
 
 def test_a_round_that_leaves_tablets_due_wakes_the_loop_for_the_next_one() -> None:

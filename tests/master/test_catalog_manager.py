@@ -3,10 +3,11 @@ replicated entry each, the state-change contract under replication failures (KUD
 request ids across a lost answer and a failover, readers that never see half-built state,
 roll-forward tasks, the assignment step with its REPLACED dance, and the GetTableLocations p99.
 
-`FakeRaft` stands in for `RaftNode.propose`: it applies straight to a `SysCatalogState` with
-increasing indexes, and can fail before applying (a leader losing its lease: nothing applied)
-or after (the entry committed but the answer was lost), be held at a gate, or apply another
-leader's entries first. It keeps the log, so a second replica can replay it (a failover).
+`FakeRaft` (tests/helpers/catalog_env.py) stands in for `RaftNode.propose`: it applies straight
+to a `SysCatalogState` with increasing indexes, and can fail before applying (a leader losing its
+lease: nothing applied) or after (the entry committed but the answer was lost), be held at a gate,
+or apply another leader's entries first. It keeps the log, so a second replica can replay it (a
+failover).
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ import dataclasses
 import random
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
 
-from service.common.clock import ManualClock
 from service.common.config import MasterConfig
 from service.common.errors import (
     Aborted,
@@ -74,163 +74,26 @@ from service.master.catalog_records import (
 )
 from service.master.catalog_settings import CatalogSettings
 from service.master.report_processing import ReportedRole, ReportedState, ReportedTablet
-from service.master.sys_catalog import ApplyResult, SysCatalogState
-from service.master.ts_descriptor import NodeInstance, TSRegistration
+from service.master.sys_catalog import SysCatalogState
+from service.master.ts_descriptor import NodeInstance
 from service.master.ts_manager import TSManager
-
-UNRESPONSIVE_S = 10.0
-SCHEMA = Schema.build(
-    [("host", ColumnType.STRING), ("ts", ColumnType.INT64), ("value", ColumnType.DOUBLE)],
-    ("host", "ts"),
+from tests.helpers.catalog_env import (
+    PARTITIONING,
+    SCHEMA,
+    UNRESPONSIVE_S,
+    Env,
+    FakeRaft,
+    Ids,
+    by_id,
+    by_name,
+    create,
+    create_running,
+    make_env,
+    register_servers,
+    report_running,
+    run,
+    wait_for,
 )
-# 2 hash buckets x 3 ranges = 6 tablets.
-PARTITIONING = PartitionSchema(
-    hash=(HashBucketSchema(("host",), 2),),
-    split_rows=(("m",), ("t",)),
-)
-
-
-def run(coro: Coroutine[Any, Any, Any]) -> Any:
-    return asyncio.run(coro)
-
-
-# --- fakes and fixtures ----------------------------------------------------------------------
-
-
-class FakeRaft:
-    """`replicate` for tests (module docstring)."""
-
-    def __init__(self, state: SysCatalogState) -> None:
-        self.state = state
-        self.log: list[bytes] = []
-        self.proposals = 0
-        self.waiting = 0
-        self.fail_before: list[TesseraError] = []
-        self.fail_after: list[TesseraError] = []
-        self.other_leader_first: list[bytes] = []
-        self.gate: asyncio.Event | None = None
-
-    def apply(self, data: bytes) -> ApplyResult:
-        self.log.append(data)
-        return self.state.apply(len(self.log), data)
-
-    async def __call__(self, data: bytes, timeout: float) -> ApplyResult:
-        assert timeout > 0
-        self.proposals += 1
-        if self.gate is not None:
-            self.waiting += 1
-            await self.gate.wait()
-            self.waiting -= 1
-        if self.fail_before:
-            raise self.fail_before.pop(0)
-        while self.other_leader_first:
-            self.apply(self.other_leader_first.pop(0))
-        result = self.apply(data)
-        if self.fail_after:
-            raise self.fail_after.pop(0)
-        return result
-
-
-@dataclasses.dataclass
-class Env:
-    clock: ManualClock
-    ts: TSManager
-    state: SysCatalogState
-    raft: FakeRaft
-    cm: CatalogManager
-
-    def snapshot(self) -> bytes:
-        return self.state.snapshot()
-
-
-def register_servers(ts: TSManager, n: int, first: int = 0) -> list[str]:
-    uuids = []
-    for i in range(first, first + n):
-        uuid = f"ts-{i}"
-        ts.register(NodeInstance(NodeId(uuid), 1), TSRegistration((f"10.0.0.{i + 1}:7050",)))
-        uuids.append(uuid)
-    return uuids
-
-
-def make_env(
-    servers: int = 3, settings: CatalogSettings | None = None, seed: int = 1, load: bool = True
-) -> Env:
-    clock = ManualClock(start=100.0)
-    ts = TSManager(clock, UNRESPONSIVE_S)
-    register_servers(ts, servers)
-    state = SysCatalogState()
-    raft = FakeRaft(state)
-    # No leader warm-up unless a test asks for one: "not enough servers" is then definite.
-    settings = settings or CatalogSettings(leader_warmup_s=0.0)
-    cm = CatalogManager(state, raft, ts, clock, random.Random(seed), settings)
-    if load:
-        cm.load()
-    return Env(clock, ts, state, raft, cm)
-
-
-class Ids:
-    """Request ids of one client, seq_no increasing."""
-
-    def __init__(self, client: str = "client-a") -> None:
-        self.client = client
-        self.seq = 0
-
-    def __call__(self) -> RequestId:
-        self.seq += 1
-        return RequestId(self.client, self.seq)
-
-
-def by_id(table_id: str) -> TableIdentifier:
-    return TableIdentifier.by_id(table_id)
-
-
-def by_name(name: str) -> TableIdentifier:
-    return TableIdentifier.by_name(name)
-
-
-async def create(
-    env: Env, name: str = "metrics", req: RequestId | None = None, **kw: Any
-) -> TableId:
-    args: dict[str, Any] = {
-        "schema": SCHEMA,
-        "partition_schema": PARTITIONING,
-        "num_replicas": 3,
-        "owner": "alice",
-    }
-    args.update(kw)
-    return await env.cm.create_table(name, request_id=req or RequestId(f"c-{name}", 1), **args)
-
-
-def report_running(env: Env, table_id: str, *, schema_version: int | None = None) -> int:
-    """What report processing (later work) will write when each CREATING tablet's leader reports
-    in: RUNNING, term 1, a leader, the schema version it runs. One entry; returns its index."""
-    table = env.state.table(table_id)
-    assert table is not None
-    version = table.record.schema_version if schema_version is None else schema_version
-    ops = []
-    for row in env.state.tablets_of(table_id):
-        rec = row.record
-        if rec.state not in (TabletState.CREATING, TabletState.RUNNING):
-            continue
-        assert rec.consensus is not None
-        cs = dataclasses.replace(rec.consensus, term=1, leader_uuid=rec.consensus.peers[0].uuid)
-        ops.append(
-            Update(
-                dataclasses.replace(
-                    rec, state=TabletState.RUNNING, consensus=cs, reported_schema_version=version
-                )
-            )
-        )
-    result = env.raft.apply(CatalogWrite(ops=tuple(ops), operation="TabletReport").encode())
-    assert result.ok, result.refusal
-    return result.index
-
-
-async def create_running(env: Env, name: str = "metrics", **kw: Any) -> TableId:
-    table_id = await create(env, name, **kw)
-    await env.cm.assign_tablets()
-    report_running(env, table_id)
-    return table_id
 
 
 def start_creates(env: Env, table_id: str) -> None:
@@ -238,14 +101,6 @@ def start_creates(env: Env, table_id: str) -> None:
     its assignment timeout starts."""
     for tablet_id in env.cm.maps.tables_by_id[TableId(table_id)].tablets:
         env.cm.create_started(tablet_id)
-
-
-async def wait_for(cond: Callable[[], bool]) -> None:
-    for _ in range(1000):
-        if cond():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never held")
 
 
 # --- create, then locations ------------------------------------------------------------------

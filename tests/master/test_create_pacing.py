@@ -2,7 +2,7 @@
 CreateTablet calls that adapt to the server's answers, and replacement only of tablets that
 are truly stuck, within budgets.
 
-Runs in-process on `FakeRaft` (tests/master/test_catalog_manager.py) and a manual clock; the
+Runs in-process on `FakeRaft` (tests/helpers/catalog_env.py) and a manual clock; the
 same on real processes with a slow CreateTablet is tests/integration/test_create_overload.py.
 """
 
@@ -16,8 +16,8 @@ from service.common.ids import NodeId
 from service.master.catalog_records import TabletState
 from service.master.create_pacing import CreatePacer, Outcome, ReplacementRules
 from service.master.tserver_proxy import Fence
-from tests.master.test_assignment_rounds import background, bounded_env, hashed, heartbeat_all
-from tests.master.test_catalog_manager import Env, create, run, wait_for
+from tests.helpers.assignment import background, bounded_env, hashed, heartbeat_all
+from tests.helpers.catalog_env import Env, create, run, wait_for
 
 # --- the window -------------------------------------------------------------------------------
 
@@ -250,7 +250,7 @@ def test_busy_servers_shrink_their_window_and_every_tablet_is_created_without_a_
     async def go() -> None:
         table_id = await create(env, partition_schema=hashed(30))
         proxy = BusyProxy(capacity=2)
-        bg = background(env, proxy)  # type: ignore[arg-type]
+        bg = background(env, proxy)
         await bg.round()
         await wait_for(lambda: proxy.shed > 0)
         windows = {s: w.window for s, w in bg.pacer.views()}

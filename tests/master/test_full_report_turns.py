@@ -20,9 +20,8 @@ from service.master.catalog_records import TabletState
 from service.master.heartbeat import HeartbeatContext, ReportGate, handle_heartbeat
 from service.master.report_turns import FullReportTurns
 from service.pb import master_pb2 as pb
-from tests.master.test_catalog_manager import Env, create, create_running, make_env
-from tests.master.test_heartbeat_partial_reports import _context, _entry
-from tests.master.test_report_processing import _leader_reports
+from tests.helpers.catalog_env import Env, create, create_running, make_env
+from tests.helpers.tablet_reports import heartbeat_context, leader_reports, report_entry
 
 # --- the turns themselves (pure logic, the caller's clock) ----------------------------------
 
@@ -124,8 +123,8 @@ def _heartbeat(uuid: str, report: pb.TabletReportPB | None = None) -> pb.TSHeart
 def _report(env: Env, uuid: str, *tables: str, full: bool, seq: int) -> pb.TabletReportPB:
     report = pb.TabletReportPB(is_incremental=not full, sequence_number=seq)
     for table_id in tables:
-        for t in _leader_reports(env, table_id).get(uuid, []):
-            report.updated_tablets.append(_entry(t))
+        for t in leader_reports(env, table_id).get(uuid, []):
+            report.updated_tablets.append(report_entry(t))
     return report
 
 
@@ -135,7 +134,7 @@ def test_a_new_leader_asks_a_few_servers_at_a_time_and_tells_the_rest_to_wait() 
         old = await create_running(env, "old")
         env.ts.request_full_reports()  # a new leader: every full report is due
         gate = ReportGate(full_report_turns=1)
-        ctx = _context(env, gate)
+        ctx = heartbeat_context(env, gate)
 
         a = await handle_heartbeat(ctx, _heartbeat("ts-0"))
         b = await handle_heartbeat(ctx, _heartbeat("ts-1"))
@@ -168,7 +167,7 @@ def test_a_waiting_servers_changes_are_processed_and_acknowledged_at_once() -> N
         await env.cm.assign_tablets()
         env.ts.request_full_reports()
         gate = ReportGate(full_report_turns=1)
-        ctx = _context(env, gate)
+        ctx = heartbeat_context(env, gate)
         assert (await handle_heartbeat(ctx, _heartbeat("ts-2"))).needs_full_tablet_report
 
         # A leader's claim is adopted once a follower's word confirms it (claims.py): the
@@ -195,7 +194,7 @@ def test_a_full_report_sent_unasked_is_read_when_a_turn_is_free() -> None:
         old = await create_running(env, "old")
         env.ts.request_full_reports()
         gate = ReportGate(full_report_turns=1)
-        ctx = _context(env, gate)
+        ctx = heartbeat_context(env, gate)
         answer = await handle_heartbeat(
             ctx, _heartbeat("ts-1", _report(env, "ts-1", old, full=True, seq=4))
         )
@@ -210,7 +209,7 @@ def test_a_follower_asks_for_nothing() -> None:
         env = make_env(servers=3)
         env.ts.request_full_reports()
         gate = ReportGate(full_report_turns=1)
-        ctx = _context(env, gate)
+        ctx = heartbeat_context(env, gate)
         follower = HeartbeatContext(**{**ctx.__dict__, "leading": False})
         answer = await handle_heartbeat(follower, _heartbeat("ts-0"))
         assert not answer.needs_full_tablet_report and not answer.full_tablet_report_deferred

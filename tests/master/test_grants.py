@@ -25,7 +25,7 @@ from service.master.security import TokenSigningKeys, public_key, tsk_write
 from service.master.sys_catalog import SysCatalogState
 from service.master.table_access import ALL_PRIVILEGES, TableAccess
 from service.pb import master_pb2 as pb
-from tests.master.test_sys_catalog import (
+from tests.helpers.sys_catalog import (
     Ids,
     apply_ok,
     create_table_write,

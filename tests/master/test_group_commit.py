@@ -25,7 +25,7 @@ from service.master.catalog_records import (
 )
 from service.master.group_commit import GroupCommit
 from service.master.sys_catalog import ApplyResult, SysCatalogState
-from tests.master.test_sys_catalog import apply_ok, make_consensus, make_table, make_tablets
+from tests.helpers.sys_catalog import apply_ok, make_consensus, make_table, make_tablets
 
 SERVERS = ["a" * 32, "b" * 32, "c" * 32]
 

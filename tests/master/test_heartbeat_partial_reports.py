@@ -16,51 +16,25 @@ import pytest
 
 from service.common.errors import InvalidArgument
 from service.common.ids import NodeId, TableId
-from service.master.catalog_records import TabletState, consensus_state_to_pb
+from service.master.catalog_records import TabletState
 from service.master.heartbeat import (
-    HeartbeatContext,
     ReportGate,
     handle_heartbeat,
     urgent_entries,
 )
-from service.master.report_processing import ReportedTablet
 from service.pb import master_pb2 as pb
-from tests.master.test_catalog_manager import Env, create, create_running, make_env
-from tests.master.test_report_processing import _leader_reports
+from tests.helpers.catalog_env import Env, create, create_running, make_env
+from tests.helpers.tablet_reports import heartbeat_context, leader_reports, report_entry
 
 REPORTER = "ts-0"
-
-
-def _context(env: Env, gate: ReportGate) -> HeartbeatContext:
-    return HeartbeatContext(
-        master_instance=pb.NodeInstancePB(permanent_uuid="m" * 32, instance_seqno=1),
-        term=2,
-        leading=True,
-        master_addresses=(),
-        ts_manager=env.ts,
-        catalog=env.cm,
-        submit=lambda actions: None,
-        reports=gate,
-    )
-
-
-def _entry(t: ReportedTablet) -> pb.ReportedTabletPB:
-    assert t.consensus is not None
-    return pb.ReportedTabletPB(
-        tablet_id=t.tablet_id,
-        state=t.state.value,
-        role=t.role.value,
-        consensus_state=consensus_state_to_pb(t.consensus),
-        schema_version=t.schema_version,
-    )
 
 
 def _full_report_request(env: Env, *tables: TableId, seq: int = 7) -> pb.TSHeartbeatRequestPB:
     """ts-0's full report: every replica it hosts of `tables`, as their leaders report them."""
     report = pb.TabletReportPB(is_incremental=False, sequence_number=seq)
     for table_id in tables:
-        for t in _leader_reports(env, table_id)[REPORTER]:
-            report.updated_tablets.append(_entry(t))
+        for t in leader_reports(env, table_id)[REPORTER]:
+            report.updated_tablets.append(report_entry(t))
     return pb.TSHeartbeatRequestPB(
         instance=pb.NodeInstancePB(permanent_uuid=REPORTER, instance_seqno=1),
         tablet_report=report,
@@ -82,7 +56,7 @@ async def _new_leader_with_a_creating_table() -> tuple[Env, TableId, TableId]:
     assert env.ts.request_full_reports() == 3
     # The other servers have spoken already (their incremental reports): their words confirm
     # the reporter's claims to lead (claims.py).
-    for uuid, tablets in _leader_reports(env, new).items():
+    for uuid, tablets in leader_reports(env, new).items():
         if uuid != REPORTER:
             env.cm.note_replica_states(NodeId(uuid), tablets, full=False)
     return env, old, new
@@ -96,7 +70,7 @@ def test_a_shed_full_report_still_turns_creating_tablets_running_unacknowledged(
         request = _full_report_request(env, old, new)
         proposals = env.raft.proposals
 
-        answer = await handle_heartbeat(_context(env, gate), request)
+        answer = await handle_heartbeat(heartbeat_context(env, gate), request)
 
         assert _states(env, new) == {TabletState.RUNNING}
         assert env.raft.proposals == proposals + 1  # the partial report: one write
@@ -106,7 +80,7 @@ def test_a_shed_full_report_still_turns_creating_tablets_running_unacknowledged(
 
         # Once a slot is free the whole report is read, acknowledged, and no longer wanted.
         gate.done_reading()
-        answer = await handle_heartbeat(_context(env, gate), request)
+        answer = await handle_heartbeat(heartbeat_context(env, gate), request)
         assert answer.acked_report_sequence_number == 7
         assert not answer.needs_full_tablet_report
 
@@ -121,7 +95,9 @@ def test_a_shed_full_report_without_creating_tablets_changes_nothing() -> None:
         proposals = env.raft.proposals
 
         # ts-0's report of the old table only: nothing in it is CREATING, nothing is read.
-        answer = await handle_heartbeat(_context(env, gate), _full_report_request(env, old))
+        answer = await handle_heartbeat(
+            heartbeat_context(env, gate), _full_report_request(env, old)
+        )
 
         assert env.raft.proposals == proposals
         assert answer.acked_report_sequence_number == 0 and answer.needs_full_tablet_report
@@ -142,7 +118,7 @@ def test_a_partial_report_with_a_bad_entry_is_refused_and_changes_nothing() -> N
         proposals = env.raft.proposals
 
         with pytest.raises(InvalidArgument, match=r"\.state: unknown replica state 99"):
-            await handle_heartbeat(_context(env, gate), request)
+            await handle_heartbeat(heartbeat_context(env, gate), request)
         assert env.raft.proposals == proposals
         assert _states(env, new) == {TabletState.CREATING}
 

@@ -2,7 +2,7 @@
 renews only its own certificate (#R11): the rules (`cert_issuer`), the record in sys.catalog
 (never rewritten, across snapshot/restore) and its purge by the leader's security step.
 
-`FakeRaft` (tests/master/test_security.py) applies proposals straight to a real
+`FakeRaft` (tests/helpers/sys_catalog.py) applies proposals straight to a real
 `SysCatalogState`; the integration tests (tests/integration/test_join_single_use.py) run the
 same through real masters and a failover."""
 
@@ -32,7 +32,7 @@ from service.master.cert_issuer import (
 )
 from service.master.security import ensure_security
 from service.master.sys_catalog import SysCatalogState
-from tests.master.test_security import FakeRaft
+from tests.helpers.sys_catalog import FakeRaft
 
 HOUR_US = 3600 * 1_000_000
 MASTER = Identity("master", "master-127.0.0.1-7051")

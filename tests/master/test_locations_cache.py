@@ -28,7 +28,7 @@ from service.master.catalog_records import (
 from service.master.catalog_settings import CatalogSettings
 from service.master.master_service import _LocationsResponses
 from service.master.ts_descriptor import NodeInstance, TSRegistration
-from tests.master.test_catalog_manager import (
+from tests.helpers.catalog_env import (
     Env,
     by_id,
     by_name,

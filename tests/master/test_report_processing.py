@@ -4,18 +4,15 @@ reports through the catalog manager (ONE write per report)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from dataclasses import replace
 
 import pytest
 
 from service.common.errors import Timeout
-from service.common.ids import NodeId, TableId, TabletId
-from service.common.partition import Partition
+from service.common.ids import NodeId, TabletId
 from service.common.schema import AddColumn, ColumnType
 from service.master.catalog_records import (
     ConsensusState,
-    HostPort,
     MemberType,
     RaftPeer,
     TableRecord,
@@ -36,38 +33,21 @@ from service.master.report_processing import (
     decide,
     one_step,
 )
-from tests.master.test_catalog_manager import (
-    PARTITIONING,
-    SCHEMA,
+from tests.helpers.catalog_env import (
     Ids,
     by_id,
     create,
     make_env,
     run,
 )
-
-T = TableId("a" * 32)
-X = TabletId("b" * 32)
-PEERS = tuple(
-    RaftPeer(NodeId(f"ts-{i}"), MemberType.VOTER, HostPort(f"10.0.0.{i}", 7050)) for i in range(3)
-)
-CONFIG0 = ConsensusState(term=0, config_index=0, peers=PEERS)
-TABLE = TableRecord(
-    table_id=T,
-    name="t",
-    schema=replace(SCHEMA, version=2),
-    partition_schema=PARTITIONING,
-    state=TableState.RUNNING,
-    num_replicas=3,
-)
-CREATING = TabletRecord(
-    X, T, Partition((), b"", b"", b"", b""), TabletState.CREATING, consensus=CONFIG0
-)
-RUNNING = replace(
+from tests.helpers.tablet_reports import (
     CREATING,
-    state=TabletState.RUNNING,
-    consensus=replace(CONFIG0, term=1, leader_uuid=NodeId("ts-0")),
-    reported_schema_version=2,
+    PEERS,
+    RUNNING,
+    TABLE,
+    T,
+    X,
+    leader_reports,
 )
 
 
@@ -297,22 +277,6 @@ def test_decide(
 # --- whole reports through the catalog manager -----------------------------------------------
 
 
-def _leader_reports(env: object, table_id: str, schema: int = 0) -> dict[str, list[ReportedTablet]]:
-    """What each server would report: LEADER for tablets it is first peer of, else FOLLOWER."""
-    out: dict[str, list[ReportedTablet]] = {}
-    for row in env.state.tablets_of(table_id):  # type: ignore[attr-defined]
-        rec = row.record
-        assert rec.consensus is not None
-        leader = rec.consensus.peers[0].uuid
-        c = dataclasses.replace(rec.consensus, term=1, leader_uuid=leader)
-        for p in rec.consensus.peers:
-            role = LEADER if p.uuid == leader else FOLLOWER
-            out.setdefault(p.uuid, []).append(
-                ReportedTablet(rec.tablet_id, ReportedState.RUNNING, role, c, schema)
-            )
-    return out
-
-
 def _note_all(env: object, reports: dict[str, list[ReportedTablet]]) -> None:
     """What the heartbeats do before they process: every server's word is heard (claims.py),
     so each leader's claim finds its followers' agreement."""
@@ -326,7 +290,7 @@ def test_a_full_report_is_one_write_and_makes_tablets_running() -> None:
         table_id = await create(env)
         await env.cm.assign_tablets()
         before = env.raft.proposals
-        reports = _leader_reports(env, table_id)
+        reports = leader_reports(env, table_id)
         _note_all(env, reports)
         for uuid, tablets in sorted(reports.items()):
             plan = await env.cm.process_report(NodeId(uuid), tablets)
@@ -352,7 +316,7 @@ def test_reports_processed_together_share_one_entry() -> None:
         env = make_env(servers=6)
         table_id = await create(env)
         await env.cm.assign_tablets()
-        reports = _leader_reports(env, table_id)
+        reports = leader_reports(env, table_id)
         leaders = {t.consensus.leader_uuid for ts in reports.values() for t in ts if t.consensus}
         assert len(leaders) > 1
         _note_all(env, reports)
@@ -372,7 +336,7 @@ def test_alter_done_when_every_leader_reports_the_version_in_the_same_write() ->
         env = make_env()
         table_id = await create(env)
         await env.cm.assign_tablets()
-        first = _leader_reports(env, table_id)
+        first = leader_reports(env, table_id)
         _note_all(env, first)
         for uuid, tablets in sorted(first.items()):
             await env.cm.process_report(NodeId(uuid), tablets)
@@ -381,7 +345,7 @@ def test_alter_done_when_every_leader_reports_the_version_in_the_same_write() ->
         )
         assert version == 1
         assert env.state.table(table_id).record.state is TableState.ALTERING  # type: ignore[union-attr]
-        old = _leader_reports(env, table_id, schema=0)
+        old = leader_reports(env, table_id, schema=0)
         actions = []
         for uuid, tablets in sorted(old.items()):
             actions += (await env.cm.process_report(NodeId(uuid), tablets)).actions
@@ -390,7 +354,7 @@ def test_alter_done_when_every_leader_reports_the_version_in_the_same_write() ->
         )
         assert all(isinstance(a, AlterReplica) and a.schema_version == 1 for a in actions)
         assert not (await env.cm.is_alter_table_done(by_id(table_id))).done
-        for uuid, tablets in sorted(_leader_reports(env, table_id, schema=1).items()):
+        for uuid, tablets in sorted(leader_reports(env, table_id, schema=1).items()):
             await env.cm.process_report(NodeId(uuid), tablets)
         assert (await env.cm.is_alter_table_done(by_id(table_id))).done
         rec = env.state.table(table_id).record  # type: ignore[union-attr]
@@ -406,7 +370,7 @@ def test_a_failed_replication_changes_nothing_and_raises() -> None:
         await env.cm.assign_tablets()
         snap = env.snapshot()
         env.raft.fail_before.append(Timeout("lost the lease"))
-        reports = _leader_reports(env, table_id)
+        reports = leader_reports(env, table_id)
         _note_all(env, reports)
         uuid, tablets = sorted(reports.items())[0]
         with pytest.raises(Timeout):
@@ -428,7 +392,7 @@ def test_a_leaders_claim_waits_for_its_followers_word_and_is_adopted_when_it_com
         env = make_env()
         table_id = await create(env)
         await env.cm.assign_tablets()
-        reports = _leader_reports(env, table_id)
+        reports = leader_reports(env, table_id)
         leader_of = {
             t.tablet_id: t.consensus.leader_uuid
             for ts in reports.values()

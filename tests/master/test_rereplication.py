@@ -17,7 +17,7 @@ from service.master.report_processing import (
     ReportedTablet,
 )
 from service.master.rereplication import FailedReplicas, plan_failed_cleanup, plan_rereplication
-from tests.master.test_report_processing import RUNNING, TABLE
+from tests.helpers.tablet_reports import RUNNING, TABLE
 
 
 def peers(*spec: str) -> tuple[RaftPeer, ...]:

@@ -2,10 +2,10 @@
 the leader, generated ahead and rotated as (explicit) time advances, purged when expired, kept in
 sys.catalog across snapshot/restore; tokens signed and verified, and every bad token refused.
 
-`FakeRaft` stands in for `RaftNode.propose`: it applies straight to a real `SysCatalogState`
-with increasing indexes, optionally applying another leader's entries first (a race). The last
-test starts one in-process MasterServer to check the wiring: its leader stores the CA and keys,
-and `aclose` cancels the security task.
+`FakeRaft` (tests/helpers/sys_catalog.py) stands in for `RaftNode.propose`: it applies straight
+to a real `SysCatalogState` with increasing indexes, optionally applying another leader's entries
+first (a race). The last test starts one in-process MasterServer to check the wiring: its leader
+stores the CA and keys, and `aclose` cancels the security task.
 """
 
 from __future__ import annotations
@@ -42,30 +42,12 @@ from service.master.security import (
     tsk_write,
     verify_token,
 )
-from service.master.sys_catalog import ApplyResult, SysCatalogState
+from service.master.sys_catalog import SysCatalogState
+from tests.helpers.sys_catalog import FakeRaft
 
 T0 = 1_700_000_000 * 1_000_000  # microseconds since the epoch
 HOUR_US = 3600 * 1_000_000
 POLICY = TokenSigningKeys()  # 7 days validity, 1 day rotation, 1 key ahead
-
-
-class FakeRaft:
-    def __init__(self, state: SysCatalogState) -> None:
-        self.state = state
-        self.index = 0
-        self.proposals = 0
-        self.other_leader_first: list[bytes] = []
-
-    def apply(self, data: bytes) -> ApplyResult:
-        self.index += 1
-        return self.state.apply(self.index, data)
-
-    async def __call__(self, data: bytes, timeout: float) -> ApplyResult:
-        assert timeout > 0
-        self.proposals += 1
-        while self.other_leader_first:
-            self.apply(self.other_leader_first.pop(0))
-        return self.apply(data)
 
 
 def ensure(raft: FakeRaft, now_us: int, policy: TokenSigningKeys = POLICY) -> Any:

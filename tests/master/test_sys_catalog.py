@@ -15,25 +15,19 @@ from pathlib import Path
 import pytest
 
 from service.common.errors import Corruption, FailedPrecondition, Internal
-from service.common.ids import NodeId, TableId, TabletId
-from service.common.partition import HashBucketSchema, PartitionSchema
-from service.common.schema import AddColumn, ColumnType, Schema
+from service.common.ids import TableId, TabletId
+from service.common.schema import AddColumn, ColumnType
 from service.consensus.node import StateMachine
 from service.master.catalog_records import (
     CatalogWrite,
     CertAuthorityRecord,
-    ConsensusState,
     Delete,
-    HostPort,
     Insert,
-    MemberType,
     Precondition,
-    RaftPeer,
     RecordType,
     RequestId,
     RowKey,
     RowOp,
-    TableRecord,
     TableState,
     TabletRecord,
     TabletState,
@@ -45,106 +39,18 @@ from service.master.catalog_records import (
 )
 from service.master.sys_catalog import ApplyResult, CatalogChange, Restored, SysCatalogState
 from service.pb import master_pb2
+from tests.helpers.sys_catalog import (
+    SCHEMA,
+    Ids,
+    apply_ok,
+    create_table_write,
+    make_consensus,
+    make_table,
+    make_tablets,
+    refusal_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = Schema.build([("id", ColumnType.INT64), ("name", ColumnType.STRING)], "id")
-
-
-class Ids:
-    """Deterministic uuids (32 hex digits) from a seeded generator."""
-
-    def __init__(self, seed: int = 7) -> None:
-        self.rng = random.Random(seed)
-
-    def __call__(self) -> str:
-        return f"{self.rng.getrandbits(128):032x}"
-
-
-def make_table(
-    table_id: str,
-    name: str = "t",
-    *,
-    buckets: int = 2,
-    splits: int = 1,
-    state: TableState = TableState.RUNNING,
-) -> TableRecord:
-    ps = PartitionSchema(
-        hash=(HashBucketSchema(("id",), buckets),),
-        split_rows=tuple((i * 1000,) for i in range(1, splits)),
-    )
-    return TableRecord(
-        table_id=TableId(table_id),
-        name=name,
-        schema=SCHEMA,
-        partition_schema=ps,
-        state=state,
-        num_replicas=3,
-        created_time_us=1_700_000_000_000_000,
-        altered_time_us=1_700_000_000_000_000,
-        owner="alice",
-    )
-
-
-def make_consensus(servers: list[str], term: int = 1, config_index: int = 0) -> ConsensusState:
-    peers = tuple(
-        RaftPeer(NodeId(u), MemberType.VOTER, HostPort(f"ts-{u[:6]}.tessera.internal", 7050))
-        for u in servers
-    )
-    return ConsensusState(term, config_index, peers, leader_uuid=NodeId(servers[0]))
-
-
-def make_tablets(
-    table: TableRecord,
-    ids: Ids,
-    *,
-    servers: list[str] | None = None,
-    replicas: int = 3,
-) -> list[TabletRecord]:
-    out = []
-    for i, partition in enumerate(table.partition_schema.create_partitions(table.schema)):
-        consensus = None
-        state = TabletState.PREPARING
-        if servers is not None:
-            chosen = [servers[(i + k) % len(servers)] for k in range(replicas)]
-            consensus = make_consensus(chosen)
-            state = TabletState.CREATING
-        out.append(
-            TabletRecord(
-                tablet_id=TabletId(ids()),
-                table_id=table.table_id,
-                partition=partition,
-                state=state,
-                consensus=consensus,
-                created_time_us=table.created_time_us,
-            )
-        )
-    return out
-
-
-def create_table_write(
-    table: TableRecord, tablets: list[TabletRecord], request: RequestId | None = None
-) -> CatalogWrite:
-    response = master_pb2.CreateTableResponsePB(table_id=table.table_id).SerializeToString()
-    return CatalogWrite(
-        ops=(Insert(table), *(Insert(t) for t in tablets)),
-        request_id=request,
-        operation="CreateTable",
-        response=response,
-    )
-
-
-def apply_ok(state: SysCatalogState, index: int, write: CatalogWrite) -> ApplyResult:
-    result = state.apply(index, write.encode())
-    assert result.ok, result.refusal
-    return result
-
-
-def refusal_of(state: SysCatalogState, index: int, write: CatalogWrite | bytes) -> tuple[str, str]:
-    data = write if isinstance(write, bytes) else write.encode()
-    result = state.apply(index, data)
-    assert result.refusal is not None, "expected a refusal"
-    assert result.written == () and result.deleted == ()
-    return result.refusal.code, result.refusal.message
 
 
 def rows_of(state: SysCatalogState) -> list[object]:

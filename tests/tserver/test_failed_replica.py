@@ -25,7 +25,7 @@ from service.tserver.row_ops import WriteBatch
 from service.tserver.rowstore import RowStore
 from service.tserver.rowstore_memstore import MemStore, OlderVersions
 from service.tserver.tablet import ReplicaState
-from tests.tserver.test_tablet_server import Server, run
+from tests.helpers.tserver_inproc import Server, run
 
 pytestmark = pytest.mark.timeout(120)
 

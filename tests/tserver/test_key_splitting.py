@@ -28,7 +28,7 @@ from service.tserver.key_splitting import (
 )
 from service.tserver.row_ops import RowOp
 from service.tserver.rowstore import RowStore
-from tests.tserver.test_rowstore import Writer
+from tests.helpers.rowstore import Writer
 
 T = ColumnType
 SCHEMA = Schema.build([("id", T.INT64), ("s", T.STRING), ("x", T.DOUBLE)], "id")

@@ -20,7 +20,7 @@ from service.tserver.row_ops import RowOp
 from service.tserver.rowstore import RowStore
 from service.tserver.rowstore_files import BATCH_ROWS, DEL_COL, KEY_COL, Source, phys_name
 from service.tserver.rowstore_merge import MIN_RUN_ROWS, merge_sources
-from tests.tserver.test_rowstore import Writer
+from tests.helpers.rowstore import Writer
 
 T = ColumnType
 
