@@ -34,7 +34,22 @@ violations are refused with `ClockError` rather than allowed to break the order:
   possible, so the machine's clock is broken, and it refuses to assign timestamps until its
   wall clock has caught up, with an error that names the gap.
 
-Nothing here reads the time itself: the wall clock is injected (`wall_us`), so tests drive it.
+A third is a wall clock that jumps *forward*: nothing above sees it (the new reading is
+simply larger), yet a leader whose clock jumped minutes ahead stamps its writes minutes in the
+future, every replica that applies them must follow (a committed stamp is never refused), and
+the whole tablet then refuses new timestamps, and reads at the present miss those writes, until
+real time catches up. So the clock also keeps the wall and monotonic readings it started with:
+the monotonic clock (CLOCK_BOOTTIME on Linux) is slewed by NTP like the wall clock but never
+stepped, so the two move together unless the wall clock is stepped (or set). Once the wall
+clock has moved more than the bound against the monotonic one, in either direction, the clock
+refuses to hand out or check timestamps (`ClockError` naming the jump) until it is back within
+the bound; a server restarted once the clock is right starts from the new reading. Entries it
+applies are still taken in. (An NTP daemon that steps a running server's clock by more than
+the bound, rather than slewing it, trips this too: that server's clock was off by more than
+the bound, and it waits for a restart rather than guess which reading is right.)
+
+Nothing here reads the time itself: the wall and monotonic clocks are injected (`wall_us`,
+`mono_us`), so tests drive them; a clock given only a wall clock does not watch for jumps.
 """
 
 from __future__ import annotations
@@ -104,6 +119,18 @@ def _wall_us() -> int:
     return time.time_ns() // 1000
 
 
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def _mono_us() -> int:
+    """The monotonic clock the wall clock is watched against: Linux's CLOCK_BOOTTIME, which
+    counts a suspended machine's sleep like the wall clock does (CLOCK_MONOTONIC does not, and a
+    resumed VM would look like a stepped clock); elsewhere the plain monotonic clock."""
+    if _BOOTTIME is not None:
+        return time.clock_gettime_ns(_BOOTTIME) // 1000
+    return time.monotonic_ns() // 1000
+
+
 class HybridClock:
     """A hybrid logical clock (module docstring). Thread-safe: scans compute snapshot times in
     worker threads while the event loop stamps writes."""
@@ -112,13 +139,35 @@ class HybridClock:
         self,
         max_error_us: int = DEFAULT_MAX_CLOCK_ERROR_US,
         wall_us: Callable[[], int] = _wall_us,
+        mono_us: Callable[[], int] | None = None,
     ) -> None:
         if max_error_us <= 0:
             raise ValueError(f"max_error_us must be positive, got {max_error_us}")
         self.max_error_us = max_error_us
-        self._wall_us = wall_us
+        self._raw_wall_us = wall_us
+        if mono_us is None and wall_us is _wall_us:
+            mono_us = _mono_us
+        self._mono_us = mono_us
+        self._anchor = (wall_us(), mono_us()) if mono_us is not None else None
+        """(wall, monotonic) at start: how far the wall clock may be from the monotonic one."""
         self._last = 0
         self._lock = threading.Lock()
+
+    def _wall_us(self) -> int:
+        """The wall clock, once it is known not to have jumped (module docstring)."""
+        wall = self._raw_wall_us()
+        if self._anchor is not None and self._mono_us is not None:
+            wall0, mono0 = self._anchor
+            moved = wall - (wall0 + self._mono_us() - mono0)
+            if abs(moved) > self.max_error_us:
+                raise ClockError(
+                    f"this server's wall clock has moved {moved / 1e6:+.3f} s against its "
+                    f"monotonic clock since {describe(from_micros(wall0))}: more than "
+                    f"max_clock_error_ms ({self.max_error_us / 1000:.0f} ms). It was stepped "
+                    "or set; no timestamp is assigned or checked here until it is back "
+                    "within the bound (restart the server once the clock is right)"
+                )
+        return wall
 
     @property
     def last(self) -> Timestamp:
@@ -175,7 +224,7 @@ class HybridClock:
         with self._lock:
             if ts > self._last:
                 self._last = ts
-            return (ts >> LOGICAL_BITS) - self._wall_us() > self.max_error_us
+            return (ts >> LOGICAL_BITS) - self._raw_wall_us() > self.max_error_us
 
     def check(self, ts: int) -> None:
         """ClockError if `ts` is further ahead of the wall clock than the bound allows (a

@@ -118,3 +118,31 @@ def test_threads_never_get_the_same_timestamp() -> None:
     for t in threads:
         t.join()
     assert len(set(got)) == len(got) == 8000
+
+
+def test_a_wall_clock_that_jumps_against_the_monotonic_one_stops_timestamps_until_it_is_back() -> (
+    None
+):
+    """A forward step would have this server stamp writes in the future, which every replica
+    must then follow; a backward step beyond the bound is refused too. Back within the bound,
+    timestamps flow again."""
+    wall, mono = [1_000_000_000_000], [5_000_000]
+    clock = HybridClock(500_000, wall_us=lambda: wall[0], mono_us=lambda: mono[0])
+    first = clock.now()
+    wall[0] += 2_000_000
+    mono[0] += 2_000_000  # both moved: time passed
+    assert clock.now() > first
+    wall[0] += 600_000_000  # stepped ten minutes ahead
+    for call in (clock.now, lambda: clock.check(first), lambda: clock.update(clock.last + 1)):
+        with pytest.raises(ClockError, match=r"moved \+600\.000 s against its monotonic clock"):
+            call()
+    assert clock.observe(clock.last + 2) is False  # applied entries are still taken in
+    wall[0] -= 600_000_000 + 300_000  # set back, 0.3 s behind where it should be: within
+    later = clock.now()
+    assert later > first
+    wall[0] -= 700_000  # now 1 s behind
+    with pytest.raises(ClockError, match=r"moved -1\.000 s"):
+        clock.now()
+    plain = HybridClock(500_000, wall_us=lambda: wall[0])  # no monotonic clock: not watched
+    wall[0] += 600_000_000
+    assert plain.now() > 0
