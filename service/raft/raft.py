@@ -159,6 +159,11 @@ class Raft:
         self.committed_config = base
         self.pending_configs: list[tuple[int, RaftConfig]] = []
         self.config = base
+        self.config_grounded = bool(base.voters or base.learners)
+        """Whether this node's config rests on a known base (a bootstrap config or a
+        snapshot's). A node that started with none and replayed membership changes from
+        index 1 applied them to an empty config and may believe in a quorum of itself: it
+        never campaigns until a snapshot gives it the real config (`promotable`)."""
         if hs.commit:
             if not (self.log.committed <= hs.commit <= self.log.last_index()):
                 raise ValueError(
@@ -192,7 +197,7 @@ class Raft:
         return Role.NON_PARTICIPANT
 
     def promotable(self) -> bool:
-        return self.id in self.config.voters
+        return self.config_grounded and self.id in self.config.voters
 
     def _send(self, m: Message) -> None:
         self.msgs.append(m)
@@ -759,6 +764,7 @@ class Raft:
             self._commit_changed()
             return False
         self.log.restore(snap)
+        self.config_grounded = True
         self.committed_config = meta.config
         self.pending_configs = []
         self._reconfigure(meta.config)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from service.common.errors import (
+    Aborted,
     CasMismatch,
     ConfigChangeRejected,
     InvalidArgument,
@@ -210,14 +211,29 @@ SNAPPY = NodeSettings(
 )
 
 
-async def write_keys(leader: RaftNode, keys: range, chunk: int = 10) -> None:
+async def write_keys(c: Cluster, keys: range, chunk: int = 10) -> RaftNode:
+    """Write `keys` (k<i>=<i>, so a key written twice is the same), `chunk` at a time, through
+    the leader; the leader at the end. A chunk that loses its leader (an election on a busy
+    machine overwrote its entries) is written again through the new one, as a client would."""
+    leader = await c.leader()
     for lo in range(keys.start, keys.stop, chunk):
-        await asyncio.gather(
-            *(
-                leader.propose(f"k{i}={i}".encode(), timeout=WAIT_S)
-                for i in range(lo, min(lo + chunk, keys.stop))
+        for _ in range(20):
+            done = await asyncio.gather(
+                *(
+                    leader.propose(f"k{i}={i}".encode(), timeout=WAIT_S)
+                    for i in range(lo, min(lo + chunk, keys.stop))
+                ),
+                return_exceptions=True,
             )
-        )
+            failed = [e for e in done if isinstance(e, BaseException)]
+            if not failed:
+                break
+            if not all(isinstance(e, Aborted | NotTheLeader | Timeout) for e in failed):
+                raise failed[0]
+            leader = await c.leader()
+        else:
+            raise AssertionError(f"keys from {lo}: no leader took them in 20 tries")
+    return leader
 
 
 def test_snapshot_compaction_and_restart_recover_the_same_state(tmp_path: Path) -> None:
@@ -228,8 +244,7 @@ def test_snapshot_compaction_and_restart_recover_the_same_state(tmp_path: Path) 
         try:
             for uuid in UUIDS:
                 await c.start(uuid, UUIDS)
-            leader = await c.leader()
-            await write_keys(leader, range(130))
+            await write_keys(c, range(130))
             await eventually(lambda: all(sm.kv == expected for sm in c.sms.values()), "all applied")
             # A snapshot taken after the last apply may still be under way in a worker thread.
             interval = SNAPPY.snapshot_interval_entries
@@ -270,8 +285,7 @@ def test_learner_catches_up_by_snapshot_and_is_promoted(tmp_path: Path) -> None:
     expected = {f"k{i}": str(i) for i in range(120)}
 
     async def scenario(c: Cluster) -> None:
-        leader = await c.leader()
-        await write_keys(leader, range(120))
+        leader = await write_keys(c, range(120))
         assert leader.storage.first_index() > 1  # the log start is gone: d needs a snapshot
         d = await c.start("d", None)  # empty config, no bootstrap: waits to be added
         assert d.status().role is Role.NON_PARTICIPANT
@@ -311,8 +325,7 @@ def test_a_learner_added_without_promote_stays_a_non_voter(tmp_path: Path) -> No
     """promote=False: a read replica catches up and applies writes but is never made a voter."""
 
     async def scenario(c: Cluster) -> None:
-        leader = await c.leader()
-        await write_keys(leader, range(10))
+        leader = await write_keys(c, range(10))
         d = await c.start("d", None)
         cfg = leader.status().committed_config
         await leader.change_config(
