@@ -153,8 +153,8 @@ class RequestIds:
             if seq:
                 self.finish(seq)
 
-    def pb(self, seq: int) -> tpb.RequestIdPB:
-        return tpb.RequestIdPB(
+    def pb(self, seq: int) -> tpb.WriteRequestIdPB:
+        return tpb.WriteRequestIdPB(
             client_id=self.client_id,
             seq_no=seq,
             first_incomplete_seq_no=min(self._open, default=seq),

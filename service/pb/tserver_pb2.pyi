@@ -690,7 +690,7 @@ class WriteRequestPB(_message.Message):
         """One per row, overriding default_op; empty: every row is default_op."""
 
     @_builtins.property
-    def request_id(self) -> Global___RequestIdPB:
+    def request_id(self) -> Global___WriteRequestIdPB:
         """Names a plain write so that a retry of it is applied once (docs/design/tablets.md#R6): a
         retry after a lost reply gets the first attempt's outcome. Unset: no such guarantee.
         """
@@ -708,7 +708,7 @@ class WriteRequestPB(_message.Message):
         propagated_timestamp: _builtins.int = ...,
         txn_id: _builtins.int = ...,
         txn_attempt: _builtins.str = ...,
-        request_id: Global___RequestIdPB | None = ...,
+        request_id: Global___WriteRequestIdPB | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -719,7 +719,7 @@ class WriteRequestPB(_message.Message):
 Global___WriteRequestPB: _TypeAlias = WriteRequestPB  # noqa: Y015
 
 @_typing.final
-class RequestIdPB(_message.Message):
+class WriteRequestIdPB(_message.Message):
     """One client's write request, across its retries. `client_id`: 16 random bytes a client picks
     once; `seq_no`: its requests numbered from 1; `first_incomplete_seq_no`: the lowest seq_no the
     client still waits on, so servers forget the outcomes of those below it.
@@ -746,7 +746,7 @@ class RequestIdPB(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___RequestIdPB: _TypeAlias = RequestIdPB  # noqa: Y015
+Global___WriteRequestIdPB: _TypeAlias = WriteRequestIdPB  # noqa: Y015
 
 @_typing.final
 class PerRowErrorPB(_message.Message):

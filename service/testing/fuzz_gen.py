@@ -403,7 +403,14 @@ class Generator:
         return draw(self._bytes_pool(k))
 
     def request_id(self, draw: st.DrawFn, rid: Any) -> None:
-        """A fresh request id (a DDL without one is refused before anything else)."""
+        """A fresh request id: a DDL's (refused without one, before anything else) or a plain
+        write's (16 bytes of client id; mostly a well-formed one, sometimes a numbering the
+        server must refuse)."""
+        if rid.DESCRIPTOR.name == "WriteRequestIdPB":
+            rid.client_id = draw(st.binary(min_size=16, max_size=16))
+            rid.seq_no = draw(st.integers(0, 2**40))
+            rid.first_incomplete_seq_no = draw(st.integers(0, rid.seq_no + 1))
+            return
         rid.client_id = "fuzz-" + draw(st.sampled_from(self.vocab.principals))
         rid.seq_no = draw(st.integers(1, 2**40))
         rid.attempt_no = draw(st.integers(0, 3))

@@ -637,7 +637,7 @@ async def test_a_flush_waits_for_its_manifest_fsyncs_off_the_event_loop(server: 
 
 def _named(req: tpb.WriteRequestPB, client: bytes, seq: int, first: int = 0) -> tpb.WriteRequestPB:
     req.request_id.CopyFrom(
-        tpb.RequestIdPB(client_id=client, seq_no=seq, first_incomplete_seq_no=first)
+        tpb.WriteRequestIdPB(client_id=client, seq_no=seq, first_incomplete_seq_no=first)
     )
     return req
 
