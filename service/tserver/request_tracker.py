@@ -38,8 +38,13 @@ from service.pb import tserver_pb2 as tpb
 __all__ = ["CLIENT_ID_BYTES", "Outcome", "RequestId", "RequestTracker"]
 
 CLIENT_ID_BYTES = 16
-MAX_CLIENTS = 4096
-MAX_PER_CLIENT = 4096
+MAX_CLIENTS = 512
+"""Clients remembered per tablet replica, the least recently seen dropped first: a retry comes
+within seconds, and every replica of every tablet keeps its own table (about 100 KB each when
+full with one outcome per client)."""
+MAX_PER_CLIENT = 1024
+"""Outcomes kept per client, the oldest dropped first (a client's `first_incomplete_seq_no`
+usually keeps it to the requests it has in flight)."""
 _SEQ = struct.Struct(">Q")
 
 
