@@ -104,7 +104,6 @@ def connect_session(url: str) -> SparkSession:
 def main(argv: Sequence[str] | None = None) -> int:
     """`tessera spark connect-server`: run a Connect server in the foreground."""
     import argparse
-    import subprocess
 
     p = argparse.ArgumentParser(prog="tessera spark connect-server", description=__doc__)
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -117,7 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     cmd, env = server_command(args.port, warehouse_dir=args.warehouse, metastore_dir=args.metastore)
     print(f"Spark Connect server on sc://127.0.0.1:{args.port} (Ctrl-C stops it)", flush=True)
-    return subprocess.call(cmd, env=env)
+    # This process becomes spark-submit (same pid): a supervisor's SIGTERM reaches the server
+    # itself, where a child would have been left running when its parent was stopped.
+    os.execve(cmd[0], cmd, env)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from service.common.partition import HashBucketSchema, PartitionSchema
 from service.common.schema import ColumnType, Schema
 from service.testing.mini_cluster import MiniCluster
 from service.tools.launcher import terminate_all
-from spark_jobs.connect import server_command
 from spark_jobs.session import REPO_ROOT
 from tests.spark.conftest import masters
 
@@ -69,11 +68,14 @@ def _free_port() -> int:
 def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     base = tmp_path_factory.mktemp("connect")
     port = _free_port()
-    # The default catalog (in-memory, spark_jobs/catalog.py); test_stream_sink.py and the demo
-    # run with a Hive metastore (--metastore).
-    cmd, env = server_command(port, warehouse_dir=str(base / "wh"))
+    # Started the documented way, the `tessera` command (which becomes the server: a SIGTERM
+    # reaches the JVM). The default catalog (in-memory, spark_jobs/catalog.py);
+    # test_stream_sink.py and the demo run with a Hive metastore (--metastore).
+    tessera = Path(sys.executable).parent / "tessera"
+    cmd = [str(tessera), "spark", "connect-server", "--port", str(port)]
+    cmd += ["--warehouse", str(base / "wh")]
     log = (base / "server.log").open("wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=base)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=base)
     try:
         deadline = time.monotonic() + 240
         while True:
