@@ -89,6 +89,7 @@ from service.common.errors import (
     OutsidePartition,
     PermissionDenied,
     ResourceExhausted,
+    ServiceUnavailable,
     SnapshotTooOld,
     TabletNotRunning,
     TesseraError,
@@ -690,7 +691,17 @@ class TabletReplica:
                     return self._repeated(node, checked, done)
             if txn_id:
                 entry = txns.stage_entry(txn_id, req.txn_attempt, checked.entry)
-                result = await node.propose(entry, timeout=timeout)
+                try:
+                    result = await node.propose(entry, timeout=timeout)
+                except Aborted as e:
+                    # The entry lost its place in the log to a new leader's: nothing of it was
+                    # staged anywhere, so the writer may send it again to the new leader. Not
+                    # ABORTED, which a transaction's writer takes for a conflict that only
+                    # running the transaction again resolves.
+                    raise ServiceUnavailable(
+                        f"tablet {self.tablet_id}: {e.message}; send the write again to the "
+                        "new leader"
+                    ) from e
                 if isinstance(result, TxnRefusal):
                     refused = Aborted if result.conflict else FailedPrecondition
                     raise refused(f"tablet {self.tablet_id}: {result.reason}")
