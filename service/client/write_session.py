@@ -134,24 +134,20 @@ class RequestIds:
         self._next = 1
         self._open: set[int] = set()
 
-    def start(self) -> int:
+    @contextmanager
+    def request(self, *, named: bool) -> Iterator[int]:
+        """A new request's number while it is awaited (0, and no number used, when `named` is
+        false)."""
+        if not named:
+            yield 0
+            return
         seq = self._next
         self._next += 1
         self._open.add(seq)
-        return seq
-
-    def finish(self, seq: int) -> None:
-        self._open.discard(seq)
-
-    @contextmanager
-    def request(self, *, named: bool) -> Iterator[int]:
-        """A new request's number while it is awaited (0 when `named` is false)."""
-        seq = self.start() if named else 0
         try:
             yield seq
         finally:
-            if seq:
-                self.finish(seq)
+            self._open.discard(seq)
 
     def pb(self, seq: int) -> tpb.WriteRequestIdPB:
         return tpb.WriteRequestIdPB(

@@ -96,7 +96,7 @@ from service.master.report_processing import (
 from service.master.sys_catalog import ApplyResult, SysCatalogState
 from service.master.ts_manager import TSManager
 from service.pb import master_pb2 as pb
-from tests.raft.scenarios import Command, ScenarioError
+from tests.raft.scenarios import Command, ScenarioError, dispatch
 
 _T = TypeVar("_T")
 
@@ -191,11 +191,8 @@ class CatalogEnv:
         return _OPTIONS.get(command, frozenset())
 
     def run(self, cmd: Command) -> list[str]:
-        handler = self.handlers.get(cmd.name)
-        if handler is None:
-            raise ScenarioError(f"unknown command {cmd.name!r}")
         self.out = []
-        handler(cmd)
+        dispatch(self.handlers, cmd)
         if not self.out:
             self.out.append("ok")
         return [self._names_for_ids(line) for line in self.out]

@@ -88,7 +88,7 @@ import functools
 import os
 import random
 import shlex
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -247,6 +247,14 @@ class Env(Protocol):
         ...
 
     def run(self, cmd: Command) -> list[str]: ...
+
+
+def dispatch(handlers: Mapping[str, Callable[[Command], object]], cmd: Command) -> None:
+    """Run `cmd` by its handler (each environment's `run`); ScenarioError for an unknown one."""
+    handler = handlers.get(cmd.name)
+    if handler is None:
+        raise ScenarioError(f"unknown command {cmd.name!r}")
+    handler(cmd)
 
 
 @dataclass(frozen=True)
@@ -466,11 +474,8 @@ class RaftEnv:
         return _OPTIONS.get(command, frozenset())
 
     def run(self, cmd: Command) -> list[str]:
-        handler = self.handlers.get(cmd.name)
-        if handler is None:
-            raise ScenarioError(f"unknown command {cmd.name!r}")
         self.out = []
-        handler(cmd)
+        dispatch(self.handlers, cmd)
         return self.out
 
     # -- helpers ---------------------------------------------------------------------------
