@@ -175,7 +175,7 @@ class Source:
     as a snapshot at T sees it."""
 
     __slots__ = (
-        "_history_shape",
+        "_history_next",
         "_history_ts",
         "deleted",
         "has_tombstones",
@@ -208,7 +208,7 @@ class Source:
             self.max_time = int(self.times.max())
         self.history = history if history is not None and history.num_rows else None
         self._history_ts: np.ndarray | None = None
-        self._history_shape: tuple[np.ndarray, np.ndarray] | None = None
+        self._history_next: np.ndarray | None = None
         self.history_index: KeyIndex | None = None
         if self.history is not None:
             hmax = pc.max(self.history.column(TS_COL)).as_py()
@@ -233,12 +233,13 @@ class Source:
         itself when every version is old enough: a snapshot of data that stopped changing
         before it costs nothing.
 
-        Cost: the view is one `take` of its rows, chosen with vectorized key comparisons (the
-        history is sorted by key, newest first, so a key's newest version at or before `at`
-        is its first such row); with keys of one width (integer keys) nothing loops in
-        Python, otherwise the keys go through a list. `columns` (physical names; the key and
-        deletion flag always come along): only these are copied, what a scan's projection
-        needs."""
+        Cost: the view is one `take` of its rows. A history row is the version a snapshot
+        at `at` sees exactly when it was committed at or before `at` and the key's next newer
+        version (the history row before it, or the key's row in `table`) after `at`; that
+        next timestamp is worked out once per source (`_next_times`), so choosing the rows is
+        two vectorized comparisons over the history, whatever its keys. `columns` (physical
+        names; the key and deletion flag always come along): only these are copied, what a
+        scan's projection needs."""
         if self.max_time <= at:
             return self
         times = self.times
@@ -249,17 +250,10 @@ class Source:
         hidx = self.history_index
         take_hist = np.zeros(0, dtype=np.int64)
         if hist is not None and hidx is not None and not visible.all():
-            starts, base_row = self._shape()
-            # Within a key's versions (newest first) those at or before `at` are a suffix:
-            # its first row is the version the snapshot sees, kept if the key's base row is
-            # newer than the snapshot.
-            mask = self._history_times() <= at
-            prev = np.empty_like(mask)
-            prev[0] = False
-            prev[1:] = mask[:-1]
-            prev[starts] = False
-            first = np.flatnonzero(mask & ~prev)
-            take_hist = first[~visible[base_row[first]]]
+            ht = self._history_times()
+            chosen_mask = ht <= at
+            chosen_mask &= self._next_times() > at
+            take_hist = np.flatnonzero(chosen_mask)
         base = self.table
         if columns is not None:
             wanted = {KEY_COL, DEL_COL, *columns}
@@ -267,6 +261,7 @@ class Source:
         if not len(take_hist):
             return Source(take_sorted(base, keep_base))
         assert hist is not None and hidx is not None
+        hist = self._gatherable_history()
         hist = hist.select([n for n in hist.column_names if n in base.column_names])
         chosen = conform_like(take_sorted(hist, take_hist), base)
         if not len(keep_base):
@@ -280,19 +275,22 @@ class Source:
             order = np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
         return Source(both.take(pa.array(order)))
 
-    def _shape(self) -> tuple[np.ndarray, np.ndarray]:
-        """The history's shape, built once: where each key's versions start, and the base
-        row of each history row's key (every key of the history has one: its newest version
-        in this source)."""
-        if self._history_shape is None:
+    def _next_times(self) -> np.ndarray:
+        """For each history row, the commit timestamp of its key's next newer version: the
+        history row before it when that row has the same key (a key's versions are newest
+        first), else the key's newest version, its row in `table` (every key of the history
+        has one). Built once, at the first snapshot read of this source (a source never
+        changes); 8 bytes per history row."""
+        if self._history_next is None:
             hidx = self.history_index
-            assert hidx is not None
+            assert hidx is not None and self.times is not None
+            ht = self._history_times()
             hk = hidx.ordered()
             bk = self.index.ordered()
             if hk is not None and bk is not None and hk.dtype == bk.dtype:
                 starts = np.ones(hidx.n, dtype=bool)
                 starts[1:] = hk[1:] != hk[:-1]
-                base_row = np.searchsorted(bk, hk).astype(np.int64)
+                base_row = np.searchsorted(bk, hk[starts])
             else:
                 hlist, blist = hidx.keys(), self.index.keys()
                 starts = np.fromiter(
@@ -301,9 +299,28 @@ class Source:
                     count=hidx.n,
                 )
                 at_base = {k: i for i, k in enumerate(blist)}
-                base_row = np.fromiter((at_base[k] for k in hlist), dtype=np.int64, count=hidx.n)
-            self._history_shape = (starts, base_row)
-        return self._history_shape
+                base_row = np.fromiter(
+                    (at_base[hlist[i]] for i in np.flatnonzero(starts).tolist()), dtype=np.int64
+                )
+            nxt = np.empty_like(ht)
+            nxt[1:] = ht[:-1]
+            nxt[starts] = self.times[base_row]
+            self._history_next = nxt
+        return self._history_next
+
+    def _gatherable_history(self) -> pa.Table:
+        """The history with one chunk per column, made at the first snapshot read that takes
+        rows from it. A snapshot gathers scattered history rows, and a take over a file's
+        memory-mapped record batches (one per 65,536 rows) costs a third more than over one
+        chunk (measured on 200,000 of 1.8 million rows). The copy replaces the mapped history
+        (same content; readers holding the old one are unaffected), so a source that is read
+        at snapshots keeps its history in memory once, and one that never is keeps it mapped."""
+        hist = self.history
+        assert hist is not None
+        if any(c.num_chunks > 1 for c in hist.columns):
+            hist = hist.combine_chunks()
+            self.history = hist
+        return hist
 
     def _history_times(self) -> np.ndarray:
         """The history rows' commit timestamps, built once (a source never changes)."""
@@ -332,6 +349,13 @@ def take_sorted(table: pa.Table, positions: np.ndarray) -> pa.Table:
     """`table.take(positions)` for increasing positions, one take per record batch: a take on
     the many-chunked table of a file costs a chunk lookup per row and per column (1.5x as
     long for a snapshot's 200,000 rows of a 28-batch history)."""
+    if all(c.num_chunks == 1 for c in table.columns):
+        # Column by column: `Table.take` on one chunk costs half as much again (measured on
+        # 200,000 of 1.8 million history rows, 5 columns: 7.9 ms against 4.4 ms).
+        idx = pa.array(positions, pa.int64())
+        return pa.Table.from_arrays(
+            [c.chunk(0).take(idx) for c in table.columns], schema=table.schema
+        )
     batches = table.to_batches()
     if len(batches) <= 1:
         return table.take(pa.array(positions, pa.int64()))
