@@ -12,6 +12,9 @@ The owner (one asyncio task in `service/consensus/node.py`, or the simulator) dr
         apply rd.snapshot, rd.committed_entries
         node.advance(rd)
 
+(with `rd.send_before_persist`, a leader's Ready, the caller sends and applies first and
+persists while its followers write: docs/design/consensus.md#R1).
+
 `propose` returns the index and term the entry was appended at, so the caller can match it
 with what is later applied: if the entry applied at that index has another term, the proposal
 was overwritten and definitely did not take effect.
