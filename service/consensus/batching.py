@@ -36,8 +36,7 @@ from collections.abc import Callable
 
 from service.common.errors import Timeout
 from service.consensus.node_api import NodeSettings
-from service.raft import Role
-from service.raft.raft import Raft
+from service.raft import RawNode
 
 
 class Pacer:
@@ -51,10 +50,10 @@ class Pacer:
         self._last_size = 0
         self._timer: asyncio.TimerHandle | None = None
 
-    def may_append(self, raft: Raft) -> bool:
-        if raft.state is not Role.LEADER:
+    def may_append(self, raw: RawNode) -> bool:
+        if not raw.is_leader():
             return True  # its queued proposals fail at once
-        return raft.log.committed >= raft.log.last_index() and not self._lingering()
+        return raw.commit_index() >= raw.last_index() and not self._lingering()
 
     def appended(self, size: int) -> None:
         """A batch of `size` proposals was appended just now."""

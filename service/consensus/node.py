@@ -361,7 +361,7 @@ class RaftNode:
             raise ServiceUnavailable("node is shutting down")
 
     def _not_leader(self) -> NotTheLeader:
-        lead = self.raw.raft.lead
+        lead = self.raw.leader()
         return NotTheLeader(
             f"{self.uuid} is not the leader of {self.group_id}",
             leader_uuid=lead or None,
@@ -382,7 +382,7 @@ class RaftNode:
 
         Raises `Timeout` (outcome unknown) once `timeout` has passed, checked at every tick."""
         self._check_open()
-        if self.raw.raft.state is not Role.LEADER:
+        if not self.raw.is_leader():
             raise self._not_leader()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[object] = loop.create_future()
@@ -422,15 +422,15 @@ class RaftNode:
         second costs one heartbeat round per round trip to a majority, not one per lookup. A
         caller that times out leaves the batch to the others (the shared future is shielded)."""
         self._check_open()
-        raft = self.raw.raft
-        if raft.state is not Role.LEADER:
+        raw = self.raw
+        if not raw.is_leader():
             raise self._not_leader()
         if (
             time.monotonic() < self._lease_until
-            and not raft.lead_transferee
-            and raft.log.term_or_zero(raft.log.committed) == raft.term
+            and not raw.transferring_leadership()
+            and raw.committed_in_term()
         ):
-            index = raft.log.committed  # under the lease no other leader can have committed
+            index = raw.commit_index()  # under the lease no other leader can have committed
             await self.wait_applied(index, timeout)
             return index
         fut = self._read_batch
@@ -474,17 +474,17 @@ class RaftNode:
         then every entry of earlier terms that will ever commit is applied too. A tablet's
         leader waits for this before it assigns hybrid timestamps, so the entries it inherited
         have moved its clock past theirs first (docs/design/tablets.md#R4)."""
-        raft = self.raw.raft
-        if raft.state is not Role.LEADER:
+        raw = self.raw
+        if not raw.is_leader():
             raise self._not_leader()
-        log = raft.log
-        if log.term_or_zero(self.applied) == raft.term:
+        term = raw.term()
+        if raw.term_at(self.applied) == term:
             return
-        first = log.last_index()
-        while first > self.applied and log.term_or_zero(first - 1) == raft.term:
+        first = raw.last_index()
+        while first > self.applied and raw.term_at(first - 1) == term:
             first -= 1
         await self.wait_applied(first, timeout)
-        if self.raw.raft.state is not Role.LEADER or self.raw.raft.term != raft.term:
+        if not raw.is_leader():
             raise self._not_leader()
 
     async def wait_applied(self, index: int, timeout: float | None = None) -> None:
@@ -537,15 +537,15 @@ class RaftNode:
 
     async def transfer_leadership(self, target: NodeId, timeout: float = 5.0) -> None:
         self._check_open()
-        if self.raw.raft.state is not Role.LEADER:
+        if not self.raw.is_leader():
             raise self._not_leader()
-        if target not in self.raw.raft.config.voters:
+        if target not in self.raw.config().voters:
             raise InvalidArgument(f"{target} is not a voter of {self.group_id}")
         self._control.append(lambda: self.raw.transfer_leader(target))
         self._wakeup.set()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.raw.raft.lead == target:
+            if self.raw.leader() == target:
                 return
             await asyncio.sleep(self.settings.tick_interval_s)
         raise Timeout(f"leadership did not move to {target} within {timeout}s")
@@ -657,7 +657,7 @@ class RaftNode:
         return bool(self._inbox) or self._may_propose()
 
     def _may_append(self) -> bool:
-        return self._pacer.may_append(self.raw.raft)
+        return self._pacer.may_append(self.raw)
 
     def _may_propose(self) -> bool:
         """Whether to append the queued proposals now: not during an fsync (they join the next
@@ -796,7 +796,7 @@ class RaftNode:
                 read.set_result(rs.index)
             if rs.context == self._read_inflight:
                 self._read_inflight = None
-                if self._lease_s and not self.raw.raft.lead_transferee:
+                if self._lease_s and not self.raw.transferring_leadership():
                     self._lease_until = self._read_issued_at + self._lease_s
                 self._read_issue_next()
         self._wake_applied()

@@ -29,7 +29,6 @@ from service.raft import (
     NodeId,
     ProposalDropped,
     RawNode,
-    Role,
 )
 
 __all__ = ["NodeQuiescence", "late_answer"]
@@ -90,7 +89,7 @@ class NodeQuiescence:
 
     def members(self) -> frozenset[str]:
         """The other members of the current config (the peers a digest goes to)."""
-        return self._raw.raft.config.members - {self.uuid}
+        return self._raw.config().members - {self.uuid}
 
     def promote_when_caught_up(self, node: NodeId) -> None:
         """Learner `node` was added with the promote mark: make it a voter once caught up."""
@@ -115,7 +114,7 @@ class NodeQuiescence:
 
     def wake_for(self, messages: list[Message]) -> None:
         """Messages are about to be stepped: any but a late heartbeat answer wakes the node."""
-        if self._quiesced and not all(late_answer(m, self._raw.raft.term) for m in messages):
+        if self._quiesced and not all(late_answer(m, self._raw.term()) for m in messages):
             self.wake()
 
     def quiesce_follower(self, leader: str, term: int, commit: int) -> bool:
@@ -148,15 +147,15 @@ class NodeQuiescence:
         """The leader promotes a PRE_VOTER once its log has caught up
         (docs/design/consensus.md#R4)."""
         raw = self._raw
-        if not self._settings.auto_promote or raw.raft.state is not Role.LEADER:
+        if not self._settings.auto_promote or not raw.is_leader():
             return
-        raft = raw.raft
-        if raft.pending_configs or raft.pending_conf_index > raft.log.committed:
+        if raw.config_change_pending():
             return
-        for node in sorted(raft.config.learners & self._promotable):
-            pr = raft.prs.get(node)
-            if pr is not None and pr.match >= raft.log.committed:
-                cc = ConfigChange(ConfigChangeType.PROMOTE, node, raft.committed_config.index)
+        commit = raw.commit_index()
+        for node in sorted(raw.config().learners & self._promotable):
+            match = raw.match_index(node)
+            if match is not None and match >= commit:
+                cc = ConfigChange(ConfigChangeType.PROMOTE, node, raw.committed_config().index)
                 try:
                     raw.propose_config_change(cc)
                     self._promotable.discard(node)
@@ -175,12 +174,11 @@ class NodeQuiescence:
         if q is None:
             return
         raw = self._raw
-        raft = raw.raft
         if (
             raw.quiet_leader()
-            and applied == raft.log.committed
+            and applied == raw.commit_index()
             and not self._busy()
-            and not (raft.config.learners & self._promotable)
+            and not (raw.config().learners & self._promotable)
         ):
             self._idle_ticks += 1
         else:
@@ -192,7 +190,7 @@ class NodeQuiescence:
             and not raw.has_ready()
         ):
             self._quiesced = True
-            q.lead(self.group_id, raft.term, raft.log.committed, self.members())
+            q.lead(self.group_id, raw.term(), raw.commit_index(), self.members())
 
 
 def late_answer(m: Message, term: int) -> bool:

@@ -36,6 +36,11 @@ heartbeat sent less than `election_tick - 1` ticks ago (followers ignore votes f
 election timeout after hearing from the leader, so no other leader can exist in that window).
 The bookkeeping lives in `reads.py`.
 
+`election.py` and `reads.py` see this core only through the interfaces they declare
+(`election.ElectionCore`, `reads.ReadCore`: typing Protocols listing exactly the state and the
+public methods they use), which `Raft` implements; they never import this module, so the
+dependency runs one way, from here to them.
+
 `RawNode` hands the caller the messages of a Ready coalesced (`coalesce.py`): one append and one
 acknowledgement per peer where the core queued several.
 """
@@ -118,7 +123,10 @@ class ConfigChangeRefused(Exception):
 
 
 class Raft:
-    """Mutable Raft state for one node of one group. Owned by exactly one `RawNode`."""
+    """Mutable Raft state for one node of one group. Owned by exactly one `RawNode`.
+
+    Implements `election.ElectionCore` and `reads.ReadCore` (checked by mypy wherever it is
+    passed to those modules' functions)."""
 
     def __init__(
         self,
@@ -199,12 +207,11 @@ class Raft:
     def promotable(self) -> bool:
         return self.config_grounded and self.id in self.config.voters
 
-    def _send(self, m: Message) -> None:
-        self.msgs.append(m)
-
-    def _msg(self, type: MessageType, to: NodeId, **kw: object) -> Message:
-        kw.setdefault("term", self.term)
-        return Message(type=type, to=to, frm=self.id, **kw)  # type: ignore[arg-type]
+    def send_to(self, type: MessageType, to: NodeId, **fields: object) -> None:
+        """Queue a message from this node to `to`, at its current term unless `term` is given
+        (the next Ready hands it to the caller)."""
+        fields.setdefault("term", self.term)
+        self.msgs.append(Message(type=type, to=to, frm=self.id, **fields))  # type: ignore[arg-type]
 
     # -- membership --------------------------------------------------------------------------
 
@@ -388,9 +395,9 @@ class Raft:
             ):
                 # A deposed leader would otherwise never learn of the new term (its pre-votes
                 # are refused): tell it, so it steps down.
-                self._send(self._msg(MessageType.APP_RESP, m.frm))
+                self.send_to(MessageType.APP_RESP, m.frm)
             elif m.type is MessageType.PRE_VOTE:
-                self._send(self._msg(MessageType.PRE_VOTE_RESP, m.frm, reject=True))
+                self.send_to(MessageType.PRE_VOTE_RESP, m.frm, reject=True)
             return
 
         if m.type is MessageType.HUP:
@@ -409,7 +416,7 @@ class Raft:
     def _step_leader(self, m: Message) -> None:
         t = m.type
         if t is MessageType.BEAT:
-            self._bcast_heartbeat(reads.last_pending(self))
+            self.broadcast_heartbeat(reads.last_pending(self))
             return
         if t is MessageType.CHECK_QUORUM:
             if not self._quorum_active():
@@ -477,14 +484,14 @@ class Raft:
         elif pr.state is ProgressState.REPLICATE:
             pr.inflights.free_le(m.index)
         if self.maybe_commit():
-            self._bcast_append()
+            self.broadcast_append()
         elif old_paused:
             self._send_append(m.frm)
         # Fill the pipeline while the window allows (flow control by count and bytes).
         while self._send_append(m.frm, send_if_empty=False):
             pass
         if m.frm == self.lead_transferee and pr.match == self.log.last_index():
-            self._send(self._msg(MessageType.TIMEOUT_NOW, m.frm))
+            self.send_to(MessageType.TIMEOUT_NOW, m.frm)
 
     def maybe_commit(self) -> bool:
         """Advance commit to the highest index replicated on a quorum of voters, if that
@@ -534,7 +541,7 @@ class Raft:
             return
         me = self.prs.get(self.id)
         if me is not None and me.maybe_update(index) and self.maybe_commit():
-            self._bcast_append()
+            self.broadcast_append()
 
     def _send_append(self, to: NodeId, send_if_empty: bool = True) -> bool:
         """Send the follower what it lacks (entries, or a snapshot). Returns whether sent."""
@@ -557,15 +564,13 @@ class Raft:
             return False
         if not ents and not send_if_empty:
             return False
-        self._send(
-            self._msg(
-                MessageType.APP,
-                to,
-                index=pr.next - 1,
-                log_term=prev_term,
-                entries=tuple(ents),
-                commit=self.log.committed,
-            )
+        self.send_to(
+            MessageType.APP,
+            to,
+            index=pr.next - 1,
+            log_term=prev_term,
+            entries=tuple(ents),
+            commit=self.log.committed,
         )
         if ents:
             if pr.state is ProgressState.REPLICATE:
@@ -588,27 +593,28 @@ class Raft:
             # Held until the caller reports the state delivered (RaftOptions.send_snapshots).
             pr.become_snapshot(snap.meta.index)
             return False
-        self._send(self._msg(MessageType.SNAP, to, snapshot=snap))
+        self.send_to(MessageType.SNAP, to, snapshot=snap)
         pr.become_snapshot(snap.meta.index)
         return True
 
-    def _bcast_append(self) -> None:
+    def broadcast_append(self) -> None:
+        """As leader, send every peer what it lacks (`_send_append`)."""
         for node in self.prs:
             if node != self.id:
                 self._send_append(node)
 
-    def _bcast_heartbeat(self, ctx: bytes) -> None:
+    def broadcast_heartbeat(self, ctx: bytes) -> None:
+        """As leader, send every peer a heartbeat carrying `ctx`: a ReadIndex round's context
+        (reads.py), or b"" for none."""
         for node, pr in self.prs.items():
             if node == self.id:
                 continue
-            self._send(
-                self._msg(
-                    MessageType.HEARTBEAT,
-                    node,
-                    commit=min(pr.match, self.log.committed),
-                    index=self.tick_count,
-                    context=ctx,
-                )
+            self.send_to(
+                MessageType.HEARTBEAT,
+                node,
+                commit=min(pr.match, self.log.committed),
+                index=self.tick_count,
+                context=ctx,
             )
 
     # -- proposals (called by RawNode) -------------------------------------------------------
@@ -622,7 +628,7 @@ class Raft:
                 f"leadership transfer to {self.lead_transferee} in progress", self.lead
             )
         index = self._append_entries([Entry(term=0, index=0, type=type, data=data)])
-        self._bcast_append()
+        self.broadcast_append()
         return index, self.term
 
     def propose_batch(self, datas: list[bytes]) -> tuple[int, int]:
@@ -638,7 +644,7 @@ class Raft:
         normal = EntryType.NORMAL
         self.log.append([Entry(term, first + i, normal, d) for i, d in enumerate(datas)])
         self._log_written(first, plain=True)
-        self._bcast_append()
+        self.broadcast_append()
         return first, term
 
     def propose_config_change(self, cc: ConfigChange) -> tuple[int, int]:
@@ -682,7 +688,7 @@ class Raft:
         self.last_transfer_tick = self.tick_count
         self.election_elapsed = 0  # the transfer must finish within one election timeout
         if pr.match == self.log.last_index():
-            self._send(self._msg(MessageType.TIMEOUT_NOW, target))
+            self.send_to(MessageType.TIMEOUT_NOW, target)
         else:
             self._send_append(target)
 
@@ -708,18 +714,23 @@ class Raft:
         if t in (MessageType.APP, MessageType.HEARTBEAT, MessageType.SNAP):
             self.election_elapsed = 0
             self.lead = m.frm
-            if t is MessageType.APP:
-                self._handle_append(m)
-            elif t is MessageType.HEARTBEAT:
-                self._handle_heartbeat(m)
-            else:
-                self._handle_snapshot(m)
+            self.handle_from_leader(m)
         elif t is MessageType.TIMEOUT_NOW:
             self._hup(transfer=True)
 
+    def handle_from_leader(self, m: Message) -> None:
+        """Handle an APP, HEARTBEAT or SNAP from the leader of this node's term, as a follower
+        (a candidate that learns of the leader becomes one first: election.step_candidate)."""
+        if m.type is MessageType.APP:
+            self._handle_append(m)
+        elif m.type is MessageType.HEARTBEAT:
+            self._handle_heartbeat(m)
+        else:
+            self._handle_snapshot(m)
+
     def _handle_append(self, m: Message) -> None:
         if m.index < self.log.committed:
-            self._send(self._msg(MessageType.APP_RESP, m.frm, index=self.log.committed))
+            self.send_to(MessageType.APP_RESP, m.frm, index=self.log.committed)
             return
         result = self.log.maybe_append(m.index, m.log_term, m.commit, list(m.entries))
         if result is not None:
@@ -727,32 +738,30 @@ class Raft:
             if written_from:
                 self._log_written(written_from)
             self._commit_changed()
-            self._send(self._msg(MessageType.APP_RESP, m.frm, index=last_new))
+            self.send_to(MessageType.APP_RESP, m.frm, index=last_new)
             return
         hint = self.log.find_conflict_by_term(min(m.index, self.log.last_index()), m.log_term)
-        self._send(
-            self._msg(
-                MessageType.APP_RESP,
-                m.frm,
-                index=m.index,
-                reject=True,
-                reject_hint=hint,
-                log_term=self.log.term_or_zero(hint),
-            )
+        self.send_to(
+            MessageType.APP_RESP,
+            m.frm,
+            index=m.index,
+            reject=True,
+            reject_hint=hint,
+            log_term=self.log.term_or_zero(hint),
         )
 
     def _handle_heartbeat(self, m: Message) -> None:
         if m.commit > self.log.committed and m.commit <= self.log.last_index():
             self.log.commit_to(m.commit)
             self._commit_changed()
-        self._send(self._msg(MessageType.HEARTBEAT_RESP, m.frm, index=m.index, context=m.context))
+        self.send_to(MessageType.HEARTBEAT_RESP, m.frm, index=m.index, context=m.context)
 
     def _handle_snapshot(self, m: Message) -> None:
         assert m.snapshot is not None
         if self._restore(m.snapshot):
-            self._send(self._msg(MessageType.APP_RESP, m.frm, index=self.log.last_index()))
+            self.send_to(MessageType.APP_RESP, m.frm, index=self.log.last_index())
         else:
-            self._send(self._msg(MessageType.APP_RESP, m.frm, index=self.log.committed))
+            self.send_to(MessageType.APP_RESP, m.frm, index=self.log.committed)
 
     def _restore(self, snap: Snapshot) -> bool:
         meta = snap.meta

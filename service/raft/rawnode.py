@@ -12,6 +12,9 @@ The owner (one asyncio task in `service/consensus/node.py`, or the simulator) dr
         apply rd.snapshot, rd.committed_entries
         node.advance(rd)
 
+(with `rd.send_before_persist`, a leader's Ready, the caller sends and applies first and
+persists while its followers write: docs/design/consensus.md#R1).
+
 `propose` returns the index and term the entry was appended at, so the caller can match it
 with what is later applied: if the entry applied at that index has another term, the proposal
 was overwritten and definitely did not take effect.
@@ -84,6 +87,9 @@ class RawNode:
         bootstrap_config: RaftConfig | None = None,
     ) -> None:
         self.raft = Raft(options, storage, rng, bootstrap_config)
+        """The core itself, for the simulator and tests to inspect. The asyncio shell
+        (service/consensus) reads the core's state only through this class's methods
+        (`status`, and the accessors under "state"): tests/raft/test_boundaries.py."""
         self._prev_soft: SoftState = self.raft.soft_state()
         hs, _ = storage.initial_state()
         self._prev_hard: HardState = hs if hs != EMPTY_HARD_STATE else EMPTY_HARD_STATE
@@ -260,6 +266,67 @@ class RawNode:
                 break
         if rd.committed_entries:
             log.applied_to(rd.committed_entries[-1].index)
+
+    # -- state --------------------------------------------------------------------------------
+    # Cheap reads of single facts, for the shell's hot paths (every proposal, every loop
+    # iteration), where building a `status()` would cost a dict of every peer's progress.
+
+    def is_leader(self) -> bool:
+        """Whether this node is its group's leader (of its current term)."""
+        return self.raft.state is Role.LEADER
+
+    def leader(self) -> NodeId:
+        """The leader this node knows of at its current term; NO_NODE if none."""
+        return self.raft.lead
+
+    def term(self) -> int:
+        return self.raft.term
+
+    def commit_index(self) -> int:
+        return self.raft.log.committed
+
+    def last_index(self) -> int:
+        """The index of the last entry in this node's log, durable or not."""
+        return self.raft.log.last_index()
+
+    def term_at(self, index: int) -> int:
+        """The term of the entry at `index`; 0 if the log does not hold it (compacted, or past
+        its end)."""
+        return self.raft.log.term_or_zero(index)
+
+    def committed_in_term(self) -> bool:
+        """Whether an entry of this node's current term has committed: only then is a leader's
+        commit index known to be current (its reads wait for it, thesis §6.4)."""
+        r = self.raft
+        return r.log.term_or_zero(r.log.committed) == r.term
+
+    def config(self) -> RaftConfig:
+        """The configuration in effect: the latest in the log, committed or not
+        (docs/design/consensus.md#R4)."""
+        return self.raft.config
+
+    def committed_config(self) -> RaftConfig:
+        """The latest committed configuration: a change names its index (compare-and-set)."""
+        return self.raft.committed_config
+
+    def transferring_leadership(self) -> bool:
+        """Whether this leader is transferring its leadership (it takes no proposals, and its
+        lease does not hold, until that ends)."""
+        return self.raft.lead_transferee != NO_NODE
+
+    def config_change_pending(self) -> bool:
+        """Whether a membership change is under way (appended and not yet committed, or this
+        leader's first entry has not committed yet): another would be refused now."""
+        r = self.raft
+        return bool(r.pending_configs) or r.pending_conf_index > r.log.committed
+
+    def match_index(self, node: NodeId) -> int | None:
+        """As leader, the highest index known replicated on `node`; None if `node` is not a
+        member (or this node is not the leader: followers track no progress)."""
+        if self.raft.state is not Role.LEADER:
+            return None
+        pr = self.raft.prs.get(node)
+        return None if pr is None else pr.match
 
     # -- introspection --------------------------------------------------------------------------
 

@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 Split out of `raft.py` (etcd-io/raft keeps the same logic in read_only.go). The functions take
-the `Raft` they act on as their first argument; the leader's bookkeeping lives in its
-`ReadIndexQueue`.
+the core they act on as their first argument and see it only through `ReadCore`, the part of it
+they need (`raft.Raft` implements it; this module never imports `raft.py`, which imports it);
+the leader's bookkeeping lives in its `ReadIndexQueue`.
 
 ReadIndex: the leader records its commit index for the request, confirms that it is still the
 leader with a heartbeat round carrying the request's context, and once a quorum of voters
@@ -24,13 +25,13 @@ A single-voter group is its own quorum: its reads are released at once.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from service.raft.types import NodeId, ReadState, Role
-
-if TYPE_CHECKING:
-    from service.raft.raft import Raft
+from service.raft.log import RaftLog
+from service.raft.progress import Progress
+from service.raft.types import NodeId, RaftConfig, ReadState, Role
 
 
 @dataclass(slots=True)
@@ -57,11 +58,61 @@ class ReadIndexQueue:
         return ctx in self.pending or ctx in self.awaiting_commit
 
 
-def committed_in_term(r: Raft) -> bool:
+class ReadOptions(Protocol):
+    """The options the read path reads (`raft.RaftOptions` has them)."""
+
+    @property
+    def lease_reads(self) -> bool: ...
+    @property
+    def check_quorum(self) -> bool: ...
+    @property
+    def election_tick(self) -> int: ...
+
+
+class ReadCore(Protocol):
+    """What ReadIndex and the lease need of the Raft core (`raft.Raft` implements it).
+
+    Read: who this node is, its options, log, configuration, role, term, tick count, its
+    followers' progress (their last heartbeat acknowledgement, `Progress.lease_tick`) and the
+    state of a leadership transfer. Changed in place: its queue of pending reads and the
+    `ReadState`s released for the next Ready. Sent: a heartbeat round carrying a read's
+    context."""
+
+    @property
+    def id(self) -> NodeId: ...
+    @property
+    def opts(self) -> ReadOptions: ...
+    @property
+    def log(self) -> RaftLog: ...
+    @property
+    def config(self) -> RaftConfig: ...
+    @property
+    def state(self) -> Role: ...
+    @property
+    def term(self) -> int: ...
+    @property
+    def tick_count(self) -> int: ...
+    @property
+    def prs(self) -> Mapping[NodeId, Progress]: ...
+    @property
+    def lead_transferee(self) -> NodeId: ...
+    @property
+    def last_transfer_tick(self) -> int: ...
+    @property
+    def reads(self) -> ReadIndexQueue: ...
+    @property
+    def read_states(self) -> list[ReadState]: ...
+
+    def broadcast_heartbeat(self, ctx: bytes) -> None:
+        """As leader, send every peer a heartbeat carrying `ctx` (b"": no read)."""
+        ...
+
+
+def committed_in_term(r: ReadCore) -> bool:
     return r.log.term_or_zero(r.log.committed) == r.term
 
 
-def lease_valid(r: Raft) -> bool:
+def lease_valid(r: ReadCore) -> bool:
     if not (r.opts.lease_reads and r.opts.check_quorum and r.state is Role.LEADER):
         return False
     if r.lead_transferee or r.tick_count - r.last_transfer_tick < 2 * r.opts.election_tick:
@@ -73,7 +124,7 @@ def lease_valid(r: Raft) -> bool:
     return fresh >= r.config.quorum()
 
 
-def issue(r: Raft, ctx: bytes) -> None:
+def issue(r: ReadCore, ctx: bytes) -> None:
     """Start (or, before this term's first commit, park) the read with context `ctx`."""
     if not committed_in_term(r):
         # The commit index is only known to be current once this term's no-op commits.
@@ -84,17 +135,17 @@ def issue(r: Raft, ctx: bytes) -> None:
         return
     r.reads.pending[ctx] = _ReadIndexStatus(r.log.committed, {r.id})
     r.reads.order.append(ctx)
-    r._bcast_heartbeat(ctx)
+    r.broadcast_heartbeat(ctx)
 
 
-def last_pending(r: Raft) -> bytes:
+def last_pending(r: ReadCore) -> bytes:
     """The context of the newest read still waiting for a quorum (b"" if none): every regular
     heartbeat carries it, as etcd's do, so a read whose own heartbeat round lost a message is
     confirmed by the next round instead of waiting forever."""
     return r.reads.order[-1] if r.reads.order else b""
 
 
-def on_commit(r: Raft) -> None:
+def on_commit(r: ReadCore) -> None:
     """The commit index advanced: issue the reads that waited for this term's first commit."""
     if r.state is Role.LEADER and r.reads.awaiting_commit and committed_in_term(r):
         waiting, r.reads.awaiting_commit = r.reads.awaiting_commit, []
@@ -102,7 +153,7 @@ def on_commit(r: Raft) -> None:
             issue(r, ctx)
 
 
-def on_heartbeat_ack(r: Raft, ctx: bytes, frm: NodeId) -> None:
+def on_heartbeat_ack(r: ReadCore, ctx: bytes, frm: NodeId) -> None:
     """`frm` answered the heartbeat round of read `ctx`."""
     status = r.reads.pending.get(ctx)
     if status is None:

@@ -1,10 +1,10 @@
 """The pacer (when a leader's next batch may start) and proposal deadlines, on a real event loop
-with the core's Raft replaced by the two fields the pacer reads."""
+with the RawNode replaced by the three facts the pacer reads."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -12,22 +12,24 @@ import pytest
 from service.common.errors import Timeout
 from service.consensus.batching import Deadlines, Pacer
 from service.consensus.node import NodeSettings
-from service.raft import Role
 
 
 @dataclass
-class FakeLog:
+class FakeRaw:
+    """The part of `RawNode` the pacer reads."""
+
+    leader: bool = True
     committed: int = 5
     last: int = 5
 
+    def is_leader(self) -> bool:
+        return self.leader
+
+    def commit_index(self) -> int:
+        return self.committed
+
     def last_index(self) -> int:
         return self.last
-
-
-@dataclass
-class FakeRaft:
-    state: Role = Role.LEADER
-    log: FakeLog = field(default_factory=FakeLog)
 
 
 def pacer(linger: float = 0.2, min_batch: int = 8) -> tuple[Pacer, list[int]]:
@@ -36,20 +38,20 @@ def pacer(linger: float = 0.2, min_batch: int = 8) -> tuple[Pacer, list[int]]:
     return Pacer(settings, lambda: woken.append(1)), woken
 
 
-def may(p: Pacer, raft: FakeRaft) -> bool:
-    r: Any = raft
+def may(p: Pacer, raw: FakeRaw) -> bool:
+    r: Any = raw
     return p.may_append(r)
 
 
 def test_a_leader_appends_only_once_its_log_has_committed() -> None:
     async def main() -> None:
         p, _ = pacer()
-        raft = FakeRaft()
-        assert may(p, raft)
-        raft.log.last = 6  # a batch in flight
-        assert not may(p, raft)
-        raft.state = Role.FOLLOWER  # no longer the leader: its proposals fail at once
-        assert may(p, raft)
+        raw = FakeRaw()
+        assert may(p, raw)
+        raw.last = 6  # a batch in flight
+        assert not may(p, raw)
+        raw.leader = False  # no longer the leader: its proposals fail at once
+        assert may(p, raw)
 
     asyncio.run(main())
 
@@ -57,9 +59,9 @@ def test_a_leader_appends_only_once_its_log_has_committed() -> None:
 def test_small_batches_never_linger() -> None:
     async def main() -> None:
         p, woken = pacer(linger=10.0, min_batch=8)
-        raft = FakeRaft()
+        raw = FakeRaw()
         p.appended(7)
-        assert may(p, raft)  # 7 < 8 writers: no reason to wait
+        assert may(p, raw)  # 7 < 8 writers: no reason to wait
         p.close()
         assert woken == []
 
@@ -69,19 +71,19 @@ def test_small_batches_never_linger() -> None:
 def test_after_a_large_batch_the_next_one_waits_out_the_linger() -> None:
     async def main() -> None:
         p, woken = pacer(linger=0.2, min_batch=8)
-        raft = FakeRaft()
+        raw = FakeRaw()
         loop = asyncio.get_running_loop()
         started = loop.time()
         p.appended(8)
-        assert not may(p, raft)  # committed already, but lingering
-        assert not may(p, raft)  # asking again arms no second timer
+        assert not may(p, raw)  # committed already, but lingering
+        assert not may(p, raw)  # asking again arms no second timer
         while not woken:
             await asyncio.sleep(0.01)
         assert woken == [1]
         assert loop.time() - started >= 0.2 - 0.01
-        assert may(p, raft)
-        raft.log.last = 6
-        assert not may(p, raft)  # lingering never overrides the wait for the commit
+        assert may(p, raw)
+        raw.last = 6
+        assert not may(p, raw)  # lingering never overrides the wait for the commit
         p.close()
 
     asyncio.run(main())
@@ -91,7 +93,7 @@ def test_linger_zero_is_off() -> None:
     async def main() -> None:
         p, _ = pacer(linger=0.0)
         p.appended(1000)
-        assert may(p, FakeRaft())
+        assert may(p, FakeRaw())
 
     asyncio.run(main())
 
