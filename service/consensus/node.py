@@ -484,7 +484,9 @@ class RaftNode:
         while first > self.applied and raw.term_at(first - 1) == term:
             first -= 1
         await self.wait_applied(first, timeout)
-        if not raw.is_leader():
+        if not raw.is_leader() or raw.term() != term:
+            # Leadership lost meanwhile, or lost and won again: the entries of the new term
+            # are not known to be applied, so this leader must not act on them yet.
             raise self._not_leader()
 
     async def wait_applied(self, index: int, timeout: float | None = None) -> None:

@@ -86,6 +86,28 @@ def test_propose_on_the_leader_returns_the_applied_result_everywhere(tmp_path: P
     run(tmp_path, scenario)
 
 
+def test_wait_term_applied_refuses_a_leader_reelected_while_it_waited(tmp_path: Path) -> None:
+    """A leader that lost its term while waiting for its no-op, and won a later one, has not
+    applied the new term's entries: it answers NotTheLeader (the caller retries) instead of
+    returning as if its clock were ready."""
+
+    async def scenario(c: Cluster) -> None:
+        leader = await c.leader()
+        raw = leader.raw
+        term = raw.term()
+        # Its applied entry looks older than its term, so it must wait for the no-op...
+        raw.term_at = lambda index: term - 1  # type: ignore[method-assign]
+
+        async def reelected_meanwhile(index: int, timeout: float | None = None) -> None:
+            raw.term = lambda: term + 1  # type: ignore[method-assign]
+
+        leader.wait_applied = reelected_meanwhile  # type: ignore[method-assign]
+        with pytest.raises(NotTheLeader):
+            await leader.wait_term_applied(1.0)
+
+    run(tmp_path, scenario)
+
+
 def test_propose_and_read_on_a_follower_name_the_leader(tmp_path: Path) -> None:
     async def scenario(c: Cluster) -> None:
         leader = await c.leader()
