@@ -19,6 +19,11 @@ formatted data dir: with no uuid setting and no discovery RPC yet, an address-de
 only one peers can know before the group exists. Peer incarnations (`Incarnations`) still catch a
 master that lost its disk and came back under the same uuid.
 
+Wiring. Each helper is handed the parts of this master it uses, and none imports this module:
+the servicer a `master_service.MasterParts`, membership changes (`MasterMembership`) the Raft
+node, the uuid, the transport's addresses and the credentials of the moment, the status pages a
+read-only view (`status_pages.MasterState`).
+
 Leadership (replay before serving, docs/design/coordinator.md#R4; full reports after an election,
 docs/design/failover.md#R3). `RaftNode.listeners` reports every change of role. On becoming LEADER
 in term t a task waits until sys.catalog has applied the leader's own no-op entry (a successful
@@ -103,7 +108,6 @@ import os
 import random
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -145,9 +149,9 @@ from service.master.catalog_settings import CatalogSettings
 from service.master.cert_issuer import CertIssuer
 from service.master.heartbeat import HeartbeatContext, ReportGate
 from service.master.heartbeat_pace import HeartbeatPace
-from service.master.master_membership import master_uuid
+from service.master.master_membership import MasterMembership, MasterPeer, master_uuid
 from service.master.master_service import POLICY as MASTER_POLICY
-from service.master.master_service import MasterServicer
+from service.master.master_service import MasterParts, MasterServicer
 from service.master.progress_clock import ProgressClock
 from service.master.report_processing import Answers, Claim, Evidence, ReportAction
 from service.master.security import ensure_security, load_ca, public_key
@@ -182,14 +186,6 @@ SECURITY_CHECK_INTERVAL_S = 60.0
 one is always generated ahead, so a minute late is harmless)."""
 SECURITY_RETRY_S = 1.0
 """Pause after a failed check (replication failed, a racing write was refused)."""
-
-
-@dataclass(frozen=True, slots=True)
-class MasterPeer:
-    """One master of the group, as every master derives it from `master_addresses`."""
-
-    uuid: NodeId
-    address: str
 
 
 def _check_instance(data_dir: Path, uuid: NodeId) -> None:
@@ -415,7 +411,7 @@ class MasterServer:
         consensus_servicer = ConsensusServicer(
             transport, Authorizer(ConsensusServicer.policy("master"), secure=secure)
         )
-        master_servicer = MasterServicer(self)
+        master_servicer = MasterServicer(self._servicer_parts())
         master_servicer.authorizer = Authorizer(MASTER_POLICY, secure=secure)
         for servicer in (consensus_servicer, master_servicer):
             observe_rpcs(servicer, self.rpc_metrics)
@@ -657,6 +653,31 @@ class MasterServer:
             self.background.submit(actions)
 
     # --- views for the servicer --------------------------------------------------------------
+
+    def _servicer_parts(self) -> MasterParts:
+        """What the Master API delegates to (`master_service.MasterParts`), once started."""
+        node, catalog, ts, proxy = self.node, self.catalog, self.ts_manager, self.proxy
+        assert node is not None and catalog is not None and ts is not None
+        assert proxy is not None and self.txns is not None and self.access is not None
+        return MasterParts(
+            uuid=self.uuid,
+            instance_seqno=self.instance_seqno,
+            node=node,
+            catalog=catalog,
+            ts_manager=ts,
+            proxy=proxy,
+            txns=self.txns,
+            access=self.access,
+            issuer=self.issuer,
+            membership=MasterMembership(
+                node, self.uuid, self.address_of, credentials=lambda: self.credentials
+            ),
+            closing=self.closing,
+            peers=lambda: self.peers,
+            address_of=self.address_of,
+            heartbeat_context=self.heartbeat_context,
+            background=lambda: self.background,
+        )
 
     def heartbeat_context(self) -> HeartbeatContext:
         """What `heartbeat.handle_heartbeat` needs, as of now."""

@@ -5,7 +5,7 @@ membership change at a time (Raft thesis 4.1; docs/design/consensus.md#R4), prop
 leader with a compare-and-set on the committed config's index:
 
 AddMaster(address)
-  1. The new master's uuid is derived from its address (`master.master_uuid`), as for every
+  1. The new master's uuid is derived from its address (`master_uuid`), as for every
      master. A uuid given in the request must match it.
   2. The new master must be running and in no group: it is asked ConnectToMaster and
      ListMasters, and must answer with that uuid and as a NON_PARTICIPANT. It is started with
@@ -39,6 +39,11 @@ RemoveMaster(uuid or address)
 Tablet servers learn the new membership from heartbeat responses (`master_addresses` is the
 leader's current config), so they heartbeat to an added master and stop heartbeating to a
 removed one without a restart.
+
+`MasterMembership` is handed what it uses of its master (master.py wires it): the Raft node of
+sys.catalog, the master's uuid, the addresses the transport knows, and its credentials as of
+each call (a renewal replaces them). `MasterPeer` and `master_uuid` live here, beside the code
+that derives a new master's uuid, for every module that names masters.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from service.common import error_mapping
 from service.common.errors import (
@@ -58,16 +64,13 @@ from service.common.errors import (
     Timeout,
 )
 from service.common.ids import NodeId
-from service.common.tls import open_channel
+from service.common.tls import Credentials, open_channel
+from service.consensus.node import RaftNode
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.raft import ConfigChangeType, Role
 
-if TYPE_CHECKING:
-    from service.consensus.node import RaftNode
-    from service.master.master import MasterServer
-
-__all__ = ["MasterMembership", "master_uuid"]
+__all__ = ["MasterMembership", "MasterPeer", "master_uuid"]
 
 PROBE_TIMEOUT_S = 3.0
 """Deadline of the ConnectToMaster asked of a master about to be added."""
@@ -86,11 +89,33 @@ def master_uuid(address: str) -> NodeId:
     return NodeId(raw[:64])
 
 
+@dataclass(frozen=True, slots=True)
+class MasterPeer:
+    """One master of the group, as every master derives it from `master_addresses`."""
+
+    uuid: NodeId
+    address: str
+
+
 class MasterMembership:
     """The leader's side of AddMaster/RemoveMaster (module docstring)."""
 
-    def __init__(self, master: MasterServer) -> None:
-        self.master = master
+    def __init__(
+        self,
+        node: RaftNode,
+        uuid: NodeId,
+        address_of: Callable[[str], str | None],
+        credentials: Callable[[], Credentials | None],
+    ) -> None:
+        self.node = node
+        """sys.catalog's Raft node on this master: the membership changes go through it."""
+        self.uuid = uuid
+        """This master's: it hands leadership over before it is removed."""
+        self.address_of = address_of
+        """A master's address by uuid (`MasterServer.address_of`), for messages and the
+        handover's redirect."""
+        self.credentials = credentials
+        """This master's certificate and key now (None when insecure), to probe a new one."""
 
     # --- AddMaster ----------------------------------------------------------------------------
 
@@ -140,7 +165,7 @@ class MasterMembership:
             # certificate of the cluster's CA, or the handshake fails here.
             async with open_channel(
                 address,
-                self.master.credentials,
+                self.credentials(),
                 role="master",
                 interceptors=error_mapping.INTERCEPTORS,
             ) as channel:
@@ -178,7 +203,6 @@ class MasterMembership:
 
     async def remove(self, uuid: str, address: str, timeout: float) -> NodeId:
         """Remove the master named by `uuid` or `address` (module docstring)."""
-        m = self.master
         node = self._leader_node()
         if not uuid and not address:
             raise InvalidArgument("uuid or rpc_address: name the master to remove")
@@ -186,18 +210,18 @@ class MasterMembership:
         members = sorted(config.voters | config.learners)
         target = None
         for member in members:
-            if (uuid and member == uuid) or (address and m.address_of(member) == address):
+            if (uuid and member == uuid) or (address and self.address_of(member) == address):
                 target = member
                 break
         if target is None:
             raise NotFound(
                 f"no master {uuid or address!r} in the group (members: "
-                f"{', '.join(f'{x} ({m.address_of(x)})' for x in members)})"
+                f"{', '.join(f'{x} ({self.address_of(x)})' for x in members)})"
             )
         if target in config.voters and len(config.voters) == 1:
             raise FailedPrecondition(f"master {target} is the only voter: the group needs one")
         deadline = time.monotonic() + timeout
-        if target == m.uuid:
+        if target == self.uuid:
             await self._hand_over(deadline)
         await node.change_config(
             ConfigChangeType.REMOVE,
@@ -210,21 +234,20 @@ class MasterMembership:
     async def _hand_over(self, deadline: float) -> None:
         """The leader is to be removed: make the most caught-up other voter leader, and send the
         caller there (NOT_THE_LEADER with the new leader's address)."""
-        m = self.master
         node = self._leader_node()
         st = node.status()
-        others = [v for v in st.committed_config.voters if v != m.uuid]
+        others = [v for v in st.committed_config.voters if v != self.uuid]
         target = max(others, key=lambda v: st.progress[v].match if v in st.progress else 0)
         await node.transfer_leadership(target, timeout=_left(deadline, "handing leadership over"))
         raise NotTheLeader(
-            f"master {m.uuid} handed leadership to {target} so that it can be removed; retry there",
+            f"master {self.uuid} handed leadership to {target} so that it can be removed; "
+            "retry there",
             leader_uuid=target,
-            leader_address=m.address_of(target),
+            leader_address=self.address_of(target),
         )
 
     def _leader_node(self) -> RaftNode:
-        node = self.master.node
-        assert node is not None
+        node = self.node
         if node.status().role is not Role.LEADER:
             raise node.not_leader_error()
         return node

@@ -14,6 +14,9 @@ and TSHeartbeat (registration and liveness; tablet servers heartbeat to all mast
 docs/design/failover.md#R1). ListTabletServers is leader-only (answered from the TSManager). Tablet
 reports carried by heartbeats are processed by the loaded leader only (`heartbeat`), which alone
 asks for full reports. AddMaster/RemoveMaster change sys.catalog's membership (`master_membership`).
+
+The servicer is handed the parts of its master it delegates to, named one by one in
+`MasterParts` (master.py builds it once the master has started); it never imports the master.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -41,6 +45,7 @@ from service.common.errors import (
     Timeout,
     rpc_errors,
 )
+from service.common.ids import NodeId
 from service.common.partition import PartitionSchema
 from service.common.pki import Identity
 from service.common.registration import register
@@ -55,6 +60,8 @@ from service.common.schema_codec import (
 )
 from service.common.tls import INSECURE_PEER, peer_certificate
 from service.common.tokens import Privilege
+from service.consensus.node import RaftNode
+from service.master.background_tasks import BackgroundTasks
 from service.master.catalog_info import (
     ReplicaRole,
     TabletLocations,
@@ -71,14 +78,16 @@ from service.master.catalog_records import (
     table_to_pb,
     tablet_to_pb,
 )
-from service.master.cert_issuer import check_request, join_use
+from service.master.cert_issuer import CertIssuer, check_request, join_use
 from service.master.ddl_checks import MAX_ALTER_STEPS, check_alter_steps
 from service.master.grants import GrantChange
-from service.master.heartbeat import handle_heartbeat
-from service.master.master_membership import MasterMembership
+from service.master.heartbeat import HeartbeatContext, handle_heartbeat
+from service.master.master_membership import MasterMembership, MasterPeer
 from service.master.replica_changes import ReplicaChanges
 from service.master.table_access import TableAccess
 from service.master.ts_descriptor import TSDescriptor
+from service.master.ts_manager import TSManager
+from service.master.tserver_proxy import TServerProxy
 from service.master.txn_coordinator import TxnCoordinator
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
@@ -97,10 +106,7 @@ _JOIN_RECORD_TIMEOUT_S = 10.0
 """Longest IssueCertificate waits for a join credential's use to be replicated; a timed-out
 enrollment may be retried (the same one is answered again)."""
 
-if TYPE_CHECKING:
-    from service.master.master import MasterServer
-
-__all__ = ["MasterServicer"]
+__all__ = ["MasterParts", "MasterServicer"]
 
 log = logging.getLogger(__name__)
 Ctx = grpc.aio.ServicerContext
@@ -183,14 +189,43 @@ POLICY: dict[str, Rule] = {
 """Who may call each MasterService method (service/common/authz.py; default deny)."""
 
 
+@dataclass(frozen=True)
+class MasterParts:
+    """What the Master API uses of its master (module docstring), each part named. The
+    callables read what changes while the master runs: the group's members and their
+    addresses, the state a heartbeat is answered from, the leader's tasks of this term."""
+
+    uuid: NodeId
+    instance_seqno: int
+    """Which start of this master answers (ListMasters)."""
+    node: RaftNode
+    """sys.catalog's Raft node: the leader check and the read barrier."""
+    catalog: CatalogManager
+    ts_manager: TSManager
+    proxy: TServerProxy
+    """Channels to the tablet servers (replica changes)."""
+    txns: TxnCoordinator
+    access: TableAccess
+    issuer: CertIssuer | None
+    """Signs certificates (IssueCertificate); None when the master runs insecure."""
+    membership: MasterMembership
+    closing: asyncio.Event
+    """Set when the master begins to shut down: heartbeat streams end at once."""
+    peers: Callable[[], tuple[MasterPeer, ...]]
+    address_of: Callable[[str], str | None]
+    heartbeat_context: Callable[[], HeartbeatContext]
+    background: Callable[[], BackgroundTasks | None]
+    """The leader's background tasks of its term; None while it runs none."""
+
+
 class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     """Thin: validate, leader check, delegate, return (module docstring)."""
 
     authorizer: Authorizer | None = None
     """Set by a secured master (POLICY); None in unit tests that call handlers directly."""
 
-    def __init__(self, master: MasterServer) -> None:
-        self.master = master
+    def __init__(self, parts: MasterParts) -> None:
+        self.parts = parts
         self._locations_responses = _LocationsResponses(_LOCATIONS_RESPONSES_MAX_TABLETS)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
@@ -201,8 +236,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
     def _leader_catalog(self) -> CatalogManager:
         """The catalog manager if this master is the leader and has loaded it; else raise."""
-        m = self.master
-        assert m.node is not None and m.catalog is not None
+        m = self.parts
         st = m.node.status()
         if st.role is not Role.LEADER:
             raise NotTheLeader(
@@ -227,8 +261,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         meanwhile missing, deleted ones still there. A lease would not do here: a paused
         process's ticks stop too, so its lease looks fresh when it resumes."""
         self._leader_catalog()  # not the leader, or not loaded yet: refused at once
-        node = self.master.node
-        assert node is not None
+        node = self.parts.node
         remaining = context.time_remaining()
         timeout = (
             _READ_BARRIER_TIMEOUT_S
@@ -239,7 +272,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             await node.read(timeout=max(0.01, timeout))
         except Timeout:
             raise ServiceUnavailable(
-                f"master {self.master.uuid} could not confirm its leadership within "
+                f"master {self.parts.uuid} could not confirm its leadership within "
                 f"{timeout:.1f}s; retry (another master may be taking over)"
             ) from None
         return self._leader_catalog()
@@ -446,8 +479,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     def _coordinator(self, context: Ctx) -> tuple[TxnCoordinator, Identity]:
         """The leader's transaction coordinator and the caller (INSECURE_PEER if insecure)."""
         self._leader_catalog()
-        txns = self.master.txns
-        assert txns is not None
+        txns = self.parts.txns
         who = self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
         return txns, who
 
@@ -516,13 +548,12 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     async def IssueCertificate(
         self, request: pb.IssueCertificateRequestPB, context: Ctx
     ) -> pb.IssueCertificateResponsePB:
-        issuer = self.master.issuer
+        issuer = self.parts.issuer
         if issuer is None or self.authorizer is None:
             raise FailedPrecondition("this master runs insecure: it has no CA to sign with")
         caller = self.authorizer.identity(context)
         self._leader_catalog()  # one signer: the leader (it also knows every live server)
-        ts = self.master.ts_manager
-        assert ts is not None
+        ts = self.parts.ts_manager
         # A join credential enrolls one server (cert_issuer.py): a repeat of its recorded
         # enrollment is answered again, anything else it asks after that is refused.
         use = (
@@ -559,9 +590,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     # --- per-table access (table_access.py) --------------------------------------------------
 
     def _access(self) -> TableAccess:
-        access = self.master.access
-        assert access is not None
-        return access
+        return self.parts.access
 
     def _user(self, context: Ctx) -> Identity | None:
         """The caller if it has the user role (subject to per-table grants), else None."""
@@ -599,8 +628,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     async def ConnectToMaster(
         self, request: pb.ConnectToMasterRequestPB, context: Ctx
     ) -> pb.ConnectToMasterResponsePB:
-        m = self.master
-        assert m.node is not None
+        m = self.parts
         confirmed = False
         if m.node.status().role is Role.LEADER:
             # Claim leadership only once a majority confirmed it (a ReadIndex round): a leader
@@ -616,7 +644,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             role=role,
             leader_uuid=st.lead,
             term=st.term,
-            master_addresses=[_host_port_pb(p.address) for p in m.peers],
+            master_addresses=[_host_port_pb(p.address) for p in m.peers()],
         )
         lead_address = m.address_of(st.lead) if st.lead else None
         if lead_address:
@@ -635,11 +663,10 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         full figures for itself; for the others their role as far as known here (the leader,
         or followers if this master leads) and, on the leader, the index each has replicated
         (its match index). Terms are given only where known: this master's and the leader's."""
-        m = self.master
-        assert m.node is not None
+        m = self.parts
         st = m.node.status()
         entries = []
-        for peer in m.peers:
+        for peer in m.peers():
             entry = pb.ListMastersResponsePB.Entry(
                 instance=pb.NodeInstancePB(permanent_uuid=peer.uuid),
                 rpc_addresses=[_host_port_pb(peer.address)],
@@ -670,7 +697,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     ) -> pb.TSHeartbeatResponsePB:
         """Registration and liveness on every master; reports on the loaded leader only
         (`heartbeat.handle_heartbeat`)."""
-        return await handle_heartbeat(self.master.heartbeat_context(), request)
+        return await handle_heartbeat(self.parts.heartbeat_context(), request)
 
     @rpc_errors
     async def TSHeartbeatStream(
@@ -683,7 +710,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         requests: a stream still open when the gRPC server's grace period ends is cancelled
         by gRPC, which logs a traceback for each, one per tablet server."""
         who = self.authorizer.identity(context) if self.authorizer is not None else None
-        closing = asyncio.ensure_future(self.master.closing.wait())
+        closing = asyncio.ensure_future(self.parts.closing.wait())
         try:
             requests = aiter(request_iterator)
             while True:
@@ -703,7 +730,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
                     return
                 if self.authorizer is not None:
                     self.authorizer.check("TSHeartbeatStream", request, context, who)
-                yield await handle_heartbeat(self.master.heartbeat_context(), request)
+                yield await handle_heartbeat(self.parts.heartbeat_context(), request)
                 if closing.done():
                     return
         finally:
@@ -718,8 +745,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         (docs/design/failover.md#R1), but answers come from the leader like every other
         catalog-facing call. `num_leaders` is what each server said in its last heartbeat."""
         self._leader_catalog()
-        ts_manager = self.master.ts_manager
-        assert ts_manager is not None
+        ts_manager = self.parts.ts_manager
         return pb.ListTabletServersResponsePB(
             servers=[_tablet_server_pb(d) for d in ts_manager.descriptors()]
         )
@@ -728,9 +754,9 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
     def _replica_changes(self) -> ReplicaChanges:
         catalog = self._leader_catalog()
-        m = self.master
-        background = m.background
-        if background is None or m.ts_manager is None or m.proxy is None:
+        m = self.parts
+        background = m.background()
+        if background is None:
             raise NotReady(f"master {m.uuid} is not running its leader tasks yet; retry")
         return ReplicaChanges(catalog, m.ts_manager, m.proxy, lambda: background.fence)
 
@@ -783,7 +809,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         if not a.host or not a.port:
             raise InvalidArgument("rpc_address: the new master's host and port are required")
         remaining = context.time_remaining()
-        await MasterMembership(self.master).add(
+        await self.parts.membership.add(
             f"{a.host}:{a.port}",
             request.uuid,
             timeout=remaining if remaining is not None else _MEMBERSHIP_TIMEOUT_S,
@@ -798,7 +824,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self._leader_catalog()
         a = request.rpc_address
         remaining = context.time_remaining()
-        await MasterMembership(self.master).remove(
+        await self.parts.membership.remove(
             request.uuid,
             f"{a.host}:{a.port}" if a.host else "",
             timeout=remaining if remaining is not None else _MEMBERSHIP_TIMEOUT_S,

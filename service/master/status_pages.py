@@ -35,13 +35,18 @@ Metrics are read at scrape time from the objects that own the state (callback fa
 catalog's tables and tablets by state, the TSManager's live and dead servers and heartbeat
 count. RPC counts and latencies (`RpcMetrics`) and the WAL fsync histogram are pushed by the
 code that sees them and are created by `MasterServer`.
+
+What the pages and metrics read of the master is `MasterState`, a protocol the master satisfies
+(this module does not import it): read at request or scrape time, because the metrics are
+installed before the master starts (its node, catalog and TSManager do not exist yet) and its
+background tasks come and go with its terms.
 """
 
 from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from service.common.errors import InvalidArgument, TesseraError
 from service.common.http_status import (
@@ -60,14 +65,49 @@ from service.common.keys import decode_key
 from service.common.metrics import MetricsRegistry
 from service.common.partition import Partition
 from service.common.schema import ColumnSchema
+from service.consensus.node import RaftNode
+from service.master.background_tasks import BackgroundTasks
 from service.master.catalog_info import TableInfo, TabletInfo
+from service.master.catalog_manager import CatalogManager
 from service.master.catalog_records import TableRecord, TableState, TabletState
+from service.master.heartbeat import ReportGate
+from service.master.heartbeat_pace import HeartbeatPace
+from service.master.master_membership import MasterPeer
+from service.master.progress_clock import ProgressClock
+from service.master.ts_manager import TSManager
 from service.raft import Role
 
-if TYPE_CHECKING:
-    from service.master.master import MasterServer
+__all__ = ["MasterState", "install_master_metrics", "install_master_pages"]
 
-__all__ = ["install_master_metrics", "install_master_pages"]
+
+class MasterState(Protocol):
+    """What the status pages and metrics read of a master (module docstring), all of it read
+    only. None: not started yet, or (the background tasks) not leading a loaded term."""
+
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def http_address(self) -> str: ...
+    @property
+    def node(self) -> RaftNode | None: ...
+    @property
+    def catalog(self) -> CatalogManager | None: ...
+    @property
+    def ts_manager(self) -> TSManager | None: ...
+    @property
+    def background(self) -> BackgroundTasks | None: ...
+    @property
+    def progress_clock(self) -> ProgressClock | None: ...
+    @property
+    def report_gate(self) -> ReportGate: ...
+    @property
+    def heartbeat_pace(self) -> HeartbeatPace: ...
+    @property
+    def peers(self) -> tuple[MasterPeer, ...]: ...
+    def address_of(self, uuid: str) -> str | None: ...
+
 
 GROUP_LABEL = "group"
 
@@ -79,7 +119,7 @@ _CONFIRM_TIMEOUT_S = 1.0
 # --- metrics ---------------------------------------------------------------------------------
 
 
-def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> None:
+def install_master_metrics(master: MasterState, registry: MetricsRegistry) -> None:
     """Register the callback families that read `master`'s state at scrape time."""
 
     def raft(field: str) -> list[tuple[tuple[str], float]]:
@@ -351,7 +391,7 @@ def install_master_metrics(master: MasterServer, registry: MetricsRegistry) -> N
 # --- pages -----------------------------------------------------------------------------------
 
 
-def install_master_pages(master: MasterServer, http: StatusServer) -> None:
+def install_master_pages(master: MasterState, http: StatusServer) -> None:
     """Register the master's pages (module docstring) on `http`."""
     pages = _MasterPages(master, http)
     http.route("/", pages.home, nav="Master")
@@ -388,7 +428,7 @@ def _key_text(cols: list[ColumnSchema], key: bytes, unbounded: str) -> str:
 
 
 class _MasterPages:
-    def __init__(self, master: MasterServer, http: StatusServer) -> None:
+    def __init__(self, master: MasterState, http: StatusServer) -> None:
         self.m = master
         self.http = http
 

@@ -22,6 +22,11 @@ Metrics are read at scrape time from the objects that own the state (callback fa
 leaders, heartbeats by master and outcome, scanner bytes and pages. Rows written (counted by
 `TabletSettings.on_rows_written`), RPC counts and latencies (`RpcMetrics`) and the WAL fsync
 histogram are pushed by the code that sees them and created by `TabletServer`.
+
+What the pages and metrics read of the server is `ServerState`, a protocol the tablet server
+satisfies: read at request or scrape time, because the metrics are installed before the server
+starts (its tablet manager, copies and heartbeater do not exist yet) and the term and HTTP
+address change while it runs.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from __future__ import annotations
 import time
 from collections import Counter as Tally
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from service.common.config import TServerConfig
 from service.common.http_status import (
     Markup,
     Request,
@@ -43,22 +49,54 @@ from service.common.http_status import (
     table,
 )
 from service.common.metrics import MetricsRegistry
+from service.consensus.quiesce import Quiescence
 from service.pb import master_pb2 as mpb
 from service.raft import Role
+from service.tserver.heartbeater import Heartbeater
+from service.tserver.scanners import ScannerManager
 from service.tserver.tablet import ReplicaState, TabletReplica
+from service.tserver.tablet_copy import CopyClient, CopySource
+from service.tserver.tablet_manager import TabletManager
 
-if TYPE_CHECKING:
-    from service.tserver.tablet_server import TabletServer
-
-__all__ = ["install_tserver_metrics", "install_tserver_pages"]
+__all__ = ["ServerState", "install_tserver_metrics", "install_tserver_pages"]
 
 GROUP_LABEL = "group"
+
+
+class ServerState(Protocol):
+    """What the status pages and metrics read of a tablet server (module docstring), all of
+    it read only. None: not started yet (or, for the heartbeater and quiescence, off)."""
+
+    @property
+    def config(self) -> TServerConfig: ...
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def http_address(self) -> str: ...
+    @property
+    def start_time_us(self) -> int: ...
+    @property
+    def highest_master_term(self) -> int: ...
+    @property
+    def tablets(self) -> TabletManager | None: ...
+    @property
+    def heartbeater(self) -> Heartbeater | None: ...
+    @property
+    def quiescence(self) -> Quiescence | None: ...
+    @property
+    def copies(self) -> CopyClient | None: ...
+    @property
+    def copy_source(self) -> CopySource | None: ...
+    @property
+    def scanners(self) -> ScannerManager: ...
 
 
 # --- metrics ---------------------------------------------------------------------------------
 
 
-def install_tserver_metrics(server: TabletServer, registry: MetricsRegistry) -> None:
+def install_tserver_metrics(server: ServerState, registry: MetricsRegistry) -> None:
     """Register the callback families that read `server`'s state at scrape time."""
 
     def replicas() -> list[TabletReplica]:
@@ -194,7 +232,7 @@ def install_tserver_metrics(server: TabletServer, registry: MetricsRegistry) -> 
 # --- pages -----------------------------------------------------------------------------------
 
 
-def install_tserver_pages(server: TabletServer, http: StatusServer) -> None:
+def install_tserver_pages(server: ServerState, http: StatusServer) -> None:
     """Register the tablet server's pages (module docstring) on `http`."""
     pages = _TServerPages(server, http)
     http.route("/", pages.home, nav="Tablet server")
@@ -214,7 +252,7 @@ def _span(text: str) -> Markup:
 
 
 class _TServerPages:
-    def __init__(self, server: TabletServer, http: StatusServer) -> None:
+    def __init__(self, server: ServerState, http: StatusServer) -> None:
         self.s = server
         self.http = http
 
@@ -285,10 +323,13 @@ class _TServerPages:
     async def tablets(self, request: Request) -> Response:
         self._label()
         tm = self.s.tablets
+        hosted = (
+            [(r, tm.replica_status(r)) for _, r in sorted(tm.replicas.items())]
+            if tm is not None
+            else []
+        )
         rows = []
-        for tid in sorted(tm.replicas) if tm is not None else []:
-            r = tm.replicas[tid]
-            st = tm.replica_status(r)
+        for r, st in hosted:
             rows.append(
                 (
                     st.tablet_id,

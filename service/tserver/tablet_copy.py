@@ -72,7 +72,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import google_crc32c
 import grpc
@@ -91,6 +91,7 @@ from service.common.periodic import Periodic
 from service.common.tls import Credentials, open_channel
 from service.consensus.fs import RealFileSystem
 from service.consensus.raft_store import RaftStore
+from service.consensus.transport import GrpcTransport
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
 from service.raft import NO_NODE, NodeId, RaftConfig, Role, Snapshot, SnapshotMeta
@@ -99,9 +100,6 @@ from service.tserver import superblock as sbmod
 from service.tserver.rowstore import MANIFEST, is_store_file
 from service.tserver.superblock import DataState, Superblock
 from service.tserver.tablet import ReplicaState, TabletReplica, anchor_payload
-
-if TYPE_CHECKING:
-    from service.tserver.tablet_manager import TabletManager
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +111,27 @@ RETRY_S = 5.0
 RPC_TIMEOUT_S = 30.0
 FAILPOINT_PAUSE = "TESSERA_FAILPOINT_COPY_PAUSE_S"
 """Environment variable (tests only): seconds to pause a copy right after COPYING is written."""
+
+
+class ReplicaHost(Protocol):
+    """What tablet copy uses of the replicas hosted here (`tablet_manager.TabletManager` is
+    one): their directory, the server's uuid and own address, the replicas by tablet id, and
+    the steps that replace one under its tablet's lock. Named here, so this module does not
+    import the manager, and this list says all a copy may touch."""
+
+    @property
+    def uuid(self) -> NodeId: ...
+    @property
+    def root(self) -> Path: ...
+    @property
+    def transport(self) -> GrpcTransport: ...
+    @property
+    def replicas(self) -> dict[str, TabletReplica]: ...
+    def get(self, tablet_id: str) -> TabletReplica: ...
+    def lock(self, tablet_id: str) -> asyncio.Lock: ...
+    def new_replica(self, d: Path, sb: Superblock) -> TabletReplica: ...
+    async def start_replica(self, replica: TabletReplica) -> None: ...
+    def changed(self, tablet_id: str) -> None: ...
 
 
 # --- source ----------------------------------------------------------------------------------
@@ -132,7 +151,7 @@ class _Session:
 class CopySource:
     """Serves copy sessions of the replicas hosted here (module docstring)."""
 
-    def __init__(self, tablets: TabletManager, max_message_bytes: int = 64 << 20) -> None:
+    def __init__(self, tablets: ReplicaHost, max_message_bytes: int = 64 << 20) -> None:
         self.tablets = tablets
         self.sessions: dict[str, _Session] = {}
         self.root = tablets.root.parent / SESSIONS_DIR
@@ -311,7 +330,7 @@ class CopyClient:
     """Runs the copies this server is the destination of (module docstring)."""
 
     def __init__(
-        self, tablets: TabletManager, max_concurrent: int, credentials: Credentials | None = None
+        self, tablets: ReplicaHost, max_concurrent: int, credentials: Credentials | None = None
     ) -> None:
         self.tablets = tablets
         self.credentials = credentials

@@ -18,6 +18,11 @@ every replica (`TabletSettings.on_wal_sync`), rows written by leaders
 (`TabletSettings.on_rows_written`) and callbacks reading replicas, scanners and heartbeats. The
 HTTP address is registered with the masters (their /tservers page links to it).
 
+Wiring. Each helper is handed the parts of this server it uses, and none imports this module:
+the servicers their collaborators and the fence (`tablet_service.MasterFence`, this server's
+term checks), the status pages a read-only view (`status_pages.ServerState`), tablet copy the
+tablet manager (`tablet_copy.ReplicaHost`).
+
 Start order: bind, open the tablet manager (the startup state machine,
 docs/design/tablet_copy.md#R2: tablets start replicating), serve RPCs, serve status pages, then
 heartbeat (a master that learns of us can reach us at once). Shutdown order, the reverse: heartbeats
@@ -271,7 +276,14 @@ class TabletServer:
         consensus = ConsensusServicer(
             transport, Authorizer(ConsensusServicer.policy("tserver"), secure=secure)
         )
-        admin, data, copy = AdminServicer(self), DataServicer(self), CopyServicer(self)
+        timeout = self.rpc_timeout_s
+        admin = AdminServicer(
+            self.uuid, self.tablets, self.copies, fence=self, rpc_timeout_s=timeout
+        )
+        data = DataServicer(
+            self.uuid, self.tablets, self.scanners, self.tokens, rpc_timeout_s=timeout
+        )
+        copy = CopyServicer(self.uuid, self.tablets, self.copy_source, rpc_timeout_s=timeout)
         admin.authorizer = Authorizer(ADMIN_POLICY, secure=secure)
         data.authorizer = Authorizer(DATA_POLICY, secure=secure)
         copy.authorizer = Authorizer(COPY_POLICY, secure=secure)

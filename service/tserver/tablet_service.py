@@ -2,9 +2,13 @@
 
 Every request names `dest_uuid`; one meant for another server is refused before anything else
 (`WrongDestination`, FAILED_PRECONDITION). Admin requests from a master must carry its uuid and
-term in `fence` (`AdminServicer._check_fence`); `TabletServer.check_fence` refuses a term lower
+term in `fence` (`AdminServicer._check_fence`); the server's `MasterFence` refuses a term lower
 than the highest seen (a deposed leader) with `StaleTerm`. Errors map to gRPC statuses in one
 place (`rpc_errors`).
+
+Each servicer is handed the parts of the server it delegates to, and only those (its
+constructor lists them): the tablet manager, the copy client and source, the scanners, the
+token verifier, the fence. None imports the server that wires them (tablet_server.py).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 import pyarrow as pa
@@ -30,19 +34,17 @@ from service.common.keys import decode_key
 from service.common.pki import Identity
 from service.common.predicates import IS_DELETED, ScanSpec, predicates_from_pb
 from service.common.tls import INSECURE_PEER
-from service.common.tokens import Privilege
+from service.common.tokens import Privilege, TokenVerifier
 from service.consensus.node import RaftNode
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
-from service.raft import Role
+from service.raft import NodeId, Role
 from service.tserver.key_splitting import check_split_args, column_ids, split_key_range
-from service.tserver.scanners import ScanPage
+from service.tserver.scanners import ScannerManager, ScanPage
 from service.tserver.tablet import TabletReplica
-from service.tserver.tablet_manager import check_tablet_id
-
-if TYPE_CHECKING:
-    from service.tserver.tablet_server import TabletServer
+from service.tserver.tablet_copy import CopyClient, CopySource
+from service.tserver.tablet_manager import TabletManager, check_tablet_id
 
 Ctx = grpc.aio.ServicerContext
 _Fenced = (
@@ -164,26 +166,51 @@ def require_member(who: Identity, node: RaftNode | None, tablet_id: str, only: s
         raise PermissionDenied(f"{who} is not a member of tablet {tablet_id}'s Raft config: {only}")
 
 
+class MasterFence(Protocol):
+    """The server's record of master terms (tablet_server.py, "Fencing"), as the admin
+    servicer asks it: is a caller one of this cluster's masters, is a fence's term current,
+    and count a succeeded request's term as seen."""
+
+    def is_cluster_master(self, uuid: str) -> bool: ...
+    def check_fence(self, fence: tpb.MasterFencePB | None) -> None: ...
+    def note_fence(self, fence: tpb.MasterFencePB | None) -> None: ...
+
+
 class _Base:
     authorizer: Authorizer | None = None
     """Set by a secured server to the servicer's policy; None in unit tests."""
 
-    def __init__(self, server: TabletServer) -> None:
-        self.server = server
+    def __init__(self, uuid: NodeId, tablets: TabletManager, *, rpc_timeout_s: float) -> None:
+        self.uuid = uuid
+        """This server's: a request naming another is refused (`_dest`)."""
+        self.tablets = tablets
+        self.rpc_timeout_s = rpc_timeout_s
+        """The longest a call waits here, whatever the caller's deadline."""
 
     def _dest(self, dest_uuid: str) -> None:
-        if dest_uuid != self.server.uuid:
-            raise WrongDestination(
-                f"request for tablet server {dest_uuid!r} reached {self.server.uuid!r}"
-            )
+        if dest_uuid != self.uuid:
+            raise WrongDestination(f"request for tablet server {dest_uuid!r} reached {self.uuid!r}")
 
     def _timeout(self, context: Ctx) -> float:
         remaining = context.time_remaining()
-        default = self.server.rpc_timeout_s
+        default = self.rpc_timeout_s
         return default if remaining is None else max(0.01, min(remaining, default))
 
 
 class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
+    def __init__(
+        self,
+        uuid: NodeId,
+        tablets: TabletManager,
+        copies: CopyClient,
+        fence: MasterFence,
+        *,
+        rpc_timeout_s: float,
+    ) -> None:
+        super().__init__(uuid, tablets, rpc_timeout_s=rpc_timeout_s)
+        self.copies = copies
+        self.fence = fence
+
     def _check_fence(self, request: _Fenced, context: Ctx) -> None:
         """A master's change to a replica must carry its fence (its uuid and term), and the
         fence must be the caller's own: a call without one, or with another master's, is
@@ -206,12 +233,12 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
                 raise PermissionDenied(
                     f"{who}: the fence names master {fence.master_uuid!r}, not the caller"
                 )
-            if not self.server.is_cluster_master(who.name):
+            if not self.fence.is_cluster_master(who.name):
                 raise PermissionDenied(
                     f"{who}: not one of the masters this tablet server heartbeats to; a "
                     "master certificate alone does not make a cluster's master"
                 )
-        self.server.check_fence(fence)
+        self.fence.check_fence(fence)
 
     def _check_master(self, context: Ctx) -> None:
         """A master's unfenced admin call (reads of replica state) must come from one of the
@@ -221,7 +248,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         if (
             who is not INSECURE_PEER
             and who.role == "master"
-            and not self.server.is_cluster_master(who.name)
+            and not self.fence.is_cluster_master(who.name)
         ):
             raise PermissionDenied(
                 f"{who}: not one of the masters this tablet server heartbeats to; a "
@@ -230,7 +257,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
 
     def _note_fence(self, request: _Fenced) -> None:
         """The request succeeded: its fence's term may now count as seen (note_fence)."""
-        self.server.note_fence(request.fence if request.HasField("fence") else None)
+        self.fence.note_fence(request.fence if request.HasField("fence") else None)
 
     @rpc_errors
     async def CreateTablet(
@@ -238,7 +265,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
     ) -> tpb.CreateTabletResponsePB:
         self._dest(request.dest_uuid)
         self._check_fence(request, context)
-        await self.server.tablets.create_tablet(request)
+        await self.tablets.create_tablet(request)
         self._note_fence(request)
         return tpb.CreateTabletResponsePB()
 
@@ -259,7 +286,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
                 "cas_config_opid_index: a master's tombstone names the op index of the "
                 "committed config it was decided from (docs/design/tablet_copy.md#R8)"
             )
-        await self.server.tablets.delete_tablet(request)
+        await self.tablets.delete_tablet(request)
         self._note_fence(request)
         return tpb.DeleteTabletResponsePB()
 
@@ -269,7 +296,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
     ) -> tpb.AlterSchemaResponsePB:
         self._dest(request.dest_uuid)
         self._check_fence(request, context)
-        version = await self.server.tablets.alter_schema(request, self._timeout(context))
+        version = await self.tablets.alter_schema(request, self._timeout(context))
         self._note_fence(request)
         return tpb.AlterSchemaResponsePB(schema_version=version)
 
@@ -279,7 +306,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
     ) -> tpb.ChangeConfigResponsePB:
         self._dest(request.dest_uuid)
         self._check_fence(request, context)
-        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        replica = self.tablets.get(check_tablet_id(request.tablet_id))
         await replica.change_config(request, self._timeout(context))
         self._note_fence(request)
         return tpb.ChangeConfigResponsePB(consensus_state=replica.consensus_state())
@@ -290,7 +317,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
     ) -> tpb.LeaderStepDownResponsePB:
         self._dest(request.dest_uuid)
         self._check_fence(request, context)
-        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        replica = self.tablets.get(check_tablet_id(request.tablet_id))
         await replica.step_down(request.new_leader_uuid, self._timeout(context))
         self._note_fence(request)
         return tpb.LeaderStepDownResponsePB()
@@ -301,7 +328,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
     ) -> tpb.TxnParticipantOpResponsePB:
         self._dest(request.dest_uuid)
         self._check_fence(request, context)
-        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        replica = self.tablets.get(check_tablet_id(request.tablet_id))
         ts = await replica.txn_op(request, self._timeout(context))
         self._note_fence(request)
         if request.op == tpb.TxnParticipantOpRequestPB.PREPARE:
@@ -321,7 +348,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
                 f"{who}: a tablet server asks about the tablets it is a peer of, by id; the "
                 "state of every replica here is for masters and admins"
             )
-        tablets = self.server.tablets
+        tablets = self.tablets
         ids = list(request.tablet_ids) or sorted(tablets.replicas)
         resp = tpb.GetConsensusStateResponsePB()
         for tid in ids:
@@ -342,7 +369,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
     ) -> tpb.ListTabletsResponsePB:
         self._dest(request.dest_uuid)
         self._check_master(context)
-        tablets = self.server.tablets
+        tablets = self.tablets
         return tpb.ListTabletsResponsePB(
             replicas=[tablets.replica_status(r) for _, r in sorted(tablets.replicas.items())]
         )
@@ -363,7 +390,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
                 raise PermissionDenied(
                     f"{who} may start a copy only from itself, not from {request.copy_peer_uuid!r}"
                 )
-            replica = self.server.tablets.replicas.get(tablet_id)
+            replica = self.tablets.replicas.get(tablet_id)
             node = replica.node if replica is not None else None
             if node is not None:
                 require_member(
@@ -372,7 +399,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
                     tablet_id,
                     "only the master, an admin or the tablet's own leader starts a copy of it",
                 )
-        self.server.copies.start(request)
+        self.copies.start(request)
         return tpb.StartTabletCopyResponsePB()
 
     @rpc_errors
@@ -381,7 +408,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
     ) -> tpb.ListTabletCopiesResponsePB:
         self._dest(request.dest_uuid)
         self._check_master(context)
-        copies = self.server.copies.copies
+        copies = self.copies.copies
         return tpb.ListTabletCopiesResponsePB(copies=[c.to_pb() for _, c in sorted(copies.items())])
 
     @rpc_errors
@@ -389,12 +416,18 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
         self, request: tpb.CancelTabletCopyRequestPB, context: Ctx
     ) -> tpb.CancelTabletCopyResponsePB:
         self._dest(request.dest_uuid)
-        self.server.copies.cancel(check_tablet_id(request.tablet_id))
+        self.copies.cancel(check_tablet_id(request.tablet_id))
         return tpb.CancelTabletCopyResponsePB()
 
 
 class CopyServicer(_Base, tpb_grpc.TabletCopyServiceServicer):
     """The source side of tablet copy (tablet_copy.CopySource)."""
+
+    def __init__(
+        self, uuid: NodeId, tablets: TabletManager, copy_source: CopySource, *, rpc_timeout_s: float
+    ) -> None:
+        super().__init__(uuid, tablets, rpc_timeout_s=rpc_timeout_s)
+        self.copy_source = copy_source
 
     def _caller(self, context: Ctx) -> Identity:
         return self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
@@ -417,32 +450,46 @@ class CopyServicer(_Base, tpb_grpc.TabletCopyServiceServicer):
                 )
             # Only a peer the tablet's config names copies it: the master (or the repair tool)
             # adds the new replica as a non-voter first, then it is told to copy.
-            members = self.server.tablets.get(check_tablet_id(request.tablet_id))
+            members = self.tablets.get(check_tablet_id(request.tablet_id))
             require_member(
                 who,
                 members.running_node(),
                 request.tablet_id,
                 "only a replica the config names copies it",
             )
-        return await self.server.copy_source.begin(request)
+        return await self.copy_source.begin(request)
 
     @rpc_errors
     async def FetchData(
         self, request: tpb.FetchDataRequestPB, context: Ctx
     ) -> tpb.FetchDataResponsePB:
         self._dest(request.dest_uuid)
-        return await self.server.copy_source.fetch(request, self._owner(context))
+        return await self.copy_source.fetch(request, self._owner(context))
 
     @rpc_errors
     async def EndTabletCopySession(
         self, request: tpb.EndTabletCopySessionRequestPB, context: Ctx
     ) -> tpb.EndTabletCopySessionResponsePB:
         self._dest(request.dest_uuid)
-        self.server.copy_source.end(request, self._owner(context))
+        self.copy_source.end(request, self._owner(context))
         return tpb.EndTabletCopySessionResponsePB()
 
 
 class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
+    def __init__(
+        self,
+        uuid: NodeId,
+        tablets: TabletManager,
+        scanners: ScannerManager,
+        tokens: TokenVerifier,
+        *,
+        rpc_timeout_s: float,
+    ) -> None:
+        super().__init__(uuid, tablets, rpc_timeout_s=rpc_timeout_s)
+        self.scanners = scanners
+        self.tokens = tokens
+        """Verifies users' authz tokens with the keys the leader master sent (`_authorize`)."""
+
     def _caller(self, context: Ctx) -> Identity:
         return self.authorizer.identity(context) if self.authorizer is not None else INSECURE_PEER
 
@@ -457,7 +504,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         who = self._caller(context)
         if who is INSECURE_PEER or who.role == "admin":
             return
-        claim = self.server.tokens.authz(token, int(time.time() * 1_000_000))
+        claim = self.tokens.authz(token, int(time.time() * 1_000_000))
         if claim.user != who.name:
             raise InvalidAuthzToken(f"the authz token is for user {claim.user!r}, not {who}")
         table_id = replica.superblock.table_id
@@ -474,7 +521,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
     @rpc_errors
     async def Write(self, request: tpb.WriteRequestPB, context: Ctx) -> tpb.WriteResponsePB:
         self._dest(request.dest_uuid)
-        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        replica = self.tablets.get(check_tablet_id(request.tablet_id))
         self._authorize(context, replica, request.authz_token, Privilege.WRITE)
         who = self._caller(context)
         return await replica.write(request, self._timeout(context), who.principal)
@@ -489,7 +536,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         if not request.HasField("new_scan"):
             raise InvalidArgument("new_scan: required (use ScanNext to continue a scanner)")
         ns = request.new_scan
-        replica = self.server.tablets.get(check_tablet_id(ns.tablet_id))
+        replica = self.tablets.get(check_tablet_id(ns.tablet_id))
         self._authorize(context, replica, request.authz_token, Privilege.READ)
         check_scan_fields(ns, replica)
         timeout = self._timeout(context)
@@ -532,7 +579,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         projected = pa.schema(fields)
         applied = node.applied
         it = replica.scan(spec)
-        return await self.server.scanners.open(
+        return await self.scanners.open(
             ns.tablet_id,
             projected,
             it,
@@ -575,7 +622,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         self, request: tpb.AdvanceSafeTimeRequestPB, context: Ctx
     ) -> tpb.AdvanceSafeTimeResponsePB:
         self._dest(request.dest_uuid)
-        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        replica = self.tablets.get(check_tablet_id(request.tablet_id))
         who = self._caller(context)
         if who is not INSECURE_PEER and who.role == "tserver":
             require_member(
@@ -595,7 +642,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
     ) -> ScanPage:
         self._dest(request.dest_uuid)
         failpoints.hit("scan_next")
-        return await self.server.scanners.next(
+        return await self.scanners.next(
             request.scanner_id,
             request.call_seq_id,
             request.batch_size_bytes,
@@ -607,7 +654,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         self, request: tpb.ScanCloseRequestPB, context: Ctx
     ) -> tpb.ScanCloseResponsePB:
         self._dest(request.dest_uuid)
-        self.server.scanners.close(request.scanner_id, owner=str(self._caller(context)))
+        self.scanners.close(request.scanner_id, owner=str(self._caller(context)))
         return tpb.ScanCloseResponsePB()
 
     @rpc_errors
@@ -615,7 +662,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         self, request: tpb.ChecksumRequestPB, context: Ctx
     ) -> tpb.ChecksumResponsePB:
         self._dest(request.dest_uuid)
-        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        replica = self.tablets.get(check_tablet_id(request.tablet_id))
         self._authorize(context, replica, request.authz_token, Privilege.READ)
         await replica.wait_readable(False, request.min_applied_index, self._timeout(context))
         node = replica.running_node()
@@ -652,7 +699,7 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         self._dest(request.dest_uuid)
         start, stop = request.start_primary_key, request.stop_primary_key
         check_split_args(start, stop, request.target_chunk_rows, request.target_chunk_bytes)
-        replica = self.server.tablets.get(check_tablet_id(request.tablet_id))
+        replica = self.tablets.get(check_tablet_id(request.tablet_id))
         self._authorize(context, replica, request.authz_token, Privilege.READ)
         node = replica.running_node()
         store = replica.store

@@ -13,6 +13,8 @@ Modules
                         TSManager (`make_env`), and the standard table it creates
     master_cluster      real master processes: stubs (`Masters`), `serving_leader`, `wait`, and the
                         table and fast settings of the tests with simulated tablet servers
+    module_imports      what a source module imports, from its syntax tree (`imported_modules`),
+                        for tests that pin which module may import which
     raft_node           RaftNode clusters in one event loop over an in-memory network, real WALs
                         (`Cluster`, `run`, `eventually`)
     rowstore            `Writer`: writes applied to a RowStore at increasing indexes, through the
