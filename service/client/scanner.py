@@ -39,11 +39,13 @@ import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
-from service.client.meta_cache import location_from_pb
+from service.client.channels import ChannelPool
+from service.client.master_client import MasterClient
+from service.client.meta_cache import MetaCache, location_from_pb
 from service.client.retry import Backoff, Deadline
 from service.common.errors import (
     InvalidArgument,
@@ -58,10 +60,7 @@ from service.common.errors import (
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 
-if TYPE_CHECKING:
-    from service.client.client import TesseraClient
-
-__all__ = ["REPLICA_SELECTIONS", "ScanToken", "TabletScanner", "TokenReplica"]
+__all__ = ["REPLICA_SELECTIONS", "ScanClient", "ScanToken", "TabletScanner", "TokenReplica"]
 
 log = logging.getLogger(__name__)
 
@@ -177,11 +176,33 @@ _FAIL_OVER = (ServiceUnavailable, NotFound, Timeout, NotTheLeader, WrongDestinat
 """Errors after which another replica may succeed (with fault tolerance on)."""
 
 
+class ScanClient(Protocol):
+    """What a tablet scanner uses of its client (a `TesseraClient`): the channels to the
+    replicas, the master for fresh locations, the location cache for a fresh authorization
+    token, and the client's newest hybrid timestamp, which a scan both sends and advances. Named
+    here, rather than the client imported, so that this module does not depend on the client
+    that imports it."""
+
+    @property
+    def meta(self) -> MetaCache: ...
+
+    @property
+    def master(self) -> MasterClient: ...
+
+    @property
+    def channels(self) -> ChannelPool: ...
+
+    @property
+    def latest_timestamp(self) -> int: ...
+
+    def observe_timestamp(self, ts: int) -> None: ...
+
+
 @dataclass
 class TabletScanner:
     """Scans one token's tablet, failing over between replicas (module docstring)."""
 
-    client: TesseraClient
+    client: ScanClient
     token: ScanToken
     rows_returned: int = 0
     last_key: bytes = b""

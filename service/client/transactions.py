@@ -36,18 +36,22 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
+from service.client.master_client import MasterClient
 from service.client.write_session import WriteResult, WriteSession
 from service.common.errors import TesseraError, Timeout
 from service.pb import master_pb2 as pb
 
-if TYPE_CHECKING:
-    from service.client.client import TesseraClient
-
-__all__ = ["Transaction", "TransactionScope", "TransactionState"]
+__all__ = [
+    "Transaction",
+    "TransactionBeginner",
+    "TransactionClient",
+    "TransactionScope",
+    "TransactionState",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +83,44 @@ class TransactionState:
         )
 
 
+class TransactionClient(Protocol):
+    """What a transaction uses of its client (a `TesseraClient`, which begins it): the leader
+    master for commit, abort and keep-alives, write sessions that stage in it, its state, the
+    client's default timeout, and the client's newest hybrid timestamp, which a commit advances.
+    Named here, rather than the client imported, so that this module does not depend on the
+    client that imports it."""
+
+    @property
+    def timeout(self) -> float: ...
+
+    @property
+    def master(self) -> MasterClient: ...
+
+    async def new_session(
+        self, table: str, *, timeout: float | None = None, **kw: Any
+    ) -> WriteSession: ...
+
+    async def transaction_state(
+        self, txn_id: int = 0, *, timeout: float | None = None
+    ) -> TransactionState: ...
+
+    def observe_timestamp(self, ts: int) -> None: ...
+
+
+class TransactionBeginner(Protocol):
+    """What a `TransactionScope` uses of its client: beginning the transaction."""
+
+    async def begin_transaction(
+        self, *, keepalive_ms: int = 0, timeout: float | None = None
+    ) -> Transaction: ...
+
+
 class Transaction:
     """One open transaction of this client (module docstring)."""
 
     def __init__(
         self,
-        client: TesseraClient,
+        client: TransactionClient,
         txn_id: int,
         keepalive_s: float,
         start_timestamp: int = 0,
@@ -109,6 +145,9 @@ class Transaction:
     def __repr__(self) -> str:
         return f"Transaction({self.txn_id})"
 
+    def _t(self, timeout: float | None) -> float:
+        return self.client.timeout if timeout is None else timeout
+
     async def __aenter__(self) -> Transaction:
         return self
 
@@ -131,15 +170,10 @@ class Transaction:
     async def new_session(
         self, table: str, *, attempt: str = "", timeout: float | None = None, **kw: Any
     ) -> WriteSession:
-        """A write session whose rows are staged in this transaction."""
-        info = await self.client.open_table(table, timeout=timeout)
-        return WriteSession(
-            self.client,
-            info,
-            timeout=self.client._t(timeout) * 2,
-            txn_id=self.txn_id,
-            txn_attempt=attempt,
-            **kw,
+        """A write session whose rows are staged in this transaction (the client makes it, as
+        it makes its plain sessions)."""
+        return await self.client.new_session(
+            table, timeout=timeout, txn_id=self.txn_id, txn_attempt=attempt, **kw
         )
 
     async def write(
@@ -164,7 +198,7 @@ class Transaction:
         `kept_attempts`: only these writers' rows commit (None: every writer's)."""
         req = pb.CommitTransactionRequestPB(txn_id=self.txn_id, kept_attempts=kept_attempts or [])
         try:
-            resp = await self.client.master.call("CommitTransaction", req, self.client._t(timeout))
+            resp = await self.client.master.call("CommitTransaction", req, self._t(timeout))
         except TesseraError as e:
             if not (e.retryable or isinstance(e, Timeout)):
                 self._stop()  # decided (ABORTED) or refused: keep-alives are pointless now
@@ -179,7 +213,7 @@ class Transaction:
         await self.client.master.call(
             "AbortTransaction",
             pb.AbortTransactionRequestPB(txn_id=self.txn_id, reason=reason),
-            self.client._t(timeout),
+            self._t(timeout),
         )
 
     async def state(self, *, timeout: float | None = None) -> TransactionState:
@@ -213,7 +247,7 @@ class TransactionScope:
     """`async with client.transaction(...) as txn:` begins a transaction on entry, commits it
     when the block ends normally and aborts it when the block raises."""
 
-    def __init__(self, client: TesseraClient, **begin: object) -> None:
+    def __init__(self, client: TransactionBeginner, **begin: object) -> None:
         self._client = client
         self._begin = begin
         self._txn: Transaction | None = None

@@ -46,12 +46,13 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from service.client.meta_cache import TableHandle, TabletLocation
+from service.client.channels import ChannelPool
+from service.client.meta_cache import MetaCache, TableHandle, TabletLocation
 from service.client.retry import Backoff, Deadline
 from service.common.errors import (
     Aborted,
@@ -66,10 +67,7 @@ from service.common.errors import (
 )
 from service.pb import tserver_pb2 as tpb
 
-if TYPE_CHECKING:
-    from service.client.client import TesseraClient
-
-__all__ = ["OPERATIONS", "RequestIds", "RowError", "WriteResult", "WriteSession"]
+__all__ = ["OPERATIONS", "RequestIds", "RowError", "SessionClient", "WriteResult", "WriteSession"]
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +155,36 @@ class RequestIds:
         )
 
 
+class SessionClient(Protocol):
+    """What a write session uses of its client (a `TesseraClient`, which makes sessions): the
+    location cache and channels it routes and sends with, the names of its write requests, and
+    the client's read-your-writes state, which every acknowledged batch advances. Named here,
+    rather than the client imported, so that this module does not depend on the client that
+    imports it."""
+
+    @property
+    def meta(self) -> MetaCache: ...
+
+    @property
+    def channels(self) -> ChannelPool: ...
+
+    @property
+    def request_ids(self) -> RequestIds: ...
+
+    @property
+    def latest_timestamp(self) -> int:
+        """The newest hybrid timestamp the client has seen (sent with every batch)."""
+        ...
+
+    def note_applied(self, tablet_id: str, index: int) -> None:
+        """A batch was applied at `index` of the tablet: later scans of it wait for that."""
+        ...
+
+    def observe_timestamp(self, ts: int) -> None:
+        """A server returned hybrid timestamp `ts` (a batch's commit)."""
+        ...
+
+
 @dataclass
 class _Pending:
     data: pa.Table
@@ -169,7 +197,7 @@ class WriteSession:
 
     def __init__(
         self,
-        client: TesseraClient,
+        client: SessionClient,
         table: TableHandle,
         *,
         timeout: float = 60.0,

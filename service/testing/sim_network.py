@@ -7,7 +7,8 @@ each step. It owns the network's state: what is in flight, the partition, how lo
 it is, and the snapshot reports not delivered yet. It draws every random number from the
 simulator's one seeded `rng`, in the order the simulator's calls come, so a seed replays
 exactly; it reads the simulated time from the simulator's clock and reaches the nodes through
-the simulator's map of them, which it never changes.
+the simulator's map of them, which it never changes. What it does with a node is `NetNode`:
+named here, so that this module does not depend on the simulator that imports it.
 """
 
 from __future__ import annotations
@@ -15,15 +16,27 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from service.pb import consensus_pb2 as pb
-from service.raft import Message, MessageType, NodeId
+from service.raft import Message, MessageType, NodeId, RawNode
+from service.testing.sim_quiesce import SimQuiescence
 
-if TYPE_CHECKING:
-    from service.testing.simulator import SimNode
+__all__ = ["NetNode", "SimNetwork"]
 
-__all__ = ["SimNetwork"]
+
+class NetNode(Protocol):
+    """A live node as the network reaches it (the simulator's `SimNode`): its Raft core steps
+    what arrives, its quiescence (if on) sees messages and digests first, and `process` handles
+    the Ready that follows (False: the node crashed doing so)."""
+
+    @property
+    def node(self) -> RawNode: ...
+
+    @property
+    def quiet(self) -> SimQuiescence | None: ...
+
+    def process(self) -> bool: ...
 
 
 class SimNetwork:
@@ -35,7 +48,7 @@ class SimNetwork:
         self,
         rng: random.Random,
         clock: Callable[[], int],
-        nodes: Mapping[NodeId, SimNode | None],
+        nodes: Mapping[NodeId, NetNode | None],
         *,
         max_delay: int,
         drop: float,

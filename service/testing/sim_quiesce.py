@@ -13,24 +13,28 @@ schedule, so quiescence cannot break them unless it is wrong about more than tim
 peer needs it). `Simulator.converge` therefore checks, for seeds with quiescence, that after
 healing the group elects one leader, applies everything, quiesces as a whole, and wakes and
 commits a new write, before its final restart wipes every node's quiescence.
+
+What this module uses of the simulator and its nodes is named here (`QuietSim`, `QuietNode`),
+so that it does not depend on the simulator that imports it.
 """
 
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Protocol
 
 from service.consensus.node_quiesce import late_answer
 from service.consensus.quiesce import Quiescence
 from service.pb import consensus_pb2 as pb
-from service.raft import Message, NodeId
-
-if TYPE_CHECKING:
-    from service.testing.simulator import SimNode, Simulator
+from service.raft import Message, NodeId, RawNode
 
 __all__ = [
     "GROUP",
     "QUIESCE_TICKS",
+    "DigestNetwork",
+    "QuietNode",
+    "QuietSim",
     "SimQuiescence",
     "check_quiet_liveness",
     "quiesce_for_seed",
@@ -47,8 +51,75 @@ def quiesce_for_seed(seed: int, lease_reads: bool) -> bool:
     return not lease_reads and random.Random(f"quiesce/{seed}").random() < 0.5
 
 
+class QuietNode(Protocol):
+    """A simulated node as its quiescence and the liveness check see it (the simulator's
+    `SimNode`): its Raft core, what it applied, the client operations and the fsync it has in
+    hand (a busy node does not quiesce), and its Ready handling."""
+
+    @property
+    def id(self) -> NodeId: ...
+
+    @property
+    def node(self) -> RawNode: ...
+
+    @property
+    def applied(self) -> int: ...
+
+    @property
+    def puts(self) -> Mapping[int, object]: ...
+
+    @property
+    def reads(self) -> Mapping[bytes, object]: ...
+
+    @property
+    def persisting(self) -> object | None: ...
+
+    @property
+    def quiet(self) -> SimQuiescence | None: ...
+
+    def wake(self) -> None: ...
+
+    def process(self) -> bool: ...
+
+
+class DigestNetwork(Protocol):
+    """Where digests go (the simulator's network, `SimNetwork.send_digest`)."""
+
+    def send_digest(self, src: NodeId, to: NodeId, digest: pb.QuiesceDigest) -> None: ...
+
+
+class QuietSim(Protocol):
+    """The simulator as quiescence and `check_quiet_liveness` use it (the `Simulator`): its
+    clock, trace and network, its nodes (None: down), and the steps and faults the check
+    drives."""
+
+    @property
+    def now(self) -> int: ...
+
+    @property
+    def net(self) -> DigestNetwork: ...
+
+    @property
+    def nodes(self) -> Mapping[NodeId, QuietNode | None]: ...
+
+    @property
+    def down_until(self) -> MutableMapping[NodeId, int]: ...
+
+    def log(self, text: str) -> None: ...
+
+    def leader(self) -> NodeId | None: ...
+
+    def live(self, nid: NodeId) -> QuietNode: ...
+
+    def step(self) -> None: ...
+
+    def crash(self, nid: NodeId, why: str) -> None: ...
+
+    def restart(self, nid: NodeId) -> None: ...
+
+
 class _Sender:
-    def __init__(self, sim: Simulator, src: NodeId) -> None:
+    def __init__(self, sim: QuietSim, src: NodeId) -> None:
         self.sim = sim
         self.src = src
 
@@ -62,7 +133,7 @@ class SimQuiescence:
 
     group_id = GROUP
 
-    def __init__(self, sim: Simulator, node: SimNode) -> None:
+    def __init__(self, sim: QuietSim, node: QuietNode) -> None:
         self.sim = sim
         self.node = node
         self.quiesced = False
@@ -131,7 +202,7 @@ class SimQuiescence:
             self.sim.log(f"{self.node.id} quiesces leading at {raft.term}/{raft.log.committed}")
 
 
-def _settled(sim: Simulator, target: int, asleep: bool) -> str | None:
+def _settled(sim: QuietSim, target: int, asleep: bool) -> str | None:
     """None if the group is whole (and, if `asleep`, quiesced): one leader of the highest term
     that every live member follows, everything up to `target` and the leader's commit applied
     by them, nothing in hand, every live member quiesced. Otherwise what is not so yet."""
@@ -155,7 +226,7 @@ def _settled(sim: Simulator, target: int, asleep: bool) -> str | None:
     return None
 
 
-def _settle(sim: Simulator, target: int, what: str, steps: int, asleep: bool = True) -> str | None:
+def _settle(sim: QuietSim, target: int, what: str, steps: int, asleep: bool = True) -> str | None:
     why: str | None = "not checked"
     for _ in range(steps):
         sim.step()
@@ -166,17 +237,18 @@ def _settle(sim: Simulator, target: int, what: str, steps: int, asleep: bool = T
     return f"group did not settle {what} within {steps} steps: {why}"
 
 
-def check_quiet_liveness(sim: Simulator, target: int, steps: int = 3000) -> str | None:
+def check_quiet_liveness(
+    sim: QuietSim, target: int, encode_put: Callable[[str, bytes], bytes], steps: int = 3000
+) -> str | None:
     """After healing (every node up, no cut, clients and faults off), three times over:
       1. the group settles and quiesces as a whole (`_settled`);
       2. its leader is killed while quiesced: the others hear no more digests from it, wake
          and elect another leader (when they are still a quorum; they stay awake, as a group
          with a member down does: its leader's progress for the dead one is not caught up);
       3. the dead leader restarts and a put through the leader wakes the group: every member
-         applies it and the group quiesces again.
+         applies it and the group quiesces again (`encode_put`: the simulator's state
+         machine's put entry).
     Returns what went wrong, or None."""
-    from service.testing.simulator import encode_put
-
     why = _settle(sim, target, "after healing", steps)
     if why is not None:
         return why

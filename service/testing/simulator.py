@@ -713,7 +713,7 @@ class Simulator:
         for nid in list(self.down_until):
             self.restart(nid)
         if self.quiesce:
-            problem = check_quiet_liveness(self, max(self.committed, default=0))
+            problem = check_quiet_liveness(self, max(self.committed, default=0), encode_put)
             if problem is not None:
                 self.violate("liveness (quiescence)", problem)
                 return
