@@ -18,9 +18,12 @@ def test_every_callback_fires_once_per_interval_in_the_same_iteration() -> None:
         assert ticker.shared(0.02) is t and ticker.shared(0.05) is not t
         fired: list[tuple[str, int]] = []
         removers = [t.add(lambda name=name: fired.append((name, t.fires))) for name in "abc"]
+        start = time.monotonic()
         await asyncio.sleep(0.11)
         fires = t.fires
-        assert 3 <= fires <= 6
+        # About one fire per 20 ms, never more: a busy machine may run the loop late (fewer
+        # fires, each after a stall), never in bursts.
+        assert 1 <= fires <= (time.monotonic() - start) / 0.02 + 1
         # Each fire marks all three, together: one heartbeat write per peer, not three.
         assert fired == [(n, f) for f in range(1, fires + 1) for n in "abc"]
         removers[0]()
@@ -42,8 +45,14 @@ def test_a_stalled_loop_gets_one_tick_not_a_burst() -> None:
         t = Ticker(asyncio.get_running_loop(), 0.01)
         remove = t.add(lambda: None)
         time.sleep(0.2)  # the loop is blocked for 20 intervals
+        resumed = time.monotonic()
+        for _ in range(5):  # turns of the loop: a burst would fire the missed ticks here
+            await asyncio.sleep(0)
         await asyncio.sleep(0.015)
-        assert t.fires <= 3
+        # One fire for the stall, then one per interval that really passed since (a busy
+        # machine may stretch this window; a burst would make up for the 20 missed ones).
+        assert t.fires <= 2 + (time.monotonic() - resumed) / 0.01
+        assert t.fires < 20
         remove()
 
     asyncio.run(main())
