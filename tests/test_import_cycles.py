@@ -1,7 +1,8 @@
-"""No two modules of one package import each other, directly or through others, at module
-level or for type checking only (`if TYPE_CHECKING:`): a helper that needs its owner's parts is
-handed them (a constructor argument, a small Protocol in the helper's module), so the owner is
-read from the top down and each helper can be read, tested and changed on its own.
+"""No two modules of one package import each other (docs/design/layers.md#R9), directly or
+through others, at module level or for type checking only (`if TYPE_CHECKING:`): a helper that
+needs its owner's parts is handed them (a constructor argument, a small Protocol in the
+helper's module), so the owner is read from the top down and each helper can be read, tested
+and changed on its own.
 
 Imports inside functions are not counted: a few modules defer an import to break start-up
 cost or to reach an optional dependency, which is not the "owner handed around" pattern this
