@@ -4,9 +4,10 @@
         [--table NAME] [--replicas N]
     tessera jobs run restore --dir DIR --source PATH [--version N] [--table NAME]
 
-Reads the Delta table at PATH as of version N (default: the newest), which is the backed-up
-table as of backup N, and the metadata that backup's commit carries: the table's name, schema,
-partitioning and replica count. Creates the table (under its old name, or `--table NAME`;
+Reads backup N of the Delta table at PATH (default: the newest) with `read_backup`, which folds
+the backup chain up to version N into the backed-up table as of backup N
+(docs/design/tablets.md#R7), and the metadata that backup's commit carries: the table's name,
+schema, partitioning and replica count. Creates the table (under its old name, or `--table NAME`;
 refused if a table of that name exists) with that schema and partitioning, then writes every
 row through the `tessera` source (INSERT). The restored table equals a snapshot scan of the
 original at the backup's timestamp, row for row.
@@ -25,11 +26,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from service.client.sync import SyncClient
-from service.common.errors import AlreadyExists, InvalidArgument, NotFound
+from service.common.errors import AlreadyExists, NotFound
 from service.common.hybrid_time import describe
-from service.common.schema_codec import partition_schema_from_pb, schema_from_pb
+from service.common.schema_codec import partition_schema_from_pb
 from service.pb import common_pb2
-from spark_jobs.jobs.backup import BackupInfo, cluster_parser, last_backup, run_cluster_job
+from spark_jobs.jobs.backup import (
+    BackupInfo,
+    cluster_parser,
+    last_backup,
+    read_backup,
+    run_cluster_job,
+)
 
 __all__ = ["main", "restore"]
 
@@ -58,7 +65,8 @@ def restore(
         raise NotFound(f"{source}: no Delta table (no backups there)")
     v, info, _ = found
     name = table or info.table
-    schema = schema_from_pb(common_pb2.SchemaPB.FromString(base64.b64decode(info.schema)))
+    schema = info.table_schema()
+    df = read_backup(spark, source, v)
     ps = partition_schema_from_pb(
         common_pb2.PartitionSchemaPB.FromString(base64.b64decode(info.partition_schema)), schema
     )
@@ -73,16 +81,9 @@ def restore(
         f"{describe(info.snapshot_timestamp)}, Delta version {v}), {n_replicas} replicas"
     )
     client.call("create_table", name, schema, ps, num_replicas=n_replicas)
-    df = spark.read.format("delta").option("versionAsOf", v).load(source)
-    extra = [c for c in df.columns if not schema.has_column(c)]
-    if extra:
-        raise InvalidArgument(
-            f"{source} version {v}: columns {extra} are not in the backup's schema"
-        )
     _say("writing the rows")
     writer = (
-        df.select(*schema.column_names)
-        .write.format("tessera")
+        df.write.format("tessera")
         .option("masters", ",".join(masters))
         .option("table", name)
         .option("operation", "insert")

@@ -1,11 +1,15 @@
-"""Backup and restore through Delta (spark_jobs/jobs/backup.py, restore.py): a full backup and
-an incremental one (one MERGE) make Delta versions 0 and 1; each version restored under a new
-name equals a snapshot scan of the original at that backup's timestamp, row for row."""
+"""Backup and restore through Delta (spark_jobs/jobs/backup.py, restore.py;
+docs/design/tablets.md#R7): a full backup and incremental ones make a chain of Delta versions,
+each incremental a plain append; `read_backup` of every version, and a restore of any of them
+under a new name, equals a snapshot scan of the original at that backup's timestamp, row for
+row; a second full backup starts a new chain and leaves the older versions readable; a Delta
+table of the old format, or no backup at all, is refused and left as it was."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
@@ -17,16 +21,19 @@ from service.common.schema import ColumnType, Schema
 from service.testing.mini_cluster import MiniCluster
 from spark_jobs.jobs import backup as backup_job
 from spark_jobs.jobs import restore as restore_job
-from spark_jobs.jobs.backup import backup, last_backup
+from spark_jobs.jobs.backup import BACKUP_TS, DELETED, backup, last_backup, read_backup
 from spark_jobs.jobs.restore import restore
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(1200)]
 
+# `s` is NOT NULL: a deleted key's row in the backup has no values, which the Delta table
+# must take all the same.
 SCHEMA = Schema.build(
-    [("k", ColumnType.INT64), ("s", ColumnType.STRING), ("x", ColumnType.DOUBLE, True)], key="k"
+    [("k", ColumnType.INT64), ("s", ColumnType.STRING, False), ("x", ColumnType.DOUBLE, True)],
+    key="k",
 )
 PARTS = PartitionSchema(
     hash=(HashBucketSchema(("k",), 2),), range=RangeSchema(("k",)), split_rows=((500,),)
@@ -43,12 +50,28 @@ def _rows(ids: list[int], tag: str) -> pa.Table:
     )
 
 
+def _keys(ids: list[int]) -> pa.Table:
+    return pa.table({"k": pa.array(ids, pa.int64())})
+
+
 def _table(client: SyncClient, name: str, at: int | None = None) -> list[dict[str, object]]:
     t = client.call("scan", name, snapshot=at) if at else client.call("scan", name)
     return sorted(t.to_pylist(), key=lambda r: r["k"])  # type: ignore[arg-type,return-value]
 
 
-def test_full_then_incremental_backup_and_restore_of_each_version(
+def _read(spark: SparkSession, dest: str, version: int) -> list[dict[str, object]]:
+    df = read_backup(spark, dest, version)
+    assert df.columns == list(SCHEMA.column_names)
+    return sorted((r.asDict() for r in df.collect()), key=lambda r: r["k"])
+
+
+def _commit(spark: SparkSession, dest: str, version: int) -> Any:
+    from delta.tables import DeltaTable
+
+    return DeltaTable.forPath(spark, dest).history().where(f"version = {version}").first()
+
+
+def test_a_chain_of_backups_reads_and_restores_as_the_table_at_each_backup(
     spark: SparkSession, cluster: MiniCluster, client: SyncClient, tmp_path: Path
 ) -> None:
     masters = cluster.master_addresses
@@ -58,40 +81,141 @@ def test_full_then_incremental_backup_and_restore_of_each_version(
     dest = str(tmp_path / "orders_backup")
 
     v0, full, counts0 = backup(spark, client, masters, "orders", dest, credentials_dir=creds)
-    assert (v0, full.kind, counts0["rows"]) == (0, "full", 1000)
-    t1 = full.snapshot_timestamp
+    assert (v0, full.kind, full.chain_timestamp) == (0, "full", full.snapshot_timestamp)
+    assert counts0 == {"rows": 1000, "changed": 1000, "deleted": 0}
+    t0 = full.snapshot_timestamp
 
+    # First incremental: updates (20 among them), deletes (200 among them), inserts; key 10
+    # updated, then deleted; key 300 deleted, then inserted again (a change, not a deletion).
     client.write("orders", _rows(list(range(0, 100, 10)), "b"), "update")
-    client.write("orders", pa.table({"k": pa.array(range(1, 30, 3), pa.int64())}), "delete")
-    client.write("orders", _rows(list(range(1000, 1020)), "c"), "insert")
-    v1, inc, counts1 = backup(spark, client, masters, "orders", dest, credentials_dir=creds)
-    assert (v1, inc.kind, inc.previous_timestamp) == (1, "incremental", t1)
-    # Key 10 was updated, then deleted: the diff holds its deletion only.
-    assert (counts1["updated"], counts1["deleted"], counts1["inserted"]) == (9, 10, 20)
-    t2 = inc.snapshot_timestamp
+    client.write("orders", _keys([*range(1, 30, 3), 200, 300]), "delete")
+    client.write("orders", _rows([*range(1000, 1020), 300], "c"), "insert")
+    v1, inc1, counts1 = backup(spark, client, masters, "orders", dest, credentials_dir=creds)
+    assert (v1, inc1.kind, inc1.previous_timestamp, inc1.chain_timestamp) == (
+        1,
+        "incremental",
+        t0,
+        t0,
+    )
+    # 9 updated (not 10), 20 + 1 inserted; 10 + 1 deleted (1..28 step 3, 200).
+    assert counts1 == {"rows": 41, "changed": 30, "deleted": 11}
+    t1 = inc1.snapshot_timestamp
 
-    # The Delta versions are the backup chain.
-    at_v0 = spark.read.format("delta").option("versionAsOf", 0).load(dest)
-    at_v1 = spark.read.format("delta").option("versionAsOf", 1).load(dest)
-    assert at_v0.count() == 1000 and at_v1.count() == 1010
-    assert last_backup(spark, dest, 0)[1].snapshot_timestamp == t1  # type: ignore[index]
+    # Second incremental: key 200 comes back, key 20 is updated again, a key the first one
+    # inserted is deleted, others change for the first time.
+    client.write("orders", _rows([200, *range(2000, 2005)], "d"), "insert")
+    client.write("orders", _rows([20, 30, 500], "e"), "update")
+    client.write("orders", _keys([1000, 501]), "delete")
+    v2, inc2, counts2 = backup(spark, client, masters, "orders", dest, credentials_dir=creds)
+    assert (v2, inc2.previous_timestamp, inc2.chain_timestamp) == (2, t1, t0)
+    assert counts2 == {"rows": 11, "changed": 9, "deleted": 2}
+    t2 = inc2.snapshot_timestamp
 
-    # Each version restored equals a snapshot scan of the original at its timestamp.
-    for version, at, name in ((0, t1, "orders_v0"), (1, t2, "orders_v1")):
-        made, v, info, rows = restore(
-            spark, client, masters, dest, version=version, table=name, credentials_dir=creds
-        )
-        assert (made, v, info.snapshot_timestamp) == (name, version, at)
-        assert _table(client, name) == _table(client, "orders", at)
-        assert rows == len(_table(client, name))
-        handle = client.call("open_table", name)
-        assert handle.schema.column_names == SCHEMA.column_names
-        assert handle.partition_schema.hash == PARTS.hash and handle.num_replicas == 3
+    # An incremental backup is an append of the diff: no file of the chain is rewritten.
+    for version, counts in ((v1, counts1), (v2, counts2)):
+        commit = _commit(spark, dest, version)
+        assert commit["operation"] == "WRITE"
+        assert commit["operationParameters"]["mode"] == "Append"
+        assert int(commit["operationMetrics"]["numOutputRows"]) == counts["rows"]
+        assert "numRemovedFiles" not in commit["operationMetrics"]
+    raw = spark.read.format("delta").option("versionAsOf", v2).load(dest)
+    assert raw.columns == [BACKUP_TS, DELETED, *SCHEMA.column_names]
+    assert raw.where(f"{BACKUP_TS} = {t2} AND {DELETED}").count() == 2
+
+    # Every version read back is the table at that backup's timestamp.
+    expected = {v0: _table(client, "orders", t0), v1: _table(client, "orders", t1)}
+    expected[v2] = _table(client, "orders", t2)
+    assert len({len(rows) for rows in expected.values()}) == 3  # the chain does change
+    for version, rows in expected.items():
+        assert _read(spark, dest, version) == rows, version
+    assert last_backup(spark, dest, 0)[1].snapshot_timestamp == t0  # type: ignore[index]
+
+    # A second full backup starts a new chain (an overwrite) and the new chain goes on from it;
+    # the versions before it still read and restore as they did.
+    client.write("orders", _rows([600], "f"), "update")
+    v3, full2, _ = backup(spark, client, masters, "orders", dest, credentials_dir=creds, full=True)
+    assert (v3, full2.kind, full2.chain_timestamp) == (3, "full", full2.snapshot_timestamp)
+    assert _commit(spark, dest, v3)["operationParameters"]["mode"] == "Overwrite"
+    client.write("orders", _keys([600, 601]), "delete")
+    client.write("orders", _rows([601], "g"), "insert")
+    v4, inc4, counts4 = backup(spark, client, masters, "orders", dest, credentials_dir=creds)
+    assert (v4, inc4.chain_timestamp, counts4["deleted"]) == (4, full2.snapshot_timestamp, 1)
+    assert _read(spark, dest, v3) == _table(client, "orders", full2.snapshot_timestamp)
+    assert _read(spark, dest, v4) == _table(client, "orders", inc4.snapshot_timestamp)
+    assert _read(spark, dest, v1) == expected[v1]
+
+    made, v, info, rows = restore(
+        spark, client, masters, dest, version=v1, table="orders_v1", credentials_dir=creds
+    )
+    assert (made, v, info.snapshot_timestamp) == ("orders_v1", v1, t1)
+    assert _table(client, "orders_v1") == expected[v1]
+    assert rows == len(expected[v1])
+    handle = client.call("open_table", "orders_v1")
+    assert handle.schema.column_names == SCHEMA.column_names
+    assert not handle.schema.column("s").nullable
+    assert handle.partition_schema.hash == PARTS.hash and handle.num_replicas == 3
 
     with pytest.raises(AlreadyExists):
-        restore(spark, client, masters, dest, table="orders_v0", credentials_dir=creds)
+        restore(spark, client, masters, dest, table="orders_v1", credentials_dir=creds)
     with pytest.raises(InvalidArgument, match="holds backups of table"):
-        backup(spark, client, masters, "orders_v0", dest, credentials_dir=creds)
+        backup(spark, client, masters, "orders_v1", dest, credentials_dir=creds)
+    with pytest.raises(InvalidArgument, match="holds backups of table"):
+        backup(spark, client, masters, "orders_v1", dest, credentials_dir=creds, full=True)
+    assert last_backup(spark, dest)[0] == v4  # type: ignore[index]
+
+
+def _old_format_info(table: str) -> str:
+    """A commit's metadata as the MERGE-era backup job wrote it (format 1, no chain start)."""
+    return json.dumps(
+        {
+            "tessera_backup": 1,
+            "table": table,
+            "kind": "full",
+            "snapshot_timestamp": 1,
+            "previous_timestamp": 0,
+            "schema": "",
+            "partition_schema": "",
+            "schema_version": 0,
+            "num_replicas": 1,
+        }
+    )
+
+
+def test_an_old_format_chain_or_a_delta_table_that_is_no_backup_is_refused(
+    spark: SparkSession, cluster: MiniCluster, client: SyncClient, tmp_path: Path
+) -> None:
+    masters = cluster.master_addresses
+    creds = cluster.credentials_dir()
+    client.call("create_table", "legacy", SCHEMA, PartitionSchema(), num_replicas=1)
+    client.write("legacy", _rows(list(range(20)), "a"))
+    rows = spark.createDataFrame(
+        [(i, f"a{i}", None) for i in range(20)], "k long, s string, x double"
+    )
+
+    old = str(tmp_path / "old")
+    rows.write.format("delta").option("userMetadata", _old_format_info("legacy")).save(old)
+    for call in (
+        lambda: backup(spark, client, masters, "legacy", old, credentials_dir=creds),
+        lambda: read_backup(spark, old),
+        lambda: restore(spark, client, masters, old, table="legacy2", credentials_dir=creds),
+    ):
+        with pytest.raises(InvalidArgument, match=r"format 1.*--full"):
+            call()
+    assert "legacy2" not in {t.name for t in client.call("list_tables")}
+    assert _commit(spark, old, 0) is not None and _commit(spark, old, 1) is None
+    # --full starts a new chain over it.
+    v, info, _ = backup(spark, client, masters, "legacy", old, credentials_dir=creds, full=True)
+    assert (v, info.kind) == (1, "full")
+    assert _read(spark, old, v) == _table(client, "legacy", info.snapshot_timestamp)
+
+    other = str(tmp_path / "not_a_backup")
+    rows.write.format("delta").save(other)
+    for full in (False, True):
+        with pytest.raises(InvalidArgument, match="not a Tessera backup"):
+            backup(spark, client, masters, "legacy", other, credentials_dir=creds, full=full)
+    with pytest.raises(InvalidArgument, match="not a Tessera backup"):
+        read_backup(spark, other)
+    assert _commit(spark, other, 1) is None
 
 
 def test_the_jobs_command_lines_end_with_one_summary_line(
@@ -109,14 +233,16 @@ def test_the_jobs_command_lines_end_with_one_summary_line(
     if creds:
         args += ["--credentials", creds]
     assert backup_job.main(args) == 0
-    client.write("small", _rows([1, 2], "y"))
+    assert ": 50 rows -> " in capsys.readouterr().out.strip().splitlines()[-1]
+    client.write("small", _rows([1, 2], "y"), "update")
+    client.write("small", _keys([3]), "delete")
     assert backup_job.main(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1].startswith("backup: small incremental at ") and "version 1" in out[-1]
-    assert "+0 ~2 -0" in out[-1]
+    assert ": 3 rows (2 changed, 1 deleted) -> " in out[-1]
     restore_args = ["--masters", ",".join(cluster.master_addresses), "--source", dest]
     restore_args += ["--table", "small_restored"] + (["--credentials", creds] if creds else [])
     assert restore_job.main(restore_args) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("restore: small_restored from ") and ": 50 rows in " in last
+    assert last.startswith("restore: small_restored from ") and ": 49 rows in " in last
     assert _table(client, "small_restored") == _table(client, "small")
