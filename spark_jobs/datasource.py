@@ -202,7 +202,7 @@ OPTIONS: dict[str, str] = {
     "records; service/common/hybrid_time.py)",
     "diff_start_hybrid_time": "read: a diff scan, with snapshot_hybrid_time: only the rows whose "
     "state at the snapshot was committed after this hybrid timestamp, deleted ones included, "
-    f"with a boolean column {IS_DELETED} (what an incremental backup merges)",
+    f"with a boolean column {IS_DELETED} (what an incremental backup appends)",
     "rpc_timeout_ms": "read and write: deadline of one RPC / write flush (default 30000)",
     "operation": "write: insert, upsert (default), update, delete or insert_ignore",
     "row_errors": "write: fail (default: a refused row fails the task) or report",
@@ -505,8 +505,15 @@ class TesseraDataSource(DataSource):
 
     def schema(self) -> StructType:
         opts = ReadOptions.parse(self.options)
-        out = spark_schema(opts.table_info().schema, opts.columns)
+        table_schema = opts.table_info().schema
+        out = spark_schema(table_schema, opts.columns)
         if opts.diff_start:
+            # A deleted key's row holds nulls in every other column, NOT NULL ones too: a diff
+            # declares those nullable (Spark fails on a null in a non-nullable field).
+            keys = {c.name for c in table_schema.key_columns}
+            out = StructType(
+                [StructField(f.name, f.dataType, f.nullable or f.name not in keys) for f in out]
+            )
             out = out.add(StructField(IS_DELETED, BooleanType(), nullable=False))
         return out
 

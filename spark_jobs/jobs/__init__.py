@@ -5,7 +5,7 @@
     schema_audit    replicas behind their table's schema version; tables stuck ALTERING
     rebalance_plan  replica-count skew per table and per server; a saved, reviewable plan
     audit_snapshot  the catalog and the tablet servers' listings appended to Delta tables
-    backup          a table's snapshot into a Delta table: full, then incremental (one MERGE)
+    backup          a table's snapshot into a Delta table: full, then incremental diffs (appended)
     restore         a table recreated from any backup version of such a Delta table
 
 Run as `spark-submit spark_jobs/jobs/<name>.py --masters ...` or `tessera jobs run <name> ...`.

@@ -232,7 +232,6 @@ def backup(
     version written, its metadata and counts: `rows` written, of which `changed` (inserted or
     updated keys; every row of a full backup) and `deleted`."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StructField, StructType
 
     handle = client.call("open_table", table)
     schema = handle.schema
@@ -295,14 +294,7 @@ def backup(
     else:
         _say(f"appending the rows changed since {describe(info.previous_timestamp)}")
         reader = reader.option("diff_start_hybrid_time", str(info.previous_timestamp))
-        # A deleted key's row holds nulls in its other columns, NOT NULL ones too, so the diff
-        # is read with those declared nullable (Spark fails on a null in a non-nullable one).
-        keys = {c.name for c in schema.key_columns} | {IS_DELETED}
-        declared = reader.load().schema
-        nullable = StructType(
-            [StructField(f.name, f.dataType, f.nullable or f.name not in keys) for f in declared]
-        )
-        diff = reader.schema(nullable).load()
+        diff = reader.load()  # a deleted key's other columns are null: declared nullable
         rows = diff.select(stamp, F.col(IS_DELETED).alias(DELETED), *_cols(schema.column_names))
         writer = rows.write.format("delta").mode("append")
     writer.option("userMetadata", info.to_json()).save(dest)
