@@ -948,7 +948,16 @@ class Snapshot:
         committed after `since`, as it is at `at`; a key deleted by then as its tombstone
         (`d` set, values null). `expr` filters live rows only. Physical tables with `d`."""
         needed = [TS_COL, *(phys_name(c.id) for c in cols)]
-        sources = [src.as_of(at, needed) for src in self.sources()]
+        # Only versions committed after `since` can be in the diff, and dropping the others
+        # from each source before the merge changes nothing: a key's versions are newer in
+        # newer sources, so a key whose newest version (as of `at`) is older than `since` has
+        # no newer one anywhere. A source older than `since` is skipped whole, and the merge
+        # sees the changed rows only (30,000 of 3 million for a 1% backup, not all of them).
+        sources = [
+            src.as_of(at, needed).newer_than(since)
+            for src in self.sources()
+            if src.max_time > since
+        ]
         key_cols = [c for c in self.schema.key_columns if any(k.id == c.id for k in cols)]
         for t in merge_sources(sources, cols, lo, hi, expr, with_deleted=True):
             newer = pc.greater(t.column(TS_COL), pa.scalar(since, pa.uint64()))

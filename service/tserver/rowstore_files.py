@@ -275,6 +275,16 @@ class Source:
             order = np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
         return Source(both.take(pa.array(order)))
 
+    def newer_than(self, since: int) -> Source:
+        """This source's rows committed after `since` (its history left out: a diff reads a
+        source after `as_of`, which has none). The source itself when all of them are."""
+        if self.times is None:
+            return Source(self.table.slice(0, 0))  # a file from before versions: all at 0
+        newer = self.times > since
+        if newer.all():
+            return self
+        return Source(take_sorted(self.table, np.flatnonzero(newer)))
+
     def _next_times(self) -> np.ndarray:
         """For each history row, the commit timestamp of its key's next newer version: the
         history row before it when that row has the same key (a key's versions are newest

@@ -295,25 +295,26 @@ def backup(
         _say(f"appending the rows changed since {describe(info.previous_timestamp)}")
         reader = reader.option("diff_start_hybrid_time", str(info.previous_timestamp))
         diff = reader.load()  # a deleted key's other columns are null: declared nullable
-        rows = diff.select(stamp, F.col(IS_DELETED).alias(DELETED), *_cols(schema.column_names))
+        # Kept while it is written, so that its deletions are counted from the rows written
+        # without a second diff scan (and without a read of the Delta table, which took 13 s
+        # of a 17 s incremental backup of a million rows, against 2.3 s for the write itself).
+        rows = diff.select(
+            stamp, F.col(IS_DELETED).alias(DELETED), *_cols(schema.column_names)
+        ).persist()
         writer = rows.write.format("delta").mode("append")
-    writer.option("userMetadata", info.to_json()).save(dest)
-    written = last_backup(spark, dest)
-    assert written is not None
-    version, _, metrics = written
-    n = int(metrics.get("numOutputRows", "0"))
-    if previous is None:
-        return version, info, {"rows": n, "changed": n, "deleted": 0}
-    # Counted from what was written: Delta's statistics of BACKUP_TS (a leading column) skip
-    # every file but this commit's.
-    deleted = (
-        spark.read.format("delta")
-        .option("versionAsOf", version)
-        .load(dest)
-        .where((F.col(BACKUP_TS) == at) & F.col(DELETED))
-        .count()
-    )
-    return version, info, {"rows": n, "changed": n - deleted, "deleted": deleted}
+    try:
+        writer.option("userMetadata", info.to_json()).save(dest)
+        written = last_backup(spark, dest)
+        assert written is not None
+        version, _, metrics = written
+        n = int(metrics.get("numOutputRows", "0"))
+        if previous is None:
+            return version, info, {"rows": n, "changed": n, "deleted": 0}
+        deleted = rows.where(F.col(DELETED)).count()
+        return version, info, {"rows": n, "changed": n - deleted, "deleted": deleted}
+    finally:
+        if previous is not None:
+            rows.unpersist()
 
 
 def _backed_up_table(spark: Any, path: str) -> str | None:

@@ -198,6 +198,14 @@ def test_random_histories_match_a_model(tmp_path: Path, seed: int, keys: str) ->
                     if seen and seen[-1] is not None:
                         want[k] = seen[-1]
                 assert t.at(at) == want, (seed, step, at, horizon)
+                since = rng.choice([s for s in stamps if s < at] or [0])
+                if since >= horizon:
+                    changed = {}
+                    for k, versions in model.items():
+                        seen = [(when, v) for when, v in versions if when <= at]
+                        if seen and seen[-1][0] > since:
+                            changed[k] = (seen[-1][1], seen[-1][1] is None)
+                    assert _diff(t, since, at) == changed, (seed, step, since, at)
             latest = {k: v[-1][1] for k, v in model.items() if v[-1][1] is not None}
             assert t.at(None) == latest
 
