@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-__all__ = ["LocalSnapshot", "latest_version", "local_dir", "snapshot"]
+__all__ = ["LocalCommit", "LocalSnapshot", "commit", "latest_version", "local_dir", "snapshot"]
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
@@ -35,6 +35,16 @@ class LocalSnapshot:
 
     version: int
     files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LocalCommit:
+    """One commit of a local Delta table: its commitInfo action (operation, operationMetrics,
+    userMetadata, ...) and the data files it added, absolute paths."""
+
+    version: int
+    info: dict[str, Any]
+    added: tuple[str, ...]
 
 
 class _NotPlain(Exception):
@@ -115,6 +125,37 @@ def _snapshot(table: Path, version: int | None) -> LocalSnapshot | None:
     state.check()
     files = tuple(str(_resolve(table, p)) for p in sorted(state.files))
     return LocalSnapshot(version, files)
+
+
+def commit(table: Path, version: int | None = None) -> LocalCommit | None:
+    """Commit `version` (default: the latest) of the Delta table in `table`, read from its JSON
+    commit file; None when that file is gone (a checkpoint replaced it and the log was cleaned)
+    or is not understood. A backup (jobs/backup.py) asks this of the commit it just wrote:
+    through Spark, `DESCRIBE HISTORY` and a count of the rows it added were two jobs and 3.4 s
+    of a 6.9 s incremental backup."""
+    try:
+        commits, checkpoints = _listing(table)
+        if version is None:
+            version = max([*commits, *checkpoints], default=-1)
+        path = commits.get(version)
+        if path is None:
+            return None
+        info: dict[str, Any] = {}
+        added: list[str] = []
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                action = json.loads(line)
+                if "commitInfo" in action:
+                    info = dict(action["commitInfo"])
+                elif "add" in action:
+                    if action["add"].get("deletionVector") or action["add"].get("partitionValues"):
+                        return None
+                    added.append(str(_resolve(table, action["add"]["path"])))
+        return LocalCommit(version, info, tuple(added))
+    except (_NotPlain, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _resolve(table: Path, path: str) -> Path:

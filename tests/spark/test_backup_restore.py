@@ -181,6 +181,33 @@ def _old_format_info(table: str) -> str:
     )
 
 
+def test_without_the_local_log_reader_spark_reads_the_same_chain(
+    spark: SparkSession,
+    cluster: MiniCluster,
+    client: SyncClient,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a backup reads of its Delta table from the commit files (the previous backup, the
+    one just written, its deletions) comes from Spark where the log is not readable here (a
+    table that is not local): the same versions, metadata and counts."""
+    monkeypatch.setattr(backup_job.delta_log, "commit", lambda table, version=None: None)
+    masters = cluster.master_addresses
+    creds = cluster.credentials_dir()
+    client.call("create_table", "spark_read", SCHEMA, PARTS, num_replicas=3)
+    client.write("spark_read", _rows(list(range(100)), "a"))
+    dest = str(tmp_path / "spark_read_backup")
+    v0, _, counts0 = backup(spark, client, masters, "spark_read", dest, credentials_dir=creds)
+    assert (v0, counts0) == (0, {"rows": 100, "changed": 100, "deleted": 0})
+    client.write("spark_read", _rows([1, 2, 200], "b"), "upsert")
+    client.write("spark_read", _keys([3, 4]), "delete")
+    v1, inc, counts1 = backup(spark, client, masters, "spark_read", dest, credentials_dir=creds)
+    assert (v1, inc.kind, counts1) == (1, "incremental", {"rows": 5, "changed": 3, "deleted": 2})
+    found = last_backup(spark, dest)
+    assert found is not None and found[0] == 1 and found[1] == inc
+    assert _read(spark, dest, 1) == _table(client, "spark_read", inc.snapshot_timestamp)
+
+
 def test_an_old_format_chain_or_a_delta_table_that_is_no_backup_is_refused(
     spark: SparkSession, cluster: MiniCluster, client: SyncClient, tmp_path: Path
 ) -> None:

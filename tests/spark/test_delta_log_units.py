@@ -104,3 +104,22 @@ def test_local_dir_takes_paths_and_file_uris_only() -> None:
     assert delta_log.local_dir("file:/w/a%20b") == Path("/w/a b")
     assert delta_log.local_dir("file:///w/t") == Path("/w/t")
     assert delta_log.local_dir("hdfs://nn/w/t") is None
+
+
+def test_a_commit_gives_its_commit_info_and_the_files_it_added(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    _commit(t, 0, PROTOCOL, META, _add("a.parquet"))
+    info = {"operation": "WRITE", "userMetadata": "m", "operationMetrics": {"numOutputRows": "3"}}
+    log = t / "_delta_log"
+    lines = [{"commitInfo": info}, {"remove": {"path": "a.parquet"}}, _add("b%20c.parquet")]
+    (log / f"{1:020}.json").write_text("\n".join(json.dumps(a) for a in lines) + "\n")
+    assert delta_log.commit(t) == delta_log.LocalCommit(1, info, (str(t / "b c.parquet"),))
+    assert delta_log.commit(t, 0) == delta_log.LocalCommit(
+        0, {"operation": "WRITE"}, (str(t / "a.parquet"),)
+    )
+    assert delta_log.commit(t, 2) is None  # not written
+    _commit(t, 2, _add("p.parquet", partitionValues={"x": "1"}))
+    assert delta_log.commit(t, 2) is None  # partitioned: left to Spark
+    (log / f"{3:020}.json").write_text("{not json\n")
+    assert delta_log.commit(t, 3) is None
+    assert delta_log.commit(tmp_path / "none") is None
