@@ -1274,8 +1274,11 @@ class TabletReplica:
                 leader = node.status().lead
                 if node.status().role is Role.LEADER:
                     # Past this, only a prepared transaction holds the safe time back: its
-                    # resolution wakes the wait below.
-                    await self._advance_safe_time(ts, remaining)
+                    # resolution wakes the wait below. A leadership lost meanwhile (the
+                    # timestamp entry overwritten by a new leader, or no longer the leader)
+                    # is no failure of the read: the next turn asks the new leader.
+                    with contextlib.suppress(Aborted, NotTheLeader):
+                        await self._advance_safe_time(ts, remaining)
                 elif ask is not None and leader:
                     with contextlib.suppress(TesseraError, TimeoutError):
                         # Best effort: the leader's entry reaches this replica like any other;

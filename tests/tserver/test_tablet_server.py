@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from service.common.config import RaftSettings
+from service.common.errors import Aborted
 from service.common.predicates import ScanSpec
 from service.common.schema_codec import encode_cell
 from service.pb import master_pb2 as mpb
@@ -144,6 +145,38 @@ async def test_bad_input_is_refused_and_changes_nothing(server: Server) -> None:
     )
     got = await scan_all(server.data, server.uuid, "tablet-1")
     assert got.column("id").to_pylist() == [0, 1, 2]
+
+
+@run
+async def test_a_snapshot_read_outlives_a_timestamp_entry_a_new_leader_overwrote(
+    tmp_path: Path,
+) -> None:
+    """A snapshot read of a quiet tablet has its leader replicate a timestamp entry; if a new
+    leader overwrites that entry (an election under load), the read keeps waiting (asking the
+    new leader, or trying again) instead of failing with ABORTED, which a scanner takes for
+    fatal: an incremental backup died of it on a busy machine."""
+    s = Server(tmp_path / "ts")
+    await s.start()
+    try:
+        await s.create()
+        await s.data.Write(write_request(s.uuid, "tablet-1", rows(0, 100)))
+        assert s.ts is not None
+        tablet = s.ts.tablets.get("tablet-1")
+        real = tablet._advance_safe_time
+        calls = []
+
+        async def overwritten_once(ts: int, timeout: float) -> None:
+            calls.append(ts)
+            if len(calls) == 1:
+                raise Aborted("entry 20 was overwritten by a new leader; not applied")
+            await real(ts, timeout)
+
+        tablet._advance_safe_time = overwritten_once  # type: ignore[method-assign]
+        at = tablet.settings.clock.now()
+        got = await scan_all(s.data, s.uuid, "tablet-1", snapshot_timestamp=at)
+        assert got.num_rows == 100 and len(calls) == 2
+    finally:
+        await s.stop()
 
 
 @run
