@@ -3,7 +3,10 @@
 A `ClusterSpec` says what every launcher of masters and tablet servers is asked for: how many
 of each, the security mode, the timing preset, the conf files and each kind's `--set`
 overrides, and the base directory. The test clusters (`service.testing.cluster.Cluster`, and
-the `MasterCluster` and `MiniCluster` built on it) are given one.
+the `MasterCluster` and `MiniCluster` built on it) and the user's local cluster
+(`local_cluster`, behind `tessera cluster up`) are all given one; they differ in where they put
+a server's files and what they keep of its process (`launcher`'s module docstring), not in
+what a server is started with.
 
 Theory of operation
 -------------------

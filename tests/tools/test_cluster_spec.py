@@ -14,6 +14,7 @@ from service.common.pki import IdentityFiles
 from service.testing.cluster import Cluster, MasterCluster
 from service.testing.mini_cluster import MiniCluster
 from service.tools.cluster_spec import FAST_RAFT, FAST_TSERVER, MASTER_CONF, ClusterSpec
+from service.tools.local_cluster import ClusterRecord, ServerRecord
 
 
 def test_a_master_command_line_managed_settings_then_identity_then_timing_then_overrides(
@@ -118,3 +119,14 @@ def test_mini_and_master_clusters_are_clusters_of_a_spec(tmp_path: Path) -> None
         masters.add_master_slot("master-1")
     assert masters.add_master_slot("master-3").address not in masters.addresses[:2]
     assert masters.size == 3
+
+
+def test_a_local_cluster_record_is_started_from_the_same_spec(tmp_path: Path) -> None:
+    m = ServerRecord("master-1", "master", "127.0.0.1:7051", "d1", "l1")
+    t = ServerRecord("tserver-1", "tserver", "", "d2", "l2")
+    record = ClusterRecord(
+        tmp_path, str(MASTER_CONF), "t.toml", ("a=1",), ("security.mode=insecure",), (m,), (t,)
+    )
+    spec = record.spec
+    assert (spec.masters, spec.tservers, spec.timing, spec.security) == (1, 1, "conf", "insecure")
+    assert (spec.master_overrides, spec.tserver_conf) == (("a=1",), Path("t.toml"))
