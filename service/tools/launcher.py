@@ -1,12 +1,15 @@
 """Server processes on loopback: how every launcher starts, waits for and stops one.
 
-Four launchers start real `python -m <module>` servers: the test clusters
-(`service.testing.master_cluster`, `mini_cluster`, `demo_cluster`) and the user's local
-cluster (`local_cluster`, behind `tessera cluster`). They differ in what they keep (a test
-cluster holds its Popen objects and dies with the test; a local cluster records pids in
-cluster.json and outlives the command that started it) but not in the mechanics, which live
-here once. The module sits in service.tools so every launcher can import it: service.testing
-may import the tools (docs/design/layers.md#R3), and nothing here imports service.testing.
+Two launchers start masters and tablet servers, both from a `cluster_spec.ClusterSpec` and with
+its one command line per kind: the test clusters (`service.testing.cluster.Cluster`, which
+`MasterCluster` and `MiniCluster` are built on, used by the tests, the benchmarks, the fault
+campaign and the fuzzer) and the user's local cluster (`local_cluster`, behind `tessera
+cluster`). A third, `service.testing.demo_cluster`, starts the KV demo's nodes. They differ in
+what they keep (a test cluster holds a `ServerProcess` per server and dies with the test; a
+local cluster records pids in cluster.json and outlives the command that started it) but not
+in the mechanics, which live here once. The module sits in service.tools so every launcher can
+import it: service.testing may import the tools (docs/design/layers.md#R3), and nothing here
+imports service.testing.
 
 Theory of operation
 -------------------
