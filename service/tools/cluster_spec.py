@@ -14,8 +14,9 @@ One command line. `ClusterSpec.command` is the only place that says how a master
 server is started: its conf file, then the settings its launcher owns (`MANAGED_KEYS`: data
 dir, bind address, a master's advertised address, every master's address, a status page on a
 free loopback port), `join_existing` for a master joining a running group, its identity, and
-last the timing preset and the overrides, so a test's `--set` wins over everything but the
-managed keys.
+last the timing preset and the overrides, so a test's `--set` wins over everything (a status
+page on a wildcard address, say). `tessera cluster up` refuses overrides of the managed keys
+before it makes its spec (`local_cluster`): its record must know where its servers are.
 
 Identity. A secure cluster gives every server a certificate of its own (`security.*` settings
 naming its files, `launcher.security_overrides`); an insecure one says `security.mode=insecure`.
@@ -48,7 +49,8 @@ KINDS = ("master", "tserver")
 MODULES: Mapping[str, str] = {"master": "service.master", "tserver": "service.tserver"}
 """The module each kind runs as (`python -m MODULE`)."""
 MANAGED_KEYS = ("data_dir", "rpc_bind", "advertised_address", "master_addresses", "http_bind")
-"""Settings the launcher sets itself for every server (module docstring)."""
+"""Settings the launcher sets itself for every server (module docstring); `tessera cluster up`
+refuses an override of one."""
 
 FAST_RAFT: Mapping[str, str] = {
     "raft.tick_interval_ms": "50",
@@ -82,9 +84,9 @@ def settings_of(overrides: Mapping[str, str]) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class ClusterSpec:
     """A cluster of `masters` masters and `tservers` tablet servers under `base`. Overrides
-    are `--set` values ("key=value"), later ones of a key winning; an override of a managed
-    key, a bad setting or an unknown preset is refused (InvalidArgument) when the spec is
-    made."""
+    are `--set` values ("key=value"), later ones of a key winning; a malformed one, a count
+    below one master or an unknown mode or preset is refused (InvalidArgument) when the spec
+    is made."""
 
     base: Path
     masters: int = 3
@@ -107,9 +109,7 @@ class ClusterSpec:
         if self.timing not in TIMING:
             raise InvalidArgument(f"timing {self.timing!r}: expected one of {tuple(TIMING)}")
         for text in (*self.master_overrides, *self.tserver_overrides):
-            key, _ = parse_override(text)
-            if key in MANAGED_KEYS:
-                raise InvalidArgument(f"{key}: set by the cluster's launcher, cannot override")
+            parse_override(text)  # "key=value", or ConfigError naming it
 
     @property
     def secure(self) -> bool:
