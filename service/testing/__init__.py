@@ -14,11 +14,13 @@ Modules
     simdisk             an in-memory file system that can lose power (torn writes, fsync errors)
     raft_harness        a synchronous in-memory cluster of RawNodes for unit tests
     linearizability     the linearizability checker for client histories
-    demo_cluster        KV demo nodes as real processes on loopback
-    master_cluster      master processes on loopback
-    mini_cluster        masters and tablet servers as real processes on loopback
-                        (all three start, wait for and stop their processes with
-                        service.tools.launcher)
+    cluster             `Cluster(spec)`: masters and tablet servers as real processes on
+                        loopback, from a `service.tools.cluster_spec.ClusterSpec`; started,
+                        stopped, killed and restarted by name (with service.tools.launcher)
+    master_cluster      `MasterCluster`: the masters of a Cluster as a group, or a cluster of
+                        masters only
+    mini_cluster        `MiniCluster`: a Cluster from the keyword arguments tests use
+    demo_cluster        KV demo nodes as real processes on loopback (launcher.ServerProcess)
     ts_simulator        many simulated tablet servers in one process, for master tests and
                         benchmarks
     ts_simulator_stats  the tablet-server simulator's statistics file

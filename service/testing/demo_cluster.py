@@ -15,7 +15,6 @@ tests speak plaintext; the benchmarks run both (bench/README.md).
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,26 +22,9 @@ from pathlib import Path
 
 from service.common.pki import ClusterPki
 from service.tools import launcher
-from service.tools.launcher import CONF_DIR, StopOnExit, free_ports
+from service.tools.launcher import CONF_DIR, ServerProcess, StopOnExit, free_ports
 
 DEMO_CONF = CONF_DIR / "raft-demo.toml"
-
-
-@dataclass
-class DemoNode:
-    uuid: str
-    address: str
-    data_dir: Path
-    log: Path
-    launched: launcher.Launched | None = None
-
-    @property
-    def proc(self) -> subprocess.Popen[bytes] | None:
-        return self.launched.proc if self.launched is not None else None
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
 
 @dataclass
@@ -50,20 +32,29 @@ class DemoCluster(StopOnExit):
     base: Path
     size: int = 3
     overrides: Mapping[str, str] = field(default_factory=dict)
-    nodes: dict[str, DemoNode] = field(default_factory=dict)
+    nodes: dict[str, ServerProcess] = field(default_factory=dict)
     secure: bool = False
     """Mutual TLS from a CA made for the cluster in `<base>/pki` (module docstring)."""
 
     def __post_init__(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
         self.pki = ClusterPki(self.base / "pki") if self.secure else None
-        ports = free_ports(self.size)
-        for i, port in enumerate(ports, start=1):
-            uuid = f"node-{i}"
-            self.nodes[uuid] = DemoNode(
-                uuid, f"127.0.0.1:{port}", self.base / uuid, self.base / f"{uuid}.log"
-            )
+        for i, port in enumerate(free_ports(self.size), start=1):
+            self._slot(f"node-{i}", port)
         self.initial = list(self.nodes)
+
+    def _slot(self, uuid: str, port: int) -> ServerProcess:
+        node = ServerProcess(
+            uuid,
+            "kv",
+            self.base / uuid,
+            self.base / f"{uuid}.log",
+            self.base / f"{uuid}.ready",
+            address=f"127.0.0.1:{port}",
+            uuid=uuid,
+        )
+        self.nodes[uuid] = node
+        return node
 
     @property
     def addresses(self) -> list[str]:
@@ -91,11 +82,10 @@ class DemoCluster(StopOnExit):
             self.start_node(uuid)
         self.wait_ready(self.initial)
 
-    def add_node(self, uuid: str) -> DemoNode:
+    def add_node(self, uuid: str) -> ServerProcess:
         """A new node that boots with no peers: it waits to be added as a learner."""
         (port,) = free_ports(1)
-        node = DemoNode(uuid, f"127.0.0.1:{port}", self.base / uuid, self.base / f"{uuid}.log")
-        self.nodes[uuid] = node
+        node = self._slot(uuid, port)
         self.start_node(uuid, peers=[])
         self.wait_ready([uuid])
         return node
@@ -111,11 +101,10 @@ class DemoCluster(StopOnExit):
         ]
         creds = self.credentials_dir("tserver", uuid)
         extra = ["--credentials", str(creds)] if creds is not None else []
-        ready = self.base / f"{uuid}.ready"
         args = launcher.server_args(
-            "service.tools.kv_demo_server", DEMO_CONF, settings, ready, extra
+            "service.tools.kv_demo_server", DEMO_CONF, settings, node.ready, extra
         )
-        node.launched = launcher.spawn(uuid, args, log=node.log, ready=ready)
+        node.launched = launcher.spawn(uuid, args, log=node.log, ready=node.ready)
 
     def wait_ready(self, uuids: list[str], timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

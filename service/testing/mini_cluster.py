@@ -1,142 +1,88 @@
 """A mini cluster on loopback: N master processes and M real tablet-server processes.
 
-Masters come from `MasterCluster`; tablet servers are `python -m service.tserver` processes
-bound to `127.0.0.1:0` (each writes its address, uuid and status-page address to a ready file),
-heartbeating to every master. Each logs to `<base>/<name>.log` and keeps its data in
-`<base>/<name>/`, so a server restarted with `start_tserver(name)` comes back with the same uuid
-and replicas.
-`stop()` sends SIGTERM, then SIGKILL to whatever is left: used as a context manager, the
-cluster never leaves a process running. The process mechanics are `service.tools.launcher`'s.
+`MiniCluster` is a `service.testing.cluster.Cluster` made from the keyword arguments its call
+sites use (counts, each kind's overrides as a mapping, `secure`), with the tablet-server
+spellings they use (`start_tserver`, `kill_tserver`, `wait_tserver`). Everything else (files
+under `<base>`, a restarted tablet server keeping its uuid and replicas, `stop()` leaving no
+process running) is the Cluster's.
 """
 
 from __future__ import annotations
 
 import signal
-import subprocess
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
-import grpc
+from service.testing.cluster import Cluster
+from service.tools.cluster_spec import (
+    FAST_RAFT,
+    FAST_TSERVER,
+    TSERVER_CONF,
+    ClusterSpec,
+    settings_of,
+)
+from service.tools.launcher import ServerProcess
 
-from service.client.sync import SyncClient
-from service.common.pki import IdentityFiles
-from service.common.tls import Credentials, open_sync_channel
-from service.pb import master_pb2 as mpb
-from service.pb import master_pb2_grpc
-from service.testing.master_cluster import FAST_RAFT, MasterCluster
-from service.tools import launcher
-from service.tools.launcher import CONF_DIR, StopOnExit
-
-TSERVER_CONF = CONF_DIR / "tserver.toml"
-
-FAST_TSERVER: Mapping[str, str] = {
-    **FAST_RAFT,
-    "heartbeat_interval_ms": "200",
-}
-"""Test timing: Raft elections within about a second, heartbeats five times a second."""
+__all__ = ["FAST_TSERVER", "TSERVER_CONF", "MiniCluster"]
 
 
-@dataclass
-class TServerProcess:
-    name: str
-    data_dir: Path
-    log: Path
-    address: str = ""
-    uuid: str = ""
-    launched: launcher.Launched | None = None
-    http_address: str = ""
-    """host:port of its status pages and /metrics, from its ready file ("" if not serving)."""
-
-    @property
-    def proc(self) -> subprocess.Popen[bytes] | None:
-        return self.launched.proc if self.launched is not None else None
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-
-@dataclass
-class MiniCluster(StopOnExit):
+class MiniCluster(Cluster):
     """Masters plus tablet servers. Use as a context manager."""
 
-    base: Path
-    num_masters: int = 3
-    num_tservers: int = 3
-    master_overrides: Mapping[str, str] = field(default_factory=lambda: dict(FAST_RAFT))
-    tserver_overrides: Mapping[str, str] = field(default_factory=lambda: dict(FAST_TSERVER))
-    tservers: dict[str, TServerProcess] = field(default_factory=dict)
-    secure: bool = True
-    """Mutual TLS from a CA made for the cluster in `<base>/pki` (the product's default)."""
-
-    def __post_init__(self) -> None:
-        self.base.mkdir(parents=True, exist_ok=True)
-        self.masters = MasterCluster(
-            self.base, self.num_masters, self.master_overrides, secure=self.secure
+    def __init__(
+        self,
+        base: Path,
+        num_masters: int = 3,
+        num_tservers: int = 3,
+        master_overrides: Mapping[str, str] | None = None,
+        tserver_overrides: Mapping[str, str] | None = None,
+        secure: bool = True,
+    ) -> None:
+        """Overrides default to the fast timing (`FAST_RAFT`, `FAST_TSERVER`); given ones
+        replace it. `secure`: mutual TLS from a CA made for the cluster in `<base>/pki` (the
+        product's default)."""
+        super().__init__(
+            ClusterSpec(
+                base,
+                masters=num_masters,
+                tservers=num_tservers,
+                security="secure" if secure else "insecure",
+                timing="conf",
+                master_overrides=settings_of(
+                    FAST_RAFT if master_overrides is None else master_overrides
+                ),
+                tserver_overrides=settings_of(
+                    FAST_TSERVER if tserver_overrides is None else tserver_overrides
+                ),
+            )
         )
-        for i in range(1, self.num_tservers + 1):
-            self.add_tserver_slot(f"ts-{i}")
-
-    def add_tserver_slot(self, name: str) -> TServerProcess:
-        ts = TServerProcess(name, self.base / name, self.base / f"{name}.log")
-        self.tservers[name] = ts
-        return ts
 
     @property
-    def master_addresses(self) -> list[str]:
-        return self.masters.addresses
+    def num_masters(self) -> int:
+        return self.spec.masters
 
-    def credentials(self, role: str = "admin", name: str = "test-admin") -> Credentials | None:
-        """A client's credentials for this cluster (None when it runs insecure)."""
-        return self.masters.credentials(role, name)
+    @property
+    def num_tservers(self) -> int:
+        return self.spec.tservers
 
-    def credentials_dir(self, role: str = "admin", name: str = "test-admin") -> str | None:
-        """A credentials directory for this cluster, an admin's by default (None when
-        insecure)."""
-        return self.masters.credentials_dir(role, name)
+    @property
+    def master_overrides(self) -> dict[str, str]:
+        return self.masters.overrides
 
-    def sync_channel(self, address: str) -> grpc.Channel:
-        """A blocking channel to any server of this cluster, as its admin."""
-        return self.masters.sync_channel(address)
+    @property
+    def tserver_overrides(self) -> dict[str, str]:
+        """The tablet servers' settings beyond the managed ones; set it to start the next
+        tablet servers with others."""
+        return dict(s.split("=", 1) for s in self.spec.tserver_overrides)
 
-    def channel(self, address: str) -> grpc.aio.Channel:
-        """An asyncio channel to any server of this cluster, as its admin."""
-        return self.masters.channel(address)
+    @tserver_overrides.setter
+    def tserver_overrides(self, value: Mapping[str, str]) -> None:
+        self.spec = replace(self.spec, tserver_overrides=settings_of(value))
 
-    def client(self, timeout: float = 60.0, **kwargs: object) -> SyncClient:
-        """A blocking client of this cluster with admin credentials."""
-        return SyncClient(
-            self.master_addresses, timeout=timeout, credentials=self.credentials(), **kwargs
-        )
-
-    def start(self) -> None:
-        self.masters.start()
-        for name in self.tservers:
-            self.start_tserver(name, wait=False)
-        for name in self.tservers:
-            self.wait_tserver(name)
-        self.wait_registered()
-
-    def wait_registered(self, timeout: float = 30.0) -> None:
-        """Wait until the master leader lists every running tablet server as live, so a test
-        can create a table at once (placement needs the servers registered, not just up)."""
-        want = {ts.uuid for ts in self.tservers.values() if ts.alive}
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for address in self.master_addresses:
-                with open_sync_channel(address, self.credentials(), role="master") as ch:
-                    stub = master_pb2_grpc.MasterServiceStub(ch)
-                    try:
-                        r = stub.ListTabletServers(mpb.ListTabletServersRequestPB(), timeout=2)
-                    except grpc.RpcError:
-                        continue  # not the leader (yet), or not up
-                live = {s.instance.permanent_uuid for s in r.servers if s.live}
-                if want <= live:
-                    return
-            time.sleep(0.05)
-        raise TimeoutError(f"tablet servers not registered with the master after {timeout}s")
+    @property
+    def secure(self) -> bool:
+        return self.spec.secure
 
     def start_tserver(
         self,
@@ -144,45 +90,13 @@ class MiniCluster(StopOnExit):
         wait: bool = True,
         env: Mapping[str, str] | None = None,
         credentials_dir: Path | None = None,
-    ) -> TServerProcess:
+    ) -> ServerProcess:
         """Launch tablet server `name` with a certificate of its own from the cluster's CA, or
         with the credentials directory `credentials_dir` (a join credential, say)."""
-        ts = self.tservers[name]
-        settings = [
-            f"data_dir={ts.data_dir}",
-            f"rpc_bind={ts.address or '127.0.0.1:0'}",
-            f"master_addresses={launcher.toml_list(self.master_addresses)}",
-            "http_bind=127.0.0.1:0",
-            *(f"{k}={v}" for k, v in self.tserver_overrides.items()),
-        ]
-        if credentials_dir is not None:
-            settings += launcher.security_overrides(IdentityFiles.in_dir(credentials_dir))
-        else:
-            uuid = launcher.tserver_uuid(ts.data_dir)
-            settings += self.masters.security_overrides("tserver", uuid)
-        ready = self.base / f"{name}.ready"
-        args = launcher.server_args("service.tserver", TSERVER_CONF, settings, ready)
-        ts.launched = launcher.spawn(name, args, log=ts.log, ready=ready, env=env)
-        if wait:
-            self.wait_tserver(name)
-        return ts
+        return self.start_server(name, wait=wait, env=env, credentials_dir=credentials_dir)
 
     def wait_tserver(self, name: str, timeout: float = 30.0) -> None:
-        ts = self.tservers[name]
-        assert ts.launched is not None, f"{name} was never started"
-        info = launcher.wait_ready(ts.launched, time.monotonic() + timeout, timeout)
-        ts.address, ts.uuid = info["address"], info["uuid"]
-        ts.http_address = info.get("http_address", "")
+        self.wait_ready([name], timeout)
 
     def kill_tserver(self, name: str, sig: int = signal.SIGKILL) -> None:
-        launcher.kill(self.tservers[name].proc, sig)
-
-    def tserver_by_uuid(self, uuid: str) -> TServerProcess:
-        for ts in self.tservers.values():
-            if ts.uuid == uuid:
-                return ts
-        raise KeyError(uuid)
-
-    def stop(self) -> None:
-        launcher.terminate_all(ts.proc for ts in self.tservers.values() if ts.proc is not None)
-        self.masters.stop()
+        self.kill(name, sig)

@@ -11,7 +11,10 @@ Modules
     cli_args        typed arguments and the `main` runner every command shares
     output          aligned plain-text tables and JSON for every command
     launcher        starting server processes, shared by every cluster launcher: command
-                    line, owner-only log, ready file, SIGTERM-grace-SIGKILL, free ports
+                    line, owner-only log, ready file, SIGTERM-grace-SIGKILL, free ports,
+                    the per-process record (`ServerProcess`)
+    cluster_spec    `ClusterSpec`: what a cluster is (counts, security, timing, overrides),
+                    and the one command line of a master or a tablet server
     local_cluster   a local cluster of real background processes in one directory
     local_servers   one server of a local cluster: start, stop, restart by name
     cluster_cmd     `tessera cluster up|status|down|start|stop|restart`

@@ -1,18 +1,26 @@
 """Server processes on loopback: how every launcher starts, waits for and stops one.
 
-Four launchers start real `python -m <module>` servers: the test clusters
-(`service.testing.master_cluster`, `mini_cluster`, `demo_cluster`) and the user's local
-cluster (`local_cluster`, behind `tessera cluster`). They differ in what they keep (a test
-cluster holds its Popen objects and dies with the test; a local cluster records pids in
-cluster.json and outlives the command that started it) but not in the mechanics, which live
-here once. The module sits in service.tools so every launcher can import it: service.testing
-may import the tools (docs/design/layers.md#R3), and nothing here imports service.testing.
+Two launchers start masters and tablet servers, both from a `cluster_spec.ClusterSpec` and with
+its one command line per kind: the test clusters (`service.testing.cluster.Cluster`, which
+`MasterCluster` and `MiniCluster` are built on, used by the tests, the benchmarks, the fault
+campaign and the fuzzer) and the user's local cluster (`local_cluster`, behind `tessera
+cluster`). A third, `service.testing.demo_cluster`, starts the KV demo's nodes. They differ in
+what they keep (a test cluster holds a `ServerProcess` per server and dies with the test; a
+local cluster records pids in cluster.json and outlives the command that started it) but not
+in the mechanics, which live here once. The module sits in service.tools so every launcher can
+import it: service.testing may import the tools (docs/design/layers.md#R3), and nothing here
+imports service.testing.
 
 Theory of operation
 -------------------
 Command line. A server is `python -m MODULE --conf TOML --set key=value ... --ready-file F`
 (`server_args`); a secured one gets its certificate as `security.*` settings
-(`security_overrides`), an insecure one `security.mode=insecure`.
+(`security_overrides`), an insecure one `security.mode=insecure`. Which settings a master or a
+tablet server gets is `cluster_spec`'s.
+
+The record. `ServerProcess` is one server of a launcher that holds its processes: name, kind,
+data dir, log, ready file, address and uuid (known before the start or read from the ready
+file), and the current `Launched` process.
 
 Spawning. `spawn` appends the process's stdout and stderr to its log, created owner-only
 (0600, like everything a server writes: `service.common.private_files`), after a
@@ -55,7 +63,8 @@ from typing import Any, Self
 from service.common.pki import IdentityFiles
 from service.common.tls import SecuritySettings
 
-__all__ = ["CONF_DIR", "ROOT", "LaunchError", "Launched", "ServerNotReady", "StopOnExit"]
+__all__ = ["CONF_DIR", "ROOT", "LaunchError", "Launched", "ServerNotReady", "ServerProcess"]
+__all__ += ["StopOnExit"]
 __all__ += ["check_alive", "free_ports", "kill", "log_tail", "pid_alive", "pid_cmdline"]
 __all__ += ["security_overrides"]
 __all__ += ["server_args", "spawn", "terminate_all", "toml_list", "tserver_uuid", "wait_ready"]
@@ -136,6 +145,44 @@ class Launched:
     def failure(self, problem: str) -> str:
         tail = log_tail(self.log, self.log_offset)
         return f"{self.name} (pid {self.proc.pid}) {problem}; the end of {self.log}:\n{tail}"
+
+
+@dataclass
+class ServerProcess:
+    """One server of a launcher that holds its processes (a test cluster, the KV demo): what
+    it is, where it keeps its files, and its current process, if it was started.
+
+    `address` is known before the start for a server that must bind a given port (a master, a
+    KV node) and taken from the ready file otherwise (a tablet server binds port 0 the first
+    time and the same port on a restart); `uuid` likewise (a master's follows from its
+    address, a tablet server's from its data dir). A server restarted on the same record comes
+    back with the same data, address and uuid."""
+
+    name: str
+    kind: str
+    """"master", "tserver" or "kv" (a KV demo node)."""
+    data_dir: Path
+    log: Path
+    ready: Path
+    address: str = ""
+    uuid: str = ""
+    launched: Launched | None = None
+    http_address: str = ""
+    """host:port of its status pages and /metrics, from its ready file ("" if not serving)."""
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.launched.proc if self.launched is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def served(self, info: Mapping[str, Any]) -> None:
+        """Take what the ready file says: the address bound, the uuid, the status pages."""
+        self.address = str(info.get("address", self.address))
+        self.uuid = str(info.get("uuid", self.uuid))
+        self.http_address = str(info.get("http_address") or "")
 
 
 def spawn(

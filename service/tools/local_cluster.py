@@ -32,10 +32,14 @@ servers bind `127.0.0.1:0` the first time (their uuid lives in their data_dir, n
 address); the address they got is recorded and reused on restart, because their replicas' Raft
 configurations and the masters' registry name it.
 
-Processes. Command lines, owner-only logs, ready files, SIGTERM-grace-SIGKILL and free ports
-are `launcher`'s, shared with the test clusters. What differs here, on purpose: servers are
-started detached and recorded in cluster.json, and only a pid that passes the pid-reuse check
-below is ever signalled, so `down` never kills what it did not start.
+Processes. The cluster is a `cluster_spec.ClusterSpec` (`ClusterRecord.spec`: the recorded
+counts, conf files and overrides, the conf files' timing), and each server's command line is
+`ClusterSpec.command`'s, the one the test clusters use; owner-only logs, ready files,
+SIGTERM-grace-SIGKILL and free ports are `launcher`'s. What differs here, on purpose: servers
+are started detached and recorded in cluster.json, and only a pid that passes the pid-reuse
+check below is ever signalled, so `down` never kills what it did not start. `local_servers`
+acts on one recorded server with this module's public `spawn_server`, `wait_server_ready` and
+`save_record`.
 
 Detached sessions. Servers run in a session of their own (`start_new_session=True`), read
 /dev/null and write to their log file: a Ctrl-C in the terminal that ran `up`, or that terminal
@@ -81,20 +85,19 @@ from service.common.pki import ClusterPki, Identity, IdentityFiles, ca_key_file,
 from service.common.tls import Credentials
 from service.master.master import master_uuid
 from service.tools import launcher
+from service.tools.cluster_spec import MANAGED_KEYS, MASTER_CONF, MODULES, TSERVER_CONF, ClusterSpec
 from service.tools.healthcheck import ClusterStatus, ServerStatus, probe_masters
-from service.tools.launcher import CONF_DIR, Launched, LaunchError, free_ports
+from service.tools.launcher import Launched, LaunchError, free_ports
 
 __all__ = ["CLUSTER_FILE", "ClusterRecord", "LocalClusterError", "ServerRecord", "Stopped"]
 __all__ += ["down", "is_running", "load_record", "master_addresses", "status", "up"]
 __all__ += ["add_master", "http_scheme", "remove_master"]
+__all__ += ["Launch", "save_record", "spawn_server", "wait_server_ready"]
 
 CLUSTER_FILE = "cluster.json"
 FORMAT = 1
-DEFAULT_MASTER_CONF = CONF_DIR / "master.toml"
-DEFAULT_TSERVER_CONF = CONF_DIR / "tserver.toml"
-MANAGED_KEYS = ("data_dir", "rpc_bind", "advertised_address", "master_addresses", "http_bind")
-"""Settings `up` sets itself for every server; an override of one of them is refused."""
-_MODULES = {"master": "service.master", "tserver": "service.tserver"}
+DEFAULT_MASTER_CONF = MASTER_CONF
+DEFAULT_TSERVER_CONF = TSERVER_CONF
 
 Progress = Callable[[str], None]
 
@@ -137,6 +140,35 @@ class ClusterRecord:
     @property
     def master_addresses(self) -> list[str]:
         return [m.address for m in self.masters]
+
+    @property
+    def spec(self) -> ClusterSpec:
+        """The cluster as a `ClusterSpec`: what its servers are started with (the conf
+        files' timing; insecure if an override says so, for comparison runs)."""
+        insecure = any(
+            s.replace(" ", "") == "security.mode=insecure"
+            for s in (*self.master_overrides, *self.tserver_overrides)
+        )
+        return ClusterSpec(
+            self.dir,
+            masters=len(self.masters),
+            tservers=len(self.tservers),
+            security="insecure" if insecure else "secure",
+            timing="conf",
+            master_overrides=self.master_overrides,
+            tserver_overrides=self.tserver_overrides,
+            master_conf=Path(self.master_conf),
+            tserver_conf=Path(self.tserver_conf),
+        )
+
+    def with_servers(self, servers: Sequence[ServerRecord]) -> ClusterRecord:
+        """This record with `servers` replacing the recorded ones of the same names."""
+        by_name = {s.name: s for s in servers}
+        return replace(
+            self,
+            masters=tuple(by_name.get(s.name, s) for s in self.masters),
+            tservers=tuple(by_name.get(s.name, s) for s in self.tservers),
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -182,7 +214,8 @@ def load_record(dir: Path | str) -> ClusterRecord:
         raise LocalClusterError(f"{path} is not a cluster record: {e}") from None
 
 
-def _save(record: ClusterRecord) -> None:
+def save_record(record: ClusterRecord) -> None:
+    """Write DIR/cluster.json (tmp + rename: never half a file)."""
     path = record.dir / CLUSTER_FILE
     tmp = path.with_name(CLUSTER_FILE + ".tmp")
     with tmp.open("w") as f:
@@ -206,51 +239,27 @@ def is_running(server: ServerRecord) -> bool:
     if server.pid is None or not launcher.pid_alive(server.pid):
         return False
     cmd = launcher.pid_cmdline(server.pid) + " "
-    return f" {_MODULES[server.kind]} " in cmd and f" data_dir={server.data_dir} " in cmd
-
-
-def _http_supported(kind: str) -> bool:
-    cls = MasterConfig if kind == "master" else TServerConfig
-    return "http_bind" in {f.name for f in dataclasses.fields(cls)}
+    return f" {MODULES[server.kind]} " in cmd and f" data_dir={server.data_dir} " in cmd
 
 
 @dataclass
-class _Launch:
-    """A server `up` started: its record (completed from the ready file) and its process."""
+class Launch:
+    """A server started detached: its record (completed from the ready file) and its process."""
 
     server: ServerRecord
     launched: Launched
 
 
-def _settings(record: ClusterRecord, server: ServerRecord) -> tuple[str, list[str]]:
-    """The conf file and the `--set`s `server` runs with: the overrides, then MANAGED_KEYS."""
-    if server.kind == "master":
-        conf, settings = record.master_conf, list(record.master_overrides)
-    else:
-        conf, settings = record.tserver_conf, list(record.tserver_overrides)
-    settings += [f"data_dir={server.data_dir}", f"rpc_bind={server.address or '127.0.0.1:0'}"]
-    if server.kind == "master":
-        settings.append(f"advertised_address={server.address}")
-    settings.append(f"master_addresses={launcher.toml_list(record.master_addresses)}")
-    if _http_supported(server.kind):
-        settings.append("http_bind=127.0.0.1:0")
-    if _own_identity(record, server):
-        settings += launcher.security_overrides(IdentityFiles.in_dir(_identity_dir(record, server)))
-    return conf, settings
-
-
-def _own_identity(record: ClusterRecord, server: ServerRecord) -> bool:
-    """Whether `server` runs with the identity `up` issues it: unless an override of its kind
-    sets `security.*` itself (`security.mode=insecure` for a comparison run, other files)."""
-    overrides = record.master_overrides if server.kind == "master" else record.tserver_overrides
-    return not any(s.startswith("security.") for s in overrides)
-
-
-def _secured(record: ClusterRecord) -> bool:
-    """Secure unless the overrides say `security.mode=insecure` (comparison runs)."""
-    return not any(
-        s.replace(" ", "") == "security.mode=insecure"
-        for s in (*record.master_overrides, *record.tserver_overrides)
+def _settings(record: ClusterRecord, server: ServerRecord) -> tuple[Path, list[str]]:
+    """The conf file and the `--set`s `server` runs with (`ClusterSpec.settings`), its
+    identity from its own directory (module docstring)."""
+    spec = record.spec
+    return spec.conf(server.kind), spec.settings(
+        server.kind,
+        data_dir=server.data_dir,
+        address=server.address,
+        master_addresses=record.master_addresses,
+        identity=IdentityFiles.in_dir(_identity_dir(record, server)),
     )
 
 
@@ -337,33 +346,42 @@ def _check_config(record: ClusterRecord) -> None:
             load_config(cls, conf, dict(parse_override(s) for s in settings))
 
 
-def _spawn(record: ClusterRecord, server: ServerRecord, *, join: bool = False) -> _Launch:
+def spawn_server(record: ClusterRecord, server: ServerRecord, *, join: bool = False) -> Launch:
     """Start `server` detached (it outlives this command), in its data dir: its working
-    directory holds nothing of another server's, nor the CA (module docstring)."""
-    if _own_identity(record, server):
+    directory holds nothing of another server's, nor the CA (module docstring). `join`: a
+    master joining the running group. Its command line is `ClusterSpec.command`'s, the one
+    the test clusters start their servers with."""
+    spec = record.spec
+    if spec.issues_identity(server.kind):
         _issue_identity(record, server)
-    conf, settings = _settings(record, server)
-    if join:
-        settings.append("join_existing=true")
     ready = record.dir / "run" / f"{server.name}.ready"
-    args = launcher.server_args(_MODULES[server.kind], conf, settings, ready)
+    args = spec.command(
+        server.kind,
+        data_dir=server.data_dir,
+        address=server.address,
+        master_addresses=record.master_addresses,
+        identity=IdentityFiles.in_dir(_identity_dir(record, server)),
+        ready=ready,
+        join=join,
+    )
     data_dir = Path(server.data_dir)
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     launched = launcher.spawn(
         server.name, args, log=Path(server.log), ready=ready, cwd=data_dir, detach=True
     )
-    return _Launch(replace(server, pid=launched.proc.pid), launched)
+    return Launch(replace(server, pid=launched.proc.pid), launched)
 
 
-def _check_alive(launches: Iterable[_Launch]) -> None:
+def _check_alive(launches: Iterable[Launch]) -> None:
     try:
         launcher.check_alive(lc.launched for lc in launches)
     except LaunchError as e:
         raise LocalClusterError(str(e)) from None
 
 
-def _wait_ready(launch: _Launch, deadline: float, timeout: float) -> None:
-    """Wait for the ready file and fold what it says (address, uuid, http) into the launch."""
+def wait_server_ready(launch: Launch, deadline: float, timeout: float) -> None:
+    """Wait for the ready file (before the monotonic `deadline`) and fold what it says
+    (address, uuid, http) into the launch; LocalClusterError quoting the log if it fails."""
     s = launch.server
     expect = s.address if s.kind == "master" else None
     try:
@@ -386,25 +404,26 @@ def _check_overrides(overrides: Sequence[str]) -> tuple[str, ...]:
     return tuple(overrides)
 
 
-def _new_record(
-    dir: Path, masters: int, tservers: int, master_conf: Path, tserver_conf: Path
-) -> ClusterRecord:
-    if masters < 1 or tservers < 0:
-        raise InvalidArgument(f"need >= 1 master and >= 0 tablet servers, got {masters}/{tservers}")
+def _new_record(spec: ClusterSpec) -> ClusterRecord:
+    """The record of a new cluster of `spec` in `spec.base`: its servers' names, master ports
+    (picked once, kept for good) and files (module docstring)."""
+    dir = spec.base
 
     def server(kind: str, name: str, address: str) -> ServerRecord:
         data, log = dir / "data" / name, dir / "logs" / f"{name}.log"
         return ServerRecord(name, kind, address, str(data), str(log))
 
-    ports = free_ports(masters)
+    ports = free_ports(spec.masters)
     return ClusterRecord(
         dir=dir,
-        master_conf=str(master_conf.resolve()),
-        tserver_conf=str(tserver_conf.resolve()),
+        master_conf=str(spec.master_conf.resolve()),
+        tserver_conf=str(spec.tserver_conf.resolve()),
+        master_overrides=spec.master_overrides,
+        tserver_overrides=spec.tserver_overrides,
         masters=tuple(
             server("master", f"master-{i}", f"127.0.0.1:{p}") for i, p in enumerate(ports, 1)
         ),
-        tservers=tuple(server("tserver", f"tserver-{i}", "") for i in range(1, tservers + 1)),
+        tservers=tuple(server("tserver", f"tserver-{i}", "") for i in range(1, spec.tservers + 1)),
     )
 
 
@@ -422,13 +441,15 @@ def _prepare(
                 f"{dir} is not empty and holds no {CLUSTER_FILE}: expected a new or empty"
                 " directory, or one made by `tessera cluster up`"
             )
-        return _new_record(
+        spec = ClusterSpec(
             dir,
-            3 if masters is None else masters,
-            3 if tservers is None else tservers,
-            Path(master_conf or DEFAULT_MASTER_CONF),
-            Path(tserver_conf or DEFAULT_TSERVER_CONF),
+            masters=3 if masters is None else masters,
+            tservers=3 if tservers is None else tservers,
+            timing="conf",
+            master_conf=Path(master_conf or DEFAULT_MASTER_CONF),
+            tserver_conf=Path(tserver_conf or DEFAULT_TSERVER_CONF),
         )
+        return _new_record(spec)
     record = load_record(dir)
     running = [f"{s.name} (pid {s.pid})" for s in record.servers if is_running(s)]
     if running:
@@ -483,23 +504,23 @@ def up(
     _check_config(record)
     for sub in ("data", "logs", "run"):
         (dir / sub).mkdir(parents=True, exist_ok=True)
-    if _secured(record):
+    if record.spec.secure:
         # The admin's credentials, where every `--dir DIR` command finds them.
         _pki(record).export("admin", "admin", dir / "credentials")
 
-    launches: list[_Launch] = []
+    launches: list[Launch] = []
     try:
         for server in record.servers:
-            launches.append(_spawn(record, server))
-        record = _with(record, [launch.server for launch in launches])
-        _save(record)  # pids on disk at once: `down` can clean up even if this command dies
+            launches.append(spawn_server(record, server))
+        record = record.with_servers([launch.server for launch in launches])
+        save_record(record)  # pids on disk at once: `down` can clean up even if this command dies
         deadline = time.monotonic() + timeout
         for launch in launches:
-            _wait_ready(launch, deadline, timeout)
+            wait_server_ready(launch, deadline, timeout)
             s = launch.server
             say(f"starting {s.name} ... ok (pid {s.pid}, {s.address})")
-        record = _with(record, [launch.server for launch in launches])
-        _save(record)
+        record = record.with_servers([launch.server for launch in launches])
+        save_record(record)
         leader = asyncio.run(_wait_serving(record, launches, deadline, timeout))
         say(f"waiting for a master leader ... ok ({leader})")
         if record.tservers:
@@ -508,22 +529,13 @@ def up(
         launcher.terminate_all(
             [lc.server.pid for lc in launches if lc.server.pid is not None], grace=5.0
         )
-        _save(_with(record, [replace(lc.server, pid=None) for lc in launches]))
+        save_record(record.with_servers([replace(lc.server, pid=None) for lc in launches]))
         raise
     return record
 
 
-def _with(record: ClusterRecord, servers: Sequence[ServerRecord]) -> ClusterRecord:
-    by_name = {s.name: s for s in servers}
-    return replace(
-        record,
-        masters=tuple(by_name.get(s.name, s) for s in record.masters),
-        tservers=tuple(by_name.get(s.name, s) for s in record.tservers),
-    )
-
-
 async def _wait_serving(
-    record: ClusterRecord, launches: list[_Launch], deadline: float, timeout: float
+    record: ClusterRecord, launches: list[Launch], deadline: float, timeout: float
 ) -> str:
     """Wait for a serving leader at which every tablet server is live; its address."""
     expected = {s.uuid: s.name for s in record.tservers}
@@ -578,10 +590,10 @@ def add_master(
         name, "master", f"127.0.0.1:{port}", str(data_dir), str(record.dir / "logs" / f"{name}.log")
     )
     grown = replace(record, masters=(*record.masters, server))
-    launch = _spawn(grown, server, join=True)
-    _save(_with(grown, [launch.server]))
+    launch = spawn_server(grown, server, join=True)
+    save_record(grown.with_servers([launch.server]))
     try:
-        _wait_ready(launch, time.monotonic() + timeout, timeout)
+        wait_server_ready(launch, time.monotonic() + timeout, timeout)
         say(f"starting {name} ... ok (pid {launch.server.pid}, {launch.server.address})")
 
         async def add() -> None:
@@ -595,9 +607,9 @@ def add_master(
     except BaseException:
         if launch.server.pid is not None:
             launcher.terminate_all([launch.server.pid], grace=5.0)
-        _save(record)
+        save_record(record)
         raise
-    _save(_with(grown, [launch.server]))
+    save_record(grown.with_servers([launch.server]))
     return launch.server
 
 
@@ -635,7 +647,7 @@ def remove_master(
         say(f"stopping {server.name} ... {outcome}")
     shutil.rmtree(server.data_dir, ignore_errors=True)
     shutil.rmtree(_identity_dir(record, server), ignore_errors=True)  # it held the CA's key
-    _save(replace(record, masters=tuple(m for m in record.masters if m.name != server.name)))
+    save_record(replace(record, masters=tuple(m for m in record.masters if m.name != server.name)))
     return server
 
 
@@ -700,5 +712,5 @@ def down(dir: Path | str, grace: float = 10.0, progress: Progress | None = None)
             outcome = "killed" if s.pid in killed else "stopped" if s in live else "not running"
             results.append(Stopped(s.name, s.pid, outcome))
             say(f"stopping {s.name} ... {outcome}")
-    _save(_with(record, [replace(s, pid=None) for s in record.servers]))
+    save_record(record.with_servers([replace(s, pid=None) for s in record.servers]))
     return results

@@ -20,12 +20,11 @@ from service.tools.local_cluster import (
     LocalClusterError,
     ServerRecord,
     Stopped,
-    _save,
-    _spawn,
-    _wait_ready,
-    _with,
     is_running,
     load_record,
+    save_record,
+    spawn_server,
+    wait_server_ready,
 )
 
 __all__ = ["restart_server", "start_server", "stop_server"]
@@ -47,7 +46,7 @@ def stop_server(dir: Path | str, name: str, grace: float = 10.0) -> Stopped:
         outcome = "not running"
     else:
         outcome = "killed" if launcher.terminate_all([server.pid], grace) else "stopped"
-    _save(_with(record, [replace(server, pid=None)]))
+    save_record(record.with_servers([replace(server, pid=None)]))
     return Stopped(name, server.pid, outcome)
 
 
@@ -57,9 +56,9 @@ def start_server(dir: Path | str, name: str, timeout: float = 60.0) -> ServerRec
     server = _server(record, name)
     if is_running(server):
         raise LocalClusterError(f"{name} is running (pid {server.pid}): stop or restart it")
-    launch = _spawn(record, server)
-    _wait_ready(launch, time.monotonic() + timeout, timeout)
-    _save(_with(load_record(dir), [launch.server]))
+    launch = spawn_server(record, server)
+    wait_server_ready(launch, time.monotonic() + timeout, timeout)
+    save_record(load_record(dir).with_servers([launch.server]))
     return launch.server
 
 

@@ -34,10 +34,11 @@ from service.common.schema import ColumnType, Schema
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.testing.master_cluster import FAST_RAFT
-from service.testing.mini_cluster import MiniCluster, TServerProcess
+from service.testing.mini_cluster import MiniCluster
 from service.testing.poison_log import plant_committed_entry, poison_write_entry
 from service.testing.tablet_fixtures import ClusterStubs, ipc
 from service.tools import ksck_cmd
+from service.tools.launcher import ServerProcess
 from tests.helpers.status_pages import fetch, metrics_of, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -52,7 +53,7 @@ def _rows(lo: int, hi: int) -> pa.Table:
     )
 
 
-def _replicas(cluster: MiniCluster, ts: TServerProcess) -> dict[str, tpb.ReplicaStatusPB]:
+def _replicas(cluster: MiniCluster, ts: ServerProcess) -> dict[str, tpb.ReplicaStatusPB]:
     async def ask() -> dict[str, tpb.ReplicaStatusPB]:
         stubs = ClusterStubs(cluster, "")
         try:

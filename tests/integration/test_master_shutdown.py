@@ -31,8 +31,8 @@ from service.common.partition import HashBucketSchema, PartitionSchema, RangeSch
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
-from service.testing.master_cluster import FAST_RAFT, ROOT, MasterCluster, MasterProcess
-from service.tools.launcher import terminate_all
+from service.testing.master_cluster import FAST_RAFT, ROOT, MasterCluster
+from service.tools.launcher import ServerProcess, terminate_all
 from tests.helpers.master_cluster import SCHEMA
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -62,7 +62,7 @@ def _wait(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
     raise AssertionError(f"no {what} within {timeout} s")
 
 
-def _start_fleet(master: MasterProcess, servers: int, base: Path) -> subprocess.Popen[bytes]:
+def _start_fleet(master: ServerProcess, servers: int, base: Path) -> subprocess.Popen[bytes]:
     port_file = base / "sim.port"
     sim = subprocess.Popen(
         [
@@ -115,7 +115,7 @@ def _progress(
     )
 
 
-def _sigterm_and_check(master: MasterProcess) -> None:
+def _sigterm_and_check(master: ServerProcess) -> None:
     """SIGTERM `master`: it exits with 0 within the bound and its log holds no traceback."""
     assert master.proc is not None
     t0 = time.monotonic()

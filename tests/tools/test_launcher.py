@@ -83,7 +83,9 @@ def test_a_server_logs_owner_only_and_its_ready_file_is_read(tmp_path: Path) -> 
     ready.write_text("stale")  # from an earlier run: removed before the start
     code = (
         "import json, pathlib, sys; print('hello'); sys.stdout.flush();"
-        f"pathlib.Path({str(ready)!r}).write_text(json.dumps({{'address': 'h:1', 'uuid': 'u'}}))"
+        f"tmp = pathlib.Path({str(ready) + '.tmp'!r});"
+        "tmp.write_text(json.dumps({'address': 'h:1', 'uuid': 'u'}));"
+        f"tmp.replace({str(ready)!r})"  # atomically, as servers do: never an empty ready file
     )
     launched = spawn("s", _python(code), log=log, ready=ready)
     info = wait_ready(launched, time.monotonic() + 30, 30, expect_address="h:1")
@@ -108,7 +110,10 @@ def test_a_server_that_exits_or_serves_elsewhere_is_refused_quoting_this_runs_lo
     assert "s (pid" in message and "exited with code 2" in message
     assert "bad setting" in message and "an earlier run" not in message
 
-    code = f'import pathlib; pathlib.Path({str(ready)!r}).write_text(\'{{"address": "h:2"}}\')'
+    code = (
+        f"import pathlib; tmp = pathlib.Path({str(ready) + '.tmp'!r});"
+        f'tmp.write_text(\'{{"address": "h:2"}}\'); tmp.replace({str(ready)!r})'
+    )
     launched = spawn("s", _python(code), log=log, ready=ready)
     with pytest.raises(LaunchError, match="serves on h:2, expected h:1"):
         wait_ready(launched, time.monotonic() + 30, 30, expect_address="h:1")
