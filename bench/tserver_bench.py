@@ -42,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpc
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -163,14 +164,23 @@ async def run(args: argparse.Namespace, base: Path) -> None:
             ts4 = cluster.add_tserver_slot("ts-4")
             cluster.start_tserver("ts-4")
             host, _, port = ts4.address.rpartition(":")
-            req = tpb.ChangeConfigRequestPB(
-                dest_uuid=leader, tablet_id=TABLET, type=tpb.ChangeConfigRequestPB.ADD_PEER
-            )
-            req.peer.permanent_uuid = ts4.uuid
-            req.peer.member_type = mpb.NON_VOTER
-            req.peer.promote = True
-            req.peer.last_known_addr.host, req.peer.last_known_addr.port = host, int(port)
-            await stubs.admin(leader).ChangeConfig(req, timeout=10)
+            for attempt in range(5):
+                # The leader may have moved during the long versions figure on a busy
+                # machine: ask whoever leads now, as a client would.
+                leader = await stubs.leader(uuids)
+                req = tpb.ChangeConfigRequestPB(
+                    dest_uuid=leader, tablet_id=TABLET, type=tpb.ChangeConfigRequestPB.ADD_PEER
+                )
+                req.peer.permanent_uuid = ts4.uuid
+                req.peer.member_type = mpb.NON_VOTER
+                req.peer.promote = True
+                req.peer.last_known_addr.host, req.peer.last_known_addr.port = host, int(port)
+                try:
+                    await stubs.admin(leader).ChangeConfig(req, timeout=10)
+                    break
+                except grpc.aio.AioRpcError as e:
+                    if e.code() != grpc.StatusCode.UNAVAILABLE or attempt == 4:
+                        raise
             deadline = time.monotonic() + 120
             copy = None
             while time.monotonic() < deadline:
