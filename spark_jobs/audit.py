@@ -69,8 +69,8 @@ when the warehouse is on this machine's file system and the session is a classic
 (`_rs_dir`); Spark writes them otherwise (a Spark Connect client, whose files are the
 server's; a warehouse on s3a:// or HDFS, which delta-rs would need credentials of its own
 for), the same commits either way. The tables delta-rs creates are named in the session's
-catalog as Spark's are (spark_jobs/catalog.py), and a table either engine made is carried on
-by the other.
+catalog as Spark's are (spark_jobs/catalog.py), once written, and a table either engine made is
+carried on by the other.
 
 The tables are Delta tables under the warehouse (`<warehouse>/tessera_audit.db/<table>`) that
 every session registers by name itself (spark_jobs/catalog.py: no metastore shared between
@@ -540,9 +540,8 @@ def _merge_current(spark: Any, table: pa.Table, kind: str, exists: bool, base: P
     view = f"tessera_audit_src_{kind}"
     rs = base / kind if base is not None else None
     if rs is not None and not exists:
-        created = delta_log.latest_version(rs) is None and _rs_create(rs, table, None, cdf=True)
-        _named(spark, kind)
-        if created:
+        # Named by the caller afterwards (`_write_snapshot`).
+        if delta_log.latest_version(rs) is None and _rs_create(rs, table, None, cdf=True):
             return 0  # a new Delta table's first commit
     elif not exists:
         # Created at its path, then named: in the in-memory catalog a CREATE TABLE of a managed
@@ -671,7 +670,8 @@ def _write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None) -> Snapsho
         rows = _arrow_rows(row_type, inv.stamp, inv.rows(kind))
         if rows.num_rows or f"{kind}_history" not in existing:  # no empty commits
             history = f"{kind}_history"
-            _append(spark, rows, history, sid, rs, named=history in existing)
+            # delta-rs's new tables are named after the writes (below)
+            _append(spark, rows, history, sid, rs, named=rs is not None or history in existing)
         return _merge_current(spark, rows, kind, kind in existing, rs)
 
     if getattr(spark, "_jvm", None) is not None:
@@ -683,6 +683,15 @@ def _write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None) -> Snapsho
     with ThreadPoolExecutor(_WRITERS, thread_name_prefix="audit") as pool:
         done = {kind: pool.submit(write, kind, t) for kind, t in Inventory.KINDS.items()}
     versions = {kind: future.result() for kind, future in done.items()}
+    if rs is not None:
+        # The tables delta-rs created (here or in another process) get their names one after
+        # the other once written: naming one makes Spark rebuild its state from the log (it
+        # has no checksum file from delta-rs), half a second each on a warm JVM, and a dozen
+        # at once, with the writers' threads, took 10 to 40 s each on a busy machine.
+        for kind in Inventory.KINDS:
+            for name in (kind, f"{kind}_history"):
+                if name not in existing:
+                    _named(spark, name)
     summary = pa.Table.from_pylist(
         [
             {
