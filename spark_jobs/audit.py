@@ -48,6 +48,30 @@ thread each, large frames taking turns (`_WRITERS`, `_BULK`). Whether to write a
 query over `snapshots` (is this id there, and what is the latest row), so an unchanged catalog
 costs about a second. `make bench-jobs` (`--audit-only`) measures the three cases.
 
+Why delta-rs
+------------
+With the diff taken here, what was left of a snapshot's time was Spark's cost per Delta
+commit: on this project's busy two-core machine a MERGE of 4 rows into a 300-row table with
+the change data feed on took 12.3 s as a JVM's first and some 2.7 s each after (planning, the
+Delta log, a few jobs), so a small catalog's six changed kinds cost ~12 s; and appending a
+large catalog's ~700,000 history rows through Spark ~13 s (Arrow into the JVM and out again).
+delta-rs (the `deltalake` package: Rust, no JVM) makes the same commits from the Arrow tables
+in milliseconds and the large appends in about a second. Its commits are Delta's protocol, so
+Spark reads them as its own: `table_changes` / `readChangeFeed` from the change data files its
+MERGE writes (update pre/post images, deletes, inserts), `VERSION AS OF`, `DESCRIBE HISTORY`
+(engineInfo `delta-rs:...`), and the `txn` actions of both engines (a `txnAppId` either one
+committed is honoured by the other; delta-rs does not skip one by itself, so `_rs_append`
+looks first). Each delta-rs commit is made at exactly the version after the one it looked at,
+or fails (`_rs_commit`: no retries of its own): an append that raced another writer looks
+again (was its app id committed meanwhile?), a MERGE compares again, as above, and a snapshot
+whose commits keep losing is retried whole (`_retry`). So delta-rs writes every audit table
+when the warehouse is on this machine's file system and the session is a classic one
+(`_rs_dir`); Spark writes them otherwise (a Spark Connect client, whose files are the
+server's; a warehouse on s3a:// or HDFS, which delta-rs would need credentials of its own
+for), the same commits either way. The tables delta-rs creates are named in the session's
+catalog as Spark's are (spark_jobs/catalog.py), once written, and a table either engine made is
+carried on by the other.
+
 The tables are Delta tables under the warehouse (`<warehouse>/tessera_audit.db/<table>`) that
 every session registers by name itself (spark_jobs/catalog.py: no metastore shared between
 processes unless one is configured), so a later session finds them by name. Jobs running at
@@ -64,14 +88,15 @@ import getpass
 import operator
 import os
 import threading
+import time
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -81,6 +106,7 @@ from spark_jobs import delta_log
 from spark_jobs.catalog import (
     append,
     ensure_database,
+    is_conflict,
     register,
     register_tables,
     retry_on_conflict,
@@ -108,6 +134,7 @@ _STAMP = [
     pa.field("master_term", pa.int64()),
     pa.field("committed_index", pa.int64()),
 ]
+T = TypeVar("T")
 _ARROW = {"str": pa.string(), "int": pa.int64(), "bool": pa.bool_(), "bytes": pa.binary()}
 
 
@@ -188,8 +215,22 @@ def _bulk_frame(spark: Any, table: pa.Table) -> Iterator[Any]:
         yield frame
 
 
-def _append(spark: Any, table: pa.Table, name: str, snapshot_id: str) -> None:
-    """Append once per (table, snapshot id): Delta skips a txnAppId's version it has seen."""
+def _append(
+    spark: Any,
+    table: pa.Table,
+    name: str,
+    snapshot_id: str,
+    rs: Path | None,
+    named: bool = False,
+) -> None:
+    """Append once per (table, snapshot id): Delta skips a txnAppId's version it has seen.
+    With delta-rs when the database is local (`rs`, from `_rs_dir`), else with Spark. `named`:
+    the session's catalog has the table (else it is looked for, named if need be: `_named`)."""
+    if rs is not None:
+        _rs_append(rs / name, table, f"{DATABASE}.{name}.{snapshot_id}")
+        if not named:
+            _named(spark, name)
+        return
     with _bulk_frame(spark, table) as df:
         writer = (
             df.write.format("delta")
@@ -242,6 +283,155 @@ def _latest_version(spark: Any, name: str, local: Path | None = None) -> int:
     if local is not None and (v := delta_log.latest_version(local)) is not None:
         return v
     return int(spark.sql(f"DESCRIBE HISTORY {name} LIMIT 1").collect()[0].version)
+
+
+def _rs_dir(spark: Any) -> Path | None:
+    """Where delta-rs writes the audit tables (module docstring: "Why delta-rs"): the
+    database's directory (each table is `<it>/<table>`, as `table_path` says) when a classic
+    session keeps the warehouse on this machine's file system and the `deltalake` package is
+    there; None (Spark writes them) for a Spark Connect client, whose files are the server's,
+    or a warehouse elsewhere (s3a://, hdfs://), which Spark's file systems reach and delta-rs
+    would need credentials of its own for. Asked once per snapshot: each question to the
+    session's catalog is a round trip to a busy JVM."""
+    if getattr(spark, "_jvm", None) is None:
+        return None
+    try:
+        import deltalake  # noqa: F401
+    except ImportError:
+        return None
+    table = delta_log.local_dir(table_path(spark, DATABASE, "snapshots"))
+    return table.parent if table is not None else None
+
+
+def _named(spark: Any, name: str) -> None:
+    """Give the table delta-rs wrote at `name`'s path its name in the session's catalog, if
+    it has none yet (it was just created here or by another process). Only for a table not
+    named already: asking costs Spark a load of the table's log, seconds on a busy machine."""
+    if not spark.catalog.tableExists(f"{DATABASE}.{name}"):
+        register(spark, DATABASE, name, table_path(spark, DATABASE, name))
+
+
+_RS_ATTEMPTS = 5
+"""How often a delta-rs commit that lost a race (another writer committed that version first)
+is made again here, on the table as it now is, before the whole snapshot is retried."""
+
+
+def _rs_commit(app_id: str | None = None) -> Any:
+    """A delta-rs commit at exactly the version after the one read (no retries of its own:
+    the caller looks again, as Spark's path does), carrying `app_id`'s txnVersion 1."""
+    from deltalake import CommitProperties, Transaction
+
+    txns = [Transaction(app_id, 1)] if app_id is not None else None
+    return CommitProperties(max_commit_retries=0, app_transactions=txns)
+
+
+def _rs_create(where: Path, table: pa.Table, app_id: str | None, cdf: bool = False) -> bool:
+    """Create the Delta table in `where` holding `table` with delta-rs (with the change data
+    feed when `cdf`; its commit carrying `app_id`'s txnVersion 1): whether this call made it,
+    False when another writer had (Delta's log arbitrates: version 0 is written once)."""
+    from deltalake import write_deltalake
+    from deltalake.exceptions import CommitFailedError
+
+    try:
+        write_deltalake(
+            str(where),
+            table,
+            mode="error",
+            configuration={"delta.enableChangeDataFeed": "true"} if cdf else None,
+            commit_properties=_rs_commit(app_id),
+        )
+    except CommitFailedError:
+        return False
+    except Exception as exc:
+        if "already exists" not in str(exc).lower():
+            raise
+        return False
+    return True
+
+
+def _rs_append(where: Path, table: pa.Table, app_id: str) -> None:
+    """Append `table` to the Delta table in `where` (created if need be) with delta-rs, once
+    per `app_id`: a txnVersion already committed for it (by either writer: both keep Delta's
+    `txn` actions) means done. Each try commits at the version after the one whose `txn` it
+    checked or fails (`_rs_commit`), so a retry racing another appends nothing twice."""
+    from deltalake import DeltaTable, write_deltalake
+    from deltalake.exceptions import CommitFailedError
+
+    for attempt in range(1, _RS_ATTEMPTS + 1):
+        if delta_log.latest_version(where) is None:
+            if _rs_create(where, table, app_id):
+                return
+            continue  # another writer created it: append to theirs
+        current = DeltaTable(str(where))
+        if (current.transaction_version(app_id) or 0) >= 1:
+            return
+        try:
+            write_deltalake(
+                current,
+                table,
+                mode="append",
+                schema_mode="merge",  # tables written before a column was added
+                commit_properties=_rs_commit(app_id),
+            )
+            return
+        except CommitFailedError:
+            if attempt == _RS_ATTEMPTS:
+                raise
+    raise RuntimeError(f"{where}: neither created nor found as a Delta table; not appended")
+
+
+def _rs_merge(where: Path, table: pa.Table, kind: str, diff: _Diff, version: int) -> int | None:
+    """The MERGE of `_merge_current` with delta-rs, on the table as of `version` (the one the
+    diff was taken against), committed as `version + 1` or not at all: its version after,
+    or None when another writer committed first (the caller compares again)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import CommitFailedError
+
+    keys = KEYS[kind]
+    data = [c for c in table.column_names if c not in _stamp_names()]
+
+    def q(c: str) -> str:
+        return "`" + c.replace("`", "``") + "`"
+
+    # Each comparison in parentheses: delta-rs's parser reads `a IS NOT DISTINCT FROM b AND c`
+    # as `a IS NOT DISTINCT FROM (b AND c)`.
+    on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in keys)
+    same = " AND ".join(f"(t.{q(c)} IS NOT DISTINCT FROM s.{q(c)})" for c in data)
+    dt_ = DeltaTable(str(where), version=version)
+    merger = dt_.merge(
+        _merge_source(table, diff, keys),
+        on,
+        source_alias="s",
+        target_alias="t",
+        commit_properties=_rs_commit(),
+    )
+    if diff.vanished.num_rows:
+        merger = merger.when_matched_delete("s.snapshot_id IS NULL")
+    if diff.changed.num_rows:
+        merger = merger.when_matched_update_all(f"NOT ({same})")
+    if diff.added.num_rows:
+        merger = merger.when_not_matched_insert_all("s.snapshot_id IS NOT NULL")
+    try:
+        merger.execute()
+    except CommitFailedError:
+        return None
+    return int(dt_.version())
+
+
+class _LostRaces(Exception):
+    """Another writer committed between each look at a current table and its MERGE."""
+
+
+def _rs_conflict(exc: BaseException) -> bool:
+    """Whether `exc` is a delta-rs commit that lost to another writer (`_RS_ATTEMPTS` times),
+    or a MERGE that did (`_LostRaces`)."""
+    if isinstance(exc, _LostRaces):
+        return True
+    try:
+        from deltalake.exceptions import CommitFailedError
+    except ImportError:
+        return False
+    return isinstance(exc, CommitFailedError)
 
 
 _WRITERS = len(Inventory.KINDS)
@@ -319,7 +509,23 @@ def _read(spark: Any, name: str, version: int, columns: list[str], local: Path |
     return spark.sql(f"SELECT {', '.join(columns)} FROM {name} VERSION AS OF {version}").toArrow()
 
 
-def _merge_current(spark: Any, table: pa.Table, kind: str, exists: bool) -> int:
+def _merge_source(table: pa.Table, diff: _Diff, keys: Sequence[str]) -> pa.Table:
+    """A MERGE's source rows for `diff`: the changed and the new rows, and a delete marker per
+    vanished key (the key, every other column null, so `snapshot_id IS NULL`)."""
+    vanished = diff.vanished
+    markers = pa.table(
+        {
+            f.name: vanished.column(f.name).cast(f.type)
+            if f.name in keys
+            else pa.nulls(vanished.num_rows, f.type)
+            for f in table.schema
+        },
+        schema=table.schema,
+    )
+    return pa.concat_tables([diff.changed, diff.added, markers])
+
+
+def _merge_current(spark: Any, table: pa.Table, kind: str, exists: bool, base: Path | None) -> int:
     """Make `tessera_audit.<kind>` hold exactly `table`'s rows (module docstring), in one
     Delta commit, or none when nothing changed; its Delta version afterwards.
 
@@ -328,10 +534,16 @@ def _merge_current(spark: Any, table: pa.Table, kind: str, exists: bool) -> int:
     is only the changed and new rows plus a delete marker (the key, every other column null,
     so `snapshot_id IS NULL`) per vanished key. Its change data feed then shows exactly the
     catalog's diff. A commit by another writer between the read and the MERGE makes the diff
-    stale: the table is compared again and a MERGE makes up the difference."""
+    stale: the table is compared again and a MERGE makes up the difference. With delta-rs
+    when the database is local (`base`, from `_rs_dir`), else with Spark."""
     name = f"{DATABASE}.{kind}"
     view = f"tessera_audit_src_{kind}"
-    if not exists:
+    rs = base / kind if base is not None else None
+    if rs is not None and not exists:
+        # Named by the caller afterwards (`_write_snapshot`).
+        if delta_log.latest_version(rs) is None and _rs_create(rs, table, None, cdf=True):
+            return 0  # a new Delta table's first commit
+    elif not exists:
         # Created at its path, then named: in the in-memory catalog a CREATE TABLE of a managed
         # table is refused once another process has created its directory, while a path is
         # Delta's to arbitrate (it fails DELTA_PATH_EXISTS, and write_snapshot tries again).
@@ -349,25 +561,21 @@ def _merge_current(spark: Any, table: pa.Table, kind: str, exists: bool) -> int:
     data = [c for c in table.column_names if c not in _stamp_names()]
     on = " AND ".join(f"t.{k} = s.{k}" for k in keys)
     same = " AND ".join(f"t.{c} <=> s.{c}" for c in data)
-    local = _local(spark, kind)
+    local = rs if rs is not None else _local(spark, kind)
     version = _latest_version(spark, name, local)
     for _ in range(3):
         current = _read(spark, name, version, data, local)
         diff = _diff(table, current, keys)
         if not diff:
             return version
+        if rs is not None:
+            after = _rs_merge(rs, table, kind, diff, version)
+            if after is not None:
+                return after
+            version = _latest_version(spark, name, local)  # another writer's: compare again
+            continue
         vanished = diff.vanished
-        markers = pa.table(
-            {
-                f.name: vanished.column(f.name).cast(f.type)
-                if f.name in keys
-                else pa.nulls(vanished.num_rows, f.type)
-                for f in table.schema
-            },
-            schema=table.schema,
-        )
-        source = pa.concat_tables([diff.changed, diff.added, markers])
-        _frame(spark, source).createOrReplaceTempView(view)
+        _frame(spark, _merge_source(table, diff, keys)).createOrReplaceTempView(view)
         # Only the clauses this diff needs: Delta runs a MERGE with no WHEN MATCHED clause as
         # one insert, and one with no WHEN NOT MATCHED clause with an inner join.
         clauses = []
@@ -382,6 +590,8 @@ def _merge_current(spark: Any, table: pa.Table, kind: str, exists: bool) -> int:
         if after == version + 1:  # ours, on the version we compared with
             return after
         version = after  # another writer committed too: compare again
+    if rs is not None:  # not ours: the snapshot must not name a version without its rows
+        raise _LostRaces(f"{name}: another writer committed before each of 3 MERGEs")
     return version
 
 
@@ -421,7 +631,21 @@ def write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None = None) -> S
     from spark_jobs.session import require_delta
 
     require_delta(spark, "an audit snapshot")
-    return retry_on_conflict(lambda: _write_snapshot(spark, inv, run_by))
+    return _retry(lambda: _write_snapshot(spark, inv, run_by))
+
+
+def _retry(action: Callable[[], T], attempts: int = 6) -> T:
+    """Run `action` (idempotent: `_write_snapshot` is) again after a short pause each time it
+    loses a race with another writer: a Spark commit's conflict (`is_conflict`, as
+    `retry_on_conflict` of spark_jobs/catalog.py) or a delta-rs one (`_rs_conflict`)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except Exception as exc:
+            if attempt == attempts or not (is_conflict(exc) or _rs_conflict(exc)):
+                raise
+            time.sleep(0.2 * attempt)  # back off, so two writers stop colliding
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None) -> SnapshotWrite:
@@ -440,11 +664,15 @@ def _write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None) -> Snapsho
         ):
             return SnapshotWrite("unchanged", counts, {}, latest.snapshot_id)
 
+    rs = _rs_dir(spark)
+
     def write(kind: str, row_type: type) -> int:
         rows = _arrow_rows(row_type, inv.stamp, inv.rows(kind))
         if rows.num_rows or f"{kind}_history" not in existing:  # no empty commits
-            _append(spark, rows, f"{kind}_history", sid)
-        return _merge_current(spark, rows, kind, kind in existing)
+            history = f"{kind}_history"
+            # delta-rs's new tables are named after the writes (below)
+            _append(spark, rows, history, sid, rs, named=rs is not None or history in existing)
+        return _merge_current(spark, rows, kind, kind in existing, rs)
 
     if getattr(spark, "_jvm", None) is not None:
         from pyspark.util import inheritable_thread_target
@@ -455,6 +683,15 @@ def _write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None) -> Snapsho
     with ThreadPoolExecutor(_WRITERS, thread_name_prefix="audit") as pool:
         done = {kind: pool.submit(write, kind, t) for kind, t in Inventory.KINDS.items()}
     versions = {kind: future.result() for kind, future in done.items()}
+    if rs is not None:
+        # The tables delta-rs created (here or in another process) get their names one after
+        # the other once written: naming one makes Spark rebuild its state from the log (it
+        # has no checksum file from delta-rs), half a second each on a warm JVM, and a dozen
+        # at once, with the writers' threads, took 10 to 40 s each on a busy machine.
+        for kind in Inventory.KINDS:
+            for name in (kind, f"{kind}_history"):
+                if name not in existing:
+                    _named(spark, name)
     summary = pa.Table.from_pylist(
         [
             {
@@ -475,7 +712,7 @@ def _write_snapshot(spark: Any, inv: Inventory, run_by: RunBy | None) -> Snapsho
             + [pa.field("run_by", pa.string()), pa.field("os_user", pa.string())]
         ),
     )
-    _append(spark, summary, "snapshots", sid)
+    _append(spark, summary, "snapshots", sid, rs, named="snapshots" in existing)
     return SnapshotWrite("written", counts, versions)
 
 

@@ -5,7 +5,9 @@ and after its tests, since the session's warehouse is shared with tests/spark/te
 snapshot in which one tablet changed makes one new version of `tablets` whose change data feed
 is that row's update, and none of the other current tables; a vanished and a new tablet are a
 delete and an insert; a kind with no rows any more is emptied by one commit and appends nothing
-to its history; an unchanged catalog and a repeated snapshot id write nothing at all.
+to its history; an unchanged catalog and a repeated snapshot id write nothing at all. All of
+it with delta-rs (the local warehouse) and with Spark (the path for any other), and delta-rs
+carrying on tables Spark made; delta-rs's commits racing another writer's commit once.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+import pyarrow as pa
 import pytest
 
+from spark_jobs import audit as audit_module
 from spark_jobs import delta_log
 from spark_jobs.audit import DATABASE, KEYS, read_snapshot, write_snapshot
 from spark_jobs.catalog import table_path
@@ -53,13 +57,27 @@ def drop_audit(spark: SparkSession) -> None:
     jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def audit(spark: SparkSession) -> Iterator[SparkSession]:
     drop_audit(spark)
     try:
         yield spark
     finally:
         drop_audit(spark)
+
+
+def spark_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every audit commit by Spark, as for a warehouse that is not local (audit._rs_dir)."""
+    monkeypatch.setattr(audit_module, "_rs_dir", lambda spark: None)
+
+
+def engines(spark: SparkSession, name: str) -> dict[int, str]:
+    """Which engine made each version of audit table `name` ("delta-rs" or "Spark")."""
+    rows = spark.sql(f"DESCRIBE HISTORY {DATABASE}.{name}").collect()
+    return {
+        int(r.version): "delta-rs" if str(r.engineInfo).startswith("delta-rs") else "Spark"
+        for r in rows
+    }
 
 
 def tablet(tablet_id: str, table_id: str, schema_version: int = 2) -> TabletRow:
@@ -116,8 +134,13 @@ def changes(spark: SparkSession, kind: str, version: int, *cols: str) -> list[tu
     return sorted(tuple(r) for r in rows)
 
 
-def test_a_snapshot_commits_only_what_changed(audit: SparkSession) -> None:
+@pytest.mark.parametrize("engine", ["delta-rs", "Spark"])
+def test_a_snapshot_commits_only_what_changed(
+    audit: SparkSession, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spark = audit
+    if engine == "Spark":
+        spark_writes(monkeypatch)
     first = inventory("s1", 10, ["t-1", "t-2", "t-3"])
     assert write_snapshot(spark, first).status == "written"
     v1 = versions(spark)
@@ -180,6 +203,101 @@ def test_a_snapshot_commits_only_what_changed(audit: SparkSession) -> None:
     deleted = changes(spark, "hosted_replicas", v5["hosted_replicas"], "tablet_id")
     assert {c for c, _ in deleted} == {"delete"} and len(deleted) == 3 * len(third.tablets)
     assert read_snapshot(spark, "s5").hosted == []
+    # Every commit by the engine this warehouse calls for.
+    for name in v5:
+        assert set(engines(spark, name).values()) == {engine}, name
+
+
+def test_delta_rs_carries_on_tables_spark_made(
+    audit: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warehouse whose audit tables Spark made (before delta-rs wrote them, or a snapshot
+    taken through the fallback): delta-rs's MERGE into them gives Spark the exact change
+    feed, and the appends of a snapshot are made once whichever engine retries them (both
+    honour Delta's txnAppId)."""
+    spark = audit
+    first = inventory("s1", 10, ["t-1", "t-2"])
+    with monkeypatch.context() as m:
+        spark_writes(m)
+        assert write_snapshot(spark, first).status == "written"
+    v1 = versions(spark)
+    second = later(first, "s2", tablets=[tablet("t-1", "tb-1", 9), tablet("t-3", "tb-1")])
+    assert write_snapshot(spark, second).status == "written"
+    v2 = versions(spark)
+    assert engines(spark, "tablets") == {0: "Spark", 1: "delta-rs"}
+    assert changes(spark, "tablets", v2["tablets"], "tablet_id", "reported_schema_version") == [
+        ("delete", "t-2", 2),
+        ("delete", "t-two", 2),
+        ("insert", "t-3", 2),
+        ("update_postimage", "t-1", 9),
+        ("update_preimage", "t-1", 2),
+    ]
+    assert {r.tablet_id for r in spark.table(f"{DATABASE}.tablets").collect()} == {"t-1", "t-3"}
+    assert {
+        r.tablet_id
+        for r in spark.sql(
+            f"SELECT tablet_id FROM {DATABASE}.tablets VERSION AS OF {v1['tablets']}"
+        ).collect()
+    } == {"t-1", "t-2", "t-two"}
+    # The history appends of s2 again, by either engine: Delta skips them.
+    rows = audit_module._arrow_rows(TabletRow, second.stamp, second.tablets)
+    local = audit_module._rs_dir(spark)
+    assert local is not None  # the tests' warehouse is local: delta-rs writes
+    audit_module._append(spark, rows, "tablets_history", "s2", local, named=True)
+    audit_module._append(spark, rows, "tablets_history", "s2", None, named=True)  # by Spark
+    assert versions(spark) == v2
+    history = spark.sql(
+        f"SELECT count(*) FROM {DATABASE}.tablets_history WHERE snapshot_id = 's2'"
+    ).collect()[0][0]
+    assert history == 2
+
+
+def test_delta_rs_commits_that_lose_a_race_look_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer commits between delta-rs's look at a table and its commit: an append
+    whose app id that writer committed appends nothing, and a MERGE taken against the older
+    version commits nothing (the caller compares again)."""
+    import deltalake
+
+    where = tmp_path / "history"
+    one = pa.table({"k": ["a"], "v": [1]})
+    audit_module._rs_append(where, one, "app-1")
+    real = deltalake.write_deltalake
+    raced: list[str] = []
+
+    def racing(target: object, data: object, **kw: object) -> None:
+        if not raced:  # the other writer, first: the same app id's append
+            raced.append("app-2")
+            real(str(where), one, mode="append", commit_properties=audit_module._rs_commit("app-2"))
+        real(target, data, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(deltalake, "write_deltalake", racing)
+    audit_module._rs_append(where, one, "app-2")
+    assert raced == ["app-2"]
+    monkeypatch.undo()
+    table = deltalake.DeltaTable(str(where))
+    assert table.version() == 1 and table.to_pyarrow_table().num_rows == 2  # not 3
+    audit_module._rs_append(where, one, "app-2")
+    assert deltalake.DeltaTable(str(where)).version() == 1
+
+    stamp = SnapshotStamp("s1", T0, 1, 1)
+    rows = audit_module._arrow_rows(
+        TServerRow, stamp, [TServerRow("ts-a", "a:1", True, 0, 0, 0, True, "")]
+    )
+    current = tmp_path / "tservers"
+    audit_module._rs_create(current, rows, None, cdf=True)
+    changed = audit_module._arrow_rows(
+        TServerRow, stamp, [TServerRow("ts-a", "a:2", True, 0, 0, 0, True, "")]
+    )
+    diff = audit_module._diff(changed, rows, KEYS["tservers"])
+    assert diff
+    real(str(current), rows.slice(0, 0), mode="append")  # another writer's commit: version 1
+    assert audit_module._rs_merge(current, changed, "tservers", diff, 0) is None
+    assert deltalake.DeltaTable(str(current)).version() == 1
+    assert audit_module._rs_merge(current, changed, "tservers", diff, 1) == 2
+    got = deltalake.DeltaTable(str(current)).to_pyarrow_table().column("address").to_pylist()
+    assert got == ["a:2"]
 
 
 def test_the_log_reader_sees_what_spark_sees(spark: SparkSession, tmp_path: Path) -> None:
