@@ -310,7 +310,7 @@ async def _await_voter(ops: _Ops, tablet_id: str, ts_uuid: str) -> ConsensusView
         view = await ops.read(tablet_id)
         if ts_uuid in view.voters:
             return view
-        if ts_uuid not in view.members:
+        if ts_uuid not in view.members and not view.pending:
             raise ConcurrentConfigChange(
                 f"tablet {tablet_id}: {ts_uuid} left the config before its promotion"
                 f" ({view.describe()}); was it removed, or did its tablet copy fail?"
@@ -329,12 +329,16 @@ async def _ensure_removed(
     what = f"removing {ts_uuid}"
     while True:
         view = await ops.read(tablet_id)
+        if view.pending:
+            # Judge only a settled config: a leader just elected (the step-down below) reports
+            # the config it has applied, which lags its log until its first entry commits; the
+            # promotion this move waited for can be pending there for a moment.
+            await ops.pause()
+            continue
         if ts_uuid not in view.members:
             return view
         check(view)
-        if view.pending:
-            await ops.pause()
-        elif view.leader_uuid == ts_uuid:
+        if view.leader_uuid == ts_uuid:
             try:  # a leader cannot remove itself (Raft thesis §4.2.2): hand leadership over
                 await ops.step_down(view)
             except TesseraError as e:

@@ -145,8 +145,8 @@ def test_rebalance_onto_a_new_server_then_move_one_replica(
 
         apply = ["cluster", "rebalance", "--masters", masters, *creds, "--apply"]
         code = rebalance_cmd.main([*apply, "--max-moves-per-server", "2"])
-        out = capsys.readouterr().out
-        assert code == 0, out
+        out, err = capsys.readouterr()
+        assert code == 0, out + err
         assert "0 failed" in out and "after (measured)" in out
         assert rebalance_cmd.main(report) == 0
         assert json.loads(capsys.readouterr().out)["before"]["balanced"]
@@ -174,8 +174,8 @@ def test_rebalance_onto_a_new_server_then_move_one_replica(
         code = rebalance_cmd.main(
             ["replica", "move", tablet, src, dst, "--masters", masters, *creds]
         )
-        out = capsys.readouterr().out
-        assert code == 0, out
+        out, err = capsys.readouterr()
+        assert code == 0, out + err
         assert f"moved from {src} to {dst}" in out
 
         async def verify_move() -> None:
