@@ -261,6 +261,11 @@ class RaftNode:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.raw.config().voters == {self.uuid} and not self.raw.is_leader():
+            # The only voter needs nobody's vote: it campaigns at once instead of waiting out
+            # an election timeout with nobody to hear from (Kudu does the same for a
+            # single-voter config). Safety never depends on when a node campaigns.
+            self._control.append(self.raw.campaign)
         self._task = asyncio.create_task(self._run(), name=f"raft-{self.group_id}-{self.uuid}")
         self._quiesce.register(self)
 

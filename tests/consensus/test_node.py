@@ -64,6 +64,33 @@ def test_a_leader_is_elected_and_everyone_knows_it(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
+def test_a_sole_voter_campaigns_at_once_and_others_wait_their_timeout(tmp_path: Path) -> None:
+    """A single-voter group (a replication-factor-1 tablet, a one-master catalog) needs no
+    one's vote: it leads right after start, and after a restart, long before its election
+    timeout (10 s here). A member of a three-voter group still waits its timeout."""
+    slow = dataclasses.replace(FAST, election_ticks=1000, election_jitter_ticks=1)
+
+    async def main() -> None:
+        for round_ in ("start", "restart"):
+            c = Cluster(tmp_path / "one", slow)
+            node = await c.start("solo", ["solo"])
+            await eventually(
+                lambda n=node: n.status().role is Role.LEADER, f"leads after {round_}", timeout=2.0
+            )
+            assert (await node.propose(b"k=v", timeout=5)) is not None
+            await c.close()
+        trio = Cluster(tmp_path / "three", slow)
+        try:
+            for uuid in UUIDS:
+                await trio.start(uuid, UUIDS)
+            await asyncio.sleep(0.3)
+            assert all(n.status().role is Role.FOLLOWER for n in trio.nodes.values())
+        finally:
+            await trio.close()
+
+    asyncio.run(main())
+
+
 def test_propose_on_the_leader_returns_the_applied_result_everywhere(tmp_path: Path) -> None:
     async def scenario(c: Cluster) -> None:
         leader = await c.leader()

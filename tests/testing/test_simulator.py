@@ -22,10 +22,18 @@ def _quiet() -> None:
     logging.disable(logging.NOTSET)
 
 
-def test_200_seeds_have_no_violations(capsys: pytest.CaptureFixture[str]) -> None:
-    code = sim_cli.main(["--seeds", "200", "--first", "0"])
+@pytest.mark.parametrize(
+    ("seeds", "first"),
+    [(40, 0), pytest.param(200, 0, marks=pytest.mark.slow)],
+    ids=["40-seeds", "200-seeds"],
+)
+def test_seeds_have_no_violations(
+    seeds: int, first: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """40 seeds in the unit tier (about 6 s); the 200 of the campaign in `make test-slow`."""
+    code = sim_cli.main(["--seeds", str(seeds), "--first", str(first)])
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-1] == "sim: 200 seeds, 0 violations", out[-5:]
+    assert out[-1] == f"sim: {seeds} seeds, 0 violations", out[-5:]
     assert code == 0
 
 
@@ -45,10 +53,12 @@ def test_simulator_catches_stale_local_reads(monkeypatch: pytest.MonkeyPatch) ->
         r.read_states.append(ReadState(r.log.committed, ctx))
 
     monkeypatch.setattr(reads, "issue", local_read)
-    found = [run_seed(s) for s in range(40)]
-    bad = [r for r in found if not r.ok]
-    assert bad, "no seed exposed stale reads"
-    assert any(v.kind == "linearizability" for r in bad for v in r.violations)
+    # The first seed (of 40) whose history the linearizability checker rejects is enough.
+    stale = (run_seed(s) for s in range(40))
+    caught = next(
+        (r for r in stale if any(v.kind == "linearizability" for v in r.violations)), None
+    )
+    assert caught is not None, "no seed exposed stale reads"
 
 
 def test_simulator_catches_votes_not_made_durable(monkeypatch: pytest.MonkeyPatch) -> None:

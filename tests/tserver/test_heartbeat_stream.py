@@ -100,6 +100,7 @@ def test_an_unanswered_heartbeat_times_out_and_the_next_opens_a_new_stream() -> 
     asyncio.run(main())
 
 
+@pytest.mark.integration  # real reconnect backoff: 12 s of a master down, by the wall clock
 def test_a_master_back_after_a_long_outage_is_heartbeated_within_two_seconds() -> None:
     """The heartbeat channel's reconnect backoff is capped (channel_options.heartbeat): with
     gRPC's default the channel to a master down for 12 s would wait several seconds more
