@@ -47,7 +47,7 @@ Modules
                         among them) and fixture tables
     fuzz_gen            the generator: every RPC of every service, as Hypothesis strategies
     fuzz_templates      requests valid as a whole, for RPCs whose fields must agree
-    fuzz_values         hostile constants, what each field names, byte mutations
+    fuzz_values         hostile constants, what each field names, byte mutations, the vocabulary
     fuzz_guard          destructive valid requests pointed at a scratch table; KNOWN_ISSUES
     fuzz_prepare        placeholders filled in before sending; what an accepted case created,
                         removed after it

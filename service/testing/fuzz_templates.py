@@ -20,7 +20,7 @@ Everything here is drawn through Hypothesis from the vocabulary, as the rest of 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf.message import Message
 from hypothesis import strategies as st
@@ -30,16 +30,29 @@ from service.common.schema import ColumnType, Schema
 from service.common.schema_codec import column_type_to_pb, partition_schema_to_pb, schema_to_pb
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
-from service.testing.fuzz_gen import Generator, Rpc
 from service.testing.fuzz_values import (
     DEST,
     LIVE_INCARNATION,
     LIVE_INDEX,
     LIVE_SEQNO,
     LIVE_TERM,
+    Vocabulary,
 )
 
-__all__ = ["CLAIMS", "UNKNOWN_SERVERS", "fill_template"]
+__all__ = ["CLAIMS", "UNKNOWN_SERVERS", "TemplateGenerator", "fill_template"]
+
+
+class TemplateGenerator(Protocol):
+    """What a template uses of the generator (fuzz_gen.Generator): its vocabulary and its
+    Write rows. Named here so that this module does not import the generator that calls it."""
+
+    @property
+    def vocab(self) -> Vocabulary: ...
+
+    def rows(self, schema: int | None = None) -> st.SearchStrategy[bytes]: ...
+
+    def misrouted_rows(self, tablet: int) -> st.SearchStrategy[bytes]: ...
+
 
 _TYPES = (
     ColumnType.BOOL,
@@ -56,25 +69,28 @@ _KEY_TYPES = (ColumnType.INT32, ColumnType.INT64, ColumnType.STRING, ColumnType.
 
 
 def fill_template(
-    gen: Generator,
+    gen: TemplateGenerator,
     draw: st.DrawFn,
-    rpc: Rpc,
+    rpc_name: str,
     msg: Message,
     hints: dict[str, str],
     identity: str = "admin",
 ) -> None:
-    """Make `msg`, already filled by `Generator.valid`, a valid request of `rpc` as a whole
+    """Make `msg`, already filled by `Generator.valid`, a valid request of the RPC `rpc_name`
+    (MasterService/CreateTable) as a whole
     where fields must agree (module docstring), as `identity` would send it."""
-    fill = _TEMPLATES.get(rpc.name)
+    fill = _TEMPLATES.get(rpc_name)
     if fill is not None:
         fill(gen, draw, msg, hints, identity)
 
 
-def _tablet(gen: Generator, draw: st.DrawFn) -> int:
+def _tablet(gen: TemplateGenerator, draw: st.DrawFn) -> int:
     return int(draw(st.integers(0, len(gen.vocab.tablet_ids) - 1)))
 
 
-def _write(gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str) -> None:
+def _write(
+    gen: TemplateGenerator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
+) -> None:
     """Rows of the tablet's schema (fuzz_gen.Generator.rows), or misrouted rows: valid rows
     whose keys other tablets of the table hold, the user's more often (to fixture A, which
     its grant covers) than the others'."""
@@ -98,7 +114,9 @@ def _write(gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], ident
     m.authz_token = gen.vocab.authz_tokens[0]
 
 
-def _scan(gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str) -> None:
+def _scan(
+    gen: TemplateGenerator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
+) -> None:
     i = _tablet(gen, draw)
     ns = m.new_scan
     ns.tablet_id = gen.vocab.tablet_ids[i]
@@ -128,7 +146,7 @@ def _schema(draw: st.DrawFn) -> tuple[Schema, PartitionSchema]:
 
 
 def _create_table(
-    gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
+    gen: TemplateGenerator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
 ) -> None:
     schema, ps = _schema(draw)
     m.name = "fuzz_new_" + draw(
@@ -140,7 +158,7 @@ def _create_table(
 
 
 def _create_tablet(
-    gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
+    gen: TemplateGenerator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
 ) -> None:
     schema, ps = _schema(draw)
     m.tablet_id = f"{draw(st.integers(0, 2**128 - 1)):032x}"
@@ -157,7 +175,7 @@ def _create_tablet(
 
 
 def _alter_table(
-    gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
+    gen: TemplateGenerator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
 ) -> None:
     del m.steps[:]
     for i in range(draw(st.integers(1, 3))):
@@ -180,7 +198,7 @@ def _alter_table(
 
 
 def _heartbeat(
-    gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
+    gen: TemplateGenerator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
 ) -> None:
     if identity == "member":
         _member_heartbeat(gen, draw, m, hints["caller"])
@@ -221,7 +239,7 @@ UNKNOWN_SERVERS = ("ts-fuzz", "ts-unknown-0001")
 _HUGE = (1000, 2**31, 2**40, 2**63 - 1, 2**64 - 1)
 
 
-def _member_heartbeat(gen: Generator, draw: st.DrawFn, m: Any, me: str) -> None:
+def _member_heartbeat(gen: TemplateGenerator, draw: st.DrawFn, m: Any, me: str) -> None:
     """A heartbeat of the member tablet server `me`, as its own process would send it (its
     live instance seqno nine times in ten, no registration), whose report claims things
     about one to three tablets, mostly fixtures (`_claim`)."""
@@ -240,7 +258,7 @@ def _member_heartbeat(gen: Generator, draw: st.DrawFn, m: Any, me: str) -> None:
         _claim(gen, draw, t, me, draw(st.sampled_from(CLAIMS)))
 
 
-def _claim(gen: Generator, draw: st.DrawFn, t: Any, me: str, shape: str) -> None:
+def _claim(gen: TemplateGenerator, draw: st.DrawFn, t: Any, me: str, shape: str) -> None:
     """Fill the ReportedTabletPB `t` with a claim of `shape` (`CLAIMS`), the dangerous ones
     of docs/design/catalog.md#R15: each, adopted, would move the tablet's membership or
     leader on one server's word (terms and op indexes relative to the tablet's live ones
@@ -305,7 +323,9 @@ def _claim(gen: Generator, draw: st.DrawFn, t: Any, me: str, shape: str) -> None
         cs.committed_config.peers.add(permanent_uuid=uuid, member_type=mpb.NON_VOTER)
 
 
-def _step(gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str) -> None:
+def _step(
+    gen: TemplateGenerator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
+) -> None:
     """A member's Raft message as its process would frame it (the envelope the receiver checks
     first: its own uuid, the member's uuid and real incarnation), about fixture tablets, with
     the messages `valid` made, their terms often the group's next or a huge one: a member
@@ -331,7 +351,9 @@ def _step(gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identi
                 msg.term = draw(st.sampled_from(_HUGE))
 
 
-def _grant(gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str) -> None:
+def _grant(
+    gen: TemplateGenerator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
+) -> None:
     m.user = draw(st.sampled_from((*gen.vocab.principals, "someone")))
     del m.privileges[:]
     m.privileges.extend(
@@ -340,7 +362,7 @@ def _grant(gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], ident
 
 
 def _start_copy(
-    gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
+    gen: TemplateGenerator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
 ) -> None:
     j = draw(st.integers(0, len(gen.vocab.tserver_uuids) - 1))
     if identity == "member" and draw(st.booleans()):  # a copy from itself, as its policy allows
@@ -352,7 +374,7 @@ def _start_copy(
 
 
 def _change_config(
-    gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
+    gen: TemplateGenerator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
 ) -> None:
     m.type = draw(st.sampled_from((1, 2, 3)))
     j = draw(st.integers(0, len(gen.vocab.tserver_uuids) - 1))
@@ -363,7 +385,7 @@ def _change_config(
 
 
 def _certificate(
-    gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
+    gen: TemplateGenerator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
 ) -> None:
     m.role = draw(st.sampled_from(("user", "admin", "join", "tserver")))
     m.name = draw(st.sampled_from((*gen.vocab.principals, *gen.vocab.tserver_uuids, "someone")))
@@ -371,14 +393,16 @@ def _certificate(
     m.validity_s = draw(st.sampled_from((0, 60, 86_400, 2**32 - 1)))
 
 
-def _split(gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str) -> None:
+def _split(
+    gen: TemplateGenerator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
+) -> None:
     m.target_chunk_rows = draw(st.integers(1, 1000))
     m.target_chunk_bytes = draw(st.sampled_from((0, 0, 1, 1 << 20)))
     m.authz_token = gen.vocab.authz_tokens[0]
 
 
 def _delete_tablet(
-    gen: Generator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
+    gen: TemplateGenerator, draw: st.DrawFn, m: Any, hints: dict[str, str], identity: str
 ) -> None:
     m.delete_type = draw(st.sampled_from((tpb.TABLET_DATA_DELETED, tpb.TABLET_DATA_TOMBSTONED)))
     m.fence.master_uuid = hints["caller"]

@@ -22,6 +22,9 @@ the member tablet server's registered instance seqno and its incarnation, and a 
 tablet's current term and config op index (plus a small offset: "the term after the current
 one"). The campaign replaces them before it encodes
 the case (fuzz_prepare.bind).
+
+`IDENTITIES` and the `Vocabulary` (the live cluster's names, filled in by the campaign) live
+here too, below the generator and its templates, which both read them.
 """
 
 from __future__ import annotations
@@ -34,12 +37,16 @@ import pyarrow as pa
 from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import strategies as st
 
+from service.common.partition import Partition, PartitionSchema, RangeSchema
+from service.common.schema import ColumnType, Schema
+
 __all__ = [
     "DEST",
     "FILES",
     "HOSTILE_BYTES",
     "HOSTILE_STRINGS",
     "HOSTS",
+    "IDENTITIES",
     "INT_RANGES",
     "LIVE_INCARNATION",
     "LIVE_INDEX",
@@ -52,6 +59,7 @@ __all__ = [
     "PORTS",
     "ROLES",
     "Mutation",
+    "Vocabulary",
     "apply_mutations",
     "arrow_value",
     "keyish",
@@ -317,3 +325,68 @@ def arrow_value(t: pa.DataType) -> st.SearchStrategy[Any]:
     if pa.types.is_timestamp(t):
         return st.one_of(st.none(), st.integers(-(2**62), 2**62))
     return st.none()
+
+
+# --- who calls, and the names they use ------------------------------------------------------
+
+IDENTITIES = ("admin", "user", "tserver", "master", "member")
+"""Who calls: an admin (allowed nearly everything, so requests reach the handlers), a user
+with read and write grants on one fixture table, a tablet server and a master whose
+certificates are valid but name no member of the cluster, and a member: the first tablet
+server of the cluster, with its own real certificate (it hosts a replica of every fixture
+tablet), as a stolen certificate or a server gone bad would call."""
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The live cluster's names the generator picks from (module docstring). Tuples, so that
+    the same index names the same fixture in another cluster set up the same way."""
+
+    table_names: tuple[str, ...] = ("t",)
+    table_ids: tuple[str, ...] = ("0" * 32,)
+    """Parallel to `table_names`."""
+    tablet_ids: tuple[str, ...] = ("1" * 32,)
+    tablet_schemas: tuple[int, ...] = (0,)
+    """For each of `tablet_ids`, the index in `row_schemas` of its table's schema."""
+    tserver_uuids: tuple[str, ...] = ("ts-1", "ts-2", "ts-3")
+    master_uuids: tuple[str, ...] = ("m-1", "m-2", "m-3")
+    principals: tuple[str, ...] = ("fuzz-admin", "fuzz-user", "ts-fuzz", "fuzz-master", "ts-1")
+    """The names of the fuzzer's identities, in the order of IDENTITIES (the member's is the
+    first tablet server's uuid)."""
+    column_names: tuple[str, ...] = ("k", "v")
+    hostports: tuple[tuple[str, int], ...] = tuple(
+        ("127.0.0.1", p) for p in (7051, 7052, 7053, 7050, 7060, 7070)
+    )
+    """Every server's address, the masters' first, then the tablet servers'."""
+    keys: tuple[bytes, ...] = (b"",)
+    """Encoded primary and partition keys that decode under a fixture's key."""
+    authz_tokens: tuple[bytes, ...] = (b"",)
+    """The first is the fuzz user's valid token for the table it may use."""
+    terms: tuple[int, ...] = (1,)
+    """Terms and indexes the cluster is at now, so that some requests are current."""
+    row_schemas: tuple[pa.Schema, ...] = (pa.schema([("k", pa.int64()), ("v", pa.string())]),)
+    """The tables' Arrow schemas (Write rows are built for them)."""
+    table_schemas: tuple[Schema, ...] = (
+        Schema.build([("k", ColumnType.INT64), ("v", ColumnType.STRING)], key="k"),
+    )
+    """The same tables' schemas, parallel to `row_schemas`."""
+    partition_schemas: tuple[PartitionSchema, ...] = (PartitionSchema(range=RangeSchema(("k",))),)
+    """Their partitioning, parallel to `row_schemas`."""
+    tablet_partitions: tuple[Partition | None, ...] = ()
+    """For each of `tablet_ids` (as far as known), its partition as the master reported it:
+    misrouted rows are made for the tablets whose partition does not cover every key."""
+    csrs: tuple[bytes, ...] = (b"",)
+    """Valid PKCS#10 requests (DER), for IssueCertificate."""
+
+    def principal(self, identity: str) -> str:
+        return self.principals[IDENTITIES.index(identity)]
+
+    def tserver_address(self, i: int) -> tuple[str, int]:
+        return self.hostports[(len(self.master_uuids) + i) % len(self.hostports)]
+
+    def partition(self, tablet: int) -> Partition | None:
+        """The partition of `tablet_ids[tablet]`, if known and not all of its table."""
+        p = self.tablet_partitions[tablet] if tablet < len(self.tablet_partitions) else None
+        if p is None or (not p.partition_key_start and not p.partition_key_end):
+            return None
+        return p
