@@ -97,6 +97,8 @@ from service.common.tls import Credentials, add_port, open_channel
 from service.pb import master_pb2 as mpb
 from service.pb import master_pb2_grpc, tserver_pb2_grpc
 from service.pb import tserver_pb2 as tpb
+from service.testing.ts_simulator_shards import SocketBus, run_fleet, shard_uuids, uuids_for
+from service.testing.ts_simulator_stats import RECENT_S, dump_stats, write_stats_every_second
 from service.tserver.heartbeater import HeartbeatStream
 
 __all__ = ["FleetSimulator", "SimulatorThread", "main"]
@@ -310,8 +312,6 @@ class _Server:
     out. A real server builds its own report on its own CPU."""
 
 
-RECENT_S = 10.0
-"""The window of the `recent_*` heartbeat statistics (a benchmark's steady-state window)."""
 PROMPT_GAP_S = 0.05
 """How soon a link heartbeats again, out of its round, when its master just turned leader or
 gave it its turn for a full report (the tablet server's `MIN_GAP_S`).
@@ -1118,16 +1118,7 @@ class SimulatorThread:
         self._loop.close()
 
 
-def uuids_for(uuid: str, count: int) -> list[str]:
-    """`uuid` alone, or `uuid-0001` ... `uuid-<count>` for a fleet."""
-    return [uuid] if count == 1 else [f"{uuid}-{i:04d}" for i in range(1, count + 1)]
-
-
 async def _serve(args: argparse.Namespace) -> int:
-    # Imported here: these modules import this one.
-    from service.testing.ts_simulator_shards import SocketBus, shard_uuids
-    from service.testing.ts_simulator_stats import dump_stats, write_stats_every_second
-
     uuids = uuids_for(args.uuid, args.count)
     bus = None
     if args.shard_index is not None:
@@ -1230,8 +1221,6 @@ def main(argv: Iterable[str] | None = None) -> int:
         p.error("--shard-index is for the shards of a --shards K fleet")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if args.shards > 1 and args.shard_index is None:
-        from service.testing.ts_simulator_shards import run_fleet
-
         return run_fleet(args, _child_argv(args))
     return asyncio.run(_serve(args))
 

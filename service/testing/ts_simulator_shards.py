@@ -40,9 +40,14 @@ from typing import Any
 
 from service.common.errors import NotTheLeader, ServiceUnavailable, TesseraError, error_class
 
-__all__ = ["SocketBus", "merge_stats", "run_fleet", "shard_uuids"]
+__all__ = ["SocketBus", "merge_stats", "run_fleet", "shard_uuids", "uuids_for"]
 
 CALL_TIMEOUT_S = 10.0
+
+
+def uuids_for(uuid: str, count: int) -> list[str]:
+    """`uuid` alone, or `uuid-0001` ... `uuid-<count>` for a fleet."""
+    return [uuid] if count == 1 else [f"{uuid}-{i:04d}" for i in range(1, count + 1)]
 
 
 def shard_uuids(uuids: list[str], index: int, count: int) -> list[str]:
@@ -212,7 +217,6 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def run_fleet(args: argparse.Namespace, argv: list[str]) -> int:
     """The parent of `--shards K`: start the children, publish the port file, merge their
     statistics each second, stop them on SIGTERM/SIGINT (or when one dies: exit 1)."""
-    from service.testing.ts_simulator import uuids_for
     from service.tools.launcher import terminate_all
 
     directory = Path(tempfile.mkdtemp(prefix="tsim-"))  # mode 0700: the bus's access control

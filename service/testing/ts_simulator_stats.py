@@ -10,19 +10,48 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter, deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from service.testing.ts_simulator import RECENT_S, FleetSimulator
+__all__ = [
+    "RECENT_S",
+    "FleetCounters",
+    "dump_stats",
+    "stats_inputs",
+    "write_stats_every_second",
+    "write_stats_file",
+]
 
-__all__ = ["dump_stats", "stats_inputs", "write_stats_every_second", "write_stats_file"]
+RECENT_S = 10.0
+"""The window of the `recent_*` heartbeat statistics (a benchmark's steady-state window)."""
 
 
-def dump_stats(sim: FleetSimulator, path: Path) -> None:
+class FleetCounters(Protocol):
+    """What the statistics read of the simulator (ts_simulator.FleetSimulator keeps them),
+    named here so that this module does not import the simulator that writes them."""
+
+    @property
+    def heartbeat_latencies(self) -> list[float]: ...
+    @property
+    def recent_latencies(self) -> deque[tuple[float, float]]: ...
+    @property
+    def rounds(self) -> int: ...
+    @property
+    def heartbeats_failed(self) -> int: ...
+    @property
+    def heartbeat_errors(self) -> Counter[str]: ...
+    @property
+    def reported(self) -> Counter[str]: ...
+
+    def tablet_counts(self) -> tuple[int, int]: ...
+
+
+def dump_stats(sim: FleetCounters, path: Path) -> None:
     write_stats_file(path, stats_inputs(sim))
 
 
-def stats_inputs(sim: FleetSimulator) -> dict[str, Any]:
+def stats_inputs(sim: FleetCounters) -> dict[str, Any]:
     """What the statistics are computed from, copied on the loop (cheap: no sorting)."""
     replicas, leaders = sim.tablet_counts()
     return {
@@ -53,7 +82,7 @@ def write_stats_file(path: Path, inputs: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-async def write_stats_every_second(sim: FleetSimulator, path: Path) -> None:
+async def write_stats_every_second(sim: FleetCounters, path: Path) -> None:
     """Until cancelled; sorted in a worker thread (module docstring)."""
     while True:
         await asyncio.sleep(1.0)
