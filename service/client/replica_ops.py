@@ -329,14 +329,14 @@ async def _ensure_removed(
     what = f"removing {ts_uuid}"
     while True:
         view = await ops.read(tablet_id)
+        if ts_uuid not in view.members:
+            return view
         if view.pending:
             # Judge only a settled config: a leader just elected (the step-down below) reports
             # the config it has applied, which lags its log until its first entry commits; the
             # promotion this move waited for can be pending there for a moment.
             await ops.pause()
             continue
-        if ts_uuid not in view.members:
-            return view
         check(view)
         if view.leader_uuid == ts_uuid:
             try:  # a leader cannot remove itself (Raft thesis §4.2.2): hand leadership over

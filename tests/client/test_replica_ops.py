@@ -96,3 +96,9 @@ def test_promotion_wait_tolerates_a_pending_add_and_stops_on_a_settled_removal()
     ops = ScriptedOps([view("a,b,c", leader="b")])
     with pytest.raises(ConcurrentConfigChange, match="left the config before its promotion"):
         asyncio.run(replica_ops._await_voter(ops, "t1", "d"))  # type: ignore[arg-type]
+
+
+def test_a_removal_found_committed_returns_whatever_else_is_pending() -> None:
+    ops = ScriptedOps([view("b,c,d", "e", leader="b", pending=True, index=9)])
+    done = asyncio.run(replica_ops._ensure_removed(ops, "t1", "a", placed("d")))  # type: ignore[arg-type]
+    assert done.voters == {"b", "c", "d"} and ops.changes == [] and ops.step_downs == []
