@@ -63,7 +63,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from service.client.sync import SyncClient
-from service.common.errors import InvalidArgument, NotFound, TesseraError
+from service.common.errors import Aborted, InvalidArgument, NotFound, TesseraError
 from service.common.hybrid_time import describe
 from service.common.predicates import IS_DELETED
 from service.common.schema import Schema
@@ -79,6 +79,9 @@ JOB = "backup"
 FORMAT = 2
 """The `tessera_backup` marker of a commit's metadata: 1 was one MERGE per incremental (each
 version the table itself), 2 the chain of appends this module writes."""
+CHAIN_APP_ID = "tessera-backup-chain"
+"""Delta transaction id (`txnAppId`) of incremental backups: each names the Delta version after
+the backup it extends (`txnVersion`), so two incrementals of one chain never both land."""
 
 BACKUP_TS = "_tessera_backup_ts"
 """Our column: the hybrid timestamp of the backup that wrote the row (LONG)."""
@@ -311,12 +314,29 @@ def backup(
             # 17 s incremental backup of a million rows, against 2.3 s for the write itself).
             # A local table's are counted from the files the commit added instead.
             rows = rows.persist()
-        writer = rows.write.format("delta").mode("append")
+        # One chain, one writer at a time: the append names the backup it extends (Delta's
+        # idempotent-write transaction id). Of two incrementals begun from the same backup,
+        # the second to commit conflicts (ConcurrentTransactionException) or, if the first
+        # had already committed when it began its commit, is skipped by Delta; either way it
+        # is refused below rather than leave two diffs of overlapping spans in the chain.
+        writer = (
+            rows.write.format("delta")
+            .mode("append")
+            .option("txnAppId", CHAIN_APP_ID)
+            .option("txnVersion", str(previous[0] + 1))
+        )
     try:
-        writer.option("userMetadata", info.to_json()).save(dest)
+        try:
+            writer.option("userMetadata", info.to_json()).save(dest)
+        except Exception as e:
+            if "ConcurrentTransaction" not in f"{type(e).__name__} {e}":
+                raise
+            raise _raced(dest, table) from None
         written = last_backup(spark, dest)
         assert written is not None
-        version, _, metrics = written
+        version, winfo, metrics = written
+        if winfo.snapshot_timestamp != at:
+            raise _raced(dest, table)  # Delta skipped our append: another one took its place
         n = int(metrics.get("numOutputRows", "0"))
         if previous is None:
             return version, info, {"rows": n, "changed": n, "deleted": 0}
@@ -327,6 +347,13 @@ def backup(
     finally:
         if previous is not None and rows.is_cached:
             rows.unpersist()
+
+
+def _raced(dest: str, table: str) -> Aborted:
+    return Aborted(
+        f"another backup of {table!r} into {dest} committed first, from the same previous "
+        "backup; nothing was written: run the backup again"
+    )
 
 
 def _deleted_in(path: str, version: int) -> int | None:

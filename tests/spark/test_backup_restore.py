@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from service.client.sync import SyncClient
-from service.common.errors import AlreadyExists, InvalidArgument
+from service.common.errors import Aborted, AlreadyExists, InvalidArgument
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
 from service.common.schema import ColumnType, Schema
 from service.testing.mini_cluster import MiniCluster
@@ -206,6 +206,52 @@ def test_without_the_local_log_reader_spark_reads_the_same_chain(
     found = last_backup(spark, dest)
     assert found is not None and found[0] == 1 and found[1] == inc
     assert _read(spark, dest, 1) == _table(client, "spark_read", inc.snapshot_timestamp)
+
+
+def test_of_two_incrementals_begun_from_one_backup_only_the_first_lands(
+    spark: SparkSession,
+    cluster: MiniCluster,
+    client: SyncClient,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two backups into one path at once (an overlapping cron run): both start from backup 0;
+    the one that commits second must not add a second diff of an overlapping span to the
+    chain. Here the second run is made to see backup 0 as the newest, as it did when it began
+    before the first one committed; it is refused and writes nothing."""
+    masters = cluster.master_addresses
+    creds = cluster.credentials_dir()
+    client.call("create_table", "raced", SCHEMA, PARTS, num_replicas=3)
+    client.write("raced", _rows(list(range(50)), "a"))
+    dest = str(tmp_path / "raced_backup")
+    backup(spark, client, masters, "raced", dest, credentials_dir=creds)
+    began = last_backup(spark, dest)
+    client.write("raced", _rows([1, 2], "b"), "upsert")
+    v1, first, _ = backup(spark, client, masters, "raced", dest, credentials_dir=creds)
+    assert v1 == 1
+    client.write("raced", _rows([3], "c"), "upsert")
+    real = backup_job.last_backup
+    calls: list[int | None] = []
+
+    def as_when_it_began(spark_: Any, path: str, version: int | None = None) -> Any:
+        calls.append(version)
+        return began if len(calls) == 1 else real(spark_, path, version)
+
+    monkeypatch.setattr(backup_job, "last_backup", as_when_it_began)
+    with pytest.raises(Aborted, match="committed first"):
+        backup(spark, client, masters, "raced", dest, credentials_dir=creds)
+    monkeypatch.undo()
+    found = last_backup(spark, dest)
+    assert found is not None and found[0] == 1 and found[1] == first
+    assert _read(spark, dest, 1) == _table(client, "raced", first.snapshot_timestamp)
+    # The chain goes on from backup 1 as if the raced run had never been.
+    v2, second, counts = backup(spark, client, masters, "raced", dest, credentials_dir=creds)
+    assert (v2, second.previous_timestamp, counts["changed"]) == (
+        2,
+        first.snapshot_timestamp,
+        1,
+    )
+    assert _read(spark, dest, 2) == _table(client, "raced")
 
 
 def test_an_old_format_chain_or_a_delta_table_that_is_no_backup_is_refused(
