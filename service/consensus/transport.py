@@ -380,6 +380,14 @@ class GrpcTransport:
     def address_of(self, node: str) -> str | None:
         return self.addresses.get(node)
 
+    def answering(self, node: str) -> bool:
+        """Whether `node`'s server takes this server's Raft messages now: a unary Step was
+        answered since the last (re)connect and no send failed since. A group's peer that stays
+        silent while its server answers does not host the group's replica any more (the tablet
+        copy trigger acts on that, tablet_copy.py)."""
+        peer = self._peers.get(node)
+        return peer is not None and peer.stream_ok and peer.failures == 0
+
     def report_unreachable(self, group: str, node: str) -> None:
         cb = self._unreachable.get(group)
         if cb is not None:

@@ -12,7 +12,16 @@ StartTabletCopy, naming itself as the source, to a peer that for `TRIGGER_S`
     sent (`RaftOptions.send_snapshots` is off): the core holds such a peer in SNAPSHOT state,
     sending it nothing but heartbeats, and the copy is how it gets the state. The request
     carries the leader's first index (`retained_from_index`), so the peer knows its READY
-    replica cannot catch up.
+    replica cannot catch up; or
+  * hears nothing of it while its server answers (`GrpcTransport.answering`): the replica is
+    lost (an operator's DeleteTablet of a member; or a master's tombstone decided from a config
+    that excluded the server, landing just after a move re-added it, before the replica saw
+    its new config). A server drops messages for a group it does not host, so the leader
+    would otherwise wait for it forever, its match frozen where it was. Kudu's leader copies
+    on the answer TABLET_NOT_FOUND; ours judges by silence, as a one-way transport must (the
+    core marks a peer not recently active each election timeout it is silent). A READY
+    replica that is merely slow leaves the request alone (below), so a false alarm costs one
+    RPC every `RETRY_S`.
 A non-voter added to be promoted (a move or a 3-4-3 replacement) is known to be empty and is
 sent it at the first check, without the wait. A peer that answers normally never is; one whose
 server is down makes the RPC fail, and the leader tries again later (`RETRY_S`). A peer the
@@ -667,9 +676,12 @@ class CopyTrigger:
         own_uuid: str,
         own_address: Callable[[], str],
         credentials: Credentials | None = None,
+        answering: Callable[[str], bool] = lambda peer: False,
     ) -> None:
         self.replica_of = replica_of
         self.credentials = credentials
+        self.answering = answering
+        """Whether a peer's server takes our Raft messages now (`GrpcTransport.answering`)."""
         self.own_uuid = own_uuid
         self.own_address = own_address
         self._silent_since: dict[tuple[str, str], float] = {}
@@ -708,7 +720,11 @@ class CopyTrigger:
                     if now - self._snapshot_since.setdefault(key, now) >= TRIGGER_S:
                         node.report_snapshot(peer, ok=True)  # probe again (module docstring)
                         del self._snapshot_since[key]
-                if pr.match > 0 and pr.match >= first - 1:
+                behind = pr.match == 0 or pr.match < first - 1
+                # A member whose server answers but whose replica does not: the server lost
+                # the replica (module docstring, "lost").
+                lost = not pr.recent_active and self.answering(str(peer))
+                if not (behind or lost):
                     continue  # it can be brought up to date from the log
                 seen.add(key)
                 since = self._silent_since.setdefault(key, now)
@@ -718,6 +734,10 @@ class CopyTrigger:
                 if now - since < wait or now - self._last_try.get(key, 0.0) < RETRY_S:
                     continue
                 self._last_try[key] = now
+                if not behind:
+                    # Probe it again (as after a failed send): a progress still replicating
+                    # would take the copy's answer from below its old match for a stale one.
+                    node.report_unreachable(str(peer))
                 address = replica.transport.address_of(peer)
                 if address:
                     t = asyncio.create_task(self._send(replica, peer, address, st.term, first))

@@ -300,6 +300,7 @@ class TabletServer:
             self.uuid,
             lambda: self.address,
             credentials=creds,
+            answering=transport.answering,
         )
         await self.copy_trigger.start()
         if config.http_bind:

@@ -26,6 +26,7 @@ from service.testing.tablet_fixtures import (
     scan_all,
     write_request,
 )
+from service.tools.launcher import ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -271,6 +272,26 @@ def test_added_peer_is_filled_by_tablet_copy_even_after_a_crash_mid_copy(tmp_pat
     asyncio.run(main())
 
 
+async def _with_a_read_replica(
+    cluster: MiniCluster, client: ClusterStubs
+) -> tuple[list[str], ServerProcess]:
+    """The tablet on three servers with 2,000 rows, and a fourth server ("ts-4") added as a
+    non-voter without promote (a read replica) that holds the copy; (the voters, ts-4)."""
+    uuids = await _create(cluster, client)
+    await _on_leader(
+        client,
+        uuids,
+        lambda ld: client.data(ld).Write(write_request(ld, TABLET, rows(0, 2_000)), timeout=30),
+    )
+    ts4 = cluster.add_tserver_slot("ts-4")
+    cluster.start_tserver("ts-4")
+    await _on_leader(
+        client, uuids, lambda ld: _add_peer(client, ld, ts4.uuid, ts4.address, promote=False)
+    )
+    await _wait_replica(client, ts4.uuid, tpb.TABLET_DATA_READY)
+    return uuids, ts4
+
+
 def test_non_voter_added_without_promote_is_not_promoted(tmp_path: Path) -> None:
     """ADD_PEER of a NON_VOTER with promote=false (a read replica): the leader copies the
     tablet to it and it catches up, but it stays a non-voter (reported with promote=false)
@@ -280,22 +301,7 @@ def test_non_voter_added_without_promote_is_not_promoted(tmp_path: Path) -> None
         with MiniCluster(tmp_path) as cluster:
             client = ClusterStubs(cluster, TABLET)
             try:
-                uuids = await _create(cluster, client)
-                await _on_leader(
-                    client,
-                    uuids,
-                    lambda ld: client.data(ld).Write(
-                        write_request(ld, TABLET, rows(0, 2_000)), timeout=30
-                    ),
-                )
-                ts4 = cluster.add_tserver_slot("ts-4")
-                cluster.start_tserver("ts-4")
-                await _on_leader(
-                    client,
-                    uuids,
-                    lambda ld: _add_peer(client, ld, ts4.uuid, ts4.address, promote=False),
-                )
-                await _wait_replica(client, ts4.uuid, tpb.TABLET_DATA_READY)
+                uuids, ts4 = await _with_a_read_replica(cluster, client)
                 probes: list[tpb.WriteResponsePB] = []
 
                 async def probe_write(ld: str) -> None:
@@ -443,6 +449,62 @@ def test_a_quiesced_tablet_stops_heartbeating_and_fails_over_when_its_leader_die
                 cluster.start_tserver(victim.name)
                 client.forget(victim.uuid)
                 await all_quiesced(list(cluster.tservers.values()))
+            finally:
+                await client.close()
+
+    asyncio.run(main())
+
+
+def test_a_member_whose_replica_was_tombstoned_is_copied_back_by_the_leader(
+    tmp_path: Path,
+) -> None:
+    """A member of the config whose server lost the replica while the server lives on (an
+    operator's DeleteTablet; or a stale tombstone from the master landing just after a move
+    re-added it) drops every message for the group, so the leader hears nothing from it. The
+    leader copies the tablet to it again, as it does for a peer that never had it, whether
+    the member is a voter or a non-voter (a learner is the case a move races with); it had
+    acknowledged entries before, so it is not a peer that "acknowledged nothing"."""
+
+    async def main() -> None:
+        with MiniCluster(tmp_path) as cluster:
+            client = ClusterStubs(cluster, TABLET)
+            try:
+                uuids, ts4 = await _with_a_read_replica(cluster, client)
+                leader = await client.leader(uuids)
+                follower = next(u for u in uuids if u != leader)
+                n = 2_000
+                probes: list[tpb.WriteResponsePB] = []
+
+                async def probe_write(ld: str) -> None:
+                    resp = await client.data(ld).Write(
+                        write_request(ld, TABLET, rows(n, n + 1)), timeout=10
+                    )
+                    assert not resp.per_row_errors, resp
+                    probes.append(resp)
+
+                for victim in (follower, ts4.uuid):
+                    # The victim has acknowledged entries (its match is past 0) ...
+                    leader = await _on_leader(client, uuids, probe_write)
+                    n += 1
+                    await _checksums(client, [victim], probes[-1].applied_index)
+                    # ... when its server loses the replica.
+                    await client.admin(victim).DeleteTablet(
+                        tpb.DeleteTabletRequestPB(
+                            dest_uuid=victim,
+                            tablet_id=TABLET,
+                            delete_type=tpb.TABLET_DATA_TOMBSTONED,
+                            reason="test: lost while a member",
+                        ),
+                        timeout=10,
+                    )
+                    await _wait_replica(client, victim, tpb.TABLET_DATA_READY)
+                    leader = await _on_leader(client, uuids, probe_write)
+                    n += 1
+                    sums = await _checksums(client, [*uuids, ts4.uuid], probes[-1].applied_index)
+                    assert sums == {(n, next(iter(sums))[1])}, (victim, sums)
+                    peers = await _committed_peers(client, leader)
+                    assert set(peers) == {*uuids, ts4.uuid}
+                    assert peers[ts4.uuid].member_type == mpb.NON_VOTER
             finally:
                 await client.close()
 
