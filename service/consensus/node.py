@@ -826,6 +826,7 @@ class RaftNode:
             result = self.sm.apply(e.index, e.data)
         elif e.type is EntryType.CONFIG:
             self.applied_config = config_after(self.applied_config, e.type, e.data, e.index)
+            self._quiesce.applied_change(ConfigChange.decode(e.data))
             self._configs.applied(e.index, self.applied_config)
             result = self.applied_config.index
             log.info("%s/%s: config %s", self.group_id, self.uuid, _fmt_config(self.applied_config))

@@ -15,6 +15,7 @@ Quiescence waits for promotions: a leader with a learner to promote keeps tickin
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 
@@ -95,6 +96,17 @@ class NodeQuiescence:
         """Learner `node` was added with the promote mark: make it a voter once caught up."""
         self._promotable.add(node)
 
+    def applied_change(self, change: ConfigChange) -> None:
+        """A config change was applied (committed): a learner's promote mark ends only here,
+        when it was promoted, removed, demoted or added again without the mark. Not when the
+        leader proposes PROMOTE: a proposal its leader loses (deposed before it commits, its
+        entry overwritten) would otherwise take the mark with it, and the leader that wins
+        back would leave the learner a non-voter for good."""
+        if change.type is ConfigChangeType.ADD_LEARNER and _wants_promotion(change):
+            self._promotable.add(change.node)
+        else:
+            self._promotable.discard(change.node)
+
     def is_promotable(self, node: str) -> bool:
         return node in self._promotable
 
@@ -158,7 +170,6 @@ class NodeQuiescence:
                 cc = ConfigChange(ConfigChangeType.PROMOTE, node, raw.committed_config().index)
                 try:
                     raw.propose_config_change(cc)
-                    self._promotable.discard(node)
                     log.info(
                         "%s/%s: promoting caught-up learner %s", self.group_id, self.uuid, node
                     )
@@ -191,6 +202,14 @@ class NodeQuiescence:
         ):
             self._quiesced = True
             q.lead(self.group_id, raw.term(), raw.commit_index(), self.members())
+
+
+def _wants_promotion(change: ConfigChange) -> bool:
+    """Whether an ADD_LEARNER carries the promote mark (`RaftNode.add_learner`'s context)."""
+    try:
+        return bool(change.context and json.loads(change.context).get("promote"))
+    except (ValueError, AttributeError):
+        return False
 
 
 def late_answer(m: Message, term: int) -> bool:
