@@ -37,7 +37,9 @@ Stall reports
 The metrics say that the loop was held, not by what. So a watchdog thread looks every interval
 at how long ago the loop last woke; once that passes the stall bound it takes the loop thread's
 Python stack (`sys._current_frames`) and logs it once per stall, with the CPU time the loop's
-thread used meanwhile (its own CPU clock, read from the watchdog), and keeps the last few
+thread used meanwhile (its own CPU clock, read from the watchdog) and the whole process's (so a
+loop that waited for the GIL while its process's other threads ran is told from a process the
+machine did not run), and keeps the last few
 (`recent_reports`, `tessera_event_loop_stall_reports_total`). A loop found waiting in its
 selector is idle: its wake is late because the machine did not run it, and nothing is
 reported. Python switches threads every few milliseconds, so the watchdog runs while the loop
@@ -80,6 +82,9 @@ class StallReport:
     """CPU time the loop's thread used meanwhile (None where the platform cannot tell)."""
     stack: str
     """The loop thread's Python stack, innermost call last."""
+    process_cpu_s: float = 0.0
+    """CPU time the whole process used meanwhile. Far above `cpu_s`: the process's other
+    threads ran while the loop waited for the GIL; both small: the machine did not run it."""
 
 
 _IDLE_FILE = "selectors.py"
@@ -202,11 +207,11 @@ class LoopLagMonitor:
     def _watch(self) -> None:
         """The watchdog thread (module docstring): one report per stall."""
         reported = -1.0
-        wake, cpu_at_wake = self._last_wake, self._loop_cpu()
+        wake, cpu_at_wake, process_at_wake = self._last_wake, self._loop_cpu(), time.process_time()
         while not self._stop.wait(self.interval_s):
             last = self._last_wake
             if last != wake:
-                wake, cpu_at_wake = last, self._loop_cpu()
+                wake, cpu_at_wake, process_at_wake = last, self._loop_cpu(), time.process_time()
             held = time.monotonic() - last - self.interval_s
             if held <= self.stall_s or reported == last:
                 continue
@@ -221,14 +226,16 @@ class LoopLagMonitor:
             reported = last
             now_cpu = self._loop_cpu()
             cpu = None if now_cpu is None or cpu_at_wake is None else now_cpu - cpu_at_wake
-            report = StallReport(held, cpu, stack)
+            process = time.process_time() - process_at_wake
+            report = StallReport(held, cpu, stack, process)
             self.recent_reports.append(report)
             self._reports.inc()
             log.warning(
                 "event loop held for %.2f s so far (stall bound %.2f s; its thread used %s of "
-                "CPU meanwhile); it is running:\n%s",
+                "CPU meanwhile, the whole process %.2f s); it is running:\n%s",
                 held,
                 self.stall_s,
                 "?" if cpu is None else f"{cpu:.2f} s",
+                process,
                 stack,
             )

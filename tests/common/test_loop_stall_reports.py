@@ -38,6 +38,9 @@ def test_a_held_loop_is_reported_once_with_the_code_that_held_it() -> None:
     (report,) = held
     assert report.held_s > 0.2
     assert report.cpu_s is None or report.cpu_s > 0.1  # busy, not starved of a CPU
+    # The process's CPU includes the loop thread's (read a moment apart: some slack).
+    assert report.process_cpu_s > 0.1
+    assert report.cpu_s is None or report.process_cpu_s >= report.cpu_s - 0.05
 
 
 def test_no_watchdog_when_switched_off() -> None:
