@@ -181,8 +181,12 @@ class RaftSettings:
     """Random extra wait added to the election timeout so followers rarely campaign at once.
     Kudu-like default: up to one heartbeat interval (etcd uses a whole election timeout, which
     makes failover slower)."""
+    election_timeout_max_ms: int = 6000
+    """Longest the election timeout (and a leader's check-quorum period) stretches to while a
+    live group's messages arrive late, on a host short of CPU (service/raft/lateness.py); at or
+    below election_timeout_ms: never stretched."""
     tick_interval_ms: int = 100
-    """Granularity of Raft time; must divide both periods above."""
+    """Granularity of Raft time; must divide the periods above."""
     pre_vote: bool = True
     """Run a pre-vote round first so a partitioned node cannot inflate terms (thesis 9.6)."""
     check_quorum: bool = True
@@ -213,6 +217,10 @@ class RaftSettings:
     def election_jitter_ticks(self) -> int:
         return self.election_jitter_ms // self.tick_interval_ms
 
+    @property
+    def max_election_ticks(self) -> int:
+        return self.election_timeout_max_ms // self.tick_interval_ms
+
     def validate(self, section: str = "raft") -> None:
         c = _Check(self, section)
         c.positive(
@@ -220,6 +228,7 @@ class RaftSettings:
             "heartbeat_interval_ms",
             "election_timeout_ms",
             "election_jitter_ms",
+            "election_timeout_max_ms",
             "max_inflight_msgs",
             "max_inflight_bytes",
             "max_entries_per_msg_bytes",
@@ -227,7 +236,12 @@ class RaftSettings:
         )
         c.non_negative("snapshot_catchup_entries")
         tick = self.tick_interval_ms
-        for name in ("heartbeat_interval_ms", "election_timeout_ms", "election_jitter_ms"):
+        for name in (
+            "heartbeat_interval_ms",
+            "election_timeout_ms",
+            "election_jitter_ms",
+            "election_timeout_max_ms",
+        ):
             value = getattr(self, name)
             c.that(
                 value % tick == 0,

@@ -77,6 +77,8 @@ class NodeSettings:
     """Up to this many ticks are added at random to a follower's election timeout (`[raft]`'s
     election_jitter_ms: a heartbeat interval, as Kudu, not a whole election timeout, as etcd,
     which is what the Raft core falls back to when given none)."""
+    max_election_ticks: int = _RAFT.max_election_ticks
+    """How far the election timeout stretches while peers are late (service/raft/lateness.py)."""
     pre_vote: bool = _RAFT.pre_vote
     check_quorum: bool = _RAFT.check_quorum
     lease_reads: bool = _RAFT.lease_reads
@@ -111,6 +113,7 @@ class NodeSettings:
             heartbeat_ticks=r.heartbeat_ticks,
             election_ticks=r.election_ticks,
             election_jitter_ticks=r.election_jitter_ticks,
+            max_election_ticks=r.max_election_ticks,
             pre_vote=r.pre_vote,
             check_quorum=r.check_quorum,
             lease_reads=r.lease_reads,

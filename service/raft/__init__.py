@@ -6,6 +6,7 @@ Modules
     rawnode     `RawNode`, the caller's handle: tick, step, propose, ready, advance
     raft        the state machine: elections, replication, commit, membership, reads
     election    campaigns and votes: pre-vote, check-quorum, leader stickiness
+    lateness    election timeouts that stretch while a live group's messages arrive late
     reads       ReadIndex and the leader lease
     log         the log as the core sees it: stable entries, then unstable ones
     storage     the stable-log interface and `MemoryStorage`

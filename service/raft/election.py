@@ -82,6 +82,10 @@ class ElectionCore(Protocol):
     election_elapsed: int
 
     def promotable(self) -> bool: ...
+    def election_timeout(self) -> int:
+        """The election timeout now, in ticks, before jitter (stretched while peers are late)."""
+        ...
+
     def become_follower(self, term: int, lead: NodeId) -> None: ...
     def become_pre_candidate(self) -> None: ...
     def become_candidate(self) -> None: ...
@@ -163,7 +167,7 @@ def ignores_vote(r: ElectionCore, m: Message) -> bool:
     # With lease reads, a node that just started does not know whether a leader holds a
     # lease that counts on it: it waits one election timeout before voting.
     return r.opts.check_quorum and (
-        (r.lead != NO_NODE and r.election_elapsed < r.opts.election_tick)
+        (r.lead != NO_NODE and r.election_elapsed < r.election_timeout())
         or (r.opts.lease_reads and r.tick_count < r.opts.election_tick)
     )
 

@@ -15,8 +15,9 @@ in [election_tick, 2*election_tick) first run a *pre-vote* (a trial election at 
 changes no state), and only if a quorum would vote for them start a real election. With
 *check-quorum* a leader steps down when it has not heard from a quorum within an election
 timeout, and followers ignore votes while they have a live leader ("leader stickiness"), so a
-partitioned or removed node cannot depose a healthy leader. Campaigning and voting live in
-`election.py`.
+partitioned or removed node cannot depose a healthy leader. Both timeouts stretch while a live
+group's messages arrive late (`lateness.py`, off unless `max_election_tick` is set). Campaigning
+and voting live in `election.py`.
 
 Commit (Figure 8): a leader only commits entries of its own term by counting replicas; earlier
 entries commit indirectly. It appends an empty no-op on election so that happens promptly.
@@ -51,6 +52,7 @@ import random
 from dataclasses import dataclass
 
 from service.raft import election, reads
+from service.raft.lateness import Lateness
 from service.raft.log import RaftLog
 from service.raft.progress import Inflights, Progress, ProgressState
 from service.raft.storage import Compacted, Storage, Unavailable, entries_size
@@ -79,6 +81,9 @@ class RaftOptions:
     heartbeat_tick: int = 1
     election_jitter_tick: int | None = None
     """Randomized timeout is election_tick + [0, jitter); None means election_tick (etcd)."""
+    max_election_tick: int = 0
+    """Longest the election timeout (and the leader's check-quorum period) may stretch to while
+    peers' messages arrive late (lateness.py); at or below election_tick: never stretched."""
     pre_vote: bool = True
     check_quorum: bool = True
     max_size_per_msg: int = 1 << 20
@@ -153,6 +158,10 @@ class Raft:
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.randomized_election_timeout = options.election_tick
+        self.lateness = Lateness(
+            options.heartbeat_tick, options.election_tick, options.max_election_tick
+        )
+        """How late peers' messages arrive: stretches the timeouts (lateness.py)."""
         self.tick_count = 0
         self.lead_transferee = NO_NODE
         self.last_transfer_tick = -(10**9)
@@ -292,6 +301,7 @@ class Raft:
         self.lead = NO_NODE
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
+        self.lateness.forget()
         jitter = self.opts.election_jitter_tick or self.opts.election_tick
         self.randomized_election_timeout = self.opts.election_tick + self.rng.randrange(jitter)
         self._abort_transfer()
@@ -339,21 +349,38 @@ class Raft:
 
     def tick(self) -> None:
         self.tick_count += 1
+        self.lateness.tick()
         if self.state is Role.LEADER:
             self._tick_heartbeat()
         else:
             self._tick_election()
 
+    def _live_contact(self, m: Message) -> bool:
+        """Whether `m` is what a live group sends this node: a leader's append, heartbeat or
+        snapshot, or, to a leader, a follower's answer."""
+        if m.type in (MessageType.APP, MessageType.HEARTBEAT, MessageType.SNAP):
+            return True
+        return self.state is Role.LEADER and m.type in (
+            MessageType.APP_RESP,
+            MessageType.HEARTBEAT_RESP,
+        )
+
+    def election_timeout(self) -> int:
+        """The election timeout now, in ticks, before jitter: the configured one, stretched
+        while peers' messages arrive late (lateness.py). The check-quorum period too."""
+        return self.opts.election_tick + self.lateness.stretch()
+
     def _tick_election(self) -> None:
         self.election_elapsed += 1
-        if self.promotable() and self.election_elapsed >= self.randomized_election_timeout:
+        timeout = self.randomized_election_timeout + self.lateness.stretch()
+        if self.promotable() and self.election_elapsed >= timeout:
             self.election_elapsed = 0
             self.step(Message(MessageType.HUP, frm=self.id))
 
     def _tick_heartbeat(self) -> None:
         self.heartbeat_elapsed += 1
         self.election_elapsed += 1
-        if self.election_elapsed >= self.opts.election_tick:
+        if self.election_elapsed >= self.election_timeout():
             self.election_elapsed = 0
             if self.opts.check_quorum:
                 self.step(Message(MessageType.CHECK_QUORUM, frm=self.id))
@@ -373,6 +400,10 @@ class Raft:
     # -- the step function -------------------------------------------------------------------
 
     def step(self, m: Message) -> None:
+        if m.term and m.term >= self.term and self._live_contact(m):
+            # Before any role change below: the gap since this peer's last message counts
+            # even if the message ends a pre-vote (lateness.py).
+            self.lateness.heard(m.frm, self.tick_count)
         if m.term == 0:
             pass  # local message
         elif m.term > self.term:

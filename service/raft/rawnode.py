@@ -107,7 +107,7 @@ class RawNode:
         no longer ignores votes as if it had heard from a leader lately. Timing only."""
         r = self.raft
         if r.state is not Role.LEADER:
-            r.election_elapsed = max(r.election_elapsed, r.opts.election_tick)
+            r.election_elapsed = max(r.election_elapsed, r.election_timeout())
 
     def quiet_leader(self) -> bool:
         """Whether this leader's group is quiet (consensus/quiesce.py): its whole log committed

@@ -55,6 +55,7 @@ class Cluster:
         max_size_per_msg: int = 1 << 20,
         max_inflight_msgs: int = 256,
         send_snapshots: bool = True,
+        max_election_tick: int = 0,
     ) -> None:
         self.ids = [NodeId(i) for i in ids]
         self.config = RaftConfig(frozenset(self.ids))
@@ -68,6 +69,7 @@ class Cluster:
             max_size_per_msg=max_size_per_msg,
             max_inflight_msgs=max_inflight_msgs,
             send_snapshots=send_snapshots,
+            max_election_tick=max_election_tick,
         )
         self.nodes: dict[NodeId, NodeState] = {}
         for i, nid in enumerate(self.ids):

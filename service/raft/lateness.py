@@ -1,0 +1,95 @@
+"""Election timeouts that stretch while a live group's messages arrive late.
+
+Why
+---
+A follower campaigns when it has heard nothing from its leader for an election timeout, counted
+in its own ticks; a leader (check-quorum) steps down when it has heard nothing from a quorum for
+one. Both assume that a live peer's messages arrive within about a heartbeat interval. On a host
+short of CPU that stops being true without anyone failing: measured on a 2-core machine with
+three masters, two fleet simulators and a busy loop, a master's event loop went 0.5-0.8 s at a
+time without running, so the leader's heartbeats, due every 5 ticks, reached its followers 15-20
+of their ticks apart. Each such gap started a pre-vote; when both followers saw one at once the
+group elected a new leader, which was as starved as the old one, and a leader elected that way
+then stepped down 1.6 s later for want of answers. Every election costs the whole catalog a
+leader change in the middle of the load that caused it.
+
+What
+----
+Each node measures, in its own ticks, the gap between consecutive messages from each peer it
+hears as part of a live group: a follower from its leader (appends, heartbeats, snapshots), a
+leader from each follower (their answers). `estimate` is the largest recent gap: a new gap
+raises it at once, and it decays by `DECAY_PER_TICK` every tick (a half-life of about 140
+ticks: 14 s at 100 ms ticks), so a host that recovers gets its normal timeouts back within half a
+minute. The lateness is the estimate beyond one heartbeat interval plus `SLACK_TICKS` (a tick of
+phase between two nodes' clocks is not lateness); each tick of it adds `missed` ticks to the
+timeout, where `missed` = election timeout / heartbeat interval is how many heartbeats the
+configured timeout tolerates (3 by default), so the timeout keeps tolerating that many of the
+heartbeats as they arrive now. The result is capped at `max_election_tick`. A gap longer than the
+cap is an absence (a partition, a restart), not lateness, and is not counted. The table of last
+contacts is cleared whenever the node's role or term changes, so a gap never spans an election.
+
+What it does not change
+-----------------------
+Safety never depends on timing in Raft, so stretching is safe. Leases (`reads.py`) are counted
+from the configured election timeout, never the stretched one, so they are only safer: a
+follower refuses votes at least as long as the lease assumes. On a quiet host the estimate is
+the heartbeat interval and nothing stretches. The price is a slower failover while the host has
+recently been slow: up to `max_election_tick` instead of the election timeout.
+"""
+
+from __future__ import annotations
+
+from service.raft.types import NodeId
+
+__all__ = ["DECAY_PER_TICK", "SLACK_TICKS", "Lateness"]
+
+DECAY_PER_TICK = 0.995
+"""The estimate shrinks by this factor every tick (module docstring)."""
+
+SLACK_TICKS = 1
+"""Gaps up to a heartbeat interval plus this many ticks are on time."""
+
+
+class Lateness:
+    """One node's measure of how late its peers' messages arrive, in ticks (module docstring)."""
+
+    def __init__(self, heartbeat_tick: int, election_tick: int, max_election_tick: int) -> None:
+        self.heartbeat_tick = heartbeat_tick
+        self.election_tick = election_tick
+        self.max_election_tick = max(max_election_tick, election_tick)
+        self.missed = election_tick / heartbeat_tick
+        """Heartbeat intervals the configured election timeout tolerates."""
+        self.estimate = float(heartbeat_tick)
+        """The largest recent gap between two messages of one peer, decayed (ticks)."""
+        self._last: dict[NodeId, int] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_election_tick > self.election_tick
+
+    def heard(self, peer: NodeId, now: int) -> None:
+        """A message from `peer` at tick `now` (the node's tick count)."""
+        if not self.enabled:
+            return
+        last = self._last.get(peer)
+        self._last[peer] = now
+        if last is None:
+            return
+        gap = now - last
+        if gap <= self.max_election_tick:
+            self.estimate = max(self.estimate, float(gap))
+
+    def tick(self) -> None:
+        if self.estimate > self.heartbeat_tick:
+            self.estimate = max(float(self.heartbeat_tick), self.estimate * DECAY_PER_TICK)
+
+    def forget(self) -> None:
+        """The node's role or term changed: no gap spans it."""
+        self._last.clear()
+
+    def stretch(self) -> int:
+        """Ticks to add to the election timeout now (0 on a quiet host)."""
+        late = self.estimate - self.heartbeat_tick - SLACK_TICKS
+        if late <= 0:
+            return 0
+        return min(self.max_election_tick - self.election_tick, round(late * self.missed))

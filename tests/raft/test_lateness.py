@@ -1,0 +1,99 @@
+"""Election timeouts stretch while a live leader's messages arrive late (service/raft/lateness.py).
+
+A starved leader is modelled on the synchronous harness by ticking it once for every k ticks
+of its followers: its heartbeats, due every 2 of its ticks, reach them 2k of theirs apart. The
+same schedule with stretching off must start elections (else the test shows nothing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.raft import NodeId, Role
+from service.raft.lateness import Lateness
+from service.testing.raft_harness import Cluster
+
+HEARTBEAT, ELECTION, MAX = 2, 6, 60
+RAMP = [2] * 20 + [3] * 20 + [4] * 20 + [6] * 20
+"""Follower ticks per leader tick, round by round: the leader gets slower and slower."""
+
+
+def starved_leader(max_election_tick: int, seed: int) -> Cluster:
+    c = Cluster(
+        ["a", "b", "c"],
+        seed=seed,
+        election_tick=ELECTION,
+        heartbeat_tick=HEARTBEAT,
+        max_election_tick=max_election_tick,
+    )
+    c.elect("a")
+    for k in RAMP:
+        c.tick("a")
+        for _ in range(k):
+            c.tick("b")
+            c.tick("c")
+    return c
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_slower_and_slower_leader_keeps_its_followers(seed: int) -> None:
+    c = starved_leader(MAX, seed)
+    assert c.role("a") is Role.LEADER
+    assert {c.node(n).raft.term for n in "abc"} == {1}, "an election while the leader lived"
+    # Heartbeats 12 follower ticks apart: a lost one no longer starts an election.
+    assert c.node("b").raft.election_timeout() > 2 * 12
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_without_stretching_the_same_schedule_starts_elections(seed: int) -> None:
+    c = starved_leader(0, seed)
+    assert max(c.node(n).raft.term for n in "abc") > 1
+
+
+def test_on_time_again_the_timeout_returns_and_a_dead_leader_is_replaced() -> None:
+    c = starved_leader(MAX, seed=1)
+    for _ in range(400):  # about 3 half-lives of the estimate
+        c.tick_all()
+    assert c.node("b").raft.election_timeout() == ELECTION
+    assert c.node("c").raft.election_timeout() == ELECTION
+    c.down.add(NodeId("a"))
+    for _ in range(2 * ELECTION + 2):  # the timeout with its whole jitter, and the votes
+        c.tick("b")
+        c.tick("c")
+    assert c.leader() in ("b", "c")
+
+
+def test_an_absence_longer_than_the_cap_is_not_lateness() -> None:
+    c = Cluster(
+        ["a", "b", "c"], election_tick=ELECTION, heartbeat_tick=HEARTBEAT, max_election_tick=MAX
+    )
+    c.elect("a")
+    c.tick_all(10)
+    c.isolate("c")
+    for _ in range(MAX + 10):  # c hears nothing, campaigns in vain (pre-votes refused)
+        c.tick_all()
+    c.heal()
+    c.tick_all(10)
+    assert c.leader() == "a"
+    assert c.node("c").raft.election_timeout() == ELECTION
+
+
+def test_the_estimate_rises_at_once_decays_slowly_and_ignores_phase() -> None:
+    late = Lateness(heartbeat_tick=5, election_tick=15, max_election_tick=60)
+    for now in (0, 5, 11, 16):  # a tick of phase between two clocks is on time
+        late.heard(NodeId("l"), now)
+    assert late.stretch() == 0
+    late.heard(NodeId("l"), 26)  # 10 ticks: 4 late, 3 heartbeats' worth each
+    assert late.stretch() == 12
+    late.tick()
+    assert 0 < late.stretch() <= 12
+    late.heard(NodeId("l"), 200)  # longer than the cap: an absence
+    assert late.stretch() <= 12
+    late.heard(NodeId("l"), 250)
+    assert late.stretch() == 60 - 15  # capped
+    late.forget()
+    late.heard(NodeId("l"), 900)  # no gap spans a role or term change
+    assert late.stretch() == 45
+    off = Lateness(heartbeat_tick=5, election_tick=15, max_election_tick=15)
+    off.heard(NodeId("l"), 0)
+    off.heard(NodeId("l"), 14)
+    assert not off.enabled and off.stretch() == 0
