@@ -221,6 +221,8 @@ class RaftNode:
             if settings.check_quorum
             else 0.0
         )
+        self._ticked_at: float | None = None
+        """Loop time of the last tick: a late one tells the core how late (`RawNode.tick`)."""
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.fatal: BaseException | None = None
@@ -598,7 +600,10 @@ class RaftNode:
                     self._tick_due = False
                     self._flush_held()
                     self._deadlines.expire(loop.time())
-                    self.raw.tick()
+                    now = loop.time()
+                    last, self._ticked_at = self._ticked_at, now
+                    late = 0 if last is None else int((now - last) / self.settings.tick_interval_s)
+                    self.raw.tick(late_ticks=late - 1)
                     self._quiesce.after_tick(self.applied)
                 if self._persisting is not None:
                     if not self._persisting.done.done():

@@ -347,10 +347,17 @@ class Raft:
 
     # -- ticks -------------------------------------------------------------------------------
 
-    def tick(self) -> None:
+    def tick(self, late_ticks: int = 0) -> None:
+        """One tick. A leader whose caller's timer fired `late_ticks` intervals late counts
+        them toward its next heartbeat, so heartbeats keep to real time on a starved host
+        (each stall would otherwise push them back by its length: five late ticks spread a
+        heartbeat interval over seconds). Elections and check-quorum count only ticks: time
+        the node did not run is time it did not hear, so a stall never makes it campaign or
+        step down."""
         self.tick_count += 1
         self.lateness.tick()
         if self.state is Role.LEADER:
+            self.heartbeat_elapsed += max(0, min(late_ticks, self.opts.heartbeat_tick))
             self._tick_heartbeat()
         else:
             self._tick_election()

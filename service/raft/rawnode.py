@@ -98,8 +98,11 @@ class RawNode:
 
     # -- inputs ---------------------------------------------------------------------------------
 
-    def tick(self) -> None:
-        self.raft.tick()
+    def tick(self, late_ticks: int = 0) -> None:
+        """One tick of Raft time. `late_ticks`: how many more tick intervals of real time have
+        passed since the last tick (the caller's timer fired late); a leader counts them toward
+        its next heartbeat only (`Raft.tick`)."""
+        self.raft.tick(late_ticks)
 
     def expire_election_timer(self) -> None:
         """Count a full election timeout as passed on a non-leader (a quiesced follower whose

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.raft import NodeId, Role
+from service.raft import MessageType, NodeId, Role
 from service.raft.lateness import Lateness
 from service.testing.raft_harness import Cluster
 
@@ -97,3 +97,27 @@ def test_the_estimate_rises_at_once_decays_slowly_and_ignores_phase() -> None:
     off.heard(NodeId("l"), 0)
     off.heard(NodeId("l"), 14)
     assert not off.enabled and off.stretch() == 0
+
+
+def test_a_late_tick_brings_the_leaders_next_heartbeat_forward_and_nothing_else() -> None:
+    """The caller's timer fired 4 intervals late: a leader heartbeats on that tick (its
+    heartbeats keep to real time), but its check-quorum and its followers' election timers
+    count only ticks (a stall is not silence)."""
+    c = Cluster(["a", "b", "c"], election_tick=10, heartbeat_tick=5)
+    c.elect("a")
+    leader = c.node("a").raft
+    c.delivered.clear()
+    c.node("a").tick()  # heartbeat_elapsed 1 of 5: nothing due
+    c.stabilize()
+    assert not [m for m in c.delivered if m.type is MessageType.HEARTBEAT]
+    elapsed = leader.election_elapsed
+    c.node("a").tick(late_ticks=4)
+    c.stabilize()
+    beats = [m.to for m in c.delivered if m.type is MessageType.HEARTBEAT]
+    assert sorted(beats) == ["b", "c"]
+    assert leader.election_elapsed == elapsed + 1
+    # A follower's late tick changes nothing: it counts one tick.
+    b = c.node("b").raft
+    before = b.election_elapsed
+    c.node("b").tick(late_ticks=50)
+    assert b.election_elapsed == before + 1 and b.state is Role.FOLLOWER
