@@ -684,15 +684,37 @@ class RowStore:
         if f is not None:
             self.write_frozen(f)
             self.install(f)
-        elif not self._frozen and self._flushed < self._applied and not self._mem.rows:
-            if self._pending is not None:
+        else:
+            if self._pending is not None and self._flushed < self._applied:
                 raise InvalidArgument("flush: an install is under way")
-            st = self._staged
-            self._staged = _Staged(
-                st.files, self._applied, st.live_rows, st.history, self._max_ts, st.horizon
-            )
-            self.write_manifest()
-            self._flushed = self._applied  # only once the manifest says so (the WAL's anchor)
+            index = self.stage_advance(self._applied)
+            if index is not None:
+                self.write_manifest()
+                self.finish_advance(index)
+
+    def stage_advance(self, applied: int) -> int | None:
+        """With no rows to flush, but entries that carry none applied since the last flush:
+        stage a manifest whose flushed index is `applied` (or the store's own applied index, if
+        higher), and return it (None: nothing to advance). Then `write_manifest` (a worker
+        thread may) and `finish_advance`. `applied` is the Raft applied index: the entries
+        above the store's own up to it carry no rows (no-ops and config changes never reach
+        the store). Called on the applying thread, with the memstore seen empty: a row applied
+        while the manifest is written is above the index. A tablet copy relies on this: its
+        image is at the flushed index, and the config the copy gives the new replica is the
+        config as of that index (tablet_copy.py)."""
+        if self._pending is not None or self._frozen or self._mem.rows:
+            return None
+        index = max(applied, self._applied)
+        if self._flushed >= index:
+            return None
+        self.note_index(index)
+        st = self._staged
+        self._staged = _Staged(st.files, index, st.live_rows, st.history, self._max_ts, st.horizon)
+        return index
+
+    def finish_advance(self, index: int) -> None:
+        """The manifest staged by `stage_advance` is durable: the WAL's anchor may move on."""
+        self._flushed = max(self._flushed, index)
 
     # --- compaction ----------------------------------------------------------------------
 

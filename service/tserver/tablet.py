@@ -1138,6 +1138,13 @@ class TabletReplica:
                 store.stage_install(frozen)
                 await asyncio.to_thread(store.write_manifest)
                 store.finish_install(frozen)
+            elif not compact and (index := store.stage_advance(self._raft_applied())) is not None:
+                # For a copy: its image is taken at the flushed index, and the new replica's
+                # config is the one as of that index. Config changes applied since the last
+                # row (a move's own ADD_PEER among them) must be in it, or the replica starts
+                # with a config that does not name the leader copying to it.
+                await asyncio.to_thread(store.write_manifest)
+                store.finish_advance(index)
             if not compact:
                 return
             files = sum(1 for f in store.data_files() if f.endswith(".arrow"))
@@ -1168,6 +1175,9 @@ class TabletReplica:
             await self._flush_task
         if self.store is not None:
             await self._flush(self.store)
+
+    def _raft_applied(self) -> int:
+        return self.node.applied if self.node is not None else 0
 
     async def flush_for_copy(self) -> RowStore:
         """Make everything applied so far durable in the row store's files, without

@@ -30,7 +30,11 @@ core holds in SNAPSHOT state for `TRIGGER_S` is reported to it as delivered
 filled meanwhile then matches, and one still behind is held again until its copy lands.
 
 Source (`CopySource`, the TabletCopyService). BeginTabletCopySession flushes the tablet's
-in-memory rows (`TabletReplica.flush_for_copy`, no compaction), then, without yielding to the
+in-memory rows (`TabletReplica.flush_for_copy`, no compaction; with no rows to flush it still
+moves the flushed index over the entries applied since that carry none, so the image's index,
+and with it the config the new replica starts from, includes the latest config changes: a
+config from before the copying leader joined would make the replica refuse that leader's
+messages as a non-member's, and it would never catch up), then, without yielding to the
 event loop, hard-links the row store's MANIFEST and data files into a session directory: an
 image at one index N, the flushed index, which later flushes and compactions cannot change
 (they replace files, never rewrite them, and a link keeps a deleted file's data). Like Kudu,

@@ -509,3 +509,69 @@ def test_a_member_whose_replica_was_tombstoned_is_copied_back_by_the_leader(
                 await client.close()
 
     asyncio.run(main())
+
+
+async def _wait_voter(client: ClusterStubs, uuids: list[str], uuid: str) -> str:
+    """Wait until `uuid` is a voter of the tablet's committed config; the leader that says so."""
+    deadline = time.monotonic() + 60
+    while True:
+        leader = await client.leader(uuids)
+        peers = await _committed_peers(client, leader)
+        if uuid in peers and peers[uuid].member_type == mpb.VOTER:
+            return leader
+        assert time.monotonic() < deadline, f"{uuid} not promoted: {peers}"
+        await asyncio.sleep(0.1)
+
+
+def test_a_copy_from_a_leader_that_joined_after_the_last_row_names_that_leader(
+    tmp_path: Path,
+) -> None:
+    """The rows were written before ts-4 joined; ts-4 then leads and copies the tablet to a
+    fifth server. The copy's image is at the flushed index and the new replica's config is the
+    one as of that index: had the flush stopped at the last row, that config would not name
+    ts-4, the new replica would refuse its leader's messages as a non-member's, and it would
+    never catch up or be promoted."""
+
+    async def main() -> None:
+        with MiniCluster(tmp_path) as cluster:
+            client = ClusterStubs(cluster, TABLET)
+            try:
+                uuids = await _create(cluster, client)
+                await _on_leader(
+                    client,
+                    uuids,
+                    lambda ld: client.data(ld).Write(
+                        write_request(ld, TABLET, rows(0, 2_000)), timeout=30
+                    ),
+                )
+                ts4 = cluster.add_tserver_slot("ts-4")
+                cluster.start_tserver("ts-4")
+                await _on_leader(
+                    client, uuids, lambda ld: _add_peer(client, ld, ts4.uuid, ts4.address)
+                )
+                members = [*uuids, ts4.uuid]
+                leader = await _wait_voter(client, members, ts4.uuid)
+                if leader != ts4.uuid:
+                    await client.admin(leader).LeaderStepDown(
+                        tpb.LeaderStepDownRequestPB(
+                            dest_uuid=leader, tablet_id=TABLET, new_leader_uuid=ts4.uuid
+                        ),
+                        timeout=10,
+                    )
+                deadline = time.monotonic() + 30
+                while await client.leader(members) != ts4.uuid:
+                    assert time.monotonic() < deadline, "ts-4 did not take the lead"
+                    await asyncio.sleep(0.1)
+                ts5 = cluster.add_tserver_slot("ts-5")
+                cluster.start_tserver("ts-5")
+                await _add_peer(client, ts4.uuid, ts5.uuid, ts5.address)
+                await _wait_voter(client, members, ts5.uuid)
+                probe = await client.data(ts4.uuid).Write(
+                    write_request(ts4.uuid, TABLET, rows(2_000, 2_001)), timeout=10
+                )
+                sums = await _checksums(client, [*members, ts5.uuid], probe.applied_index)
+                assert sums == {(2_001, next(iter(sums))[1])}
+            finally:
+                await client.close()
+
+    asyncio.run(main())
