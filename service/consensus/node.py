@@ -312,6 +312,14 @@ class RaftNode:
         election timeout as passed (campaign within the jitter, vote for others)."""
         self._quiesce.wake(leader_suspect=leader_suspect)
 
+    def peer_lost(self, peer: str) -> None:
+        """`peer`'s server says it does not host this group (quiesce.py, "A lost replica"):
+        wake, and count it as not heard from, as a quorum check does."""
+        if not self._closed:
+            self.wake()
+            self._control.append(lambda: self.raw.forget_activity(NodeId(peer)))
+            self._wakeup.set()
+
     def quiesce_follower(self, leader: str, term: int, commit: int) -> bool:
         """Stop ticking if this follows `leader` at `term` with its log up to `commit`, all
         committed, and nothing in hand: no messages or calls queued for the loop here, the

@@ -36,6 +36,14 @@ ticking again when
     it campaigns within its random jitter, and, with check_quorum, no longer refuses votes
     because it has "heard from a leader recently" (it has not).
 
+*A lost replica.* A member's server that no longer hosts a group (its replica was deleted:
+an operator's DeleteTablet, a stale tombstone landing just after a move re-added it) cannot
+wake the quiesced leader with a pre-vote, and the leader, asleep, would count it caught up for
+good. So a server answers a digest that lists groups it does not host with `not_hosted` in its
+next digest to that peer, and the leader wakes those groups with the member counted as not
+heard from (`peer_lost`): it then stays awake and copies the tablet to it again
+(service/tserver/tablet_copy.py).
+
 *Waking.* Anything that hands a node work (a message, a proposal, a read, a config change, a
 leadership transfer, a report of an unreachable peer) wakes it first (`NodeQuiescence.wake`),
 and it leaves the digest. A digest that cannot be sent to a peer's server wakes every group led
@@ -91,6 +99,11 @@ class QuiescentNode(Protocol):
 
     def wake(self, *, leader_suspect: bool = False) -> None: ...
 
+    def peer_lost(self, peer: str) -> None:
+        """As leader: `peer`'s server says it does not host the group. Wake, and count the
+        peer as not heard from (so the group does not quiesce again around it)."""
+        ...
+
 
 class DigestSender(Protocol):
     def send_digest(self, peer: str, digest: pb.QuiesceDigest) -> None: ...
@@ -120,9 +133,14 @@ class Quiescence:
         """leader uuid -> the groups in `_following` it leads (a digest touches only these)."""
         self._heard: dict[str, float] = {}
         """peer uuid -> when its last digest arrived."""
+        self._missing: dict[str, set[str]] = {}
+        """peer uuid -> groups its digests listed that are not hosted here (answered with the
+        next digest to it, `not_hosted`)."""
         self._periodic = Periodic("raft-quiescence", interval_s, self.beat, log)
         self.digests_sent = 0
         self.woken_by_silence = 0
+        self.lost_replicas = 0
+        """Quiesced groups led here woken because a member's server no longer hosts them."""
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -183,6 +201,12 @@ class Quiescence:
                 if digest is None:
                     digest = digests[peer] = pb.QuiesceDigest()
                 digest.groups.add(group_id=group_id, term=term, commit=commit)
+        missing, self._missing = self._missing, {}
+        for peer, groups in missing.items():
+            digest = digests.get(peer)
+            if digest is None:
+                digest = digests[peer] = pb.QuiesceDigest()
+            digest.not_hosted.extend(sorted(groups))
         for peer, digest in digests.items():
             self.transport.send_digest(peer, digest)
         self.digests_sent += len(digests)
@@ -218,12 +242,22 @@ class Quiescence:
     def on_digest(self, src: str, digest: pb.QuiesceDigest) -> None:
         """A digest from `src` (called by the transport after the request's Raft messages)."""
         self._heard[src] = self.clock()
+        for group_id in digest.not_hosted:
+            lost = self._nodes.get(group_id)
+            members = self._leading.get(group_id, (0, 0, ()))[2]
+            if lost is not None and src in members:
+                self.left(group_id)
+                self.lost_replicas += 1
+                lost.peer_lost(src)
         listed: set[str] = set()
         for g in digest.groups:
             listed.add(g.group_id)
             if g.group_id in self._following:
                 continue
             node = self._nodes.get(g.group_id)
+            if node is None:
+                self._missing.setdefault(src, set()).add(g.group_id)
+                continue
             if node is not None and node.quiesce_follower(src, g.term, g.commit):
                 self._following[g.group_id] = src
                 self._under.setdefault(src, set()).add(g.group_id)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aservice/pb/consensus.proto\x12\x11tessera.consensus\"B\n\x07\x45ntryPB\x12\x0c\n\x04term\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x0c\n\x04type\x18\x03 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"?\n\x0cRaftConfigPB\x12\x0e\n\x06voters\x18\x01 \x03(\t\x12\x10\n\x08learners\x18\x02 \x03(\t\x12\r\n\x05index\x18\x03 \x01(\x04\"^\n\x0eSnapshotMetaPB\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12/\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x1f.tessera.consensus.RaftConfigPB\"K\n\nSnapshotPB\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.tessera.consensus.SnapshotMetaPB\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xa8\x02\n\tMessagePB\x12.\n\x04type\x18\x01 \x01(\x0e\x32 .tessera.consensus.MessageTypePB\x12\n\n\x02to\x18\x02 \x01(\t\x12\x0c\n\x04\x66rom\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x10\n\x08log_term\x18\x05 \x01(\x04\x12\r\n\x05index\x18\x06 \x01(\x04\x12+\n\x07\x65ntries\x18\x07 \x03(\x0b\x32\x1a.tessera.consensus.EntryPB\x12\x0e\n\x06\x63ommit\x18\x08 \x01(\x04\x12\x0e\n\x06reject\x18\t \x01(\x08\x12\x13\n\x0breject_hint\x18\n \x01(\x04\x12/\n\x08snapshot\x18\x0b \x01(\x0b\x32\x1d.tessera.consensus.SnapshotPB\x12\x0f\n\x07\x63ontext\x18\x0c \x01(\x0c\"N\n\nGroupBatch\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12.\n\x08messages\x18\x02 \x03(\x0b\x32\x1c.tessera.consensus.MessagePB\"\xc1\x02\n\x0bStepRequest\x12\x11\n\tdest_uuid\x18\x02 \x01(\t\x12\x10\n\x08src_uuid\x18\x03 \x01(\t\x12-\n\x06groups\x18\x08 \x03(\x0b\x32\x1d.tessera.consensus.GroupBatch\x12@\n\taddresses\x18\x05 \x03(\x0b\x32-.tessera.consensus.StepRequest.AddressesEntry\x12\x14\n\x0csrc_instance\x18\x06 \x01(\t\x12\x15\n\rdest_instance\x18\x07 \x01(\t\x12\x31\n\x07quiesce\x18\t \x01(\x0b\x32 .tessera.consensus.QuiesceDigest\x1a\x30\n\x0e\x41\x64\x64ressesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x01\x10\x02J\x04\x08\x04\x10\x05\"A\n\rQuiesceDigest\x12\x30\n\x06groups\x18\x01 \x03(\x0b\x32 .tessera.consensus.QuiescedGroup\"?\n\rQuiescedGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x0e\n\x06\x63ommit\x18\x03 \x01(\x04\" \n\x0cStepResponse\x12\x10\n\x08instance\x18\x01 \x01(\t*\xd7\x01\n\rMessageTypePB\x12\x0f\n\x0bMSG_UNKNOWN\x10\x00\x12\x0b\n\x07MSG_APP\x10\x01\x12\x10\n\x0cMSG_APP_RESP\x10\x02\x12\x0c\n\x08MSG_VOTE\x10\x03\x12\x11\n\rMSG_VOTE_RESP\x10\x04\x12\x10\n\x0cMSG_PRE_VOTE\x10\x05\x12\x15\n\x11MSG_PRE_VOTE_RESP\x10\x06\x12\x0c\n\x08MSG_SNAP\x10\x07\x12\x11\n\rMSG_HEARTBEAT\x10\x08\x12\x16\n\x12MSG_HEARTBEAT_RESP\x10\t\x12\x13\n\x0fMSG_TIMEOUT_NOW\x10\n2\xac\x01\n\x10\x43onsensusService\x12G\n\x04Step\x12\x1e.tessera.consensus.StepRequest\x1a\x1f.tessera.consensus.StepResponse\x12O\n\nStepStream\x12\x1e.tessera.consensus.StepRequest\x1a\x1f.tessera.consensus.StepResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aservice/pb/consensus.proto\x12\x11tessera.consensus\"B\n\x07\x45ntryPB\x12\x0c\n\x04term\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x0c\n\x04type\x18\x03 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"?\n\x0cRaftConfigPB\x12\x0e\n\x06voters\x18\x01 \x03(\t\x12\x10\n\x08learners\x18\x02 \x03(\t\x12\r\n\x05index\x18\x03 \x01(\x04\"^\n\x0eSnapshotMetaPB\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12/\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x1f.tessera.consensus.RaftConfigPB\"K\n\nSnapshotPB\x12/\n\x04meta\x18\x01 \x01(\x0b\x32!.tessera.consensus.SnapshotMetaPB\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xa8\x02\n\tMessagePB\x12.\n\x04type\x18\x01 \x01(\x0e\x32 .tessera.consensus.MessageTypePB\x12\n\n\x02to\x18\x02 \x01(\t\x12\x0c\n\x04\x66rom\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x10\n\x08log_term\x18\x05 \x01(\x04\x12\r\n\x05index\x18\x06 \x01(\x04\x12+\n\x07\x65ntries\x18\x07 \x03(\x0b\x32\x1a.tessera.consensus.EntryPB\x12\x0e\n\x06\x63ommit\x18\x08 \x01(\x04\x12\x0e\n\x06reject\x18\t \x01(\x08\x12\x13\n\x0breject_hint\x18\n \x01(\x04\x12/\n\x08snapshot\x18\x0b \x01(\x0b\x32\x1d.tessera.consensus.SnapshotPB\x12\x0f\n\x07\x63ontext\x18\x0c \x01(\x0c\"N\n\nGroupBatch\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12.\n\x08messages\x18\x02 \x03(\x0b\x32\x1c.tessera.consensus.MessagePB\"\xc1\x02\n\x0bStepRequest\x12\x11\n\tdest_uuid\x18\x02 \x01(\t\x12\x10\n\x08src_uuid\x18\x03 \x01(\t\x12-\n\x06groups\x18\x08 \x03(\x0b\x32\x1d.tessera.consensus.GroupBatch\x12@\n\taddresses\x18\x05 \x03(\x0b\x32-.tessera.consensus.StepRequest.AddressesEntry\x12\x14\n\x0csrc_instance\x18\x06 \x01(\t\x12\x15\n\rdest_instance\x18\x07 \x01(\t\x12\x31\n\x07quiesce\x18\t \x01(\x0b\x32 .tessera.consensus.QuiesceDigest\x1a\x30\n\x0e\x41\x64\x64ressesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x01\x10\x02J\x04\x08\x04\x10\x05\"U\n\rQuiesceDigest\x12\x30\n\x06groups\x18\x01 \x03(\x0b\x32 .tessera.consensus.QuiescedGroup\x12\x12\n\nnot_hosted\x18\x02 \x03(\t\"?\n\rQuiescedGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x0e\n\x06\x63ommit\x18\x03 \x01(\x04\" \n\x0cStepResponse\x12\x10\n\x08instance\x18\x01 \x01(\t*\xd7\x01\n\rMessageTypePB\x12\x0f\n\x0bMSG_UNKNOWN\x10\x00\x12\x0b\n\x07MSG_APP\x10\x01\x12\x10\n\x0cMSG_APP_RESP\x10\x02\x12\x0c\n\x08MSG_VOTE\x10\x03\x12\x11\n\rMSG_VOTE_RESP\x10\x04\x12\x10\n\x0cMSG_PRE_VOTE\x10\x05\x12\x15\n\x11MSG_PRE_VOTE_RESP\x10\x06\x12\x0c\n\x08MSG_SNAP\x10\x07\x12\x11\n\rMSG_HEARTBEAT\x10\x08\x12\x16\n\x12MSG_HEARTBEAT_RESP\x10\t\x12\x13\n\x0fMSG_TIMEOUT_NOW\x10\n2\xac\x01\n\x10\x43onsensusService\x12G\n\x04Step\x12\x1e.tessera.consensus.StepRequest\x1a\x1f.tessera.consensus.StepResponse\x12O\n\nStepStream\x12\x1e.tessera.consensus.StepRequest\x1a\x1f.tessera.consensus.StepResponse(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STEPREQUEST_ADDRESSESENTRY']._loaded_options = None
   _globals['_STEPREQUEST_ADDRESSESENTRY']._serialized_options = b'8\001'
-  _globals['_MESSAGETYPEPB']._serialized_start=1225
-  _globals['_MESSAGETYPEPB']._serialized_end=1440
+  _globals['_MESSAGETYPEPB']._serialized_start=1245
+  _globals['_MESSAGETYPEPB']._serialized_end=1460
   _globals['_ENTRYPB']._serialized_start=49
   _globals['_ENTRYPB']._serialized_end=115
   _globals['_RAFTCONFIGPB']._serialized_start=117
@@ -52,11 +52,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STEPREQUEST_ADDRESSESENTRY']._serialized_start=996
   _globals['_STEPREQUEST_ADDRESSESENTRY']._serialized_end=1044
   _globals['_QUIESCEDIGEST']._serialized_start=1058
-  _globals['_QUIESCEDIGEST']._serialized_end=1123
-  _globals['_QUIESCEDGROUP']._serialized_start=1125
-  _globals['_QUIESCEDGROUP']._serialized_end=1188
-  _globals['_STEPRESPONSE']._serialized_start=1190
-  _globals['_STEPRESPONSE']._serialized_end=1222
-  _globals['_CONSENSUSSERVICE']._serialized_start=1443
-  _globals['_CONSENSUSSERVICE']._serialized_end=1615
+  _globals['_QUIESCEDIGEST']._serialized_end=1143
+  _globals['_QUIESCEDGROUP']._serialized_start=1145
+  _globals['_QUIESCEDGROUP']._serialized_end=1208
+  _globals['_STEPRESPONSE']._serialized_start=1210
+  _globals['_STEPRESPONSE']._serialized_end=1242
+  _globals['_CONSENSUSSERVICE']._serialized_start=1463
+  _globals['_CONSENSUSSERVICE']._serialized_end=1635
 # @@protoc_insertion_point(module_scope)

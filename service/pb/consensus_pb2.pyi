@@ -327,16 +327,25 @@ class QuiesceDigest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     GROUPS_FIELD_NUMBER: _builtins.int
+    NOT_HOSTED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuiescedGroup]: ...
+    @_builtins.property
+    def not_hosted(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Groups a digest from the receiver listed that the sender does not host (its replica was
+        deleted or lost): the receiver, their leader, wakes them, so it finds the member silent
+        and copies the tablet to it again instead of sleeping on as if it were caught up.
+        """
+
     def __init__(
         self,
         *,
         groups: _abc.Iterable[Global___QuiescedGroup] | None = ...,
+        not_hosted: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups", "not_hosted", b"not_hosted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -184,6 +184,13 @@ class RawNode:
     def report_unreachable(self, node: NodeId) -> None:
         self.raft.step(Message(MessageType.UNREACHABLE, frm=node))
 
+    def forget_activity(self, node: NodeId) -> None:
+        """As leader: count `node` as not heard from since the last quorum check (its server
+        says it does not host the group). Timing only: its progress is untouched."""
+        pr = self.raft.prs.get(node)
+        if self.raft.state is Role.LEADER and pr is not None and node != self.raft.id:
+            pr.recent_active = False
+
     def report_snapshot(self, node: NodeId, ok: bool) -> None:
         self.raft.step(Message(MessageType.SNAP_STATUS, frm=node, reject=not ok))
 

@@ -176,6 +176,11 @@ class SimQuiescence:
             self.node.node.expire_election_timer()
         self.sim.log(f"{self.node.id} wakes{' (leader silent)' if leader_suspect else ''}")
 
+    def peer_lost(self, peer: str) -> None:
+        """`RaftNode.peer_lost`: the simulator never deletes a replica, so this only wakes."""
+        self.wake()
+        self.node.node.forget_activity(NodeId(peer))
+
     # -- what the node does -----------------------------------------------------------------------
 
     def _busy(self) -> bool:

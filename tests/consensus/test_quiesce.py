@@ -36,6 +36,7 @@ class FakeNode:
     accepts: bool = True
     quiesced: bool = False
     woken: list[bool] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
 
     def members(self) -> Iterable[str]:
         return self.peers
@@ -48,6 +49,10 @@ class FakeNode:
     def wake(self, *, leader_suspect: bool = False) -> None:
         self.quiesced = False
         self.woken.append(leader_suspect)
+
+    def peer_lost(self, peer: str) -> None:
+        self.lost.append(peer)
+        self.wake()
 
 
 class FakeSender:
@@ -112,6 +117,39 @@ def test_a_follower_quiesces_on_its_leaders_digest_and_wakes_when_left_out() -> 
     assert t2.woken == [False] and not t2.quiesced and t1.quiesced and t1.woken == []
     q.on_digest("b", digest())  # another leader's digest touches only its own groups
     assert t1.quiesced and q.following == 1
+
+
+def test_a_server_without_a_listed_group_says_so_and_its_leader_wakes_it() -> None:
+    """Server b lost its replica of t1 while t1's leader, here on a, slept: b answers a's
+    digest with `not_hosted`, and a wakes t1 with b counted as not heard from. A group a does
+    not lead, or a server that is not a member, wakes nothing."""
+    a, a_sent, _ = registry()
+    b, b_sent, _ = registry()
+    t1, t2 = FakeNode("t1", ("b", "c")), FakeNode("t2", ("c",))
+    a.register(t1)
+    a.register(t2)
+    t1.quiesced = t2.quiesced = True
+    a.lead("t1", term=3, commit=7, members=("b", "c"))
+    a.lead("t2", term=3, commit=7, members=("c",))
+    b.register(FakeNode("t9", ("a",)))  # b hosts another group with a, not t1
+    a.send_digests()
+    b.on_digest("a", a_sent.sent["b"][-1])
+    b.send_digests()
+    answer = b_sent.sent["a"][-1]
+    assert list(answer.not_hosted) == ["t1"]
+    b.send_digests()
+    assert list(b_sent.sent["a"][-1].not_hosted) == []  # said once per digest received
+    a.on_digest("b", answer)
+    assert t1.lost == ["b"] and not t1.quiesced and a.leading == 1
+    assert a.lost_replicas == 1
+    # t2 does not have b as a member: b's word about it is not taken.
+    a.on_digest("b", pb.QuiesceDigest(not_hosted=["t2"]))
+    assert t2.quiesced and t2.lost == []
+    # A server that hosts nothing answers too (its digest to a exists only for this).
+    empty, empty_sent, _ = registry()
+    empty.on_digest("a", a_sent.sent["b"][-1])
+    empty.send_digests()
+    assert list(empty_sent.sent["a"][-1].not_hosted) == ["t1"]
 
 
 def test_a_silent_leader_server_wakes_its_followers_as_suspects() -> None:

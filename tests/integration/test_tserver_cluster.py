@@ -487,7 +487,10 @@ def test_a_member_whose_replica_was_tombstoned_is_copied_back_by_the_leader(
                     leader = await _on_leader(client, uuids, probe_write)
                     n += 1
                     await _checksums(client, [victim], probes[-1].applied_index)
-                    # ... when its server loses the replica.
+                    # ... and, idle for longer than quiesce_idle_ms (1 s), the group has most
+                    # likely quiesced, its leader asleep, when the victim's server loses the
+                    # replica (quiesce.py: "A lost replica").
+                    await asyncio.sleep(3.0)
                     await client.admin(victim).DeleteTablet(
                         tpb.DeleteTabletRequestPB(
                             dest_uuid=victim,
