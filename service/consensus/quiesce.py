@@ -258,7 +258,7 @@ class Quiescence:
             if node is None:
                 self._missing.setdefault(src, set()).add(g.group_id)
                 continue
-            if node is not None and node.quiesce_follower(src, g.term, g.commit):
+            if node.quiesce_follower(src, g.term, g.commit):
                 self._following[g.group_id] = src
                 self._under.setdefault(src, set()).add(g.group_id)
         under = self._under.get(src)
