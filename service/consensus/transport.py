@@ -333,6 +333,9 @@ class GrpcTransport:
         self._members: dict[str, Callable[[], frozenset[str]]] = {}
         self.foreign_batches = 0
         """Batches dropped because their sender is not a member of the group (`deliver`)."""
+        self.on_foreign: Callable[[str, str], None] | None = None
+        """Told (group, sender) of each such batch: a tablet server checks whether the sender
+        is a member its replica's stale config does not know yet (service/tserver/vouch.py)."""
         self.quiescence: Quiescence | None = None
         """Set by a server whose groups quiesce (quiesce.py): digests received go to it."""
         self.sent = 0
@@ -508,7 +511,8 @@ class GrpcTransport:
                     # Not (or no longer) in this group's config: its votes and entries are
                     # not the group's business. Dropped, not refused: the same request may
                     # carry other groups' messages that it sends rightly (a replica removed
-                    # here and still a member elsewhere).
+                    # here and still a member elsewhere). `on_foreign` may find it is a member
+                    # this replica does not know of yet; its next batch is then taken.
                     self.foreign_batches += 1
                     foreign.append(batch.group_id)
                     continue
@@ -521,6 +525,9 @@ class GrpcTransport:
                     f"malformed raft message from {req.src_uuid} for group {batch.group_id!r}: {e}"
                 ) from e
             batches.append((deliver, msgs))
+        if foreign and self.on_foreign is not None:
+            for group_id in foreign:
+                self.on_foreign(group_id, req.src_uuid)
         if foreign and not batches:
             raise PermissionDenied(
                 f"raft messages from {req.src_uuid!r} for group(s) {sorted(foreign)[:3]} of "

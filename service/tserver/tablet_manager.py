@@ -53,6 +53,7 @@ from service.common.errors import (
 )
 from service.common.schema import Schema
 from service.common.schema_codec import partition_from_pb, schema_from_pb
+from service.consensus.node import RaftNode
 from service.consensus.transport import GrpcTransport
 from service.pb import common_pb2 as cpb
 from service.pb import master_pb2 as mpb
@@ -61,6 +62,7 @@ from service.raft import NodeId, RaftConfig
 from service.tserver import superblock as sbmod
 from service.tserver.superblock import DataState, Superblock
 from service.tserver.tablet import ReplicaState, TabletReplica, TabletSettings
+from service.tserver.vouch import Vouches
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,9 @@ class TabletManager:
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.listeners: list[Callable[[str], None]] = []
         self.create_gate = CreateGate(max_concurrent_creates, max_queued_creates)
+        self.vouches = Vouches(uuid, self._running_node, transport)
+        """Senders a stale replica takes as members on a member's word (vouch.py)."""
+        transport.on_foreign = self.vouches.on_foreign
 
     # --- startup -----------------------------------------------------------------------------
 
@@ -178,15 +183,33 @@ class TabletManager:
 
     async def start_replica(self, replica: TabletReplica) -> None:
         await replica.start()
-        if replica.node is not None:
+        node = replica.node
+        if node is not None:
+            tablet_id = replica.tablet_id
+            self.vouches.forget(tablet_id)
             self.transport.register(
-                replica.tablet_id,
-                replica.node.step,
-                replica.node.report_unreachable,
-                members=replica.node.config_members,
+                tablet_id,
+                node.step,
+                node.report_unreachable,
+                members=lambda: self.vouches.members(tablet_id, node),
             )
 
+    def members_of(self, replica: TabletReplica) -> frozenset[str]:
+        """Who counts as a member of the replica's Raft group here: its config's members and
+        the senders vouched for (vouch.py); empty when it has no Raft node."""
+        node = replica.node
+        if node is None:
+            return frozenset()
+        return self.vouches.members(replica.tablet_id, node)
+
+    def _running_node(self, tablet_id: str) -> RaftNode | None:
+        r = self.replicas.get(tablet_id)
+        if r is None or r.state is not ReplicaState.RUNNING:
+            return None
+        return r.node
+
     async def aclose(self) -> None:
+        await self.vouches.aclose()
         for replica in list(self.replicas.values()):
             self.transport.unregister(replica.tablet_id)
             await replica.aclose()
@@ -356,6 +379,7 @@ class TabletManager:
             # The commit point of the delete: written before any data goes (superblock.py).
             sbmod.save(replica.dir, sb)
             self.transport.unregister(tablet_id)
+            self.vouches.forget(tablet_id)
             await replica.aclose()
             replica.superblock = sb
             if new_state is DataState.DELETED:

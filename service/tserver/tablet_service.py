@@ -35,7 +35,6 @@ from service.common.pki import Identity
 from service.common.predicates import IS_DELETED, ScanSpec, predicates_from_pb
 from service.common.tls import INSECURE_PEER
 from service.common.tokens import Privilege, TokenVerifier
-from service.consensus.node import RaftNode
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
@@ -159,10 +158,11 @@ def check_scan_fields(ns: tpb.NewScanRequestPB, replica: TabletReplica) -> None:
             )
 
 
-def require_member(who: Identity, node: RaftNode | None, tablet_id: str, only: str) -> None:
-    """PermissionDenied unless `who` is a member (committed or pending config) of the tablet's
-    Raft group here (docs/design/security.md#R12); `only` says who may, for the message."""
-    if node is None or who.name not in node.config_members():
+def require_member(who: Identity, members: frozenset[str], tablet_id: str, only: str) -> None:
+    """PermissionDenied unless `who` is one of `members`: the committed or pending config of the
+    tablet's Raft group here, or a sender a member vouched for (`TabletManager.members_of`,
+    docs/design/security.md#R12); `only` says who may, for the message."""
+    if who.name not in members:
         raise PermissionDenied(f"{who} is not a member of tablet {tablet_id}'s Raft config: {only}")
 
 
@@ -356,7 +356,7 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
             if peer:
                 require_member(
                     who,
-                    r.node,
+                    tablets.members_of(r),
                     tid,
                     "only its peers, the masters and admins read its consensus state",
                 )
@@ -391,11 +391,10 @@ class AdminServicer(_Base, tpb_grpc.TabletServerAdminServiceServicer):
                     f"{who} may start a copy only from itself, not from {request.copy_peer_uuid!r}"
                 )
             replica = self.tablets.replicas.get(tablet_id)
-            node = replica.node if replica is not None else None
-            if node is not None:
+            if replica is not None and replica.node is not None:
                 require_member(
                     who,
-                    node,
+                    self.tablets.members_of(replica),
                     tablet_id,
                     "only the master, an admin or the tablet's own leader starts a copy of it",
                 )
@@ -450,10 +449,11 @@ class CopyServicer(_Base, tpb_grpc.TabletCopyServiceServicer):
                 )
             # Only a peer the tablet's config names copies it: the master (or the repair tool)
             # adds the new replica as a non-voter first, then it is told to copy.
-            members = self.tablets.get(check_tablet_id(request.tablet_id))
+            replica = self.tablets.get(check_tablet_id(request.tablet_id))
+            replica.running_node()
             require_member(
                 who,
-                members.running_node(),
+                self.tablets.members_of(replica),
                 request.tablet_id,
                 "only a replica the config names copies it",
             )
@@ -625,9 +625,10 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         replica = self.tablets.get(check_tablet_id(request.tablet_id))
         who = self._caller(context)
         if who is not INSECURE_PEER and who.role == "tserver":
+            replica.running_node()
             require_member(
                 who,
-                replica.running_node(),
+                self.tablets.members_of(replica),
                 request.tablet_id,
                 "only its followers ask its leader to move the safe time",
             )

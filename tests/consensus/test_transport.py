@@ -226,11 +226,20 @@ def test_only_members_of_a_group_may_send_it_messages(tmp_path: Path) -> None:
     members = {GROUP: frozenset({A, B}), "g2": frozenset[str]()}
     t.register(GROUP, g1.deliver, members=lambda: members[GROUP])
     t.register("g2", g2.deliver, members=lambda: members["g2"])
+    told: list[tuple[str, str]] = []
+    t.on_foreign = lambda group, sender: told.append((group, sender))
     outsider = "node-c"
     req = request(t, [heartbeat(frm=outsider)], src=outsider, src_instance="inc-c-1")
     with pytest.raises(PermissionDenied, match="not a member"):
         t.deliver(req)
     assert g1.batches == [] and t.foreign_batches == 1 and t.received == 0
+    # The refusal is told to the server, which may ask the members about the sender.
+    assert told == [(GROUP, outsider)]
+    members[GROUP] = frozenset({A, B, outsider})  # ... and a member vouched for it
+    t.deliver(req)
+    assert g1.messages == [heartbeat(frm=outsider)]
+    g1.batches.clear()
+    members[GROUP] = frozenset({A, B})
     # A group that knows no config yet (a node joining empty) hears from anyone; in one
     # request, the group the sender is foreign to is skipped and the other delivered.
     req.groups.add(group_id="g2").messages.append(message_to_pb(heartbeat(frm=outsider)))
@@ -239,6 +248,7 @@ def test_only_members_of_a_group_may_send_it_messages(tmp_path: Path) -> None:
     assert t.foreign_batches == 2
     t.deliver(request(t, [heartbeat()]))  # a member
     assert g1.messages == [heartbeat()]
+    assert told == [(GROUP, outsider)] * 2  # a member's batches are nobody's business
 
 
 def test_malformed_message_is_invalid_and_nothing_is_delivered(

@@ -12,6 +12,7 @@ security layer, not from the requests being malformed.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,10 +26,13 @@ from service.common.pki import ClusterPki, IdentityFiles
 from service.common.schema import ColumnType, Schema
 from service.common.schema_codec import partition_schema_to_pb, schema_to_pb
 from service.common.tls import Credentials, open_sync_channel
+from service.consensus.codec import message_to_pb
 from service.pb import consensus_pb2 as cpb
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc, tserver_pb2_grpc
 from service.pb import tserver_pb2 as tpb
+from service.pb.consensus_pb2_grpc import ConsensusServiceStub
+from service.raft.types import Message, MessageType, NodeId
 from service.testing.mini_cluster import MiniCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -353,6 +357,54 @@ def test_a_tablet_copy_session_only_for_tablet_servers(cluster: MiniCluster) -> 
             5,
         )
     assert isinstance(err, PermissionDenied) and "not a member" in err.message, err
+
+
+def test_raft_messages_from_a_stranger_stay_refused_after_the_members_are_asked(
+    cluster: MiniCluster,
+) -> None:
+    """A replica that is sent Raft messages by a server its config does not name asks its
+    members whether that server joined since (service/tserver/vouch.py). For a stranger no
+    member vouches: its heartbeat at a high term is refused before and after the asking, and
+    the replica's term does not move."""
+    with cluster.client() as c:
+        (token,) = c.scan_tokens("t")
+    replica = token.replicas[0]
+    server = cluster.tserver_by_uuid(replica.ts_uuid)
+
+    def term() -> int:
+        with open_sync_channel(replica.address, cluster.credentials(), role="tserver") as ch:
+            admin = tserver_pb2_grpc.TabletServerAdminServiceStub(ch)
+            resp = admin.GetConsensusState(
+                tpb.GetConsensusStateRequestPB(
+                    dest_uuid=replica.ts_uuid, tablet_ids=[token.tablet_id]
+                ),
+                timeout=5,
+            )
+        return resp.tablets[0].consensus_state.current_term
+
+    before = term()
+    beat = Message(
+        MessageType.HEARTBEAT,
+        to=NodeId(replica.ts_uuid),
+        frm=NodeId("ts-stranger"),
+        term=before + 100,
+    )
+    step = cpb.StepRequest(src_uuid="ts-stranger", dest_uuid=replica.ts_uuid)
+    step.groups.add(group_id=token.tablet_id).messages.append(message_to_pb(beat))
+    creds = _creds(cluster, "tserver", "ts-stranger")
+    refusals = []
+    deadline = time.monotonic() + 30
+    with open_sync_channel(replica.address, creds, role="tserver") as ch:
+        stub = ConsensusServiceStub(ch)
+        while not refusals or "no member vouched" not in server.log.read_text():
+            assert time.monotonic() < deadline, "the members were not asked"
+            refusals.append(_refused(stub.Step, step, 5))
+            time.sleep(0.2)
+        refusals.append(_refused(stub.Step, step, 5))  # asked, and still refused
+    assert all(isinstance(e, PermissionDenied) and "not a member" in e.message for e in refusals), (
+        refusals
+    )
+    assert term() == before
 
 
 def test_unauthenticated_is_its_own_status() -> None:

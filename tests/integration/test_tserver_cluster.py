@@ -526,6 +526,30 @@ async def _wait_voter(client: ClusterStubs, uuids: list[str], uuid: str) -> str:
         await asyncio.sleep(0.1)
 
 
+async def _join_and_lead(
+    cluster: MiniCluster, client: ClusterStubs, voters: list[str]
+) -> tuple[ServerProcess, list[str]]:
+    """A new server "ts-4" added to the tablet whose voters are `voters`, promoted, and made its
+    leader; (ts-4, the members now)."""
+    ts4 = cluster.add_tserver_slot("ts-4")
+    cluster.start_tserver("ts-4")
+    await _on_leader(client, voters, lambda ld: _add_peer(client, ld, ts4.uuid, ts4.address))
+    members = [*voters, ts4.uuid]
+    leader = await _wait_voter(client, members, ts4.uuid)
+    if leader != ts4.uuid:
+        await client.admin(leader).LeaderStepDown(
+            tpb.LeaderStepDownRequestPB(
+                dest_uuid=leader, tablet_id=TABLET, new_leader_uuid=ts4.uuid
+            ),
+            timeout=10,
+        )
+    deadline = time.monotonic() + 30
+    while await client.leader(members) != ts4.uuid:
+        assert time.monotonic() < deadline, "ts-4 did not take the lead"
+        await asyncio.sleep(0.1)
+    return ts4, members
+
+
 def test_a_copy_from_a_leader_that_joined_after_the_last_row_names_that_leader(
     tmp_path: Path,
 ) -> None:
@@ -547,24 +571,7 @@ def test_a_copy_from_a_leader_that_joined_after_the_last_row_names_that_leader(
                         write_request(ld, TABLET, rows(0, 2_000)), timeout=30
                     ),
                 )
-                ts4 = cluster.add_tserver_slot("ts-4")
-                cluster.start_tserver("ts-4")
-                await _on_leader(
-                    client, uuids, lambda ld: _add_peer(client, ld, ts4.uuid, ts4.address)
-                )
-                members = [*uuids, ts4.uuid]
-                leader = await _wait_voter(client, members, ts4.uuid)
-                if leader != ts4.uuid:
-                    await client.admin(leader).LeaderStepDown(
-                        tpb.LeaderStepDownRequestPB(
-                            dest_uuid=leader, tablet_id=TABLET, new_leader_uuid=ts4.uuid
-                        ),
-                        timeout=10,
-                    )
-                deadline = time.monotonic() + 30
-                while await client.leader(members) != ts4.uuid:
-                    assert time.monotonic() < deadline, "ts-4 did not take the lead"
-                    await asyncio.sleep(0.1)
+                ts4, members = await _join_and_lead(cluster, client, uuids)
                 ts5 = cluster.add_tserver_slot("ts-5")
                 cluster.start_tserver("ts-5")
                 await _add_peer(client, ts4.uuid, ts5.uuid, ts5.address)
@@ -574,6 +581,62 @@ def test_a_copy_from_a_leader_that_joined_after_the_last_row_names_that_leader(
                 )
                 sums = await _checksums(client, [*members, ts5.uuid], probe.applied_index)
                 assert sums == {(2_001, next(iter(sums))[1])}
+            finally:
+                await client.close()
+
+    asyncio.run(main())
+
+
+def test_a_replica_that_was_down_while_a_new_server_took_the_lead_follows_that_leader(
+    tmp_path: Path,
+) -> None:
+    """A follower is down while ts-4 joins the tablet and takes the lead. Restarted, its config
+    is the old one, which does not name ts-4, and a replica takes Raft messages (and copies)
+    only from members. A member its config names vouches for ts-4 (service/tserver/vouch.py),
+    so it follows its leader and catches up, instead of refusing it forever."""
+
+    async def main() -> None:
+        with MiniCluster(tmp_path) as cluster:
+            client = ClusterStubs(cluster, TABLET)
+            try:
+                uuids = await _create(cluster, client)
+                leader = await _on_leader(
+                    client,
+                    uuids,
+                    lambda ld: client.data(ld).Write(
+                        write_request(ld, TABLET, rows(0, 2_000)), timeout=30
+                    ),
+                )
+                stale = cluster.tserver_by_uuid(next(u for u in uuids if u != leader))
+                cluster.kill_tserver(stale.name)
+                client.forget(stale.uuid)
+                live = [u for u in uuids if u != stale.uuid]
+                ts4, members = await _join_and_lead(cluster, client, live)
+                await client.data(ts4.uuid).Write(
+                    write_request(ts4.uuid, TABLET, rows(2_000, 3_000)), timeout=30
+                )
+                cluster.start_tserver(stale.name)
+                probe = await client.data(ts4.uuid).Write(
+                    write_request(ts4.uuid, TABLET, rows(3_000, 3_001)), timeout=30
+                )
+                # The restarted replica answers UNAVAILABLE while it is replaced by a copy.
+                deadline = time.monotonic() + 90
+                while True:
+                    try:
+                        sums = await _checksums(client, [*members, stale.uuid], probe.applied_index)
+                        break
+                    except grpc.aio.AioRpcError as e:
+                        retry = e.code() in (
+                            grpc.StatusCode.UNAVAILABLE,
+                            grpc.StatusCode.DEADLINE_EXCEEDED,
+                        )
+                        if not retry or time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.2)
+                assert sums == {(3_001, next(iter(sums))[1])}, sums
+                assert (await _committed_peers(client, ts4.uuid))[stale.uuid].member_type == (
+                    mpb.VOTER
+                )
             finally:
                 await client.close()
 
