@@ -142,6 +142,7 @@ from service.consensus.fs import RealFileSystem
 from service.consensus.node import LeaderChange, NodeSettings, RaftNode
 from service.consensus.raft_store import RaftStore
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
+from service.consensus.vouch import Vouches
 from service.master.background_tasks import BackgroundSettings, BackgroundTasks
 from service.master.catalog_manager import CatalogManager, Replicate
 from service.master.catalog_records import CertAuthorityRecord
@@ -149,7 +150,12 @@ from service.master.catalog_settings import CatalogSettings
 from service.master.cert_issuer import CertIssuer
 from service.master.heartbeat import HeartbeatContext, ReportGate
 from service.master.heartbeat_pace import HeartbeatPace
-from service.master.master_membership import MasterMembership, MasterPeer, master_uuid
+from service.master.master_membership import (
+    MasterMembership,
+    MasterPeer,
+    list_masters_asker,
+    master_uuid,
+)
 from service.master.master_service import POLICY as MASTER_POLICY
 from service.master.master_service import MasterParts, MasterServicer
 from service.master.progress_clock import ProgressClock
@@ -226,6 +232,7 @@ class MasterServer:
         self.catalog: CatalogManager | None = None
         self.ts_manager: TSManager | None = None
         self.transport: GrpcTransport | None = None
+        self.vouches: Vouches | None = None
         self._server: grpc.aio.Server | None = None
         self._load_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -400,12 +407,22 @@ class MasterServer:
             settings=TxnSettings.from_config(config),
         )
         node.listeners.append(self._on_leader_change)
+        # A master whose config is stale (down while a master joined that leads now) takes
+        # the new leader on the word of a master its config names (consensus/vouch.py).
+        self.vouches = Vouches(
+            self.uuid,
+            lambda group: node if group == GROUP else None,
+            transport,
+            list_masters_asker(lambda: self.credentials),
+        )
+        transport.on_foreign = self.vouches.on_foreign
+        vouches = self.vouches
         transport.register(
             GROUP,
             node.step,
             node.report_unreachable,
             node.snapshot_sent,
-            members=node.config_members,
+            members=lambda: vouches.members(GROUP, node),
         )
         secure = creds is not None
         consensus_servicer = ConsensusServicer(
@@ -484,6 +501,8 @@ class MasterServer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._probe_task
         await self.loop_lag.aclose()
+        if self.vouches is not None:
+            await self.vouches.aclose()
         if self.node is not None:
             await self.node.aclose()
         if self.transport is not None:

@@ -49,6 +49,7 @@ that derives a new master's uuid, for every module that names masters.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -66,11 +67,14 @@ from service.common.errors import (
 from service.common.ids import NodeId
 from service.common.tls import Credentials, open_channel
 from service.consensus.node import RaftNode
+from service.consensus.vouch import CHECK_TIMEOUT_S, Ask, MemberView
 from service.pb import master_pb2 as pb
 from service.pb import master_pb2_grpc
 from service.raft import ConfigChangeType, Role
 
-__all__ = ["MasterMembership", "MasterPeer", "master_uuid"]
+__all__ = ["MasterMembership", "MasterPeer", "list_masters_asker", "master_uuid"]
+
+log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 3.0
 """Deadline of the ConnectToMaster asked of a master about to be added."""
@@ -264,3 +268,28 @@ def _left(deadline: float, what: str) -> float:
     if left <= 0:
         raise Timeout(f"out of time before {what}")
     return left
+
+
+def list_masters_asker(credentials: Callable[[], Credentials | None]) -> Ask:
+    """How a master asks another for its view of sys.catalog's group, so that a master whose
+    config is stale takes a new leader on a member's word (service/consensus/vouch.py):
+    ListMasters, with this master's credentials as of each call."""
+
+    async def ask(member: str, address: str, group: str) -> MemberView | None:
+        try:
+            async with open_channel(
+                address, credentials(), role="master", interceptors=error_mapping.INTERCEPTORS
+            ) as channel:
+                resp: pb.ListMastersResponsePB = await master_pb2_grpc.MasterServiceStub(
+                    channel
+                ).ListMasters(pb.ListMastersRequestPB(), timeout=CHECK_TIMEOUT_S)
+        except TesseraError as e:
+            log.debug("ListMasters at master %s: %s", member, e)
+            return None
+        members = {}
+        for entry in resp.masters:
+            a = entry.rpc_addresses[0] if entry.rpc_addresses else None
+            members[entry.instance.permanent_uuid] = f"{a.host}:{a.port}" if a and a.port else ""
+        return MemberView(resp.config_index, members)
+
+    return ask

@@ -687,7 +687,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
                 if progress is not None:
                     entry.committed_index = min(progress.match, st.commit)
             entries.append(entry)
-        return pb.ListMastersResponsePB(masters=entries)
+        return pb.ListMastersResponsePB(masters=entries, config_index=st.config.index)
 
     # --- heartbeats --------------------------------------------------------------------------
 

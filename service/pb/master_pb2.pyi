@@ -2001,16 +2001,22 @@ class ListMastersResponsePB(_message.Message):
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     MASTERS_FIELD_NUMBER: _builtins.int
+    CONFIG_INDEX_FIELD_NUMBER: _builtins.int
+    config_index: _builtins.int
+    """Log index of the config change that made the answering master's latest config (0: the
+    bootstrap config). A master whose own config is older learns of a newer member from it.
+    """
     @_builtins.property
     def masters(self) -> _containers.RepeatedCompositeFieldContainer[Global___ListMastersResponsePB.Entry]: ...
     def __init__(
         self,
         *,
         masters: _abc.Iterable[Global___ListMastersResponsePB.Entry] | None = ...,
+        config_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["masters", b"masters"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_index", b"config_index", "masters", b"masters"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

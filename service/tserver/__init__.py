@@ -15,7 +15,7 @@ Modules
     tablet              one replica: its Raft group, its row store, the state machine between
     superblock          a replica's identity and data state (READY, COPYING, TOMBSTONED, DELETED)
     tablet_copy         tablet copy: the leader's trigger, copy sessions, the destination's copy
-    vouch               a replica with a stale config takes a new leader on a member's word
+    vouch               how a replica asks a member about its group (consensus/vouch.py)
     rowstore            a tablet's rows: memstores over immutable sorted files
     rowstore_memstore   the in-memory half of the row store
     rowstore_files      the row store's files, key index and helpers

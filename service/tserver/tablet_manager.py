@@ -55,6 +55,7 @@ from service.common.schema import Schema
 from service.common.schema_codec import partition_from_pb, schema_from_pb
 from service.consensus.node import RaftNode
 from service.consensus.transport import GrpcTransport
+from service.consensus.vouch import Vouches
 from service.pb import common_pb2 as cpb
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
@@ -62,7 +63,7 @@ from service.raft import NodeId, RaftConfig
 from service.tserver import superblock as sbmod
 from service.tserver.superblock import DataState, Superblock
 from service.tserver.tablet import ReplicaState, TabletReplica, TabletSettings
-from service.tserver.vouch import Vouches
+from service.tserver.vouch import consensus_state_asker
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +130,13 @@ class TabletManager:
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.listeners: list[Callable[[str], None]] = []
         self.create_gate = CreateGate(max_concurrent_creates, max_queued_creates)
-        self.vouches = Vouches(uuid, self._running_node, transport)
-        """Senders a stale replica takes as members on a member's word (vouch.py)."""
+        self.vouches = Vouches(
+            uuid,
+            self._running_node,
+            transport,
+            consensus_state_asker(lambda: transport.credentials),
+        )
+        """Senders a stale replica takes as members on a member's word (consensus/vouch.py)."""
         transport.on_foreign = self.vouches.on_foreign
 
     # --- startup -----------------------------------------------------------------------------

@@ -203,3 +203,61 @@ def test_bad_membership_requests_are_refused_and_change_nothing(
         with pytest.raises(NotFound, match="no master"):
             client.run(remove("master-nobody", timeout=20))
         assert _voters(client) == before
+
+
+SLOW_ELECTIONS = {
+    **FAST_RAFT,
+    "raft.election_timeout_ms": "4000",
+    "raft.election_timeout_max_ms": "8000",
+}
+"""Masters that wait 4 s before they campaign: beside one with the fast timing, that one wins
+every election."""
+
+
+def test_a_master_down_while_a_new_master_joined_and_took_the_lead_follows_that_leader(
+    tmp_path: Path,
+) -> None:
+    """A master is down while master-4 is added and then wins an election. Restarted, its
+    config is the old one, which does not name master-4, and masters take Raft messages only
+    from members. A master its config names vouches for master-4 (service/consensus/vouch.py),
+    so it follows the new leader and catches up, and the group keeps its quorum when another
+    master goes: without it, the four masters would have only three that count."""
+    cluster = MiniCluster(tmp_path, num_tservers=1, master_overrides=FAST_RAFT)
+    with cluster:
+        masters = cluster.masters
+        leader, _ = masters.leader()
+        stale = next(s for s in masters.masters.values() if s.address != leader)
+        others = [s for s in masters.masters.values() if s is not stale]
+        masters.kill(stale.name)
+        with SyncClient(cluster.master_addresses, credentials=cluster.credentials()) as client:
+            _create(client, "before")
+            m4 = masters.add_master_slot("master-4")
+            masters.start_master("master-4", join=True)
+            masters.wait_ready(["master-4"])
+            client.run(client.client.add_master(m4.address, timeout=60))
+            added_at = _list_masters(masters, m4.address).config_index
+            # Every other master restarts with slow elections, so master-4 leads next.
+            masters.overrides = SLOW_ELECTIONS
+            live = [m4.address, *(s.address for s in others)]
+            for s in others:
+                cluster.restart(s.name)
+                masters.wait_ready([s.name])
+                masters.leader(among=live, timeout=60)
+            while (current := masters.leader(among=live, timeout=60)[0]) != m4.address:
+                cluster.restart(masters.by_address(current).name)
+            _create(client, "under-master-4")
+            cluster.start_server(stale.name)
+            _wait(
+                lambda: _list_masters(masters, stale.address).config_index >= added_at,
+                "the restarted master learning of master-4",
+                timeout=60,
+            )
+            assert "taken as a member" in stale.log.read_text()
+            # It counts toward the quorum now: with one more master gone, DDL still commits.
+            masters.kill(others[0].name)
+            _create(client, "after")
+            assert {t.name for t in client.call("list_tables")} >= {
+                "before",
+                "under-master-4",
+                "after",
+            }

@@ -1,6 +1,8 @@
-"""A stale replica's check of a sender its config does not name (service/tserver/vouch.py): who
+"""A stale node's check of a sender its config does not name (service/consensus/vouch.py): who
 vouches, for how long, and how often a sender is checked. The members' answers are given
-directly; tests/integration/test_tserver_cluster.py runs the whole thing on real servers."""
+directly (a tablet server's, built from GetConsensusState by service/tserver/vouch.py);
+tests/integration/test_tserver_cluster.py and test_master_membership.py run the whole thing on
+real servers."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ from typing import Any, cast
 
 from service.consensus.node import RaftNode
 from service.consensus.transport import GrpcTransport
+from service.consensus.vouch import MemberView, Vouches
 from service.pb import master_pb2 as mpb
 from service.raft import RaftConfig
-from service.tserver.vouch import Vouches
+from service.tserver.vouch import newest_view
 
 TABLET = "t" * 32
 SELF, A, B, NEW, STRANGER = "ts-self", "ts-a", "ts-b", "ts-new", "ts-stranger"
@@ -64,21 +67,23 @@ class _Harness:
         self.node = _Node(RaftConfig(frozenset({SELF, A, B}), index=own_index))
         self.transport = _Transport({A: "127.0.0.1:1", B: "127.0.0.1:2"})
         self.now = 100.0
+        self.answers = answers
+        self.asked: list[str] = []
+
+        async def ask(member: str, address: str, tablet_id: str) -> MemberView | None:
+            assert address == self.transport.addresses[member]
+            self.asked.append(member)
+            cs = self.answers.get(member)
+            return None if cs is None else newest_view(cs)
+
         self.vouches = Vouches(
             SELF,
             lambda tid: cast(RaftNode, self.node) if tid == TABLET else None,
             cast(GrpcTransport, self.transport),
+            ask,
             retry_s=3.0,
             clock=lambda: self.now,
         )
-        self.answers = answers
-        self.asked: list[str] = []
-
-        async def ask(member: str, tablet_id: str) -> Any:
-            self.asked.append(member)
-            return self.answers.get(member)
-
-        self.vouches._ask = ask  # type: ignore[method-assign]
 
     def members(self) -> frozenset[str]:
         return self.vouches.members(TABLET, cast(RaftNode, self.node))
@@ -161,10 +166,11 @@ def test_checks_at_once_are_bounded() -> None:
         h = _Harness({})
         gate = asyncio.Event()
 
-        async def slow(member: str, tablet_id: str) -> Any:
+        async def slow(member: str, address: str, tablet_id: str) -> MemberView | None:
             await gate.wait()
+            return None
 
-        h.vouches._ask = slow  # type: ignore[method-assign]
+        h.vouches.ask = slow
         for i in range(100):
             h.vouches.on_foreign(TABLET, f"ts-{i}")
         assert len(h.vouches._checks) == h.vouches.max_checks
