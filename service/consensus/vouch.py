@@ -19,9 +19,11 @@ again).
 
 This grants nothing new. A member could send the node forged entries itself, so its word about
 who else is a member is worth exactly as much as its own messages. A sender no member names
-stays refused. Checks are bounded: one at a time per (group, sender), none again for `retry_s`
-after one that did not vouch, and at most `max_checks` at once, so refused traffic from a
-hostile certificate holder cannot become a flood of calls to the members.
+stays refused. Checks are bounded: one at a time per sender (whatever the group), none for a
+sender within `retry_s` after one of its checks did not vouch (in any group), none again for the
+same (group, sender) within `retry_s`, and at most `max_checks` at once. So the refused traffic
+of a hostile certificate holder, however many groups it names, costs the members at most one
+check every `retry_s`, while a genuine new leader of many groups is checked group after group.
 """
 
 from __future__ import annotations
@@ -86,7 +88,11 @@ class Vouches:
         self._vouched: dict[str, dict[str, int]] = {}
         """group -> sender -> the config index of the view that named it."""
         self._last_check: dict[tuple[str, str], float] = {}
+        self._cooldown: dict[str, float] = {}
+        """sender -> no check before this time (one of its checks found no vouch)."""
         self._checks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._busy: set[str] = set()
+        """Senders with a check running."""
         self.vouched = 0
         """Senders admitted on a member's word (counted once per check that admitted)."""
         self.refused = 0
@@ -117,23 +123,30 @@ class Vouches:
         """A batch for `group_id` from `sender`, a non-member, was refused: check it (module
         docstring). Never raises; called on the transport's receive path."""
         key = (group_id, sender)
-        if key in self._checks or len(self._checks) >= self.max_checks:
+        if sender in self._busy or len(self._checks) >= self.max_checks:
             return
         now = self.clock()
+        if now < self._cooldown.get(sender, now):
+            return
         last = self._last_check.get(key)
         if last is not None and now - last < self.retry_s:
             return
         self._last_check[key] = now
-        if len(self._last_check) > 4 * self.max_checks:
-            # Forget old refusals so that the map stays small whatever the senders.
-            for k, t in list(self._last_check.items()):
-                if now - t >= self.retry_s:
-                    del self._last_check[k]
+        if len(self._last_check) > 4 * self.max_checks or len(self._cooldown) > 4 * self.max_checks:
+            # Forget what has run out, so that the maps stay small whatever the senders.
+            self._last_check = {k: t for k, t in self._last_check.items() if now - t < self.retry_s}
+            self._cooldown = {k: t for k, t in self._cooldown.items() if now < t}
         task = asyncio.get_running_loop().create_task(
             self._check(group_id, sender), name=f"vouch-{group_id}-{sender}"
         )
         self._checks[key] = task
-        task.add_done_callback(lambda _t: self._checks.pop(key, None))
+        self._busy.add(sender)
+
+        def done(_t: asyncio.Task[None]) -> None:
+            self._checks.pop(key, None)
+            self._busy.discard(sender)
+
+        task.add_done_callback(done)
 
     async def _check(self, group_id: str, sender: str) -> None:
         node = self.node_of(group_id)
@@ -165,6 +178,7 @@ class Vouches:
             )
             return
         self.refused += 1
+        self._cooldown[sender] = self.clock() + self.retry_s
         log.info(
             "group %s: raft messages from %s, which this node's config (index %d) does not "
             "name and no member vouched for: refused",

@@ -76,9 +76,10 @@ class _Harness:
             cs = self.answers.get(member)
             return None if cs is None else newest_view(cs)
 
+        self.hosted = {TABLET}
         self.vouches = Vouches(
             SELF,
-            lambda tid: cast(RaftNode, self.node) if tid == TABLET else None,
+            lambda tid: cast(RaftNode, self.node) if tid in self.hosted else None,
             cast(GrpcTransport, self.transport),
             ask,
             retry_s=3.0,
@@ -88,8 +89,8 @@ class _Harness:
     def members(self) -> frozenset[str]:
         return self.vouches.members(TABLET, cast(RaftNode, self.node))
 
-    async def refused(self, sender: str) -> None:
-        self.vouches.on_foreign(TABLET, sender)
+    async def refused(self, sender: str, tablet: str = TABLET) -> None:
+        self.vouches.on_foreign(tablet, sender)
         await asyncio.gather(*self.vouches._checks.values())
 
 
@@ -178,5 +179,38 @@ def test_checks_at_once_are_bounded() -> None:
         await asyncio.gather(*h.vouches._checks.values())
         assert not h.vouches._checks
         await h.vouches.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_stranger_naming_many_tablets_costs_one_check_per_interval() -> None:
+    async def main() -> None:
+        h = _Harness({A: _config(7, SELF, A, B), B: _config(7, SELF, A, B)})
+        tablets = [f"{i:032d}" for i in range(50)]
+        h.hosted.update(tablets)
+        for t in tablets:  # all at once: one check runs, the others are just refused
+            h.vouches.on_foreign(t, STRANGER)
+        assert len(h.vouches._checks) == 1
+        await asyncio.gather(*h.vouches._checks.values())
+        for t in tablets:  # then, within the interval, none
+            await h.refused(STRANGER, t)
+        assert h.asked == [A, B]
+        h.now += 3.0
+        for t in tablets:
+            await h.refused(STRANGER, t)
+        assert h.asked == [A, B] * 2
+
+    asyncio.run(main())
+
+
+def test_a_new_leader_of_many_tablets_is_vouched_for_in_each() -> None:
+    async def main() -> None:
+        h = _Harness({A: _config(7, SELF, A, B, NEW)})
+        tablets = [f"{i:032d}" for i in range(20)]
+        h.hosted.update(tablets)
+        for t in tablets:  # its batches to each, retried as a leader does
+            await h.refused(NEW, t)
+        assert all(NEW in h.vouches.members(t, cast(RaftNode, h.node)) for t in tablets)
+        assert h.vouches.vouched == 20 and h.asked == [A] * 20
 
     asyncio.run(main())
