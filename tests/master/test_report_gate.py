@@ -15,6 +15,7 @@ import pytest
 from service.common.config import MasterConfig
 from service.common.errors import InvalidArgument, NotTheLeader
 from service.common.ids import NodeId, TabletId
+from service.master import heartbeat
 from service.master.catalog_records import CatalogWrite
 from service.master.heartbeat import ReportGate, decode_report, read_report
 from service.master.report_processing import DeleteReplica, ReportAction, ReportPlan
@@ -268,14 +269,16 @@ def test_large_reports_are_read_a_few_at_a_time_and_the_rest_shed() -> None:
         ReportGate(max_reading=0)
 
 
-def _full_report(replicas: int, bad_at: int = -1) -> pb.TabletReportPB:
+def _full_report(replicas: int, bad_at: int = -1, same: bool = False) -> pb.TabletReportPB:
+    """`replicas` entries, each with its own consensus state (its own term) unless `same`; the
+    one at `bad_at` lists a peer twice."""
     report = pb.TabletReportPB(is_incremental=False, sequence_number=1)
     for i in range(replicas):
         t = report.updated_tablets.add(
             tablet_id=f"{i:032x}", state=pb.REPLICA_RUNNING, role=pb.FOLLOWER
         )
         cs = t.consensus_state
-        cs.current_term, cs.leader_uuid = 1, "ts-a"
+        cs.current_term, cs.leader_uuid = (1 if same else 1 + i), "ts-a"
         cs.committed_config.opid_index = 1
         for uuid in ("ts-a", "ts-b", "ts-c" if i != bad_at else "ts-a"):
             cs.committed_config.peers.add(permanent_uuid=uuid, member_type=pb.VOTER)
@@ -300,6 +303,41 @@ def test_a_large_report_is_decoded_while_the_loop_keeps_running() -> None:
     assert asyncio.run(main()) >= 2
     with pytest.raises(InvalidArgument, match=r"updated_tablets\[70\].consensus_state"):
         asyncio.run(read_report(_full_report(100, bad_at=70)))
+
+
+def test_a_consensus_state_reported_again_is_not_decoded_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same bytes decode once (heartbeat._consensus_state); what comes back equals a fresh
+    decode; a bad state fails every time, naming its own entry; the oldest are forgotten."""
+    calls = []
+    real = heartbeat.consensus_state_from_pb
+
+    def counted(cs: pb.ConsensusStatePB, path: str) -> Any:
+        calls.append(path)
+        return real(cs, path)
+
+    monkeypatch.setattr(heartbeat, "consensus_state_from_pb", counted)
+    monkeypatch.setattr(heartbeat, "_decoded_states", {})
+    same = _full_report(300, same=True)
+    got = decode_report(same)
+    assert len(calls) == 1 and all(e.consensus is got[0].consensus for e in got)
+    assert got[0].consensus == real(same.updated_tablets[0].consensus_state, "x")
+    for bad_at in (70, 70, 71):
+        with pytest.raises(InvalidArgument, match=rf"updated_tablets\[{bad_at}\].consensus"):
+            decode_report(_full_report(100, bad_at=bad_at, same=True))
+    monkeypatch.setattr(heartbeat, "DECODED_STATES_KEPT", 10)
+    many = _full_report(50)
+    heartbeat._decoded_states.clear()
+    calls.clear()
+    assert [e.consensus for e in decode_report(many)] == [
+        real(t.consensus_state, "x") for t in many.updated_tablets
+    ]
+    assert len(calls) == 50 and len(heartbeat._decoded_states) == 10
+    decode_report(many, only=range(40, 50))  # the last 10 are kept ...
+    assert len(calls) == 50
+    decode_report(many, only=[0])  # ... the first forgotten
+    assert len(calls) == 51
 
 
 def test_the_gate_defaults_are_the_master_configs() -> None:
