@@ -97,7 +97,9 @@ def test_a_report_that_waited_too_long_is_shed_and_a_late_slot_is_passed_on() ->
         assert not await gate.wait_reading()  # half the budget, then shed
         assert gate.shed == 1 and gate.reading == 1
         # A waiter cancelled (its heartbeat's caller hung up) right after it was handed the
-        # slot gives the slot to the next waiter.
+        # slot gives the slot to the next waiter. (A budget the waiters cannot outlive on a
+        # starved machine: with 0.1 s, a 50 ms stall of the loop shed them both.)
+        gate.budget_s = 60.0
         first = asyncio.ensure_future(gate.wait_reading())
         second = asyncio.ensure_future(gate.wait_reading())
         await asyncio.sleep(0.01)
