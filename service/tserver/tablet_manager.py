@@ -202,7 +202,7 @@ class TabletManager:
 
     def members_of(self, replica: TabletReplica) -> frozenset[str]:
         """Who counts as a member of the replica's Raft group here: its config's members and
-        the senders vouched for (vouch.py); empty when it has no Raft node."""
+        the senders vouched for (consensus/vouch.py); empty when it has no Raft node."""
         node = replica.node
         if node is None:
             return frozenset()
