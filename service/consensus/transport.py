@@ -334,8 +334,8 @@ class GrpcTransport:
         self.foreign_batches = 0
         """Batches dropped because their sender is not a member of the group (`deliver`)."""
         self.on_foreign: Callable[[str, str], None] | None = None
-        """Told (group, sender) of each such batch: a tablet server checks whether the sender
-        is a member its replica's stale config does not know yet (service/tserver/vouch.py)."""
+        """Told (group, sender) of each such batch: the server checks whether the sender is a
+        member that its node's stale config does not know yet (vouch.py)."""
         self.quiescence: Quiescence | None = None
         """Set by a server whose groups quiesce (quiesce.py): digests received go to it."""
         self.sent = 0
