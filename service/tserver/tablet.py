@@ -691,17 +691,7 @@ class TabletReplica:
                     return self._repeated(node, checked, done)
             if txn_id:
                 entry = txns.stage_entry(txn_id, req.txn_attempt, checked.entry)
-                try:
-                    result = await node.propose(entry, timeout=timeout)
-                except Aborted as e:
-                    # The entry lost its place in the log to a new leader's: nothing of it was
-                    # staged anywhere, so the writer may send it again to the new leader. Not
-                    # ABORTED, which a transaction's writer takes for a conflict that only
-                    # running the transaction again resolves.
-                    raise ServiceUnavailable(
-                        f"tablet {self.tablet_id}: {e.message}; send the write again to the "
-                        "new leader"
-                    ) from e
+                result = await self._propose_resendable(node, entry, timeout)
                 if isinstance(result, TxnRefusal):
                     refused = Aborted if result.conflict else FailedPrecondition
                     raise refused(f"tablet {self.tablet_id}: {result.reason}")
@@ -814,13 +804,27 @@ class TabletReplica:
                         "transactions with"
                     )
                 start_ts = await register(txn_id, self.tablet_id, writer, timeout)
-                await node.propose(txns.begin_entry(txn_id, start_ts, writer), timeout=timeout)
+                entry = txns.begin_entry(txn_id, start_ts, writer)
+                await self._propose_resendable(node, entry, timeout)
                 fut.set_result(None)
             except BaseException as e:
                 fut.set_exception(e if isinstance(e, Exception) else Timeout("cancelled"))
                 raise
             finally:
                 self._beginning.pop(txn_id, None)
+
+    async def _propose_resendable(self, node: RaftNode, entry: bytes, timeout: float) -> Any:
+        """`node.propose` for an entry of a transaction's write: its begin, or its staged rows.
+        An entry that loses its place in the log to a new leader's took effect nowhere, so the
+        writer may send the write again to the new leader: that is answered UNAVAILABLE, not
+        ABORTED, which a transaction's writer takes for a conflict that only running the
+        transaction again resolves (docs/design/transactions.md)."""
+        try:
+            return await node.propose(entry, timeout=timeout)
+        except Aborted as e:
+            raise ServiceUnavailable(
+                f"tablet {self.tablet_id}: {e.message}; send the write again to the new leader"
+            ) from e
 
     def _check_staging_room(self, txn_id: int, rows: int) -> None:
         """Staged rows live in memory until their transaction ends: refuse a write that
