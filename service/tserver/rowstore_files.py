@@ -175,8 +175,7 @@ class Source:
     as a snapshot at T sees it."""
 
     __slots__ = (
-        "_history_next",
-        "_history_ts",
+        "_history_by_rank",
         "deleted",
         "has_tombstones",
         "history",
@@ -207,8 +206,7 @@ class Source:
             )
             self.max_time = int(self.times.max())
         self.history = history if history is not None and history.num_rows else None
-        self._history_ts: np.ndarray | None = None
-        self._history_next: np.ndarray | None = None
+        self._history_by_rank: _ByRank | None = None
         self.history_index: KeyIndex | None = None
         if self.history is not None:
             hmax = pc.max(self.history.column(TS_COL)).as_py()
@@ -233,42 +231,39 @@ class Source:
         itself when every version is old enough: a snapshot of data that stopped changing
         before it costs nothing.
 
-        Cost: the view is one `take` of its rows. A history row is the version a snapshot
-        at `at` sees exactly when it was committed at or before `at` and the key's next newer
-        version (the history row before it, or the key's row in `table`) after `at`; that
-        next timestamp is worked out once per source (`_next_times`), so choosing the rows is
-        two vectorized comparisons over the history, whatever its keys. `columns` (physical
-        names; the key and deletion flag always come along): only these are copied, what a
-        scan's projection needs."""
+        A history row is the version a snapshot at `at` sees exactly when it was committed at
+        or before `at` and its key's next newer version after `at`, so choosing the rows is two
+        vectorized comparisons over the history. The chosen rows are read from the history
+        laid out by rank (`_ByRank`): when they all have one rank they are in key order
+        already, and often one contiguous slice, which costs no copy; otherwise they are put
+        in key order with the rows kept from `table`. `columns` (physical names; the key and
+        deletion flag always come along): only these are copied, what a scan's projection
+        needs."""
         if self.max_time <= at:
             return self
         times = self.times
         assert times is not None  # max_time > 0 needs timestamps
         visible = times <= at
         keep_base = np.flatnonzero(visible)
-        hist = self.history
-        hidx = self.history_index
-        take_hist = np.zeros(0, dtype=np.int64)
-        if hist is not None and hidx is not None and not visible.all():
-            ht = self._history_times()
-            chosen_mask = ht <= at
-            chosen_mask &= self._next_times() > at
-            take_hist = np.flatnonzero(chosen_mask)
         base = self.table
         if columns is not None:
             wanted = {KEY_COL, DEL_COL, *columns}
             base = base.select([n for n in base.column_names if n in wanted])
+        if self.history is None or visible.all():
+            return Source(take_sorted(base, keep_base))
+        by_rank = self._by_rank()
+        chosen_mask = by_rank.times <= at
+        chosen_mask &= by_rank.next_times > at
+        take_hist = np.flatnonzero(chosen_mask)
         if not len(take_hist):
             return Source(take_sorted(base, keep_base))
-        assert hist is not None and hidx is not None
-        hist = self._gatherable_history()
-        hist = hist.select([n for n in hist.column_names if n in base.column_names])
-        chosen = conform_like(take_sorted(hist, take_hist), base)
-        if not len(keep_base):
-            return Source(chosen)  # history rows chosen in history order: by key already
+        chosen, one_rank = by_rank.gather(take_hist, base.column_names)
+        chosen = conform_like(chosen, base)
+        if not len(keep_base) and one_rank:
+            return Source(chosen)  # one rank's rows: in key order
         kept = take_sorted(base, keep_base)
         both = pa.concat_tables([kept, chosen])
-        keys = _keys_of(self.index, hidx, keep_base, take_hist)
+        keys = _keys_of(self.index, self.history_index, keep_base, by_rank.rows[take_hist])
         if isinstance(keys, np.ndarray):
             order = np.argsort(keys, kind="stable")
         else:
@@ -285,68 +280,132 @@ class Source:
             return self
         return Source(take_sorted(self.table, np.flatnonzero(newer)))
 
-    def _next_times(self) -> np.ndarray:
-        """For each history row, the commit timestamp of its key's next newer version: the
-        history row before it when that row has the same key (a key's versions are newest
-        first), else the key's newest version, its row in `table` (every key of the history
-        has one). Built once, at the first snapshot read of this source (a source never
-        changes); 8 bytes per history row."""
-        if self._history_next is None:
+    def _by_rank(self) -> _ByRank:
+        """The history's rank layout, built at the first snapshot read that needs it (a source
+        never changes)."""
+        if self._history_by_rank is None:
             hidx = self.history_index
-            assert hidx is not None and self.times is not None
-            ht = self._history_times()
-            hk = hidx.ordered()
-            bk = self.index.ordered()
-            if hk is not None and bk is not None and hk.dtype == bk.dtype:
-                starts = np.ones(hidx.n, dtype=bool)
-                starts[1:] = hk[1:] != hk[:-1]
-                base_row = np.searchsorted(bk, hk[starts])
-            else:
-                hlist, blist = hidx.keys(), self.index.keys()
-                starts = np.fromiter(
-                    (i == 0 or hlist[i] != hlist[i - 1] for i in range(hidx.n)),
-                    dtype=bool,
-                    count=hidx.n,
-                )
-                at_base = {k: i for i, k in enumerate(blist)}
-                base_row = np.fromiter(
-                    (at_base[hlist[i]] for i in np.flatnonzero(starts).tolist()), dtype=np.int64
-                )
-            nxt = np.empty_like(ht)
-            nxt[1:] = ht[:-1]
-            nxt[starts] = self.times[base_row]
-            self._history_next = nxt
-        return self._history_next
+            assert self.history is not None and hidx is not None and self.times is not None
+            self._history_by_rank = _ByRank(self.history, hidx, self.index, self.times)
+        return self._history_by_rank
 
-    def _gatherable_history(self) -> pa.Table:
-        """The history with one chunk per column, made at the first snapshot read that takes
-        rows from it. A snapshot gathers scattered history rows, and a take over a file's
-        memory-mapped record batches (one per 65,536 rows) costs a third more than over one
-        chunk (measured on 200,000 of 1.8 million rows). The copy replaces the mapped history
-        (same content; readers holding the old one are unaffected), so a source that is read
-        at snapshots keeps its history in memory once, and one that never is keeps it mapped."""
-        hist = self.history
-        assert hist is not None
-        if any(c.num_chunks > 1 for c in hist.columns):
-            hist = hist.combine_chunks()
-            self.history = hist
-        return hist
 
-    def _history_times(self) -> np.ndarray:
-        """The history rows' commit timestamps, built once (a source never changes)."""
-        assert self.history is not None
-        if self._history_ts is None:
-            self._history_ts = np.asarray(
-                self.history.column(TS_COL).to_numpy(zero_copy_only=False), dtype=np.uint64
+RANK_LOOP_MAX = 4096
+"""`_rank_order` lists ranks one by one up to this many (a few microseconds each), and sorts
+by rank beyond it (a key changed that often within the history's age)."""
+
+
+def _rank_order(starts: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The positions of `n` history rows ordered by rank and then key, and the bounds of each
+    rank's run; `starts` are the positions where a key's versions begin (the rank-0 rows)."""
+    counts = np.diff(np.append(starts, n))
+    top = int(counts.max()) if len(counts) else 0
+    if top <= RANK_LOOP_MAX:
+        pieces, at, alive = [], starts, counts
+        for rank in range(top):  # rank r: the keys with more than r versions, at start + r
+            pieces.append(at + rank)
+            more = alive > rank + 1
+            at, alive = at[more], alive[more]
+        rows = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+        bounds = np.cumsum([0] + [len(p) for p in pieces])
+        return rows.astype(np.int64), bounds.astype(np.int64)
+    positions = np.arange(n, dtype=np.int64)
+    first = np.zeros(n, dtype=np.int64)
+    first[starts] = starts
+    ranks = positions - np.maximum.accumulate(first)
+    rows = np.argsort(ranks, kind="stable")  # stable: one rank's rows stay in key order
+    return rows, np.searchsorted(ranks[rows], np.arange(top + 1))
+
+
+class _ByRank:
+    """A source's history ordered for snapshot reads: by rank, then key.
+
+    A history row's *rank* is how many newer versions of its key the history holds (0: the
+    version the key's row in `table` superseded). A snapshot at T takes at most one version of
+    a key, and for keys that changed equally often since T (a table updated in rounds, keys
+    updated at one rate) that is one rank: rows that lie together, in key order. In key order
+    the same rows are scattered over the whole history, and gathering them touched nearly every
+    cache line of it (200,000 of 1.8 million rows: about 15 ms, most of what a snapshot read
+    cost beyond a read of the newest rows).
+
+    Per history row, in this order: `rows`, its position in the history (key order);
+    `times`, its commit timestamp; `next_times`, that of its key's next newer version (the row
+    before it in key order when that has the same key, since a key's versions are newest
+    first, else the key's row in `table`, which every key of the history has). 24 bytes per
+    row. The rows themselves are copied out of the memory-mapped history one rank at a time,
+    at the first read that takes rows of that rank (`block`), so memory holds only the ranks
+    that snapshots read; the history itself stays as it is, in key order, for compaction."""
+
+    __slots__ = ("_blocks", "_history", "bounds", "next_times", "rows", "times")
+
+    def __init__(
+        self, history: pa.Table, hidx: KeyIndex, index: KeyIndex, base_times: np.ndarray
+    ) -> None:
+        n = hidx.n
+        ht = np.asarray(history.column(TS_COL).to_numpy(zero_copy_only=False), dtype=np.uint64)
+        hk = hidx.ordered()
+        bk = index.ordered()
+        if hk is not None and bk is not None and hk.dtype == bk.dtype:
+            starts = np.ones(n, dtype=bool)
+            starts[1:] = hk[1:] != hk[:-1]
+            base_row = np.searchsorted(bk, hk[starts])
+        else:
+            hlist, blist = hidx.keys(), index.keys()
+            starts = np.fromiter(
+                (i == 0 or hlist[i] != hlist[i - 1] for i in range(n)), dtype=bool, count=n
             )
-        return self._history_ts
+            at_base = {k: i for i, k in enumerate(blist)}
+            base_row = np.fromiter(
+                (at_base[hlist[i]] for i in np.flatnonzero(starts).tolist()), dtype=np.int64
+            )
+        nxt = np.empty_like(ht)
+        nxt[1:] = ht[:-1]
+        nxt[starts] = base_times[base_row]
+        self.rows, self.bounds = _rank_order(np.flatnonzero(starts), n)
+        """`bounds`: rank r's rows are [bounds[r], bounds[r + 1])."""
+        self.times = ht[self.rows]
+        self.next_times = nxt[self.rows]
+        self._history = history
+        self._blocks: dict[int, pa.Table] = {}
+
+    def block(self, rank: int) -> pa.Table:
+        """The history rows of one rank, in key order, copied at the first read that needs
+        them (one pass over the history in increasing positions)."""
+        got = self._blocks.get(rank)
+        if got is None:
+            lo, hi = int(self.bounds[rank]), int(self.bounds[rank + 1])
+            got = take_sorted(self._history, self.rows[lo:hi]).combine_chunks()
+            self._blocks[rank] = got
+        return got
+
+    def gather(self, chosen: np.ndarray, columns: Sequence[str]) -> tuple[pa.Table, bool]:
+        """The rows at `chosen` (increasing positions in this order), only `columns`, and
+        whether they are in key order (all of one rank)."""
+        bounds = self.bounds
+        first = int(np.searchsorted(bounds, chosen[0], "right")) - 1
+        last = int(np.searchsorted(bounds, chosen[-1], "right")) - 1
+        pieces = []
+        for rank in range(first, last + 1):
+            lo, hi = np.searchsorted(chosen, bounds[rank : rank + 2])
+            if hi == lo:
+                continue
+            local = chosen[lo:hi] - bounds[rank]
+            blk = self.block(rank)
+            blk = blk.select([n for n in blk.column_names if n in columns])
+            if int(local[-1] - local[0]) + 1 == len(local):
+                pieces.append(blk.slice(int(local[0]), len(local)))  # contiguous: no copy
+            else:
+                pieces.append(take_sorted(blk, local))
+        got = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+        return got, first == last
 
 
 def _keys_of(
-    index: KeyIndex, hidx: KeyIndex, base_rows: np.ndarray, hist_rows: np.ndarray
+    index: KeyIndex, hidx: KeyIndex | None, base_rows: np.ndarray, hist_rows: np.ndarray
 ) -> np.ndarray | list[bytes]:
-    """The keys of the chosen base rows then history rows: a numpy array when every key has
-    one width, else a list."""
+    """The keys of the chosen base rows then history rows (positions in key order, any
+    order): a numpy array when every key has one width, else a list."""
+    assert hidx is not None
     bk = index.ordered()
     hk = hidx.ordered()
     if bk is not None and hk is not None and bk.dtype == hk.dtype:
