@@ -235,8 +235,9 @@ class Source:
         or before `at` and its key's next newer version after `at`, so choosing the rows is two
         vectorized comparisons over the history. The chosen rows are read from the history
         laid out by rank (`_ByRank`): when they all have one rank they are in key order
-        already, and often one contiguous slice, which costs no copy; otherwise they are put
-        in key order with the rows kept from `table`. `columns` (physical names; the key and
+        already, and often one contiguous slice, which costs no copy; rows of several ranks
+        are gathered in key order from the history itself (memory-mapped), as before that
+        layout existed. `columns` (physical names; the key and
         deletion flag always come along): only these are copied, what a scan's projection
         needs."""
         if self.max_time <= at:
@@ -257,18 +258,28 @@ class Source:
         take_hist = np.flatnonzero(chosen_mask)
         if not len(take_hist):
             return Source(take_sorted(base, keep_base))
-        chosen, one_rank = by_rank.gather(take_hist, base.column_names)
-        chosen = conform_like(chosen, base)
-        if not len(keep_base) and one_rank:
-            return Source(chosen)  # one rank's rows: in key order
+        hist_rows = by_rank.rows[take_hist]
+        if by_rank.one_rank(take_hist):
+            chosen = conform_like(by_rank.gather(take_hist, base.column_names), base)
+            if not len(keep_base):
+                return Source(chosen)  # one rank's rows: in key order
+        else:
+            # Several ranks: gathered in key order straight from the history.
+            in_key_order = np.zeros(len(by_rank.rows), dtype=bool)
+            in_key_order[hist_rows] = True
+            hist_rows = np.flatnonzero(in_key_order)
+            hist = self.history.select(
+                [n for n in self.history.column_names if n in base.column_names]
+            )
+            chosen = conform_like(take_sorted(hist, hist_rows), base)
         kept = take_sorted(base, keep_base)
         both = pa.concat_tables([kept, chosen])
-        keys = _keys_of(self.index, self.history_index, keep_base, by_rank.rows[take_hist])
+        keys = _keys_of(self.index, self.history_index, keep_base, hist_rows)
         if isinstance(keys, np.ndarray):
-            order = np.argsort(keys, kind="stable")
+            order = np.argsort(keys, kind="stable")  # two sorted runs
         else:
             order = np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
-        return Source(both.take(pa.array(order)))
+        return Source(take_sorted(both.combine_chunks(), order))
 
     def newer_than(self, since: int) -> Source:
         """This source's rows committed after `since` (its history left out: a diff reads a
@@ -334,7 +345,8 @@ class _ByRank:
     first, else the key's row in `table`, which every key of the history has). 24 bytes per
     row. The rows themselves are copied out of the memory-mapped history one rank at a time,
     at the first read that takes rows of that rank (`block`), so memory holds only the ranks
-    that snapshots read; the history itself stays as it is, in key order, for compaction."""
+    that snapshots read; the history itself stays as it is, in key order, for compaction and
+    for snapshots spread over several ranks."""
 
     __slots__ = ("_blocks", "_history", "bounds", "next_times", "rows", "times")
 
@@ -378,26 +390,22 @@ class _ByRank:
             self._blocks[rank] = got
         return got
 
-    def gather(self, chosen: np.ndarray, columns: Sequence[str]) -> tuple[pa.Table, bool]:
-        """The rows at `chosen` (increasing positions in this order), only `columns`, and
-        whether they are in key order (all of one rank)."""
-        bounds = self.bounds
-        first = int(np.searchsorted(bounds, chosen[0], "right")) - 1
-        last = int(np.searchsorted(bounds, chosen[-1], "right")) - 1
-        pieces = []
-        for rank in range(first, last + 1):
-            lo, hi = np.searchsorted(chosen, bounds[rank : rank + 2])
-            if hi == lo:
-                continue
-            local = chosen[lo:hi] - bounds[rank]
-            blk = self.block(rank)
-            blk = blk.select([n for n in blk.column_names if n in columns])
-            if int(local[-1] - local[0]) + 1 == len(local):
-                pieces.append(blk.slice(int(local[0]), len(local)))  # contiguous: no copy
-            else:
-                pieces.append(take_sorted(blk, local))
-        got = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
-        return got, first == last
+    def one_rank(self, chosen: np.ndarray) -> bool:
+        """Whether the rows at `chosen` (increasing positions in this order) are all of one
+        rank."""
+        first, last = np.searchsorted(self.bounds, chosen[[0, -1]], "right")
+        return bool(first == last)
+
+    def gather(self, chosen: np.ndarray, columns: Sequence[str]) -> pa.Table:
+        """The rows at `chosen`, increasing positions in this order all of one rank, with only
+        `columns`: in key order."""
+        rank = int(np.searchsorted(self.bounds, chosen[0], "right")) - 1
+        local = chosen - self.bounds[rank]
+        blk = self.block(rank)
+        blk = blk.select([n for n in blk.column_names if n in columns])
+        if int(local[-1] - local[0]) + 1 == len(local):
+            return blk.slice(int(local[0]), len(local))  # contiguous: no copy
+        return take_sorted(blk, local)
 
 
 def _keys_of(
@@ -415,9 +423,10 @@ def _keys_of(
 
 
 def take_sorted(table: pa.Table, positions: np.ndarray) -> pa.Table:
-    """`table.take(positions)` for increasing positions, one take per record batch: a take on
-    the many-chunked table of a file costs a chunk lookup per row and per column (1.5x as
-    long for a snapshot's 200,000 rows of a 28-batch history)."""
+    """`table.take(positions)`, for increasing positions (any order when every column has one
+    chunk), one take per record batch: a take on the many-chunked table of a file costs a
+    chunk lookup per row and per column (1.5x as long for a snapshot's 200,000 rows of a
+    28-batch history)."""
     if all(c.num_chunks == 1 for c in table.columns):
         # Column by column: `Table.take` on one chunk costs half as much again (measured on
         # 200,000 of 1.8 million history rows, 5 columns: 7.9 ms against 4.4 ms).
