@@ -10,6 +10,15 @@ checked against a data file (all AlreadyExists).
 Scan: the same rows flushed to one file (empty memstore, the fast path), scanned in full,
 compared with `pyarrow.parquet.read_table` of the same rows from a local Parquet file written
 with pyarrow's defaults, in the same run. The product goal is a ratio of at most 2.
+
+Versions (`--versions-rows`, 200,000 by default; 0 skips it): a second store whose keys are
+upserted in 10 rounds, flushed after each and compacted into one file with its history, in two
+shapes: *rounds*, every key in every round (each key's snapshot version has the same rank in the
+history, the best case), and *random*, every key in the first round and a random half of them
+in each later one (keys changed at different rates). Each is scanned in full at the newest rows
+and at a snapshot after round 5, every batch serialized as a scanner does; the figures are CPU
+seconds of this process (best of 15, the first apart), so that other work on the machine
+moves them less than it moves wall time.
 """
 
 from __future__ import annotations
@@ -46,11 +55,75 @@ def _best(fn: object, repeat: int = 3) -> float:
     return min(times)
 
 
+def _cpu_best(fn: object, repeat: int = 15) -> tuple[float, float]:
+    """(best, first) CPU seconds of `repeat` calls of `fn`."""
+    assert callable(fn)
+    times = []
+    for _ in range(repeat):
+        t0 = time.process_time()
+        fn()
+        times.append(time.process_time() - t0)
+    return min(times), times[0]
+
+
+def versions(n: int, shape: str, tmp: Path) -> None:
+    """The versions figure of one shape (module docstring)."""
+    schema = Schema.build(
+        [("id", ColumnType.INT64), ("name", ColumnType.STRING), ("x", ColumnType.DOUBLE)], "id"
+    )
+    rng = np.random.default_rng(2)
+    ids = np.arange(n, dtype=np.int64)
+    names = pa.array([f"name-{i}" for i in ids])
+    store = RowStore.create(tmp / f"versions-{shape}", schema)
+    index = ts = at = 0
+    for rnd in range(1, 11):
+        keys = ids if shape == "rounds" or rnd == 1 else np.sort(rng.permutation(n)[: n // 2])
+        for lo in range(0, len(keys), 10_000):
+            part = keys[lo : lo + 10_000]
+            t = pa.table(
+                {"id": part, "name": names.take(pa.array(part)), "x": np.full(len(part), rnd)}
+            )
+            batch = decode_write(schema, _ipc(t), RowOp.UPSERT, []).encode()
+            index += 1
+            ts += 1
+            store.apply_write(index, WriteBatch.decode(batch, schema), ts)
+        if rnd == 5:
+            at = ts
+        store.flush()
+    store.compact()
+
+    def scan(read_at: int | None) -> None:
+        rows = 0
+        for b in store.scan(ScanSpec(read_at=read_at)):
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, b.schema) as w:
+                w.write_batch(b)
+            rows += b.num_rows
+        assert rows == n
+
+    latest, _ = _cpu_best(lambda: scan(None))
+    snap, snap_first = _cpu_best(lambda: scan(at))
+    print(
+        f"versions ({shape}): {n:,} rows, {store.history_rows():,} in history; CPU of a full "
+        f"scan at the newest rows {latest * 1e3:.1f} ms, at a snapshot after round 5 "
+        f"{snap * 1e3:.1f} ms (first {snap_first * 1e3:.1f} ms): ratio {snap / latest:.2f}"
+    )
+    store.close()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--versions-rows", type=int, default=200_000)
+    ap.add_argument("--versions-only", action="store_true", help="only the versions figures")
     args = ap.parse_args(argv)
+    if args.versions_rows:
+        with tempfile.TemporaryDirectory() as tmp:
+            for shape in ("rounds", "random"):
+                versions(args.versions_rows, shape, Path(tmp))
+    if args.versions_only:
+        return
     n, size = args.rows, args.batch
     schema = Schema.build(
         [("id", ColumnType.INT64), ("name", ColumnType.STRING), ("x", ColumnType.DOUBLE)], "id"

@@ -233,13 +233,11 @@ class Source:
 
         A history row is the version a snapshot at `at` sees exactly when it was committed at
         or before `at` and its key's next newer version after `at`, so choosing the rows is two
-        vectorized comparisons over the history. The chosen rows are read from the history
-        laid out by rank (`_ByRank`): when they all have one rank they are in key order
-        already, and often one contiguous slice, which costs no copy; rows of several ranks
-        are gathered in key order from the history itself (memory-mapped), as before that
-        layout existed. `columns` (physical names; the key and
-        deletion flag always come along): only these are copied, what a scan's projection
-        needs."""
+        vectorized comparisons over the history. When the chosen rows all have one rank they
+        are read from that rank's copy (`_ByRank`), in key order and often as one slice;
+        otherwise they are gathered from the history itself. `columns` (physical names; the
+        key and deletion flag always come along): only these are copied, what a scan's
+        projection needs."""
         if self.max_time <= at:
             return self
         times = self.times
@@ -255,28 +253,23 @@ class Source:
         by_rank = self._by_rank()
         chosen_mask = by_rank.times <= at
         chosen_mask &= by_rank.next_times > at
-        take_hist = np.flatnonzero(chosen_mask)
-        if not len(take_hist):
+        hist_rows = np.flatnonzero(chosen_mask)
+        if not len(hist_rows):
             return Source(take_sorted(base, keep_base))
-        hist_rows = by_rank.rows[take_hist]
-        if by_rank.one_rank(take_hist):
-            chosen = conform_like(by_rank.gather(take_hist, base.column_names), base)
+        one_rank = by_rank.one_rank(hist_rows)
+        if one_rank is not None:
+            chosen = conform_like(by_rank.gather(one_rank, hist_rows, base.column_names), base)
             if not len(keep_base):
                 return Source(chosen)  # one rank's rows: in key order
-        else:
-            # Several ranks: gathered in key order straight from the history.
-            in_key_order = np.zeros(len(by_rank.rows), dtype=bool)
-            in_key_order[hist_rows] = True
-            hist_rows = np.flatnonzero(in_key_order)
-            hist = self.history.select(
-                [n for n in self.history.column_names if n in base.column_names]
-            )
+        else:  # several ranks: gathered in key order from the history itself
+            hist = self._gatherable_history()
+            hist = hist.select([n for n in hist.column_names if n in base.column_names])
             chosen = conform_like(take_sorted(hist, hist_rows), base)
         kept = take_sorted(base, keep_base)
         both = pa.concat_tables([kept, chosen])
         keys = _keys_of(self.index, self.history_index, keep_base, hist_rows)
         if isinstance(keys, np.ndarray):
-            order = np.argsort(keys, kind="stable")  # two sorted runs
+            order = np.argsort(keys, kind="stable")
         else:
             order = np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
         return Source(take_sorted(both.combine_chunks(), order))
@@ -290,6 +283,19 @@ class Source:
         if newer.all():
             return self
         return Source(take_sorted(self.table, np.flatnonzero(newer)))
+
+    def _gatherable_history(self) -> pa.Table:
+        """The history with one chunk per column, made at the first snapshot read that gathers
+        rows of several ranks from it: a take over a file's memory-mapped record batches (one
+        per 65,536 rows) costs a third more than over one chunk (measured on 200,000 of 1.8
+        million rows). The copy replaces the mapped history (same content; readers holding the
+        old one are unaffected)."""
+        hist = self.history
+        assert hist is not None
+        if any(c.num_chunks > 1 for c in hist.columns):
+            hist = hist.combine_chunks()
+            self.history = hist
+        return hist
 
     def _by_rank(self) -> _ByRank:
         """The history's rank layout, built at the first snapshot read that needs it (a source
@@ -329,26 +335,27 @@ def _rank_order(starts: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _ByRank:
-    """A source's history ordered for snapshot reads: by rank, then key.
+    """What a source's snapshot reads choose history rows with, and its history by rank.
 
     A history row's *rank* is how many newer versions of its key the history holds (0: the
     version the key's row in `table` superseded). A snapshot at T takes at most one version of
     a key, and for keys that changed equally often since T (a table updated in rounds, keys
-    updated at one rate) that is one rank: rows that lie together, in key order. In key order
-    the same rows are scattered over the whole history, and gathering them touched nearly every
-    cache line of it (200,000 of 1.8 million rows: about 15 ms, most of what a snapshot read
-    cost beyond a read of the newest rows).
+    updated at one rate) that is one rank. Those rows lie scattered over the whole history, in
+    key order, and gathering them touched nearly every cache line of it (200,000 of 1.8
+    million rows: about 10 ms, most of what such a snapshot read cost beyond a read of the
+    newest rows). So a rank's rows are copied out, in key order, at the first read that takes
+    rows of that rank (`block`): a later read of that rank takes a run of them, often a
+    contiguous slice, which costs no copy. Memory holds only the ranks snapshots read. Rows
+    of several ranks are gathered from the history itself, in key order, as before ranks
+    (`Source._gatherable_history`): at worst a source read both ways holds its history twice.
 
-    Per history row, in this order: `rows`, its position in the history (key order);
-    `times`, its commit timestamp; `next_times`, that of its key's next newer version (the row
-    before it in key order when that has the same key, since a key's versions are newest
-    first, else the key's row in `table`, which every key of the history has). 24 bytes per
-    row. The rows themselves are copied out of the memory-mapped history one rank at a time,
-    at the first read that takes rows of that rank (`block`), so memory holds only the ranks
-    that snapshots read; the history itself stays as it is, in key order, for compaction and
-    for snapshots spread over several ranks."""
+    Per history row, in key order (the history's): `times`, its commit timestamp;
+    `next_times`, that of its key's next newer version (the row before it when that has the
+    same key, since a key's versions are newest first, else the key's row in `table`, which
+    every key of the history has); `ranks`; `places`, its place in its rank's block. 22 bytes
+    per row while ranks stay under 65,536."""
 
-    __slots__ = ("_blocks", "_history", "bounds", "next_times", "rows", "times")
+    __slots__ = ("_blocks", "_history", "next_times", "places", "ranks", "times")
 
     def __init__(
         self, history: pa.Table, hidx: KeyIndex, index: KeyIndex, base_times: np.ndarray
@@ -373,39 +380,42 @@ class _ByRank:
         nxt = np.empty_like(ht)
         nxt[1:] = ht[:-1]
         nxt[starts] = base_times[base_row]
-        self.rows, self.bounds = _rank_order(np.flatnonzero(starts), n)
-        """`bounds`: rank r's rows are [bounds[r], bounds[r + 1])."""
-        self.times = ht[self.rows]
-        self.next_times = nxt[self.rows]
+        self.times = ht
+        self.next_times = nxt
+        rows, bounds = _rank_order(np.flatnonzero(starts), n)
+        sizes = np.diff(bounds)
+        self.ranks = np.empty(n, dtype=np.uint16 if len(sizes) <= 1 << 16 else np.int32)
+        self.ranks[rows] = np.repeat(np.arange(len(sizes)), sizes)
+        self.places = np.empty(n, dtype=np.int32 if n < 1 << 31 else np.int64)
+        self.places[rows] = np.arange(n) - np.repeat(bounds[:-1], sizes)
         self._history = history
         self._blocks: dict[int, pa.Table] = {}
+
+    def one_rank(self, chosen: np.ndarray) -> int | None:
+        """The rank of the history rows at `chosen` when they all have one, else None."""
+        ranks = self.ranks[chosen]
+        rank = int(ranks[0])
+        return rank if bool((ranks == rank).all()) else None
 
     def block(self, rank: int) -> pa.Table:
         """The history rows of one rank, in key order, copied at the first read that needs
         them (one pass over the history in increasing positions)."""
         got = self._blocks.get(rank)
         if got is None:
-            lo, hi = int(self.bounds[rank]), int(self.bounds[rank + 1])
-            got = take_sorted(self._history, self.rows[lo:hi]).combine_chunks()
+            rows = np.flatnonzero(self.ranks == rank)
+            got = take_sorted(self._history, rows).combine_chunks()
             self._blocks[rank] = got
         return got
 
-    def one_rank(self, chosen: np.ndarray) -> bool:
-        """Whether the rows at `chosen` (increasing positions in this order) are all of one
-        rank."""
-        first, last = np.searchsorted(self.bounds, chosen[[0, -1]], "right")
-        return bool(first == last)
-
-    def gather(self, chosen: np.ndarray, columns: Sequence[str]) -> pa.Table:
-        """The rows at `chosen`, increasing positions in this order all of one rank, with only
-        `columns`: in key order."""
-        rank = int(np.searchsorted(self.bounds, chosen[0], "right")) - 1
-        local = chosen - self.bounds[rank]
+    def gather(self, rank: int, chosen: np.ndarray, columns: Sequence[str]) -> pa.Table:
+        """The history rows at `chosen` (increasing positions, all of rank `rank`), with only
+        `columns`, in key order."""
+        local = self.places[chosen]
         blk = self.block(rank)
         blk = blk.select([n for n in blk.column_names if n in columns])
         if int(local[-1] - local[0]) + 1 == len(local):
             return blk.slice(int(local[0]), len(local))  # contiguous: no copy
-        return take_sorted(blk, local)
+        return take_sorted(blk, local.astype(np.int64))
 
 
 def _keys_of(
