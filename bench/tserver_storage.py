@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -45,25 +46,19 @@ def _ipc(t: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
+def _times(fn: object, repeat: int, clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Seconds of each of `repeat` calls of `fn`, by `clock`."""
+    assert callable(fn)
+    times = []
+    for _ in range(repeat):
+        t0 = clock()
+        fn()
+        times.append(clock() - t0)
+    return times
+
+
 def _best(fn: object, repeat: int = 3) -> float:
-    assert callable(fn)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def _cpu_best(fn: object, repeat: int = 15) -> tuple[float, float]:
-    """(best, first) CPU seconds of `repeat` calls of `fn`."""
-    assert callable(fn)
-    times = []
-    for _ in range(repeat):
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return min(times), times[0]
+    return min(_times(fn, repeat))
 
 
 def versions(n: int, shape: str, tmp: Path) -> None:
@@ -101,8 +96,9 @@ def versions(n: int, shape: str, tmp: Path) -> None:
             rows += b.num_rows
         assert rows == n
 
-    latest, _ = _cpu_best(lambda: scan(None))
-    snap, snap_first = _cpu_best(lambda: scan(at))
+    latest = min(_times(lambda: scan(None), 15, time.process_time))
+    snaps = _times(lambda: scan(at), 15, time.process_time)
+    snap, snap_first = min(snaps), snaps[0]
     print(
         f"versions ({shape}): {n:,} rows, {store.history_rows():,} in history; CPU of a full "
         f"scan at the newest rows {latest * 1e3:.1f} ms, at a snapshot after round 5 "
