@@ -421,8 +421,8 @@ class _ByRank:
 def _keys_of(
     index: KeyIndex, hidx: KeyIndex | None, base_rows: np.ndarray, hist_rows: np.ndarray
 ) -> np.ndarray | list[bytes]:
-    """The keys of the chosen base rows then history rows (positions in key order, any
-    order): a numpy array when every key has one width, else a list."""
+    """The keys of the chosen base rows then history rows (each given by its position in
+    its own table): a numpy array when every key has one width, else a list."""
     assert hidx is not None
     bk = index.ordered()
     hk = hidx.ordered()
