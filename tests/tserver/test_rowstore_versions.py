@@ -2,9 +2,10 @@
 versions committed at or before T, across memstores, flushes, restarts and compactions, and a
 compaction keeps what snapshots at or after its horizon can read.
 
-The last test is a model check: random writes of every kind at increasing timestamps, with
-random flushes, compactions (with and without a horizon) and reopens, then reads at every
-timestamp of interest compared with a plain dict model of each key's history.
+The model checks: random writes of every kind at increasing timestamps, with random flushes,
+compactions (with and without a horizon) and reopens, then reads at every timestamp of interest
+compared with a plain dict model of each key's history; the last one adds what else a scan
+asks (predicates, key bounds, a resume key, a limit, a projection) to those reads.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from service.common.predicates import ScanSpec
+from service.common.keys import encode_key
+from service.common.predicates import ColumnPredicate, ScanSpec
 from service.common.schema import ColumnType, Schema
 from service.tserver import rowstore_files
 from service.tserver.row_ops import RowOp, WriteBatch, decode_write
@@ -46,9 +48,11 @@ class Tablet:
         self.path = path
         self.schema = schema
         self.store = RowStore.create(path, schema)
+        self.last_rows: list[dict[str, Any]] = []
 
     def write(self, ts: int, rows: list[dict[str, Any]], op: RowOp = RowOp.UPSERT) -> None:
         batch = _batch(rows, op, self.schema)
+        self.last_rows = rows
         self.store.apply_write(self.store.applied_index + 1, batch, ts)
 
     def at(self, ts: int | None) -> dict[Any, str]:
@@ -144,6 +148,30 @@ def test_an_old_file_without_timestamps_reads_as_committed_at_zero(tmp_path: Pat
     assert t.at(0) == {1: "old"} and t.at(5) == {1: "old"} and t.at(10) == {1: "new"}
 
 
+def _churn(
+    t: Tablet,
+    rng: random.Random,
+    stamps: list[int],
+    horizon: int,
+    bounds: tuple[float, float, float],
+    move_horizon: float,
+) -> int:
+    """What a tablet does between writes, at random: a flush, a compaction (first moving the
+    history horizon to a stamp already written, with chance `move_horizon`), a reopen, or
+    nothing, as one roll falls below each of `bounds`. Returns the horizon."""
+    roll = rng.random()
+    if roll < bounds[0]:
+        t.store.flush()
+    elif roll < bounds[1]:
+        t.store.flush()
+        if rng.random() < move_horizon:
+            horizon = max(horizon, rng.choice(stamps))
+        t.store.compact(horizon=horizon)
+    elif roll < bounds[2]:
+        t.reopen()
+    return horizon
+
+
 @pytest.mark.parametrize("rank_loop_max", [rowstore_files.RANK_LOOP_MAX, 1])
 @pytest.mark.parametrize("keys", ["int", "string"])
 @pytest.mark.parametrize("seed", range(6))
@@ -184,16 +212,7 @@ def test_random_histories_match_a_model(
         for k in keys:
             model.setdefault(k, []).append((ts, None if op is RowOp.DELETE else f"{k}@{ts}"))
         stamps.append(ts)
-        roll = rng.random()
-        if roll < 0.15:
-            t.store.flush()
-        elif roll < 0.22:
-            t.store.flush()
-            if rng.random() < 0.5:
-                horizon = max(horizon, rng.choice(stamps))
-            t.store.compact(horizon=horizon)
-        elif roll < 0.25:
-            t.reopen()
+        horizon = _churn(t, rng, stamps, horizon, (0.15, 0.22, 0.25), 0.5)
         if step % 20 == 19 or step == 119:
             assert t.store.history_horizon == horizon
             for at in sorted({*rng.sample(stamps, min(8, len(stamps))), ts, ts + 1}):
@@ -305,3 +324,109 @@ def test_a_diff_scan_returns_what_changed_in_the_window_deletes_flagged(
     assert _diff(t, 0, 10) == {i: (f"{i}@10", False) for i in range(5)}
     assert _diff(t, 25, 35) == {3: ("3@30", False)}
     assert _diff(t, 30, 40) == {}
+
+
+def _holds(op: str, value: str, cut: str) -> bool:
+    """The model of a string predicate `value op cut`."""
+    if op == "PREFIX":
+        return value.startswith(cut)
+    return {"GE": value >= cut, "LT": value < cut, "EQ": value == cut}[op]
+
+
+@pytest.mark.parametrize("keys", ["int", "string"])
+@pytest.mark.parametrize("seed", range(4))
+def test_snapshot_reads_with_predicates_bounds_limits_and_projections_match_a_model(
+    tmp_path: Path, seed: int, keys: str
+) -> None:
+    """Everything a scan can ask besides the timestamp applies to the rows as of it: a
+    predicate on a value column judges the version the snapshot sees (not the newest), key
+    bounds and a resume key cut that version's keys, a limit counts them in key order, and a
+    projection returns their columns. Random histories of every kind of write, with flushes,
+    compactions (a horizon included) and reopens, read through the rank path, the gathered
+    path and the newest rows alike."""
+    rng = random.Random(100 + seed)
+    schema = SCHEMA if keys == "int" else STRING_KEYS
+    t = Tablet(tmp_path / "t", schema)
+
+    def name(k: int) -> Any:
+        return k if keys == "int" else "k" * (k % 3 + 1) + str(k)
+
+    model: dict[Any, list[tuple[int, str | None]]] = {}
+    ts, horizon, stamps = 0, 0, [0]
+    for step in range(160):
+        ts += rng.choice([1, 2, 5])
+        # Mostly whole rounds over a band of keys (one rank per snapshot), sometimes a few keys.
+        if rng.random() < 0.5:
+            lo = rng.randrange(0, 30)
+            chosen = [name(k) for k in range(lo, lo + rng.randint(5, 30))]
+        else:
+            chosen = [name(k) for k in rng.sample(range(60), rng.randint(1, 6))]
+        live = {k for k in chosen if model.get(k) and model[k][-1][1] is not None}
+        op = rng.choice([RowOp.UPSERT, RowOp.UPSERT, RowOp.UPSERT, RowOp.DELETE])
+        if op is RowOp.DELETE:
+            chosen = [k for k in chosen if k in live]
+            if not chosen:
+                continue
+            t.write(ts, [{"id": k} for k in chosen], op)
+        else:
+            t.write(ts, [{"id": k, "v": f"{rng.randrange(100):02d}@{ts}"} for k in chosen], op)
+        for k, row in zip(chosen, t.last_rows, strict=True):
+            model.setdefault(k, []).append((ts, row.get("v")))
+        stamps.append(ts)
+        horizon = _churn(t, rng, stamps, horizon, (0.15, 0.2, 0.22), 0.3)
+        if step % 40 != 39:
+            continue
+        for at in sorted({*rng.sample(stamps, min(6, len(stamps))), ts, None}, key=str):
+            if at is not None and at < horizon:
+                continue
+            state = {}
+            for k, versions in model.items():
+                seen = [v for when, v in versions if at is None or when <= at]
+                if seen and seen[-1] is not None:
+                    state[k] = seen[-1]
+            ordered = sorted(state)  # ints, or ASCII strings: their order is the key order
+            for _ in range(6):
+                preds: list[ColumnPredicate] = []
+                want = list(ordered)
+                cut = f"{rng.randrange(100):02d}"
+                kind = rng.choice(["GE", "LT", "PREFIX", "EQ", "none"])
+                if kind == "EQ" and want:
+                    cut = state[rng.choice(want)]
+                if kind != "none":
+                    preds.append(ColumnPredicate("v", kind, (cut,)))
+                    want = [k for k in want if _holds(kind, state[k], cut)]
+                lower = upper = b""
+                after = None
+                if rng.random() < 0.5 and ordered:
+                    a, b = sorted(rng.sample(ordered, 2) if len(ordered) > 1 else ordered * 2)
+                    lower, upper = (
+                        encode_key(schema.key_columns, (a,)),
+                        encode_key(schema.key_columns, (b,)),
+                    )
+                    want = [k for k in want if a <= k < b]
+                if rng.random() < 0.3 and ordered:
+                    c = rng.choice(ordered)
+                    after = encode_key(schema.key_columns, (c,))
+                    want = [k for k in want if k > c]
+                limit = rng.choice([0, 0, 1, 3, 17])
+                if limit:
+                    want = want[:limit]
+                projection = rng.choice([None, ("v",), ("id",)])
+                spec = ScanSpec(
+                    projection=projection,
+                    predicates=tuple(preds),
+                    lower_key=lower,
+                    upper_key=upper,
+                    start_after_key=after,
+                    limit=limit,
+                    read_at=at,
+                )
+                got = [row for b in t.store.scan(spec) for row in b.to_pylist()]
+                where = (seed, step, at, kind, cut, lower, upper, after, limit, projection)
+                if projection == ("v",):
+                    assert [r["v"] for r in got] == [state[k] for k in want], where
+                    assert all(set(r) == {"v"} for r in got), where
+                elif projection == ("id",):
+                    assert [r["id"] for r in got] == want, where
+                else:
+                    assert [(r["id"], r["v"]) for r in got] == [(k, state[k]) for k in want], where
