@@ -307,31 +307,17 @@ class Source:
         return self._history_by_rank
 
 
-RANK_LOOP_MAX = 4096
-"""`_rank_order` lists ranks one by one up to this many (a few microseconds each), and sorts
-by rank beyond it (a key changed that often within the history's age)."""
-
-
-def _rank_order(starts: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The positions of `n` history rows ordered by rank and then key, and the bounds of each
-    rank's run; `starts` are the positions where a key's versions begin (the rank-0 rows)."""
-    counts = np.diff(np.append(starts, n))
-    top = int(counts.max()) if len(counts) else 0
-    if top <= RANK_LOOP_MAX:
-        pieces, at, alive = [], starts, counts
-        for rank in range(top):  # rank r: the keys with more than r versions, at start + r
-            pieces.append(at + rank)
-            more = alive > rank + 1
-            at, alive = at[more], alive[more]
-        rows = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-        bounds = np.cumsum([0] + [len(p) for p in pieces])
-        return rows.astype(np.int64), bounds.astype(np.int64)
-    positions = np.arange(n, dtype=np.int64)
-    first = np.zeros(n, dtype=np.int64)
-    first[starts] = starts
-    ranks = positions - np.maximum.accumulate(first)
-    rows = np.argsort(ranks, kind="stable")  # stable: one rank's rows stay in key order
-    return rows, np.searchsorted(ranks[rows], np.arange(top + 1))
+def ranks_of(first: np.ndarray, n: int) -> np.ndarray:
+    """The rank of each of `n` history rows whose keys' versions begin at `first` (increasing,
+    starting at 0): its place among its key's versions. uint16 while every rank fits."""
+    counts = np.diff(np.append(first, n))
+    dtype = np.uint16 if n == 0 or int(counts.max()) <= 1 << 16 else np.int64
+    # A running sum of steps: +1 from one version of a key to the next, back to 0 at the next
+    # key. In uint16 the sum wraps modulo 2**16, which leaves every rank exact since each fits.
+    steps = np.ones(n, dtype=dtype)
+    steps[first] = 0
+    steps[first[1:]] = (1 - counts[:-1]).astype(dtype)
+    return np.cumsum(steps, dtype=dtype)
 
 
 class _ByRank:
@@ -352,10 +338,11 @@ class _ByRank:
     Per history row, in key order (the history's): `times`, its commit timestamp;
     `next_times`, that of its key's next newer version (the row before it when that has the
     same key, since a key's versions are newest first, else the key's row in `table`, which
-    every key of the history has); `ranks`; `places`, its place in its rank's block. 22 bytes
-    per row while ranks stay under 65,536."""
+    every key of the history has); `ranks` (its place among its key's versions, which are
+    contiguous). 18 bytes per row while ranks stay under 65,536, and 8 more per row of a
+    copied rank (its positions in the history)."""
 
-    __slots__ = ("_blocks", "_history", "next_times", "places", "ranks", "times")
+    __slots__ = ("_blocks", "_history", "next_times", "ranks", "times")
 
     def __init__(
         self, history: pa.Table, hidx: KeyIndex, index: KeyIndex, base_times: np.ndarray
@@ -382,14 +369,9 @@ class _ByRank:
         nxt[starts] = base_times[base_row]
         self.times = ht
         self.next_times = nxt
-        rows, bounds = _rank_order(np.flatnonzero(starts), n)
-        sizes = np.diff(bounds)
-        self.ranks = np.empty(n, dtype=np.uint16 if len(sizes) <= 1 << 16 else np.int32)
-        self.ranks[rows] = np.repeat(np.arange(len(sizes)), sizes)
-        self.places = np.empty(n, dtype=np.int32 if n < 1 << 31 else np.int64)
-        self.places[rows] = np.arange(n) - np.repeat(bounds[:-1], sizes)
+        self.ranks = ranks_of(np.flatnonzero(starts), n)
         self._history = history
-        self._blocks: dict[int, pa.Table] = {}
+        self._blocks: dict[int, tuple[np.ndarray, pa.Table]] = {}
 
     def one_rank(self, chosen: np.ndarray) -> int | None:
         """The rank of the history rows at `chosen` when they all have one, else None."""
@@ -397,25 +379,28 @@ class _ByRank:
         rank = int(ranks[0])
         return rank if bool((ranks == rank).all()) else None
 
-    def block(self, rank: int) -> pa.Table:
-        """The history rows of one rank, in key order, copied at the first read that needs
-        them (one pass over the history in increasing positions)."""
+    def block(self, rank: int) -> tuple[np.ndarray, pa.Table]:
+        """The positions in the history of the rows of one rank, increasing (so in key order),
+        and those rows, copied at the first read that needs them (one pass over the history in
+        increasing positions)."""
         got = self._blocks.get(rank)
         if got is None:
             rows = np.flatnonzero(self.ranks == rank)
-            got = take_sorted(self._history, rows).combine_chunks()
+            got = rows, take_sorted(self._history, rows).combine_chunks()
             self._blocks[rank] = got
         return got
 
     def gather(self, rank: int, chosen: np.ndarray, columns: Sequence[str]) -> pa.Table:
         """The history rows at `chosen` (increasing positions, all of rank `rank`), with only
         `columns`, in key order."""
-        local = self.places[chosen]
-        blk = self.block(rank)
+        rows, blk = self.block(rank)
         blk = blk.select([n for n in blk.column_names if n in columns])
-        if int(local[-1] - local[0]) + 1 == len(local):
-            return blk.slice(int(local[0]), len(local))  # contiguous: no copy
-        return take_sorted(blk, local.astype(np.int64))
+        lo, m = int(np.searchsorted(rows, chosen[0])), len(chosen)
+        # `chosen` is an increasing run of `rows`' values: when its last one sits m - 1 places
+        # after its first, it is the whole run between them, one slice of the block, no copy.
+        if rows[lo + m - 1] == chosen[-1]:
+            return blk.slice(lo, m)
+        return take_sorted(blk, np.searchsorted(rows, chosen))
 
 
 def _keys_of(

@@ -172,14 +172,9 @@ def _churn(
     return horizon
 
 
-@pytest.mark.parametrize("rank_loop_max", [rowstore_files.RANK_LOOP_MAX, 1])
 @pytest.mark.parametrize("keys", ["int", "string"])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_histories_match_a_model(
-    tmp_path: Path, seed: int, keys: str, rank_loop_max: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`rank_loop_max` 1: the history's rank order comes from the sort, not the loop."""
-    monkeypatch.setattr(rowstore_files, "RANK_LOOP_MAX", rank_loop_max)
+def test_random_histories_match_a_model(tmp_path: Path, seed: int, keys: str) -> None:
     rng = random.Random(seed)
     if keys == "int":
         t = Tablet(tmp_path / "t")
@@ -279,22 +274,51 @@ def test_snapshots_that_take_one_rank_or_several_of_a_history_read_exactly(
         assert ids == sorted(ids), at  # as merges and resumed scans rely on
 
 
-def test_the_rank_order_of_a_history_is_the_same_by_loop_and_by_sort(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("keys", ["int", "string"])
+def test_a_history_s_ranks_and_rank_blocks_follow_their_definition(
+    tmp_path: Path, keys: str
 ) -> None:
-    rng = np.random.default_rng(7)
-    counts = rng.integers(1, 12, size=500)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    n = int(counts.sum())
-    rows, bounds = rowstore_files._rank_order(starts, n)
-    monkeypatch.setattr(rowstore_files, "RANK_LOOP_MAX", 1)
-    rows2, bounds2 = rowstore_files._rank_order(starts, n)
-    assert rows.tolist() == rows2.tolist() and bounds.tolist() == bounds2.tolist()
-    assert sorted(rows.tolist()) == list(range(n)) and bounds[-1] == n
-    # Rank r: the (r+1)-th row of every key with more than r rows, in key order.
-    for r in range(int(counts.max())):
-        want = [int(s) + r for s, c in zip(starts, counts, strict=True) if c > r]
-        assert rows[bounds[r] : bounds[r + 1]].tolist() == want
+    """A history row's rank is how many newer versions of its key the history holds; a rank's
+    block is its rows in key order; rows chosen from a block come back as they are in the
+    history, whether they form one run of it (a slice) or not (a take)."""
+    t = Tablet(tmp_path / "t", SCHEMA if keys == "int" else STRING_KEYS)
+    rng = random.Random(3)
+    for ts in range(1, 9):
+        ids = sorted(rng.sample(range(200), rng.randint(20, 200)))
+        ids = ids if keys == "int" else [f"k{i:03d}" for i in ids]
+        t.write(ts, [{"id": i, "v": f"{i}@{ts}"} for i in ids])
+        t.store.flush()
+    t.store.compact()
+    (src,) = t.store.snapshot().files
+    assert src.history is not None and src.history_index is not None
+    by_rank = src._by_rank()
+    hkeys = src.history_index.keys()
+    want: list[int] = []
+    for i, k in enumerate(hkeys):  # a key's versions are contiguous, newest first
+        want.append(want[-1] + 1 if i and hkeys[i - 1] == k else 0)
+    assert by_rank.ranks.tolist() == want and max(want) >= 5
+    values = src.history.column("c1").to_pylist()  # physical name of "v"
+    for rank in range(max(want) + 1):
+        rows = [i for i, r in enumerate(want) if r == rank]
+        positions, block = by_rank.block(rank)
+        assert positions.tolist() == rows
+        assert block.column("c1").to_pylist() == [values[i] for i in rows]
+        for chosen in (rows, rows[1:-1], rows[::3], rows[-1:], rows[:1]):
+            if not chosen:
+                continue
+            got = by_rank.gather(rank, np.asarray(chosen), ["c1"])
+            assert got.column_names == ["c1"]
+            assert got.column("c1").to_pylist() == [values[i] for i in chosen], (rank, chosen)
+
+
+@pytest.mark.parametrize("counts", [[1], [3, 1, 2], [1, 1 << 16, 2], [2, (1 << 16) + 1, 1]])
+def test_ranks_count_each_key_s_versions_from_zero(counts: list[int]) -> None:
+    """Up to 2**16 versions of a key the ranks are uint16 (their running sum wraps and stays
+    exact); one more and they are int64."""
+    first = np.cumsum([0, *counts[:-1]])
+    got = rowstore_files.ranks_of(first, sum(counts))
+    assert got.tolist() == [r for c in counts for r in range(c)]
+    assert got.dtype == (np.uint16 if max(counts) <= 1 << 16 else np.int64)
 
 
 def _diff(t: Tablet, since: int, at: int) -> dict[int, tuple[str | None, bool]]:
