@@ -18,7 +18,8 @@ replicated three ways (created with the admin RPCs, as the master's CreateTablet
          `--mvcc-age-s` old (5 minutes), a full scan at it (every row's newest version is newer,
          so every row comes from history) against a full scan of the newest rows, best of
          three each; the history's disk cost per row (the tablet's files against the first
-         tablet's, per row) and the leader's RSS growth. The last line of the run:
+         tablet's, per row) and the leader's RSS growth (anonymous memory, and pages of
+         mapped data files, which the kernel may drop). The last line of the run:
          `mvcc: snapshot/latest scan time R, write W rows/s (before B), history H bytes/row`,
          W being the write figure above and B the same figure before versions existed
          (`WRITE_BEFORE`, bench/README.md). Goals: R <= 2, W >= 0.8 B
@@ -65,12 +66,15 @@ WRITE_BEFORE = 186_044
 """rows/s of the write figure before row versions existed (bench/README.md, 2026-11-26)."""
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int) -> tuple[float, float]:
+    """Resident MB of `pid`: anonymous (heap, Arrow buffers) and file-backed (mapped data
+    files, which the kernel can drop and read again)."""
+    found = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+            if line.startswith(("RssAnon:", "RssFile:")):
+                found[line.split(":")[0]] = int(line.split()[1]) / 1024
+    return found.get("RssAnon", 0.0), found.get("RssFile", 0.0)
 
 
 def status(msg: str) -> None:
@@ -312,7 +316,7 @@ async def versions(
         msize = next(r.on_disk_bytes for r in mlisted.replicas if r.tablet_id == MVCC_TABLET)
         plain = sizes[TABLET] / args.rows
         history = msize / n - plain
-        rss = rss_mb(pid) - rss0
+        anon, mapped = (now - before for now, before in zip(rss_mb(pid), rss0, strict=True))
         nbytes = got.nbytes
         r = min(snap) / min(latest)
         print(
@@ -321,7 +325,7 @@ async def versions(
             f"{nbytes / min(snap) / 1e6:,.1f} MB/s "
             f"(first {snap[0]:.3f}s, best {min(snap):.3f}s against {min(latest):.3f}s); disk "
             f"{msize / n:,.0f} bytes/row against {plain:,.0f} with one version; leader RSS "
-            f"+{rss:,.0f} MB"
+            f"{anon + mapped:+,.0f} MB (anonymous {anon:+,.0f}, mapped files {mapped:+,.0f})"
         )
         w = args.rows / write_s
         return (

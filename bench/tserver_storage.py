@@ -18,7 +18,8 @@ history, the best case), and *random*, every key in the first round and a random
 in each later one (keys changed at different rates). Each is scanned in full at the newest rows
 and at a snapshot after round 5, every batch serialized as a scanner does; the figures are CPU
 seconds of this process (best of 15, the first apart), so that other work on the machine
-moves them less than it moves wall time.
+moves them less than it moves wall time. The line ends with the Arrow memory the store holds
+after those reads (`pa.total_allocated_bytes`): what it keeps to serve later snapshots.
 """
 
 from __future__ import annotations
@@ -96,13 +97,16 @@ def versions(n: int, shape: str, tmp: Path) -> None:
             rows += b.num_rows
         assert rows == n
 
+    held = pa.total_allocated_bytes()
     latest = min(_times(lambda: scan(None), 15, time.process_time))
     snaps = _times(lambda: scan(at), 15, time.process_time)
     snap, snap_first = min(snaps), snaps[0]
+    held = pa.total_allocated_bytes() - held  # what the store keeps for later snapshot reads
     print(
         f"versions ({shape}): {n:,} rows, {store.history_rows():,} in history; CPU of a full "
         f"scan at the newest rows {latest * 1e3:.1f} ms, at a snapshot after round 5 "
-        f"{snap * 1e3:.1f} ms (first {snap_first * 1e3:.1f} ms): ratio {snap / latest:.2f}"
+        f"{snap * 1e3:.1f} ms (first {snap_first * 1e3:.1f} ms): ratio {snap / latest:.2f}; "
+        f"Arrow memory held after the reads {held / 1e6:+.1f} MB"
     )
     store.close()
 
