@@ -32,16 +32,26 @@ never mutated, so its `source()` may be built in a worker thread, as may a `MemS
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from operator import itemgetter
+from typing import Protocol, cast
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from service.common.errors import AlreadyExists, InvalidArgument, NotFound, TesseraError
 from service.common.keys import decode_key, encode_keys_arrow
 from service.common.schema import ColumnSchema, ColumnType, Schema
 from service.tserver.row_ops import RowOp, WriteBatch
-from service.tserver.rowstore_files import DEL_COL, KEY_COL, TS_COL, Source, conform, phys_name
+from service.tserver.rowstore_files import (
+    DEL_COL,
+    KEY_COL,
+    TS_COL,
+    KeyIndex,
+    Source,
+    conform,
+    phys_name,
+)
 
 __all__ = [
     "Frozen",
@@ -188,23 +198,38 @@ class MemSnapshot:
 
 
 def _columns(
-    keys: list[bytes],
-    deleted: list[bool],
+    keys: pa.Array,
     times: list[int],
     values: list[Row | None],
     col_ids: tuple[int, ...],
     types: Sequence[pa.DataType],
 ) -> pa.Table:
-    arrays: list[pa.Array] = [
-        pa.array(keys, type=pa.binary()),
-        pa.array(deleted, type=pa.bool_()),
-        pa.array(times, type=pa.uint64()),
-    ]
+    """Rows as Arrow columns laid out as `col_ids` (a None row: a tombstone, nulls in every
+    value column), in the order given. Each column is taken from the row tuples by one `map`
+    of an `itemgetter`, which runs in C: a comprehension per column cost five times as much,
+    and `zip(*rows)` ten."""
+    deleted = np.zeros(len(values), dtype=bool)
+    full = cast(list[Row], values)
+    if None in values:
+        nones = (None,) * len(types)
+        deleted = np.fromiter((r is None for r in values), dtype=bool, count=len(values))
+        full = [nones if r is None else r for r in values]
+    arrays: list[pa.Array] = [keys, pa.array(deleted), pa.array(times, type=pa.uint64())]
     names = [KEY_COL, DEL_COL, TS_COL]
     for j, (cid, t) in enumerate(zip(col_ids, types, strict=True)):
-        arrays.append(pa.array([None if r is None else r[j] for r in values], type=t))
+        arrays.append(pa.array(list(map(itemgetter(j), full)), type=t))
         names.append(phys_name(cid))
     return pa.Table.from_arrays(arrays, names=names)
+
+
+def _key_order(keys: pa.Array) -> np.ndarray:
+    """The positions of `keys` (distinct encoded keys) in key order: by numpy on the keys'
+    fixed-width form when they have one (`KeyIndex.ordered`: an int64 key's 8 bytes as an
+    integer), else by Arrow; either is a fraction of what sorting the bytes objects costs."""
+    ordered = KeyIndex(keys).ordered()
+    if ordered is not None:
+        return np.argsort(ordered)
+    return np.asarray(pc.sort_indices(keys))
 
 
 def _to_source(
@@ -215,12 +240,15 @@ def _to_source(
     types: Sequence[pa.DataType],
 ) -> Source:
     """A memstore's dicts as a sorted Arrow source laid out as `col_ids`, with its history
-    (sorted by key, newest first) when it has any."""
-    keys = sorted(rows)
-    values = [rows[k] for k in keys]
+    (sorted by key, newest first) when it has any. Every replica builds one per flush, so
+    this is most of a write's cost after its apply: the rows are laid out in the dict's own
+    order and then sorted as Arrow columns (`_key_order`), never row by row in Python."""
+    keys = list(rows)
+    arrow_keys = pa.array(keys, type=pa.binary())
     base = _columns(
-        keys, [r is None for r in values], [times[k] for k in keys], values, col_ids, types
+        arrow_keys, list(map(times.__getitem__, keys)), list(rows.values()), col_ids, types
     )
+    base = base.take(_key_order(arrow_keys))
     if not history:
         return Source(base)
     hk: list[bytes] = []
@@ -231,7 +259,7 @@ def _to_source(
             hk.append(k)
             ht.append(t)
             hv.append(r)
-    hist = _columns(hk, [r is None for r in hv], ht, hv, col_ids, types)
+    hist = _columns(pa.array(hk, type=pa.binary()), ht, hv, col_ids, types)
     return Source(base, hist)
 
 

@@ -22,6 +22,7 @@ from service.common.keys import encode_key
 from service.common.partition import HashBucketSchema, Partition, PartitionSchema, RangeSchema
 from service.common.predicates import ColumnPredicate, ScanSpec
 from service.common.schema import AddColumn, ColumnType, DropColumn, RenameColumn, Schema
+from service.tserver import rowstore_memstore
 from service.tserver.row_ops import RowOp, WriteBatch, decode_write
 from service.tserver.rowstore import (
     MANIFEST,
@@ -774,3 +775,46 @@ def test_a_snapshot_copies_no_rows_and_reads_the_state_it_was_taken_at(
     Writer(other)([r(1), r(2), r(3)])
     assert snap.checksum() == other.checksum()
     assert snap.applied_index == 2 and store.applied_index == 4
+
+
+@pytest.mark.parametrize("widths", ["int64", "five", "mixed"])
+def test_a_memstore_becomes_a_source_sorted_by_key_whatever_its_keys_widths(widths: str) -> None:
+    """The flush's Arrow form of a memstore (laid out in the dict's order, then sorted as
+    columns) equals the rows sorted by their encoded bytes, tombstones and nulls included, for
+    keys numpy sorts as integers, as fixed-width strings, and keys Arrow sorts."""
+    rng = np.random.default_rng(5)
+    if widths == "int64":
+        keys = [int(v).to_bytes(8, "big") for v in rng.permutation(1 << 12)[:500]]
+    elif widths == "five":
+        keys = list(
+            dict.fromkeys(bytes(rng.integers(0, 256, 5, dtype=np.uint8)) for _ in range(500))
+        )
+    else:  # prefixes of each other, zero bytes, and the empty key
+        pool = [b"", b"a", b"a\x00", b"ab", b"b", b"\x00", b"\xff", b"a\x00\x00"]
+        keys = pool + [
+            bytes(rng.integers(0, 256, rng.integers(1, 9), dtype=np.uint8)) for _ in range(400)
+        ]
+        keys = list(dict.fromkeys(keys))
+    rows: dict[bytes, tuple[object, ...] | None] = {}
+    times: dict[bytes, int] = {}
+    for i, k in enumerate(keys):
+        rows[k] = None if i % 7 == 3 else (i, None if i % 5 == 0 else f"s{i}", i / 2)
+        times[k] = 100 + i
+    history: dict[bytes, rowstore_memstore.Versions] = {
+        keys[0]: ((1, (0, "old", 0.0)), (2, None)),
+        keys[-1]: ((3, (9, "x", 1.5)),),
+    }
+    types = [pa.int64(), pa.string(), pa.float64()]
+    src = rowstore_memstore._to_source(rows, times, history, (1, 2, 3), types)
+    ordered = sorted(keys)
+    got = src.table.to_pydict()
+    assert got["k"] == ordered
+    assert got["d"] == [rows[k] is None for k in ordered]
+    assert got["t"] == [times[k] for k in ordered]
+    for j, name in enumerate(["c1", "c2", "c3"]):
+        assert got[name] == [None if rows[k] is None else rows[k][j] for k in ordered]  # type: ignore[index]
+    assert src.history is not None
+    hist = src.history.to_pydict()
+    want = sorted((k, -t, t, r) for k, vs in history.items() for t, r in vs)
+    assert hist["k"] == [k for k, _, _, _ in want] and hist["t"] == [t for _, _, t, _ in want]
+    assert hist["c2"] == [None if r is None else r[1] for _, _, _, r in want]
