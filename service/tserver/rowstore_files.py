@@ -36,6 +36,7 @@ __all__ = [
     "KEY_COL",
     "TS_COL",
     "KeyIndex",
+    "KeyQuery",
     "Source",
     "conform",
     "file_schema",
@@ -138,31 +139,66 @@ class KeyIndex:
         when the keys are not all of one width."""
         return self._np[a:b] if self._np is not None else None
 
-    def find(self, keys: Sequence[bytes]) -> np.ndarray:
-        """Positions of `keys` in this source (int64), -1 where absent."""
-        out = np.full(len(keys), -1, dtype=np.int64)
-        if self.n == 0 or not keys:
+    def find(self, keys: Sequence[bytes] | KeyQuery) -> np.ndarray:
+        """Positions of `keys` in this source (int64), -1 where absent. A `KeyQuery` spares
+        converting the same keys again for every source they are looked up in."""
+        query = keys if isinstance(keys, KeyQuery) else KeyQuery(keys)
+        out = np.full(query.n, -1, dtype=np.int64)
+        if self.n == 0 or query.n == 0:
             return out
         if self._list is not None:
             lst = self._list
-            for i, k in enumerate(keys):
+            for i, k in enumerate(query.keys):
                 j = bisect.bisect_left(lst, k)
                 if j < self.n and lst[j] == k:
                     out[i] = j
             return out
-        assert self._np is not None
         w = self._width
-        same = np.fromiter((len(k) == w for k in keys), dtype=bool, count=len(keys))
-        idx = np.flatnonzero(same)
+        idx, q = query.of_width(w)
         if len(idx) == 0:
             return out
-        q = np.array([keys[int(i)] for i in idx], dtype=f"S{w}")
-        pos = np.searchsorted(self._np, q)
+        hay = self.ordered()
+        assert hay is not None
+        pos = np.searchsorted(hay, q)
         inside = pos < self.n
         hit = np.zeros(len(q), dtype=bool)
-        hit[inside] = self._np[pos[inside]] == q[inside]
+        hit[inside] = hay[pos[inside]] == q[inside]
         out[idx[hit]] = pos[hit]
         return out
+
+
+class KeyQuery:
+    """Encoded keys to look up in several sources (`KeyIndex.find`), converted once to the
+    form each source's keys compare in (`KeyIndex.ordered`): a write checks every key of its
+    batch against every data file, and converting the keys again per file cost more than the
+    searches themselves."""
+
+    __slots__ = ("_lengths", "_of_width", "keys", "n")
+
+    def __init__(self, keys: Sequence[bytes]) -> None:
+        self.keys = keys
+        self.n = len(keys)
+        self._lengths = np.fromiter(map(len, keys), dtype=np.int64, count=self.n)
+        self._of_width: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def of_width(self, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """The positions of the keys `width` bytes long, and those keys as a source of
+        `width`-byte keys orders them (8 bytes: native unsigned integers; else `S{width}`),
+        both in key order."""
+        got = self._of_width.get(width)
+        if got is None:
+            idx = np.flatnonzero(self._lengths == width)
+            if len(idx) == self.n:
+                q = np.array(self.keys, dtype=f"S{width}")
+            else:
+                q = np.array([self.keys[i] for i in idx.tolist()], dtype=f"S{width}")
+            if width == 8:
+                q = q.view(">u8").astype(np.uint64)
+            # Sorted, so each search starts where the one before ended (numpy's binary search
+            # keeps its lower bound for increasing keys) and walks the file's keys in order.
+            order = np.argsort(q)
+            got = self._of_width[width] = (idx[order], q[order])
+        return got
 
 
 class Source:

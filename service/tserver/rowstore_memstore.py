@@ -48,6 +48,7 @@ from service.tserver.rowstore_files import (
     KEY_COL,
     TS_COL,
     KeyIndex,
+    KeyQuery,
     Source,
     conform,
     phys_name,
@@ -352,18 +353,18 @@ class OlderVersions:
             pending = rest
             if not pending:
                 return found
+        query = KeyQuery(pending)
+        alive = np.ones(len(pending), dtype=bool)  # not yet found in a newer file
         for src in reversed(self.files):
-            pos_arr = src.index.find(pending)
-            hits = np.flatnonzero(pos_arr >= 0)
+            pos_arr = src.index.find(query)
+            hits = np.flatnonzero((pos_arr >= 0) & alive)
             if len(hits) == 0:
                 continue
-            hit_set = set(hits.tolist())
-            for h in hits.tolist():
-                p = int(pos_arr[h])
+            alive[hits] = False
+            for h, p in zip(hits.tolist(), pos_arr[hits].tolist(), strict=True):
                 if src.deleted is None or not src.deleted[p]:
                     found[pending[h]] = (src, p)
-            pending = [k for i, k in enumerate(pending) if i not in hit_set]
-            if not pending:
+            if not alive.any():
                 break
         return found
 
@@ -385,18 +386,18 @@ class OlderVersions:
             pending = rest
             if not pending:
                 return out
+        query = KeyQuery(pending)
+        alive = np.ones(len(pending), dtype=bool)  # not yet found in a newer file
         for src in reversed(self.files):
-            pos_arr = src.index.find(pending)
-            hits = np.flatnonzero(pos_arr >= 0)
+            pos_arr = src.index.find(query)
+            hits = np.flatnonzero((pos_arr >= 0) & alive)
             if len(hits) == 0:
                 continue
+            alive[hits] = False
             stamps = src.table.column(TS_COL) if TS_COL in src.table.column_names else None
-            hit_set = set(hits.tolist())
-            for h in hits.tolist():
-                p = int(pos_arr[h])
+            for h, p in zip(hits.tolist(), pos_arr[hits].tolist(), strict=True):
                 out[pending[h]] = int(stamps[p].as_py()) if stamps is not None else 0
-            pending = [k for i, k in enumerate(pending) if i not in hit_set]
-            if not pending:
+            if not alive.any():
                 break
         return out
 
@@ -461,10 +462,21 @@ def apply_batch(
     rows = mem.rows
     times = mem.times
     history = mem.history
-    found = older.lookup([k for k in dict.fromkeys(keys) if k not in rows])
+    distinct = dict.fromkeys(keys)
+    ops = batch.ops
+    first = int(ops[0]) if n else -1
+    bulk = (
+        complete
+        and (first == RowOp.INSERT or first == RowOp.UPSERT)
+        and len(distinct) == n
+        and bool((ops == first).all())
+        and rows.keys().isdisjoint(distinct)
+    )
+    found = older.lookup(keys if bulk else [k for k in distinct if k not in rows])
+    if bulk and (first == RowOp.UPSERT or not found):
+        return _apply_new_keys(mem, keys, full_rows, ts, n - len(found), table.nbytes)
     if not complete:
         older.materialize_all(found)  # a partial UPDATE/UPSERT merges over these
-    ops = batch.ops
     errors: list[tuple[int, TesseraError]] = []
     applied = 0
     live_delta = 0
@@ -518,12 +530,31 @@ def apply_batch(
         times[k] = ts
         applied += 1
     if applied:
-        if ts > mem.max_time:
-            mem.max_time = ts
-        mem.version += 1
-        per_row = table.nbytes // max(n, 1) + ROW_OVERHEAD
-        mem.nbytes += nbytes + applied * per_row
+        _applied(mem, ts, nbytes + applied * (table.nbytes // max(n, 1) + ROW_OVERHEAD))
     return applied, errors, live_delta
+
+
+def _apply_new_keys(
+    mem: MemStore, keys: list[bytes], full_rows: list[Row], ts: int, born: int, arrow_bytes: int
+) -> tuple[int, list[tuple[int, TesseraError]], int]:
+    """`apply_batch` of whole rows whose keys are distinct and none in `mem`, all INSERTs of
+    keys live nowhere or all UPSERTs (`born` of them not live before): every row applies, as
+    the loop over rows would apply it, and no version moves to history. One `update` per dict
+    instead of that loop, which costs about 2 us a row on every replica: the common write
+    (new rows, or a load that replaces rows already flushed) takes this path."""
+    mem.rows.update(zip(keys, full_rows, strict=True))
+    mem.times.update(dict.fromkeys(keys, ts))
+    n = len(keys)
+    _applied(mem, ts, n * (arrow_bytes // n + ROW_OVERHEAD))
+    return n, [], born
+
+
+def _applied(mem: MemStore, ts: int, nbytes: int) -> None:
+    """What every apply that changed `mem` records: its newest stamp, version and size."""
+    if ts > mem.max_time:
+        mem.max_time = ts
+    mem.version += 1
+    mem.nbytes += nbytes
 
 
 def merge_staged(

@@ -818,3 +818,50 @@ def test_a_memstore_becomes_a_source_sorted_by_key_whatever_its_keys_widths(widt
     want = sorted((k, -t, t, r) for k, vs in history.items() for t, r in vs)
     assert hist["k"] == [k for k, _, _, _ in want] and hist["t"] == [t for _, _, t, _ in want]
     assert hist["c2"] == [None if r is None else r[1] for _, _, _, r in want]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_whole_row_writes_of_every_kind_match_a_model(store: RowStore, seed: int) -> None:
+    """Batches of whole rows, one kind of operation per batch or mixed, keys new, live in the
+    memstore, live or deleted in files, or twice in one batch, with flushes and compactions
+    between: each row's outcome, the applied count, the live row count and the contents are
+    those of a dict applying the rows one by one (batches of new keys take a bulk path)."""
+    rng = np.random.default_rng(seed)
+    w = Writer(store)
+    model: dict[int, dict[str, Any]] = {}
+    kinds = [RowOp.INSERT, RowOp.UPSERT, RowOp.INSERT_IGNORE, RowOp.UPDATE, RowOp.DELETE]
+    for step in range(60):
+        fresh = rng.random() < 0.4
+        pool = range(1000 + step * 50, 1050 + step * 50) if fresh else range(200)
+        keys = [int(k) for k in rng.choice(list(pool), int(rng.integers(1, 12)))]
+        if rng.random() < 0.6:
+            ops = [int(rng.choice([RowOp.INSERT, RowOp.UPSERT]))] * len(keys)
+        else:
+            ops = [int(rng.choice(kinds)) for _ in keys]
+        batch = [r(k, f"v{step}", float(step)) for k in keys]  # a DELETE ignores the values
+        want_errors, applied = [], 0
+        for i, (k, op) in enumerate(zip(keys, ops, strict=True)):
+            live = k in model
+            if op in (RowOp.INSERT, RowOp.INSERT_IGNORE) and live:
+                if op == RowOp.INSERT:
+                    want_errors.append(i)
+                continue
+            if op in (RowOp.UPDATE, RowOp.DELETE) and not live:
+                want_errors.append(i)
+                continue
+            if op == RowOp.DELETE:
+                del model[k]
+            else:
+                model[k] = r(k, f"v{step}", float(step))
+            applied += 1
+        res = w(batch, ops=ops)
+        assert [i for i, _ in res.errors] == want_errors, (seed, step, keys, ops)
+        assert res.rows_applied == applied, (seed, step)
+        assert store.row_count() == len(model), (seed, step)
+        roll = rng.random()
+        if roll < 0.2:
+            store.flush()
+        elif roll < 0.25:
+            store.flush()
+            store.compact()
+    assert rows(store) == [model[k] for k in sorted(model)]
