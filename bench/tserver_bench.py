@@ -5,7 +5,8 @@ replicated three ways (created with the admin RPCs, as the master's CreateTablet
 
   write  rows/s of batched INSERTs (Arrow IPC, `--batch` rows each, `--writers` concurrent
          clients) into the 3-replica tablet; each acknowledged only once committed on a
-         majority and applied on the leader
+         majority and applied on the leader; with the CPU each server spent meanwhile
+         (`--write-only` stops after it)
   scan   Arrow bytes/s of a full scan from the leader over gRPC (paged by scanners), against
          `pyarrow.parquet.read_table` of the same rows from a local Parquet file in the same
          run, alternated, best of five each; the ratio is scan time / Parquet time (goal:
@@ -31,6 +32,7 @@ replicated three ways (created with the admin RPCs, as the master's CreateTablet
 
 Usage: python -m bench.tserver_bench [--rows 1000000] [--batch 10000] [--writers 4]
        [--idle-tablets 200] [--mvcc-rows 200000] [--mvcc-age-s 300] [--insecure]
+       [--write-only]
 """
 
 from __future__ import annotations
@@ -130,14 +132,21 @@ async def run(args: argparse.Namespace, base: Path) -> None:
                     if done % (args.batch * 10) == 0:
                         status(f"written {done:,}/{args.rows:,}")
 
+            pids = [cluster.tserver_by_uuid(u).proc.pid for u in [leader, *uuids]]  # type: ignore[union-attr]
+            pids = list(dict.fromkeys(pids))  # the leader first
+            cpu0 = [cpu_seconds(p) for p in pids]
             t0 = time.perf_counter()
             await asyncio.gather(*(writer() for _ in range(args.writers)))
             write_s = time.perf_counter() - t0
+            cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
             print(
                 f"write: {args.rows / write_s:,.0f} rows/s into a 3-replica tablet "
                 f"({args.rows:,} rows, batches of {args.batch:,}, {args.writers} writers, "
-                f"{write_s:.2f}s)"
+                f"{write_s:.2f}s); CPU {cpu[0]:.2f}s on the leader, "
+                f"{', '.join(f'{c:.2f}s' for c in cpu[1:])} on the followers"
             )
+            if args.write_only:
+                return
 
             # --- scan vs local Parquet ------------------------------------------------------
             status("scanning")
@@ -345,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mvcc-rows", type=int, default=200_000)
     p.add_argument(
         "--mvcc-age-s", type=float, default=300.0, help="age of the snapshot read (default 300)"
+    )
+    p.add_argument(
+        "--write-only", action="store_true", help="only the write figure (an A/B of the write path)"
     )
     p.add_argument(
         "--insecure",
