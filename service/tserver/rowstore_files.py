@@ -157,8 +157,11 @@ class KeyIndex:
         idx, q = query.of_width(w)
         if len(idx) == 0:
             return out
-        hay = self.ordered()
-        assert hay is not None
+        # Views of the file's own bytes, not `ordered()`: that is a copy (8 bytes a row for
+        # integer keys), which every file a write checks would then keep in memory. 8-byte
+        # keys compare as big-endian integers, 1.4 times as fast as 8-byte strings.
+        assert self._np is not None
+        hay = self._np.view(">u8") if w == 8 else self._np
         pos = np.searchsorted(hay, q)
         inside = pos < self.n
         hit = np.zeros(len(q), dtype=bool)
@@ -169,7 +172,7 @@ class KeyIndex:
 
 class KeyQuery:
     """Encoded keys to look up in several sources (`KeyIndex.find`), converted once to the
-    form each source's keys compare in (`KeyIndex.ordered`): a write checks every key of its
+    form each source's keys are searched in and sorted: a write checks every key of its
     batch against every data file, and converting the keys again per file cost more than the
     searches themselves."""
 
@@ -182,9 +185,9 @@ class KeyQuery:
         self._of_width: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def of_width(self, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """The positions of the keys `width` bytes long, and those keys as a source of
-        `width`-byte keys orders them (8 bytes: native unsigned integers; else `S{width}`),
-        both in key order."""
+        """The positions of the keys `width` bytes long, and those keys as `S{width}`
+        strings (compared as bytes, so in key order; 8 bytes: big-endian integers, the same
+        order), both sorted by key."""
         got = self._of_width.get(width)
         if got is None:
             idx = np.flatnonzero(self._lengths == width)
@@ -193,7 +196,7 @@ class KeyQuery:
             else:
                 q = np.array([self.keys[i] for i in idx.tolist()], dtype=f"S{width}")
             if width == 8:
-                q = q.view(">u8").astype(np.uint64)
+                q = q.view(">u8")  # as the file's keys are searched (`KeyIndex.find`)
             # Sorted, so each search starts where the one before ended (numpy's binary search
             # keeps its lower bound for increasing keys) and walks the file's keys in order.
             order = np.argsort(q)

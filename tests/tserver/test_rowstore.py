@@ -31,6 +31,7 @@ from service.tserver.rowstore import (
     Checksum,
     RowStore,
 )
+from service.tserver.rowstore_files import KeyIndex, KeyQuery
 from tests.helpers.rowstore import Writer
 
 T = ColumnType
@@ -865,3 +866,31 @@ def test_whole_row_writes_of_every_kind_match_a_model(store: RowStore, seed: int
             store.flush()
             store.compact()
     assert rows(store) == [model[k] for k in sorted(model)]
+
+
+@pytest.mark.parametrize("stored", ["width 8", "width 3", "mixed widths"])
+def test_a_key_query_finds_each_key_s_position_in_every_source(stored: str) -> None:
+    """One `KeyQuery` looked up in several sources gives, for each of its keys (any order,
+    any width, repeated), the key's position in each source or -1, as a plain search would;
+    its keys are converted once, not once per source."""
+    rng = np.random.default_rng(9)
+
+    def key(width: int) -> bytes:
+        return bytes(rng.integers(0, 256, width, dtype=np.uint8))
+
+    sources = []
+    for _ in range(3):
+        if stored == "mixed widths":
+            keys = {key(int(rng.integers(1, 6))) for _ in range(300)} | {b"a", b"a\x00"}
+        else:
+            keys = {key(8 if stored == "width 8" else 3) for _ in range(300)}
+        sources.append(sorted(keys))
+    asked = [k for s in sources for k in s[::7]] + [key(8), key(3), key(2), b"a", b"a\x00"]
+    asked += asked[:5]  # repeated keys
+    rng.shuffle(asked)  # type: ignore[arg-type]
+    query = KeyQuery(asked)
+    for keys in sources:
+        index = KeyIndex(pa.array(keys, type=pa.binary()))
+        at = {k: i for i, k in enumerate(keys)}
+        assert index.find(query).tolist() == [at.get(k, -1) for k in asked]
+        assert index.find(asked).tolist() == [at.get(k, -1) for k in asked]
