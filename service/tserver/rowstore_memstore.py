@@ -19,6 +19,11 @@ which finds keys with one vectorized `searchsorted` per file and materializes a 
 when a partial update needs it). The durable side (manifest, files, flush, compaction, scans,
 snapshots) is `rowstore`; the sorted merge behind reads is `rowstore_merge`.
 
+Every replica applies every write, so the common ones skip the per-row loop: a batch of whole
+rows whose keys the memstore does not hold, all INSERTs of new keys or all UPSERTs, is one dict
+update (`_apply_new_keys`), and a flush builds its Arrow columns from whole lists
+(`_to_source`). Both give exactly what the loop gives; a model test holds them to it.
+
 The memstore is read by scans as a sorted Arrow source (the same physical layout as a data
 file), built once per version and cached until the next mutation. A scan or checksum takes a
 `MemSnapshot` between two applies (a copy of the dict) and builds the source from it in a worker
