@@ -5,7 +5,8 @@ Usage: python -m bench.tserver_storage [--rows N] [--batch B]
 Apply: N rows of (int64 key, string, double) as B-row INSERT batches, each validated
 (`decode_write`), encoded and decoded as a Raft entry would be, and applied; the rate counts the
 apply step alone and the whole pipeline. Then every key is inserted again, so every row is
-checked against a data file (all AlreadyExists).
+checked against a data file (all AlreadyExists). Then, as a tablet does it, the same batches
+into a fresh store flushed every 100,000 rows: CPU seconds of the applies and the flushes.
 
 Scan: the same rows flushed to one file (empty memstore, the fast path), scanned in full,
 compared with `pyarrow.parquet.read_table` of the same rows from a local Parquet file written
@@ -111,6 +112,29 @@ def versions(n: int, shape: str, tmp: Path) -> None:
     store.close()
 
 
+def tablet_like(schema: Schema, batches: list[WriteBatch], tmp: Path, every: int = 100_000) -> None:
+    """The same INSERTs into a fresh store flushed every `every` rows, as a tablet flushes
+    (`flush_rows`): CPU seconds of the applies (each key checked against the files flushed so
+    far) and of the flushes."""
+    store = RowStore.create(tmp / "tablet-like", schema)
+    applying = flushing = 0.0
+    rows = 0
+    for i, b in enumerate(batches):
+        t0 = time.process_time()
+        store.apply_write(i + 1, b)
+        applying += time.process_time() - t0
+        rows += b.num_rows
+        if rows % every < b.num_rows:
+            t0 = time.process_time()
+            store.flush()
+            flushing += time.process_time() - t0
+    print(
+        f"apply as a tablet ({rows:,} rows, a flush every {every:,}): CPU {applying:.2f} s "
+        f"applying, {flushing:.2f} s flushing"
+    )
+    store.close()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -156,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         assert errors == n
         print(f"apply of duplicate keys against a file: {n / (t5 - t4):,.0f} rows/s")
         store.flush()
+        tablet_like(schema, batches, Path(tmp))
 
         def scan() -> None:
             rows = sum(b.num_rows for b in store.scan(ScanSpec()))
