@@ -153,20 +153,33 @@ class HybridClock:
         self._last = 0
         self._lock = threading.Lock()
 
+    def _moved_us(self, wall: int) -> int:
+        """How far the wall clock reading `wall` has moved against the monotonic clock since
+        this clock started (0 when it does not watch for jumps)."""
+        if self._anchor is None or self._mono_us is None:
+            return 0
+        wall0, mono0 = self._anchor
+        return wall - (wall0 + self._mono_us() - mono0)
+
+    def stepped(self) -> bool:
+        """Whether the wall clock is now further from the monotonic one than the bound: it was
+        stepped or set (module docstring), so this server assigns and checks no timestamp,
+        while a server whose clock is right can."""
+        return abs(self._moved_us(self._raw_wall_us())) > self.max_error_us
+
     def _wall_us(self) -> int:
         """The wall clock, once it is known not to have jumped (module docstring)."""
         wall = self._raw_wall_us()
-        if self._anchor is not None and self._mono_us is not None:
-            wall0, mono0 = self._anchor
-            moved = wall - (wall0 + self._mono_us() - mono0)
-            if abs(moved) > self.max_error_us:
-                raise ClockError(
-                    f"this server's wall clock has moved {moved / 1e6:+.3f} s against its "
-                    f"monotonic clock since {describe(from_micros(wall0))}: more than "
-                    f"max_clock_error_ms ({self.max_error_us / 1000:.0f} ms). It was stepped "
-                    "or set; no timestamp is assigned or checked here until it is back "
-                    "within the bound (restart the server once the clock is right)"
-                )
+        moved = self._moved_us(wall)
+        if abs(moved) > self.max_error_us:
+            assert self._anchor is not None
+            raise ClockError(
+                f"this server's wall clock has moved {moved / 1e6:+.3f} s against its "
+                f"monotonic clock since {describe(from_micros(self._anchor[0]))}: more than "
+                f"max_clock_error_ms ({self.max_error_us / 1000:.0f} ms). It was stepped "
+                "or set; no timestamp is assigned or checked here until it is back "
+                "within the bound (restart the server once the clock is right)"
+            )
         return wall
 
     @property

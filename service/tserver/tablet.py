@@ -81,6 +81,7 @@ from service.common import failpoints
 from service.common.config import TServerConfig
 from service.common.errors import (
     Aborted,
+    ClockError,
     Corruption,
     FailedPrecondition,
     InvalidArgument,
@@ -454,6 +455,11 @@ class TabletReplica:
         self.node: RaftNode | None = None
         self._flush_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._node_stop: asyncio.Task[None] | None = None
+        """The Raft node's stop, once the replica failed while it ran (`_fail`)."""
+        self._handoff: asyncio.Task[None] | None = None
+        """A leadership transfer away from this server while its clock is stepped
+        (`clock_refusal`)."""
         self._last_apply = 0.0
         self._idle_timer: asyncio.TimerHandle | None = None
         self._placement: Placement | None = None
@@ -564,6 +570,10 @@ class TabletReplica:
         if self._flush_task is not None:
             with contextlib.suppress(Exception):
                 await self._flush_task
+        if self._handoff is not None:
+            self._handoff.cancel()
+        if self._node_stop is not None:
+            await self._node_stop
         if self.node is not None:
             await self.node.aclose()
         if self.store is not None:
@@ -588,7 +598,13 @@ class TabletReplica:
 
     def _fail(self, e: BaseException) -> None:
         """FAILED with `e` as the error; the first failure is kept (what follows it, a flush
-        refused by the failed store, or the stopped Raft loop, is its consequence)."""
+        refused by the failed store, or the stopped Raft loop, is its consequence).
+
+        A FAILED replica serves nothing, so its Raft node stops too if it still runs (a failed
+        flush): left running, a failed leader would keep its followers from electing another
+        while refusing every read and write, and the tablet would be unwritable until this
+        server restarted. Stopped, it is to its group what a dead server is: the others elect
+        a leader, and the master replaces the replica (docs/design/tablet_copy.md#R2)."""
         if self.state is ReplicaState.FAILED:
             return
         log.error("tablet %s failed: %s", self.tablet_id, e)
@@ -597,6 +613,11 @@ class TabletReplica:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+        node = self.node
+        if node is not None and node.fatal is None and self._node_stop is None:
+            self._node_stop = asyncio.get_running_loop().create_task(
+                node.aclose(), name=f"stop-failed-{self.tablet_id}"
+            )
         self.changed()
 
     def delete_files(self) -> None:
@@ -696,9 +717,12 @@ class TabletReplica:
                     refused = Aborted if result.conflict else FailedPrecondition
                     raise refused(f"tablet {self.tablet_id}: {result.reason}")
             else:
-                if req.propagated_timestamp:
-                    self.settings.clock.update(req.propagated_timestamp)
-                ts = self.settings.clock.now()
+                try:
+                    if req.propagated_timestamp:
+                        self.settings.clock.update(req.propagated_timestamp)
+                    ts = self.settings.clock.now()
+                except ClockError as e:
+                    raise self.clock_refusal(e) from None
                 if rid is None:
                     entry = stamped(checked.entry, ts)
                 else:
@@ -1240,8 +1264,16 @@ class TabletReplica:
         """The horizon to give a compaction: the current one once it has moved a quarter of
         `history_max_age_s` (at least a minute) past the store's, else the store's own. A
         file with history is rewritten to drop old versions at most that often, not on every
-        idle flush (docs/design/tablets.md#R5)."""
-        horizon = self._gc_horizon()
+        idle flush (docs/design/tablets.md#R5).
+
+        While this server's clock refuses to tell the time (stepped, or behind what it handed
+        out: hybrid_time.py), the store's own horizon: the compaction keeps every version it
+        kept before, and the replica goes on. A ClockError here used to fail the replica, and
+        a failed leader left the tablet unwritable until its server restarted."""
+        try:
+            horizon = self._gc_horizon()
+        except ClockError:
+            return store.history_horizon
         gap_us = max(60.0, self.settings.history_max_age_s / 4) * 1_000_000
         if physical_us(horizon) - physical_us(store.history_horizon) >= gap_us:
             return horizon
@@ -1329,8 +1361,11 @@ class TabletReplica:
         node = self.running_node()
         if node.status().role is not Role.LEADER:
             raise node.not_leader_error()
-        self.check_snapshot_time(ts)
-        self.settings.clock.update(ts)
+        try:
+            self.check_snapshot_time(ts)
+            self.settings.clock.update(ts)
+        except ClockError as e:
+            raise self.clock_refusal(e) from None
         if self.safe_time < ts:
             await self._advance_safe_time(ts, timeout)
         return node.applied
@@ -1440,6 +1475,32 @@ class TabletReplica:
             promote=promote,
         )
         self.changed()
+
+    def clock_refusal(self, e: ClockError) -> TesseraError:
+        """The error for a request this replica cannot stamp or check because of `e`.
+
+        When the fault is this server's own wall clock, stepped or set (not a timestamp the
+        request brought), another replica can serve the request: it is refused as
+        UNAVAILABLE, which clients retry elsewhere, and a leader hands its leadership to a
+        replica whose clock may be right, so that the tablet goes on taking writes while one
+        server's clock is wrong (docs/design/tablets.md#R4)."""
+        if not self.settings.clock.stepped():
+            return e
+        if self.is_leader() and (self._handoff is None or self._handoff.done()):
+            self._handoff = asyncio.get_running_loop().create_task(
+                self._hand_off(), name=f"clock-handoff-{self.tablet_id}"
+            )
+        return ServiceUnavailable(
+            f"tablet {self.tablet_id}: {e.message}; another replica can serve this request: "
+            "retry there"
+        )
+
+    async def _hand_off(self) -> None:
+        """Step down in favour of the most caught-up voter (best effort: a failed transfer
+        leaves this replica leading, and the next refused request tries again)."""
+        with contextlib.suppress(TesseraError, TimeoutError):
+            node = self.settings.node
+            await self.step_down("", timeout=node.max_election_ticks * node.tick_interval_s)
 
     async def step_down(self, new_leader: str, timeout: float) -> None:
         node = self.running_node()

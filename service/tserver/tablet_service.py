@@ -24,6 +24,7 @@ import pyarrow as pa
 from service.common import failpoints
 from service.common.authz import ANYONE, TSERVERS, Authorizer, Rule, allow
 from service.common.errors import (
+    ClockError,
     InvalidArgument,
     InvalidAuthzToken,
     PermissionDenied,
@@ -599,21 +600,25 @@ class DataServicer(_Base, tpb_grpc.TabletServerServiceServicer):
         exactly (docs/design/tablets.md#R4): the one asked for, or this replica's safe time
         (not older than what the client saw, nor than the history horizon)."""
         clock = replica.settings.clock
-        if ns.propagated_timestamp:
-            clock.update(ns.propagated_timestamp)
-        ts = ns.snapshot_timestamp
-        if not ts:
-            ts = max(replica.safe_time, ns.propagated_timestamp)
-            if ts < replica.history_horizon():
-                ts = clock.now()  # quiet for longer than history is kept: read now
-        replica.check_snapshot_time(ts)
-        if ns.diff_start_timestamp:
-            if ns.diff_start_timestamp >= ts:
-                raise InvalidArgument(
-                    f"diff_start_timestamp {ns.diff_start_timestamp} is not before the snapshot "
-                    f"time {ts}"
-                )
-            replica.check_snapshot_time(ns.diff_start_timestamp)
+        try:
+            if ns.propagated_timestamp:
+                clock.update(ns.propagated_timestamp)
+            ts = ns.snapshot_timestamp
+            if not ts:
+                ts = max(replica.safe_time, ns.propagated_timestamp)
+                if ts < replica.history_horizon():
+                    ts = clock.now()  # quiet for longer than history is kept: read now
+            replica.check_snapshot_time(ts)
+            if ns.diff_start_timestamp:
+                if ns.diff_start_timestamp >= ts:
+                    raise InvalidArgument(
+                        f"diff_start_timestamp {ns.diff_start_timestamp} is not before the "
+                        f"snapshot time {ts}"
+                    )
+                replica.check_snapshot_time(ns.diff_start_timestamp)
+        except ClockError as e:
+            # This server's clock stepped: another replica reads the same snapshot.
+            raise replica.clock_refusal(e) from None
         await replica.wait_safe(ts, timeout)
         return ts
 

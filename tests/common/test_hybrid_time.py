@@ -132,17 +132,20 @@ def test_a_wall_clock_that_jumps_against_the_monotonic_one_stops_timestamps_unti
     wall[0] += 2_000_000
     mono[0] += 2_000_000  # both moved: time passed
     assert clock.now() > first
+    assert not clock.stepped()
     wall[0] += 600_000_000  # stepped ten minutes ahead
+    assert clock.stepped()
     for call in (clock.now, lambda: clock.check(first), lambda: clock.update(clock.last + 1)):
         with pytest.raises(ClockError, match=r"moved \+600\.000 s against its monotonic clock"):
             call()
     assert clock.observe(clock.last + 2) is False  # applied entries are still taken in
     wall[0] -= 600_000_000 + 300_000  # set back, 0.3 s behind where it should be: within
     later = clock.now()
-    assert later > first
+    assert later > first and not clock.stepped()
     wall[0] -= 700_000  # now 1 s behind
+    assert clock.stepped()
     with pytest.raises(ClockError, match=r"moved -1\.000 s"):
         clock.now()
     plain = HybridClock(500_000, wall_us=lambda: wall[0])  # no monotonic clock: not watched
     wall[0] += 600_000_000
-    assert plain.now() > 0
+    assert plain.now() > 0 and not plain.stepped()

@@ -105,3 +105,53 @@ def run(body: Callable[[Path], Awaitable[None]]) -> Callable[[Path], None]:
 
     test.__name__ = body.__name__
     return test
+
+
+class Group:
+    """`size` tablet servers in this process, each a `Server` (with `settings`), and the
+    tablets created on all of them as one Raft group: a replicated tablet with no master and
+    no process boundary, for faults that are injected into one server's objects."""
+
+    def __init__(self, base: Path, size: int = 3, **settings: Any) -> None:
+        self.servers = [Server(base / f"ts-{i}", **settings) for i in range(size)]
+
+    async def start(self) -> None:
+        for s in self.servers:
+            await s.start()
+
+    async def stop(self) -> None:
+        for s in self.servers:
+            if s.ts is not None:
+                await s.stop()
+
+    async def __aenter__(self) -> Group:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
+    async def create(self, tablet_id: str) -> None:
+        peers = []
+        for s in self.servers:
+            assert s.ts is not None
+            peers.append((s.uuid, s.ts.address))
+        for s in self.servers:
+            await s.admin.CreateTablet(create_request(s.uuid, tablet_id, peers))
+
+    async def leader(self, tablet_id: str, timeout: float = 30.0) -> Server:
+        """The server whose replica of `tablet_id` leads, is RUNNING and has committed its
+        term's first entry (so it takes writes), waiting up to `timeout` seconds for one."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            for s in self.servers:
+                assert s.ts is not None
+                replica = s.ts.tablets.get(tablet_id)
+                node = replica.node
+                if replica.is_leader() and node is not None:
+                    st = node.status()
+                    if st.commit >= st.last_index:
+                        return s
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{tablet_id}: no leader within {timeout:.0f}s")

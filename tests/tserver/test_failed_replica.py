@@ -1,6 +1,11 @@
 """A log entry that does not apply fails its replica, never the server (tablet.py, "Applying
 never takes the server down"), in one real tablet server in-process.
 
+A replica that fails while it leads stops leading, so its group elects another leader
+(docs/design/tablet_copy.md#R2); and a server whose wall clock is stepped does not fail its
+replicas when they flush and compact, but goes on once the clock is right (three servers
+in-process, the fault injected into one server's objects).
+
 A poison write planted in a stopped replica's WAL (service/testing/poison_log.py: bytes that
 segfault pyarrow if read unvalidated) makes the replay fail that replica, FAILED with the
 entry's index and the cause, on every restart, while the server's other replica serves. A write
@@ -11,12 +16,14 @@ replayed after a restart instead of being skipped with part of it applied.
 from __future__ import annotations
 
 import asyncio
+import errno
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from service.common.config import RaftSettings
 from service.common.schema import Schema
 from service.pb import master_pb2 as mpb
 from service.testing.poison_log import plant_committed_entry, poison_write_entry
@@ -25,8 +32,8 @@ from service.tserver import rowstore
 from service.tserver.row_ops import WriteBatch
 from service.tserver.rowstore import RowStore
 from service.tserver.rowstore_memstore import MemStore, OlderVersions
-from service.tserver.tablet import ReplicaState
-from tests.helpers.tserver_inproc import Server, run
+from service.tserver.tablet import ReplicaState, TabletReplica
+from tests.helpers.tserver_inproc import Group, Server, run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -166,3 +173,104 @@ async def _apply_raises_half_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         assert (await scan_all(s.data, s.uuid, "t")).num_rows == 20  # replayed, not skipped
     finally:
         await s.stop()
+
+
+FAST_RAFT = RaftSettings(
+    heartbeat_interval_ms=100,
+    election_timeout_ms=500,
+    election_jitter_ms=200,
+    election_timeout_max_ms=1000,
+    tick_interval_ms=50,
+)
+
+
+async def _wait_idle_flush(replica: TabletReplica, timeout: float = 30.0) -> None:
+    """Until the replica's idle flush (and the compaction after it) is over, or the replica
+    FAILED."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        store = replica.store
+        if replica.state is ReplicaState.FAILED or (store and store.memstore_rows() == 0):
+            await replica.flush()  # waits for the idle flush's compaction to end
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{replica.tablet_id}: neither flushed nor failed in {timeout:.0f}s")
+
+
+async def _leader_of_new_tablet(group: Group) -> tuple[Server, TabletReplica]:
+    """Tablet "t" created on every server of `group`: its leader, and the leader's replica."""
+    await group.create("t")
+    leader = await group.leader("t")
+    assert leader.ts is not None
+    return leader, leader.ts.tablets.get("t")
+
+
+async def _write(s: Server, lo: int, hi: int) -> int:
+    """Rows [lo, hi) written through `s`, all applied; their commit timestamp."""
+    resp = await s.data.Write(write_request(s.uuid, "t", rows(lo, hi)))
+    assert resp.rows_applied == hi - lo and not resp.per_row_errors
+    return resp.commit_timestamp
+
+
+@run
+async def test_a_leader_whose_wall_clock_is_stepped_hands_over_and_keeps_its_replica(
+    tmp_path: Path,
+) -> None:
+    # The chaos campaign's clock nemesis set a leader's clock back 797 s: its idle flush asked
+    # the clock for the history horizon, got ClockError, and failed the replica, which went on
+    # leading while refusing every write until its server restarted. Now the replica stays,
+    # the leadership moves to a server whose clock is right, and writes go on meanwhile.
+    async with Group(tmp_path, flush_idle_ms=100, raft=FAST_RAFT) as group:
+        stepped, replica = await _leader_of_new_tablet(group)
+        await _write(stepped, 0, 10)
+        clock = replica.settings.clock
+        real = clock._raw_wall_us
+        clock._raw_wall_us = lambda: real() - 797_000_000  # stepped back, as `date -s` does
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _write(stepped, 10, 20)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # clients retry elsewhere
+        assert "moved -797.000 s against its monotonic clock" in str(refused.value.details())
+        await _wait_idle_flush(replica)  # the idle flush, and its compaction, ran
+        assert replica.state is ReplicaState.RUNNING, replica.error
+        leader = await group.leader("t")
+        assert leader is not stepped  # handed over
+        at = await _write(leader, 10, 20)
+        # A snapshot read on the stepped replica is refused as UNAVAILABLE too (a client reads
+        # another replica); on the others it reads every acknowledged row.
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await scan_all(stepped.data, stepped.uuid, "t", snapshot_timestamp=at)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert (await scan_all(leader.data, leader.uuid, "t", snapshot_timestamp=at)).num_rows == 20
+        clock._raw_wall_us = real  # set right: the replica serves again
+        assert (
+            await scan_all(stepped.data, stepped.uuid, "t", snapshot_timestamp=at)
+        ).num_rows == 20
+        await _write(await group.leader("t"), 20, 30)
+
+
+@run
+async def test_a_leader_whose_flush_fails_stops_and_another_replica_leads(
+    tmp_path: Path,
+) -> None:
+    async with Group(tmp_path, flush_idle_ms=100, raft=FAST_RAFT) as group:
+        leader, replica = await _leader_of_new_tablet(group)
+        store = replica.store
+        assert store is not None
+
+        def disk_full(*_: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        store.write_frozen = disk_full  # type: ignore[method-assign]
+        await _write(leader, 0, 10)
+        await _wait_idle_flush(replica)
+        assert replica.state is ReplicaState.FAILED
+        assert "No space left on device" in str(replica.error)
+        # The failed replica no longer leads: the other two elect a leader, which takes
+        # writes and has every acknowledged row.
+        new = await group.leader("t")
+        assert new is not leader
+        await _write(new, 10, 20)
+        assert (await scan_all(new.data, new.uuid, "t")).num_rows == 20
+        states = await leader.replicas()
+        assert states["t"].state == mpb.REPLICA_FAILED
