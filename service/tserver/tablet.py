@@ -1038,18 +1038,23 @@ class TabletReplica:
             done = self.txns.prepare_timestamp(txn_id)
             if done:
                 return done
-            prepared = cast(
-                int, await node.propose(txns.prepare_entry(txn_id, clock.now()), timeout)
-            )
+            try:
+                stamp = clock.now()
+            except ClockError as e:
+                raise self.clock_refusal(e) from None
+            prepared = cast(int, await node.propose(txns.prepare_entry(txn_id, stamp), timeout))
             failpoints.hit("txn_participant:after_prepare")
             return prepared
         if req.op == tpb.TxnParticipantOpRequestPB.COMMIT:
             ts = int(req.commit_timestamp)
             if not ts:
                 raise InvalidArgument("commit_timestamp: required for COMMIT")
-            clock.check(ts)
-            # What this leader stamps next comes after the commit (tablets.md#R4).
-            clock.update(ts)
+            try:
+                clock.check(ts)
+                # What this leader stamps next comes after the commit (tablets.md#R4).
+                clock.update(ts)
+            except ClockError as e:
+                raise self.clock_refusal(e) from None
             kept = list(req.kept_attempts) if req.kept_attempts else None
             await self._commit_parts(node, txn_id, ts, kept, timeout)
             failpoints.hit("txn_participant:after_commit")

@@ -139,14 +139,19 @@ class Group:
         for s in self.servers:
             await s.admin.CreateTablet(create_request(s.uuid, tablet_id, peers))
 
-    async def leader(self, tablet_id: str, timeout: float = 30.0) -> Server:
-        """The server whose replica of `tablet_id` leads, is RUNNING and has committed its
-        term's first entry (so it takes writes), waiting up to `timeout` seconds for one."""
+    async def leader(
+        self, tablet_id: str, timeout: float = 30.0, other_than: Server | None = None
+    ) -> Server:
+        """The server (not `other_than`) whose replica of `tablet_id` leads, is RUNNING and has
+        committed its term's first entry (so it takes writes), waiting up to `timeout` seconds
+        for one."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while loop.time() < deadline:
             for s in self.servers:
                 assert s.ts is not None
+                if s is other_than:
+                    continue
                 replica = s.ts.tablets.get(tablet_id)
                 node = replica.node
                 if replica.is_leader() and node is not None:

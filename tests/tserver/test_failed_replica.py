@@ -24,8 +24,10 @@ import grpc
 import pytest
 
 from service.common.config import RaftSettings
+from service.common.errors import NotTheLeader, ServiceUnavailable
 from service.common.schema import Schema
 from service.pb import master_pb2 as mpb
+from service.pb import tserver_pb2 as tpb
 from service.testing.poison_log import plant_committed_entry, poison_write_entry
 from service.testing.tablet_fixtures import SCHEMA, rows, scan_all, write_request
 from service.tserver import rowstore
@@ -233,8 +235,7 @@ async def test_a_leader_whose_wall_clock_is_stepped_hands_over_and_keeps_its_rep
         assert "moved -797.000 s against its monotonic clock" in str(refused.value.details())
         await _wait_idle_flush(replica)  # the idle flush, and its compaction, ran
         assert replica.state is ReplicaState.RUNNING, replica.error
-        leader = await group.leader("t")
-        assert leader is not stepped  # handed over
+        leader = await group.leader("t", other_than=stepped)  # handed over
         at = await _write(leader, 10, 20)
         # A snapshot read on the stepped replica is refused as UNAVAILABLE too (a client reads
         # another replica); on the others it reads every acknowledged row.
@@ -268,9 +269,31 @@ async def test_a_leader_whose_flush_fails_stops_and_another_replica_leads(
         assert "No space left on device" in str(replica.error)
         # The failed replica no longer leads: the other two elect a leader, which takes
         # writes and has every acknowledged row.
-        new = await group.leader("t")
-        assert new is not leader
+        new = await group.leader("t", other_than=leader)
         await _write(new, 10, 20)
         assert (await scan_all(new.data, new.uuid, "t")).num_rows == 20
         states = await leader.replicas()
         assert states["t"].state == mpb.REPLICA_FAILED
+
+
+@run
+async def test_a_transaction_participant_whose_clock_is_stepped_refuses_as_unavailable(
+    tmp_path: Path,
+) -> None:
+    # The coordinator retries a refused prepare or commit; UNAVAILABLE also moves the
+    # leadership, so that its retry meets a leader whose clock is right.
+    async with Group(tmp_path, raft=FAST_RAFT) as group:
+        stepped, replica = await _leader_of_new_tablet(group)
+        clock = replica.settings.clock
+        real = clock._raw_wall_us
+        clock._raw_wall_us = lambda: real() + 600_000_000  # stepped ten minutes ahead
+        prepare = tpb.TxnParticipantOpRequestPB(txn_id=7, op=tpb.TxnParticipantOpRequestPB.PREPARE)
+        with pytest.raises(ServiceUnavailable, match=r"moved \+600\.\d+ s against its monotonic"):
+            await replica.txn_op(prepare, timeout=5)
+        commit = tpb.TxnParticipantOpRequestPB(
+            txn_id=7, op=tpb.TxnParticipantOpRequestPB.COMMIT, commit_timestamp=clock.last + 1
+        )
+        with pytest.raises((ServiceUnavailable, NotTheLeader)):  # handed over meanwhile
+            await replica.txn_op(commit, timeout=5)
+        await group.leader("t", other_than=stepped)  # handed over
+        clock._raw_wall_us = real
