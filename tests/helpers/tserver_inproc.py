@@ -2,8 +2,9 @@
 server's tests.
 
 `Server` starts a `TabletServer` with no master (insecure, a master address nobody serves) and
-stubs for its admin and data services; `run` turns an async test body into a sync pytest test
-(the suite has no asyncio plugin).
+stubs for its admin and data services; `Group` runs several and creates tablets replicated
+across them, for faults injected into one server's objects; `run` turns an async test body
+into a sync pytest test (the suite has no asyncio plugin).
 """
 
 from __future__ import annotations
@@ -114,15 +115,20 @@ class Group:
 
     def __init__(self, base: Path, size: int = 3, **settings: Any) -> None:
         self.servers = [Server(base / f"ts-{i}", **settings) for i in range(size)]
+        self._started: list[Server] = []
 
     async def start(self) -> None:
-        for s in self.servers:
-            await s.start()
+        try:
+            for s in self.servers:
+                await s.start()
+                self._started.append(s)
+        except BaseException:
+            await self.stop()  # those already started: nothing is left running
+            raise
 
     async def stop(self) -> None:
-        for s in self.servers:
-            if s.ts is not None:
-                await s.stop()
+        while self._started:
+            await self._started.pop().stop()
 
     async def __aenter__(self) -> Group:
         await self.start()
