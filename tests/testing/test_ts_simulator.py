@@ -2,7 +2,8 @@
 config changes, edge-triggered reports, and the same rule across shards over the bus.
 
 Pure and fast: the simulator is driven through its admin operations and report builder
-directly (no gRPC), except the shard test, which runs two simulators' buses on Unix sockets.
+directly (no gRPC), except the shard test, which runs two simulators' buses on Unix sockets, and
+the backoff test, whose heartbeats go to a port nothing listens on.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -357,3 +359,33 @@ def test_a_shard_link_cut_by_shutdown_ends_without_an_error_in_the_log() -> None
         os.chmod(tmp, 0o700)
         asyncio.run(main(Path(tmp)))
     assert errors == []
+
+
+def test_a_link_whose_heartbeats_fail_backs_off_as_a_real_server() -> None:
+    """A master that does not answer (nothing listens on MASTER) is heartbeated at the
+    fleet's pace for `max_failures` failures, then after 2, 4, 8 and at most 10 intervals;
+    an answer would reset the count. Real gRPC calls, each refused at once."""
+
+    async def main() -> None:
+        sim = FleetSimulator([MASTER], ["ts-1"], heartbeat_interval_s=1.0, rpc_timeout_s=2.0)
+        await sim.start()
+        try:
+            assert sim._loop_task is not None
+            sim._loop_task.cancel()  # rounds are driven below, one at a time
+            link = sim.servers["ts-1"].links[MASTER]
+            waits = []
+            for _ in range(8):
+                link.next_due = 0.0  # due now: each round below sends one heartbeat
+                before = sim.heartbeats_failed
+                await sim.beat_once()
+                assert sim.heartbeats_failed == before + 1
+                waits.append(round(link.next_due - time.monotonic() + 0.5) if link.next_due else 0)
+            assert [link.failures] == [8]
+            assert waits == [0, 0, 0, 2, 4, 8, 10, 10]
+            # Not due during its backoff: a round leaves it alone.
+            await sim.beat_once()
+            assert sim.heartbeats_failed == 8
+        finally:
+            await sim.aclose()
+
+    asyncio.run(main())
