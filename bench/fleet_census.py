@@ -7,11 +7,15 @@ tablet the catalog lists on three servers may be hosted on two (a CreateTablet t
 landed), or have no leader in the fleet (its group lost its majority); a server may host a
 replica the catalog has no record of. The census asks every simulated server for its
 replicas (GetConsensusState, the admin call a master uses to confirm membership claims) and
-every table's locations from the leader, and counts each kind of disagreement.
+every table's locations from the leader, and counts each kind of disagreement. A simulated
+server that does not answer (its shard's loop starved on an overloaded host) is asked again a
+few times, then counted as unreachable: the census says what it could not check instead of
+ending the benchmark with a traceback.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +42,9 @@ class Census:
     """Tablets the catalog lists whose replicas in the fleet name no leader among them."""
     unlisted: list[tuple[str, str]] = field(default_factory=list)
     """(tablet, server): hosted, not listed by the catalog (orphans, or not yet deleted)."""
+    unreachable: list[str] = field(default_factory=list)
+    """Servers that did not answer GetConsensusState within ATTEMPTS tries: their replicas are
+    counted as not hosted, so a census with any is not exact."""
 
     def line(self) -> str:
         def few(items: Iterable[Any]) -> str:
@@ -49,33 +56,59 @@ class Census:
             f"{len(self.missing)} listed replicas not hosted{few(self.missing)}, "
             f"{len(self.leaderless)} tablets without a leader{few(self.leaderless)}, "
             f"{len(self.unlisted)} hosted replicas not listed{few(self.unlisted)}"
+            + (
+                f"; {len(self.unreachable)} servers did not answer{few(self.unreachable)}"
+                if self.unreachable
+                else ""
+            )
         )
+
+
+ATTEMPTS = 3
+"""Tries of one server's GetConsensusState (each with a 30 s deadline) before it is counted as
+unreachable."""
+
+RETRIED = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
 
 
 async def _fleet(
     channel_for: Any, shard_addresses: list[str], uuids: list[str]
-) -> tuple[dict[tuple[str, str], int], dict[str, str]]:
-    """(hosted (tablet, server) -> role, tablet -> the leader its leader replica names)."""
+) -> tuple[dict[tuple[str, str], int], dict[str, str], list[str]]:
+    """(hosted (tablet, server) -> role, tablet -> the leader its leader replica names,
+    servers that never answered)."""
     hosted: dict[tuple[str, str], int] = {}
     leaders: dict[str, str] = {}
+    answered: set[str] = set()
+    timed_out: set[str] = set()
     for address in shard_addresses:
         stub = tserver_pb2_grpc.TabletServerAdminServiceStub(channel_for(address))
         for uuid in uuids:
-            try:
-                r = await stub.GetConsensusState(
-                    tpb.GetConsensusStateRequestPB(dest_uuid=uuid), timeout=30
-                )
-            except grpc.aio.AioRpcError as e:
-                if e.code() == grpc.StatusCode.FAILED_PRECONDITION and "no simulated" in (
-                    e.details() or ""
-                ):
-                    continue  # that server lives in another shard
-                raise
+            r = None
+            for attempt in range(ATTEMPTS):
+                try:
+                    r = await stub.GetConsensusState(
+                        tpb.GetConsensusStateRequestPB(dest_uuid=uuid), timeout=30
+                    )
+                    break
+                except grpc.aio.AioRpcError as e:
+                    if e.code() == grpc.StatusCode.FAILED_PRECONDITION and "no simulated" in (
+                        e.details() or ""
+                    ):
+                        break  # that server lives in another shard
+                    if e.code() not in RETRIED:
+                        raise
+                    if attempt == ATTEMPTS - 1:
+                        timed_out.add(uuid)  # by this shard, which may not host it
+                    else:
+                        await asyncio.sleep(1.0 * (attempt + 1))
+            if r is None:
+                continue
+            answered.add(uuid)
             for entry in r.tablets:
                 hosted[(entry.tablet_id, uuid)] = entry.role
                 if entry.role == pb.LEADER and entry.consensus_state.leader_uuid == uuid:
                     leaders[entry.tablet_id] = uuid
-    return hosted, leaders
+    return hosted, leaders, sorted(timed_out - answered)
 
 
 async def take_census(
@@ -83,8 +116,8 @@ async def take_census(
 ) -> Census:
     """`master`: the leader's MasterService stub; `channel_for(address)`: an admin channel to a
     simulator shard's admin port."""
-    hosted, leaders = await _fleet(channel_for, shard_addresses, uuids)
-    out = Census()
+    hosted, leaders, unreachable = await _fleet(channel_for, shard_addresses, uuids)
+    out = Census(unreachable=unreachable)
     listed: set[tuple[str, str]] = set()
     tables = await master.ListTables(pb.ListTablesRequestPB(), timeout=60)
     for table in tables.tables:
