@@ -586,13 +586,18 @@ async def caught_up(m: Masters, name: str, timeout: float) -> None:
     failures at once. The applied index alone is not enough: a master replays its own log on
     start, which can reach the target before it has heard from the leader at all (10 s later
     at 200,000 tablets)."""
+    deadline = time.monotonic() + timeout
     await m.poll()
+    while not m.leader:  # between terms (a split vote): no master says it leads yet
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no master led within {timeout:.0f} s of {name}'s restart")
+        await asyncio.sleep(0.5)
+        await m.poll()
     leader = m.cluster.by_address(m.leader)
     target = await asyncio.to_thread(metric, leader.http_address, "tessera_raft_commit_index")
     if target is None:
         raise RuntimeError(f"the leader {m.leader} has no tessera_raft_commit_index")
     node = m.cluster.masters[name]
-    deadline = time.monotonic() + timeout
     while True:
         applied, term = "tessera_raft_applied_index", "tessera_raft_term"
         values = await asyncio.to_thread(metrics, node.http_address, applied, term)
