@@ -12,7 +12,10 @@ Everything that touches the RawNode happens in `_run`, one loop iteration at a t
      next Ready: a leader sends its appends, the WAL records are encoded and written here (in
      the worker thread too when they are large), and the fdatasync runs in a worker thread
      (`syncer.py`) while this loop carries on. Applying takes turns with the process's other
-     groups when it is given `apply_slice_s` (turns.py).
+     groups when it is given `apply_slice_s` (turns.py). A state machine that decodes large
+     entries ahead (`DecodingStateMachine`) is handed each appended entry, and a Ready whose
+     committed entries are still being decoded waits as during an fsync
+     (docs/design/consensus.md#R11).
 
 *Group commit, pipelined.* While a Ready's fdatasync runs, the loop does not wait for it: the
 event loop keeps taking requests, and messages and proposals pile up (the core may be stepped
@@ -62,7 +65,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from service.common.errors import (
     Aborted,
@@ -78,6 +81,7 @@ from service.consensus import syncer, ticker, turns
 from service.consensus.batching import Deadlines, Pacer
 from service.consensus.node_api import (
     AnchoredStateMachine,
+    DecodingStateMachine,
     LeaderChange,
     NodeSettings,
     Sender,
@@ -111,6 +115,7 @@ from service.raft.coalesce import coalesce
 
 __all__ = [
     "AnchoredStateMachine",
+    "DecodingStateMachine",
     "LeaderChange",
     "NodeSettings",
     "RaftNode",
@@ -139,12 +144,22 @@ def _entry_bytes(rd: Ready) -> int:
 
 @dataclass(slots=True)
 class _Persist:
-    """A Ready being made durable: `done` resolves when its write (and fdatasync) is done."""
+    """A Ready being made durable: `done` resolves when its write (and fdatasync) is done, and
+    the decoding ahead of its committed entries has ended (`RaftNode._decode_ahead`)."""
 
     ready: Ready
-    done: asyncio.Future[None]
+    done: asyncio.Future[Any]
     synced: bool
     started: float
+    apply_late: bool = False
+    """A leader's Ready whose committed entries wait for their decoding: applied in
+    `_finish_ready`, not before the fsync as a leader's otherwise are."""
+    synced_at: float = 0.0
+    """When the write and fdatasync ended (the fsync metrics count this, not the decoding)."""
+
+
+def _synced_at(p: _Persist, _: asyncio.Future[Any]) -> None:
+    p.synced_at = time.perf_counter()
 
 
 class RaftNode:
@@ -176,6 +191,9 @@ class RaftNode:
         self.last_snapshot_index = self.applied
         self._anchored = isinstance(state_machine, AnchoredStateMachine)
         """Snapshots are anchors to the state machine's own files, never sent (snapshots.py)."""
+        self._decoder = state_machine if isinstance(state_machine, DecodingStateMachine) else None
+        self._decoding: dict[int, asyncio.Future[None]] = {}
+        """Entries appended and still being decoded ahead of their apply, by index."""
         self._configs = ConfigHistory(self.applied, self.applied_config)
         for node, addr in recovered.addresses.items():
             transport.set_address(node, addr)
@@ -720,9 +738,11 @@ class RaftNode:
         counts itself toward a commit only in `advance` (docs/design/consensus.md#R1). The
         fdatasync runs in a worker thread; `_finish_ready` completes the Ready once it is done."""
         self._learn_addresses(rd.entries)
+        decoding = self._decode_ahead(rd)
         if rd.send_before_persist:
             self._send(rd.messages, hold_commit_only=True)
-            await self._apply_ready(rd)
+            if not decoding:
+                await self._apply_ready(rd)
         store = self.store
         job: Callable[[], None] | None = None
         if store.writes_metadata(rd) or _entry_bytes(rd) > WRITE_ON_LOOP_BYTES:
@@ -732,18 +752,50 @@ class RaftNode:
         elif store.write(rd):  # WAL records, written here; only the fdatasync is left
             job = store.sync
         started = time.perf_counter()
-        done: asyncio.Future[None]
+        done: asyncio.Future[Any]
         if job is None:
             done = asyncio.get_running_loop().create_future()
             done.set_result(None)
         else:
             done = self._syncer.submit(job)
             done.add_done_callback(self._persisted)
-        self._persisting = _Persist(rd, done, job is not None, started)
-        if job is None:
+        synced = done
+        apply_late = rd.send_before_persist and bool(decoding)
+        if decoding:
+            # Heartbeats and their answers go on meanwhile, as during an fsync (`_run`).
+            done = asyncio.gather(done, *decoding)
+            done.add_done_callback(self._persisted)
+        self._persisting = _Persist(rd, done, job is not None, started, apply_late)
+        if job is not None:
+            synced.add_done_callback(functools.partial(_synced_at, self._persisting))
+        if job is None and not decoding:
             await self._finish_ready()
 
-    def _persisted(self, _: asyncio.Future[None]) -> None:
+    def _decode_ahead(self, rd: Ready) -> list[asyncio.Future[None]]:
+        """Hand the state machine the entries this Ready appends, to decode before they
+        commit, and return the decodings its committed entries still wait for
+        (docs/design/consensus.md#R11). Those hold the Ready as its fsync does: the loop goes on
+        stepping messages and sending heartbeats and their answers, and applies once they end,
+        so a large entry's decoding never holds the loop in one piece."""
+        if self._decoder is None:
+            return []
+        for e in rd.entries:
+            if e.type is EntryType.NORMAL and e.data:
+                fut = self._decoder.decode_ahead(e.index, e.data)
+                if fut is None:
+                    self._decoding.pop(e.index, None)  # an overwritten entry's decoding
+                else:
+                    self._decoding[e.index] = fut
+        if not self._decoding:
+            return []
+        waits = []
+        for e in rd.committed_entries:
+            fut = self._decoding.pop(e.index, None)
+            if fut is not None and not fut.done():
+                waits.append(fut)
+        return waits
+
+    def _persisted(self, _: asyncio.Future[Any]) -> None:
         self._wakeup.set()
 
     async def _finish_ready(self) -> None:
@@ -755,12 +807,14 @@ class RaftNode:
         if p.synced:
             m = self.metrics
             m["fsyncs"] += 1
-            m["fsync_seconds"] += time.perf_counter() - p.started
+            m["fsync_seconds"] += (p.synced_at or time.perf_counter()) - p.started
             m["fsync_entries"] += len(rd.entries)
         RaftStore.apply_to_memory(self.storage, rd)
         if not rd.send_before_persist:
             # 2. send, only now that what the messages promise is durable; 3. apply.
             self._send(rd.messages, hold_commit_only=False)
+            await self._apply_ready(rd)
+        elif p.apply_late:
             await self._apply_ready(rd)
         self.raw.advance(rd)
         self._wake_applied()
@@ -801,6 +855,8 @@ class RaftNode:
             self.applied_config = rd.snapshot.meta.config
             self.last_snapshot_index = self.applied
             self._configs.reset(self.applied, self.applied_config)
+            for index in [i for i in self._decoding if i <= self.applied]:
+                del self._decoding[index]  # never applied: the snapshot holds them
             for index in [i for i in self._waiting if i <= self.applied]:
                 _, fut = self._waiting.pop(index)
                 if not fut.done():

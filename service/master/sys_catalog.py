@@ -39,6 +39,11 @@ An entry is applied in this fixed order:
      copy-on-write caches ("commit in memory after replication": the state-change contract,
      docs/design/catalog.md#R5).
 
+Steps 3 and 6 may have been done before the entry committed: a large entry (a CreateTable of
+thousands of tablets) is decoded ahead in slices, with the event loop running between them
+(`decode_ahead`, docs/design/consensus.md#R11), and apply takes those records if they are of
+the same bytes at the same index, decoding whatever is left itself.
+
 A write refused in steps 3-7 changes nothing at all, its request id included, and comes back as
 an `ApplyResult` with a `Refusal` (an error code and a message naming the offending id). The
 refusal means "this attempt did not happen" (before its commit point an operation leaves no
@@ -80,11 +85,12 @@ forgotten request is refused as stale rather than run twice).
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import gc
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeAlias, TypeVar, cast
 
@@ -217,6 +223,47 @@ CatalogChange: TypeAlias = ApplyResult | Restored
 Listener: TypeAlias = Callable[[CatalogChange], None]
 
 
+DECODE_AHEAD_BYTES = 64 * 1024
+"""Entries from this size (about 450 tablets of a CreateTable) are decoded ahead of apply."""
+
+DECODE_SLICE = 256
+"""Ops decoded between two turns of the event loop (a few milliseconds)."""
+
+_Decoded: TypeAlias = tuple[Record, RowKey, bytes]
+"""An op's record, its key and its bytes as stored."""
+
+
+def _decode_op(op: pb.CatalogRowOpPB, path: str) -> _Decoded:
+    """Decode and validate an INSERT, UPDATE or UPSERT op's record (a DELETE has none)."""
+    if op.kind not in (
+        pb.CatalogRowOpPB.INSERT,
+        pb.CatalogRowOpPB.UPDATE,
+        pb.CatalogRowOpPB.UPSERT,
+    ):
+        raise InvalidArgument(f"{path}.kind: unknown or missing kind {op.kind}")
+    which = op.WhichOneof("record")
+    if which is None or which == "key":
+        raise InvalidArgument(f"{path}: record missing")
+    entry_type = entry_type_of_field(which)
+    message = getattr(op, which)
+    assert isinstance(message, record_message(entry_type))
+    record = record_from_pb(entry_type, message)
+    return record, record_key(record), message.SerializeToString(deterministic=True)
+
+
+@dataclass
+class _Ahead:
+    """An entry's decoding ahead of its apply (`SysCatalogState.decode_ahead`)."""
+
+    data: bytes
+    write: pb.CatalogWritePB
+    decoded: list[_Decoded | None]
+    """Ops 0..len-1 decoded, in order (None: a DELETE, decoded at apply)."""
+    ended: asyncio.Future[None]
+    """Done when the decoding has ended, however: what the Raft node waits for."""
+    task: asyncio.Task[None] | None = None
+
+
 @dataclass
 class _Staged:
     key: RowKey
@@ -252,6 +299,9 @@ class SysCatalogState:
         self._live_names: dict[str, str] = {}
         self._applied_index = 0
         self._listeners: list[Listener] = []
+        self._ahead: dict[int, _Ahead] = {}
+        """Large entries appended and decoded (or being decoded) before they commit, by index
+        (`decode_ahead`)."""
 
     # --- StateMachine ------------------------------------------------------------------------
 
@@ -267,10 +317,14 @@ class SysCatalogState:
         req: RequestId | None = None
         operation = ""
         try:
-            try:
-                write = pb.CatalogWritePB.FromString(data)
-            except DecodeError:
-                raise InvalidArgument(f"entry {index}: not a CatalogWritePB") from None
+            ahead = self._take_ahead(index, data)
+            if ahead is not None:
+                write = ahead.write
+            else:
+                try:
+                    write = pb.CatalogWritePB.FromString(data)
+                except DecodeError:
+                    raise InvalidArgument(f"entry {index}: not a CatalogWritePB") from None
             operation = write.operation
             if write.HasField("request_id"):
                 req = request_id_from_pb(write.request_id)
@@ -284,7 +338,7 @@ class SysCatalogState:
                         duplicate_of=seen.index,
                     )
             self._check_preconditions(write.expected)
-            staged = self._stage(write.ops)
+            staged = self._stage(write.ops, ahead.decoded if ahead is not None else [])
             self._check_invariants(staged)
         except TesseraError as e:
             log.info("sys.catalog: entry %d (%s) refused: %s", index, operation or "-", e)
@@ -372,6 +426,71 @@ class SysCatalogState:
         self._live_names = fresh._live_names
         self._applied_index = fresh._applied_index
         self._notify(Restored(self._applied_index))
+
+    # --- decoding ahead ----------------------------------------------------------------------
+
+    def decode_ahead(self, index: int, data: bytes) -> asyncio.Future[None] | None:
+        """Decode the records of a large entry appended at `index` before it commits, in
+        slices of DECODE_SLICE ops with the event loop running between them
+        (docs/design/consensus.md#R11); `apply` then stages the decoded records instead of
+        decoding them in one piece. Small entries (under DECODE_AHEAD_BYTES) are left to
+        apply. The decoding is a function of the bytes alone, so it stays valid whatever is
+        applied meanwhile (a snapshot included); apply uses it only for the same bytes at the
+        same index (an entry a new leader overwrote is decoded again, or at apply)."""
+        if index in self._ahead:
+            self._forget_ahead(index)  # an entry a new leader overwrote
+        if len(data) < DECODE_AHEAD_BYTES or index <= self._applied_index:
+            return None
+        for stale in [i for i in self._ahead if i <= self._applied_index]:
+            self._forget_ahead(stale)
+        try:
+            write = pb.CatalogWritePB.FromString(data)
+        except DecodeError:
+            return None  # apply refuses it
+        loop = asyncio.get_running_loop()
+        ahead = _Ahead(data, write, [], loop.create_future())
+        ahead.task = loop.create_task(self._decode_slices(ahead), name=f"decode-ahead-{index}")
+        self._ahead[index] = ahead
+        return ahead.ended
+
+    async def _decode_slices(self, ahead: _Ahead) -> None:
+        try:
+            for i, op in enumerate(ahead.write.ops):
+                if i and i % DECODE_SLICE == 0:
+                    await asyncio.sleep(0)
+                if op.kind == pb.CatalogRowOpPB.DELETE:
+                    ahead.decoded.append(None)  # nothing to decode: apply reads the key
+                    continue
+                try:
+                    ahead.decoded.append(_decode_op(op, f"ops[{i}]"))
+                except Exception:  # apply decodes it again, and refuses the entry naming it
+                    return
+        finally:
+            if not ahead.ended.done():
+                ahead.ended.set_result(None)
+
+    def _take_ahead(self, index: int, data: bytes) -> _Ahead | None:
+        """The decoding ahead of the entry being applied, if it is of these bytes; what it has
+        not reached yet is decoded by `_stage`."""
+        ahead = self._ahead.pop(index, None)
+        for stale in [i for i in self._ahead if i < index]:
+            self._forget_ahead(stale)
+        if ahead is None:
+            return None
+        if ahead.task is not None:
+            ahead.task.cancel()  # it is not running now (this is the same thread's apply)
+            if not ahead.ended.done():
+                ahead.ended.set_result(None)
+        if ahead.data is not data and ahead.data != data:
+            return None
+        return ahead
+
+    def _forget_ahead(self, index: int) -> None:
+        ahead = self._ahead.pop(index)
+        if ahead.task is not None:
+            ahead.task.cancel()
+        if not ahead.ended.done():
+            ahead.ended.set_result(None)
 
     # --- reads -------------------------------------------------------------------------------
     # Each returns immutable values; lists are fresh copies, safe to keep across awaits.
@@ -503,33 +622,26 @@ class SysCatalogState:
                 have = "absent" if row is None else f"at version {actual}"
                 raise Aborted(f"precondition failed: {key} expected {want}, is {have}")
 
-    def _stage(self, ops: Iterable[pb.CatalogRowOpPB]) -> list[_Staged]:
+    def _stage(
+        self, ops: Iterable[pb.CatalogRowOpPB], decoded: Sequence[_Decoded | None]
+    ) -> list[_Staged]:
+        """Stage `ops` against the current rows; `decoded[i]`, where given, is op i's record
+        already decoded (`decode_ahead`), the same as `_decode_op` gives now."""
         staged: list[_Staged] = []
         seen: set[RowKey] = set()
         for i, op in enumerate(ops):
             path = f"ops[{i}]"
-            which = op.WhichOneof("record")
             record: Record | None = None
             data = b""
-            if op.kind == pb.CatalogRowOpPB.DELETE:
-                if which != "key":
+            done = decoded[i] if i < len(decoded) else None
+            if done is not None:
+                record, key, data = done
+            elif op.kind == pb.CatalogRowOpPB.DELETE:
+                if op.WhichOneof("record") != "key":
                     raise InvalidArgument(f"{path}: a DELETE names its row by key")
                 key = key_from_pb(op.key, f"{path}.key")
-            elif op.kind in (
-                pb.CatalogRowOpPB.INSERT,
-                pb.CatalogRowOpPB.UPDATE,
-                pb.CatalogRowOpPB.UPSERT,
-            ):
-                if which is None or which == "key":
-                    raise InvalidArgument(f"{path}: record missing")
-                entry_type = entry_type_of_field(which)
-                message = getattr(op, which)
-                assert isinstance(message, record_message(entry_type))
-                record = record_from_pb(entry_type, message)
-                key = record_key(record)
-                data = message.SerializeToString(deterministic=True)
             else:
-                raise InvalidArgument(f"{path}.kind: unknown or missing kind {op.kind}")
+                record, key, data = _decode_op(op, path)
             if key in seen:
                 raise InvalidArgument(f"{path}: {key} appears twice in one write")
             seen.add(key)

@@ -219,7 +219,7 @@ class Cluster:
             segment_bytes=self.segment_bytes,
             preallocate=False,
         )
-        sm = KvMachine()
+        sm = self.machine(uuid)
         node = RaftNode(
             group_id=GROUP,
             uuid=NodeId(uuid),
@@ -239,6 +239,9 @@ class Cluster:
 
     def sender(self, uuid: str) -> MemSender:
         return MemSender(self.net, uuid)
+
+    def machine(self, uuid: str) -> KvMachine:
+        return KvMachine()  # test_node_decode_ahead.py's cluster gives each node another
 
     async def quiescence(self, uuid: str) -> Quiescence | None:
         return None  # test_quiesce.py's cluster gives each node one
