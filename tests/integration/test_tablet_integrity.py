@@ -29,6 +29,7 @@ from service.common.errors import (
     CasMismatch,
     InvalidAuthzToken,
     NotFound,
+    NotTheLeader,
     PermissionDenied,
     TesseraError,
     from_grpc,
@@ -107,6 +108,32 @@ def _leader(t: pb.TabletLocationsPB) -> pb.TabletLocationsPB.ReplicaPB:
     return next(r for r in t.replicas if r.role == pb.LEADER)
 
 
+def _on_leader(
+    cluster: MiniCluster,
+    creds: Credentials,
+    table: str,
+    tablet_id: str,
+    fn: Callable[[pb.TabletLocationsPB.ReplicaPB], Any],
+) -> Any:
+    """`fn(leader)` on the tablet's leader, found again (as a client would) while the one the
+    locations named has lost its leadership: on a busy machine a tablet may re-elect between
+    the lookup and the call. A refused call applied nothing, so it is safe to send again."""
+    deadline = time.monotonic() + 60
+    while True:
+        loc = _locations(cluster, creds, table)
+        tablet = next(t for t in loc.tablet_locations if t.tablet_id == tablet_id)
+        leader = next((r for r in tablet.replicas if r.role == pb.LEADER), None)
+        try:
+            if leader is not None:
+                return fn(leader)
+        except grpc.RpcError as e:
+            if not isinstance(from_grpc(e), NotTheLeader) or time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"tablet {tablet_id} had no leader within 60 s")
+        time.sleep(0.2)
+
+
 def _call(address: str, creds: Credentials, fn: Callable[[grpc.Channel], Any]) -> Any:
     with open_sync_channel(address, creds, role="tserver") as ch:
         grpc.channel_ready_future(ch).result(timeout=10)
@@ -156,26 +183,28 @@ def test_rows_outside_a_tablets_partition_are_refused_row_by_row(
     data = _rows(keys)
     inside = np.array([partition.contains(k) for k in ps.partition_keys_for_arrow(SCHEMA, data)])
     assert 0 < inside.sum() < 100
-    leader = _leader(tablet)
 
     if op in (tpb.ROW_OP_UPDATE, tpb.ROW_OP_DELETE):
         with cluster.client() as admin:  # rows for UPDATE and DELETE to find
             admin.write(table, data, "upsert")
 
-    resp = _call(
-        _address(leader),
-        mallory,
-        lambda ch: tserver_pb2_grpc.TabletServerServiceStub(ch).Write(
-            tpb.WriteRequestPB(
-                dest_uuid=leader.ts_uuid,
-                tablet_id=tablet.tablet_id,
-                rows=_ipc(data),
-                default_op=op,
-                authz_token=loc.authz_token,
+    def write(leader: pb.TabletLocationsPB.ReplicaPB) -> Any:
+        return _call(
+            _address(leader),
+            mallory,
+            lambda ch: tserver_pb2_grpc.TabletServerServiceStub(ch).Write(
+                tpb.WriteRequestPB(
+                    dest_uuid=leader.ts_uuid,
+                    tablet_id=tablet.tablet_id,
+                    rows=_ipc(data),
+                    default_op=op,
+                    authz_token=loc.authz_token,
+                ),
+                timeout=20,
             ),
-            timeout=20,
-        ),
-    )
+        )
+
+    resp = _on_leader(cluster, mallory, table, tablet.tablet_id, write)
     errors = {e.row_index: e.error for e in resp.per_row_errors}
     assert sorted(errors) == [i for i in range(100) if not inside[i]]
     assert {e.code for e in errors.values()} == {"OUTSIDE_PARTITION"}
