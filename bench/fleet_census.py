@@ -42,6 +42,9 @@ class Census:
     """Tablets the catalog lists whose replicas in the fleet name no leader among them."""
     unlisted: list[tuple[str, str]] = field(default_factory=list)
     """(tablet, server): hosted, not listed by the catalog (orphans, or not yet deleted)."""
+    creating: list[str] = field(default_factory=list)
+    """Tables still being created (no locations yet): not counted, so their hosted replicas
+    count as not listed."""
     unreachable: list[str] = field(default_factory=list)
     """Servers that did not answer GetConsensusState within ATTEMPTS tries: their replicas are
     counted as not hosted, so a census with any is not exact."""
@@ -59,6 +62,12 @@ class Census:
             + (
                 f"; {len(self.unreachable)} servers did not answer{few(self.unreachable)}"
                 if self.unreachable
+                else ""
+            )
+            + (
+                f"; {len(self.creating)} tables still being created, not counted"
+                f"{few(self.creating)}"
+                if self.creating
                 else ""
             )
         )
@@ -123,14 +132,10 @@ async def take_census(
     for table in tables.tables:
         start = b""
         while True:
-            r = await master.GetTableLocations(
-                pb.GetTableLocationsRequestPB(
-                    table=pb.TableIdentifierPB(table_id=table.table_id),
-                    partition_key_start=start,
-                    max_returned_locations=1000,
-                ),
-                timeout=60,
-            )
+            r = await _locations(master, table.table_id, start)
+            if r is None:  # still being created (a create the bench gave up waiting for)
+                out.creating.append(table.name)
+                break
             for t in r.tablet_locations:
                 out.tablets += 1
                 for replica in t.replicas:
@@ -146,3 +151,24 @@ async def take_census(
             start = last
     out.unlisted = [k for k in hosted if k not in listed]
     return out
+
+
+async def _locations(master: Any, table_id: str, start: bytes) -> Any:
+    """One page of a table's locations; None while the table is still being created (the
+    master answers UNAVAILABLE until every tablet is RUNNING) after ATTEMPTS tries."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return await master.GetTableLocations(
+                pb.GetTableLocationsRequestPB(
+                    table=pb.TableIdentifierPB(table_id=table_id),
+                    partition_key_start=start,
+                    max_returned_locations=1000,
+                ),
+                timeout=60,
+            )
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or "not RUNNING" not in (e.details() or ""):
+                raise
+            if attempt < ATTEMPTS - 1:
+                await asyncio.sleep(2.0)
+    return None
