@@ -77,47 +77,69 @@ ATTEMPTS = 3
 """Tries of one server's GetConsensusState (each with a 30 s deadline) before it is counted as
 unreachable."""
 
+GIVE_UP_AFTER = 10
+"""Servers counted unreachable after which the others get one try each: a fleet that stopped
+answering would otherwise hold the census for ATTEMPTS x 30 s per server."""
+
 RETRIED = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+
+CONCURRENT = 16
+"""GetConsensusState calls in flight at once (a census of 1,000 servers that time out then
+takes minutes, not hours)."""
 
 
 async def _fleet(
     channel_for: Any, shard_addresses: list[str], uuids: list[str]
 ) -> tuple[dict[tuple[str, str], int], dict[str, str], list[str]]:
     """(hosted (tablet, server) -> role, tablet -> the leader its leader replica names,
-    servers that never answered)."""
+    servers that never answered). Servers are asked CONCURRENT at a time."""
     hosted: dict[tuple[str, str], int] = {}
     leaders: dict[str, str] = {}
     answered: set[str] = set()
     timed_out: set[str] = set()
+    slots = asyncio.Semaphore(CONCURRENT)
+
+    async def ask(stub: Any, uuid: str) -> None:
+        async with slots:
+            r = await _ask(stub, uuid, ATTEMPTS if len(timed_out) < GIVE_UP_AFTER else 1)
+        if r is None:
+            timed_out.add(uuid)  # by this shard, which may not host it
+            return
+        if r is _ELSEWHERE:
+            return
+        answered.add(uuid)
+        for entry in r.tablets:
+            hosted[(entry.tablet_id, uuid)] = entry.role
+            if entry.role == pb.LEADER and entry.consensus_state.leader_uuid == uuid:
+                leaders[entry.tablet_id] = uuid
+
     for address in shard_addresses:
         stub = tserver_pb2_grpc.TabletServerAdminServiceStub(channel_for(address))
-        for uuid in uuids:
-            r = None
-            for attempt in range(ATTEMPTS):
-                try:
-                    r = await stub.GetConsensusState(
-                        tpb.GetConsensusStateRequestPB(dest_uuid=uuid), timeout=30
-                    )
-                    break
-                except grpc.aio.AioRpcError as e:
-                    if e.code() == grpc.StatusCode.FAILED_PRECONDITION and "no simulated" in (
-                        e.details() or ""
-                    ):
-                        break  # that server lives in another shard
-                    if e.code() not in RETRIED:
-                        raise
-                    if attempt == ATTEMPTS - 1:
-                        timed_out.add(uuid)  # by this shard, which may not host it
-                    else:
-                        await asyncio.sleep(1.0 * (attempt + 1))
-            if r is None:
-                continue
-            answered.add(uuid)
-            for entry in r.tablets:
-                hosted[(entry.tablet_id, uuid)] = entry.role
-                if entry.role == pb.LEADER and entry.consensus_state.leader_uuid == uuid:
-                    leaders[entry.tablet_id] = uuid
+        await asyncio.gather(*(ask(stub, uuid) for uuid in uuids))
     return hosted, leaders, sorted(timed_out - answered)
+
+
+_ELSEWHERE: Any = object()
+"""`_ask`'s answer for a server another shard simulates."""
+
+
+async def _ask(stub: Any, uuid: str, tries: int) -> Any:
+    """The server's GetConsensusState answer, `_ELSEWHERE`, or None if it never answered."""
+    for attempt in range(tries):
+        try:
+            return await stub.GetConsensusState(
+                tpb.GetConsensusStateRequestPB(dest_uuid=uuid), timeout=30
+            )
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION and "no simulated" in (
+                e.details() or ""
+            ):
+                return _ELSEWHERE
+            if e.code() not in RETRIED:
+                raise
+            if attempt < tries - 1:
+                await asyncio.sleep(1.0 * (attempt + 1))
+    return None
 
 
 async def take_census(

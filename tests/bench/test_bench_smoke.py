@@ -121,8 +121,8 @@ def test_master_bench_quick_prints_every_figure() -> None:
 
 
 SCALE = re.compile(
-    r"scale: (\d+) tablets, (\d+) unprovoked elections, create max (\d+\.\d) s, failover lookup"
-    r" p100 (\d+\.\d\d) s"
+    r"scale: (\d+) tablets, (\d+) unprovoked elections, create max (\d+\.\d) s, replaced"
+    r" (\d+) \((\d+\.\d\d)%\), failover lookup p100 (\d+\.\d\d) s"
 )
 
 
@@ -142,9 +142,21 @@ def test_scale_bench_quick_grows_the_catalog_and_fails_over() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     kinds = [line.split()[0] for line in lines]
-    assert kinds == ["table", "table", "fleet", "failover", "failover", "failover", "scale:"], (
-        r.stdout
-    )
+    assert kinds == [
+        "table",
+        "table",
+        "fleet",
+        "census",
+        "failover",
+        "failover",
+        "failover",
+        "scale:",
+    ], r.stdout
+    census = re.search(r"census +catalog (\d+) tablets, (\d+) replicas; fleet: (.*)", r.stdout)
+    assert census is not None and census.group(1) == "20000", r.stdout
+    assert census.group(3) == (
+        "0 listed replicas not hosted, 0 tablets without a leader, 0 hosted replicas not listed"
+    ), r.stdout
     m = SCALE.fullmatch(lines[-1])
     assert m is not None and int(m.group(1)) == 20_000, r.stdout
     fleet = re.search(r"fleet +(\d+) replicas, (\d+) leaders", r.stdout)
