@@ -151,6 +151,8 @@ class _Persist:
     done: asyncio.Future[Any]
     synced: bool
     started: float
+    written: asyncio.Future[Any]
+    """Resolves when the write (and fdatasync) alone is done."""
     apply_late: bool = False
     """A leader's Ready whose committed entries wait for their decoding: applied in
     `_finish_ready`, not before the fsync as a leader's otherwise are."""
@@ -666,9 +668,10 @@ class RaftNode:
             stop_ticking()
             self._pacer.close()
             if self._persisting is not None:
-                # Never return (and let the store be closed) with a write still in its thread.
+                # Never return (and let the store be closed) with a write still in its thread;
+                # a decoding ahead is not waited for (nothing will apply what it decodes).
                 with contextlib.suppress(BaseException):
-                    await asyncio.shield(self._persisting.done)
+                    await asyncio.shield(self._persisting.written)
 
     def _tick_timer(self) -> None:
         if self._quiesce.quiesced:
@@ -765,7 +768,7 @@ class RaftNode:
             # Heartbeats and their answers go on meanwhile, as during an fsync (`_run`).
             done = asyncio.gather(done, *decoding)
             done.add_done_callback(self._persisted)
-        self._persisting = _Persist(rd, done, job is not None, started, apply_late)
+        self._persisting = _Persist(rd, done, job is not None, started, synced, apply_late)
         if job is not None:
             synced.add_done_callback(functools.partial(_synced_at, self._persisting))
         if job is None and not decoding:
