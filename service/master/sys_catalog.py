@@ -267,6 +267,14 @@ class _Ahead:
     task: asyncio.Task[None] | None = None
 
 
+def _end(ahead: _Ahead) -> None:
+    """Stop a decoding ahead where it is and release what waits for it."""
+    if ahead.task is not None:
+        ahead.task.cancel()
+    if not ahead.ended.done():
+        ahead.ended.set_result(None)
+
+
 @dataclass
 class _Staged:
     key: RowKey
@@ -480,20 +488,13 @@ class SysCatalogState:
             self._forget_ahead(stale)
         if ahead is None:
             return None
-        if ahead.task is not None:
-            ahead.task.cancel()  # it is not running now (this is the same thread's apply)
-            if not ahead.ended.done():
-                ahead.ended.set_result(None)
+        _end(ahead)  # its task is not running now (this is the same thread's apply)
         if ahead.data is not data and ahead.data != data:
             return None
         return ahead
 
     def _forget_ahead(self, index: int) -> None:
-        ahead = self._ahead.pop(index)
-        if ahead.task is not None:
-            ahead.task.cancel()
-        if not ahead.ended.done():
-            ahead.ended.set_result(None)
+        _end(self._ahead.pop(index))
 
     # --- reads -------------------------------------------------------------------------------
     # Each returns immutable values; lists are fresh copies, safe to keep across awaits.

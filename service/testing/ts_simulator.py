@@ -100,7 +100,7 @@ from service.pb import master_pb2_grpc, tserver_pb2_grpc
 from service.pb import tserver_pb2 as tpb
 from service.testing.ts_simulator_shards import SocketBus, run_fleet, shard_uuids, uuids_for
 from service.testing.ts_simulator_stats import RECENT_S, dump_stats, write_stats_every_second
-from service.tserver.heartbeater import HeartbeatStream
+from service.tserver.heartbeater import HeartbeatStream, failure_backoff
 
 __all__ = ["FleetSimulator", "SimulatorThread", "main"]
 
@@ -936,19 +936,16 @@ class FleetSimulator:
 
     def _back_off(self, link: _MasterLink) -> None:
         """One more failed heartbeat on `link`: past `max_failures` in a row, its next one
-        waits 2, 4, 8, then 10 intervals, as the real heartbeater's (service/tserver/
-        heartbeater.py, `_delay`); a change of leadership (`_reprobe`) still tries it at once.
+        waits 2, 4, 8, then 10 intervals, by the real heartbeater's rule (`failure_backoff`);
+        a change of leadership (`_reprobe`) still tries it at once.
 
         Why. A fleet that retries a master it cannot reach at the full pace keeps the load
         that made its heartbeats fail: with a busy loop beside the scale bench, the simulated
         fleet spent its share of the CPU on heartbeats that timed out (234,967 in 420 s) and
         answered none of the leader's CreateTablet calls in time."""
         link.failures += 1
-        if link.failures > self.max_failures:
-            backoff = min(
-                self.heartbeat_interval_s * 2 ** (link.failures - self.max_failures),
-                10 * self.heartbeat_interval_s,
-            )
+        backoff = failure_backoff(self.heartbeat_interval_s, link.failures, self.max_failures)
+        if backoff is not None:
             # A link is heartbeated in the first round at or after next_due (rounds come
             # every interval), hence half an interval early, as for a follower's pace.
             link.next_due = time.monotonic() + backoff - self.heartbeat_interval_s / 2

@@ -81,6 +81,16 @@ from service.tserver.tablet_manager import TabletManager
 
 log = logging.getLogger(__name__)
 
+
+def failure_backoff(interval_s: float, failures: int, max_failures: int) -> float | None:
+    """How long to wait before heartbeating a master again after `failures` failed heartbeats
+    in a row: None (the usual pace) up to `max_failures`, then 2, 4, 8, ... intervals, at most
+    10. The tablet-server simulator backs off by the same rule."""
+    if failures <= max_failures:
+        return None
+    return min(interval_s * 2 ** (failures - max_failures), 10 * interval_s)
+
+
 MIN_GAP_S = 0.05
 SOFTWARE_VERSION = "tessera-0.1"
 
@@ -281,10 +291,9 @@ class Heartbeater:
         if v.prompt:
             v.prompt = False
             return MIN_GAP_S
-        if v.failures > self.max_failures:
-            return min(
-                self.interval_s * 2 ** (v.failures - self.max_failures), 10 * self.interval_s
-            )
+        backoff = failure_backoff(self.interval_s, v.failures, self.max_failures)
+        if backoff is not None:
+            return backoff
         if v.asked_interval_s > delay and (v.is_leader or self.leader_address() is not None):
             delay = v.asked_interval_s  # a follower's pace, or a busy leader's
         return delay
