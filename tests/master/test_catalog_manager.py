@@ -977,7 +977,11 @@ def _percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@pytest.mark.slow
 def test_get_table_locations_p99_on_a_10000_tablet_table() -> None:
+    """Lookups on a 10,000-tablet table (hash and range) find their tablets. Its timing is a
+    benchmark's (`make bench-master`'s `lookup` line), so it runs in `make test-slow`, with a
+    bound loose enough for a shared machine; the unit tier keeps the small tables' lookups."""
     settings = CatalogSettings(max_create_tablets_per_ts=10_000, max_creating_tablets=10_000)
     env = make_env(servers=3, settings=settings)
     ps = PartitionSchema(

@@ -23,10 +23,10 @@ def _quiet() -> None:
 
 
 @pytest.mark.parametrize(
-    "seeds", [40, pytest.param(200, marks=pytest.mark.slow)], ids=["40-seeds", "200-seeds"]
+    "seeds", [20, pytest.param(200, marks=pytest.mark.slow)], ids=["20-seeds", "200-seeds"]
 )
 def test_seeds_have_no_violations(seeds: int, capsys: pytest.CaptureFixture[str]) -> None:
-    """40 seeds in the unit tier (about 6 s); the 200 of the campaign in `make test-slow`."""
+    """20 seeds in the unit tier (about 4 s); the 200 of the campaign in `make test-slow`."""
     code = sim_cli.main(["--seeds", str(seeds), "--first", "0"])
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == f"sim: {seeds} seeds, 0 violations", out[-5:]
