@@ -505,12 +505,15 @@ class MasterConfig:
     leader stretches when its event loop lags or its CPU saturates, up to a quarter of
     unresponsive_timeout_ms, and shrinks back when it recovers
     (service/master/heartbeat_pace.py)."""
-    follower_heartbeat_interval_ms: int = 3000
+    follower_heartbeat_interval_ms: int = 10_000
     """How often a follower master asks tablet servers to heartbeat it (the leader gets the
     servers' own interval). A follower only records liveness, so fewer heartbeats keep its
     registry just as warm and spare every process their cost: with 1,000 servers and 3
-    masters, two thirds of all heartbeats went to followers. Capped at a quarter of
-    unresponsive_timeout_ms; 0: the servers' own interval (docs/design/failover.md#R1)."""
+    masters, at 3 s the followers still got most of the heartbeats while the leader was busy,
+    and a 10,000-tablet create took 99-107 s on a slow host against 66-81 s at 10 s
+    (bench/README.md, scale_bench). Six heartbeats fit in the default unresponsive timeout.
+    Capped at a quarter of unresponsive_timeout_ms; 0: the servers' own interval
+    (docs/design/failover.md#R1)."""
     default_num_replicas: int = 3
     """Replication factor of a table that does not choose one."""
     max_num_replicas: int = 7
