@@ -877,11 +877,14 @@ class FleetSimulator:
             self.heartbeats_failed += 1
             why = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
             self.heartbeat_errors[why] += 1
-            if link.leader:
-                link.leader = False
-                _reprobe(s)
             if sent is not None:
                 s.dirty |= sent[1]
+            if link.leader:
+                # Late, and lost only after max_failures in a row; every master is tried next
+                # round (the real heartbeater's `_failed`).
+                if link.failures + 1 >= self.max_failures:
+                    link.leader = False
+                _reprobe(s)
             self._back_off(link)
             log.debug("heartbeat %s -> %s failed: %s", s.uuid, link.address, why)
             return
@@ -894,7 +897,12 @@ class FleetSimulator:
             self.recent_latencies.popleft()
         if len(self.heartbeat_latencies) > 200_000:
             del self.heartbeat_latencies[:100_000]
-        was_leader, link.leader = link.leader, resp.leader_master
+        newest = resp.master_term >= s.highest_term
+        was_leader, link.leader = link.leader, resp.leader_master and newest
+        if link.leader:
+            for other in s.links.values():
+                if other is not link:
+                    other.leader = False  # a late former leader is one no more
         link.asked_interval_s = resp.heartbeat_interval_ms / 1000.0
         if resp.master_term > s.highest_term or (was_leader and not link.leader):
             _reprobe(s)  # leadership moved: every master now, as the real heartbeater
@@ -1198,8 +1206,9 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _reprobe(s: _Server) -> None:
-    """Leadership moved or was lost: every master of `s` is heartbeated next round, whatever
-    pace a follower asked for (service/tserver/heartbeater.py does the same)."""
+    """Leadership moved, or the leader's heartbeat failed: every master of `s` is heartbeated
+    next round, whatever pace a follower asked for; while a leader is still known, the
+    followers then go back to their pace (service/tserver/heartbeater.py does the same)."""
     for link in s.links.values():
         link.next_due = 0.0
 

@@ -45,9 +45,12 @@ another master is the known leader. The leader asks for one too while it is over
 loop lags or its CPU saturates: service/master/heartbeat_pace.py), at most a quarter of its
 unresponsive timeout, so the fleet slows down instead of timing out. After
 `max_failures_before_backoff` consecutive failures the loop backs off exponentially up to 10
-intervals. A higher master term in any answer, or
-losing the leader (a failed heartbeat, or an answer as follower), wakes every other loop at
-once: leadership moved, maybe to a master heartbeated slowly or one that just came back. A
+intervals. A higher master term in any answer, an answer as follower from the leader, or a
+failed heartbeat to the leader wakes every other loop at once: leadership may have moved,
+maybe to a master heartbeated slowly or one that just came back. A leader is lost only after
+`max_failures_before_backoff` failed heartbeats in a row (until then it is late, and the other
+masters keep their slower pace), or when another master answers as leader of a term at least
+as new. A
 server that loses every master keeps serving data: nothing here gates the data path.
 
 Membership (AddMaster/RemoveMaster): `master_addresses` from the configuration is only where
@@ -281,6 +284,25 @@ class Heartbeater:
             if lp.view is not answered:
                 lp.wake.set()
 
+    def _failed(self, v: MasterView) -> None:
+        """A heartbeat to `v`'s master failed. A leader whose heartbeat failed is late, not
+        yet lost: it is tried again at our own interval (not a busy leader's slower pace),
+        and every other master is asked once at once (a new leader answers as one, and a
+        higher term moves us), while they keep a follower's pace; only after `max_failures`
+        failures in a row is the leader lost, and every master heartbeated at our interval
+        until one answers as leader.
+
+        Why. A busy leader answers some heartbeats late. Taking the first timeout for a lost
+        leader sent the whole fleet to every master each interval, at once: the followers'
+        heartbeats tripled on the hosts that were already the slowest, and more of the
+        leader's answers came late (docs/design/failover.md#R1)."""
+        v.failures += 1
+        v.failures_total += 1
+        if v.is_leader:
+            if v.failures >= self.max_failures:
+                v.is_leader = False
+            self._reprobe_others(v)
+
     def _delay(self, v: MasterView) -> float:
         """Seconds until the next heartbeat to `v`'s master: our interval; a slower pace when
         the master asked for one: a follower while another master is the known leader
@@ -294,7 +316,12 @@ class Heartbeater:
         backoff = failure_backoff(self.interval_s, v.failures, self.max_failures)
         if backoff is not None:
             return backoff
-        if v.asked_interval_s > delay and (v.is_leader or self.leader_address() is not None):
+        late_leader = v.is_leader and v.failures > 0  # tried again at our interval (`_failed`)
+        if (
+            v.asked_interval_s > delay
+            and not late_leader
+            and (v.is_leader or self.leader_address() is not None)
+        ):
             delay = v.asked_interval_s  # a follower's pace, or a busy leader's
         return delay
 
@@ -324,17 +351,12 @@ class Heartbeater:
                 await self._heartbeat(v, stream)
                 v.failures = 0
             except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as e:
-                v.failures += 1
-                v.failures_total += 1
-                if v.is_leader:
-                    v.is_leader = False
-                    self._reprobe_others(v)
+                self._failed(v)
                 if v.failures == 1 or v.failures % 30 == 0:
                     why = from_grpc(e) if isinstance(e, grpc.aio.AioRpcError) else repr(e)
                     log.warning("heartbeat to %s failed (%d): %s", v.address, v.failures, why)
             except Exception:
-                v.failures += 1
-                v.failures_total += 1
+                self._failed(v)
                 log.exception("heartbeat to %s failed", v.address)
             delay = self._delay(v)
             wake.clear()
@@ -375,13 +397,19 @@ class Heartbeater:
         v.heartbeats += 1
         v.last_ok = time.monotonic()
         v.master_uuid = resp.master_instance.permanent_uuid
+        newest = resp.master_term >= self.highest_term()
         if resp.master_term:
             v.term = resp.master_term
             if resp.master_term > self.highest_term():
                 self._reprobe_others(v)
             self.on_master_term(resp.master_term)
         was_leader = v.is_leader
-        v.is_leader = resp.leader_master
+        # A leader of an older term than one seen is deposed and does not know it yet.
+        v.is_leader = resp.leader_master and newest
+        if v.is_leader:
+            for other in self.views:
+                if other is not v:
+                    other.is_leader = False  # a late former leader is one no more
         v.asked_interval_s = resp.heartbeat_interval_ms / 1000.0
         if was_leader and not v.is_leader:
             self._reprobe_others(v)

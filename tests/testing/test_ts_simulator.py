@@ -389,3 +389,35 @@ def test_a_link_whose_heartbeats_fail_backs_off_as_a_real_server() -> None:
             await sim.aclose()
 
     asyncio.run(main())
+
+
+def test_a_leader_whose_heartbeats_fail_is_late_not_lost_until_max_failures() -> None:
+    """The link taken for the leader fails (nothing listens on MASTER): each failure has every
+    master tried next round, once, but the link stays the leader's for `max_failures - 1`
+    failures, so the followers keep their slower pace meanwhile; the third failure in a row
+    loses it, as the real heartbeater's `_failed`. Real gRPC calls, each refused at once."""
+    other = "127.0.0.1:2"
+
+    async def main() -> None:
+        sim = FleetSimulator([MASTER, other], ["ts-1"], heartbeat_interval_s=1.0, rpc_timeout_s=2.0)
+        await sim.start()
+        try:
+            assert sim._loop_task is not None
+            sim._loop_task.cancel()  # rounds are driven below, one at a time
+            s = sim.servers["ts-1"]
+            lead, follower = s.links[MASTER], s.links[other]
+            lead.leader = True
+            leader_after = []
+            for _ in range(3):
+                lead.next_due = 0.0
+                follower.next_due = time.monotonic() + 100.0  # at a follower's pace
+                before = sim.heartbeats_failed
+                await sim.beat_once()
+                assert sim.heartbeats_failed == before + 1  # the leader's heartbeat only
+                assert follower.next_due == 0.0  # asked next round
+                leader_after.append(lead.leader)
+            assert leader_after == [True, True, False]
+        finally:
+            await sim.aclose()
+
+    asyncio.run(main())

@@ -68,6 +68,7 @@ def leader(term: int, *, ack: bool = True, **flags: bool) -> Any:
 
 def make() -> tuple[Heartbeater, Tablets, MasterView, MasterView]:
     tablets = Tablets()
+    highest = [0]  # the server's highest master term seen, as TabletServer keeps it
     hb = Heartbeater(
         ("a:1", "b:1"),
         pb.NodeInstancePB(permanent_uuid="ts", instance_seqno=1),
@@ -76,8 +77,8 @@ def make() -> tuple[Heartbeater, Tablets, MasterView, MasterView]:
         interval_s=1.0,
         rpc_timeout_s=1.0,
         max_failures_before_backoff=3,
-        on_master_term=lambda term: None,
-        highest_term=lambda: 0,
+        on_master_term=lambda term: highest.__setitem__(0, max(highest[0], term)),
+        highest_term=lambda: highest[0],
     )
     a, b = hb.views
     return hb, tablets, a, b
@@ -173,5 +174,63 @@ def test_a_busy_leaders_slower_pace_is_kept_and_its_end_too() -> None:
         a.answer = leader(1)  # recovered: 0 is the server's own interval again
         await beat(hb, va, a)
         assert hb._delay(va) == 1.0
+
+    asyncio.run(main())
+
+
+class _Wake:
+    """The part of a master's heartbeat loop `_reprobe_others` touches: its wake-up event."""
+
+    def __init__(self, view: MasterView) -> None:
+        self.view = view
+        self.wake = asyncio.Event()
+
+
+def test_a_late_leader_is_tried_again_at_our_interval_and_lost_only_after_three_failures() -> None:
+    async def main() -> None:
+        hb, _, va, vb = make()
+        a, b = Master(), Master()
+        a.answer = leader(1, heartbeat_interval_ms=4000)  # busy: asks for a slower pace
+        await beat(hb, va, a)
+        assert hb._delay(va) < 0.1  # a new leader: the full report goes at once
+        await beat(hb, va, a)
+        b.answer = lambda req: pb.TSHeartbeatResponsePB(master_term=1, heartbeat_interval_ms=3000)
+        await beat(hb, vb, b)
+        assert va.is_leader and hb._delay(va) == 4.0 and hb._delay(vb) == 3.0
+        loops = {v.address: _Wake(v) for v in (va, vb)}
+        hb._loops = cast(Any, loops)
+
+        for failures in (1, 2):
+            hb._failed(va)  # a heartbeat to the busy leader timed out
+            assert va.is_leader, failures  # late, not lost
+            assert hb._delay(va) == 1.0  # tried again at our interval, not its slower pace
+            assert loops["b:1"].wake.is_set()  # the follower is asked at once, once...
+            loops["b:1"].wake.clear()
+            await beat(hb, vb, b)
+            assert hb._delay(vb) == 3.0  # ...and keeps its pace: a leader is still known
+        hb._failed(va)
+        assert not va.is_leader and hb.leader_address() is None  # lost
+        assert hb._delay(vb) == 1.0  # every master at our interval until one leads
+        await beat(hb, va, a)  # it answers again: the leader once more
+        assert va.is_leader
+
+    asyncio.run(main())
+
+
+def test_a_new_leaders_answer_ends_a_late_leader_and_a_stale_answer_does_not() -> None:
+    async def main() -> None:
+        hb, _, va, vb = make()
+        a, b = Master(), Master()
+        a.answer = leader(1)
+        await beat(hb, va, a)
+        hb._loops = cast(Any, {v.address: _Wake(v) for v in (va, vb)})
+        hb._failed(va)
+        assert va.is_leader
+        b.answer = leader(2)  # b won term 2 while a was late
+        await beat(hb, vb, b)
+        assert vb.is_leader and not va.is_leader and hb.leader_address() == "b:1"
+        a.answer = leader(1)  # a, deposed, still says it leads term 1: not taken over b
+        await beat(hb, va, a)
+        assert vb.is_leader and not va.is_leader and hb.leader_address() == "b:1"
 
     asyncio.run(main())
