@@ -50,8 +50,8 @@ failed heartbeat to the leader wakes every other loop at once: leadership may ha
 maybe to a master heartbeated slowly or one that just came back. A leader is lost only after
 `max_failures_before_backoff` failed heartbeats in a row (until then it is late, and the other
 masters keep their slower pace), or when another master answers as leader of a term at least
-as new. A
-server that loses every master keeps serving data: nothing here gates the data path.
+as new. A server that loses every master keeps serving data: nothing here gates the data
+path.
 
 Membership (AddMaster/RemoveMaster): `master_addresses` from the configuration is only where
 the loops start. Every answer carries the masters of the answering master's latest config. A
