@@ -879,13 +879,13 @@ class FleetSimulator:
             self.heartbeat_errors[why] += 1
             if sent is not None:
                 s.dirty |= sent[1]
+            self._back_off(link)
             if link.leader:
                 # Late, and lost only after max_failures in a row; every master is tried next
-                # round (the real heartbeater's `_failed`).
-                if link.failures + 1 >= self.max_failures:
+                # round (the real heartbeater's `_failed`). No backoff applies yet.
+                if link.failures >= self.max_failures:
                     link.leader = False
                 _reprobe(s)
-            self._back_off(link)
             log.debug("heartbeat %s -> %s failed: %s", s.uuid, link.address, why)
             return
         link.failures = 0
