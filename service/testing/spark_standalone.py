@@ -8,15 +8,17 @@ local mode.
         assert spark_cluster.executor_logs()  # tasks ran in the worker's executor
 
 The worker runs executors under `<base>/work/<app-id>/<executor-id>/` and keeps their stderr
-there, which is how a test sees what ran where. Ports are free ones on 127.0.0.1; every
-process is stopped on exit.
+there, which is how a test sees what ran where. Every process binds port 0 on 127.0.0.1 and
+the ports it got are read from its log: choosing a free port first and passing it on races with
+any other process on the machine (a CI run beside ours once took the master's UI port, and its
+page was read as ours). Every process is stopped on exit.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
+import re
 import subprocess
 import sys
 import time
@@ -34,10 +36,9 @@ def spark_bin(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# What the master logs once it has bound its two ports (Spark's Utils.startServiceOnPort).
+_MASTER_PORT = re.compile(rb"Successfully started service 'sparkMaster' on port (\d+)")
+_MASTER_UI_PORT = re.compile(rb"Successfully started service 'MasterUI' on port (\d+)")
 
 
 class StandaloneSpark:
@@ -45,9 +46,9 @@ class StandaloneSpark:
         self.base = base
         self.cores = cores
         self.memory = memory
-        self.port = _free_port()
-        self.ui_port = _free_port()
-        self.url = f"spark://127.0.0.1:{self.port}"
+        self.port = 0  # known once the master has bound it (__enter__)
+        self.ui_port = 0
+        self.url = ""
         self.work_dir = base / "work"
         self._procs: list[subprocess.Popen[bytes]] = []
 
@@ -62,7 +63,7 @@ class StandaloneSpark:
         }
 
     def _start(self, name: str, *args: str) -> None:
-        log = (self.base / f"{name}.log").open("ab")
+        log = (self.base / f"{name}.log").open("wb")  # fresh: _bound_port reads it
         self._procs.append(
             subprocess.Popen(
                 [spark_bin("spark-class"), *args],
@@ -76,7 +77,27 @@ class StandaloneSpark:
 
     def state(self) -> dict[str, object]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as r:
-            return json.loads(r.read())
+            body = r.read()
+        try:
+            return dict(json.loads(body))
+        except ValueError:
+            raise RuntimeError(
+                f"http://127.0.0.1:{self.ui_port}/json/ is not a Spark master's status page: "
+                f"{body[:120]!r}"
+            ) from None
+
+    def _bound_port(self, name: str, pattern: re.Pattern[bytes], timeout: float = 90.0) -> int:
+        """The port a process logged it bound (it was started with port 0)."""
+        log = self.base / f"{name}.log"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self._procs):
+                raise RuntimeError(f"the Spark {name} exited before binding its ports; see {log}")
+            m = pattern.search(log.read_bytes()) if log.exists() else None
+            if m:
+                return int(m.group(1))
+            time.sleep(0.2)
+        raise TimeoutError(f"Spark standalone: the {name} bound no port within {timeout:.0f}s")
 
     def _wait(self, what: str, ok: object, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
@@ -99,16 +120,20 @@ class StandaloneSpark:
                 "master",
                 "org.apache.spark.deploy.master.Master",
                 "--host", "127.0.0.1",
-                "--port", str(self.port),
-                "--webui-port", str(self.ui_port),
+                "--port", "0",
+                "--webui-port", "0",
             )  # fmt: skip
+            self.port = self._bound_port("master", _MASTER_PORT)
+            self.ui_port = self._bound_port("master", _MASTER_UI_PORT)
+            self.url = f"spark://127.0.0.1:{self.port}"
             self._wait("the master", lambda s: s.get("status") == "ALIVE")
             self._start(
                 "worker",
                 "org.apache.spark.deploy.worker.Worker",
                 self.url,
                 "--host", "127.0.0.1",
-                "--webui-port", str(_free_port()),
+                "--port", "0",
+                "--webui-port", "0",
                 "--cores", str(self.cores),
                 "--memory", self.memory,
                 "--work-dir", str(self.work_dir),
