@@ -19,7 +19,7 @@ from service.client.sync import SyncClient
 from service.common.partition import HashBucketSchema, PartitionSchema
 from service.common.schema import ColumnType, Schema
 from service.testing.mini_cluster import MiniCluster
-from service.tools.launcher import terminate_all
+from service.tools.launcher import free_ports, terminate_all
 from spark_jobs.session import REPO_ROOT
 from tests.spark.conftest import masters
 
@@ -58,16 +58,10 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     base = tmp_path_factory.mktemp("connect")
-    port = _free_port()
+    (port,) = free_ports(1)  # below the ephemeral range: no outgoing connection takes it
     # Started the documented way, the `tessera` command (which becomes the server: a SIGTERM
     # reaches the JVM). The default catalog (in-memory, spark_jobs/catalog.py);
     # test_stream_sink.py and the demo run with a Hive metastore (--metastore).
