@@ -100,7 +100,7 @@ from service.pb import master_pb2_grpc, tserver_pb2_grpc
 from service.pb import tserver_pb2 as tpb
 from service.testing.ts_simulator_shards import SocketBus, run_fleet, shard_uuids, uuids_for
 from service.testing.ts_simulator_stats import RECENT_S, dump_stats, write_stats_every_second
-from service.tserver.heartbeater import HeartbeatStream, failure_backoff
+from service.tserver.heartbeater import HeartbeatStream, failure_backoff, next_report_gap
 
 __all__ = ["FleetSimulator", "SimulatorThread", "main"]
 
@@ -284,6 +284,10 @@ class _MasterLink:
     failures, is not heartbeated."""
     failures: int = 0
     """Heartbeats on this link that failed in a row (reset by an answer)."""
+    report_gap: float = 0.0
+    """The least time between reports on this link out of its pace (`next_report_gap`)."""
+    report_due: float = 0.0
+    """Monotonic time before which changes wait for the link's pace (`report_gap`)."""
 
 
 @dataclass
@@ -324,7 +328,9 @@ Where this differs from a real server: a real one also heartbeats the leader thi
 one of its replicas changed; here the change waits for the server's next round (up to an
 interval). Simulated servers that did as the real ones made more heartbeats than the masters
 could take while a 10,000-tablet table was created on 1,000 servers (tables took up to 64.7-80.1
-s instead of 35-59 s), so the scale bench measures with the round only."""
+s instead of 35-59 s), so the scale bench measures with the round only. Like a real one, a
+server whose reports the leader leaves unacknowledged waits longer before its changes go
+(`next_report_gap`, the link's `report_due`)."""
 
 
 class FleetSimulator:
@@ -815,7 +821,7 @@ class FleetSimulator:
             for s in self.servers.values()
             if s.up
             for link in s.links.values()
-            if now >= link.next_due or (link.leader and s.dirty)
+            if now >= link.next_due or (link.leader and s.dirty and now >= link.report_due)
         ]
         if not self.stagger:
             await asyncio.gather(*(self._beat(s, link) for s, link in pairs))
@@ -922,13 +928,20 @@ class FleetSimulator:
             return
         link.registered = True
         if sent is not None:
-            if resp.acked_report_sequence_number == link.seq and resp.master_term >= s.acked_term:
+            acked = (
+                resp.acked_report_sequence_number == link.seq and resp.master_term >= s.acked_term
+            )
+            if acked:
                 s.acked_term = resp.master_term
                 if sent[0]:
                     self.full_reports[(s.uuid, link.address)] += 1
                     link.need_full = False
             else:
                 s.dirty |= sent[1]
+            if link.leader:
+                cap = max(self.heartbeat_interval_s, link.asked_interval_s)
+                link.report_gap = next_report_gap(link.report_gap, acked, cap)
+                link.report_due = now + link.report_gap - self.heartbeat_interval_s / 2
         prompt = link.leader and not was_leader
         if resp.needs_full_tablet_report:
             prompt = prompt or not link.need_full

@@ -38,7 +38,10 @@ and counts as a failed heartbeat; the next heartbeat opens a new stream.
 Timing: every `heartbeat_interval_ms`; sooner (but at most every `MIN_GAP_S`) when a replica
 changed and this master is the leader, so a new tablet leader is reported within milliseconds,
 not a full interval, and likewise when a master turned leader or gave us our turn for a full
-report. A follower may ask for a slower pace in its answers
+report. While the leader leaves our reports unacknowledged (it sheds what its writes cannot
+keep up with), a change waits longer: `report_gap` doubles with each such report, up to the
+leader's pace, and shrinks as reports are acknowledged (`next_report_gap`,
+docs/design/catalog.md#R16). A follower may ask for a slower pace in its answers
 (`heartbeat_interval_ms`, docs/design/failover.md#R1): it only records liveness, and most of a
 large fleet's heartbeats would otherwise go to followers. The slower pace holds only while
 another master is the known leader. The leader asks for one too while it is overloaded (its
@@ -95,6 +98,22 @@ def failure_backoff(interval_s: float, failures: int, max_failures: int) -> floa
 
 
 MIN_GAP_S = 0.05
+
+REPORT_GAP_FLOOR_S = 0.2
+"""The first step of `next_report_gap` after a report the leader did not acknowledge."""
+
+
+def next_report_gap(gap_s: float, acknowledged: bool, cap_s: float) -> float:
+    """The least time between this server's reports to the leader, out of its pace, after one
+    more report the leader answered: doubled (from `REPORT_GAP_FLOOR_S`) when it was not
+    acknowledged, up to `cap_s`; a quarter shorter when it was, and none once under
+    `MIN_GAP_S`. The tablet-server simulator paces its reports by the same rule."""
+    if not acknowledged:
+        return min(cap_s, max(2 * gap_s, REPORT_GAP_FLOOR_S))
+    gap_s *= 0.75
+    return gap_s if gap_s >= MIN_GAP_S else 0.0
+
+
 SOFTWARE_VERSION = "tessera-0.1"
 
 
@@ -167,6 +186,9 @@ class MasterView:
     term: int = 0
     asked_interval_s: float = 0.0
     """The pace this master last asked for (a follower's is slower; 0: ours)."""
+    report_gap: float = 0.0
+    """The least time between our heartbeats to this leader that a change brings forward
+    (`next_report_gap`: grown while the leader leaves our reports unacknowledged)."""
 
 
 class Heartbeater:
@@ -282,6 +304,7 @@ class Heartbeater:
         heartbeat, and its registry fills."""
         for lp in self._loops.values():
             if lp.view is not answered:
+                lp.view.report_gap = 0.0  # a new leader hears our changes at once
                 lp.wake.set()
 
     def _failed(self, v: MasterView) -> None:
@@ -363,7 +386,10 @@ class Heartbeater:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, delay - (time.monotonic() - t0))):
                     await wake.wait()
-                    await asyncio.sleep(MIN_GAP_S)  # coalesce a burst of changes
+                    # Coalesce a burst of changes; after reports the leader left
+                    # unacknowledged (shed by a busy leader), changes wait `report_gap`.
+                    gap = v.report_gap if v.is_leader else 0.0
+                    await asyncio.sleep(max(MIN_GAP_S, gap - (time.monotonic() - t0)))
 
     async def _heartbeat(self, v: MasterView, stream: HeartbeatStream) -> None:
         req = mpb.TSHeartbeatRequestPB(
@@ -415,13 +441,13 @@ class Heartbeater:
             self._reprobe_others(v)
         if v.needs_register and req.HasField("registration"):
             v.needs_register = False
-        acked = resp.acked_report_sequence_number
-        if (
+        acknowledged = (
             sent_seq is not None
             and resp.leader_master
-            and acked >= sent_seq
+            and resp.acked_report_sequence_number >= sent_seq
             and resp.master_term >= self.acked_term  # never a deposed leader's over a newer's
-        ):
+        )
+        if acknowledged:
             rep = req.tablet_report
             if rep.is_incremental:
                 for tid in rep.removed_tablet_ids:
@@ -432,6 +458,11 @@ class Heartbeater:
                 self.acked = dict(current)
                 v.needs_full = False
             self.acked_term = resp.master_term
+        if sent_seq is not None and v.is_leader:
+            cap = max(self.interval_s, v.asked_interval_s)
+            v.report_gap = next_report_gap(v.report_gap, acknowledged, cap)
+        elif not v.is_leader:
+            v.report_gap = 0.0
         if v.is_leader and not was_leader:
             v.prompt = True  # a new leader: what it may not know goes now, not in an interval
         if resp.needs_reregister:

@@ -276,15 +276,17 @@ class _ScriptedMaster:
     """A heartbeat stream whose master answers as leader of `term`, acknowledging each report
     (an in-memory transport: the simulator's own heartbeat path, no gRPC)."""
 
-    def __init__(self, term: int, **flags: bool) -> None:
+    def __init__(self, term: int, **flags: bool | int) -> None:
         self.term, self.flags = term, flags
         self.reports: list[mpb.TabletReportPB] = []
+        self.ack = True
+        """False: reports are shed (answered, not acknowledged)."""
 
     async def heartbeat(self, req: mpb.TSHeartbeatRequestPB) -> mpb.TSHeartbeatResponsePB:
         seq = 0
         if req.HasField("tablet_report"):
             self.reports.append(req.tablet_report)
-            seq = req.tablet_report.sequence_number
+            seq = req.tablet_report.sequence_number if self.ack else 0
         return mpb.TSHeartbeatResponsePB(
             leader_master=True,
             master_term=self.term,
@@ -419,5 +421,40 @@ def test_a_leader_whose_heartbeats_fail_is_late_not_lost_until_max_failures() ->
             assert leader_after == [True, True, False]
         finally:
             await sim.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_server_whose_reports_are_shed_waits_longer_before_reporting_again() -> None:
+    """As the real heartbeater (`next_report_gap`): a changed server reports in the next round,
+    but each report the leader leaves unacknowledged doubles the gap before the next (up to
+    the pace the leader asks), and acknowledged ones shorten it again."""
+
+    async def main() -> None:
+        sim = FleetSimulator([MASTER], ["a", "b", "c"], heartbeat_interval_s=1.0)
+        s = sim.servers["a"]
+        master = _ScriptedMaster(1, heartbeat_interval_ms=4000)  # busy: asks for 4 s
+        sim._streams[("a", MASTER)] = master  # type: ignore[assignment]
+        link = s.links[MASTER]
+        link.registered, link.leader, link.need_full = True, True, False
+        master.ack = False
+        gaps = []
+        for i in range(6):
+            _create(sim, f"t{i}", "a", ["a", "b", "c"])
+            await sim._heartbeat(s, link)
+            gaps.append(round(link.report_gap, 3))
+            assert s.dirty  # shed: sent again later
+        assert gaps == [0.2, 0.4, 0.8, 1.6, 3.2, 4.0]
+        for srv in sim.servers.values():  # only `a` is due in a round: its pace and gap wait
+            for ln in srv.links.values():
+                ln.next_due = time.monotonic() + 100.0
+        link.next_due = time.monotonic() + 100.0
+        await sim.beat_once()
+        assert len(master.reports) == 6  # dirty, but its report waits out the gap
+        link.report_due = 0.0
+        master.ack = True
+        await sim.beat_once()  # the gap is over: the report goes, and is acknowledged
+        assert len(master.reports) == 7 and not s.dirty and link.report_gap == 3.0
+        await sim.aclose()
 
     asyncio.run(main())

@@ -234,3 +234,43 @@ def test_a_new_leaders_answer_ends_a_late_leader_and_a_stale_answer_does_not() -
         assert vb.is_leader and not va.is_leader and hb.leader_address() == "b:1"
 
     asyncio.run(main())
+
+
+def test_changes_wait_longer_while_a_leader_leaves_reports_unacknowledged() -> None:
+    """A busy leader sheds reports (heartbeat.ReportGate) and asks for a slower pace: each
+    report it leaves unacknowledged doubles the gap before a change brings our next heartbeat
+    forward (up to the pace it asked for), each acknowledged one shortens it by a quarter, and
+    a new leader hears our changes at once."""
+
+    async def main() -> None:
+        hb, tablets, va, vb = make()
+        a, b = Master(), Master()
+        hb._loops = cast(Any, {v.address: _Wake(v) for v in (va, vb)})
+        a.answer = leader(1, ack=False, heartbeat_interval_ms=4000)  # busy: sheds, asks 4 s
+        await beat(hb, va, a)  # no report yet: we learn it leads
+        gaps = []
+        for i in range(7):
+            tablets.set(f"t{i}", 0)  # a change each time: a report goes with every heartbeat
+            await beat(hb, va, a)
+            gaps.append(round(va.report_gap, 3))
+        assert gaps == [0.2, 0.4, 0.8, 1.6, 3.2, 4.0, 4.0]
+        a.answer = leader(1, heartbeat_interval_ms=4000)  # keeps up again: acknowledged
+        await beat(hb, va, a)
+        assert va.report_gap == 3.0
+        await beat(hb, va, a)  # nothing changed since: no report, the gap stays
+        assert va.report_gap == 3.0
+        for version in range(1, 21):
+            tablets.set("t0", version)
+            await beat(hb, va, a)
+        assert va.report_gap == 0.0  # back to a change's own gap (MIN_GAP_S)
+
+        a.answer = leader(1, ack=False)  # sheds at our own pace: at most one interval
+        for i in range(6):
+            tablets.set(f"u{i}", 0)
+            await beat(hb, va, a)
+        assert va.report_gap == 1.0
+        b.answer = leader(2)  # b won term 2: our changes go to it at once
+        await beat(hb, vb, b)
+        assert vb.is_leader and vb.report_gap == 0.0 and va.report_gap == 0.0
+
+    asyncio.run(main())
