@@ -942,6 +942,8 @@ class FleetSimulator:
                 cap = max(self.heartbeat_interval_s, link.asked_interval_s)
                 link.report_gap = next_report_gap(link.report_gap, acked, cap)
                 link.report_due = now + link.report_gap - self.heartbeat_interval_s / 2
+        if not link.leader:
+            link.report_gap = link.report_due = 0.0
         prompt = link.leader and not was_leader
         if resp.needs_full_tablet_report:
             prompt = prompt or not link.need_full
@@ -1224,6 +1226,8 @@ def _reprobe(s: _Server) -> None:
     followers then go back to their pace (service/tserver/heartbeater.py does the same)."""
     for link in s.links.values():
         link.next_due = 0.0
+        if not link.leader:
+            link.report_gap = link.report_due = 0.0  # a new leader hears our changes at once
 
 
 def _answered(link: _MasterLink, _: asyncio.Task[None]) -> None:

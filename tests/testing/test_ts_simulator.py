@@ -458,3 +458,32 @@ def test_a_server_whose_reports_are_shed_waits_longer_before_reporting_again() -
         await sim.aclose()
 
     asyncio.run(main())
+
+
+def test_a_new_leader_hears_changes_at_once_whatever_gap_the_old_one_left() -> None:
+    """The report gap is the leader's: when another master answers as leader of a newer
+    term, the gap left by the old one goes with it (the real heartbeater's
+    `_reprobe_others`)."""
+
+    async def main() -> None:
+        other = "127.0.0.1:2"
+        sim = FleetSimulator([MASTER, other], ["a", "b", "c"], heartbeat_interval_s=1.0)
+        s = sim.servers["a"]
+        old, new = _ScriptedMaster(1, heartbeat_interval_ms=4000), _ScriptedMaster(2)
+        sim._streams[("a", MASTER)] = old  # type: ignore[assignment]
+        sim._streams[("a", other)] = new  # type: ignore[assignment]
+        for link in s.links.values():
+            link.registered, link.need_full = True, False
+        s.links[MASTER].leader = True
+        old.ack = False
+        for i in range(4):
+            _create(sim, f"t{i}", "a", ["a", "b", "c"])
+            await sim._heartbeat(s, s.links[MASTER])
+        assert s.links[MASTER].report_gap == 1.6
+        await sim._heartbeat(s, s.links[other])  # term 2: `other` leads now
+        assert s.links[other].leader and not s.links[MASTER].leader
+        assert s.links[MASTER].report_gap == 0.0 and s.links[MASTER].report_due == 0.0
+        assert s.links[other].report_gap == 0.0  # acknowledged at once
+        await sim.aclose()
+
+    asyncio.run(main())
