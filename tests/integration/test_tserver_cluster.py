@@ -26,7 +26,7 @@ from service.testing.tablet_fixtures import (
     scan_all,
     write_request,
 )
-from service.tools.launcher import ServerProcess
+from service.tools.launcher import ServerProcess, log_tail
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -417,8 +417,15 @@ def test_a_quiesced_tablet_stops_heartbeating_and_fails_over_when_its_leader_die
 
     async def all_quiesced(servers: list[Any], timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
-        while not all([await asyncio.to_thread(quiesced, ts) for ts in servers]):
-            assert time.monotonic() < deadline, "the idle tablet did not quiesce everywhere"
+        while not all(done := [await asyncio.to_thread(quiesced, ts) for ts in servers]):
+            if time.monotonic() >= deadline:
+                # What the next reader needs to tell a slow group from a stuck one.
+                awake = [ts for ts, ok in zip(servers, done, strict=True) if not ok]
+                raise AssertionError(
+                    f"the idle tablet did not quiesce on {[ts.name for ts in awake]} within "
+                    f"{timeout:.0f} s; their logs end:\n"
+                    + "\n".join(f"--- {ts.name}\n{log_tail(ts.log, limit=2000)}" for ts in awake)
+                )
             await asyncio.sleep(0.2)
 
     async def main() -> None:
