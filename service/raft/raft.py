@@ -81,6 +81,9 @@ class RaftOptions:
     heartbeat_tick: int = 1
     election_jitter_tick: int | None = None
     """Randomized timeout is election_tick + [0, jitter); None means election_tick (etcd)."""
+    election_backoff: bool = True
+    """Widen the jitter after each election this node started and no leader followed
+    (`Raft._draw_election_timeout`); False: every draw uses the configured jitter (etcd)."""
     max_election_tick: int = 0
     """Longest the election timeout (and the leader's check-quorum period) may stretch to while
     peers' messages arrive late (lateness.py); at or below election_tick: never stretched."""
@@ -158,6 +161,9 @@ class Raft:
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.randomized_election_timeout = options.election_tick
+        self.campaigns_without_leader = 0
+        """Elections this node started since it last heard from a leader: each widens the
+        jitter of its next timeout (`_draw_election_timeout`)."""
         self.lateness = Lateness(
             options.heartbeat_tick, options.election_tick, options.max_election_tick
         )
@@ -302,8 +308,7 @@ class Raft:
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.lateness.forget()
-        jitter = self.opts.election_jitter_tick or self.opts.election_tick
-        self.randomized_election_timeout = self.opts.election_tick + self.rng.randrange(jitter)
+        self._draw_election_timeout()
         self._abort_transfer()
         self.votes = {}
         last = self.log.last_index()
@@ -315,6 +320,26 @@ class Raft:
             pr.lease_tick = -(10**9)
         self.pending_conf_index = 0
         self.reads.clear()
+
+    def _draw_election_timeout(self) -> None:
+        """Draw the next election timeout: election_tick plus a random part of the jitter.
+
+        The jitter doubles with each election this node started since it last heard from a
+        leader, up to a whole election timeout (etcd's range; Kudu backs off the same way
+        after failed elections). A short jitter makes a failover quick, but with few distinct
+        draws (500 ms of 100 ms ticks is five) two candidates often start within one vote's
+        round trip of each other, more so on a loaded host where that round trip is long, and
+        split the vote. Each split widens both draws, so a repeat grows less likely each term.
+        """
+        jitter = self._election_jitter()
+        self.randomized_election_timeout = self.opts.election_tick + self.rng.randrange(jitter)
+
+    def _election_jitter(self) -> int:
+        base = self.opts.election_jitter_tick or self.opts.election_tick
+        widest = max(base, self.opts.election_tick)
+        if not self.opts.election_backoff:
+            return base
+        return min(widest, base << min(self.campaigns_without_leader, 16))
 
     def become_follower(self, term: int, lead: NodeId) -> None:
         self._reset(term)
@@ -328,11 +353,13 @@ class Raft:
         self.state = Role.PRE_CANDIDATE
 
     def become_candidate(self) -> None:
+        self.campaigns_without_leader += 1
         self._reset(self.term + 1)
         self.vote = self.id
         self.state = Role.CANDIDATE
 
     def become_leader(self) -> None:
+        self.campaigns_without_leader = 0
         self._reset(self.term)
         self.lead = self.id
         self.state = Role.LEADER
@@ -759,6 +786,12 @@ class Raft:
     def handle_from_leader(self, m: Message) -> None:
         """Handle an APP, HEARTBEAT or SNAP from the leader of this node's term, as a follower
         (a candidate that learns of the leader becomes one first: election.step_candidate)."""
+        if self.campaigns_without_leader:
+            # The group has a leader again: the next failover starts from the short jitter.
+            widened = self._election_jitter()
+            self.campaigns_without_leader = 0
+            if self._election_jitter() != widened:
+                self._draw_election_timeout()
         if m.type is MessageType.APP:
             self._handle_append(m)
         elif m.type is MessageType.HEARTBEAT:

@@ -56,6 +56,8 @@ class Cluster:
         max_inflight_msgs: int = 256,
         send_snapshots: bool = True,
         max_election_tick: int = 0,
+        election_jitter_tick: int | None = None,
+        election_backoff: bool = True,
     ) -> None:
         self.ids = [NodeId(i) for i in ids]
         self.config = RaftConfig(frozenset(self.ids))
@@ -70,6 +72,8 @@ class Cluster:
             max_inflight_msgs=max_inflight_msgs,
             send_snapshots=send_snapshots,
             max_election_tick=max_election_tick,
+            election_jitter_tick=election_jitter_tick,
+            election_backoff=election_backoff,
         )
         self.nodes: dict[NodeId, NodeState] = {}
         for i, nid in enumerate(self.ids):

@@ -25,13 +25,14 @@ comments are kept and every expected output is replaced by what the command prin
 One environment (`RaftEnv`) serves a whole file: the commands run in order against the same
 in-memory group of `RawNode`s. Nothing is timed or threaded: a node moves only when a command
 ticks it, steps it with a message or processes its Ready; its election timeout has no jitter
-(unless `jitter=` says otherwise), and its random generator has a fixed seed.
+(unless `jitter=` says otherwise) and does not widen after failed elections (unless
+`backoff=true`), and its random generator has a fixed seed.
 
 Commands
 --------
     add-nodes N [voters=1,2,3] [learners=4] [config=none] [pre-vote=true] [check-quorum=true]
               [election=10] [heartbeat=1] [jitter=1] [lease-reads=false] [max-inflight=256]
-              [max-size=1048576] [send-snapshots=true]
+              [max-size=1048576] [send-snapshots=true] [backoff=false]
         N new nodes with ids following the existing ones ("1", "2", ...), with empty logs and
         the given bootstrap config (default: the new nodes are the voters); config=none: no
         config at all, a node that joins a running group and learns the config from it
@@ -424,6 +425,7 @@ _OPTIONS: dict[str, frozenset[str]] = {
             "max-inflight",
             "max-size",
             "send-snapshots",
+            "backoff",
         }
     ),
     "propose-conf-change": frozenset({"expected"}),
@@ -537,6 +539,7 @@ class RaftEnv:
                 election_tick=election,
                 heartbeat_tick=heartbeat,
                 election_jitter_tick=cmd.opt_int("jitter", 1),
+                election_backoff=cmd.opt_bool("backoff", False),
                 pre_vote=cmd.opt_bool("pre-vote", True),
                 check_quorum=cmd.opt_bool("check-quorum", True),
                 lease_reads=cmd.opt_bool("lease-reads", False),

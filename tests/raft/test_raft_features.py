@@ -253,6 +253,80 @@ def test_lease_reads_restarted_node_waits_before_voting() -> None:
     assert c.role("a") is not Role.LEADER  # b and c just started: they may back someone's lease
 
 
+# -- split votes: the jitter widens after each failed election --------------------------------
+
+
+def _failover_in_slow_network(seed: int, backoff: bool) -> tuple[int, int]:
+    """Kill leader a of three nodes timed as a master is (election 15 ticks, jitter 5), with
+    every message taking 3 ticks to arrive (a vote round trip of 600 ms at 100 ms ticks: a
+    loaded host). Returns (terms spent, ticks taken) until b or c leads."""
+    c = Cluster(
+        ["a", "b", "c"],
+        seed=seed,
+        election_tick=15,
+        election_jitter_tick=5,
+        election_backoff=backoff,
+    )
+    c.elect("a")
+    c.down.add(NodeId("a"))
+    live = [NodeId("b"), NodeId("c")]
+    start = c.node("b").raft.term
+    in_flight: list[tuple[int, Message]] = []
+    for now in range(5000):
+        for n in live:
+            c.nodes[n].node.tick()
+            c.process(n)
+        in_flight += [(now + 3, m) for m in c.queue]
+        c.queue.clear()
+        due = [m for t, m in in_flight if t <= now]
+        in_flight = [(t, m) for t, m in in_flight if t > now]
+        for m in due:
+            if m.to in live:
+                c.nodes[m.to].node.step(m)
+                c.process(m.to)
+        for n in live:
+            if c.role(n) is Role.LEADER:
+                return c.node(n).raft.term - start, now
+    raise AssertionError(f"seed {seed}: no leader after 5000 ticks")
+
+
+def test_split_votes_widen_the_jitter_so_a_slow_network_still_elects_quickly() -> None:
+    # Both survivors heard a's last heartbeat together, so their timers run in step: with five
+    # possible draws and votes slower than a tick they keep starting within one round trip of
+    # each other and splitting the vote. Widening the jitter after each failed election (up to
+    # a whole election timeout) separates them within a few terms.
+    plain = [_failover_in_slow_network(seed, backoff=False) for seed in range(40)]
+    widened = [_failover_in_slow_network(seed, backoff=True) for seed in range(40)]
+    plain_terms = sum(t for t, _ in plain)
+    widened_terms = sum(t for t, _ in widened)
+    assert widened_terms < 0.6 * plain_terms, (plain_terms, widened_terms)
+    assert sum(k for _, k in widened) < 0.7 * sum(k for _, k in plain)
+    assert max(t for t, _ in widened) <= 10
+
+
+def test_the_jitter_widens_per_failed_election_and_narrows_once_a_leader_is_heard() -> None:
+    c = Cluster(["a", "b", "c"], election_tick=10, election_jitter_tick=2)
+    c.elect("a")
+    b = c.node("b").raft
+    assert 10 <= b.randomized_election_timeout < 12
+    c.isolate("b")
+    ceilings = []
+    for _ in range(6):
+        draws = set()
+        for _ in range(40):  # every draw of this round (the rng moves on each time)
+            b._draw_election_timeout()
+            draws.add(b.randomized_election_timeout)
+        ceilings.append(max(draws))
+        b.become_candidate()  # an election that will not win: b is cut off
+    # 2 ticks, then 4, 8, and never past a whole election timeout (10).
+    assert ceilings == [11, 13, 17, 19, 19, 19]
+    c.heal()
+    c.tick_all(60)  # b's higher term forces an election; the group has a leader again
+    assert c.leader() is not None and b.lead == c.leader()
+    assert b.campaigns_without_leader == 0
+    assert 10 <= b.randomized_election_timeout < 12
+
+
 # -- leadership transfer (thesis §3.10) -------------------------------------------------------
 
 
