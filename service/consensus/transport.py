@@ -449,6 +449,12 @@ class GrpcTransport:
                 await p.channel.close(None)
         self._peers.clear()
 
+    def peer_backlog(self) -> dict[str, tuple[int, int]]:
+        """Per peer: messages queued and not yet written, and sends failed in a row. A backlog
+        that grows while the process runs is a peer (or this process) not keeping up: its
+        Raft messages, heartbeats included, wait behind the queue (the masters' metrics)."""
+        return {node: (p.queued, p.failures) for node, p in self._peers.items()}
+
     # -- sending --------------------------------------------------------------------------------
 
     def send(self, group_id: str, messages: list[Message]) -> None:

@@ -66,6 +66,7 @@ from service.common.metrics import MetricsRegistry
 from service.common.partition import Partition
 from service.common.schema import ColumnSchema
 from service.consensus.node import RaftNode
+from service.consensus.transport import GrpcTransport
 from service.master.background_tasks import BackgroundTasks
 from service.master.catalog_info import TableInfo, TabletInfo
 from service.master.catalog_manager import CatalogManager
@@ -106,6 +107,8 @@ class MasterState(Protocol):
     def heartbeat_pace(self) -> HeartbeatPace: ...
     @property
     def peers(self) -> tuple[MasterPeer, ...]: ...
+    @property
+    def transport(self) -> GrpcTransport | None: ...
     def address_of(self, uuid: str) -> str | None: ...
 
 
@@ -149,6 +152,59 @@ def install_master_metrics(master: MasterState, registry: MetricsRegistry) -> No
         "Highest log index applied to the state machine.",
         lambda: raft("applied"),
         (GROUP_LABEL,),
+    )
+
+    def election_timeout() -> list[tuple[tuple[str], float]]:
+        node = master.node
+        if node is None:
+            return []
+        ticks = node.status().election_timeout
+        return [((node.group_id,), ticks * node.settings.tick_interval_s)]
+
+    registry.gauge_callback(
+        "tessera_raft_election_timeout_seconds",
+        "The election timeout now, before jitter (a leader's check-quorum period): the "
+        "configured one, stretched while the peers' messages arrive late, up to "
+        "raft.election_timeout_max_ms.",
+        election_timeout,
+        (GROUP_LABEL,),
+    )
+
+    def transport_messages() -> list[tuple[tuple[str], float]]:
+        t = master.transport
+        if t is None:
+            return []
+        return [
+            (("sent",), float(t.sent)),
+            (("received",), float(t.received)),
+            (("dropped",), float(t.dropped)),
+        ]
+
+    registry.counter_callback(
+        "tessera_raft_messages_total",
+        "Raft messages this master's transport sent, received, and dropped because a peer's "
+        "queue was full (Raft sends them again).",
+        transport_messages,
+        ("outcome",),
+    )
+
+    def backlog(index: int) -> list[tuple[tuple[str], float]]:
+        t = master.transport
+        if t is None:
+            return []
+        return [((peer,), float(v[index])) for peer, v in sorted(t.peer_backlog().items())]
+
+    registry.gauge_callback(
+        "tessera_raft_peer_queued_messages",
+        "Raft messages queued for a peer master and not yet written to its stream.",
+        lambda: backlog(0),
+        ("peer",),
+    )
+    registry.gauge_callback(
+        "tessera_raft_peer_send_failures",
+        "Sends to a peer master that failed in a row (0: the last one went through).",
+        lambda: backlog(1),
+        ("peer",),
     )
     registry.gauge_callback(
         "tessera_raft_is_leader",

@@ -76,6 +76,9 @@ class Status:
     committed_config: RaftConfig
     progress: dict[NodeId, PeerProgress]
     lead_transferee: NodeId
+    election_timeout: int
+    """The election timeout now, in ticks, before jitter: the configured one, stretched while
+    peers' messages arrive late (lateness.py); a leader's check-quorum period too."""
 
 
 class RawNode:
@@ -361,6 +364,7 @@ class RawNode:
             committed_config=r.committed_config,
             progress=progress,
             lead_transferee=r.lead_transferee,
+            election_timeout=r.election_timeout(),
         )
 
 

@@ -185,6 +185,18 @@ def test_master_metrics(setup: Setup) -> None:
     commit = fam["tessera_raft_commit_index"].value(group="sys.catalog")
     applied = fam["tessera_raft_applied_index"].value(group="sys.catalog")
     assert commit >= applied >= 2  # the no-op and CreateTable at least
+    # The election timeout (this cluster's, shortened for tests; more only while peers have
+    # been late), and the transport's traffic with the two other masters.
+    timeout = fam["tessera_raft_election_timeout_seconds"].value(group="sys.catalog")
+    assert 0 < timeout <= 3.0
+    raft_msgs = fam["tessera_raft_messages_total"]
+    assert raft_msgs.kind == "counter"
+    assert raft_msgs.value(outcome="sent") > 0 and raft_msgs.value(outcome="received") > 0
+    assert raft_msgs.value(outcome="dropped") == 0
+    peers = [m.uuid for m in setup.cluster.masters.masters.values() if m.address != setup.leader]
+    for peer in peers:
+        assert fam["tessera_raft_peer_queued_messages"].value(peer=peer) >= 0
+        assert fam["tessera_raft_peer_send_failures"].value(peer=peer) == 0
     assert fam["tessera_master_catalog_loaded"].value() == 1
     assert fam["tessera_master_tables"].value(state="RUNNING") == 1
     assert fam["tessera_master_tablets"].value(state="RUNNING") == 3

@@ -41,6 +41,8 @@ def test_a_slower_and_slower_leader_keeps_its_followers(seed: int) -> None:
     assert {c.node(n).raft.term for n in "abc"} == {1}, "an election while the leader lived"
     # Heartbeats 12 follower ticks apart: a lost one no longer starts an election.
     assert c.node("b").raft.election_timeout() > 2 * 12
+    # ...and the shell sees the stretch through the node's status (its metrics export it).
+    assert c.node("b").status().election_timeout == c.node("b").raft.election_timeout()
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -55,6 +57,7 @@ def test_on_time_again_the_timeout_returns_and_a_dead_leader_is_replaced() -> No
         c.tick_all()
     assert c.node("b").raft.election_timeout() == ELECTION
     assert c.node("c").raft.election_timeout() == ELECTION
+    assert c.node("b").status().election_timeout == ELECTION
     c.down.add(NodeId("a"))
     for _ in range(2 * ELECTION + 2):  # the timeout with its whole jitter, and the votes
         c.tick("b")
