@@ -135,6 +135,7 @@ def install_master_metrics(master: MasterState, registry: MetricsRegistry) -> No
             "commit": st.commit,
             "applied": st.applied,
             "leader": 1 if st.role is Role.LEADER else 0,
+            "election_timeout_s": st.election_timeout * node.settings.tick_interval_s,
         }
         return [((node.group_id,), float(values[field]))]
 
@@ -154,19 +155,12 @@ def install_master_metrics(master: MasterState, registry: MetricsRegistry) -> No
         (GROUP_LABEL,),
     )
 
-    def election_timeout() -> list[tuple[tuple[str], float]]:
-        node = master.node
-        if node is None:
-            return []
-        ticks = node.status().election_timeout
-        return [((node.group_id,), ticks * node.settings.tick_interval_s)]
-
     registry.gauge_callback(
         "tessera_raft_election_timeout_seconds",
         "The election timeout now, before jitter (a leader's check-quorum period): the "
         "configured one, stretched while the peers' messages arrive late, up to "
         "raft.election_timeout_max_ms.",
-        election_timeout,
+        lambda: raft("election_timeout_s"),
         (GROUP_LABEL,),
     )
 
