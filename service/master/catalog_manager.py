@@ -63,6 +63,7 @@ answers NotTheLeader before it reaches this class.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
@@ -184,6 +185,11 @@ _MAX_CACHED_KEY_BYTES = 1024
 """GetTableLocations answers for longer partition keys (start and end together) are not kept:
 the cache is bounded in entries, and keys come from clients (real ones are a few bytes of hash
 buckets and an encoded range key)."""
+
+ENCODE_OFF_LOOP_OPS = 1000
+"""A write with more row operations than this is encoded in a worker thread (`_propose`): a
+10,000-tablet CreateTable takes a few tenths of a second of CPU to encode, seconds on a starved
+host, and on the event loop that silenced the leader's heartbeats past an election timeout."""
 
 CREATE_TABLE = "CreateTable"
 ALTER_TABLE = "AlterTable"
@@ -848,7 +854,12 @@ class CatalogManager:
     async def _propose(self, write: CatalogWrite) -> ApplyResult:
         """Propose `write` as one entry and wait until applied; a refusal is in the result.
         ResourceExhausted, before anything is proposed, for an entry over the size limit."""
-        data = write.encode()
+        if len(write.ops) > ENCODE_OFF_LOOP_OPS:
+            # The write is frozen (records included), so the thread reads what the loop does.
+            # It still takes the GIL, but in turns: the loop ticks and heartbeats meanwhile.
+            data = await asyncio.to_thread(write.encode)
+        else:
+            data = write.encode()
         if len(data) > self._settings.max_write_bytes:
             raise ResourceExhausted(
                 f"{write.operation or 'catalog write'}: the entry would be {len(data)} bytes, "

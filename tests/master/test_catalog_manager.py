@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import random
 import statistics
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -58,7 +59,7 @@ from service.master.catalog_assignment import (
 from service.master.catalog_info import (
     CatalogMaps,
 )
-from service.master.catalog_manager import CatalogManager
+from service.master.catalog_manager import ENCODE_OFF_LOOP_OPS, CatalogManager
 from service.master.catalog_reads import (
     AlterTableStatus,
     CreateTableStatus,
@@ -451,6 +452,33 @@ def test_oversized_entry_is_refused_before_replication() -> None:
             await create(env)
         assert env.raft.proposals == 0 and len(env.state) == 0
         assert "metrics" not in env.cm._reserved_names
+
+    run(go())
+
+
+def test_a_large_write_is_encoded_off_the_event_loop() -> None:
+    """A CreateTable of thousands of tablets is encoded in a worker thread, so the loop goes on
+    ticking and sending heartbeats meanwhile; a small one stays on the loop (a thread hop costs
+    more than its encoding)."""
+    settings = CatalogSettings(
+        max_create_tablets_per_ts=10_000, max_creating_tablets=10_000, leader_warmup_s=0.0
+    )
+    env = make_env(settings=settings)
+    threads: list[tuple[int, bool]] = []
+    encode = CatalogWrite.encode
+
+    def watched(self: CatalogWrite) -> bytes:
+        threads.append((len(self.ops), threading.current_thread() is threading.main_thread()))
+        return encode(self)
+
+    async def go() -> None:
+        with mock.patch.object(CatalogWrite, "encode", watched):
+            await create(env, "small")
+            big = PartitionSchema(hash=(HashBucketSchema(("host",), ENCODE_OFF_LOOP_OPS + 1),))
+            table_id = await create(env, "big", partition_schema=big)
+        # The small table: 6 tablets and the table's row, on the loop; the big one off it.
+        assert threads == [(7, True), (ENCODE_OFF_LOOP_OPS + 2, False)]
+        assert len(env.state.tablets_of(table_id)) == ENCODE_OFF_LOOP_OPS + 1
 
     run(go())
 
