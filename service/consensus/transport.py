@@ -15,6 +15,20 @@ the newest are dropped (and counted) instead of growing memory without bound. On
 failure the sender backs off exponentially (50 ms .. 2 s), tells the group the peer is
 unreachable (so its progress drops back to probing), and discards what it could not send.
 
+Two lanes per peer: appends and snapshots (the messages that carry the log, and may be
+megabytes) go on one stream, everything else (heartbeats, votes, and every answer) on another,
+each with its own queue and sender task, as etcd's rafthttp keeps a stream for appends apart
+from the one for other messages. On one stream a message arrives only after the receiver has
+read every message before it, and the write of a large one waits for the receiver's reads
+(HTTP/2 flow control). Measured with grpc.aio on loopback, against a reader that took 3 s per
+message: a 100-byte message written after two 4 MB ones arrived 6 s later, and a third 4 MB
+write took 9 s to complete; on a second stream of the same channel, small messages written
+every 0.5 s arrived every 0.5 s meanwhile. So on one stream, a sys.catalog leader's 4 MB
+CreateTable append to a starved follower would hold its heartbeats back, and a write taking
+over `STEP_TIMEOUT_S` would cancel the stream, heartbeats and all. Raft tolerates the reordering
+between lanes: heartbeats and answers name no log position a later append depends on, and all
+appends of a group (commit-only ones too) stay in one lane, in order.
+
 A request carries this server's known peer addresses (so a receiver that knows nobody can
 answer) only when they are news to the peer: on the first unary Step after a (re)connect and
 after an address changed, not with every write (`addresses_version`).
@@ -128,10 +142,19 @@ class Incarnations:
             )
 
 
+def _bulk(m: Message) -> bool:
+    """Whether `m` goes in a peer's log lane (appends, snapshots) rather than its control lane
+    (module docstring: two lanes per peer)."""
+    return m.type is MessageType.APP or m.type is MessageType.SNAP
+
+
 class _Peer:
-    def __init__(self, transport: GrpcTransport, node: str) -> None:
+    """One lane to one peer: its queue, sender task, channel and stream."""
+
+    def __init__(self, transport: GrpcTransport, node: str, lane: str = "control") -> None:
         self.t = transport
         self.node = node
+        self.lane = lane
         self.queue: asyncio.Queue[tuple[str, list[Message]] | pb.QuiesceDigest | None] = (
             asyncio.Queue()
         )
@@ -283,9 +306,10 @@ class _Peer:
         if self.failures in (1, 10) or self.failures % 100 == 0:
             what = f"{e.code().name} {e.details()}" if isinstance(e, grpc.aio.AioRpcError) else e
             log.warning(
-                "send to %s at %s failed (%d in a row): %s",
+                "send to %s at %s (%s lane) failed (%d in a row): %s",
                 self.node,
                 self.address,
+                self.lane,
                 self.failures,
                 what,
             )
@@ -310,9 +334,9 @@ class GrpcTransport:
         """The role a peer's certificate must have ("master" for sys.catalog's group,
         "tserver" for tablets)."""
         self.drop_unknown_groups = drop_unknown_groups
-        """A tablet server hosts hundreds of groups on one stream per peer: a batch for a group
-        it does not host (yet: a CreateTablet still on its way; or any more: deleted) is
-        dropped and counted instead of failing the stream every other group shares. Raft
+        """A tablet server hosts hundreds of groups on the same streams to a peer: a batch for
+        a group it does not host (yet: a CreateTablet still on its way; or any more: deleted)
+        is dropped and counted instead of failing the stream every other group shares. Raft
         tolerates the loss; the leader's retries reach the replica once it exists."""
         self.unknown_group_batches = 0
         self.incarnations = incarnations
@@ -325,6 +349,9 @@ class GrpcTransport:
         self.channel_options = channel_options.consensus_peer(max_message_bytes)
         self.max_message_bytes = max_message_bytes
         self._peers: dict[str, _Peer] = {}
+        """Each peer's control lane (module docstring: two lanes per peer)."""
+        self._log_lanes: dict[str, _Peer] = {}
+        """Each peer's log lane: appends and snapshots."""
         self._closing: set[asyncio.Future[None]] = set()
         self._warmer: asyncio.Task[None] | None = None
         self._groups: dict[str, Callable[[list[Message]], None]] = {}
@@ -389,6 +416,9 @@ class GrpcTransport:
         silent while its server answers does not host the group's replica any more (the tablet
         copy trigger acts on that, tablet_copy.py)."""
         peer = self._peers.get(node)
+        log_lane = self._log_lanes.get(node)
+        if log_lane is not None and log_lane.failures:
+            return False
         return peer is not None and peer.stream_ok and peer.failures == 0
 
     def report_unreachable(self, group: str, node: str) -> None:
@@ -433,13 +463,14 @@ class GrpcTransport:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._warmer
             self._warmer = None
-        for p in self._peers.values():
+        lanes = [*self._peers.values(), *self._log_lanes.values()]
+        for p in lanes:
             p.close_stream()
             for w in p._watchers:
                 w.cancel()
             if p.task is not None:
                 p.task.cancel()
-        for p in self._peers.values():
+        for p in lanes:
             if p.task is not None:
                 try:
                     await p.task
@@ -448,25 +479,31 @@ class GrpcTransport:
             if p.channel is not None:
                 await p.channel.close(None)
         self._peers.clear()
+        self._log_lanes.clear()
 
     def peer_backlog(self) -> dict[str, tuple[int, int]]:
         """Per peer: messages queued and not yet written, and sends failed in a row. A backlog
         that grows while the process runs is a peer (or this process) not keeping up: its
         Raft messages, heartbeats included, wait behind the queue (the masters' metrics)."""
-        return {node: (p.queued, p.failures) for node, p in self._peers.items()}
+        out = {node: (p.queued, p.failures) for node, p in self._peers.items()}
+        for node, p in self._log_lanes.items():
+            queued, failures = out.get(node, (0, 0))
+            out[node] = (queued + p.queued, max(failures, p.failures))
+        return out
 
     # -- sending --------------------------------------------------------------------------------
 
     def send(self, group_id: str, messages: list[Message]) -> None:
-        by_peer: dict[str, list[Message]] = {}
+        by_lane: dict[tuple[str, bool], list[Message]] = {}
         for m in messages:
-            msgs = by_peer.get(m.to)
+            key = (m.to, _bulk(m))
+            msgs = by_lane.get(key)
             if msgs is None:
-                by_peer[m.to] = [m]
+                by_lane[key] = [m]
             else:
                 msgs.append(m)
-        for to, msgs in by_peer.items():
-            peer = self._peer(to)
+        for (to, bulk), msgs in by_lane.items():
+            peer = self._log_lane(to) if bulk else self._peer(to)
             if peer.queued and peer.queued + len(msgs) > MAX_QUEUE:
                 self.dropped += len(msgs)  # the peer is not keeping up: Raft re-sends
                 continue
@@ -474,16 +511,27 @@ class GrpcTransport:
             peer.queue.put_nowait((group_id, msgs))
 
     def send_digest(self, peer: str, digest: pb.QuiesceDigest) -> None:
-        """Queue this interval's quiescence digest for `peer` (quiesce.py), after whatever is
-        queued for it already: it goes out with the next request."""
+        """Queue this interval's quiescence digest for `peer` (quiesce.py) on its control lane,
+        after whatever is queued there: it goes out with the next request. A leader quiesces a
+        group only once every follower holds its whole log, so no append of that group is
+        behind it on the other lane."""
         p = self._peer(peer)
         p.queue.put_nowait(digest)
 
     def _peer(self, to: str) -> _Peer:
+        """`to`'s control lane, started on first use."""
         peer = self._peers.get(to)
         if peer is None:
             peer = self._peers[to] = _Peer(self, to)
             peer.task = asyncio.create_task(peer.run(), name=f"raft-send-{to}")
+        return peer
+
+    def _log_lane(self, to: str) -> _Peer:
+        """`to`'s log lane (appends, snapshots), started on first use."""
+        peer = self._log_lanes.get(to)
+        if peer is None:
+            peer = self._log_lanes[to] = _Peer(self, to, "log")
+            peer.task = asyncio.create_task(peer.run(), name=f"raft-send-log-{to}")
         return peer
 
     # -- receiving ------------------------------------------------------------------------------

@@ -190,7 +190,7 @@ def install_master_metrics(master: MasterState, registry: MetricsRegistry) -> No
 
     registry.gauge_callback(
         "tessera_raft_peer_queued_messages",
-        "Raft messages queued for a peer master and not yet written to its stream.",
+        "Raft messages queued for a peer master and not yet written to its streams.",
         lambda: backlog(0),
         ("peer",),
     )

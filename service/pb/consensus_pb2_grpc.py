@@ -57,7 +57,8 @@ class ConsensusServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StepStream(self, request_iterator, context):
-        """The steady state: one long-lived stream per peer, one StepRequest per batch, in order.
+        """The steady state: long-lived streams to each peer (appends and snapshots on one, all else
+        on another), one StepRequest per batch, in order on each.
         Far cheaper per batch than a unary call. The server ends it with an error status on the
         first bad batch (the same checks as Step) and the sender reconnects with backoff.
         """

@@ -36,7 +36,8 @@ class ConsensusServiceStub:
     Step: _grpc.UnaryUnaryMultiCallable[_consensus_pb2.StepRequest, _consensus_pb2.StepResponse]
     """One batch; also the first contact with a peer (its answer names the peer's incarnation)."""
     StepStream: _grpc.StreamUnaryMultiCallable[_consensus_pb2.StepRequest, _consensus_pb2.StepResponse]
-    """The steady state: one long-lived stream per peer, one StepRequest per batch, in order.
+    """The steady state: long-lived streams to each peer (appends and snapshots on one, all else
+    on another), one StepRequest per batch, in order on each.
     Far cheaper per batch than a unary call. The server ends it with an error status on the
     first bad batch (the same checks as Step) and the sender reconnects with backoff.
     """
@@ -47,7 +48,8 @@ class ConsensusServiceAsyncStub(ConsensusServiceStub):
     Step: _aio.UnaryUnaryMultiCallable[_consensus_pb2.StepRequest, _consensus_pb2.StepResponse]  # type: ignore[assignment]
     """One batch; also the first contact with a peer (its answer names the peer's incarnation)."""
     StepStream: _aio.StreamUnaryMultiCallable[_consensus_pb2.StepRequest, _consensus_pb2.StepResponse]  # type: ignore[assignment]
-    """The steady state: one long-lived stream per peer, one StepRequest per batch, in order.
+    """The steady state: long-lived streams to each peer (appends and snapshots on one, all else
+    on another), one StepRequest per batch, in order on each.
     Far cheaper per batch than a unary call. The server ends it with an error status on the
     first bad batch (the same checks as Step) and the sender reconnects with backoff.
     """
@@ -67,7 +69,8 @@ class ConsensusServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_consensus_pb2.StepRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_consensus_pb2.StepResponse, _abc.Awaitable[_consensus_pb2.StepResponse]]:
-        """The steady state: one long-lived stream per peer, one StepRequest per batch, in order.
+        """The steady state: long-lived streams to each peer (appends and snapshots on one, all else
+        on another), one StepRequest per batch, in order on each.
         Far cheaper per batch than a unary call. The server ends it with an error status on the
         first bad batch (the same checks as Step) and the sender reconnects with backoff.
         """

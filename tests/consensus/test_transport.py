@@ -425,7 +425,8 @@ def test_two_transports_exchange_messages_and_learn_incarnations(tmp_path: Path)
             )
             ta.send(GROUP, [app, heartbeat()])
             await eventually(lambda: len(in_b.messages) == 2 and ta.sent == 2)
-            assert in_b.messages == [app, heartbeat()]
+            # Two lanes (the append on one, the heartbeat on the other): no order between them.
+            assert sorted(in_b.messages, key=lambda m: m.type.value) == [app, heartbeat()]
             assert tb.incarnations.peers == {A: ta.incarnations.own}
             # The reply direction, through B's own sender.
             resp = Message(MessageType.HEARTBEAT_RESP, to=A, frm=B, term=3, context=b"c")
@@ -597,6 +598,78 @@ def test_everything_queued_for_a_peer_goes_in_one_request_whatever_the_groups(
             assert ta.sent == 7
         await ta.aclose()
         await tb.aclose()
+
+    asyncio.run(main())
+
+
+class GatedServicer(ConsensusServicer):
+    """Delivers each streamed request, then, after one that carried an append, reads nothing
+    more on that stream until `gate` is set: a peer slow to read its appends."""
+
+    def __init__(self, transport: GrpcTransport, gate: asyncio.Event) -> None:
+        super().__init__(transport)
+        self.gate = gate
+
+    async def StepStream(
+        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> pb.StepResponse:
+        async for raw in request_iterator:
+            req = pb.StepRequest.FromString(raw)
+            self.transport.deliver(req)
+            if any(m.type == pb.MSG_APP for g in req.groups for m in g.messages):
+                await self.gate.wait()
+        return pb.StepResponse()
+
+
+def test_heartbeats_pass_appends_a_peer_is_slow_to_read(tmp_path: Path) -> None:
+    """Appends and heartbeats go on separate streams (lanes): a heartbeat sent after appends
+    that the peer has not read yet arrives at once, not after them (on one stream it would wait
+    for every message before it), and the appends all arrive, in order, once the peer reads."""
+
+    async def main() -> None:
+        ta, tb = make_transport(tmp_path, A), make_transport(tmp_path, B)
+        in_b = Inbox()
+        tb.register(GROUP, in_b.deliver)
+        gate = asyncio.Event()
+        server = grpc.aio.server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        GatedServicer(tb, gate).add_to_server(server)
+        await server.start()
+        try:
+            ta.set_address(B, f"127.0.0.1:{port}")
+
+            def app(index: int) -> Message:
+                entry = Entry(1, index, data=b"x" * 1000)
+                return Message(
+                    MessageType.APP,
+                    to=B,
+                    frm=A,
+                    term=1,
+                    index=index - 1,
+                    log_term=1,
+                    commit=0,
+                    entries=(entry,),
+                )
+
+            # Both lanes handshake (unary first contact), so what follows goes on streams.
+            ta.send(GROUP, [app(1), heartbeat(term=1)])
+            await eventually(lambda: len(in_b.messages) == 2)
+            ta.send(GROUP, [app(2)])  # streamed, delivered; then the peer stops reading appends
+            await eventually(lambda: len(in_b.messages) == 3)
+            ta.send(GROUP, [app(3)])
+            ta.send(GROUP, [app(4)])
+            ta.send(GROUP, [heartbeat(term=2)])
+            await eventually(lambda: heartbeat(term=2) in in_b.messages)
+            assert [m.index for m in in_b.messages if m.type is MessageType.APP] == [0, 1]
+            gate.set()
+            await eventually(lambda: len(in_b.messages) == 6)
+            apps = [m.entries[0].index for m in in_b.messages if m.type is MessageType.APP]
+            assert apps == [1, 2, 3, 4]
+        finally:
+            gate.set()
+            await ta.aclose()
+            await server.stop(None)
+            await tb.aclose()
 
     asyncio.run(main())
 
