@@ -683,18 +683,23 @@ class CatalogManager:
             canonical.append(t)
         return tablet_locations(self._maps, canonical, self._address_of)
 
-    def dump(self, include_removed: bool = False) -> tuple[int, list[Row[Record]]]:
+    async def dump(self, include_removed: bool = False) -> tuple[int, list[Row[Record]]]:
         """Every table row and its tablets' rows as of one applied index (the
-        catalog the leader serves, docs/design/catalog.md#R10). Taken in one synchronous pass, so no
-        entry applies in the middle; the rows are immutable values, safe to encode later across
-        awaits. REMOVED tables (and their tablets) only with `include_removed`. Never the CA or the
-        keys."""
+        catalog the leader serves, docs/design/catalog.md#R10). The rows are taken in one
+        synchronous step of C-level copies, so no entry applies in the middle; they are
+        immutable values, so each table's are sorted afterwards with a turn of the loop between
+        tables (in one piece, 200,000 tablets held a starved leader's loop past an election
+        timeout). REMOVED tables (and their tablets) only with `include_removed`. Never the CA
+        or the keys."""
         self._check_ready()
+        tables = self._sys.tables(include_removed=include_removed)
+        view = self._sys.tablets_view()
         rows: list[Row[Record]] = []
-        for table in self._sys.tables(include_removed=include_removed):
+        for table in tables:
             rows.append(cast(Row[Record], table))
-            rows.extend(cast(list[Row[Record]], self._sys.tablets_of(table.record.table_id)))
-        return self._sys.applied_index, rows
+            rows.extend(cast(list[Row[Record]], view.tablets_of(table.record.table_id)))
+            await asyncio.sleep(0)
+        return view.applied_index, rows
 
     def _address_of(self, uuid: str) -> HostPort | None:
         return self._registry_address_of(uuid)

@@ -839,7 +839,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             raise InvalidArgument(
                 f"max_rows_per_chunk: at most {_MAX_DUMP_CHUNK}, got {request.max_rows_per_chunk}"
             )
-        index, rows = (await self._read_catalog(context)).dump(request.include_removed)
+        index, rows = await (await self._read_catalog(context)).dump(request.include_removed)
         size = request.max_rows_per_chunk or _DEFAULT_DUMP_CHUNK
         for start in range(0, max(len(rows), 1), size):
             chunk = pb.DumpCatalogChunkPB(committed_index=index)

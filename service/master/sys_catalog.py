@@ -145,6 +145,7 @@ __all__ = [
     "Restored",
     "Row",
     "SysCatalogState",
+    "TabletsView",
 ]
 
 log = logging.getLogger(__name__)
@@ -530,12 +531,21 @@ class SysCatalogState:
     def tablets_of(self, table_id: str) -> list[Row[TabletRecord]]:
         """The table's tablets, every state, by (partition_key_start, tablet id)."""
         rows = [self._tablet(t) for t in self._tablets_by_table.get(table_id, ())]
-        present = [r for r in rows if r is not None]
-        present.sort(key=lambda r: (r.record.partition.partition_key_start, r.record.tablet_id))
-        return present
+        return _by_partition([r for r in rows if r is not None])
 
     def tablet(self, tablet_id: str) -> Row[TabletRecord] | None:
         return self._tablet(tablet_id)
+
+    def tablets_view(self) -> TabletsView:
+        """Every tablet row as of now, grouped by table, from copies taken in C (a dict and a
+        set per table: a few milliseconds at 200,000 tablets, where `tablets_of` for every
+        table, sorting in Python, holds the loop for tenths of a second). Sort a table's rows
+        later with `tablets_of_view`, across awaits: the rows are immutable values."""
+        return TabletsView(
+            self._applied_index,
+            {t: frozenset(ids) for t, ids in self._tablets_by_table.items()},
+            cast(dict[str, Row[TabletRecord]], dict(self._rows[RecordType.TABLET])),
+        )
 
     def all_tablets(self) -> list[Row[TabletRecord]]:
         """Every tablet row (deleted and replaced ones included), by tablet id."""
@@ -871,6 +881,26 @@ class SysCatalogState:
 
     def _tablet(self, tablet_id: str) -> Row[TabletRecord] | None:
         return cast(Row[TabletRecord] | None, self._rows[RecordType.TABLET].get(tablet_id))
+
+
+@dataclass(frozen=True)
+class TabletsView:
+    """`SysCatalogState.tablets_view`: the tablet rows of one applied index."""
+
+    applied_index: int
+    ids_by_table: dict[str, frozenset[str]]
+    rows: dict[str, Row[TabletRecord]]
+
+    def tablets_of(self, table_id: str) -> list[Row[TabletRecord]]:
+        """`SysCatalogState.tablets_of` as of the view: every state, by (partition_key_start,
+        tablet id)."""
+        rows = self.rows
+        return _by_partition([rows[t] for t in self.ids_by_table.get(table_id, ()) if t in rows])
+
+
+def _by_partition(rows: list[Row[TabletRecord]]) -> list[Row[TabletRecord]]:
+    rows.sort(key=lambda r: (r.record.partition.partition_key_start, r.record.tablet_id))
+    return rows
 
 
 _ROWS_TAG = bytes([3 << 3 | 2])

@@ -483,6 +483,36 @@ def test_a_large_write_is_encoded_off_the_event_loop() -> None:
     run(go())
 
 
+def test_dump_is_one_applied_index_and_gives_the_loop_turns() -> None:
+    """DumpCatalog's rows: every table and its tablets sorted by partition, as of the index it
+    names, even when entries apply while it sorts them; and it yields the loop between tables
+    (one synchronous pass over 200,000 tablets held a starved leader past an election timeout)."""
+    env = make_env()
+
+    async def go() -> None:
+        await create(env, "first")
+        second = await create(env, "second")
+        index_before = env.state.applied_index
+        expected = [
+            row
+            for table in env.state.tables()  # by id
+            for row in (table, *env.state.tablets_of(table.record.table_id))
+        ]
+        dump = asyncio.ensure_future(env.cm.dump())
+        turns = 0
+        while not dump.done():
+            turns += 1
+            if turns == 2:  # the dump took its rows and yielded: an entry applies mid-dump
+                report_running(env, second)
+            await asyncio.sleep(0)
+        index, rows = await dump
+        assert index == index_before < env.state.applied_index
+        assert rows == expected
+        assert turns >= 2
+
+    run(go())
+
+
 # --- replication failures (KUDU-495) and exactly-once ----------------------------------------
 
 
