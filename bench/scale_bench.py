@@ -25,8 +25,9 @@ assignment pace is raised, as bench-master does (`OVERRIDES`).
             had read every server's full report, with its full-report turns (not a goal)
   scale: T tablets, E unprovoked elections, create max C s, replaced R (P%), failover lookup
             p100 L s
-            the last line; E counts the term changes seen while the catalog grew (nothing was
-            killed then: goal 0), watched on every master by ConnectToMaster twice a second;
+            the last line; E counts the term changes seen while the catalog grew and through
+            the census after it, until the first kill (nothing was killed then: goal 0),
+            watched on every master by ConnectToMaster twice a second;
             R the tablets REPLACED in the catalog after the growth (goal: under 1%)
 
 `--burners N` runs N CPU-bound busy loops beside everything, to stand in for a slower machine
@@ -643,12 +644,10 @@ async def main_async(args: argparse.Namespace) -> None:
                 m.elections = 0
                 watcher = asyncio.create_task(m.watch())
                 catalog, slowest = await grow(args, m, sim_pids)
-                unprovoked = m.elections
+                # Elections are watched through the census too: its catalog reads are work
+                # a leader must do without losing its group (a one-pass DumpCatalog of
+                # 200,000 tablets once cost an election here, after the last create).
                 replaced = await count_replaced(await m.leader_stub())
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
-                watcher = None
                 stats = await settled_fleet_stats(workdir / "fleet.stats", catalog)
                 print(
                     f"fleet    {stats.get('replicas', 0)} replicas, {stats.get('leaders', 0)}"
@@ -664,6 +663,12 @@ async def main_async(args: argparse.Namespace) -> None:
                     info["uuids"],
                 )
                 print(fleet_census.line(), flush=True)
+                await m.poll()
+                unprovoked = m.elections
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+                watcher = None
                 results = await failovers(args, m)
             finally:
                 if watcher is not None:
