@@ -540,7 +540,7 @@ class SysCatalogState:
         """Every tablet row as of now, grouped by table, from copies taken in C (a dict and a
         set per table: a few milliseconds at 200,000 tablets, where `tablets_of` for every
         table, sorting in Python, holds the loop for tenths of a second). Sort a table's rows
-        later with `tablets_of_view`, across awaits: the rows are immutable values."""
+        later with `TabletsView.tablets_of`, across awaits: the rows are immutable values."""
         return TabletsView(
             self._applied_index,
             {t: frozenset(ids) for t, ids in self._tablets_by_table.items()},
