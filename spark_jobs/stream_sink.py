@@ -20,7 +20,9 @@ Exactly once, whatever dies when:
     two) is run again by Spark: its tasks find the batch committed (ALREADY_EXISTS), write
     nothing, and the commit is a no-op.
 So any operation is exactly once, `insert` included. A stopped or failed stream never shows part
-of a batch.
+of a batch to a snapshot read (the tessera source's default). A READ_LATEST scan, which reads
+each tablet's newest rows, may meet a committed batch while the coordinator is still applying
+its commit tablet by tablet, and so see the rows of some tablets before the others.
 """
 
 from __future__ import annotations
