@@ -849,7 +849,8 @@ class RaftNode:
             self._send([], hold_commit_only=False)
 
     async def _apply_ready(self, rd: Ready) -> None:
-        if self._held and sum(len(e.data) for e in rd.committed_entries) > LONG_APPLY_BYTES:
+        long_apply = sum(len(e.data) for e in rd.committed_entries) > LONG_APPLY_BYTES
+        if long_apply and self._held:
             # The commit-only appends held for the next tick carry these entries' commit: sent
             # now, and given one loop turn to be written, the followers apply alongside this
             # leader instead of ticking toward an election while it is silent
@@ -877,12 +878,19 @@ class RaftNode:
                 _, fut = self._waiting.pop(index)
                 if not fut.done():
                     fut.set_exception(Aborted("outcome lost in a snapshot install; retry"))
+        started = time.monotonic()
         for e in rd.committed_entries:
             if self._turns is not None and e.data:
                 # Between entries, never within one: each applies whole, in log order, by this
                 # task alone (turns.py); only when the loop's slice is used up does this yield.
                 await self._turns.turn()
             self._apply(e)
+        if long_apply:
+            # The peers apply the same entries meanwhile, and are as silent for as long: that
+            # silence stretches the timeouts and restarts a leader's check-quorum period
+            # (`Raft.held_applying`, docs/design/consensus.md#R11).
+            held = int((time.monotonic() - started) / self.settings.tick_interval_s)
+            self.raw.held_applying(held)
         for rs in rd.read_states:
             read = self._reads.pop(rs.context, None)
             if read is not None and not read.done():

@@ -28,6 +28,12 @@ heartbeats as they arrive now. The result is capped at `max_election_tick`. A ga
 cap is an absence (a partition, a restart), not lateness, and is not counted. The table of last
 contacts is cleared whenever the node's role or term changes, so a gap never spans an election.
 
+Lateness is also predicted, not only heard: a node that was just held applying committed entries
+large enough that its peers apply them at the same time (`held`, called through
+`Raft.held_applying`) counts the time it was held as a gap, because its peers, held as long,
+will answer about that late. Without it the estimate rises only when a late message finally
+arrives, after the timeout it should have stretched.
+
 What it does not change
 -----------------------
 Safety never depends on timing in Raft, so stretching is safe. Leases (`reads.py`) are counted
@@ -78,6 +84,16 @@ class Lateness:
         gap = now - last
         if gap <= self.max_election_tick:
             self.estimate = max(self.estimate, float(gap))
+
+    def held(self, ticks: int) -> None:
+        """This node was held `ticks` ticks doing work its peers do too (applying the same
+        large entries, `Raft.held_applying`): their messages may now come that much later than
+        a heartbeat interval, as a gap of that length heard from a peer would say. Capped, not
+        ignored, past `max_election_tick`: the peers are known to be alive."""
+        if not self.enabled or ticks <= 0:
+            return
+        gap = min(ticks + self.heartbeat_tick, self.max_election_tick)
+        self.estimate = max(self.estimate, float(gap))
 
     def tick(self) -> None:
         if self.estimate > self.heartbeat_tick:

@@ -389,6 +389,22 @@ class Raft:
         else:
             self._tick_election()
 
+    def held_applying(self, ticks: int) -> None:
+        """The caller just spent `ticks` tick intervals applying committed entries so large
+        that its peers, applying the same entries at about the same time (a leader tells them
+        of the commit first: docs/design/consensus.md#R11), are as busy and as silent. That
+        silence is expected, not a failure: it counts as lateness (both timeouts stretch,
+        `Lateness.held`), and a leader starts its check-quorum period afresh, so its followers
+        get a whole, stretched, period from the end of this apply to be heard. Otherwise a
+        leader whose apply ended first stepped down while its followers were still applying
+        (a 10,000-tablet CreateTable on a starved host). Timing only: safety never depends on
+        it, and leases count from their own ticks (`reads.lease_valid`)."""
+        if ticks <= 0:
+            return
+        self.lateness.held(ticks)
+        if self.state is Role.LEADER:
+            self.election_elapsed = 0
+
     def _live_contact(self, m: Message) -> bool:
         """Whether `m` is what a live group sends this node: a leader's append, heartbeat or
         snapshot, or, to a leader, a follower's answer."""

@@ -107,6 +107,11 @@ class RawNode:
         its next heartbeat only (`Raft.tick`)."""
         self.raft.tick(late_ticks)
 
+    def held_applying(self, ticks: int) -> None:
+        """The caller's apply of large committed entries took `ticks` tick intervals, which
+        its peers are spending too (`Raft.held_applying`). Timing only."""
+        self.raft.held_applying(ticks)
+
     def expire_election_timer(self) -> None:
         """Count a full election timeout as passed on a non-leader (a quiesced follower whose
         leader went silent, consensus/quiesce.py): it campaigns within its random jitter, and

@@ -6,17 +6,28 @@ commit-only append (sent at its next tick) would be silent for that whole time w
 followers, knowing of no commit, have nothing to apply and tick toward an election. Here the
 state machine records, when the leader starts applying a large entry, the highest commit index
 each follower has been delivered so far: it must already cover the entry. Small entries keep
-the batching (their commit may wait for the tick), which the second test pins.
+the batching (their commit may wait for the tick), which the second test pins. And every node
+that was held applying a large entry expects its peers, applying it too, to be as silent: its
+timeouts stretch (the third test).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 from pathlib import Path
 
 from service.raft import Message, MessageType, Role
-from tests.helpers.raft_node import WAIT_S, Cluster, KvMachine, MemSender, eventually, run
+from tests.helpers.raft_node import (
+    FAST,
+    WAIT_S,
+    Cluster,
+    KvMachine,
+    MemSender,
+    eventually,
+    run,
+)
 
 BIG = b"big=" + b"x" * (300 << 10)  # past the node's LONG_APPLY_BYTES
 
@@ -116,3 +127,39 @@ def test_small_entries_keep_their_commit_for_the_next_batch_or_tick(tmp_path: Pa
         assert not_yet > 0
 
     run(tmp_path, scenario, cluster=RecordingCluster)
+
+
+HOLD_S = 0.15
+"""How long a large entry's apply holds a node's loop below: 15 of FAST's ticks."""
+
+
+class SlowKv(KvMachine):
+    def apply(self, index: int, data: bytes) -> object:
+        if len(data) > len(BIG) // 2:
+            time.sleep(HOLD_S)  # the loop held, as by a 10,000-tablet CreateTable
+        return super().apply(index, data)
+
+
+class SlowCluster(Cluster):
+    def machine(self, uuid: str) -> KvMachine:
+        return SlowKv()
+
+
+def test_a_node_held_applying_a_large_entry_stretches_its_timeouts(tmp_path: Path) -> None:
+    """Each node measures its own apply of the large entry and, expecting its peers to be as
+    long applying it, stretches its election (a leader: check-quorum) timeout toward the cap
+    (`Raft.held_applying`). The nodes share one event loop here, so no peer's message can
+    arrive late meanwhile: the stretch comes from the measured hold alone."""
+
+    async def scenario(c: SlowCluster) -> None:
+        leader = await c.leader()
+        index = await leader.propose(BIG, timeout=WAIT_S)
+        assert isinstance(index, int)
+        await eventually(
+            lambda: all(n.applied >= index for n in c.nodes.values()),
+            "every node applies the large entry",
+        )
+        timeouts = {u: n.status().election_timeout for u, n in c.nodes.items()}
+        assert all(t > FAST.election_ticks for t in timeouts.values()), timeouts
+
+    run(tmp_path, scenario, cluster=SlowCluster)

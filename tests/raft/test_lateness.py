@@ -124,3 +124,83 @@ def test_a_late_tick_brings_the_leaders_next_heartbeat_forward_and_nothing_else(
     before = b.election_elapsed
     c.node("b").tick(late_ticks=50)
     assert b.election_elapsed == before + 1 and b.state is Role.FOLLOWER
+
+
+CAP = 18
+"""A cap that a hold of 10 ticks reaches (the tests below)."""
+
+
+def _silent_ticks_until_step_down(c: Cluster, limit: int) -> int:
+    """Tick the leader "a" alone until it steps down; the ticks it took, or `limit`."""
+    for n in range(1, limit + 1):
+        c.tick("a")
+        if c.role("a") is not Role.LEADER:
+            return n
+    return limit
+
+
+def _leader_whose_followers_went_silent() -> Cluster:
+    """A leader whose followers stopped answering (applying a large entry, say) at the start
+    of its check-quorum period, one tick before the check that would depose it."""
+    c = Cluster(
+        ["a", "b", "c"], election_tick=ELECTION, heartbeat_tick=HEARTBEAT, max_election_tick=CAP
+    )
+    c.elect("a")
+    leader = c.node("a").raft
+    c.partition(["a"], ["b", "c"])
+    c.tick("a")
+    while leader.election_elapsed != 0:  # a check that still counts their last answers
+        c.tick("a")
+    c.tick("a", ELECTION - 1)
+    assert c.role("a") is Role.LEADER
+    return c
+
+
+def test_a_leader_gives_its_followers_a_whole_stretched_period_after_a_long_apply() -> None:
+    """The leader then applied, for 10 ticks, an entry its followers apply too: they are as
+    silent as it was. From the end of its apply it waits a whole check-quorum period,
+    stretched to the cap, before it judges them; without the note it steps down at once."""
+    c = _leader_whose_followers_went_silent()
+    c.node("a").held_applying(10)
+    assert c.node("a").raft.election_timeout() == CAP
+    assert c.node("a").status().election_timeout == CAP
+    took = _silent_ticks_until_step_down(c, 4 * CAP)
+    assert CAP <= took <= CAP + 1, took
+
+    control = _leader_whose_followers_went_silent()
+    assert _silent_ticks_until_step_down(control, 4 * CAP) == 1
+
+
+def test_a_follower_held_applying_stretches_its_own_timeout_too() -> None:
+    """Its leader applies the same entry: it may stay silent as long, and the follower waits
+    for it the stretched timeout. A leader that really died is still replaced within it."""
+    c = Cluster(
+        ["a", "b", "c"], election_tick=ELECTION, heartbeat_tick=HEARTBEAT, max_election_tick=CAP
+    )
+    c.elect("a")
+    c.tick_all(3)
+    c.node("b").held_applying(10)
+    c.node("c").held_applying(10)
+    assert c.node("b").raft.election_timeout() == CAP
+    c.down.add(NodeId("a"))
+    for _ in range(CAP - 2):  # not before the stretched timeout (a tick of it has passed)...
+        c.tick("b")
+        c.tick("c")
+    assert c.node("b").raft.term == 1 and c.node("c").raft.term == 1
+    for _ in range(2 * CAP + ELECTION + 2):  # ...but within it, its decay and the jitter
+        c.tick("b")
+        c.tick("c")
+    assert c.leader() in ("b", "c")
+
+
+def test_held_counts_as_a_gap_capped_and_nothing_when_off() -> None:
+    late = Lateness(heartbeat_tick=5, election_tick=15, max_election_tick=60)
+    late.held(0)
+    assert late.stretch() == 0
+    late.held(5)  # answers 10 ticks apart: as a heard gap of 10
+    assert late.stretch() == 12
+    late.held(500)  # longer than the cap: the peers are busy, not gone; capped
+    assert late.stretch() == 60 - 15
+    off = Lateness(heartbeat_tick=5, election_tick=15, max_election_tick=15)
+    off.held(10)
+    assert not off.enabled and off.stretch() == 0
