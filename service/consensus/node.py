@@ -969,6 +969,22 @@ class RaftNode:
         self._status = None
         if was_leader and role is not Role.LEADER:
             self._reset_reads(self._not_leader())
+        lost = self.raw.take_quorum_lost()
+        if lost is not None:
+            # A step-down nobody provoked: how long each follower had been silent tells a
+            # dead one (silent for ever) from a starved group (all a little over the period).
+            log.warning(
+                "%s/%s: stepping down in term %d: no quorum heard in the last %d ticks; "
+                "last heard: %s",
+                self.group_id,
+                self.uuid,
+                lost.term,
+                lost.period,
+                ", ".join(
+                    f"{peer} {'never' if ago is None else f'{ago} ticks ago'}"
+                    for peer, ago in lost.silent
+                ),
+            )
         log.info(
             "%s/%s: term %d, role %s, leader %s",
             self.group_id,

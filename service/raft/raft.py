@@ -117,6 +117,19 @@ class RaftOptions:
             raise ValueError(f"max_inflight_msgs must be > 0, got {self.max_inflight_msgs}")
 
 
+@dataclass(frozen=True, slots=True)
+class QuorumLost:
+    """Why a leader stepped down at a quorum check (`Raft.quorum_lost`): the check-quorum period
+    in ticks, stretched or not, and for each other voter how many ticks ago it was last heard
+    (None: not since this node became leader). For the shell to log: a step-down that nobody
+    provoked is then told from a dead follower (one silent for ever) or a starved group (all
+    silent for a little over the period)."""
+
+    term: int
+    period: int
+    silent: tuple[tuple[NodeId, int | None], ...]
+
+
 class ProposalDropped(Exception):
     """The proposal was not appended: not the leader, or a leadership transfer is running."""
 
@@ -169,6 +182,11 @@ class Raft:
         )
         """How late peers' messages arrive: stretches the timeouts (lateness.py)."""
         self.tick_count = 0
+        self.heard_at: dict[NodeId, int] = {}
+        """The tick of each peer's last message as part of a live group (a leader: its
+        followers' answers), for `quorum_lost`."""
+        self.quorum_lost: QuorumLost | None = None
+        """Set when this leader steps down at a quorum check; the shell takes it to log."""
         self.lead_transferee = NO_NODE
         self.last_transfer_tick = -(10**9)
         self.pending_conf_index = 0
@@ -361,6 +379,7 @@ class Raft:
     def become_leader(self) -> None:
         self.campaigns_without_leader = 0
         self._reset(self.term)
+        self.heard_at.clear()
         self.lead = self.id
         self.state = Role.LEADER
         me = self.prs.get(self.id)
@@ -454,6 +473,7 @@ class Raft:
             # Before any role change below: the gap since this peer's last message counts
             # even if the message ends a pre-vote (lateness.py).
             self.lateness.heard(m.frm, self.tick_count)
+            self.heard_at[m.frm] = self.tick_count
         if m.term == 0:
             pass  # local message
         elif m.term > self.term:
@@ -501,6 +521,7 @@ class Raft:
             return
         if t is MessageType.CHECK_QUORUM:
             if not self._quorum_active():
+                self.quorum_lost = self._silence()
                 self.become_follower(self.term, NO_NODE)
                 return
             for node, pr in self.prs.items():
@@ -588,6 +609,18 @@ class Raft:
             self._commit_changed()
             return True
         return False
+
+    def _silence(self) -> QuorumLost:
+        heard = self.heard_at
+        return QuorumLost(
+            self.term,
+            self.election_timeout(),
+            tuple(
+                (n, self.tick_count - heard[n] if n in heard else None)
+                for n in sorted(self.config.voters)
+                if n != self.id
+            ),
+        )
 
     def _quorum_active(self) -> bool:
         active = sum(

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from service.raft.coalesce import coalesce
 from service.raft.progress import ProgressState
-from service.raft.raft import Raft, RaftOptions
+from service.raft.raft import QuorumLost, Raft, RaftOptions
 from service.raft.storage import Storage
 from service.raft.types import (
     EMPTY_HARD_STATE,
@@ -106,6 +106,11 @@ class RawNode:
         passed since the last tick (the caller's timer fired late); a leader counts them toward
         its next heartbeat only (`Raft.tick`)."""
         self.raft.tick(late_ticks)
+
+    def take_quorum_lost(self) -> QuorumLost | None:
+        """Why this node last stepped down at a quorum check (`QuorumLost`), once."""
+        lost, self.raft.quorum_lost = self.raft.quorum_lost, None
+        return lost
 
     def held_applying(self, ticks: int) -> None:
         """The caller's apply of large committed entries took `ticks` tick intervals, which

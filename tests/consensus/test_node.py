@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,30 @@ def test_read_on_an_isolated_leader_does_not_return(tmp_path: Path) -> None:
         await c.leader()
 
     run(tmp_path, scenario)
+
+
+def test_an_isolated_leader_steps_down_and_logs_its_followers_silence(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Check-quorum, and its warning: how many ticks ago each follower was last heard."""
+    isolated: list[str] = []
+
+    async def scenario(c: Cluster) -> None:
+        leader = await c.leader()
+        isolated.append(str(leader.uuid))
+        c.net.isolate(leader.uuid)
+        await eventually(
+            lambda: leader.status().role is not Role.LEADER, "the isolated leader steps down"
+        )
+        c.net.heal()
+        await c.leader()
+
+    with caplog.at_level(logging.WARNING, logger="service.consensus.node"):
+        run(tmp_path, scenario)
+    lines = [r.getMessage() for r in caplog.records if "stepping down in term" in r.message]
+    mine = [line for line in lines if f"/{isolated[0]}:" in line]
+    assert len(mine) == 1, lines
+    assert "no quorum heard in the last" in mine[0] and mine[0].count("ticks ago") == 2
 
 
 def test_group_commit_many_proposals_few_syncs(tmp_path: Path) -> None:

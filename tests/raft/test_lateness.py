@@ -204,3 +204,22 @@ def test_held_counts_as_a_gap_capped_and_nothing_when_off() -> None:
     off = Lateness(heartbeat_tick=5, election_tick=15, max_election_tick=15)
     off.held(10)
     assert not off.enabled and off.stretch() == 0
+
+
+def test_a_leader_that_loses_its_quorum_says_how_long_each_follower_was_silent() -> None:
+    c = Cluster(["a", "b", "c"], election_tick=ELECTION, heartbeat_tick=HEARTBEAT)
+    c.elect("a")
+    c.tick_all(3)
+    assert c.node("a").take_quorum_lost() is None
+    c.isolate("c")
+    c.tick_all(ELECTION)
+    c.isolate("b")
+    took = _silent_ticks_until_step_down(c, 4 * ELECTION)
+    lost = c.node("a").take_quorum_lost()
+    assert lost is not None and lost.term == 1 and lost.period == ELECTION
+    ago = dict(lost.silent)
+    assert set(ago) == {"b", "c"}
+    b, cc = ago[NodeId("b")], ago[NodeId("c")]
+    assert b is not None and cc is not None
+    assert took <= b < cc  # b went silent later than c, and not before the last check
+    assert c.node("a").take_quorum_lost() is None  # taken once
