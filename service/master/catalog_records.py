@@ -30,8 +30,8 @@ checked at apply time against the replicated state.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import TypeAlias, cast
 
 from service.common.errors import InvalidArgument
@@ -978,3 +978,14 @@ class CatalogWrite:
     def encode(self) -> bytes:
         """The bytes to propose as one Raft entry."""
         return self.to_pb().SerializeToString(deterministic=True)
+
+    def encode_parts(self, ops_per_part: int) -> Iterator[bytes]:
+        """`encode`'s bytes in parts, each made when asked for (so a caller on an event loop
+        can yield between them): `ops_per_part` row operations a part, then the rest of the
+        write. Joined, they are `encode()` byte for byte: `ops` is field 1 of CatalogWritePB, so
+        a deterministic encoding writes every operation before any other field, and a repeated
+        field's encoding is its elements' encodings in order."""
+        n = max(1, ops_per_part)
+        for i in range(0, len(self.ops), n):
+            yield CatalogWrite(ops=self.ops[i : i + n]).encode()
+        yield replace(self, ops=()).encode()

@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import random
 import statistics
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -59,7 +58,7 @@ from service.master.catalog_assignment import (
 from service.master.catalog_info import (
     CatalogMaps,
 )
-from service.master.catalog_manager import ENCODE_OFF_LOOP_OPS, CatalogManager
+from service.master.catalog_manager import ENCODE_SLICE_OPS, CatalogManager
 from service.master.catalog_reads import (
     AlterTableStatus,
     CreateTableStatus,
@@ -456,29 +455,50 @@ def test_oversized_entry_is_refused_before_replication() -> None:
     run(go())
 
 
-def test_a_large_write_is_encoded_off_the_event_loop() -> None:
-    """A CreateTable of thousands of tablets is encoded in a worker thread, so the loop goes on
-    ticking and sending heartbeats meanwhile; a small one stays on the loop (a thread hop costs
-    more than its encoding)."""
+def test_a_large_write_is_encoded_in_slices_with_the_loop_running_between() -> None:
+    """A CreateTable of thousands of tablets is encoded a slice at a time, and the event loop
+    runs between slices (ticks, heartbeats); the entry is the one-piece encoding's bytes. A
+    small write is encoded in one piece."""
     settings = CatalogSettings(
         max_create_tablets_per_ts=10_000, max_creating_tablets=10_000, leader_warmup_s=0.0
     )
     env = make_env(settings=settings)
-    threads: list[tuple[int, bool]] = []
-    encode = CatalogWrite.encode
+    encode_parts = CatalogWrite.encode_parts
+    turns = 0
+    seen: list[tuple[int, int]] = []  # (ops in the write, loop turns seen during its parts)
+    whole: list[bytes] = []
 
-    def watched(self: CatalogWrite) -> bytes:
-        threads.append((len(self.ops), threading.current_thread() is threading.main_thread()))
-        return encode(self)
+    def watched(self: CatalogWrite, n: int) -> Any:
+        start = turns
+        parts = []
+        for part in encode_parts(self, n):
+            parts.append(part)
+            yield part
+        seen.append((len(self.ops), turns - start))
+        whole.append(b"".join(parts))
+        assert whole[-1] == self.encode()
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
 
     async def go() -> None:
-        with mock.patch.object(CatalogWrite, "encode", watched):
-            await create(env, "small")
-            big = PartitionSchema(hash=(HashBucketSchema(("host",), ENCODE_OFF_LOOP_OPS + 1),))
-            table_id = await create(env, "big", partition_schema=big)
-        # The small table: 6 tablets and the table's row, on the loop; the big one off it.
-        assert threads == [(7, True), (ENCODE_OFF_LOOP_OPS + 2, False)]
-        assert len(env.state.tablets_of(table_id)) == ENCODE_OFF_LOOP_OPS + 1
+        ticker = asyncio.create_task(count_turns())
+        try:
+            with mock.patch.object(CatalogWrite, "encode_parts", watched):
+                await create(env, "small")
+                n = 2 * ENCODE_SLICE_OPS  # buckets: at most 1,024
+                big = PartitionSchema(hash=(HashBucketSchema(("host",), n),))
+                table_id = await create(env, "big", partition_schema=big)
+        finally:
+            ticker.cancel()
+        # The small table (6 tablets and the table's row) is not encoded in parts; the big
+        # one's n + 1 operations in 3 parts, then the rest in a fourth, a loop turn after each.
+        assert len(seen) == 1 and seen[0][0] == n + 1, seen
+        assert seen[0][1] >= 4, seen
+        assert len(env.state.tablets_of(table_id)) == n
 
     run(go())
 

@@ -12,7 +12,14 @@ import asyncio
 import dataclasses
 
 from service.common.ids import TabletId
-from service.master.catalog_records import CatalogWrite, Insert
+from service.master.catalog_records import (
+    CatalogWrite,
+    Insert,
+    Precondition,
+    RecordType,
+    RequestId,
+    RowKey,
+)
 from service.master.sys_catalog import DECODE_AHEAD_BYTES, DECODE_SLICE, SysCatalogState
 from tests.helpers.sys_catalog import Ids, create_table_write, make_table, make_tablets
 
@@ -163,3 +170,23 @@ def test_decodings_of_entries_never_applied_are_dropped() -> None:
         assert 5 in state._ahead
 
     asyncio.run(main())
+
+
+def test_a_write_encoded_in_parts_is_the_same_bytes() -> None:
+    """The leader encodes a large write in slices (`CatalogWrite.encode_parts`); joined, they
+    must be the one-piece encoding, every field included, whatever the slice."""
+    ids = Ids(9)
+    table = make_table(ids(), "parts", buckets=4, splits=3)
+    write = dataclasses.replace(
+        create_table_write(
+            table, make_tablets(table, ids, servers=SERVERS), RequestId("c" * 32, 7, 5, 2)
+        ),
+        expected=(Precondition(RowKey(RecordType.TABLE, table.table_id), 3),),
+    )
+    one = write.encode()
+    for n in (1, 5, 12, 13, 1000, 0):
+        parts = list(write.encode_parts(n))
+        assert b"".join(parts) == one, n
+        assert len(parts) == -(-len(write.ops) // max(1, n)) + 1
+    empty = CatalogWrite(operation="Nothing")
+    assert b"".join(empty.encode_parts(10)) == empty.encode()
