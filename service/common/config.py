@@ -182,9 +182,10 @@ class RaftSettings:
     Kudu-like default: up to one heartbeat interval (etcd uses a whole election timeout, which
     makes failover slower)."""
     election_timeout_max_ms: int = 3000
-    """Longest the election timeout (and a leader's check-quorum period) stretches to while a
-    live group's messages arrive late, on a host short of CPU (service/raft/lateness.py); at or
-    below election_timeout_ms: never stretched."""
+    """Longest the election timeout stretches to while a live group's messages arrive late, on
+    a host short of CPU (service/raft/lateness.py), and how long a leader waits to hear from a
+    quorum before it steps down (docs/design/consensus.md#R2); at or below election_timeout_ms:
+    never stretched, and a leader waits election_timeout_ms."""
     tick_interval_ms: int = 100
     """Granularity of Raft time; must divide the periods above."""
     pre_vote: bool = True

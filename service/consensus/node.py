@@ -850,11 +850,12 @@ class RaftNode:
 
     async def _apply_ready(self, rd: Ready) -> None:
         long_apply = sum(len(e.data) for e in rd.committed_entries) > LONG_APPLY_BYTES
-        if long_apply and self._held:
+        if long_apply:
             # The commit-only appends held for the next tick carry these entries' commit: sent
-            # now, and given one loop turn to be written, the followers apply alongside this
-            # leader instead of ticking toward an election while it is silent
-            # (docs/design/consensus.md#R11).
+            # now, and given one loop turn to be written (they, or appends a tick just sent,
+            # would otherwise wait in the transport's queue for the whole apply), the followers
+            # apply alongside this leader instead of ticking toward an election while it is
+            # silent (docs/design/consensus.md#R11). A follower's answers go out the same way.
             self._flush_held()
             await asyncio.sleep(0)
         if rd.soft_state is not None:

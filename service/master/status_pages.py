@@ -157,9 +157,9 @@ def install_master_metrics(master: MasterState, registry: MetricsRegistry) -> No
 
     registry.gauge_callback(
         "tessera_raft_election_timeout_seconds",
-        "The election timeout now, before jitter (a leader's check-quorum period): the "
-        "configured one, stretched while the peers' messages arrive late, up to "
-        "raft.election_timeout_max_ms.",
+        "The election timeout now, before jitter: the configured one, stretched while the "
+        "peers' messages arrive late, up to raft.election_timeout_max_ms; a leader's: its "
+        "check-quorum period (that maximum whenever stretching is on).",
         lambda: raft("election_timeout_s"),
         (GROUP_LABEL,),
     )

@@ -32,7 +32,9 @@ Lateness is also predicted, not only heard: a node that was just held applying c
 large enough that its peers apply them at the same time (`held`, called through
 `Raft.held_applying`) counts the time it was held as a gap, because its peers, held as long,
 will answer about that late. Without it the estimate rises only when a late message finally
-arrives, after the timeout it should have stretched.
+arrives, after the timeout it should have stretched. For the same reason a leader does not
+rely on its own estimate for check-quorum: with stretching on, it waits the cap
+(`Raft.check_quorum_period`), as long as its followers may wait for it.
 
 What it does not change
 -----------------------

@@ -14,7 +14,8 @@ Elections (Raft §5.2, thesis §9.6): followers that miss the leader for a rando
 in [election_tick, 2*election_tick) first run a *pre-vote* (a trial election at term+1 that
 changes no state), and only if a quorum would vote for them start a real election. With
 *check-quorum* a leader steps down when it has not heard from a quorum within an election
-timeout, and followers ignore votes while they have a live leader ("leader stickiness"), so a
+timeout (the longest one a follower may use, when timeouts stretch: `check_quorum_period`), and
+followers ignore votes while they have a live leader ("leader stickiness"), so a
 partitioned or removed node cannot depose a healthy leader. Both timeouts stretch while a live
 group's messages arrive late (`lateness.py`, off unless `max_election_tick` is set). Campaigning
 and voting live in `election.py`.
@@ -85,8 +86,9 @@ class RaftOptions:
     """Widen the jitter after each election this node started and no leader followed
     (`Raft._draw_election_timeout`); False: every draw uses the configured jitter (etcd)."""
     max_election_tick: int = 0
-    """Longest the election timeout (and the leader's check-quorum period) may stretch to while
-    peers' messages arrive late (lateness.py); at or below election_tick: never stretched."""
+    """Longest the election timeout may stretch to while peers' messages arrive late
+    (lateness.py), and a leader's check-quorum period (`Raft.check_quorum_period`); at or
+    below election_tick: never stretched."""
     pre_vote: bool = True
     check_quorum: bool = True
     max_size_per_msg: int = 1 << 20
@@ -436,8 +438,18 @@ class Raft:
 
     def election_timeout(self) -> int:
         """The election timeout now, in ticks, before jitter: the configured one, stretched
-        while peers' messages arrive late (lateness.py). The check-quorum period too."""
+        while peers' messages arrive late (lateness.py)."""
         return self.opts.election_tick + self.lateness.stretch()
+
+    def check_quorum_period(self) -> int:
+        """Ticks a leader waits to hear from a quorum before it steps down: at least as long
+        as a follower may wait for it, the stretch cap (`max_election_tick`). A leader that
+        gives up sooner starts the very election its followers, still waiting, would not
+        have: on a starved host both followers went silent for 1.9 s together, the leader
+        stepped down at its unstretched 1.5 s while their own timeouts stood at 2.2-3 s. Only
+        how soon a cut-off leader tells its clients to look elsewhere depends on this; its
+        writes cannot commit meanwhile, and a lease counts its own ticks (`reads.lease_valid`)."""
+        return max(self.election_timeout(), self.opts.max_election_tick)
 
     def _tick_election(self) -> None:
         self.election_elapsed += 1
@@ -449,7 +461,7 @@ class Raft:
     def _tick_heartbeat(self) -> None:
         self.heartbeat_elapsed += 1
         self.election_elapsed += 1
-        if self.election_elapsed >= self.election_timeout():
+        if self.election_elapsed >= self.check_quorum_period():
             self.election_elapsed = 0
             if self.opts.check_quorum:
                 self.step(Message(MessageType.CHECK_QUORUM, frm=self.id))
@@ -614,7 +626,7 @@ class Raft:
         heard = self.heard_at
         return QuorumLost(
             self.term,
-            self.election_timeout(),
+            self.check_quorum_period(),
             tuple(
                 (n, self.tick_count - heard[n] if n in heard else None)
                 for n in sorted(self.config.voters)

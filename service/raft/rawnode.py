@@ -78,7 +78,8 @@ class Status:
     lead_transferee: NodeId
     election_timeout: int
     """The election timeout now, in ticks, before jitter: the configured one, stretched while
-    peers' messages arrive late (lateness.py); a leader's check-quorum period too."""
+    peers' messages arrive late (lateness.py); a leader's: its check-quorum period
+    (`Raft.check_quorum_period`)."""
 
 
 class RawNode:
@@ -374,7 +375,9 @@ class RawNode:
             committed_config=r.committed_config,
             progress=progress,
             lead_transferee=r.lead_transferee,
-            election_timeout=r.election_timeout(),
+            election_timeout=(
+                r.check_quorum_period() if r.state is Role.LEADER else r.election_timeout()
+            ),
         )
 
 

@@ -151,7 +151,7 @@ def _leader_whose_followers_went_silent() -> Cluster:
     c.tick("a")
     while leader.election_elapsed != 0:  # a check that still counts their last answers
         c.tick("a")
-    c.tick("a", ELECTION - 1)
+    c.tick("a", leader.check_quorum_period() - 1)
     assert c.role("a") is Role.LEADER
     return c
 
@@ -223,3 +223,23 @@ def test_a_leader_that_loses_its_quorum_says_how_long_each_follower_was_silent()
     assert b is not None and cc is not None
     assert took <= b < cc  # b went silent later than c, and not before the last check
     assert c.node("a").take_quorum_lost() is None  # taken once
+
+
+def test_a_leader_waits_for_its_followers_as_long_as_they_may_wait_for_it() -> None:
+    """With timeouts that stretch up to CAP, a follower may wait that long for its leader, and
+    a leader waits as long for a quorum's answers before it steps down (`check_quorum_period`):
+    giving up sooner, it would start the election its followers would not. Without
+    stretching, an election timeout."""
+    stretching = Cluster(
+        ["a", "b", "c"], election_tick=ELECTION, heartbeat_tick=HEARTBEAT, max_election_tick=CAP
+    )
+    fixed = Cluster(["a", "b", "c"], election_tick=ELECTION, heartbeat_tick=HEARTBEAT)
+    took = {}
+    for name, c in (("stretching", stretching), ("fixed", fixed)):
+        c.elect("a")
+        c.tick_all(3)
+        c.partition(["a"], ["b", "c"])
+        took[name] = _silent_ticks_until_step_down(c, 4 * CAP)
+    assert CAP <= took["stretching"] <= 2 * CAP, took
+    assert took["fixed"] <= 2 * ELECTION, took
+    assert stretching.node("a").raft.check_quorum_period() == CAP
