@@ -76,12 +76,12 @@ class Lateness:
         return self.max_election_tick > self.election_tick
 
     def heard(self, peer: NodeId, now: int) -> None:
-        """A message from `peer` at tick `now` (the node's tick count)."""
-        if not self.enabled:
-            return
+        """A message from `peer` at tick `now` (the node's tick count). Recorded even with
+        stretching off: a leader that steps down at a quorum check reports when it last heard
+        each follower (`last_heard`)."""
         last = self._last.get(peer)
         self._last[peer] = now
-        if last is None:
+        if last is None or not self.enabled:
             return
         gap = now - last
         if gap <= self.max_election_tick:
@@ -96,6 +96,11 @@ class Lateness:
             return
         gap = min(ticks + self.heartbeat_tick, self.max_election_tick)
         self.estimate = max(self.estimate, float(gap))
+
+    def last_heard(self, peer: NodeId) -> int | None:
+        """The tick of `peer`'s last message as part of a live group since this node's role or
+        term last changed (None: none since)."""
+        return self._last.get(peer)
 
     def tick(self) -> None:
         if self.estimate > self.heartbeat_tick:

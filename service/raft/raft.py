@@ -184,9 +184,6 @@ class Raft:
         )
         """How late peers' messages arrive: stretches the timeouts (lateness.py)."""
         self.tick_count = 0
-        self.heard_at: dict[NodeId, int] = {}
-        """The tick of each peer's last message as part of a live group (a leader: its
-        followers' answers), for `quorum_lost`."""
         self.quorum_lost: QuorumLost | None = None
         """Set when this leader steps down at a quorum check; the shell takes it to log."""
         self.lead_transferee = NO_NODE
@@ -381,7 +378,6 @@ class Raft:
     def become_leader(self) -> None:
         self.campaigns_without_leader = 0
         self._reset(self.term)
-        self.heard_at.clear()
         self.lead = self.id
         self.state = Role.LEADER
         me = self.prs.get(self.id)
@@ -414,11 +410,12 @@ class Raft:
         """The caller just spent `ticks` tick intervals applying committed entries so large
         that its peers, applying the same entries at about the same time (a leader tells them
         of the commit first: docs/design/consensus.md#R11), are as busy and as silent. That
-        silence is expected, not a failure: it counts as lateness (both timeouts stretch,
-        `Lateness.held`), and a leader starts its check-quorum period afresh, so its followers
-        get a whole, stretched, period from the end of this apply to be heard. Otherwise a
-        leader whose apply ended first stepped down while its followers were still applying
-        (a 10,000-tablet CreateTable on a starved host). Timing only: safety never depends on
+        silence is expected, not a failure. It counts as lateness (`Lateness.held`), which
+        stretches a follower's election timeout; a leader starts its check-quorum period afresh, so
+        its followers get a whole period (already the stretch cap: `check_quorum_period`) from
+        the end of this apply to be heard. Without the restart a leader whose apply ended
+        first stepped down while its followers were still applying (a 10,000-tablet
+        CreateTable on a starved host). Timing only: safety never depends on
         it, and leases count from their own ticks (`reads.lease_valid`)."""
         if ticks <= 0:
             return
@@ -485,7 +482,6 @@ class Raft:
             # Before any role change below: the gap since this peer's last message counts
             # even if the message ends a pre-vote (lateness.py).
             self.lateness.heard(m.frm, self.tick_count)
-            self.heard_at[m.frm] = self.tick_count
         if m.term == 0:
             pass  # local message
         elif m.term > self.term:
@@ -623,15 +619,14 @@ class Raft:
         return False
 
     def _silence(self) -> QuorumLost:
-        heard = self.heard_at
+        def ago(n: NodeId) -> int | None:
+            at = self.lateness.last_heard(n)
+            return None if at is None else self.tick_count - at
+
         return QuorumLost(
             self.term,
             self.check_quorum_period(),
-            tuple(
-                (n, self.tick_count - heard[n] if n in heard else None)
-                for n in sorted(self.config.voters)
-                if n != self.id
-            ),
+            tuple((n, ago(n)) for n in sorted(self.config.voters) if n != self.id),
         )
 
     def _quorum_active(self) -> bool:
