@@ -86,22 +86,25 @@ def test_a_master_certificate_near_its_end_is_renewed_and_served_without_a_resta
         )
     assert r.term >= 1
 
-    # New consensus connections both ways: master-3 is gone, master-2 restarts (its election
-    # timeout raised so that master-1 campaigns first), and master-1 must win its vote and
-    # commit through it, each side dialing the other afresh. master-1 may take over 5 s to
-    # reach master-2: its channel to the dead peer backs off to a redial every 2 s
-    # (channel_options.CONSENSUS_RECONNECT_MS) and its own election timeout, stretched on a
-    # busy host, can be 3 s; with master-2 at 5 s, a CI run saw master-2 campaign first.
+    # New consensus connections both ways: master-3 is gone, master-2 restarts, and master-1
+    # must win its vote and commit through it, each side dialing the other afresh.
     c.masters.kill("master-3")
     c.masters.kill("master-2")
-    # master-1 steps down first (it lost its quorum), so that no heartbeat of its old term
-    # reaches master-2 once restarted: one would give master-2 a leader lease in which it
-    # refuses master-1's votes for its whole election timeout, and it would then win.
+    # master-1 steps down first (it lost its quorum), so that few heartbeats of its old term
+    # reach master-2 once restarted. One still can (a message master-1 queued while leading,
+    # delivered when the channel comes back): it gives master-2 a leader lease in which it
+    # refuses master-1's votes for its whole election timeout, after which master-2 would
+    # campaign at once and win. So master-2's election timeout is 5 s plus up to 10 s of
+    # jitter: after the lease, master-1 (campaigning every 0.5-3 s) has seconds to win first.
     deadline = time.monotonic() + 30
     while _role(c, m1.address) == pb.LEADER:
         assert time.monotonic() < deadline, "master-1 never stepped down"
         time.sleep(0.05)
-    c.masters.overrides = {**c.masters.overrides, "raft.election_timeout_ms": "20000"}
+    c.masters.overrides = {
+        **c.masters.overrides,
+        "raft.election_timeout_ms": "5000",
+        "raft.election_jitter_ms": "10000",
+    }
     c.masters.start_master("master-2")
     c.masters.wait_ready(["master-2"])
     leader, _ = c.masters.leader(timeout=60)
