@@ -322,6 +322,12 @@ class RaftNode:
         if self._persisting is None:
             self._wakeup.set()
 
+    def leader_term(self) -> int:
+        """The term this node leads now; 0 when it is not the leader. The transport drops a
+        leader's queued message of any other term instead of sending it late (transport.py)."""
+        raw = self.raw
+        return raw.term() if raw.is_leader() else 0
+
     # -- quiescence (quiesce.py: the node as the server's registry sees it) --------------------
 
     @property

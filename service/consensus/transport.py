@@ -15,6 +15,13 @@ the newest are dropped (and counted) instead of growing memory without bound. On
 failure the sender backs off exponentially (50 ms .. 2 s), tells the group the peer is
 unreachable (so its progress drops back to probing), and discards what it could not send.
 
+A leader's messages that wait in a queue past the leader's term are dropped when the sender
+picks them up (`leader_term` at `register`, counted in `deposed_dropped`): appends,
+heartbeats, snapshots and TIMEOUT_NOW of a term this node no longer leads. A node that
+stepped down while its sender backed off from a failed peer would otherwise deliver, seconds
+later, a heartbeat of the old term; the peer takes its term's leader as alive from it, and
+its leader lease then refuses a real candidate's votes (docs/design/consensus.md#R2).
+
 Two lanes per peer: appends and snapshots (the messages that carry the log, and may be
 megabytes) go on one stream, everything else (heartbeats, votes, and every answer) on another,
 each with its own queue and sender task, as etcd's rafthttp keeps a stream for appends apart
@@ -94,6 +101,11 @@ STEP_TIMEOUT_S = 5.0
 MAX_QUEUE = 4096
 WARM_INTERVAL_S = 1.0
 """How often `keep_warm` looks for a member without a ready stream."""
+LEADER_MESSAGES = frozenset(
+    {MessageType.APP, MessageType.HEARTBEAT, MessageType.SNAP, MessageType.TIMEOUT_NOW}
+)
+"""What only a leader sends, for its term: dropped unsent once that term is over for its node
+(`GrpcTransport.drop_deposed`)."""
 
 
 class Incarnations:
@@ -229,6 +241,8 @@ class _Peer:
                 if self.queue.empty():
                     break
                 item = self.queue.get_nowait()
+            if self.t.drop_deposed(by_group) and not by_group and digest is None:
+                continue  # nothing left to send
             self.sending = True
             try:
                 await self._send(by_group, digest)
@@ -358,6 +372,10 @@ class GrpcTransport:
         self._unreachable: dict[str, Callable[[str], None]] = {}
         self._snapshot_sent: dict[str, Callable[[str], None]] = {}
         self._members: dict[str, Callable[[], frozenset[str]]] = {}
+        self._leader_terms: dict[str, Callable[[], int]] = {}
+        self.deposed_dropped = 0
+        """A leader's messages dropped because its node no longer leads their term
+        (module docstring)."""
         self.foreign_batches = 0
         """Batches dropped because their sender is not a member of the group (`deliver`)."""
         self.on_foreign: Callable[[str, str], None] | None = None
@@ -378,12 +396,14 @@ class GrpcTransport:
         unreachable: Callable[[str], None] | None = None,
         snapshot_sent: Callable[[str], None] | None = None,
         members: Callable[[], frozenset[str]] | None = None,
+        leader_term: Callable[[], int] | None = None,
     ) -> None:
         """`unreachable(peer)`: a send to `peer` failed. `snapshot_sent(peer)`: a snapshot for
         `peer` was written to its stream (etcd's ReportSnapshot(finish): the leader probes from
         the snapshot's index at the next heartbeat answer instead of waiting, for the rest of
         its term, for an acknowledgement that may have been lost). `members()`: who may send
-        this group messages (`deliver`)."""
+        this group messages (`deliver`). `leader_term()`: the term the group's node leads now,
+        0 when it does not lead; a leader's message of another term is dropped unsent."""
         self._groups[group_id] = deliver
         if members is not None:
             self._members[group_id] = members
@@ -391,12 +411,15 @@ class GrpcTransport:
             self._unreachable[group_id] = unreachable
         if snapshot_sent is not None:
             self._snapshot_sent[group_id] = snapshot_sent
+        if leader_term is not None:
+            self._leader_terms[group_id] = leader_term
 
     def unregister(self, group_id: str) -> None:
         self._groups.pop(group_id, None)
         self._unreachable.pop(group_id, None)
         self._snapshot_sent.pop(group_id, None)
         self._members.pop(group_id, None)
+        self._leader_terms.pop(group_id, None)
 
     def set_address(self, node: str, address: str) -> None:
         if node == self.uuid:
@@ -420,6 +443,27 @@ class GrpcTransport:
         if log_lane is not None and log_lane.failures:
             return False
         return peer is not None and peer.stream_ok and peer.failures == 0
+
+    def drop_deposed(self, by_group: dict[str, list[Message]]) -> int:
+        """Drop from `by_group`, in place, the leader messages of a term their group's node no
+        longer leads (module docstring); returns how many were dropped."""
+        if not self._leader_terms:
+            return 0
+        dropped = 0
+        for group, msgs in list(by_group.items()):
+            leader_term = self._leader_terms.get(group)
+            if leader_term is None:
+                continue
+            term = leader_term()
+            kept = [m for m in msgs if m.type not in LEADER_MESSAGES or m.term == term]
+            if len(kept) != len(msgs):
+                dropped += len(msgs) - len(kept)
+                if kept:
+                    by_group[group] = kept
+                else:
+                    del by_group[group]
+        self.deposed_dropped += dropped
+        return dropped
 
     def report_unreachable(self, group: str, node: str) -> None:
         cb = self._unreachable.get(group)

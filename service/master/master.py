@@ -423,6 +423,7 @@ class MasterServer:
             node.report_unreachable,
             node.snapshot_sent,
             members=lambda: vouches.members(GROUP, node),
+            leader_term=node.leader_term,
         )
         secure = creds is not None
         consensus_servicer = ConsensusServicer(

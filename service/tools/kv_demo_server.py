@@ -258,7 +258,9 @@ async def serve(
         transport=transport,
         settings=NodeSettings.from_raft_settings(config.raft),
     )
-    transport.register(GROUP, node.step, node.report_unreachable, node.snapshot_sent)
+    transport.register(
+        GROUP, node.step, node.report_unreachable, node.snapshot_sent, leader_term=node.leader_term
+    )
     server = grpc.aio.server(options=config.rpc.server_options())
     port = add_port(server, config.rpc_bind, creds)
     if port == 0:

@@ -198,6 +198,7 @@ class TabletManager:
                 node.step,
                 node.report_unreachable,
                 members=lambda: self.vouches.members(tablet_id, node),
+                leader_term=node.leader_term,
             )
 
     def members_of(self, replica: TabletReplica) -> frozenset[str]:

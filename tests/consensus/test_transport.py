@@ -602,6 +602,53 @@ def test_everything_queued_for_a_peer_goes_in_one_request_whatever_the_groups(
     asyncio.run(main())
 
 
+def test_a_leaders_messages_queued_past_its_term_are_dropped_not_sent_late(
+    tmp_path: Path,
+) -> None:
+    """What a leader queued for a peer is sent only while its node still leads that term: a
+    heartbeat of a term the node lost, delivered late, would have the peer take a deposed
+    leader as alive (and refuse a real candidate's votes). Answers and messages of the term
+    the node leads now still go."""
+
+    async def main() -> None:
+        ta = make_transport(tmp_path, A)
+        tb = make_transport(tmp_path, B)
+        leads = {"term": 3}
+        ta.register(GROUP, Inbox().deliver, leader_term=lambda: leads["term"])
+        in_b = Inbox()
+        tb.register(GROUP, in_b.deliver)
+        app = Message(MessageType.APP, to=B, frm=A, term=3, index=0, commit=1)
+        async with serving(tb) as addr_b:
+            ta.set_address(B, addr_b)
+            ta.send(GROUP, [heartbeat(term=3), app])
+            await eventually(lambda: len(in_b.messages) == 2)
+            assert ta.deposed_dropped == 0
+
+            # Queued in term 3; the node steps down before its sender picks them up.
+            answer = Message(MessageType.HEARTBEAT_RESP, to=B, frm=A, term=3, context=b"c")
+            ta.send(GROUP, [heartbeat(term=3), app, answer])
+            leads["term"] = 0
+            await eventually(lambda: len(in_b.messages) == 3)
+            assert in_b.messages[2] == answer
+            assert ta.deposed_dropped == 2
+
+            # It wins term 5: the old term's leftovers are dropped, the new term's go.
+            ta.send(GROUP, [heartbeat(term=3), heartbeat(term=5)])
+            leads["term"] = 5
+            await eventually(lambda: len(in_b.messages) == 4)
+            assert in_b.messages[3] == heartbeat(term=5)
+            assert ta.deposed_dropped == 3
+            # A sender whose every message was dropped sends nothing at all (no empty request).
+            ta.send(GROUP, [heartbeat(term=4)])
+            ta.send(GROUP, [heartbeat(term=5)])
+            await eventually(lambda: len(in_b.messages) == 5)
+            assert ta.deposed_dropped == 4
+        await ta.aclose()
+        await tb.aclose()
+
+    asyncio.run(main())
+
+
 class GatedServicer(ConsensusServicer):
     """Delivers each streamed request, then, after one that carried an append, reads nothing
     more on that stream until `gate` is set: a peer slow to read its appends."""
