@@ -653,7 +653,9 @@ async def main_async(args: argparse.Namespace) -> None:
                     f"fleet    {stats.get('replicas', 0)} replicas, {stats.get('leaders', 0)}"
                     f" leaders on {args.servers} servers; heartbeat p99 over the last"
                     f" {stats.get('recent_s', 0):.0f} s {stats.get('recent_p99_s', 0) * 1000:.1f}"
-                    f" ms (worst shard), {stats.get('failed', 0)} heartbeats failed",
+                    f" ms (worst shard), {stats.get('failed', 0)} heartbeats failed,"
+                    f" {stats.get('copies_triggered', 0)} replicas copied by leaders to members"
+                    " missing them",
                     flush=True,
                 )
                 fleet_census = await take_census(

@@ -32,8 +32,12 @@ config's voters have a live replica: created by CreateTablet or a tablet copy (a
 master asked for that never got created is never counted), not tombstoned, on a server that is
 up. The leader keeps its place while it is live; otherwise the first live voter of the config
 leads with the next term (the first leader has term 1). A config change commits only when a
-majority of the new config's voters is live. A replica removed from the config, or whose server
-is stopped, keeps the view it had (its old config and term), so when its server comes back it
+majority of the new config's voters is live. A member of a led group's committed config with no
+live replica (its CreateTablet never arrived, or its replica was lost) gets one copied by the
+leader after `COPY_AFTER_ROUNDS` rounds and every `COPY_RETRY_ROUNDS` after that while its
+server is down, as a real leader starts a tablet copy for a follower that answers that it does
+not host the tablet; a live replica is left alone. A replica removed from the config, or whose
+server is stopped, keeps the view it had (its old config and term), so when its server comes back it
 reports a stale config, as an evicted replica would; a restarted server's replicas know no
 leader until their group tells them.
 
@@ -321,6 +325,11 @@ class _Server:
 
 
 PROMPT_GAP_S = 0.05
+COPY_AFTER_ROUNDS = 3
+"""Rounds a led group's member goes without a live replica before its leader copies one to it
+(module docstring); a replica whose CreateTablet is merely late usually arrives before."""
+COPY_RETRY_ROUNDS = 5
+"""Rounds between two copies to a member still without a live replica (its server down)."""
 """How soon a link heartbeats again, out of its round, when its master just turned leader or
 gave it its turn for a full report (the tablet server's `MIN_GAP_S`).
 
@@ -376,6 +385,11 @@ class FleetSimulator:
         """The groups of the tablets this shard owns (every tablet, without a bus)."""
         self._promoting: set[str] = set()
         """Owned tablets with a NON_VOTER waiting to be promoted (checked each round)."""
+        self._incomplete: dict[str, int] = {}
+        """Owned led tablets whose config names a member without a live replica -> the round
+        from which the leader's next copy is counted (`_copy_missing`)."""
+        self.copies_triggered = 0
+        """Replicas the leaders copied to members missing theirs (`_copy_missing`)."""
         self.address = ""
         self.rounds = 0
         self.hold_creates = False
@@ -562,6 +576,10 @@ class FleetSimulator:
         s = self.servers.get(m["server"])
         if s is None or not s.up:
             return  # a down server copies nothing: the owner never counts it
+        if m.get("trigger"):
+            have = s.replicas.get(m["tablet"])
+            if have is not None and not have.tombstoned:
+                return  # created meanwhile (or its presence is on its way): keep it
         r = self._add_replica(s, _TabletRef(m["tablet"], m["table"]), _View.decode(m["view"]))
         self._presence(s, r, live=True, first=True)
 
@@ -588,11 +606,42 @@ class FleetSimulator:
         if not g.hosted:
             del self.groups[tid]
             self._promoting.discard(tid)
+            self._incomplete.pop(tid, None)
             return
         if elect(g.view, g.live):
             self._publish(g)
         elif m["live"]:
             self._publish(g, only=server)
+        self._track(g)
+
+    def _track(self, g: _Group) -> None:
+        """Note whether a led group's config names a member without a live replica."""
+        if g.view.leader and any(p.uuid not in g.live for p in g.view.peers):
+            self._incomplete.setdefault(g.tablet_id, self.rounds)
+        else:
+            self._incomplete.pop(g.tablet_id, None)
+
+    def _copy_missing(self) -> None:
+        """Each round: the leader of a group missing a member's replica for `COPY_AFTER_ROUNDS`
+        copies one to it, again every `COPY_RETRY_ROUNDS` while it is still missing."""
+        for tid, since in list(self._incomplete.items()):
+            g = self.groups.get(tid)
+            if g is None:
+                del self._incomplete[tid]
+                continue
+            self._track(g)
+            if tid not in self._incomplete or self.rounds - since < COPY_AFTER_ROUNDS:
+                continue
+            # The next retry is set first: in one process a copy's presence comes back inside
+            # `_post` and, completing the group, drops it from `_incomplete`.
+            self._incomplete[tid] = self.rounds - COPY_AFTER_ROUNDS + COPY_RETRY_ROUNDS
+            encoded = g.view.encode()
+            for p in [p for p in g.view.peers if p.uuid not in g.live]:
+                host = self._host(p.uuid)
+                if host is not None:
+                    msg = {"k": "copy", "tablet": tid, "table": g.table_id, "server": p.uuid}
+                    self._post(host, {**msg, "view": encoded, "trigger": True})
+                    self.copies_triggered += 1
 
     def _publish(self, g: _Group, only: str | None = None) -> None:
         """Send the committed view to the live replicas of the config's peers (a replica
@@ -675,6 +724,7 @@ class FleetSimulator:
                 self._post(host, {**msg, "view": v.encode()})
         elect(g.view, g.live)
         self._publish(g)
+        self._track(g)
         return {"view": g.view.encode()}
 
     def _promote_caught_up(self) -> None:
@@ -703,6 +753,7 @@ class FleetSimulator:
             if changed:
                 elect(g.view, g.live)
                 self._publish(g)
+                self._track(g)
             if not g.added_round:
                 self._promoting.discard(tid)
 
@@ -810,11 +861,16 @@ class FleetSimulator:
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(0.0, self.heartbeat_interval_s - elapsed))
 
+    def owner_round(self) -> None:
+        """The owner's part of a round: promote caught-up NON_VOTERs, copy missing replicas."""
+        self.rounds += 1
+        self._promote_caught_up()
+        self._copy_missing()
+
     async def beat_once(self) -> None:
         """One round: every live server heartbeats to every master, concurrently (spread over
         the interval with `stagger`)."""
-        self.rounds += 1
-        self._promote_caught_up()
+        self.owner_round()
         now = time.monotonic()
         pairs = [
             (s, link)

@@ -189,7 +189,14 @@ class SocketBus:
 def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The children's statistics as one fleet's: counts summed, each p99 the worst child's."""
     out: dict[str, Any] = {"shards": len(parts)}
-    for key in ("heartbeats", "failed", "replicas", "leaders", "recent_heartbeats"):
+    for key in (
+        "heartbeats",
+        "failed",
+        "replicas",
+        "leaders",
+        "recent_heartbeats",
+        "copies_triggered",
+    ):
         out[key] = sum(int(p.get(key, 0)) for p in parts)
     for key in ("p99_s", "recent_p99_s"):
         out[key] = max((float(p.get(key, 0.0)) for p in parts), default=0.0)

@@ -43,6 +43,8 @@ class FleetCounters(Protocol):
     def heartbeat_errors(self) -> Counter[str]: ...
     @property
     def reported(self) -> Counter[str]: ...
+    @property
+    def copies_triggered(self) -> int: ...
 
     def tablet_counts(self) -> tuple[int, int]: ...
 
@@ -64,6 +66,7 @@ def stats_inputs(sim: FleetCounters) -> dict[str, Any]:
         "replicas": replicas,
         "leaders": leaders,
         "reported": dict(sim.reported),
+        "copies_triggered": sim.copies_triggered,
     }
 
 

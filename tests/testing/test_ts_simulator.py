@@ -20,7 +20,15 @@ import pytest
 from service.common.errors import NotTheLeader, ServiceUnavailable
 from service.pb import master_pb2 as mpb
 from service.pb import tserver_pb2 as tpb
-from service.testing.ts_simulator import FleetSimulator, _Peer, _View, commits, elect
+from service.testing.ts_simulator import (
+    COPY_AFTER_ROUNDS,
+    COPY_RETRY_ROUNDS,
+    FleetSimulator,
+    _Peer,
+    _View,
+    commits,
+    elect,
+)
 from service.testing.ts_simulator_shards import SocketBus, merge_stats, shard_uuids
 
 MASTER = "127.0.0.1:1"
@@ -94,6 +102,52 @@ def test_a_replica_never_created_is_never_counted() -> None:
         )
     )
     assert sim.leader_of("t") == "" and _leaders_reported(sim, "t") == {""}
+
+
+def test_the_leader_copies_a_member_whose_replica_was_never_created_or_was_lost() -> None:
+    """A member of a led group with no live replica gets one from the leader after
+    COPY_AFTER_ROUNDS rounds (as a Raft leader copies the tablet to a follower that answers it
+    does not host it), again every COPY_RETRY_ROUNDS while its server is down; a replica that
+    exists by then is left alone."""
+    sim = FleetSimulator([MASTER], ["a", "b", "c"])
+    _create(sim, "t", "a", ["a", "b", "c"])
+    _create(sim, "t", "b", ["a", "b", "c"])  # c's CreateTablet never arrives
+    assert sim.leader_of("t") == "a" and "t" not in sim.servers["c"].replicas
+    for _ in range(COPY_AFTER_ROUNDS - 1):
+        sim.owner_round()
+    assert "t" not in sim.servers["c"].replicas and sim.copies_triggered == 0
+    sim.owner_round()
+    assert sim.copies_triggered == 1 and sim.groups["t"].live == {"a", "b", "c"}
+    copied = sim.servers["c"].replicas["t"]
+    assert not copied.tombstoned and copied.view.leader == "a"
+    _create(sim, "t", "c", ["a", "b", "c"])  # the CreateTablet, late: the copy stays
+    assert sim.servers["c"].replicas["t"] is copied
+    for _ in range(2 * COPY_RETRY_ROUNDS):
+        sim.owner_round()
+    assert sim.copies_triggered == 1  # a complete group copies nothing
+
+    # c loses its replica (deleted under the group): copied again.
+    sim.delete_tablet(
+        tpb.DeleteTabletRequestPB(dest_uuid="c", tablet_id="t", delete_type=tpb.TABLET_DATA_DELETED)
+    )
+    assert "t" not in sim.servers["c"].replicas
+    for _ in range(COPY_AFTER_ROUNDS):
+        sim.owner_round()
+    assert sim.copies_triggered == 2 and "t" in sim.servers["c"].replicas
+
+    # c is down: its kept replica is not live, copies to it are ignored until it is back.
+    sim.stop_server("c")
+    kept = sim.servers["c"].replicas["t"]
+    for _ in range(COPY_AFTER_ROUNDS + COPY_RETRY_ROUNDS):
+        sim.owner_round()
+    assert sim.copies_triggered == 4 and sim.servers["c"].replicas["t"] is kept
+    sim.start_server("c")
+    assert sim.groups["t"].live == {"a", "b", "c"} and sim.servers["c"].replicas["t"] is kept
+
+    # A trigger that crosses a replica created meanwhile leaves it alone.
+    msg = {"k": "copy", "tablet": "t", "table": "t1", "server": "c", "trigger": True}
+    sim.on_message({**msg, "view": sim.groups["t"].view.encode()})
+    assert sim.servers["c"].replicas["t"] is kept
 
 
 def _change(sim: FleetSimulator, dest: str, kind: int, peer: str) -> mpb.ConsensusStatePB:
