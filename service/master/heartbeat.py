@@ -37,6 +37,7 @@ import collections
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -79,6 +80,9 @@ FULL_REPORT_TURN_LAPSE_S = 5.0
 """A server asked for its full report that has not had one processed this long after is
 asked no longer; its turn goes to another (report_turns.py). Several heartbeat intervals:
 a turn's report can be shed once or twice and still be read within it."""
+UNCONFIRMED_LOG_S = 10.0
+"""Reports deferred for unconfirmed claims are logged at most once per this many seconds, with
+how many there were (`ReportGate.note_unconfirmed`)."""
 MAX_REPORTED_TABLETS = 100_000
 """More replicas than this in one report is refused (a runaway or hostile sender)."""
 DECODED_STATES_KEPT = 20_000
@@ -158,10 +162,32 @@ class ReportGate:
         within the budget."""
         self.late = 0
         """Reports whose heartbeat answered before their write committed."""
+        self.unconfirmed = 0
+        """Reports not acknowledged because they claim a leader or config the other voters do
+        not confirm yet (report_processing, step 3): sent again with the next heartbeat."""
+        self._unconfirmed_logged_at = float("-inf")
+        self._unconfirmed_since_log = 0
+        self._unconfirmed_tablets_since_log = 0
         self._tasks: set[asyncio.Task[ReportPlan]] = set()
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._granted = 0
         """Slots handed to woken waiters that have not started their write yet."""
+
+    def note_unconfirmed(self, tablets: int, now: float) -> tuple[int, int] | None:
+        """Count a report deferred for `tablets` unconfirmed claims. Returns (reports, tablets)
+        deferred since the last time this returned non-None when a log line is due (at most one
+        per `UNCONFIRMED_LOG_S`), None otherwise. A server sends such a report with every
+        heartbeat until the claim is settled, so a fleet with claims outstanding after a
+        failover logged one line per heartbeat (60,618 in one scale run)."""
+        self.unconfirmed += 1
+        self._unconfirmed_since_log += 1
+        self._unconfirmed_tablets_since_log += tablets
+        if now - self._unconfirmed_logged_at < UNCONFIRMED_LOG_S:
+            return None
+        out = (self._unconfirmed_since_log, self._unconfirmed_tablets_since_log)
+        self._unconfirmed_logged_at = now
+        self._unconfirmed_since_log = self._unconfirmed_tablets_since_log = 0
+        return out
 
     @classmethod
     def from_config(cls, config: MasterConfig) -> ReportGate:
@@ -564,13 +590,17 @@ async def handle_heartbeat(
             if plan.unconfirmed:
                 # Not acknowledged: the server sends these replicas again, and another voter
                 # is asked again (report_processing, step 3).
-                log.info(
-                    "tablet server %s claims a leader or config the other voters do not (yet) "
-                    "confirm, for %d tablets (not adopted): %s",
-                    uuid,
-                    len(plan.unconfirmed),
-                    ", ".join(c.tablet_id for c in plan.unconfirmed[:5]),
-                )
+                due = ctx.reports.note_unconfirmed(len(plan.unconfirmed), time.monotonic())
+                if due is not None:
+                    log.info(
+                        "%d tablet reports (%d tablets) claimed a leader or config the other "
+                        "voters do not (yet) confirm, in the last %.0f s at most (not adopted, "
+                        "not acknowledged); the latest, from %s: %s",
+                        *due,
+                        UNCONFIRMED_LOG_S,
+                        uuid,
+                        ", ".join(c.tablet_id for c in plan.unconfirmed[:5]),
+                    )
             elif not partial:
                 acked = request.tablet_report.sequence_number
             if plan.orphans:

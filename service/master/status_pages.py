@@ -241,7 +241,11 @@ def install_master_metrics(master: MasterState, registry: MetricsRegistry) -> No
 
     def reports_deferred() -> list[tuple[tuple[str], float]]:
         gate = master.report_gate
-        return [(("shed",), float(gate.shed)), (("late",), float(gate.late))]
+        return [
+            (("shed",), float(gate.shed)),
+            (("late",), float(gate.late)),
+            (("unconfirmed",), float(gate.unconfirmed)),
+        ]
 
     def report_writes() -> list[tuple[tuple[str], float]]:
         if master.catalog is None:
@@ -315,7 +319,8 @@ def install_master_metrics(master: MasterState, registry: MetricsRegistry) -> No
     registry.counter_callback(
         "tessera_master_tablet_reports_deferred_total",
         "Tablet reports not acknowledged so that heartbeats stay prompt (heartbeat.ReportGate): "
-        "shed (too many report writes running) or late (write still running at the budget).",
+        "shed (too many report writes running), late (write still running at the budget) or "
+        "unconfirmed (a claimed leader or config the other voters do not confirm yet).",
         reports_deferred,
         ("reason",),
     )

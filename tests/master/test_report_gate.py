@@ -352,3 +352,16 @@ def test_the_gate_defaults_are_the_master_configs() -> None:
         max_queued_tablet_reports=7,
     )
     assert knobs(ReportGate.from_config(config)) == (5, 0.25, 7)
+
+
+def test_reports_deferred_for_unconfirmed_claims_are_counted_and_logged_once_per_interval() -> None:
+    """Every such report is counted (the metric); a log line is due at most once per
+    UNCONFIRMED_LOG_S and sums the reports and tablets deferred since the last one."""
+    gate = ReportGate()
+    every = heartbeat.UNCONFIRMED_LOG_S
+    assert gate.note_unconfirmed(3, now=100.0) == (1, 3)  # the first is logged at once
+    assert gate.note_unconfirmed(2, now=100.5) is None
+    assert gate.note_unconfirmed(4, now=100.0 + every - 0.1) is None
+    assert gate.note_unconfirmed(1, now=100.0 + every) == (3, 7)
+    assert gate.note_unconfirmed(5, now=100.0 + every + 1) is None
+    assert gate.unconfirmed == 5
