@@ -352,6 +352,12 @@ class RaftNode:
             self._control.append(lambda: self.raw.forget_activity(NodeId(peer)))
             self._wakeup.set()
 
+    def peer_gone(self, peer: str) -> None:
+        """`peer`'s server closed or refused the connection (transport.py, `report_gone`): if
+        it leads this group, stop stretching the election timeout (RawNode.leader_gone)."""
+        if not self._closed and self.raw.leader() == peer:
+            self._on_loop(lambda: self.raw.leader_gone(NodeId(peer)))
+
     def quiesce_follower(self, leader: str, term: int, commit: int) -> bool:
         """Stop ticking if this follows `leader` at `term` with its log up to `commit`, all
         committed, and nothing in hand: no messages or calls queued for the loop here, the

@@ -309,7 +309,8 @@ class _Peer:
     async def _failed(self, by_group: dict[str, list[Message]], n: int, e: BaseException) -> None:
         stream = self.stream
         self.close_stream()  # the next send re-handshakes with a unary Step
-        if stream is not None and not isinstance(e, grpc.aio.AioRpcError):
+        code = e.code() if isinstance(e, grpc.aio.AioRpcError) else None
+        if stream is not None and code is None:
             # A write on a stream the server ended: its status says why.
             with contextlib.suppress(Exception):
                 code = await asyncio.wait_for(stream.code(), 1.0)
@@ -317,6 +318,8 @@ class _Peer:
                 e = RuntimeError(f"{code.name} {details}")
         self.failures += 1
         self._lost(by_group, n)
+        if code is grpc.StatusCode.UNAVAILABLE:
+            self.t.report_gone(self.node)
         if self.failures in (1, 10) or self.failures % 100 == 0:
             what = f"{e.code().name} {e.details()}" if isinstance(e, grpc.aio.AioRpcError) else e
             log.warning(
@@ -373,6 +376,9 @@ class GrpcTransport:
         self._snapshot_sent: dict[str, Callable[[str], None]] = {}
         self._members: dict[str, Callable[[], frozenset[str]]] = {}
         self._leader_terms: dict[str, Callable[[], int]] = {}
+        self._gone: dict[str, Callable[[str], None]] = {}
+        self.gone_reports = 0
+        """Connections to a peer's server found closed or refused (`report_gone`)."""
         self.deposed_dropped = 0
         """A leader's messages dropped because its node no longer leads their term
         (module docstring)."""
@@ -397,13 +403,16 @@ class GrpcTransport:
         snapshot_sent: Callable[[str], None] | None = None,
         members: Callable[[], frozenset[str]] | None = None,
         leader_term: Callable[[], int] | None = None,
+        peer_gone: Callable[[str], None] | None = None,
     ) -> None:
         """`unreachable(peer)`: a send to `peer` failed. `snapshot_sent(peer)`: a snapshot for
         `peer` was written to its stream (etcd's ReportSnapshot(finish): the leader probes from
         the snapshot's index at the next heartbeat answer instead of waiting, for the rest of
         its term, for an acknowledgement that may have been lost). `members()`: who may send
         this group messages (`deliver`). `leader_term()`: the term the group's node leads now,
-        0 when it does not lead; a leader's message of another term is dropped unsent."""
+        0 when it does not lead; a leader's message of another term is dropped unsent.
+        `peer_gone(peer)`: the connection to `peer`'s server was closed or refused
+        (`report_gone`)."""
         self._groups[group_id] = deliver
         if members is not None:
             self._members[group_id] = members
@@ -413,6 +422,8 @@ class GrpcTransport:
             self._snapshot_sent[group_id] = snapshot_sent
         if leader_term is not None:
             self._leader_terms[group_id] = leader_term
+        if peer_gone is not None:
+            self._gone[group_id] = peer_gone
 
     def unregister(self, group_id: str) -> None:
         self._groups.pop(group_id, None)
@@ -420,6 +431,7 @@ class GrpcTransport:
         self._snapshot_sent.pop(group_id, None)
         self._members.pop(group_id, None)
         self._leader_terms.pop(group_id, None)
+        self._gone.pop(group_id, None)
 
     def set_address(self, node: str, address: str) -> None:
         if node == self.uuid:
@@ -464,6 +476,15 @@ class GrpcTransport:
                     del by_group[group]
         self.deposed_dropped += dropped
         return dropped
+
+    def report_gone(self, node: str) -> None:
+        """A send or stream to `node` failed UNAVAILABLE: its server closed the connection or
+        refused a new one, as a process that exited does at once (a live but starved one
+        keeps its sockets open: its messages are late, not refused). Every group is told,
+        and a follower of `node` stops stretching its election timeout (Raft.leader_gone)."""
+        self.gone_reports += 1
+        for cb in list(self._gone.values()):
+            cb(node)
 
     def report_unreachable(self, group: str, node: str) -> None:
         cb = self._unreachable.get(group)

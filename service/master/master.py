@@ -424,6 +424,7 @@ class MasterServer:
             node.snapshot_sent,
             members=lambda: vouches.members(GROUP, node),
             leader_term=node.leader_term,
+            peer_gone=node.peer_gone,
         )
         secure = creds is not None
         consensus_servicer = ConsensusServicer(

@@ -126,6 +126,14 @@ class RawNode:
         if r.state is not Role.LEADER:
             r.election_elapsed = max(r.election_elapsed, r.election_timeout())
 
+    def leader_gone(self, node: NodeId) -> None:
+        """`node`'s server closed its connection (the transport says so): if it is this
+        follower's leader, its election timeout stops stretching (lateness.py, `gone`); it
+        still waits the configured timeout. Timing only."""
+        r = self.raft
+        if r.state is not Role.LEADER and r.lead == node:
+            r.lateness.gone()
+
     def quiet_leader(self) -> bool:
         """Whether this leader's group is quiet (consensus/quiesce.py): its whole log committed
         and held by every peer, and no leadership transfer or config change under way. The

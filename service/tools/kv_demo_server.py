@@ -259,7 +259,12 @@ async def serve(
         settings=NodeSettings.from_raft_settings(config.raft),
     )
     transport.register(
-        GROUP, node.step, node.report_unreachable, node.snapshot_sent, leader_term=node.leader_term
+        GROUP,
+        node.step,
+        node.report_unreachable,
+        node.snapshot_sent,
+        leader_term=node.leader_term,
+        peer_gone=node.peer_gone,
     )
     server = grpc.aio.server(options=config.rpc.server_options())
     port = add_port(server, config.rpc_bind, creds)

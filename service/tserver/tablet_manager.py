@@ -199,6 +199,7 @@ class TabletManager:
                 node.report_unreachable,
                 members=lambda: self.vouches.members(tablet_id, node),
                 leader_term=node.leader_term,
+                peer_gone=node.peer_gone,
             )
 
     def members_of(self, replica: TabletReplica) -> frozenset[str]:

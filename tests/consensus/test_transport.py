@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -644,6 +646,77 @@ def test_a_leaders_messages_queued_past_its_term_are_dropped_not_sent_late(
             await eventually(lambda: len(in_b.messages) == 5)
             assert ta.deposed_dropped == 4
         await ta.aclose()
+        await tb.aclose()
+
+    asyncio.run(main())
+
+
+_PEER_PROCESS = """
+import asyncio, sys
+import grpc
+from service.consensus.fs import RealFileSystem
+from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
+
+async def main():
+    uuid, directory = sys.argv[1], sys.argv[2]
+    t = GrpcTransport(uuid, incarnations=Incarnations(RealFileSystem(), directory, uuid))
+    t.register("g1", lambda msgs: None)
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    ConsensusServicer(t).add_to_server(server)
+    await server.start()
+    print(port, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def test_a_peer_process_killed_is_reported_gone_at_once_and_a_refusal_is_not(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of a peer's process closes its sockets: the open stream to it fails
+    UNAVAILABLE and every group is told the peer is gone, with nothing more sent (a follower
+    sends its dead leader nothing). A live peer refusing a request is not gone."""
+
+    async def main() -> None:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _PEER_PROCESS, B, str(tmp_path / "b")],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            port = int(await asyncio.to_thread(proc.stdout.readline))
+            ta = make_transport(tmp_path, A)
+            gone: list[str] = []
+            ta.register(GROUP, Inbox().deliver, peer_gone=gone.append)
+            ta.set_address(B, f"127.0.0.1:{port}")
+            ta.send(GROUP, [heartbeat(term=3)])  # the first contact, unary
+            await eventually(lambda: ta.sent == 1)
+            ta.send(GROUP, [heartbeat(term=3)])  # opens the stream
+            await eventually(lambda: ta.sent == 2)
+            assert gone == [] and ta.gone_reports == 0
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+            await eventually(lambda: gone == [B], timeout=5.0)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        # A live peer that refuses (another node's uuid at that address) is not gone.
+        tc = make_transport(tmp_path, C)
+        refused: list[str] = []
+        tc.register(GROUP, Inbox().deliver, peer_gone=refused.append)
+        tb = make_transport(tmp_path, "uuid-x")
+        tb.register(GROUP, Inbox().deliver)
+        async with serving(tb) as addr:
+            tc.set_address(B, addr)
+            tc.send(GROUP, [heartbeat(frm=C)])
+            await eventually(lambda: tc.dropped == 1)
+            assert refused == [] and tc.gone_reports == 0
+        await ta.aclose()
+        await tc.aclose()
         await tb.aclose()
 
     asyncio.run(main())

@@ -243,3 +243,32 @@ def test_a_leader_waits_for_its_followers_as_long_as_they_may_wait_for_it() -> N
     assert CAP <= took["stretching"] <= 2 * CAP, took
     assert took["fixed"] <= 2 * ELECTION, took
     assert stretching.node("a").raft.check_quorum_period() == CAP
+
+
+def test_a_follower_told_its_leader_is_gone_waits_the_configured_timeout_not_the_stretch() -> None:
+    """A leader whose server closed its connections (an exited process) is absent, not late:
+    its followers drop their stretch and elect a new leader within the configured timeout and
+    its jitter. Told of another node, or as the leader, nothing changes; left untold, the
+    stretched followers are still waiting then."""
+    for told in (True, False):
+        c = starved_leader(MAX, seed=1)
+        stretched = c.node("b").raft.election_timeout()
+        leaders = c.node("a").raft.election_timeout()
+        assert stretched > 2 * ELECTION + 2
+        c.node("b").leader_gone(NodeId("c"))  # not b's leader
+        c.node("a").leader_gone(NodeId("a"))  # a leads: nothing to wait for
+        assert c.node("b").raft.election_timeout() == stretched
+        assert c.node("a").raft.election_timeout() == leaders
+        c.down.add(NodeId("a"))
+        if told:
+            c.node("b").leader_gone(NodeId("a"))
+            c.node("c").leader_gone(NodeId("a"))
+            assert c.node("b").raft.election_timeout() == ELECTION
+            assert c.node("c").raft.election_timeout() == ELECTION
+        for _ in range(2 * ELECTION + 2):  # the configured timeout, its jitter, the votes
+            c.tick("b")
+            c.tick("c")
+        if told:
+            assert c.leader() in ("b", "c")
+        else:
+            assert {c.node(n).raft.term for n in "bc"} == {1}
