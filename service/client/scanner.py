@@ -28,10 +28,22 @@ tokens): picklable, and `to_bytes()`/`from_bytes()` give a stable JSON form for 
 
 Exactness relies on the tablet server returning rows in primary-key order (it does: the row
 store merges in key order) and reporting `last_primary_key` for each page.
+
+Pages. The scanner asks for the next page as soon as a page arrives, before it hands out that
+page's rows (Kudu's Java client calls this prefetching), so the server reads and encodes page
+k+1, and the page crosses the network, while the consumer uses page k, whenever the consumer
+lets the event loop run. A `SyncClient` consumer (a Spark task, the CLI) always does: the loop
+runs in its own thread and is idle while the task converts a batch, which is when it was
+idle before, waiting for the task's next pull. One page is read ahead, never more: its memory
+is one `batch_size_bytes`. A failure of that page is raised only after the rows of the page
+before it were handed out and its last key kept, so a fault-tolerant scan resumes exactly
+where the consumer is; a consumer that stops early cancels it and the scanner is closed as
+before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -198,6 +210,13 @@ class ScanClient(Protocol):
     def observe_timestamp(self, ts: int) -> None: ...
 
 
+def _ignore_outcome(fut: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of a page read ahead and then abandoned, so that asyncio does
+    not log its error as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 @dataclass
 class TabletScanner:
     """Scans one token's tablet, failing over between replicas (module docstring)."""
@@ -312,6 +331,7 @@ class TabletScanner:
         scanner_id = b""
         seq = 0
         finished = False
+        ahead: asyncio.Future[tpb.ScanResponsePB] | None = None
         try:
             resp: tpb.ScanResponsePB = await stub.Scan(  # type: ignore[misc]
                 tpb.ScanRequestPB(
@@ -326,28 +346,44 @@ class TabletScanner:
             self.client.observe_timestamp(resp.snapshot_timestamp)
             while True:
                 scanner_id = resp.scanner_id
+                if resp.has_more_results:
+                    # Read one page ahead (module docstring, "Pages"): the server reads and
+                    # sends the next page while the consumer uses this one.
+                    seq += 1
+                    ahead = asyncio.ensure_future(self._next_page(stub, rep, scanner_id, seq, tok))
                 for batch in pa.ipc.open_stream(resp.batch):
                     if batch.num_rows:
                         self.rows_returned += batch.num_rows
                         yield batch
                 if resp.last_primary_key:
                     self.last_key = resp.last_primary_key
-                if not resp.has_more_results:
+                if ahead is None:
                     finished = True
                     return
-                seq += 1
-                resp = await stub.ScanNext(  # type: ignore[misc]
-                    tpb.ScanNextRequestPB(
-                        dest_uuid=rep.ts_uuid,
-                        scanner_id=scanner_id,
-                        call_seq_id=seq,
-                        batch_size_bytes=tok.batch_size_bytes,
-                    ),
-                    timeout=tok.rpc_timeout_s,
-                )
+                # A failure of the page read ahead surfaces here, after this page's rows and
+                # its last key were taken: a resumed scan starts right after them.
+                resp, ahead = await ahead, None
         finally:
+            if ahead is not None:  # the consumer stopped early, or this page failed
+                ahead.cancel()
+                ahead.add_done_callback(_ignore_outcome)
             if scanner_id and not finished:
                 await self._close_quietly(stub, rep, scanner_id)
+
+    @staticmethod
+    async def _next_page(
+        stub: Any, rep: TokenReplica, scanner_id: bytes, seq: int, tok: ScanToken
+    ) -> tpb.ScanResponsePB:
+        resp: tpb.ScanResponsePB = await stub.ScanNext(
+            tpb.ScanNextRequestPB(
+                dest_uuid=rep.ts_uuid,
+                scanner_id=scanner_id,
+                call_seq_id=seq,
+                batch_size_bytes=tok.batch_size_bytes,
+            ),
+            timeout=tok.rpc_timeout_s,
+        )
+        return resp
 
     @staticmethod
     async def _close_quietly(stub: Any, rep: TokenReplica, scanner_id: bytes) -> None:
