@@ -85,6 +85,7 @@ from service.consensus.node_api import (
     LeaderChange,
     NodeSettings,
     Sender,
+    SlicedSnapshots,
     StateMachine,
     group_commit_stats,
 )
@@ -199,6 +200,11 @@ class RaftNode:
         self.last_snapshot_index = self.applied
         self._anchored = isinstance(state_machine, AnchoredStateMachine)
         """Snapshots are anchors to the state machine's own files, never sent (snapshots.py)."""
+        self._sliced = isinstance(state_machine, SlicedSnapshots)
+        """Snapshots are taken beside the loop (`_snapshotting`)."""
+        self._snapshotting: asyncio.Task[None] | None = None
+        """A snapshot being taken and the log compacted beside the loop: it holds Readies,
+        proposals and applies as an fsync does, while heartbeats and their answers go on."""
         self._decoder = state_machine if isinstance(state_machine, DecodingStateMachine) else None
         self._decoding: dict[int, asyncio.Future[None]] = {}
         """Entries appended and still being decoded ahead of their apply, by index."""
@@ -319,7 +325,7 @@ class RaftNode:
             return
         self._quiesce.wake_for(messages)
         self._inbox.extend(messages)
-        if self._persisting is None:
+        if self._persisting is None and self._snapshotting is None:
             self._wakeup.set()
 
     def leader_term(self) -> int:
@@ -651,6 +657,15 @@ class RaftNode:
                     late = 0 if last is None else int((now - last) / self.settings.tick_interval_s)
                     self.raw.tick(late_ticks=late - 1)
                     self._quiesce.after_tick(self.applied)
+                if self._snapshotting is not None:
+                    if not self._snapshotting.done():
+                        early = self.raw.take_messages(_PERSIST_FREE)  # as during an fsync
+                        if early:
+                            self._send(early, hold_commit_only=True)
+                        self._status = None
+                        continue
+                    job, self._snapshotting = self._snapshotting, None
+                    job.result()  # a storage failure stops the node, as a failed fsync does
                 if self._persisting is not None:
                     if not self._persisting.done.done():
                         # Heartbeats and their answers go out now, not after the fsync: a
@@ -690,6 +705,9 @@ class RaftNode:
                 # a decoding ahead is not waited for (nothing will apply what it decodes).
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(self._persisting.written)
+            if self._snapshotting is not None:  # nor with a compaction in its thread
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(self._snapshotting)
 
     def _tick_timer(self) -> None:
         if self._quiesce.quiesced:
@@ -705,6 +723,7 @@ class RaftNode:
             or self._held
             or self._snapshot_waiters
             or self._persisting is not None
+            or self._snapshotting is not None
         )
 
     def _has_work(self) -> bool:
@@ -712,6 +731,8 @@ class RaftNode:
         only its end or a control call is: messages and proposals wait for it."""
         if self._control or self._tick_due:
             return True
+        if self._snapshotting is not None:
+            return self._snapshotting.done()
         if self._persisting is not None:
             return self._persisting.done.done()
         return bool(self._inbox) or self._may_propose()
@@ -723,7 +744,7 @@ class RaftNode:
         """Whether to append the queued proposals now: not during an fsync (they join the next
         Ready), and on a leader when the pacer says so (batching.py) or a full batch is
         queued; on a node that is no longer the leader at once, so that they fail at once."""
-        if not self._proposals or self._persisting is not None:
+        if not self._proposals or self._persisting is not None or self._snapshotting is not None:
             return False
         return len(self._proposals) >= self.settings.max_batch or self._may_append()
 
@@ -1030,7 +1051,10 @@ class RaftNode:
         return self.last_snapshot_index
 
     async def _maybe_snapshot(self) -> None:
-        """Take a snapshot if one is due (snapshots.py) and drop the log it covers."""
+        """Take a snapshot if one is due (snapshots.py) and drop the log it covers; beside the
+        loop for a state machine with `SlicedSnapshots` (`_snapshotting`)."""
+        if self._snapshotting is not None:
+            return  # one at a time; the next is planned when it ends
         # `_anchored` was decided once: isinstance on a Protocol is slow for every Ready.
         anchor = cast(AnchoredStateMachine, self.sm) if self._anchored else None
         plan = plan_snapshot(
@@ -1043,10 +1067,20 @@ class RaftNode:
         )
         if plan is None:
             return
-        index = plan.index
-        data = (
-            anchor.anchor(index) if anchor is not None else cast(StateMachine, self.sm).snapshot()
-        )
+        if self._sliced:
+            job = asyncio.create_task(self._snapshot(plan.index), name=f"snapshot-{self.group_id}")
+            job.add_done_callback(self._persisted)  # wakes the loop
+            self._snapshotting = job
+            return
+        await self._snapshot(plan.index, anchor)
+
+    async def _snapshot(self, index: int, anchor: AnchoredStateMachine | None = None) -> None:
+        if anchor is not None:
+            data = anchor.anchor(index)
+        elif self._sliced:
+            data = await cast(SlicedSnapshots, self.sm).snapshot_sliced()
+        else:
+            data = cast(StateMachine, self.sm).snapshot()
         snap = self.storage.create_snapshot(index, self._configs.at(index), data)
         await asyncio.to_thread(
             self.store.compact, self.storage, snap, self.settings.snapshot_catchup_entries

@@ -151,6 +151,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SNAPSHOT_FORMAT_VERSION = 1
+SNAPSHOT_SLICE_ROWS = 20_000
+"""Rows a snapshot gathers between two turns of the event loop (`snapshot_sliced`)."""
 DEFAULT_REQUEST_RETENTION_ENTRIES = 100_000
 """Log entries after which a remembered request result is forgotten. A retry after a failover
 comes seconds later; DDL is rare next to tablet-report writes, and even those rarely reach
@@ -419,6 +421,39 @@ class SysCatalogState:
         message's fields serialize in field-number order, and a repeated field is its
         elements' encodings one after another, so head (fields 1-2) + rows (3) + tail (4-6)
         is the message's encoding."""
+        head, tail = self._snapshot_ends()
+        parts = [head]
+        for t in sorted(RecordType, key=lambda t: t.value):  # `_sorted_rows`' order
+            rows = self._wire[t]
+            parts.extend(map(rows.__getitem__, self._order[t].sorted_keys(rows)))
+        parts.append(tail)
+        return b"".join(parts)
+
+    async def snapshot_sliced(self) -> bytes:
+        """`snapshot`'s bytes, its rows gathered `SNAPSHOT_SLICE_ROWS` at a time with the event
+        loop running in between (the node's `SlicedSnapshots`). At 200,000 tablets the rows
+        are 55 MB; gathered in one step on a starved host they held the leader's loop for
+        seconds, and its followers elected another. The node applies nothing until this
+        returns, so the state is the snapshot's index's throughout (checked)."""
+        applied = self._applied_index
+        head, tail = self._snapshot_ends()
+        parts = [head]
+        for t in sorted(RecordType, key=lambda t: t.value):
+            rows = self._wire[t]
+            keys = self._order[t].sorted_keys(rows)
+            for i in range(0, len(keys), SNAPSHOT_SLICE_ROWS):
+                await asyncio.sleep(0)
+                if self._applied_index != applied:
+                    raise Internal(
+                        f"sys.catalog: entry {self._applied_index} applied during the snapshot "
+                        f"of entry {applied}"
+                    )
+                parts.extend(map(rows.__getitem__, keys[i : i + SNAPSHOT_SLICE_ROWS]))
+        parts.append(tail)
+        return b"".join(parts)
+
+    def _snapshot_ends(self) -> tuple[bytes, bytes]:
+        """The snapshot message's fields before its rows (1-2) and after them (4-6), encoded."""
         head = pb.SysCatalogSnapshotPB(
             format_version=SNAPSHOT_FORMAT_VERSION, applied_index=self._applied_index
         )
@@ -427,12 +462,11 @@ class SysCatalogState:
             max_results_per_client=self._requests.max_per_client,
         )
         tail.clients.extend(self._requests.to_pb())
-        parts = [head.SerializeToString(deterministic=True)]
-        for t in sorted(RecordType, key=lambda t: t.value):  # `_sorted_rows`' order
-            rows = self._wire[t]
-            parts.extend(map(rows.__getitem__, self._order[t].sorted_keys(rows)))
-        parts.append(tail.SerializeToString(deterministic=True))
-        return b"".join(parts)
+        ends = (
+            head.SerializeToString(deterministic=True),
+            tail.SerializeToString(deterministic=True),
+        )
+        return ends
 
     def restore(self, data: bytes) -> None:
         """Replace the whole state with a snapshot's. A snapshot that does not decode, or whose

@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import logging
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -38,6 +39,7 @@ from tests.helpers.raft_node import (
     WAIT_S,
     Cluster,
     GatedFileSystem,
+    KvMachine,
     address,
     eventually,
     run,
@@ -352,6 +354,65 @@ def test_snapshot_compaction_and_restart_recover_the_same_state(tmp_path: Path) 
             )
             c.check_order()
         finally:
+            await c.close()
+
+    asyncio.run(main())
+
+
+class GatedSnapshotMachine(KvMachine):
+    """Takes its snapshot beside the node's loop (`SlicedSnapshots`), held until `gate` opens."""
+
+    def __init__(self, gate: asyncio.Event) -> None:
+        super().__init__()
+        self.gate = gate
+        self.sliced = 0
+
+    async def snapshot_sliced(self) -> bytes:
+        self.sliced += 1
+        await self.gate.wait()
+        return self.snapshot()
+
+
+def test_a_snapshot_taken_beside_the_loop_holds_applies_not_heartbeats(tmp_path: Path) -> None:
+    """The leader takes a snapshot that does not end (a 55 MB catalog on a starved host; the
+    followers' end at once): it applies nothing meanwhile, but its heartbeats go on, so its
+    followers do not campaign; once the snapshot ends, the writes held apply everywhere. Taken
+    on the loop instead, the leader would fall silent and be replaced."""
+    expected = {f"k{i}": str(i) for i in range(80)}
+
+    async def main() -> None:
+        gates: dict[str, asyncio.Event] = {u: asyncio.Event() for u in UUIDS}
+
+        class GatedCluster(Cluster):
+            def machine(self, uuid: str) -> KvMachine:
+                return GatedSnapshotMachine(gates[uuid])
+
+        c = GatedCluster(tmp_path, SNAPPY)
+        try:
+            for uuid in UUIDS:
+                await c.start(uuid, UUIDS)
+            leader = await c.leader()
+            for uuid, gate in gates.items():
+                if uuid != leader.uuid:
+                    gate.set()
+            held = cast(GatedSnapshotMachine, c.sms[leader.uuid])
+            writer = asyncio.create_task(write_keys(c, range(80)))
+            await eventually(lambda: held.sliced > 0, "the leader snapshotting")
+            terms = {u: n.raw.term() for u, n in c.nodes.items()}
+            applied = leader.applied
+            await asyncio.sleep(20 * SNAPPY.election_ticks * SNAPPY.tick_interval_s)
+            assert {u: n.raw.term() for u, n in c.nodes.items()} == terms, "an election"
+            assert leader.raw.is_leader() and leader.applied == applied
+            assert not writer.done()
+            gates[leader.uuid].set()
+            await writer
+            await eventually(lambda: all(sm.kv == expected for sm in c.sms.values()), "applied")
+            interval = SNAPPY.snapshot_interval_entries
+            assert all(n.last_snapshot_index >= interval for n in c.nodes.values())
+            c.check_order()
+        finally:
+            for gate in gates.values():
+                gate.set()
             await c.close()
 
     asyncio.run(main())

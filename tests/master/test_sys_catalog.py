@@ -3,6 +3,7 @@ exactly-once request ids, snapshots, determinism across replicas, invariants on 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import os
@@ -18,6 +19,7 @@ from service.common.errors import Corruption, FailedPrecondition, Internal
 from service.common.ids import TableId, TabletId
 from service.common.schema import AddColumn, ColumnType
 from service.consensus.node import StateMachine
+from service.master import sys_catalog
 from service.master.catalog_records import (
     CatalogWrite,
     CertAuthorityRecord,
@@ -679,6 +681,29 @@ def test_the_kept_key_order_matches_sorting_after_any_adds_and_drops(seed: int) 
                 present[key] = b""
                 order.add(key)
         assert order.sorted_keys(present) == sorted(present)
+
+
+def test_a_sliced_snapshot_is_the_same_bytes_and_refuses_a_state_that_moved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`snapshot_sliced` gathers rows a slice at a time with the loop running: the bytes are
+    `snapshot`'s; an entry applied between two slices (the node holds applies, so a bug) is
+    an Internal error, not a snapshot of two states."""
+    monkeypatch.setattr(sys_catalog, "SNAPSHOT_SLICE_ROWS", 7)
+    writes = random_writes(5, 200)
+    a = SysCatalogState()
+    for i, w in enumerate(writes[:150], start=1):
+        a.apply(i, w)
+
+    async def main() -> None:
+        assert await a.snapshot_sliced() == a.snapshot()
+        taking = asyncio.ensure_future(a.snapshot_sliced())
+        await asyncio.sleep(0)
+        a.apply(151, writes[150])
+        with pytest.raises(Internal, match="applied during the snapshot"):
+            await taking
+
+    asyncio.run(main())
 
 
 def test_a_restored_replica_continues_identically() -> None:
