@@ -1082,9 +1082,12 @@ class RaftNode:
         else:
             data = cast(StateMachine, self.sm).snapshot()
         snap = self.storage.create_snapshot(index, self._configs.at(index), data)
-        await asyncio.to_thread(
-            self.store.compact, self.storage, snap, self.settings.snapshot_catchup_entries
+        # The in-memory log is compacted here, not in the worker: with a snapshot taken
+        # beside the loop, the loop reads it meanwhile (stepping a follower's appends).
+        upto = await asyncio.to_thread(
+            self.store.compact, None, snap, self.settings.snapshot_catchup_entries
         )
+        RaftStore.compact_memory(self.storage, upto)
         self.last_snapshot_index = index
         self._configs.snapshotted(index)
         if not self._anchored:  # anchors follow every flush of a tablet: too many to log

@@ -274,17 +274,25 @@ class RaftStore:
         if rd.hard_state is not None:
             storage.set_hard_state(rd.hard_state)
 
-    def compact(self, storage: MemoryStorage, snap: Snapshot, keep_entries: int) -> None:
+    def compact(self, storage: MemoryStorage | None, snap: Snapshot, keep_entries: int) -> int:
         """After a local snapshot: drop log entries the snapshot covers, keeping
-        `keep_entries` before it for followers that are slightly behind."""
+        `keep_entries` before it for followers that are slightly behind; returns the last
+        index dropped. `storage` None: the caller drops them from the in-memory log itself
+        (`compact_memory`), on the thread that reads it, while this runs in a worker."""
         self._check_usable()
         self.save_snapshot(snap)
         if self.fsync:
             self.wal.sync()
         upto = max(0, snap.meta.index - keep_entries)
+        if storage is not None:
+            self.compact_memory(storage, upto)
+        self.wal.compact(upto)
+        return upto
+
+    @staticmethod
+    def compact_memory(storage: MemoryStorage, upto: int) -> None:
         if upto > storage.first_index() - 1:
             storage.compact(upto)
-        self.wal.compact(upto)
 
     def close(self) -> None:
         self.wal.close()
