@@ -680,7 +680,9 @@ class RaftNode:
                     await self._finish_ready()
                 if self._may_propose():
                     self._propose_batch()
-                while self._persisting is None and self.raw.has_ready():
+                while (
+                    self._persisting is None and self._snapshotting is None and self.raw.has_ready()
+                ):
                     await self._start_ready(self.raw.ready())
                 if self._persisting is None and self._snapshot_waiters:
                     await self._maybe_snapshot()

@@ -366,11 +366,22 @@ class GatedSnapshotMachine(KvMachine):
         super().__init__()
         self.gate = gate
         self.sliced = 0
+        self.taking = False
+
+    def apply(self, index: int, data: bytes) -> object:
+        if self.taking:
+            self.errors.append(f"entry {index} applied during a snapshot")
+        return super().apply(index, data)
 
     async def snapshot_sliced(self) -> bytes:
         self.sliced += 1
-        await self.gate.wait()
-        return self.snapshot()
+        self.taking = True
+        try:
+            await asyncio.sleep(0.05)  # slices: the loop runs, as with sys.catalog's rows
+            await self.gate.wait()
+            return self.snapshot()
+        finally:
+            self.taking = False
 
 
 def test_a_snapshot_taken_beside_the_loop_holds_applies_not_heartbeats(tmp_path: Path) -> None:
