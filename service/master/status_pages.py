@@ -67,6 +67,7 @@ from service.common.partition import Partition
 from service.common.schema import ColumnSchema
 from service.consensus.node import RaftNode
 from service.consensus.transport import GrpcTransport
+from service.consensus.transport_metrics import install_transport_metrics
 from service.master.background_tasks import BackgroundTasks
 from service.master.catalog_info import TableInfo, TabletInfo
 from service.master.catalog_manager import CatalogManager
@@ -164,23 +165,7 @@ def install_master_metrics(master: MasterState, registry: MetricsRegistry) -> No
         (GROUP_LABEL,),
     )
 
-    def transport_messages() -> list[tuple[tuple[str], float]]:
-        t = master.transport
-        if t is None:
-            return []
-        return [
-            (("sent",), float(t.sent)),
-            (("received",), float(t.received)),
-            (("dropped",), float(t.dropped)),
-        ]
-
-    registry.counter_callback(
-        "tessera_raft_messages_total",
-        "Raft messages this master's transport sent, received, and dropped because a peer's "
-        "queue was full (Raft sends them again).",
-        transport_messages,
-        ("outcome",),
-    )
+    install_transport_metrics(registry, lambda: master.transport)
 
     def backlog(index: int) -> list[tuple[tuple[str], float]]:
         t = master.transport

@@ -19,9 +19,11 @@ Metrics are read at scrape time from the objects that own the state (callback fa
 `metrics` module docstring): every replica's Raft term, commit and applied index and role
 (labelled by `group`, the tablet id, as the master labels sys.catalog's), replicas by state
 (`tessera_tserver_replicas{state="FAILED"}` counts the replicas an entry or a file failed),
-leaders, heartbeats by master and outcome, scanner bytes and pages. Rows written (counted by
-`TabletSettings.on_rows_written`), RPC counts and latencies (`RpcMetrics`) and the WAL fsync
-histogram are pushed by the code that sees them and created by `TabletServer`.
+leaders, heartbeats by master and outcome, scanner bytes and pages, and the Raft transport's
+message counts, the same families a master exports (`consensus.transport_metrics`). Rows
+written (counted by `TabletSettings.on_rows_written`), RPC counts and latencies (`RpcMetrics`)
+and the WAL fsync histogram are pushed by the code that sees them and created by
+`TabletServer`.
 
 What the pages and metrics read of the server is `ServerState`, a protocol the tablet server
 satisfies: read at request or scrape time, because the metrics are installed before the server
@@ -50,6 +52,7 @@ from service.common.http_status import (
 )
 from service.common.metrics import MetricsRegistry
 from service.consensus.quiesce import Quiescence
+from service.consensus.transport_metrics import install_transport_metrics
 from service.pb import master_pb2 as mpb
 from service.raft import Role
 from service.tserver.heartbeater import Heartbeater
@@ -139,6 +142,9 @@ def install_tserver_metrics(server: ServerState, registry: MetricsRegistry) -> N
             name, f"{text} One series per tablet replica.", partial(raft, field), (GROUP_LABEL,)
         )
 
+    install_transport_metrics(
+        registry, lambda: server.tablets.transport if server.tablets is not None else None
+    )
     registry.counter_callback(
         "tessera_raft_quiesce_woken_by_silence_total",
         "Quiesced followers woken because their leader's server sent no digest for an"

@@ -27,11 +27,14 @@ from service.common.errors import (
     WrongDestination,
     from_grpc,
 )
+from service.common.metrics import MetricsRegistry
 from service.consensus.codec import message_to_pb
 from service.consensus.fs import RealFileSystem
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
+from service.consensus.transport_metrics import install_transport_metrics
 from service.pb import consensus_pb2 as pb
 from service.raft.types import Entry, Message, MessageType, NodeId
+from tests.helpers.status_pages import parse_metrics
 
 A, B, C = NodeId("uuid-a"), NodeId("uuid-b"), NodeId("uuid-c")
 GROUP = "g1"
@@ -247,7 +250,10 @@ def test_only_members_of_a_group_may_send_it_messages(tmp_path: Path) -> None:
     req.groups.add(group_id="g2").messages.append(message_to_pb(heartbeat(frm=outsider)))
     t.deliver(req)
     assert g1.batches == [] and g2.messages == [heartbeat(frm=outsider)]
-    assert t.foreign_batches == 2
+    registry = MetricsRegistry()
+    install_transport_metrics(registry, lambda: t)
+    foreign = parse_metrics(registry.render())["tessera_raft_foreign_batches_total"]
+    assert foreign.value() == t.foreign_batches == 2
     t.deliver(request(t, [heartbeat()]))  # a member
     assert g1.messages == [heartbeat()]
     assert told == [(GROUP, outsider)] * 2  # a member's batches are nobody's business
@@ -645,6 +651,13 @@ def test_a_leaders_messages_queued_past_its_term_are_dropped_not_sent_late(
             ta.send(GROUP, [heartbeat(term=5)])
             await eventually(lambda: len(in_b.messages) == 5)
             assert ta.deposed_dropped == 4
+            # Exported beside the other outcomes, as a master and a tablet server serve them.
+            registry = MetricsRegistry()
+            install_transport_metrics(registry, lambda: ta)
+            messages = parse_metrics(registry.render())["tessera_raft_messages_total"]
+            assert messages.kind == "counter"
+            assert messages.value(outcome="deposed") == 4
+            assert messages.value(outcome="sent") == ta.sent == 5
         await ta.aclose()
         await tb.aclose()
 
@@ -656,6 +669,7 @@ import asyncio, sys
 import grpc
 from service.consensus.fs import RealFileSystem
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
+from service.consensus.transport_metrics import install_transport_metrics
 
 async def main():
     uuid, directory = sys.argv[1], sys.argv[2]
@@ -700,6 +714,10 @@ def test_a_peer_process_killed_is_reported_gone_at_once_and_a_refusal_is_not(
             proc.kill()
             await asyncio.to_thread(proc.wait)
             await eventually(lambda: gone == [B], timeout=5.0)
+            registry = MetricsRegistry()
+            install_transport_metrics(registry, lambda: ta)
+            exported = parse_metrics(registry.render())["tessera_raft_peer_gone_total"]
+            assert exported.value() == ta.gone_reports >= 1
         finally:
             if proc.poll() is None:
                 proc.kill()

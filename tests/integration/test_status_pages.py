@@ -312,6 +312,12 @@ def test_tablet_server_metrics(setup: Setup) -> None:
         for address in setup.cluster.master_addresses:
             assert hb.value(master=address, result="ok") > 0
         assert fam["tessera_wal_sync_seconds"].value("tessera_wal_sync_seconds_count") > 0
+        # The tablets' Raft traffic, counted as a master counts sys.catalog's.
+        raft_msgs = fam["tessera_raft_messages_total"]
+        assert raft_msgs.value(outcome="sent") > 0 and raft_msgs.value(outcome="received") > 0
+        assert raft_msgs.value(outcome="deposed") >= 0
+        assert fam["tessera_raft_foreign_batches_total"].value() == 0
+        assert fam["tessera_raft_peer_gone_total"].kind == "counter"
         if ts.uuid == setup.written_to:
             assert fam["tessera_tserver_rows_written_total"].value() == 500
             assert fam["tessera_tserver_scan_bytes_total"].value() > 0
