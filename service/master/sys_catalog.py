@@ -263,8 +263,12 @@ class _Ahead:
 
     data: bytes
     write: pb.CatalogWritePB
+    index: int
     decoded: list[_Decoded | None]
     """Ops 0..len-1 decoded, in order (None: a DELETE, decoded at apply)."""
+    elements: list[bytes | None]
+    """Each decoded op's row as a snapshot element at version `index` (what `_commit` keeps in
+    `_wire`), built here rather than in the commit, which holds the loop in one piece."""
     ended: asyncio.Future[None]
     """Done when the decoding has ended, however: what the Raft node waits for."""
     task: asyncio.Task[None] | None = None
@@ -284,6 +288,8 @@ class _Staged:
     record: Record | None  # None: delete
     data: bytes  # the record's serialized bytes, as stored
     old: Row[Record] | None
+    element: bytes | None = None
+    """The row's snapshot element at the index applied, if decoding ahead built it."""
 
 
 class _KeyOrder:
@@ -391,7 +397,11 @@ class SysCatalogState:
                         duplicate_of=seen.index,
                     )
             self._check_preconditions(write.expected)
-            staged = self._stage(write.ops, ahead.decoded if ahead is not None else [])
+            staged = self._stage(
+                write.ops,
+                ahead.decoded if ahead is not None else [],
+                ahead.elements if ahead is not None else [],
+            )
             self._check_invariants(staged)
         except TesseraError as e:
             log.info("sys.catalog: entry %d (%s) refused: %s", index, operation or "-", e)
@@ -519,10 +529,11 @@ class SysCatalogState:
         """Decode the records of a large entry appended at `index` before it commits, in
         slices of DECODE_SLICE ops with the event loop running between them
         (docs/design/consensus.md#R11); `apply` then stages the decoded records instead of
-        decoding them in one piece. Small entries (under DECODE_AHEAD_BYTES) are left to
-        apply. The decoding is a function of the bytes alone, so it stays valid whatever is
-        applied meanwhile (a snapshot included); apply uses it only for the same bytes at the
-        same index (an entry a new leader overwrote is decoded again, or at apply)."""
+        decoding them in one piece, and keeps the rows' snapshot elements built here. Small
+        entries (under DECODE_AHEAD_BYTES) are left to apply. The decoding is a function of
+        the bytes and the index alone, so it stays valid whatever is applied meanwhile (a
+        snapshot included); apply uses it only for the same bytes at the same index (an entry a
+        new leader overwrote is decoded again, or at apply)."""
         if index in self._ahead:
             self._forget_ahead(index)  # an entry a new leader overwrote
         if len(data) < DECODE_AHEAD_BYTES or index <= self._applied_index:
@@ -534,7 +545,7 @@ class SysCatalogState:
         except DecodeError:
             return None  # apply refuses it
         loop = asyncio.get_running_loop()
-        ahead = _Ahead(data, write, [], loop.create_future())
+        ahead = _Ahead(data, write, index, [], [], loop.create_future())
         ahead.task = loop.create_task(self._decode_slices(ahead), name=f"decode-ahead-{index}")
         self._ahead[index] = ahead
         return ahead.ended
@@ -546,11 +557,15 @@ class SysCatalogState:
                     await asyncio.sleep(0)
                 if op.kind == pb.CatalogRowOpPB.DELETE:
                     ahead.decoded.append(None)  # nothing to decode: apply reads the key
+                    ahead.elements.append(None)
                     continue
                 try:
-                    ahead.decoded.append(_decode_op(op, f"ops[{i}]"))
+                    decoded = _decode_op(op, f"ops[{i}]")
                 except Exception:  # apply decodes it again, and refuses the entry naming it
                     return
+                _, key, record = decoded
+                ahead.elements.append(_snapshot_element(key, ahead.index, record))
+                ahead.decoded.append(decoded)
         finally:
             if not ahead.ended.done():
                 ahead.ended.set_result(None)
@@ -712,10 +727,14 @@ class SysCatalogState:
                 raise Aborted(f"precondition failed: {key} expected {want}, is {have}")
 
     def _stage(
-        self, ops: Iterable[pb.CatalogRowOpPB], decoded: Sequence[_Decoded | None]
+        self,
+        ops: Iterable[pb.CatalogRowOpPB],
+        decoded: Sequence[_Decoded | None],
+        elements: Sequence[bytes | None] = (),
     ) -> list[_Staged]:
         """Stage `ops` against the current rows; `decoded[i]`, where given, is op i's record
-        already decoded (`decode_ahead`), the same as `_decode_op` gives now."""
+        already decoded (`decode_ahead`), the same as `_decode_op` gives now, and
+        `elements[i]` its snapshot element at the index being applied."""
         staged: list[_Staged] = []
         seen: set[RowKey] = set()
         for i, op in enumerate(ops):
@@ -723,6 +742,7 @@ class SysCatalogState:
             record: Record | None = None
             data = b""
             done = decoded[i] if i < len(decoded) else None
+            element = elements[i] if i < len(elements) else None
             if done is not None:
                 record, key, data = done
             elif op.kind == pb.CatalogRowOpPB.DELETE:
@@ -746,7 +766,7 @@ class SysCatalogState:
                 )
             if old is not None and record is not None:
                 _check_transition(old.record, record)
-            staged.append(_Staged(key, record, data, old))
+            staged.append(_Staged(key, record, data, old, element if done is not None else None))
         return staged
 
     def _check_invariants(self, staged: list[_Staged]) -> None:
@@ -887,7 +907,10 @@ class SysCatalogState:
             self._rows[s.key.entry_type][s.key.entry_id] = row
             if s.key.entry_id not in wire:
                 self._order[s.key.entry_type].add(s.key.entry_id)
-            wire[s.key.entry_id] = _snapshot_element(s.key, index, s.data)
+            element = s.element
+            if element is None:
+                element = _snapshot_element(s.key, index, s.data)
+            wire[s.key.entry_id] = element
             self._index_row(s.record)
             written.append(row)
         return tuple(written), tuple(deleted)

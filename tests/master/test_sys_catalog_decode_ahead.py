@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import pytest
+
 from service.common.ids import TabletId
+from service.master import sys_catalog
 from service.master.catalog_records import (
     CatalogWrite,
     Insert,
@@ -57,6 +60,32 @@ def test_an_entry_decoded_ahead_applies_as_one_decoded_at_apply() -> None:
     snapshot, results, done = asyncio.run(main())
     assert done == [801, 801]  # the table and its 800 tablets, every op
     assert (snapshot, results) == _plain(entries)
+
+
+def test_the_rows_snapshot_elements_are_built_ahead_not_in_the_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The commit writes a large entry's rows in one piece on the loop; their snapshot
+    elements (each row serialized with its version) are built while decoding ahead instead,
+    and give the same snapshot."""
+    ids = Ids(5)
+    entries = [_big_create(ids, "t1")]
+
+    async def main() -> bytes:
+        state = SysCatalogState()
+        ended = state.decode_ahead(1, entries[0])
+        assert ended is not None
+        await ended
+
+        def not_at_commit(*_: object) -> bytes:
+            raise AssertionError("a snapshot element built at apply")
+
+        monkeypatch.setattr(sys_catalog, "_snapshot_element", not_at_commit)
+        assert state.apply(1, entries[0]).ok
+        monkeypatch.undo()
+        return state.snapshot()
+
+    assert asyncio.run(main()) == _plain(entries)[0]
 
 
 def test_a_decoding_not_finished_at_apply_is_completed_there() -> None:
