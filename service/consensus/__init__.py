@@ -22,6 +22,7 @@ Modules
     fs              the file-system seam (real, or simulated by service.testing.simdisk)
     codec           the core's values to and from consensus.proto
     transport       gRPC transport: per-peer batching, incarnations, destination checks
+    transport_metrics  the transport's counters as Prometheus families (masters and tablet servers)
     vouch           a node with a stale config takes a new leader on a member's word
 
 The replicated key-value demo built on this package (its smallest state machine) lives with the
