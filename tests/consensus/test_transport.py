@@ -669,7 +669,6 @@ import asyncio, sys
 import grpc
 from service.consensus.fs import RealFileSystem
 from service.consensus.transport import ConsensusServicer, GrpcTransport, Incarnations
-from service.consensus.transport_metrics import install_transport_metrics
 
 async def main():
     uuid, directory = sys.argv[1], sys.argv[2]
