@@ -181,7 +181,7 @@ class RaftSettings:
     """Random extra wait added to the election timeout so followers rarely campaign at once.
     Kudu-like default: up to one heartbeat interval (etcd uses a whole election timeout, which
     makes failover slower)."""
-    election_timeout_max_ms: int = 3000
+    election_timeout_max_ms: int = 6000
     """Longest the election timeout stretches to while a live group's messages arrive late, on
     a host short of CPU (service/raft/lateness.py), and how long a leader waits to hear from a
     quorum before it steps down (docs/design/consensus.md#R2); at or below election_timeout_ms:
