@@ -478,15 +478,26 @@ async def failover(
     exited = time.monotonic() - t0
     m.leader = ""
 
+    steps: list[str] = []
+
     async def small_create() -> float:
         """Through the client library, as a user would (it still names the old leader:
-        its first attempt fails and it rediscovers, with its own backoff)."""
+        its first attempt fails and it rediscovers, with its own backoff). `steps` gets when
+        the create was acknowledged and each change in its count of RUNNING tablets, so a
+        slow one says whether the wait was for a leader or for the tablets."""
         req = create_request(f"small{k}", PROBE_TABLETS)
         table_id = (await client.ddl("CreateTable", req, timeout=120)).table_id
+        steps.append(f"acknowledged {time.monotonic() - t0:.2f} s")
         done = pb.IsCreateTableDoneRequestPB(table=pb.TableIdentifierPB(table_id=table_id))
-        while not (await client.call("IsCreateTableDone", done, timeout=60)).done:
+        running = -1
+        while True:
+            r = await client.call("IsCreateTableDone", done, timeout=60)
+            if r.tablets_running != running:
+                running = r.tablets_running
+                steps.append(f"{running} RUNNING {time.monotonic() - t0:.2f} s")
+            if r.done:
+                return time.monotonic() - t0
             await asyncio.sleep(0.2)
-        return time.monotonic() - t0
 
     connects, lookups = Trace(t0), Trace(t0)
     (elected, terms), lookup, create, (read, http) = await asyncio.wait_for(
@@ -508,6 +519,8 @@ async def failover(
         f" full report read {read:.1f} s ({await turns(http)})",
         flush=True,
     )
+    if create > GOAL_SMALL_CREATE_S:
+        progress(f"small CreateTable: {', '.join(steps)}")
     if lookup > GOAL_LOOKUP_S:
         for line in [*connects.lines(m, "ConnectToMaster"), *lookups.lines(m, "lookup")]:
             progress(line)
