@@ -583,12 +583,18 @@ async def loop_lag(http: str) -> str:
 
 async def turns(http: str) -> str:
     """The full-report turns the leader at `http` gave and saw lapse, and the tablet reports
-    it shed (report_turns.py, heartbeat.ReportGate), since it started."""
+    it left unacknowledged (report_turns.py, heartbeat.ReportGate), since it started: shed,
+    late (the write outlived the budget) and unconfirmed (a claim the other voters did not
+    confirm yet). Each such report makes its server wait longer before its next changes go
+    (heartbeater.next_report_gap), which is where a slow small create's time goes."""
+    deferred = "tessera_master_tablet_reports_deferred_total"
     return await metric_line(
         http,
         ("turns given", 'tessera_master_full_report_turns_total{outcome="given"}', "{:.0f}"),
         ("lapsed", 'tessera_master_full_report_turns_total{outcome="lapsed"}', "{:.0f}"),
-        ("reports shed", 'tessera_master_tablet_reports_deferred_total{reason="shed"}', "{:.0f}"),
+        ("reports shed", deferred + '{reason="shed"}', "{:.0f}"),
+        ("late", deferred + '{reason="late"}', "{:.0f}"),
+        ("unconfirmed", deferred + '{reason="unconfirmed"}', "{:.0f}"),
     )
 
 
