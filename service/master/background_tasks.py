@@ -35,6 +35,10 @@ work, `CatalogManager.add_work_listener`), in this order:
      `task_done`; one that failed is retried after a backoff that doubles from
      `retry_initial_s` up to `retry_max_s`. Servers already answered successfully within a
      task are not asked again.
+  4. Claim sweep: while some tablet report's leader or config claim waits for its voters'
+     confirmation, at most one sweep runs at a time, at most one every `SWEEP_EVERY_S`, beside
+     the round: the voters of the claims that waited longest are asked with GetConsensusState
+     and the claims they confirm are adopted (claims.py, `CatalogManager.settle_claims`).
 
 Report-driven RPCs (`report_processing` actions: tombstones, deletes, alters of replicas that
 reported) arrive through `submit()`; they are sent once (deduplicated while in flight): the
@@ -92,6 +96,7 @@ from service.master.catalog_assignment import (
 )
 from service.master.catalog_manager import CatalogManager
 from service.master.catalog_records import ConsensusState, HostPort, MemberType, TabletState
+from service.master.claims import ConfirmClaims
 from service.master.create_pacing import CreatePacer, Outcome
 from service.master.report_processing import (
     AlterReplica,
@@ -183,6 +188,11 @@ _CREATE_SKIPS = 64
 looking at that kind until the next drain."""
 
 
+SWEEP_EVERY_S = 1.0
+"""The least time between two claim sweeps (step 4 of the module docstring): rounds come sooner
+while the catalog commits (every commit that calls for work wakes one), sweeps no sooner."""
+
+
 class BackgroundTasks:
     """The background tasks of one leadership term (module docstring)."""
 
@@ -195,8 +205,16 @@ class BackgroundTasks:
         clock: Clock,
         rng: Random,
         settings: BackgroundSettings | None = None,
+        confirm_claims: ConfirmClaims | None = None,
     ) -> None:
         self.catalog = catalog
+        self.confirm_claims = confirm_claims
+        """Asks a claimed tablet's voters (GetConsensusState) for the claim sweep (step 4 of
+        the module docstring); None: no sweep."""
+        self._sweep: asyncio.Task[None] | None = None
+        self._swept_at = float("-inf")
+        self.claims_adopted = 0
+        """Pending claims the sweep adopted (their voters confirmed them when asked)."""
         self.ts = ts_manager
         self.proxy = proxy
         self.fence = fence
@@ -247,12 +265,14 @@ class BackgroundTasks:
             self._remove_listener = None
         if self._main is not None:
             self._main.cancel()
+        if self._sweep is not None:
+            self._sweep.cancel()
         for t in list(self._running.values()):
             t.cancel()
 
     async def aclose(self) -> None:
         self.stop()
-        tasks = [t for t in [self._main, *self._running.values()] if t is not None]
+        tasks = [t for t in [self._main, self._sweep, *self._running.values()] if t is not None]
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
@@ -348,6 +368,29 @@ class BackgroundTasks:
                 log.warning("assignment round failed (retried next round): %s", e)
         self._rereplicate()
         self._start_tasks()
+        self._start_sweep()
+
+    def _start_sweep(self) -> None:
+        """Step 4: one claim sweep at a time, beside the round (its GetConsensusState calls
+        must not hold up assignment)."""
+        if self.confirm_claims is None or (self._sweep is not None and not self._sweep.done()):
+            return
+        now = self.clock.monotonic()
+        if now - self._swept_at < SWEEP_EVERY_S or not self.catalog.pending_claims():
+            return
+        self._swept_at = now
+        self._sweep = asyncio.create_task(self._sweep_claims(self.confirm_claims))
+        self._sweep.add_done_callback(_retrieve)
+
+    async def _sweep_claims(self, confirm: ConfirmClaims) -> None:
+        try:
+            plans = await self.catalog.settle_claims(confirm)
+        except TesseraError as e:  # not ready, or the write failed: the next round sweeps again
+            log.info("claim sweep: %s", e)
+            return
+        for plan in plans:
+            self.claims_adopted += len(plan.updated_tablets)
+            self.submit(plan.actions)
 
     def _start_tasks(self) -> None:
         now = self.clock.monotonic()

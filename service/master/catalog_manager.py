@@ -136,6 +136,7 @@ from service.master.catalog_records import (
     Update,
 )
 from service.master.catalog_settings import CatalogSettings
+from service.master.claims import ConfirmClaims
 from service.master.ddl_checks import (
     check_alter_steps,
     check_num_replicas,
@@ -828,6 +829,18 @@ class CatalogManager:
         """Servers' answers to GetConsensusState about claimed tablets (claims.py)."""
         if self._loaded:
             self._reports.note_answers(answers)
+
+    def pending_claims(self) -> int:
+        """Membership claims waiting for their voters' confirmation (claims.py); 0 unless
+        loaded."""
+        return self._reports.claims.pending_claims if self._loaded else 0
+
+    async def settle_claims(self, confirm: ConfirmClaims) -> list[ReportPlan]:
+        """One sweep of the pending membership claims: their voters asked, confirmed ones
+        adopted (`ReportHandler.settle_claims`, claims.py); the plans that wrote, whose
+        actions the caller sends."""
+        self._check_ready()
+        return await self._reports.settle_claims(confirm)
 
     async def process_report(
         self,

@@ -20,6 +20,16 @@ A claim that is not yet confirmed is kept as *pending*: the report that carries 
 word (a follower's, usually) adopts it at once (`plan_report(pending=...)`), so the order in
 which a leader's and its followers' reports arrive costs no extra heartbeat.
 
+A pending claim is also swept (`to_sweep`, run by the leader's background tasks): once it has
+waited `ASK_AFTER_S`, its voters are asked with GetConsensusState off the heartbeat path, and a
+claim they confirm is adopted then, without waiting for any server to report again. Why: after
+a failover on a slow host, a new leader reading a thousand full reports left the claims of a
+small table's new leaders pending for 10-20 s. Asking from the heartbeat needs the claimant's
+report to come again (a server whose reports went unacknowledged waits longer each time,
+heartbeater.next_report_gap) and must answer within the heartbeat's budget, which busy servers
+miss. A sweep asks at most `SWEEP_MAX_CLAIMS` claims, each at most once per `ASK_AFTER_S`,
+oldest first, so a burst of creates adds a bounded number of RPCs.
+
 All of it is the leader's memory of one term: emptied when a term starts or ends (a new leader
 asks every server for a full report, which brings the words back). Bounded: past
 `MAX_TABLETS` tablets with evidence, new evidence is not kept (claims then wait for asks).
@@ -27,7 +37,7 @@ asks every server for a full report, which brings the words back). Bounded: past
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from service.common.ids import NodeId, TabletId
 from service.master.catalog_info import CatalogMaps
@@ -42,11 +52,18 @@ from service.master.report_processing import (
     same_config,
 )
 
-__all__ = ["ASK_AFTER_S", "MAX_TABLETS", "ClaimEvidence"]
+__all__ = ["ASK_AFTER_S", "MAX_TABLETS", "SWEEP_MAX_CLAIMS", "ClaimEvidence", "ConfirmClaims"]
+
+ConfirmClaims = Callable[[Sequence[Claim]], Awaitable[dict[TabletId, Answers]]]
+"""Ask the servers of each claimed tablet (the recorded config's and the claim's) for their own
+consensus state, at the addresses they registered: their answers, by tablet and server."""
 
 ASK_AFTER_S = 3.0
 """A claim of a new leader (same config) waits this long for its followers' reports before the
 leader master asks them with GetConsensusState."""
+SWEEP_MAX_CLAIMS = 32
+"""Most pending claims one sweep asks about (`to_sweep`): at most a few dozen GetConsensusState
+calls a sweep, whatever the backlog."""
 MAX_TABLETS = 100_000
 """Most tablets with evidence kept at once (a few entries each): about 30 MB at most."""
 
@@ -72,6 +89,8 @@ class ClaimEvidence:
     def __init__(self) -> None:
         self._said: dict[TabletId, dict[NodeId, Evidence]] = {}
         self._pending: dict[TabletId, tuple[Claim, float]] = {}
+        self._swept: dict[TabletId, float] = {}
+        """When a sweep last asked about each pending claim's tablet (`to_sweep`)."""
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._said.values())
@@ -83,6 +102,7 @@ class ClaimEvidence:
     def clear(self) -> None:
         self._said.clear()
         self._pending.clear()
+        self._swept.clear()
 
     # --- what servers say ----------------------------------------------------------------
 
@@ -155,6 +175,24 @@ class ClaimEvidence:
             if old is not None and old[0] == claim:
                 continue
             self._pending[claim.tablet_id] = (claim, now)
+
+    def to_sweep(self, now: float, limit: int = SWEEP_MAX_CLAIMS) -> list[Claim]:
+        """The pending claims a sweep should ask their voters about now (module docstring):
+        those that have waited `ASK_AFTER_S` and were not swept in the last `ASK_AFTER_S`,
+        oldest first, at most `limit`; each is marked swept at `now`."""
+        due = [
+            (seen, claim)
+            for tablet_id, (claim, seen) in self._pending.items()
+            if now - seen >= ASK_AFTER_S
+            and now - self._swept.get(tablet_id, -ASK_AFTER_S - 1.0) >= ASK_AFTER_S
+        ]
+        due.sort(key=lambda d: d[0])
+        out = [claim for _, claim in due[:limit]]
+        for claim in out:
+            self._swept[claim.tablet_id] = now
+        for tablet_id in [t for t in self._swept if t not in self._pending]:
+            del self._swept[tablet_id]
+        return out
 
     def to_ask(self, claims: Sequence[Claim], maps: CatalogMaps, now: float) -> list[Claim]:
         """The claims worth a GetConsensusState to their voters now (module docstring)."""

@@ -38,7 +38,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,9 +48,9 @@ from service.common.errors import InvalidArgument, TesseraError
 from service.common.ids import NodeId, TabletId, validate_uuid
 from service.master.catalog_manager import CatalogManager
 from service.master.catalog_records import ConsensusState, consensus_state_from_pb
+from service.master.claims import ConfirmClaims
 from service.master.report_processing import (
     Answers,
-    Claim,
     ReportAction,
     ReportedRole,
     ReportedState,
@@ -89,10 +89,6 @@ DECODED_STATES_KEPT = 20_000
 """Consensus states kept decoded (`_consensus_state`), about 1 KB each."""
 _MASTER = MasterConfig(data_dir=Path("report-gate"))
 """MasterConfig with its defaults, the gate's defaults (its data_dir is never opened)."""
-
-ConfirmClaims = Callable[[Sequence[Claim]], Awaitable[dict[TabletId, Answers]]]
-"""Ask the servers of each claimed tablet (the recorded config's and the claim's) for their own
-consensus state, at the addresses they registered: their answers, by tablet and server."""
 
 
 class ReportGate:

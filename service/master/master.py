@@ -102,6 +102,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -178,6 +179,10 @@ _CONFIRM_TIMEOUT_S = 0.5
 """How long a voter asked to confirm a membership claim may take (report_processing, step 3):
 within the heartbeat's report budget. A voter that cannot answer in time is asked again with
 the report's next sending."""
+_SWEEP_CONFIRM_TIMEOUT_S = 5.0
+"""The same, for the claim sweep of the background tasks (claims.py): off the heartbeat path, so
+a voter busy for seconds (a slow host after a failover) can still answer; one sweep runs at a
+time, so a slow voter only delays the next sweep."""
 
 GROUP = "sys.catalog"
 """The Raft group id of the masters' replicated catalog."""
@@ -635,6 +640,9 @@ class MasterServer:
             self._clock,
             self._rng,
             BackgroundSettings.from_config(self.config),
+            confirm_claims=functools.partial(
+                self._confirm_claims, timeout_s=_SWEEP_CONFIRM_TIMEOUT_S
+            ),
         )
         self.background.start()
         if self.txns is not None:
@@ -725,7 +733,9 @@ class MasterServer:
             ),
         )
 
-    async def _confirm_claims(self, claims: Sequence[Claim]) -> dict[TabletId, Answers]:
+    async def _confirm_claims(
+        self, claims: Sequence[Claim], timeout_s: float = _CONFIRM_TIMEOUT_S
+    ) -> dict[TabletId, Answers]:
         """Ask the servers of each claimed tablet what they hold (`report_processing`, step
         3; claims.py): the recorded config's voters (who saw what came before) and the claim's
         (who saw it happen), but not the claimant, whose word is its report. One
@@ -748,7 +758,7 @@ class MasterServer:
                 return {}
             try:
                 return await proxy.consensus_states(
-                    address, uuid, list(tablets), timeout_s=_CONFIRM_TIMEOUT_S
+                    address, uuid, list(tablets), timeout_s=timeout_s
                 )
             except TesseraError as e:
                 log.info("could not ask %s about %d tablets: %s", uuid, len(tablets), e)

@@ -20,7 +20,7 @@ from service.common import failpoints
 from service.common.ids import NodeId, TabletId
 from service.master.catalog_info import CatalogMaps
 from service.master.catalog_records import CatalogWrite, TableState
-from service.master.claims import ClaimEvidence
+from service.master.claims import SWEEP_MAX_CLAIMS, ClaimEvidence, ConfirmClaims
 from service.master.report_processing import (
     Answers,
     Claim,
@@ -140,6 +140,35 @@ class ReportHandler:
                 self._claims.after_commit(plan, self._maps())
                 failpoints.hit("process_report:after_replicate")
         return plan
+
+    async def settle_claims(
+        self,
+        confirm: ConfirmClaims,
+        limit: int = SWEEP_MAX_CLAIMS,
+    ) -> list[ReportPlan]:
+        """One sweep of the pending claims (claims.py): ask the voters of those due, then
+        process each claimant's claims again as a report of just those replicas, so a claim
+        the answers confirm is adopted in its write now. Returns the plans that wrote (their
+        actions are the caller's to send).
+
+        Processing a claim again is safe for the reason processing a report sent again is: it
+        is judged against the committed state of now (`_older` drops a claim a newer record
+        overtook), and it is adopted only on the voters' words of now."""
+        claims = self._claims.to_sweep(_now(), limit)
+        if not claims:
+            return []
+        answers = await confirm(claims)
+        if answers:
+            self._claims.note_answers(answers)
+        by_reporter: dict[NodeId, list[ReportedTablet]] = {}
+        for claim in claims:
+            by_reporter.setdefault(claim.reporter, []).append(claim.reported)
+        plans = []
+        for reporter, reported in by_reporter.items():
+            plan = self.judge_report(reporter, reported)
+            if plan.write is not None:
+                plans.append(await self.process_report(reporter, reported, plan))
+        return plans
 
 
 def _now() -> float:

@@ -407,6 +407,17 @@ def install_master_metrics(master: MasterState, registry: MetricsRegistry) -> No
         "later through a halved window, not counted as failures.",
         lambda: float(master.background.rpcs_shed) if master.background is not None else 0.0,
     )
+    registry.counter_callback(
+        "tessera_master_claims_adopted_by_sweep_total",
+        "Tablets whose pending leader or config claim the claim sweep adopted this term, its "
+        "voters confirming it when asked, without waiting for a report to come again (claims.py).",
+        lambda: float(master.background.claims_adopted) if master.background is not None else 0.0,
+    )
+    registry.gauge_callback(
+        "tessera_master_pending_claims",
+        "Leader or config claims of tablet reports waiting for their voters' confirmation.",
+        lambda: float(master.catalog.pending_claims()) if master.catalog is not None else 0.0,
+    )
     registry.gauge_callback(
         "tessera_master_create_tablet_in_flight",
         "CreateTablet calls in flight to each tablet server.",
