@@ -14,7 +14,7 @@ from service.common.ids import NodeId, TabletId
 from service.master import report_handler
 from service.master.background_tasks import SWEEP_EVERY_S, BackgroundSettings, BackgroundTasks
 from service.master.catalog_records import ConsensusState, TabletState
-from service.master.claims import ASK_AFTER_S, ClaimEvidence
+from service.master.claims import ASK_AFTER_S, SWEEP_TRIES, ClaimEvidence
 from service.master.report_processing import (
     Answers,
     Claim,
@@ -67,6 +67,16 @@ def test_a_sweep_asks_waiting_claims_oldest_first_a_limit_at_a_time_not_again_so
     assert [c.tablet_id for c in ev.to_sweep(104.0 + ASK_AFTER_S, limit=3)] == ["t3", "t4"]
     assert ev.to_sweep(104.0 + 2 * ASK_AFTER_S - 0.01) == []
     assert len(ev.to_sweep(104.0 + 2 * ASK_AFTER_S)) == 5
+    assert len(ev.to_sweep(104.0 + 3 * ASK_AFTER_S)) == 5
+    # Asked SWEEP_TRIES times and never confirmed: dropped, until its claimant reports it again.
+    assert ev.to_sweep(104.0 + 4 * ASK_AFTER_S) == [] and ev.pending_claims == 0
+    ev.note_unconfirmed([_claim("t0")], now=200.0)
+    assert ev.to_sweep(200.0 + ASK_AFTER_S) == [_claim("t0")]
+    # Another claim of a tablet starts its own count.
+    for k in range(SWEEP_TRIES - 1):
+        assert len(ev.to_sweep(200.0 + (k + 2) * ASK_AFTER_S)) == 1
+    ev.note_unconfirmed([_claim("t0", reporter="ts-1")], now=200.0 + 5 * ASK_AFTER_S)
+    assert ev.to_sweep(200.0 + 6 * ASK_AFTER_S) == [_claim("t0", reporter="ts-1")]
     # A term's end forgets everything.
     ev.clear()
     assert ev.pending_claims == 0 and ev.to_sweep(10_000.0) == []
@@ -132,15 +142,16 @@ def test_a_pending_claim_is_adopted_by_a_sweep_when_its_voters_confirm_it(clock:
     run(main())
 
 
-def test_a_claim_its_voters_do_not_confirm_stays_pending_and_is_asked_again_later(
+def test_a_claim_its_voters_do_not_confirm_is_asked_a_few_times_then_dropped(
     clock: Clock,
 ) -> None:
     """The one-server attack of report_processing: a claimant whose voters say nothing (or
-    something else) gets nothing from the sweep either, and costs one ask per ASK_AFTER_S."""
+    something else) gets nothing from the sweep either, and its claim costs one ask per
+    ASK_AFTER_S, SWEEP_TRIES times per report it sends."""
 
     async def main() -> None:
         env = make_env()
-        table_id, _, _, _ = await _pending(env)
+        table_id, leader, reports, _ = await _pending(env)
         asked = []
 
         async def silent(claims: Sequence[Claim]) -> dict[TabletId, Answers]:
@@ -160,6 +171,15 @@ def test_a_claim_its_voters_do_not_confirm_stays_pending_and_is_asked_again_late
         clock.now += ASK_AFTER_S / 2
         await env.cm.settle_claims(silent)
         assert len(asked) == 2
+        for _ in range(3):
+            clock.now += ASK_AFTER_S
+            await env.cm.settle_claims(silent)
+        assert len(asked) == SWEEP_TRIES and env.cm.pending_claims() == 0
+        for row in env.state.tablets_of(table_id):
+            assert row.record.state is TabletState.CREATING
+        # The claimant's next report brings the claim back.
+        await env.cm.process_report(leader, reports[leader])
+        assert env.cm.pending_claims() > 0
 
     run(main())
 
