@@ -296,7 +296,21 @@ class Heartbeater:
             # Not awaited here (this runs inside a loop, possibly the one being stopped).
             asyncio.get_running_loop().create_task(lp.stop())
 
-    def _reprobe_others(self, answered: MasterView) -> None:
+    def saw_newer_term(self) -> None:
+        """A master's fenced admin request (CreateTablet, DeleteTablet, ...) carried a newer
+        term than any heartbeat answer had: leadership moved before this server's heartbeats
+        noticed. Every loop tries its master now, so the new leader is found (and sent this
+        server's reports) at once, not after the old leader's slower pace and failures.
+
+        Why. After a leader master dies, a tablet server learns of the new one only from a
+        heartbeat, and a busy leader had asked for a slower pace: the first sign is often the
+        new leader's CreateTablet for a table created just after the election, and until the
+        server reports the new replica to the new leader that table cannot turn RUNNING. In
+        a scale run the new replicas' first reports still went to the dead master, failed,
+        and reached the new leader one to three seconds later."""
+        self._reprobe_others(None)
+
+    def _reprobe_others(self, answered: MasterView | None) -> None:
         """Leadership moved (a new master term) or the leader was lost: perhaps to a master
         heartbeated at a follower's slow pace, or one this server backed off from while it
         restarted. Every other loop tries its master now instead of waiting out its pace or

@@ -511,8 +511,10 @@ class TabletServer:
         """A fenced request succeeded: its master term is the highest seen if it is higher.
         Recorded only then, so a request refused for any reason (a bad schema, an unknown
         tablet) cannot raise the bar and lock the real leader out as 'deposed'."""
-        if fence is not None:
+        if fence is not None and fence.master_term > self.highest_master_term:
             self._saw_master_term(fence.master_term)
+            if self.heartbeater is not None:
+                self.heartbeater.saw_newer_term()  # perhaps still reporting to a dead leader
 
     def is_cluster_master(self, uuid: str) -> bool:
         """`uuid` is one of the masters this server heartbeats to (`Heartbeater.master_uuids`).

@@ -217,6 +217,34 @@ def test_a_late_leader_is_tried_again_at_our_interval_and_lost_only_after_three_
     asyncio.run(main())
 
 
+def test_a_newer_term_seen_in_an_admin_call_sends_the_reports_to_the_new_leader() -> None:
+    """A busy leader asked for a slow pace, then died; the new leader's CreateTablet is the
+    first this server hears of it (`saw_newer_term`): every loop is woken at once, the new
+    leader answers as one, and the new replica's report goes to it on the next heartbeat."""
+
+    async def main() -> None:
+        hb, tablets, va, vb = make()
+        a, b = Master(), Master()
+        a.answer = leader(1, heartbeat_interval_ms=4000)
+        await beat(hb, va, a)
+        await beat(hb, va, a)  # the full report, acknowledged
+        b.answer = lambda req: pb.TSHeartbeatResponsePB(master_term=1, heartbeat_interval_ms=3000)
+        await beat(hb, vb, b)
+        loops = {v.address: _Wake(v) for v in (va, vb)}
+        hb._loops = cast(Any, loops)
+        va.report_gap = vb.report_gap = 2.0
+        hb.saw_newer_term()
+        assert loops["a:1"].wake.is_set() and loops["b:1"].wake.is_set()
+        assert vb.report_gap == 0.0
+        tablets.set("new", 1)  # the replica the new leader's CreateTablet made
+        b.answer = leader(2)
+        await beat(hb, vb, b)
+        assert vb.is_leader and not va.is_leader and hb._delay(vb) < 0.1
+        assert reported(await beat(hb, vb, b)) == (False, ["new"], [])
+
+    asyncio.run(main())
+
+
 def test_a_new_leaders_answer_ends_a_late_leader_and_a_stale_answer_does_not() -> None:
     async def main() -> None:
         hb, _, va, vb = make()

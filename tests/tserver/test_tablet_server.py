@@ -11,6 +11,7 @@ import shutil
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, cast
 
 import google_crc32c
 import grpc
@@ -337,6 +338,53 @@ async def test_a_deposed_master_is_fenced(server: Server) -> None:
         await server.admin.DeleteTablet(stale)
     assert _code(e) == grpc.StatusCode.FAILED_PRECONDITION and "term 6" in (e.value.details() or "")
     assert "tablet-1" in await server.replicas()
+
+
+class _Heartbeats:
+    """The part of the heartbeater a fenced admin call touches."""
+
+    def __init__(self, masters: set[str]) -> None:
+        self.masters = masters
+        self.woken = 0
+
+    def master_uuids(self) -> set[str]:
+        return self.masters
+
+    def saw_newer_term(self) -> None:
+        self.woken += 1
+
+    async def aclose(self) -> None:
+        pass
+
+
+@with_server
+async def test_an_admin_call_of_a_newer_master_term_wakes_every_heartbeat(server: Server) -> None:
+    """After a leader master dies, the first sign of the new one is often its CreateTablet:
+    a successful fenced call of a newer term makes the heartbeater try every master at once
+    (so the new replica's report finds the new leader); a call of a term already seen, or one
+    refused, does not."""
+    assert server.ts is not None
+    hb = _Heartbeats({"m1", "m2"})
+    server.ts.heartbeater = cast(Any, hb)
+    req = create_request(server.uuid, "tablet-1", [(server.uuid, server.ts.address)])
+    req.fence.master_uuid, req.fence.master_term = "m2", 7
+    await server.admin.CreateTablet(req)
+    assert hb.woken == 1 and server.ts.highest_master_term == 7
+    again = create_request(server.uuid, "tablet-2", [(server.uuid, server.ts.address)])
+    again.fence.master_uuid, again.fence.master_term = "m2", 7
+    await server.admin.CreateTablet(again)
+    assert hb.woken == 1  # the same leader's next call: nothing new
+    refused = tpb.DeleteTabletRequestPB(
+        dest_uuid=server.uuid,
+        tablet_id="no-such-tablet",
+        delete_type=tpb.TABLET_DATA_DELETED,
+        fence=tpb.MasterFencePB(master_uuid="m1", master_term=9),
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await server.admin.DeleteTablet(refused)
+    assert _code(e) == grpc.StatusCode.NOT_FOUND
+    assert hb.woken == 1 and server.ts.highest_master_term == 7
+    server.ts.heartbeater = None
 
 
 @with_server
