@@ -15,7 +15,9 @@ the master's side of the contract exactly:
   carries exactly those (and removed ones), and an idle server's heartbeat is its instance and
   two counters kept at each change, with no walk over its replicas. Reports go to the master
   that last said it leads; followers get liveness-only heartbeats. A link whose heartbeats fail
-  backs off as a real server's does (`FleetSimulator._back_off`).
+  backs off as a real server's does (`FleetSimulator._back_off`); a failed heartbeat to the
+  leader, or an admin call fenced with a newer master term, has every other master heartbeated
+  at once, as the real heartbeater wakes its loops (`FleetSimulator._wake_links`).
 * TabletServerAdminService (tserver.proto) on ONE port for all simulated servers: every
   request is routed by its `dest_uuid` (an unknown uuid is refused with WrongDestination, a
   stopped server answers UNAVAILABLE), and refused with StaleTerm if its fence term is lower
@@ -72,6 +74,7 @@ import functools
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -112,6 +115,12 @@ log = logging.getLogger(__name__)
 
 Ctx = grpc.aio.ServicerContext
 
+
+TRACE_ENV = "TESSERA_SIM_TRACE_TABLES"
+"""A regular expression: the replicas of tables whose name matches it are traced, one WARNING
+line per step (`trace ...`: created, each view it is given, each report that carries it and
+that report's answer), with wall-clock times so the shards' and the masters' logs line up. For
+finding where a slow create's time goes; unset (the default), nothing is traced."""
 
 HEARTBEAT_CHANNELS = 16
 """Connections to each master the fleet's heartbeat streams are spread over (a real fleet has
@@ -414,6 +423,10 @@ class FleetSimulator:
         self._loop_task: asyncio.Task[None] | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self._streams: dict[tuple[str, str], HeartbeatStream] = {}
+        pattern = os.environ.get(TRACE_ENV, "")
+        self._trace_tables = re.compile(pattern) if pattern else None
+        self._traced: set[str] = set()
+        """Tablets whose replicas are traced here (`TRACE_ENV`)."""
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -513,7 +526,19 @@ class FleetSimulator:
         s.dirty.add(tablet_id)
         s.full_report = None
 
+    def _trace(self, s: _Server, tablet_id: str, what: str) -> None:
+        log.warning("trace %.3f %s %s %s", time.time(), tablet_id[:8], s.uuid, what)
+
     def _set_view(self, s: _Server, r: _Replica, view: _View) -> None:
+        if r.tablet_id in self._traced:
+            link = next((li for li in s.links.values() if li.leader), None)
+            due = f"{link.report_due - time.monotonic():.2f}" if link is not None else "-"
+            self._trace(
+                s,
+                r.tablet_id,
+                f"view leader={view.leader} term={view.term} report_due_in={due} "
+                f"gap={link.report_gap if link is not None else '-'}",
+            )
         was = not r.tombstoned and r.view.leader == s.uuid
         r.view = view
         s.leaders += (not r.tombstoned and view.leader == s.uuid) - was
@@ -910,6 +935,19 @@ class FleetSimulator:
         finally:
             link.in_flight = False
 
+    def _wake_links(self, s: _Server, skip: _MasterLink | None = None) -> None:
+        """Heartbeat every master of `s` but `skip` now (after `PROMPT_GAP_S`), out of its
+        round, as the real heartbeater wakes its loops when the leader's heartbeat fails or an
+        admin call shows a newer master term (`Heartbeater.saw_newer_term`): a new leader
+        answers as one, and `s`'s changes go to it at once."""
+        if not s.up:
+            return
+        for link in s.links.values():
+            if link is not skip and not link.in_flight:
+                task = asyncio.create_task(self._prompt(s, link))
+                self._in_flight.add(task)
+                task.add_done_callback(self._in_flight.discard)
+
     async def _prompt(self, s: _Server, link: _MasterLink) -> None:
         await asyncio.sleep(PROMPT_GAP_S)
         if s.up:
@@ -932,10 +970,22 @@ class FleetSimulator:
             if self.location:
                 req.registration.location = self.location
         sent = self.build_report(s, link, req)
+        traced = []
+        if sent is not None and self._traced:
+            traced = [t for t in (s.replicas if sent[0] else sent[1]) if t in self._traced]
+            for t in traced:
+                self._trace(
+                    s,
+                    t,
+                    f"report to={link.address} full={sent[0]} seq={link.seq} "
+                    f"entries={len(req.tablet_report.updated_tablets)}",
+                )
         t0 = time.perf_counter()
         try:
             resp = await self._stream(s, link).heartbeat(req)
         except Exception as e:  # counted; the fleet's heartbeat loop must go on
+            for t in traced:
+                self._trace(s, t, f"report seq={link.seq} failed: {type(e).__name__}")
             self.heartbeats_failed += 1
             why = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
             self.heartbeat_errors[why] += 1
@@ -943,11 +993,12 @@ class FleetSimulator:
                 s.dirty |= sent[1]
             self._back_off(link)
             if link.leader:
-                # Late, and lost only after max_failures in a row; every master is tried next
-                # round (the real heartbeater's `_failed`). No backoff applies yet.
+                # Late, and lost only after max_failures in a row; every other master is
+                # tried at once (the real heartbeater's `_failed`). No backoff applies yet.
                 if link.failures >= self.max_failures:
                     link.leader = False
                 _reprobe(s)
+                self._wake_links(s, skip=link)
             log.debug("heartbeat %s -> %s failed: %s", s.uuid, link.address, why)
             return
         link.failures = 0
@@ -998,6 +1049,15 @@ class FleetSimulator:
                 cap = max(self.heartbeat_interval_s, link.asked_interval_s)
                 link.report_gap = next_report_gap(link.report_gap, acked, cap)
                 link.report_due = now + link.report_gap - self.heartbeat_interval_s / 2
+            for t in traced:
+                self._trace(
+                    s,
+                    t,
+                    f"answer seq={link.seq} acked={acked} leader={link.leader} "
+                    f"latency={latency:.3f} full_asked={resp.needs_full_tablet_report} "
+                    f"deferred={resp.full_tablet_report_deferred} "
+                    f"interval={link.asked_interval_s} gap={link.report_gap:.2f}",
+                )
         if not link.leader:
             link.report_gap = link.report_due = 0.0
         prompt = link.leader and not was_leader
@@ -1067,6 +1127,13 @@ class FleetSimulator:
                     f"master {fence.master_uuid} sent term {fence.master_term}, but server "
                     f"{s.uuid} has seen term {s.highest_term}"
                 )
+            if fence.master_term > s.highest_term:
+                # A newer leader's call before any heartbeat answer from it: find it now
+                # (`_wake_links`; the real server does so once the call succeeded).
+                with contextlib.suppress(RuntimeError):  # no loop: a test calling directly
+                    asyncio.get_running_loop()
+                    _reprobe(s)
+                    self._wake_links(s)
             s.highest_term = fence.master_term
         return s
 
@@ -1086,6 +1153,9 @@ class FleetSimulator:
             [_Peer.from_pb(p) for p in req.config.peers],
             schema_version=req.schema.version,
         )
+        if self._trace_tables is not None and self._trace_tables.search(req.table_name):
+            self._traced.add(req.tablet_id)
+            self._trace(s, req.tablet_id, f"created table={req.table_name}")
         r = self._add_replica(s, _TabletRef(req.tablet_id, req.table_id), view)
         self._presence(s, r, live=True, first=True)
 

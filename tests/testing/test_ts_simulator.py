@@ -447,11 +447,42 @@ def test_a_link_whose_heartbeats_fail_backs_off_as_a_real_server() -> None:
     asyncio.run(main())
 
 
+class _Follower(_ScriptedMaster):
+    """A scripted master that answers as a follower of `term`, asking for a slower pace."""
+
+    def __init__(self, term: int) -> None:
+        super().__init__(term)
+        self.heartbeats = 0
+
+    async def heartbeat(self, req: mpb.TSHeartbeatRequestPB) -> mpb.TSHeartbeatResponsePB:
+        self.heartbeats += 1
+        return mpb.TSHeartbeatResponsePB(master_term=self.term, heartbeat_interval_ms=3000)
+
+
+class _Dead:
+    """The heartbeat stream of a master that died: every heartbeat fails at once."""
+
+    async def heartbeat(self, req: mpb.TSHeartbeatRequestPB) -> mpb.TSHeartbeatResponsePB:
+        raise ConnectionError("connection refused")
+
+    def close(self) -> None:
+        pass
+
+
+async def _until(check: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
 def test_a_leader_whose_heartbeats_fail_is_late_not_lost_until_max_failures() -> None:
     """The link taken for the leader fails (nothing listens on MASTER): each failure has every
-    master tried next round, once, but the link stays the leader's for `max_failures - 1`
-    failures, so the followers keep their slower pace meanwhile; the third failure in a row
-    loses it, as the real heartbeater's `_failed`. Real gRPC calls, each refused at once."""
+    other master heartbeated at once, out of its pace (`_wake_links`, as the real
+    heartbeater's `_failed` wakes its other loops), but the link stays the leader's for
+    `max_failures - 1` failures, so the followers keep their slower pace meanwhile; the third
+    failure in a row loses it. The leader's heartbeats are real gRPC calls, each refused at
+    once; the follower is scripted."""
     other = "127.0.0.1:2"
 
     async def main() -> None:
@@ -461,20 +492,55 @@ def test_a_leader_whose_heartbeats_fail_is_late_not_lost_until_max_failures() ->
             assert sim._loop_task is not None
             sim._loop_task.cancel()  # rounds are driven below, one at a time
             s = sim.servers["ts-1"]
+            follower_master = _Follower(1)
+            sim._streams[("ts-1", other)] = follower_master  # type: ignore[assignment]
             lead, follower = s.links[MASTER], s.links[other]
-            lead.leader = True
+            lead.leader, follower.registered = True, True
             leader_after = []
-            for _ in range(3):
+            for i in range(3):
                 lead.next_due = 0.0
                 follower.next_due = time.monotonic() + 100.0  # at a follower's pace
                 before = sim.heartbeats_failed
-                await sim.beat_once()
-                assert sim.heartbeats_failed == before + 1  # the leader's heartbeat only
-                assert follower.next_due == 0.0  # asked next round
+                await sim.beat_once()  # only the leader's link is due: it fails...
+                assert sim.heartbeats_failed == before + 1
+                # ...and the follower is heartbeated at once, out of its pace
+                await _until(lambda i=i: follower_master.heartbeats == i + 1)
                 leader_after.append(lead.leader)
             assert leader_after == [True, True, False]
         finally:
             await sim.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_newer_master_term_in_an_admin_call_finds_the_new_leader_at_once() -> None:
+    """A busy leader asked for a slow pace, then died; the new leader's CreateTablet
+    (fenced with its newer term) is the first this server hears of it. Every master is
+    heartbeated at once (`_wake_links`, as the real server's `Heartbeater.saw_newer_term`), the
+    new one answers as leader, and the new replica's report goes to it, not to the old."""
+
+    async def main() -> None:
+        other = "127.0.0.1:2"
+        sim = FleetSimulator([MASTER, other], ["a", "b", "c"], heartbeat_interval_s=1.0)
+        s = sim.servers["a"]
+        new = _ScriptedMaster(2)
+        sim._streams[("a", MASTER)] = _Dead()  # type: ignore[assignment]
+        sim._streams[("a", other)] = new  # type: ignore[assignment]
+        for link in s.links.values():
+            link.registered, link.need_full = True, False
+            link.next_due = time.monotonic() + 100.0  # nobody is due by pace
+        s.links[MASTER].leader, s.highest_term = True, 1
+        req = tpb.CreateTabletRequestPB(dest_uuid="a", tablet_id="t-new", table_id="t1")
+        req.fence.master_uuid, req.fence.master_term = "m2", 2
+        req.config.opid_index = 1
+        for u in ("a", "b", "c"):
+            req.config.peers.add(permanent_uuid=u, member_type=mpb.VOTER)
+        sim.create_tablet(req)
+        await _until(
+            lambda: any(t.tablet_id == "t-new" for r in new.reports for t in r.updated_tablets)
+        )
+        assert s.links[other].leader and not s.links[MASTER].leader
+        await sim.aclose()
 
     asyncio.run(main())
 
