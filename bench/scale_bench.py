@@ -49,6 +49,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -315,6 +316,44 @@ def correct_locations(r: pb.GetTableLocationsResponsePB, tablets: set[str]) -> b
     return seen == tablets and leaders
 
 
+class ClientRetries(logging.Handler):
+    """The client library's retries during a small create (its DEBUG lines: each failed
+    attempt or discovery round and why), as steps "retry at T s: reason" from `t0`, so a
+    create acknowledged late says whether the client waited for a leader, a loading catalog
+    or an answer."""
+
+    LOGGER = "service.client.master_client"
+
+    def __init__(self, t0: float, steps: list[str]) -> None:
+        super().__init__(logging.DEBUG)
+        self.t0, self.steps = t0, steps
+        self._last: list[Any] | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        reason = record.getMessage()
+        now = time.monotonic() - self.t0
+        if self._last is not None and self._last[2] == reason:  # a run of the same: merged
+            self._last[1], self._last[3] = now, self._last[3] + 1
+        else:
+            self._last = [now, now, reason, 1]
+            self.steps.append("")
+        first, last, _, n = self._last
+        when = f"{first:.2f}-{last:.2f} s x{n}" if n > 1 else f"{first:.2f} s"
+        self.steps[-1] = f"client retry {when}: {reason[:240]}"
+
+    def __enter__(self) -> ClientRetries:
+        logger = logging.getLogger(self.LOGGER)
+        self._level = logger.level
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        logger.removeHandler(self)
+        logger.setLevel(self._level)
+
+
 class Trace:
     """What each probe attempt got, per master, as seconds from the kill: printed when a
     failover misses a goal, so the figure comes with the reason (runs of the same outcome are
@@ -486,7 +525,8 @@ async def failover(
         the create was acknowledged and each change in its count of RUNNING tablets, so a
         slow one says whether the wait was for a leader or for the tablets."""
         req = create_request(f"small{k}", PROBE_TABLETS)
-        table_id = (await client.ddl("CreateTable", req, timeout=120)).table_id
+        with ClientRetries(t0, steps):
+            table_id = (await client.ddl("CreateTable", req, timeout=120)).table_id
         steps.append(f"acknowledged {time.monotonic() - t0:.2f} s")
         done = pb.IsCreateTableDoneRequestPB(table=pb.TableIdentifierPB(table_id=table_id))
         running = -1

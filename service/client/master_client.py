@@ -155,7 +155,13 @@ class MasterClient:
                 self._learn_masters(r)
                 return hint
         tried = ", ".join(self.addresses)
-        detail = "; ".join(errors) if errors else "no master reports a leader (election running?)"
+        answered = len(self.addresses) - len(errors)
+        detail = "; ".join(
+            [
+                *errors,
+                *([f"{answered} answered, none as leader (election running?)"] if answered else []),
+            ]
+        )
         if errors and timeouts == len(errors):
             raise Timeout(f"no answer from the masters {tried} in time")
         raise ServiceUnavailable(f"no master leader among {tried}: {detail}")
@@ -181,6 +187,7 @@ class MasterClient:
                 last = last or e  # an attempt cut short says less than the one before it
             except TesseraError as e:
                 last = e
+            log.debug("no master leader found: %s; retrying", last)
             if deadline.remaining() <= 0:
                 break
             try:
