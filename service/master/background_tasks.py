@@ -389,6 +389,8 @@ class BackgroundTasks:
             log.info("claim sweep: %s", e)
             return
         for plan in plans:
+            # A sweep's plan is its claimants' claimed replicas judged again, so the tablets
+            # it updated are exactly the claims it adopted.
             self.claims_adopted += len(plan.updated_tablets)
             self.submit(plan.actions)
 

@@ -20,7 +20,7 @@ from service.common import failpoints
 from service.common.ids import NodeId, TabletId
 from service.master.catalog_info import CatalogMaps
 from service.master.catalog_records import CatalogWrite, TableState
-from service.master.claims import SWEEP_MAX_CLAIMS, ClaimEvidence, ConfirmClaims
+from service.master.claims import ClaimEvidence, ConfirmClaims
 from service.master.report_processing import (
     Answers,
     Claim,
@@ -141,11 +141,7 @@ class ReportHandler:
                 failpoints.hit("process_report:after_replicate")
         return plan
 
-    async def settle_claims(
-        self,
-        confirm: ConfirmClaims,
-        limit: int = SWEEP_MAX_CLAIMS,
-    ) -> list[ReportPlan]:
+    async def settle_claims(self, confirm: ConfirmClaims) -> list[ReportPlan]:
         """One sweep of the pending claims (claims.py): ask the voters of those due, then
         process each claimant's claims again as a report of just those replicas, so a claim
         the answers confirm is adopted in its write now. Returns the plans that wrote (their
@@ -154,7 +150,7 @@ class ReportHandler:
         Processing a claim again is safe for the reason processing a report sent again is: it
         is judged against the committed state of now (`_older` drops a claim a newer record
         overtook), and it is adopted only on the voters' words of now."""
-        claims = self._claims.to_sweep(_now(), limit)
+        claims = self._claims.to_sweep(_now())
         if not claims:
             return []
         answers = await confirm(claims)
