@@ -71,6 +71,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import gc
 import json
 import logging
 import os
@@ -121,6 +122,18 @@ TRACE_ENV = "TESSERA_SIM_TRACE_TABLES"
 line per step (`trace ...`: created, each view it is given, each report that carries it and
 that report's answer), with wall-clock times so the shards' and the masters' logs line up. For
 finding where a slow create's time goes; unset (the default), nothing is traced."""
+
+GC_FREEZE_EVERY_S = 10.0
+"""A simulator process (the command line) moves the objects alive into the collector's
+permanent generation this often (`gc.freeze`, `_freeze_heap`).
+
+Why. The fleet's state is millions of long-lived objects (600,000 replicas at 200,000
+tablets, each with its view and peers), and each full collection walked all of them on the
+event loop: with the scale bench at 60,000 tablets a shard's loop stalled 1-3 s every few tens
+of seconds, so CreateTablet calls waited that long to be answered and a new table's replicas
+were created seconds apart. Frozen objects are still freed when their last reference goes;
+only cyclic garbage alive at a freeze is kept, and a simulator makes little of it. The master
+does the same with its catalog (service/master/master.py)."""
 
 HEARTBEAT_CHANNELS = 16
 """Connections to each master the fleet's heartbeat streams are spread over (a real fleet has
@@ -421,6 +434,7 @@ class FleetSimulator:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, Any] = {}
         self._loop_task: asyncio.Task[None] | None = None
+        self._lag_task: asyncio.Task[None] | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self._streams: dict[tuple[str, str], HeartbeatStream] = {}
         pattern = os.environ.get(TRACE_ENV, "")
@@ -454,12 +468,26 @@ class FleetSimulator:
                 self._channels[f"{m}#{i}"] = ch
                 self._stubs[f"{m}#{i}"] = master_pb2_grpc.MasterServiceStub(ch)
         self._loop_task = asyncio.create_task(self._heartbeat_loop(), name="ts-sim-heartbeats")
+        if self._trace_tables is not None:
+            self._lag_task = asyncio.create_task(self._trace_lag(), name="ts-sim-lag")
+
+    async def _trace_lag(self) -> None:
+        """With `TRACE_ENV` set: a line `trace-lag` whenever this process's event loop wakes
+        more than 0.2 s late from a 0.1 s sleep (every admin call and heartbeat of its servers
+        waits that much longer)."""
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(0.1)
+            late = time.monotonic() - t0 - 0.1
+            if late > 0.2:
+                log.warning("trace-lag %.3f %.3f", time.time(), late)
 
     async def aclose(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._loop_task
+        for background in (self._loop_task, self._lag_task):
+            if background is not None:
+                background.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await background
         for task in list(self._in_flight):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -1292,6 +1320,26 @@ class SimulatorThread:
         self._loop.close()
 
 
+async def _freeze_heap() -> None:
+    """`GC_FREEZE_EVERY_S`; with `TRACE_ENV` set, each full collection that took over 0.1 s is
+    logged (`trace-gc`)."""
+    if os.environ.get(TRACE_ENV):
+        started = [0.0]
+
+        def timed(phase: str, info: dict[str, int]) -> None:
+            if info.get("generation") != 2:
+                return
+            if phase == "start":
+                started[0] = time.perf_counter()
+            elif (took := time.perf_counter() - started[0]) > 0.1:
+                log.warning("trace-gc %.3f %.3f", time.time(), took)
+
+        gc.callbacks.append(timed)
+    while True:
+        await asyncio.sleep(GC_FREEZE_EVERY_S)
+        gc.freeze()
+
+
 async def _serve(args: argparse.Namespace) -> int:
     uuids = uuids_for(args.uuid, args.count)
     bus = None
@@ -1322,10 +1370,12 @@ async def _serve(args: argparse.Namespace) -> int:
             json.dumps({"address": sim.address, "pid": os.getpid(), "uuids": list(sim.servers)})
         )
         tmp.replace(path)
+    freezer = asyncio.create_task(_freeze_heap())
     stats_task = None
     if args.stats_file is not None:
         stats_task = asyncio.create_task(write_stats_every_second(sim, Path(args.stats_file)))
     await stop.wait()
+    freezer.cancel()
     if stats_task is not None:
         stats_task.cancel()
     await sim.aclose()
