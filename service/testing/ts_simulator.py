@@ -101,6 +101,8 @@ from service.common.errors import (
     WrongDestination,
     rpc_errors,
 )
+from service.common.loop_lag import LoopLagMonitor
+from service.common.metrics import MetricsRegistry
 from service.common.pki import ClusterPki
 from service.common.tls import Credentials, add_port, open_channel
 from service.pb import master_pb2 as mpb
@@ -434,7 +436,7 @@ class FleetSimulator:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, Any] = {}
         self._loop_task: asyncio.Task[None] | None = None
-        self._lag_task: asyncio.Task[None] | None = None
+        self._lag: LoopLagMonitor | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self._streams: dict[tuple[str, str], HeartbeatStream] = {}
         pattern = os.environ.get(TRACE_ENV, "")
@@ -469,21 +471,17 @@ class FleetSimulator:
                 self._stubs[f"{m}#{i}"] = master_pb2_grpc.MasterServiceStub(ch)
         self._loop_task = asyncio.create_task(self._heartbeat_loop(), name="ts-sim-heartbeats")
         if self._trace_tables is not None:
-            self._lag_task = asyncio.create_task(self._trace_lag(), name="ts-sim-lag")
-
-    async def _trace_lag(self) -> None:
-        """With `TRACE_ENV` set: a line `trace-lag` whenever this process's event loop wakes
-        more than 0.2 s late from a 0.1 s sleep (every admin call and heartbeat of its servers
-        waits that much longer)."""
-        while True:
-            t0 = time.monotonic()
-            await asyncio.sleep(0.1)
-            late = time.monotonic() - t0 - 0.1
-            if late > 0.2:
-                log.warning("trace-lag %.3f %.3f", time.time(), late)
+            # With `TRACE_ENV` set: a line `trace-lag` whenever this process's event loop
+            # wakes more than 0.2 s late (every admin call and heartbeat of its servers waits
+            # that much longer).
+            self._lag = LoopLagMonitor(MetricsRegistry(), stall_s=0.2, report_stalls=False)
+            self._lag.listeners.append(_trace_lag)
+            self._lag.start()
 
     async def aclose(self) -> None:
-        for background in (self._loop_task, self._lag_task):
+        if self._lag is not None:
+            await self._lag.aclose()
+        for background in (self._loop_task,):
             if background is not None:
                 background.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -1058,6 +1056,11 @@ class FleetSimulator:
             link.next_due = now + link.asked_interval_s - self.heartbeat_interval_s / 2
         if resp.needs_reregister:
             link.registered = False
+            if not req.HasField("registration"):
+                # A restarted master: registered at once, not at the follower's pace (the
+                # real heartbeater's `needs_register`), so its registry is warm should it win
+                # an election soon.
+                link.next_due = 0.0
             if sent is not None:
                 s.dirty |= sent[1]
             return
@@ -1158,8 +1161,11 @@ class FleetSimulator:
             if fence.master_term > s.highest_term:
                 # A newer leader's call before any heartbeat answer from it: find it now
                 # (`_wake_links`; the real server does so once the call succeeded).
-                with contextlib.suppress(RuntimeError):  # no loop: a test calling directly
+                try:
                     asyncio.get_running_loop()
+                except RuntimeError:
+                    pass  # no loop: a test calling directly
+                else:
                     _reprobe(s)
                     self._wake_links(s)
             s.highest_term = fence.master_term
@@ -1394,6 +1400,12 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
     out += ["--stagger"] if args.stagger else []
     out += ["--pki", args.pki] if args.pki is not None else []
     return out
+
+
+def _trace_lag(lag_s: float, _cpu_s: float, _now: float) -> None:
+    """A `LoopLagMonitor` listener of trace mode: one `trace-lag` line per late wake."""
+    if lag_s > 0.2:
+        log.warning("trace-lag %.3f %.3f", time.time(), lag_s)
 
 
 def _reprobe(s: _Server) -> None:

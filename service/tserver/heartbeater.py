@@ -8,7 +8,8 @@ so reports go only to the master that last answered as leader; the others get ba
 (liveness). Each loop keeps, per master:
 
   needs_register   set at start and whenever the master answers `needs_reregister`; the next
-                   heartbeat carries the registration (addresses, version, start time)
+                   heartbeat carries the registration (addresses, version, start time), and
+                   goes at once (a restarted master's registry is warm within a heartbeat)
   needs_full       the next report to this master is a full one: set at start and when the
                    leader asks (`needs_full_tablet_report`: a new leader wants one from every
                    server, ending KUDU-1374, but asks a few servers at a time); cleared when
@@ -307,7 +308,7 @@ class Heartbeater:
         new leader's CreateTablet for a table created just after the election, and until the
         server reports the new replica to the new leader that table cannot turn RUNNING. In
         a scale run the new replicas' first reports still went to the dead master, failed,
-        and reached the new leader one to three seconds later."""
+        and reached the new leader 1-10 seconds later (bench/README.md, runs 13-18)."""
         self._reprobe_others(None)
 
     def _reprobe_others(self, answered: MasterView | None) -> None:
@@ -480,6 +481,11 @@ class Heartbeater:
         if v.is_leader and not was_leader:
             v.prompt = True  # a new leader: what it may not know goes now, not in an interval
         if resp.needs_reregister:
+            # A master that restarted knows no servers until they register; it may win an
+            # election a few seconds from now, so the registration goes at once, not after
+            # the follower's pace it asked for. Only once per answer that lacked it: a master
+            # that asks again after a registration waits for the next interval.
+            v.prompt = v.prompt or not req.HasField("registration")
             v.needs_register = True
         if resp.needs_full_tablet_report:
             v.prompt = v.prompt or not v.needs_full

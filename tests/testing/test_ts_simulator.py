@@ -545,6 +545,52 @@ def test_a_newer_master_term_in_an_admin_call_finds_the_new_leader_at_once() -> 
     asyncio.run(main())
 
 
+class _Restarted(_Follower):
+    """A follower that restarted: it knows no servers, and asks for the registration until
+    a heartbeat carries it."""
+
+    def __init__(self, term: int) -> None:
+        super().__init__(term)
+        self.registrations = 0
+
+    async def heartbeat(self, req: mpb.TSHeartbeatRequestPB) -> mpb.TSHeartbeatResponsePB:
+        self.heartbeats += 1
+        self.registrations += req.HasField("registration")
+        return mpb.TSHeartbeatResponsePB(
+            master_term=self.term,
+            heartbeat_interval_ms=3000,
+            needs_reregister=not self.registrations,
+        )
+
+
+def test_a_restarted_master_asking_to_reregister_is_sent_the_registration_next_round() -> None:
+    """As the real heartbeater: a follower that answers `needs_reregister` (it restarted and
+    knows no servers; it may win an election soon) is sent the registration in the next
+    round, not after the slow pace it asks a follower's heartbeats to keep."""
+
+    async def main() -> None:
+        other = "127.0.0.1:2"
+        sim = FleetSimulator([MASTER, other], ["a"], heartbeat_interval_s=1.0)
+        sim.address = "127.0.0.1:3"  # what its registration names (not started: no port)
+        s = sim.servers["a"]
+        sim._streams[("a", MASTER)] = _ScriptedMaster(1)  # type: ignore[assignment]
+        restarted = _Restarted(1)
+        sim._streams[("a", other)] = restarted  # type: ignore[assignment]
+        lead, follower = s.links[MASTER], s.links[other]
+        lead.registered = follower.registered = True
+        lead.leader, lead.next_due = True, time.monotonic() + 100.0
+        follower.next_due = 0.0
+        await sim.beat_once()  # a registered server's bare heartbeat: "register again"
+        assert (restarted.heartbeats, restarted.registrations) == (1, 0)
+        assert not follower.registered and follower.next_due <= time.monotonic()
+        await sim.beat_once()  # the next round: registered
+        assert (restarted.heartbeats, restarted.registrations) == (2, 1)
+        assert follower.registered and follower.next_due > time.monotonic() + 2.0  # its pace
+        await sim.aclose()
+
+    asyncio.run(main())
+
+
 def test_a_server_whose_reports_are_shed_waits_longer_before_reporting_again() -> None:
     """As the real heartbeater (`next_report_gap`): a changed server reports in the next round,
     but each report the leader leaves unacknowledged doubles the gap before the next (up to

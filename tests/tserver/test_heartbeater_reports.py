@@ -302,3 +302,30 @@ def test_changes_wait_longer_while_a_leader_leaves_reports_unacknowledged() -> N
         assert vb.is_leader and vb.report_gap == 0.0 and va.report_gap == 0.0
 
     asyncio.run(main())
+
+
+def test_a_restarted_follower_asking_to_reregister_gets_the_registration_at_once() -> None:
+    """A master that restarted answers `needs_reregister`; it may win an election seconds
+    later, so the registration goes at once, not after the follower's slow pace it asks for."""
+
+    async def main() -> None:
+        hb, _, va, vb = make()
+        a, b = Master(), Master()
+        a.answer = leader(1)
+        await beat(hb, va, a)
+        await beat(hb, va, a)
+        b.answer = lambda req: pb.TSHeartbeatResponsePB(master_term=1, heartbeat_interval_ms=10_000)
+        assert (await beat(hb, vb, b)).HasField("registration")
+        assert not vb.needs_register and hb._delay(vb) == 10.0  # a follower's pace
+
+        # b restarts: it knows no servers and asks for the registration again.
+        b.answer = lambda req: pb.TSHeartbeatResponsePB(
+            master_term=1, heartbeat_interval_ms=10_000, needs_reregister=True
+        )
+        assert not (await beat(hb, vb, b)).HasField("registration")
+        assert vb.needs_register and hb._delay(vb) < 0.1  # at once
+        # A master that asks again right after a registration is not sent one in a loop.
+        assert (await beat(hb, vb, b)).HasField("registration")
+        assert vb.needs_register and hb._delay(vb) == 10.0
+
+    asyncio.run(main())
