@@ -7,7 +7,8 @@ replicated three ways (created with the admin RPCs, as the master's CreateTablet
          clients) into the 3-replica tablet; each acknowledged only once committed on a
          majority and applied on the leader; with the CPU each server spent meanwhile
          (`--write-only` stops after it)
-  scan   Arrow bytes/s of a full scan from the leader over gRPC (paged by scanners), against
+  scan   Arrow bytes/s of a full scan from the leader over gRPC (paged by scanners, read as
+         the client reads them: in place, service/client/scan_reply.py), against
          `pyarrow.parquet.read_table` of the same rows from a local Parquet file in the same
          run, alternated, best of five each; the ratio is scan time / Parquet time (goal:
          within 2x; within 1.3x once rows had versions)
@@ -158,7 +159,7 @@ async def run(args: argparse.Namespace, base: Path) -> None:
             # the same minutes. The first scan also sorts the in-memory rows once.
             for _ in range(5):
                 t0 = time.perf_counter()
-                got = await scan_all(stubs.data(leader), leader, TABLET, batch_size_bytes=8 << 20)
+                got = await scan_all(stubs.scan(leader), leader, TABLET, batch_size_bytes=8 << 20)
                 scan_times.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 local = pq.read_table(path)
@@ -304,12 +305,12 @@ async def versions(
         latest, snap = [], []
         for _ in range(3):
             t0 = time.perf_counter()
-            got = await scan_all(mstubs.data(leader), leader, MVCC_TABLET, batch_size_bytes=8 << 20)
+            got = await scan_all(mstubs.scan(leader), leader, MVCC_TABLET, batch_size_bytes=8 << 20)
             latest.append(time.perf_counter() - t0)
             assert got.num_rows == n and set(got.column("score").to_pylist()) == {10.0}
             t0 = time.perf_counter()
             old = await scan_all(
-                mstubs.data(leader),
+                mstubs.scan(leader),
                 leader,
                 MVCC_TABLET,
                 batch_size_bytes=8 << 20,

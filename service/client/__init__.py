@@ -20,6 +20,7 @@ Modules
     write_session   rows routed to their tablets' leaders, per-row errors
     transactions    `Transaction`: writes to many tables that commit together or not at all
     scanner         scan tokens and the fault-tolerant tablet scanner
+    scan_reply      scan pages read in place, without copying their rows
     replica_ops     add, remove and move one replica, compare-and-set
     retry           deadlines and retry pacing
     channels        one gRPC channel per server address; failed calls raise TesseraErrors

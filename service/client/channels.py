@@ -14,6 +14,7 @@ from __future__ import annotations
 import grpc
 import grpc.aio
 
+from service.client.scan_reply import ScanStub
 from service.common import channel_options
 from service.common.error_mapping import INTERCEPTORS
 from service.common.tls import Credentials, open_channel
@@ -49,8 +50,10 @@ class ChannelPool:
     def master(self, address: str) -> master_pb2_grpc.MasterServiceStub:
         return master_pb2_grpc.MasterServiceStub(self.channel(address, "master"))
 
-    def tserver(self, address: str) -> tserver_pb2_grpc.TabletServerServiceStub:
-        return tserver_pb2_grpc.TabletServerServiceStub(self.channel(address, "tserver"))
+    def tserver(self, address: str) -> ScanStub:
+        """The data service of the tablet server at `address`; its Scan and ScanNext read
+        pages in place (service/client/scan_reply.py)."""
+        return ScanStub(self.channel(address, "tserver"))
 
     def tserver_admin(self, address: str) -> tserver_pb2_grpc.TabletServerAdminServiceStub:
         return tserver_pb2_grpc.TabletServerAdminServiceStub(self.channel(address, "tserver"))

@@ -59,6 +59,7 @@ from service.client.channels import ChannelPool
 from service.client.master_client import MasterClient
 from service.client.meta_cache import MetaCache, location_from_pb
 from service.client.retry import Backoff, Deadline
+from service.client.scan_reply import ScanReply
 from service.common.errors import (
     InvalidArgument,
     InvalidAuthzToken,
@@ -331,9 +332,9 @@ class TabletScanner:
         scanner_id = b""
         seq = 0
         finished = False
-        ahead: asyncio.Future[tpb.ScanResponsePB] | None = None
+        ahead: asyncio.Future[ScanReply] | None = None
         try:
-            resp: tpb.ScanResponsePB = await stub.Scan(  # type: ignore[misc]
+            resp: ScanReply = await stub.Scan(  # type: ignore[misc]
                 tpb.ScanRequestPB(
                     dest_uuid=rep.ts_uuid,
                     new_scan=self._new_scan(),
@@ -373,8 +374,8 @@ class TabletScanner:
     @staticmethod
     async def _next_page(
         stub: Any, rep: TokenReplica, scanner_id: bytes, seq: int, tok: ScanToken
-    ) -> tpb.ScanResponsePB:
-        resp: tpb.ScanResponsePB = await stub.ScanNext(
+    ) -> ScanReply:
+        resp: ScanReply = await stub.ScanNext(
             tpb.ScanNextRequestPB(
                 dest_uuid=rep.ts_uuid,
                 scanner_id=scanner_id,

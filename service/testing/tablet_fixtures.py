@@ -9,6 +9,7 @@ import time
 import grpc
 import pyarrow as pa
 
+from service.client.scan_reply import ScanStub
 from service.common import channel_options
 from service.common.partition import Partition
 from service.common.schema import ColumnType, Schema
@@ -148,6 +149,10 @@ class ClusterStubs:
 
     def data(self, uuid: str) -> tpb_grpc.TabletServerServiceStub:
         return tpb_grpc.TabletServerServiceStub(self._channel(uuid))
+
+    def scan(self, uuid: str) -> ScanStub:
+        """The data service as the client reads it: pages read in place (`ScanReply`)."""
+        return ScanStub(self._channel(uuid))
 
     def forget(self, uuid: str) -> None:
         self.channels.pop(uuid, None)

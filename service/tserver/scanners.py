@@ -11,13 +11,17 @@ row, so a huge row still makes progress); a page may be smaller than asked.
 Pages are built off the event loop and sent as they were built. Pulling batches from the
 row store, writing the IPC stream and serializing the response all run in a worker thread
 (`_build`): decoding and filtering files must not stall the event loop that runs Raft for every
-tablet on the server. The response is serialized there too, once (`ScanPage.wire`): the IPC
-stream is written into one buffer sized in advance (`pa.MockOutputStream`) and framed as the
-`batch` field of a ScanResponsePB by hand, so the megabytes of a page are copied twice on
-their way out (rows -> IPC buffer -> response bytes) instead of five times through
-`to_pybytes`, the message and `SerializeToString`, and every fresh multi-megabyte allocation
-costs page faults. `add_data_servicer` registers Scan and ScanNext with a serializer that sends
-`ScanPage.wire` as it is; the client sees an ordinary ScanResponsePB.
+tablet on the server. The response is serialized there too, once (`ScanPage.wire`): the page's
+size is worked out in advance (the IPC stream written to a `pa.MockOutputStream`, which only
+counts), the response's small fields and the `batch` field's tag and length are framed by
+hand, and Arrow writes the IPC stream straight into the `bytes` object gRPC will send
+(`_new_bytes`). So the megabytes of a page are copied once on their way out of Python (rows ->
+response bytes), by Arrow with the GIL released, where they were copied five times through
+`to_pybytes`, the message and `SerializeToString`, and then twice through an IPC buffer and a
+`b"".join` that held the GIL (a sixth of the server's GIL time in a profile of back-to-back
+scans, while the event loop waited to hand gRPC the page before). `add_data_servicer`
+registers Scan and ScanNext with a serializer that sends `ScanPage.wire` as it is; the client
+sees an ordinary ScanResponsePB (and reads its rows in place: service/client/scan_reply.py).
 
 Read-ahead: once a page is sent and the scan is not over, the next page (of the same size)
 is built in the background, so the server's work overlaps the transfer and the client's
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import time
@@ -344,7 +349,8 @@ def _build(s: Scanner, limit: int) -> _Built:
         last = out[-1]
         last_key = encode_keys_arrow(s.key_cols, last.slice(last.num_rows - 1, 1))[0]
     names = s.schema.names
-    ipc = _encode_ipc(s.schema, [b.select(names) for b in out])
+    batches = [b.select(names) for b in out]
+    ipc_size = _ipc_size(s.schema, batches)
     head = tpb.ScanResponsePB(
         scanner_id=b"" if done else s.id,
         has_more_results=not done,
@@ -353,8 +359,13 @@ def _build(s: Scanner, limit: int) -> _Built:
         schema_version=s.schema_version,
         snapshot_timestamp=s.snapshot_timestamp,
     ).SerializeToString()
-    wire = b"".join((head, _BATCH_TAG, _varint(ipc.size), ipc))
-    return _Built(ScanPage(wire, ipc.size, not done, rows), out, size)
+    prefix = b"".join((head, _BATCH_TAG, _varint(ipc_size)))
+    wire, sink = _new_bytes(len(prefix) + ipc_size)
+    sink.write(prefix)
+    _write_ipc(sink, s.schema, batches)
+    if sink.tell() != len(wire):
+        raise AssertionError(f"scan page: wrote {sink.tell()} bytes of {len(wire)}")
+    return _Built(ScanPage(wire, ipc_size, not done, rows), out, size)
 
 
 def _next_batch(s: Scanner) -> pa.RecordBatch | None:
@@ -382,14 +393,37 @@ def _next_batch(s: Scanner) -> pa.RecordBatch | None:
         return batch
 
 
-def _encode_ipc(schema: pa.Schema, batches: list[pa.RecordBatch]) -> pa.Buffer:
-    """`batches` as one Arrow IPC stream, written once into a buffer of its exact size."""
+def _ipc_size(schema: pa.Schema, batches: list[pa.RecordBatch]) -> int:
+    """Bytes of `batches` as one Arrow IPC stream (written to a counter, not to memory)."""
     mock = pa.MockOutputStream()
-    with pa.ipc.new_stream(mock, schema) as w:
+    _write_ipc(mock, schema, batches)
+    return int(mock.size())
+
+
+def _write_ipc(sink: Any, schema: pa.Schema, batches: list[pa.RecordBatch]) -> None:
+    with pa.ipc.new_stream(sink, schema) as w:
         for b in batches:
             w.write_batch(b)
-    buf = pa.allocate_buffer(mock.size())
-    with pa.ipc.new_stream(pa.FixedSizeBufferWriter(buf), schema) as w:
-        for b in batches:
-            w.write_batch(b)
-    return buf
+
+
+_PyBytes_FromStringAndSize = ctypes.pythonapi.PyBytes_FromStringAndSize
+_PyBytes_FromStringAndSize.restype = ctypes.py_object
+_PyBytes_FromStringAndSize.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+_BYTES_DATA_OFFSET = bytes.__basicsize__ - 1
+"""Where a CPython `bytes` object's contents start (`ob_sval`; the 1 is its trailing NUL)."""
+
+
+def _new_bytes(size: int) -> tuple[bytes, pa.FixedSizeBufferWriter]:
+    """A new `bytes` object of `size` bytes and a writer over its contents, to be filled
+    before the object is shared (module docstring: a page is copied once, not twice).
+
+    This is what C code does with `PyBytes_FromStringAndSize(NULL, size)`: the object is
+    fresh, referenced only here, never hashed, so writing its storage before it is returned
+    breaks no one's assumption that bytes do not change. gRPC sends only `bytes`, so this is
+    the one way to build a page where it goes without a last copy of it (under the GIL) by
+    `b"".join`. The writer must not be used once the object is returned."""
+    if size < 2:  # CPython may hand out shared objects for sizes 0 and 1
+        raise ValueError(f"a page of {size} bytes")
+    out = _PyBytes_FromStringAndSize(None, size)
+    storage = (ctypes.c_char * size).from_address(id(out) + _BYTES_DATA_OFFSET)
+    return out, pa.FixedSizeBufferWriter(pa.py_buffer(storage))

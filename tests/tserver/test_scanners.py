@@ -255,3 +255,24 @@ def test_add_data_servicer_swaps_only_the_scan_serializers() -> None:
     assert handlers["ScanNext"].response_serializer is serialize_scan_response
     assert handlers["Write"].response_serializer is tpb.WriteResponsePB.SerializeToString
     assert "generic" in registered
+
+
+def test_a_page_is_a_fresh_bytes_object_of_exactly_its_size_for_every_page_size() -> None:
+    """Pages are written straight into the bytes object gRPC sends (`_new_bytes`): each is a
+    distinct object, exactly as long as the message, and decodes to the rows, whatever the
+    page size (a one-row page, a page of many batches, an empty last page)."""
+
+    async def main() -> None:
+        for n, batch_rows, page_bytes in ((0, 10, 0), (1, 1, 1), (1000, 7, 2_000), (3000, 1000, 0)):
+            m = ScannerManager(ttl_s=60)
+            pages = await scan(m, iter(batches(n, batch_rows)), [page_bytes])
+            assert ids(pages) == list(range(n))
+            wires = [p.wire for p in pages]
+            assert len({id(w) for w in wires}) == len(wires)
+            for p in pages:
+                assert type(p.wire) is bytes
+                pb = tpb.ScanResponsePB.FromString(p.wire)
+                assert len(pb.batch) == p.batch_bytes
+                assert len(p.wire) == pb.ByteSize()  # nothing more than the message
+
+    run(main)
