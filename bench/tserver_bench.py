@@ -10,7 +10,7 @@ replicated three ways (created with the admin RPCs, as the master's CreateTablet
   scan   Arrow bytes/s of a full scan from the leader over gRPC (paged by scanners, read as
          the client reads them: in place, service/client/scan_reply.py), against
          `pyarrow.parquet.read_table` of the same rows from a local Parquet file in the same
-         run, alternated, best of five each; the ratio is scan time / Parquet time (goal:
+         run, alternated, best of nine each; the ratio is scan time / Parquet time (goal:
          within 2x; within 1.3x once rows had versions)
   copy   MB/s of a tablet copy over loopback: a fourth server is added as a non-voter, the
          leader sends it StartTabletCopy, and the copy's own byte count and timing (from
@@ -154,10 +154,11 @@ async def run(args: argparse.Namespace, base: Path) -> None:
             path = base / "baseline.parquet"
             pq.write_table(rows(0, args.rows), path)
             scan_times, pq_times = [], []
-            # Alternated, best of five each: the machine's speed moves from one minute to the
+            # Alternated, best of nine each: the machine's speed moves from one minute to the
             # next (Parquet's reader gets one core or two), and alternating gives both sides
-            # the same minutes. The first scan also sorts the in-memory rows once.
-            for _ in range(5):
+            # the same minutes. Both sides take a few rounds to settle (the first scan also
+            # sorts the in-memory rows once), so five rounds often gave a cold best.
+            for _ in range(9):
                 t0 = time.perf_counter()
                 got = await scan_all(stubs.scan(leader), leader, TABLET, batch_size_bytes=8 << 20)
                 scan_times.append(time.perf_counter() - t0)

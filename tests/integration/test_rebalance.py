@@ -19,7 +19,7 @@ import pytest
 
 from service.client import TesseraClient
 from service.client.client import CatalogDump
-from service.common.errors import InvalidArgument
+from service.common.errors import InvalidArgument, ServiceUnavailable
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
 from service.common.schema import ColumnType, Schema
 from service.pb import master_pb2 as mpb
@@ -76,15 +76,33 @@ async def checksums(c: TesseraClient) -> dict[str, tuple[int, bytes]]:
         sums = []
         index = 0
         for u in order:
-            r = await c.channels.tserver(addr[u]).Checksum(  # type: ignore[misc]
-                tpb.ChecksumRequestPB(dest_uuid=u, tablet_id=t.tablet_id, min_applied_index=index),
-                timeout=30,
-            )
+            req = tpb.ChecksumRequestPB(dest_uuid=u, tablet_id=t.tablet_id, min_applied_index=index)
+            r = await _checksum(c, addr[u], req)
             index = index or r.applied_index
             sums.append((r.row_count, r.digest))
         assert len(set(sums)) == 1, (t.tablet_id, order, sums)
         out[t.tablet_id] = sums[0]
     return out
+
+
+async def _checksum(
+    c: TesseraClient, address: str, req: tpb.ChecksumRequestPB
+) -> tpb.ChecksumResponsePB:
+    """One server's Checksum, retried while the server cannot be reached, as a client's
+    operations retry: a server busy just after a replica move (a copied tablet opening, a
+    flush) may answer a new connection's TLS handshake later than the channel's connect
+    timeout, and the call then fails UNAVAILABLE without having reached it."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            r: tpb.ChecksumResponsePB = await c.channels.tserver(address).Checksum(  # type: ignore[misc]
+                req, timeout=30
+            )
+            return r
+        except ServiceUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 def skews(dump: CatalogDump, live: set[str]) -> tuple[int, int]:
