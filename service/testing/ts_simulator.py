@@ -481,11 +481,10 @@ class FleetSimulator:
     async def aclose(self) -> None:
         if self._lag is not None:
             await self._lag.aclose()
-        for background in (self._loop_task,):
-            if background is not None:
-                background.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await background
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._loop_task
         for task in list(self._in_flight):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -19,6 +19,7 @@ import pytest
 
 from service.client import TesseraClient
 from service.client.client import CatalogDump
+from service.client.retry import Backoff, Deadline
 from service.common.errors import InvalidArgument, ServiceUnavailable
 from service.common.partition import HashBucketSchema, PartitionSchema, RangeSchema
 from service.common.schema import ColumnType, Schema
@@ -92,17 +93,17 @@ async def _checksum(
     operations retry: a server busy just after a replica move (a copied tablet opening, a
     flush) may answer a new connection's TLS handshake later than the channel's connect
     timeout, and the call then fails UNAVAILABLE without having reached it."""
-    deadline = time.monotonic() + 30
+    deadline, backoff = Deadline.after(30), Backoff(initial=0.1, cap=1.0)
     while True:
         try:
             r: tpb.ChecksumResponsePB = await c.channels.tserver(address).Checksum(  # type: ignore[misc]
-                req, timeout=30
+                req, timeout=deadline.attempt_timeout()
             )
             return r
         except ServiceUnavailable:
-            if time.monotonic() > deadline:
+            if deadline.remaining() < 1.0:
                 raise
-            await asyncio.sleep(0.2)
+            await backoff.sleep(deadline)
 
 
 def skews(dump: CatalogDump, live: set[str]) -> tuple[int, int]:
