@@ -21,6 +21,7 @@ Modules
     transactions    `Transaction`: writes to many tables that commit together or not at all
     scanner         scan tokens and the fault-tolerant tablet scanner
     scan_reply      scan pages read in place, without copying their rows
+    page_memory     scan pages received into memory the process reuses (glibc malloc)
     replica_ops     add, remove and move one replica, compare-and-set
     retry           deadlines and retry pacing
     channels        one gRPC channel per server address; failed calls raise TesseraErrors

@@ -22,7 +22,8 @@ last occurrence, as protobuf merges a singular field.
 
 `ScanStub` is the tablet server's data service stub whose Scan and ScanNext answer with a
 `ScanReply`; every other method is the generated one. The client's channel pool hands it out
-for every tablet server (service/client/channels.py).
+for every tablet server (service/client/channels.py). Making one also has the process receive
+pages into memory it reuses rather than fresh memory each page (service/client/page_memory.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 import grpc.aio
 import pyarrow as pa
 
+from service.client.page_memory import reuse_large_blocks
 from service.pb import tserver_pb2 as tpb
 from service.pb import tserver_pb2_grpc as tpb_grpc
 
@@ -127,6 +129,7 @@ class ScanStub(tpb_grpc.TabletServerServiceStub):
     """The data service's stub, with Scan and ScanNext answering `ScanReply`s."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
+        reuse_large_blocks()  # pages received into reused memory (page_memory.py)
         super().__init__(channel)  # type: ignore[call-arg]
         self.Scan = channel.unary_unary(  # type: ignore[assignment]
             _SERVICE + "Scan",
