@@ -18,7 +18,8 @@ had no faults either way, and gained nothing (bench/README.md).
 What
 ----
 `reuse_large_blocks()` sets two of glibc's malloc parameters, once per process, when the first
-tablet server stub for scans is made (`ScanStub`, service/client/scan_reply.py):
+stub of a tablet server's data service is made (`ScanStub`, service/client/scan_reply.py, which
+the client's channel pool hands out for reads and writes alike):
 
 - `M_MMAP_THRESHOLD` = `MMAP_THRESHOLD` (32 MiB, the most glibc's dynamic threshold would
   grow to by itself): blocks below it come from malloc's heaps, so a dropped page's memory
