@@ -186,6 +186,9 @@ class RaftSettings:
     a host short of CPU (service/raft/lateness.py), and how long a leader waits to hear from a
     quorum before it steps down (docs/design/consensus.md#R2); at or below election_timeout_ms:
     never stretched, and a leader waits election_timeout_ms."""
+    lateness_half_life_ms: int = 180_000
+    """How long lateness is remembered: the stretch above halves over this time once messages
+    arrive on time again (service/raft/lateness.py says why minutes, not seconds)."""
     tick_interval_ms: int = 100
     """Granularity of Raft time; must divide the periods above."""
     pre_vote: bool = True
@@ -222,6 +225,10 @@ class RaftSettings:
     def max_election_ticks(self) -> int:
         return self.election_timeout_max_ms // self.tick_interval_ms
 
+    @property
+    def lateness_half_life_ticks(self) -> int:
+        return self.lateness_half_life_ms // self.tick_interval_ms
+
     def validate(self, section: str = "raft") -> None:
         c = _Check(self, section)
         c.positive(
@@ -230,6 +237,7 @@ class RaftSettings:
             "election_timeout_ms",
             "election_jitter_ms",
             "election_timeout_max_ms",
+            "lateness_half_life_ms",
             "max_inflight_msgs",
             "max_inflight_bytes",
             "max_entries_per_msg_bytes",
@@ -242,6 +250,7 @@ class RaftSettings:
             "election_timeout_ms",
             "election_jitter_ms",
             "election_timeout_max_ms",
+            "lateness_half_life_ms",
         ):
             value = getattr(self, name)
             c.that(

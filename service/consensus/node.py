@@ -217,6 +217,7 @@ class RaftNode:
             heartbeat_tick=settings.heartbeat_ticks,
             election_jitter_tick=settings.election_jitter_ticks,
             max_election_tick=settings.max_election_ticks,
+            lateness_half_life_tick=settings.lateness_half_life_ticks,
             pre_vote=settings.pre_vote,
             check_quorum=settings.check_quorum,
             lease_reads=settings.lease_reads,

@@ -110,6 +110,8 @@ class NodeSettings:
     which is what the Raft core falls back to when given none)."""
     max_election_ticks: int = _RAFT.max_election_ticks
     """How far the election timeout stretches while peers are late (service/raft/lateness.py)."""
+    lateness_half_life_ticks: int = _RAFT.lateness_half_life_ticks
+    """How long that lateness is remembered (its half-life)."""
     pre_vote: bool = _RAFT.pre_vote
     check_quorum: bool = _RAFT.check_quorum
     lease_reads: bool = _RAFT.lease_reads
@@ -145,6 +147,7 @@ class NodeSettings:
             election_ticks=r.election_ticks,
             election_jitter_ticks=r.election_jitter_ticks,
             max_election_ticks=r.max_election_ticks,
+            lateness_half_life_ticks=r.lateness_half_life_ticks,
             pre_vote=r.pre_vote,
             check_quorum=r.check_quorum,
             lease_reads=r.lease_reads,

@@ -15,18 +15,18 @@ leader change in the middle of the load that caused it.
 
 What
 ----
-Each node measures, in its own ticks, the gap between consecutive messages from each peer it
-hears as part of a live group: a follower from its leader (appends, heartbeats, snapshots), a
-leader from each follower (their answers). `estimate` is the largest recent gap: a new gap
-raises it at once, and it decays by `DECAY_PER_TICK` every tick (a half-life of about 140
-ticks: 14 s at 100 ms ticks), so a host that recovers gets its normal timeouts back within half a
-minute. The lateness is the estimate beyond one heartbeat interval plus `SLACK_TICKS` (a tick of
-phase between two nodes' clocks is not lateness); each tick of it adds `missed` ticks to the
-timeout, where `missed` = election timeout / heartbeat interval is how many heartbeats the
-configured timeout tolerates (3 by default), so the timeout keeps tolerating that many of the
-heartbeats as they arrive now. The result is capped at `max_election_tick`. A gap longer than the
-cap is an absence (a partition, a restart), not lateness, and is not counted. The table of last
-contacts is cleared whenever the node's role or term changes, so a gap never spans an election.
+Each node measures, in its own ticks, the gap between consecutive messages from each peer it hears
+as part of a live group: a follower from its leader (appends, heartbeats, snapshots), a leader from
+each follower (their answers). `estimate` is the largest recent gap: a new gap raises it at once,
+and it decays with a half-life of `half_life_tick` ticks (`[raft] lateness_half_life_ms`, 3 minutes
+by default), so a host that recovers gets its normal timeouts back within about ten minutes. The
+lateness is the estimate beyond one heartbeat interval plus `SLACK_TICKS` (a tick of phase between
+two nodes' clocks is not lateness); each tick of it adds `missed` ticks to the timeout, where
+`missed` = election timeout / heartbeat interval is how many heartbeats the configured timeout
+tolerates (3 by default), so the timeout keeps tolerating that many of the heartbeats as they
+arrive now. The result is capped at `max_election_tick`. A gap longer than the cap is an absence (a
+partition, a restart), not lateness, and is not counted. The table of last contacts is cleared
+whenever the node's role or term changes, so a gap never spans an election.
 
 An absence is sometimes known at once: a process that exits (a crash, `kill -9`) has its
 sockets closed by the kernel, and its peers' connections to it fail UNAVAILABLE within
@@ -46,6 +46,17 @@ arrives, after the timeout it should have stretched. For the same reason a leade
 rely on its own estimate for check-quorum: with stretching on, it waits the cap
 (`Raft.check_quorum_period`), as long as its followers may wait for it.
 
+Why the memory is minutes long
+------------------------------
+A starved host does not hold every message late; it holds some, at intervals. Beside a busy
+loop, a scale run's leader went 1-2 s without running every 10-60 s, and now and then 2-3 s.
+With a half-life of 14 s, the one used at first, the stretch from a 2 s hold was gone 45 s
+later, and the next 3 s hold found the followers at their configured timeouts: five elections
+in 20 minutes, each new leader as starved as the last. Lateness on a shared host comes and
+goes over minutes (a neighbour's batch job, a burst of creates), so the estimate remembers it
+that long. The price is paid only if a leader hangs without its process exiting in those
+minutes: its followers wait up to `max_election_tick` for it.
+
 What it does not change
 -----------------------
 Safety never depends on timing in Raft, so stretching is safe. Leases (`reads.py`) are counted
@@ -59,10 +70,11 @@ from __future__ import annotations
 
 from service.raft.types import NodeId
 
-__all__ = ["DECAY_PER_TICK", "SLACK_TICKS", "Lateness"]
+__all__ = ["DEFAULT_HALF_LIFE_TICK", "SLACK_TICKS", "Lateness"]
 
-DECAY_PER_TICK = 0.995
-"""The estimate shrinks by this factor every tick (module docstring)."""
+DEFAULT_HALF_LIFE_TICK = 1800
+"""Ticks for the estimate to halve (it never falls below a heartbeat interval): 3 minutes at
+the default 100 ms tick (module docstring: why minutes)."""
 
 SLACK_TICKS = 1
 """Gaps up to a heartbeat interval plus this many ticks are on time."""
@@ -71,10 +83,20 @@ SLACK_TICKS = 1
 class Lateness:
     """One node's measure of how late its peers' messages arrive, in ticks (module docstring)."""
 
-    def __init__(self, heartbeat_tick: int, election_tick: int, max_election_tick: int) -> None:
+    def __init__(
+        self,
+        heartbeat_tick: int,
+        election_tick: int,
+        max_election_tick: int,
+        half_life_tick: int = DEFAULT_HALF_LIFE_TICK,
+    ) -> None:
+        if half_life_tick <= 0:
+            raise ValueError(f"half_life_tick must be positive, not {half_life_tick}")
         self.heartbeat_tick = heartbeat_tick
         self.election_tick = election_tick
         self.max_election_tick = max(max_election_tick, election_tick)
+        self.decay = 0.5 ** (1 / half_life_tick)
+        """The factor the estimate shrinks by every tick."""
         self.missed = election_tick / heartbeat_tick
         """Heartbeat intervals the configured election timeout tolerates."""
         self.estimate = float(heartbeat_tick)
@@ -114,7 +136,7 @@ class Lateness:
 
     def tick(self) -> None:
         if self.estimate > self.heartbeat_tick:
-            self.estimate = max(float(self.heartbeat_tick), self.estimate * DECAY_PER_TICK)
+            self.estimate = max(float(self.heartbeat_tick), self.estimate * self.decay)
 
     def gone(self) -> None:
         """The peer this node waits for (its leader) is gone, not late: its server closed the

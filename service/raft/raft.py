@@ -53,7 +53,7 @@ import random
 from dataclasses import dataclass
 
 from service.raft import election, reads
-from service.raft.lateness import Lateness
+from service.raft.lateness import DEFAULT_HALF_LIFE_TICK, Lateness
 from service.raft.log import RaftLog
 from service.raft.progress import Inflights, Progress, ProgressState
 from service.raft.storage import Compacted, Storage, Unavailable, entries_size
@@ -89,6 +89,8 @@ class RaftOptions:
     """Longest the election timeout may stretch to while peers' messages arrive late
     (lateness.py), and a leader's check-quorum period (`Raft.check_quorum_period`); at or
     below election_tick: never stretched."""
+    lateness_half_life_tick: int = DEFAULT_HALF_LIFE_TICK
+    """How long the lateness that stretches the timeouts is remembered (lateness.py)."""
     pre_vote: bool = True
     check_quorum: bool = True
     max_size_per_msg: int = 1 << 20
@@ -180,7 +182,10 @@ class Raft:
         """Elections this node started since it last heard from a leader: each widens the
         jitter of its next timeout (`_draw_election_timeout`)."""
         self.lateness = Lateness(
-            options.heartbeat_tick, options.election_tick, options.max_election_tick
+            options.heartbeat_tick,
+            options.election_tick,
+            options.max_election_tick,
+            options.lateness_half_life_tick,
         )
         """How late peers' messages arrive: stretches the timeouts (lateness.py)."""
         self.tick_count = 0

@@ -29,6 +29,7 @@ from service.raft import (
     Role,
     config_after,
 )
+from service.raft.lateness import DEFAULT_HALF_LIFE_TICK
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Cluster:
         max_inflight_msgs: int = 256,
         send_snapshots: bool = True,
         max_election_tick: int = 0,
+        lateness_half_life_tick: int = DEFAULT_HALF_LIFE_TICK,
         election_jitter_tick: int | None = None,
         election_backoff: bool = True,
     ) -> None:
@@ -72,6 +74,7 @@ class Cluster:
             max_inflight_msgs=max_inflight_msgs,
             send_snapshots=send_snapshots,
             max_election_tick=max_election_tick,
+            lateness_half_life_tick=lateness_half_life_tick,
             election_jitter_tick=election_jitter_tick,
             election_backoff=election_backoff,
         )

@@ -167,6 +167,8 @@ def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
         ({"snapshot_catchup_entries": -1}, "raft.snapshot_catchup_entries"),
         ({"max_entries_per_msg_bytes": 32 << 20}, "raft.max_entries_per_msg_bytes"),
         ({"lease_reads": True, "check_quorum": False}, "raft.lease_reads"),
+        ({"lateness_half_life_ms": 0}, "raft.lateness_half_life_ms"),
+        ({"lateness_half_life_ms": 1050}, "raft.lateness_half_life_ms"),  # 1050 % 100
     ],
 )
 def test_raft_validation(raft: dict[str, Any], key: str) -> None:
@@ -177,6 +179,7 @@ def test_raft_validation(raft: dict[str, Any], key: str) -> None:
 def test_raft_ticks() -> None:
     raft = RaftSettings()
     assert (raft.heartbeat_ticks, raft.election_ticks) == (5, 15)
+    assert raft.lateness_half_life_ticks == 1800
     fast = RaftSettings(heartbeat_interval_ms=50, election_timeout_ms=300, tick_interval_ms=10)
     fast.validate()
     assert (fast.heartbeat_ticks, fast.election_ticks) == (5, 30)

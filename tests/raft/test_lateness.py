@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from service.raft import MessageType, NodeId, Role
-from service.raft.lateness import Lateness
+from service.raft.lateness import DEFAULT_HALF_LIFE_TICK, Lateness
 from service.testing.raft_harness import Cluster
 
 HEARTBEAT, ELECTION, MAX = 2, 6, 60
@@ -53,8 +53,7 @@ def test_without_stretching_the_same_schedule_starts_elections(seed: int) -> Non
 
 def test_on_time_again_the_timeout_returns_and_a_dead_leader_is_replaced() -> None:
     c = starved_leader(MAX, seed=1)
-    for _ in range(400):  # about 3 half-lives of the estimate
-        c.tick_all()
+    c.tick_all(5 * DEFAULT_HALF_LIFE_TICK)  # the estimate back from the cap to a heartbeat
     assert c.node("b").raft.election_timeout() == ELECTION
     assert c.node("c").raft.election_timeout() == ELECTION
     assert c.node("b").status().election_timeout == ELECTION
@@ -63,6 +62,46 @@ def test_on_time_again_the_timeout_returns_and_a_dead_leader_is_replaced() -> No
         c.tick("b")
         c.tick("c")
     assert c.leader() in ("b", "c")
+
+
+def _leader_held_now_and_then(half_life_tick: int, seed: int) -> tuple[Cluster, int]:
+    """A master group at its default timing (100 ms ticks: heartbeats every 5, timeouts 15-20,
+    the cap 60) whose leader, on a shared host, stops running for 0.6 s every 4 s, then once
+    for 1.5 s, runs on time for 45 s, and stops for 3.1 s: the pattern that deposed a scale
+    run's leader five times in 20 minutes. While it is held its followers' clocks run and its
+    own does not. Returns the cluster and the followers' term before the last hold."""
+    c = Cluster(
+        ["a", "b", "c"],
+        seed=seed,
+        heartbeat_tick=5,
+        election_tick=15,
+        election_jitter_tick=5,
+        max_election_tick=60,
+        lateness_half_life_tick=half_life_tick,
+    )
+    c.elect("a")
+    c.tick_all(100)
+    term = 0
+    for hold, then in [(6, 34)] * 10 + [(15, 450), (31, 50)]:
+        term = max(c.node(n).raft.term for n in "abc")
+        for _ in range(hold):
+            c.tick("b")
+            c.tick("c")
+        c.tick_all(then)
+    return c, term
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_leader_held_now_and_then_is_remembered_as_late_between_holds(seed: int) -> None:
+    c, _ = _leader_held_now_and_then(DEFAULT_HALF_LIFE_TICK, seed)
+    assert c.role("a") is Role.LEADER
+    assert {c.node(n).raft.term for n in "abc"} == {1}, "an election while the leader lived"
+    # Forgotten within seconds (a half-life of 14 s), the 1.5 s hold, itself survived, no
+    # longer stretches the followers' timeouts when the 3.1 s one comes 45 s later, and they
+    # elect a leader as starved as "a".
+    forgetful, before_last = _leader_held_now_and_then(140, seed)
+    assert before_last == 1
+    assert max(forgetful.node(n).raft.term for n in "abc") > 1
 
 
 def test_an_absence_longer_than_the_cap_is_not_lateness() -> None:
@@ -191,6 +230,20 @@ def test_a_follower_held_applying_stretches_its_own_timeout_too() -> None:
         c.tick("b")
         c.tick("c")
     assert c.leader() in ("b", "c")
+
+
+def test_the_estimate_halves_in_a_half_life_and_never_falls_below_a_heartbeat() -> None:
+    late = Lateness(heartbeat_tick=5, election_tick=15, max_election_tick=60, half_life_tick=100)
+    late.held(35)  # a gap of 40 ticks
+    assert late.estimate == 40
+    for _ in range(100):
+        late.tick()
+    assert late.estimate == pytest.approx(20)
+    for _ in range(1000):
+        late.tick()
+    assert late.estimate == 5 and late.stretch() == 0
+    with pytest.raises(ValueError, match="half_life_tick"):
+        Lateness(heartbeat_tick=5, election_tick=15, max_election_tick=60, half_life_tick=0)
 
 
 def test_held_counts_as_a_gap_capped_and_nothing_when_off() -> None:
